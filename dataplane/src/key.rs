@@ -1,0 +1,146 @@
+//! The flow key: a connection's 5-tuple in one fixed-size, hashable value.
+
+use core::net::{IpAddr, Ipv6Addr};
+
+use crate::hash::hash_words;
+
+/// IP protocol numbers the dataplane distinguishes.
+pub mod proto {
+    /// ICMP for IPv4 (RFC 792).
+    pub const ICMP: u8 = 1;
+    /// TCP (RFC 9293).
+    pub const TCP: u8 = 6;
+    /// UDP (RFC 768).
+    pub const UDP: u8 = 17;
+    /// ICMPv6 (RFC 4443).
+    pub const ICMPV6: u8 = 58;
+    /// IPv4 encapsulated in IP (RFC 2003).
+    pub const IPIP: u8 = 4;
+    /// IPv6 encapsulated in IP (RFC 2473).
+    pub const IPV6: u8 = 41;
+}
+
+/// A 5-tuple as seen on the wire, in the direction client to VIP.
+///
+/// Addresses are stored as 16 bytes; an IPv4 address is stored IPv4-mapped
+/// (`::ffff:a.b.c.d`, RFC 4291 section 2.5.5.2), so v4 and v6 keys never collide and the key
+/// has one layout. The struct is 40 bytes, five machine words, which the hash reads directly.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub struct FlowKey {
+    /// Source (client) address, 16 bytes, IPv4-mapped for IPv4.
+    pub src: [u8; 16],
+    /// Destination (VIP) address, 16 bytes, IPv4-mapped for IPv4.
+    pub dst: [u8; 16],
+    /// Source port (0 for protocols without ports).
+    pub src_port: u16,
+    /// Destination port (0 for protocols without ports).
+    pub dst_port: u16,
+    /// IP protocol number.
+    pub proto: u8,
+}
+
+/// Maps a 4-byte IPv4 address into the 16-byte key form.
+#[inline(always)]
+pub const fn v4_mapped(a: [u8; 4]) -> [u8; 16] {
+    [
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a[0], a[1], a[2], a[3],
+    ]
+}
+
+/// Converts an address into the 16-byte key form.
+#[inline]
+pub fn addr_bytes(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4_mapped(v4.octets()),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// Converts the 16-byte key form back into an address.
+#[inline]
+pub fn bytes_addr(b: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(b);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+/// Whether a 16-byte key address is an IPv4-mapped one.
+#[inline(always)]
+pub fn is_v4(b: &[u8; 16]) -> bool {
+    b[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]
+}
+
+impl FlowKey {
+    /// Builds a key from addresses and ports.
+    pub fn new(src: IpAddr, dst: IpAddr, proto: u8, src_port: u16, dst_port: u16) -> Self {
+        Self {
+            src: addr_bytes(src),
+            dst: addr_bytes(dst),
+            src_port,
+            dst_port,
+            proto,
+        }
+    }
+
+    /// Hash of the full 5-tuple under `seed`.
+    #[inline(always)]
+    pub fn hash(&self, seed: u64) -> u64 {
+        let ports = (self.src_port as u64) << 24 | (self.dst_port as u64) << 8 | self.proto as u64;
+        hash_words(
+            seed,
+            &[
+                word(&self.src, 0),
+                word(&self.src, 8),
+                word(&self.dst, 0),
+                word(&self.dst, 8),
+                ports,
+            ],
+        )
+    }
+
+    /// Hash of (source address, destination address, protocol) only: the 3-tuple used where
+    /// ports are unknown (non-first IP fragments) or deliberately ignored.
+    #[inline(always)]
+    pub fn hash3(&self, seed: u64) -> u64 {
+        hash_words(
+            seed,
+            &[
+                word(&self.src, 0),
+                word(&self.src, 8),
+                word(&self.dst, 0),
+                word(&self.dst, 8),
+                self.proto as u64,
+            ],
+        )
+    }
+
+    /// Source address as an [`IpAddr`].
+    pub fn src_addr(&self) -> IpAddr {
+        bytes_addr(self.src)
+    }
+
+    /// Destination address as an [`IpAddr`].
+    pub fn dst_addr(&self) -> IpAddr {
+        bytes_addr(self.dst)
+    }
+}
+
+/// Reads 8 bytes of a key address as a little-endian word (fixed endianness keeps hashes equal
+/// across architectures).
+#[inline(always)]
+fn word(b: &[u8; 16], i: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[i..i + 8]);
+    u64::from_le_bytes(w)
+}
+
+/// A backend's stable identity across table snapshots.
+///
+/// The control plane hands out ids and keeps them for as long as a backend (service, address,
+/// port) exists, so a flow entry that stores one still means the same backend after a reload.
+/// A freed id may be reused later; flows check the stored rewrite target as well, so a reused
+/// id never captures another backend's flows.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default, PartialOrd, Ord)]
+pub struct BackendId(pub u32);

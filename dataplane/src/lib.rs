@@ -1,0 +1,29 @@
+//! Strait's packet path.
+//!
+//! ```text
+//! frame ──► wire::parse ──► table lookup (vip, port, proto) ──► source ACL
+//!                               │ no service: Pass (kernel)          │ outside: Drop(Acl)
+//!                               ▼
+//!                        flow::FlowTable (per core, 5-tuple)
+//!                               │ miss: maglev::Table[hash % M]
+//!                               ▼
+//!                        rewrite (dsr-l2 | dsr-ipip | dsr-gue | nat | reply-nat)
+//!                               ▼
+//!                        Verdict::Tx / Pass / Drop(reason) / Handoff(core)
+//! ```
+//!
+//! Everything here is sans-IO: functions of a snapshot, a per-core flow table, the time
+//! (passed in) and a frame. The AF_XDP driver, the in-memory test driver and the benches all
+//! call [`pipeline::Pipeline::process`].
+
+pub mod flow;
+pub mod hash;
+pub mod key;
+pub mod maglev;
+pub mod pipeline;
+pub mod rewrite;
+pub mod stats;
+pub mod table;
+pub mod wire;
+
+pub use key::{BackendId, FlowKey};

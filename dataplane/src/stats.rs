@@ -1,0 +1,211 @@
+//! Per-core counters and the reasons a packet is dropped.
+//!
+//! Each worker owns one [`Counters`]; nothing is shared or atomic on the packet path. The IO
+//! layer publishes copies for the admin API. Every frame ends in exactly one outcome, so
+//! `rx == tx + pass + handoff + sum(drops)` holds at every instant between two frames
+//! ([`Counters::balanced`]).
+
+/// Why a frame was dropped. `Copy`, one byte, no allocation: the hot path's error type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum DropReason {
+    /// Shorter than an Ethernet header (or its VLAN tag).
+    EthTruncated,
+    /// IPv4/IPv6 header or the stated total length does not fit in the frame.
+    IpTruncated,
+    /// IP version, header length or total length is impossible.
+    IpMalformed,
+    /// An IPv6 extension-header chain that is too long, misordered or truncated.
+    Ipv6ExtensionHeaders,
+    /// A TCP/UDP/ICMP header that does not fit, or has an impossible length.
+    L4Truncated,
+    /// An ICMP error whose embedded packet is too short to find the flow.
+    IcmpEmbeddedTruncated,
+    /// An ICMP error about a VIP for which no flow exists.
+    IcmpNoFlow,
+    /// Source address outside the service's `source_ranges`.
+    SourceNotAllowed,
+    /// The service has no backend able to take the packet.
+    NoBackend,
+    /// The backend's next-hop MAC is not known.
+    NoNextHop,
+    /// TTL / hop limit would reach zero where the gateway routes (nat).
+    TtlExceeded,
+    /// Encapsulation would exceed the MTU and the packet may not be answered with ICMP
+    /// (IPv4 without DF: the gateway does not fragment).
+    MtuExceeded,
+    /// Not enough headroom in the frame for the encapsulation header.
+    NoHeadroom,
+    /// A non-first fragment whose service cannot be told (several services share the VIP
+    /// and protocol and only the first fragment carries the port).
+    FragmentAmbiguous,
+    /// A fragment of a nat reply: the reply's ports are only in the first fragment, and the
+    /// gateway does not reassemble.
+    FragmentedReply,
+    /// A nat flow whose reply tuple is already owned by another flow.
+    NatCollision,
+    /// A nat-mode frame for a port the gateway does not know how to route back.
+    NoEgress,
+}
+
+impl DropReason {
+    /// Every reason, in counter order.
+    pub const ALL: [DropReason; 17] = [
+        DropReason::EthTruncated,
+        DropReason::IpTruncated,
+        DropReason::IpMalformed,
+        DropReason::Ipv6ExtensionHeaders,
+        DropReason::L4Truncated,
+        DropReason::IcmpEmbeddedTruncated,
+        DropReason::IcmpNoFlow,
+        DropReason::SourceNotAllowed,
+        DropReason::NoBackend,
+        DropReason::NoNextHop,
+        DropReason::TtlExceeded,
+        DropReason::MtuExceeded,
+        DropReason::NoHeadroom,
+        DropReason::FragmentAmbiguous,
+        DropReason::FragmentedReply,
+        DropReason::NatCollision,
+        DropReason::NoEgress,
+    ];
+    /// Number of reasons.
+    pub const COUNT: usize = Self::ALL.len();
+
+    /// A stable snake_case name, used as the Prometheus label value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DropReason::EthTruncated => "eth_truncated",
+            DropReason::IpTruncated => "ip_truncated",
+            DropReason::IpMalformed => "ip_malformed",
+            DropReason::Ipv6ExtensionHeaders => "ipv6_extension_headers",
+            DropReason::L4Truncated => "l4_truncated",
+            DropReason::IcmpEmbeddedTruncated => "icmp_embedded_truncated",
+            DropReason::IcmpNoFlow => "icmp_no_flow",
+            DropReason::SourceNotAllowed => "source_not_allowed",
+            DropReason::NoBackend => "no_backend",
+            DropReason::NoNextHop => "no_next_hop",
+            DropReason::TtlExceeded => "ttl_exceeded",
+            DropReason::MtuExceeded => "mtu_exceeded",
+            DropReason::NoHeadroom => "no_headroom",
+            DropReason::FragmentAmbiguous => "fragment_ambiguous",
+            DropReason::FragmentedReply => "fragmented_reply",
+            DropReason::NatCollision => "nat_collision",
+            DropReason::NoEgress => "no_egress",
+        }
+    }
+}
+
+impl core::fmt::Display for DropReason {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One core's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Frames given to the pipeline.
+    pub rx: u64,
+    /// Frames sent out (forwarded, or answered with ICMP).
+    pub tx: u64,
+    /// Frames handed to the kernel.
+    pub pass: u64,
+    /// Frames handed to another core (nat flows owned elsewhere).
+    pub handoff: u64,
+    /// Drops by [`DropReason`] (indexed by `reason as usize`).
+    pub drops: [u64; DropReason::COUNT],
+    /// New flows entered in the flow table.
+    pub flows_created: u64,
+    /// New flows forwarded without state: table full for this bucket.
+    pub stateless_full: u64,
+    /// New flows forwarded without state: above the per-core new-flow rate cap.
+    pub stateless_rate_limited: u64,
+    /// Flows whose backend left the snapshot or failed, re-hashed on their next packet.
+    pub flows_rehashed: u64,
+    /// RSTs for unknown flows, forwarded by Maglev without creating state.
+    pub rst_without_flow: u64,
+    /// IP fragments forwarded by the 3-tuple hash.
+    pub fragments: u64,
+    /// ICMP errors about VIP flows forwarded to the flow's backend.
+    pub icmp_errors_forwarded: u64,
+    /// ICMP "fragmentation needed" / "packet too big" answers sent to clients.
+    pub icmp_too_big_sent: u64,
+}
+
+impl Counters {
+    /// Counts a drop.
+    #[inline(always)]
+    pub fn drop(&mut self, r: DropReason) {
+        self.drops[r as usize] += 1;
+    }
+
+    /// Total drops over all reasons.
+    pub fn dropped(&self) -> u64 {
+        self.drops.iter().sum()
+    }
+
+    /// Drops for one reason.
+    pub fn drops_for(&self, r: DropReason) -> u64 {
+        self.drops[r as usize]
+    }
+
+    /// The accounting identity: every received frame has exactly one outcome.
+    pub fn balanced(&self) -> bool {
+        self.rx == self.tx + self.pass + self.handoff + self.dropped()
+    }
+
+    /// Adds another core's counters into these (for totals).
+    pub fn add(&mut self, o: &Counters) {
+        self.rx += o.rx;
+        self.tx += o.tx;
+        self.pass += o.pass;
+        self.handoff += o.handoff;
+        for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {
+            *a += b;
+        }
+        self.flows_created += o.flows_created;
+        self.stateless_full += o.stateless_full;
+        self.stateless_rate_limited += o.stateless_rate_limited;
+        self.flows_rehashed += o.flows_rehashed;
+        self.rst_without_flow += o.rst_without_flow;
+        self.fragments += o.fragments;
+        self.icmp_errors_forwarded += o.icmp_errors_forwarded;
+        self.icmp_too_big_sent += o.icmp_too_big_sent;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_indexed_in_order_and_named_uniquely() {
+        for (i, r) in DropReason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i);
+        }
+        let mut names: Vec<_> = DropReason::ALL.iter().map(|r| r.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), DropReason::COUNT);
+    }
+
+    #[test]
+    fn identity() {
+        let mut c = Counters {
+            rx: 3,
+            tx: 1,
+            pass: 1,
+            ..Default::default()
+        };
+        assert!(!c.balanced());
+        c.drop(DropReason::NoBackend);
+        assert!(c.balanced());
+        let mut t = Counters::default();
+        t.add(&c);
+        t.add(&c);
+        assert_eq!(t.rx, 6);
+        assert_eq!(t.drops_for(DropReason::NoBackend), 2);
+        assert!(t.balanced());
+    }
+}

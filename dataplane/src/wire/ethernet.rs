@@ -1,0 +1,146 @@
+//! Ethernet II frames (IEEE 802.3) with an optional single 802.1Q tag.
+
+use super::{be16, Error};
+
+/// Length of an untagged Ethernet header.
+pub const HEADER_LEN: usize = 14;
+/// Length of one 802.1Q tag.
+pub const VLAN_TAG_LEN: usize = 4;
+/// EtherType of IPv4.
+pub const ETHERTYPE_IPV4: u16 = 0x0800;
+/// EtherType of IPv6.
+pub const ETHERTYPE_IPV6: u16 = 0x86dd;
+/// EtherType of ARP.
+pub const ETHERTYPE_ARP: u16 = 0x0806;
+/// TPID of an 802.1Q tag.
+pub const ETHERTYPE_VLAN: u16 = 0x8100;
+/// TPID of an 802.1ad (QinQ) service tag.
+pub const ETHERTYPE_QINQ: u16 = 0x88a8;
+
+mod field {
+    use core::ops::Range;
+    pub const DST: Range<usize> = 0..6;
+    pub const SRC: Range<usize> = 6..12;
+    pub const ETHERTYPE: usize = 12;
+    pub const VLAN_TCI: usize = 14;
+    pub const INNER_ETHERTYPE: usize = 16;
+}
+
+/// A view of an Ethernet frame.
+#[derive(Debug, Clone, Copy)]
+pub struct Packet<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// Wraps `buf` after checking that it holds an Ethernet header, and the 802.1Q tag if the
+    /// EtherType announces one. No accessor panics afterwards.
+    ///
+    /// # Errors
+    /// [`Error::Truncated`] when the header or tag does not fit.
+    pub fn new_checked(buf: T) -> Result<Self, Error> {
+        let b = buf.as_ref();
+        if b.len() < HEADER_LEN {
+            return Err(Error::Truncated);
+        }
+        if be16(b, field::ETHERTYPE) == ETHERTYPE_VLAN && b.len() < HEADER_LEN + VLAN_TAG_LEN {
+            return Err(Error::Truncated);
+        }
+        Ok(Self { buf })
+    }
+
+    /// Destination MAC address.
+    pub fn dst(&self) -> [u8; 6] {
+        let mut m = [0; 6];
+        m.copy_from_slice(&self.buf.as_ref()[field::DST]);
+        m
+    }
+
+    /// Source MAC address.
+    pub fn src(&self) -> [u8; 6] {
+        let mut m = [0; 6];
+        m.copy_from_slice(&self.buf.as_ref()[field::SRC]);
+        m
+    }
+
+    /// The outer EtherType (0x8100 for a tagged frame).
+    pub fn ethertype(&self) -> u16 {
+        be16(self.buf.as_ref(), field::ETHERTYPE)
+    }
+
+    /// The VLAN id of an 802.1Q-tagged frame.
+    pub fn vlan(&self) -> Option<u16> {
+        (self.ethertype() == ETHERTYPE_VLAN)
+            .then(|| be16(self.buf.as_ref(), field::VLAN_TCI) & 0x0fff)
+    }
+
+    /// The EtherType of the payload, after a VLAN tag if there is one.
+    pub fn payload_ethertype(&self) -> u16 {
+        match self.ethertype() {
+            ETHERTYPE_VLAN => be16(self.buf.as_ref(), field::INNER_ETHERTYPE),
+            t => t,
+        }
+    }
+
+    /// Length of the header including a VLAN tag.
+    pub fn header_len(&self) -> usize {
+        match self.ethertype() {
+            ETHERTYPE_VLAN => HEADER_LEN + VLAN_TAG_LEN,
+            _ => HEADER_LEN,
+        }
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Sets the destination MAC address.
+    pub fn set_dst(&mut self, mac: [u8; 6]) {
+        self.buf.as_mut()[field::DST].copy_from_slice(&mac);
+    }
+
+    /// Sets the source MAC address.
+    pub fn set_src(&mut self, mac: [u8; 6]) {
+        self.buf.as_mut()[field::SRC].copy_from_slice(&mac);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TAGGED: [u8; 18] = [
+        0x02, 0, 0, 0, 0, 0x01, 0x02, 0, 0, 0, 0, 0x02, 0x81, 0x00, 0x20, 0x64, 0x08, 0x00,
+    ];
+
+    #[test]
+    fn deconstruct_tagged() {
+        let p = Packet::new_checked(&TAGGED[..]).unwrap();
+        assert_eq!(p.dst(), [2, 0, 0, 0, 0, 1]);
+        assert_eq!(p.src(), [2, 0, 0, 0, 0, 2]);
+        assert_eq!(p.ethertype(), ETHERTYPE_VLAN);
+        assert_eq!(p.vlan(), Some(100));
+        assert_eq!(p.payload_ethertype(), ETHERTYPE_IPV4);
+        assert_eq!(p.header_len(), 18);
+    }
+
+    #[test]
+    fn construct() {
+        let mut b = TAGGED;
+        let mut p = Packet::new_checked(&mut b[..]).unwrap();
+        p.set_dst([1, 2, 3, 4, 5, 6]);
+        p.set_src([7, 8, 9, 10, 11, 12]);
+        assert_eq!(&b[..12], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    }
+
+    #[test]
+    fn truncated() {
+        assert_eq!(
+            Packet::new_checked(&TAGGED[..13]).unwrap_err(),
+            Error::Truncated
+        );
+        assert_eq!(
+            Packet::new_checked(&TAGGED[..17]).unwrap_err(),
+            Error::Truncated
+        );
+        assert!(Packet::new_checked(&TAGGED[..14]).is_err());
+    }
+}

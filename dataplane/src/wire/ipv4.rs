@@ -1,0 +1,290 @@
+//! IPv4 headers (RFC 791), options detected and skipped.
+
+use super::{be16, checksum, put16, Error};
+
+/// Length of an IPv4 header without options.
+pub const HEADER_LEN: usize = 20;
+/// "Don't fragment" bit of the flags/fragment-offset word.
+pub const FLAG_DF: u16 = 0x4000;
+/// "More fragments" bit.
+pub const FLAG_MF: u16 = 0x2000;
+/// Mask of the fragment offset (in 8-byte units).
+pub const FRAG_OFFSET_MASK: u16 = 0x1fff;
+
+mod field {
+    use core::ops::Range;
+    pub const VER_IHL: usize = 0;
+    pub const TOS: usize = 1;
+    pub const TOTAL_LEN: usize = 2;
+    pub const IDENT: usize = 4;
+    pub const FLAGS_FRAG: usize = 6;
+    pub const TTL: usize = 8;
+    pub const PROTO: usize = 9;
+    pub const CHECKSUM: usize = 10;
+    pub const SRC: Range<usize> = 12..16;
+    pub const DST: Range<usize> = 16..20;
+}
+
+/// A view of an IPv4 header (and whatever follows it in the buffer).
+#[derive(Debug, Clone, Copy)]
+pub struct Packet<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// Wraps `buf` after checking the version, the header length (options included) and that
+    /// the total length fits in the buffer. Trailing bytes past the total length (Ethernet
+    /// padding) are allowed.
+    ///
+    /// # Errors
+    /// [`Error::Truncated`] when bytes are missing; [`Error::Malformed`] for a version other
+    /// than 4, IHL below 5, or a total length shorter than the header.
+    pub fn new_checked(buf: T) -> Result<Self, Error> {
+        let b = buf.as_ref();
+        if b.len() < HEADER_LEN {
+            return Err(Error::Truncated);
+        }
+        if b[field::VER_IHL] >> 4 != 4 || b[field::VER_IHL] & 0x0f < 5 {
+            return Err(Error::Malformed);
+        }
+        let p = Self { buf };
+        let total = p.total_len() as usize;
+        if total < p.header_len() {
+            return Err(Error::Malformed);
+        }
+        if p.buf.as_ref().len() < p.header_len() || p.buf.as_ref().len() < total {
+            return Err(Error::Truncated);
+        }
+        Ok(p)
+    }
+
+    /// Header length in bytes, options included.
+    pub fn header_len(&self) -> usize {
+        ((self.buf.as_ref()[field::VER_IHL] & 0x0f) as usize) * 4
+    }
+
+    /// Whether the header carries options.
+    pub fn has_options(&self) -> bool {
+        self.header_len() > HEADER_LEN
+    }
+
+    /// Type of service / DSCP+ECN byte.
+    pub fn tos(&self) -> u8 {
+        self.buf.as_ref()[field::TOS]
+    }
+
+    /// Total length of the datagram (header and payload).
+    pub fn total_len(&self) -> u16 {
+        be16(self.buf.as_ref(), field::TOTAL_LEN)
+    }
+
+    /// Identification field.
+    pub fn ident(&self) -> u16 {
+        be16(self.buf.as_ref(), field::IDENT)
+    }
+
+    /// The raw flags and fragment offset word.
+    pub fn flags_frag(&self) -> u16 {
+        be16(self.buf.as_ref(), field::FLAGS_FRAG)
+    }
+
+    /// Whether DF is set.
+    pub fn dont_fragment(&self) -> bool {
+        self.flags_frag() & FLAG_DF != 0
+    }
+
+    /// Whether this is a fragment (MF set or a non-zero offset).
+    pub fn is_fragment(&self) -> bool {
+        self.flags_frag() & (FLAG_MF | FRAG_OFFSET_MASK) != 0
+    }
+
+    /// Fragment offset in bytes.
+    pub fn frag_offset(&self) -> usize {
+        ((self.flags_frag() & FRAG_OFFSET_MASK) as usize) * 8
+    }
+
+    /// Time to live.
+    pub fn ttl(&self) -> u8 {
+        self.buf.as_ref()[field::TTL]
+    }
+
+    /// Protocol of the payload.
+    pub fn protocol(&self) -> u8 {
+        self.buf.as_ref()[field::PROTO]
+    }
+
+    /// Header checksum as on the wire.
+    pub fn checksum(&self) -> u16 {
+        be16(self.buf.as_ref(), field::CHECKSUM)
+    }
+
+    /// Whether the header checksum verifies.
+    pub fn verify_checksum(&self) -> bool {
+        checksum::checksum(&self.buf.as_ref()[..self.header_len()]) == 0
+    }
+
+    /// Source address.
+    pub fn src(&self) -> [u8; 4] {
+        let mut a = [0; 4];
+        a.copy_from_slice(&self.buf.as_ref()[field::SRC]);
+        a
+    }
+
+    /// Destination address.
+    pub fn dst(&self) -> [u8; 4] {
+        let mut a = [0; 4];
+        a.copy_from_slice(&self.buf.as_ref()[field::DST]);
+        a
+    }
+
+    /// The payload within the total length.
+    pub fn payload(&self) -> &[u8] {
+        &self.buf.as_ref()[self.header_len()..self.total_len() as usize]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Sets the source address, updating the header checksum incrementally.
+    pub fn set_src(&mut self, a: [u8; 4]) {
+        let old = self.src();
+        let c = checksum::update_bytes(self.checksum(), &old, &a);
+        self.buf.as_mut()[field::SRC].copy_from_slice(&a);
+        self.set_checksum(c);
+    }
+
+    /// Sets the destination address, updating the header checksum incrementally.
+    pub fn set_dst(&mut self, a: [u8; 4]) {
+        let old = self.dst();
+        let c = checksum::update_bytes(self.checksum(), &old, &a);
+        self.buf.as_mut()[field::DST].copy_from_slice(&a);
+        self.set_checksum(c);
+    }
+
+    /// Decrements the TTL by one, updating the header checksum incrementally. Callers check
+    /// that the TTL is above 1 first.
+    pub fn decrement_ttl(&mut self) {
+        let b = self.buf.as_ref();
+        let old = u16::from_be_bytes([b[field::TTL], b[field::PROTO]]);
+        let new = old.wrapping_sub(0x0100);
+        let c = checksum::update16(self.checksum(), old, new);
+        put16(self.buf.as_mut(), field::TTL, new);
+        self.set_checksum(c);
+    }
+
+    /// Writes the header checksum field.
+    pub fn set_checksum(&mut self, c: u16) {
+        put16(self.buf.as_mut(), field::CHECKSUM, c);
+    }
+}
+
+/// Writes a 20-byte IPv4 header (no options) into `b[..20]` with a correct checksum.
+#[allow(clippy::too_many_arguments)]
+pub fn emit(
+    b: &mut [u8],
+    tos: u8,
+    total_len: u16,
+    ident: u16,
+    df: bool,
+    ttl: u8,
+    proto: u8,
+    src: [u8; 4],
+    dst: [u8; 4],
+) {
+    b[field::VER_IHL] = 0x45;
+    b[field::TOS] = tos;
+    put16(b, field::TOTAL_LEN, total_len);
+    put16(b, field::IDENT, ident);
+    put16(b, field::FLAGS_FRAG, if df { FLAG_DF } else { 0 });
+    b[field::TTL] = ttl;
+    b[field::PROTO] = proto;
+    put16(b, field::CHECKSUM, 0);
+    b[field::SRC].copy_from_slice(&src);
+    b[field::DST].copy_from_slice(&dst);
+    let c = checksum::checksum(&b[..HEADER_LEN]);
+    put16(b, field::CHECKSUM, c);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // 192.0.2.1 -> 203.0.113.10, TCP, DF, TTL 64, total length 40, checksum 0x8a8c.
+    const HDR: [u8; 20] = [
+        0x45, 0x00, 0x00, 0x28, 0x12, 0x34, 0x40, 0x00, 0x40, 0x06, 0x00, 0x00, 192, 0, 2, 1, 203,
+        0, 113, 10,
+    ];
+
+    fn with_checksum() -> [u8; 40] {
+        let mut b = [0u8; 40];
+        b[..20].copy_from_slice(&HDR);
+        let c = checksum::checksum(&b[..20]);
+        b[10..12].copy_from_slice(&c.to_be_bytes());
+        b
+    }
+
+    #[test]
+    fn deconstruct() {
+        let b = with_checksum();
+        let p = Packet::new_checked(&b[..]).unwrap();
+        assert_eq!(p.header_len(), 20);
+        assert_eq!(p.total_len(), 40);
+        assert_eq!(p.ident(), 0x1234);
+        assert!(p.dont_fragment());
+        assert!(!p.is_fragment());
+        assert_eq!(p.ttl(), 64);
+        assert_eq!(p.protocol(), 6);
+        assert_eq!(p.src(), [192, 0, 2, 1]);
+        assert_eq!(p.dst(), [203, 0, 113, 10]);
+        assert!(p.verify_checksum());
+        assert_eq!(p.payload().len(), 20);
+    }
+
+    #[test]
+    fn construct_matches_fixture() {
+        let mut b = [0u8; 20];
+        emit(
+            &mut b,
+            0,
+            40,
+            0x1234,
+            true,
+            64,
+            6,
+            [192, 0, 2, 1],
+            [203, 0, 113, 10],
+        );
+        assert_eq!(&b[..], &with_checksum()[..20]);
+    }
+
+    #[test]
+    fn setters_keep_checksum_valid() {
+        let mut b = with_checksum();
+        let mut p = Packet::new_checked(&mut b[..]).unwrap();
+        p.set_dst([198, 51, 100, 11]);
+        p.set_src([198, 51, 100, 1]);
+        p.decrement_ttl();
+        assert_eq!(p.ttl(), 63);
+        assert!(p.verify_checksum());
+    }
+
+    #[test]
+    fn options_and_errors() {
+        let mut b = [0u8; 64];
+        b[..20].copy_from_slice(&HDR);
+        b[0] = 0x46; // IHL 6: 4 bytes of options
+        b[2..4].copy_from_slice(&28u16.to_be_bytes());
+        let p = Packet::new_checked(&b[..]).unwrap();
+        assert!(p.has_options());
+        assert_eq!(p.payload().len(), 4);
+        b[0] = 0x44;
+        assert_eq!(Packet::new_checked(&b[..]).unwrap_err(), Error::Malformed);
+        b[0] = 0x65;
+        assert_eq!(Packet::new_checked(&b[..]).unwrap_err(), Error::Malformed);
+        b[0] = 0x45;
+        b[2..4].copy_from_slice(&100u16.to_be_bytes());
+        assert_eq!(Packet::new_checked(&b[..]).unwrap_err(), Error::Truncated);
+        b[2..4].copy_from_slice(&10u16.to_be_bytes());
+        assert_eq!(Packet::new_checked(&b[..]).unwrap_err(), Error::Malformed);
+        assert_eq!(Packet::new_checked(&b[..19]).unwrap_err(), Error::Truncated);
+    }
+}

@@ -1,0 +1,1 @@
+//! Shared helpers for Strait's cross-crate tests.
