@@ -1,1 +1,1166 @@
-//! placeholder
+//! The per-core flow table: 5-tuple to chosen backend and rewrite target.
+//!
+//! Every worker core owns one [`FlowTable`]. The first packet of a flow picks a backend by
+//! Maglev and records the choice here; later packets find it here, so a flow stays on its
+//! backend when the backend set changes under it. The table also holds reverse-NAT entries
+//! (reply 5-tuple to VIP/port) and `sessionAffinity: ClientIP` entries; to the table they
+//! are all just keys and [`FlowValue`]s.
+//!
+//! # Why one table per core
+//!
+//! A shared table needs locks or atomics on every packet, and even an uncontended atomic
+//! bounces its cache line between the cores that touch it. One table per core has neither:
+//! no locks, no atomics, no `Sync`. Every client-to-VIP packet of a flow reaches the same
+//! queue, hence the same core: its owner, a function of the client address and port. NAT
+//! replies carry the same pair and may land on another core; the IO layer hands them to the
+//! owner through a bounded ring (`DESIGN.md`, "Reply traffic in `nat` mode"), so no table is
+//! ever touched by two cores.
+//!
+//! # Why set-associative and not `hashbrown`
+//!
+//! The table is organised like a CPU cache: a power-of-two number of buckets of [`WAYS`]
+//! (8) ways each, the bucket chosen by the low bits of the flow hash. A key can live only in
+//! its own bucket, which buys two bounds that an open-addressing map does not give:
+//!
+//! - **Bounded work per operation.** A lookup compares at most 8 tags; an insert examines at
+//!   most 8 ways to find room. `hashbrown` is fast on average, but after many removals it
+//!   accumulates tombstones and eventually rehashes in place, an O(capacity) pause taken by
+//!   one unlucky insert: with a million flows that is milliseconds on the packet path, with
+//!   the RX ring overflowing behind it. A fixed table must also never grow, and growing is
+//!   what a general-purpose map does when it fills.
+//! - **Local eviction.** When a bucket is full, the candidates for eviction are its 8 ways,
+//!   which an insert already has in hand. In an open-addressing map the "neighbours" of a key
+//!   are a probe sequence shared with other keys, and evicting from it is not well defined.
+//!
+//! The price is that a bucket can fill while the table as a whole has room (8 ways per bucket
+//! make that rare below about 70 % occupancy); such an insert fails with
+//! [`InsertError::Full`] instead of displacing a live established flow.
+//!
+//! # Layout and memory cost
+//!
+//! Per bucket, a 32-byte array of eight 32-bit hash tags (aligned to 32 bytes, so two
+//! buckets' tags share one 64-byte cache line and none straddles two), and separately the
+//! eight entries (a 38-byte key and a 40-byte value, 80 bytes with padding). A lookup loads
+//! the tag array, compares all 8 tags at once (the compiler turns the loop into a SIMD
+//! compare), and reads a full key only where a tag matches: a hit usually touches one line of tags and the one or
+//! two lines of its entry; a miss usually touches only the tags (a false tag match is a 2^-32
+//! event per way). The tag is the upper 32 bits of the flow hash, independent of the bucket
+//! index taken from the low bits; tag 0 marks an empty way, so a hash whose tag would be 0
+//! uses 1.
+//!
+//! Memory is 84 bytes per way: a table of 1M flows (131072 buckets) takes about 84 MB per
+//! core. All of it is allocated and written in [`FlowTable::new`], so the packet path never
+//! allocates and never takes a first-touch page fault.
+//!
+//! # Expiry
+//!
+//! Each entry has an idle timeout chosen by its [`FlowState`] (see [`Timeouts`]) or by its own
+//! [`FlowValue::timeout_override`]. Expiry is lazy: an expired entry is reclaimed when a
+//! lookup or insert meets it, and [`FlowTable::sweep`] walks a bounded number of buckets from
+//! a cursor so that the IO layer can reclaim the rest when a core is idle. Until reclaimed, an
+//! expired entry still counts in [`FlowTable::len`], but no lookup returns it.
+//!
+//! # Eviction, and what happens when full
+//!
+//! A new flow takes, in order: an empty way; an expired way; the way in `TcpSyn` state (an
+//! embryonic, half-open connection) idle the longest. It never evicts an established,
+//! closing, UDP or other entry. During a SYN flood, spoofed SYNs therefore displace only each
+//! other, and established flows keep their entries. A token bucket also caps the rate of new
+//! entries per core ([`InsertError::RateLimited`]), so a flood cannot churn the whole table.
+//!
+//! When an insert fails (full bucket or over the rate), the pipeline still forwards the
+//! packet, statelessly by Maglev, and counts it. As long as the backend set does not change,
+//! Maglev picks the same backend for every packet of the flow, so nothing breaks; the flow
+//! just loses its pinning if the backend set changes while it is not in the table.
+
+use core::fmt;
+
+use crate::hash::SEED_FLOW;
+use crate::key::{BackendId, FlowKey};
+
+/// Ways per bucket. Eight 32-bit tags fill 32 bytes, half a cache line, and eight is the
+/// associativity at which a uniformly hashed table of this shape rarely overflows a bucket
+/// before it is about 70 % full, while an insert's worst case stays at 8 entries examined.
+pub const WAYS: usize = 8;
+
+/// The largest capacity [`FlowTable::new`] accepts: 2^28 ways, about 22 GB. Anything larger is
+/// a configuration mistake, not a table size.
+pub const MAX_CAPACITY: usize = 1 << 28;
+
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// TCP header flag bits (RFC 9293 section 3.1), as [`FlowState::on_tcp_flags`] takes them:
+/// the low byte of the TCP header's flags field (byte 13).
+pub mod tcp_flags {
+    /// No more data from sender.
+    pub const FIN: u8 = 0x01;
+    /// Synchronise sequence numbers: opens a connection.
+    pub const SYN: u8 = 0x02;
+    /// Reset the connection.
+    pub const RST: u8 = 0x04;
+    /// Push function.
+    pub const PSH: u8 = 0x08;
+    /// The acknowledgment field is significant: every segment after the first SYN has it.
+    pub const ACK: u8 = 0x10;
+}
+
+/// The rewrite target a flow entry remembers.
+///
+/// For a forward entry, the backend's address and port (the packet's new destination); for a
+/// reverse-NAT entry, the VIP and service port (the reply's new source).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub struct Target {
+    /// Address, 16 bytes, IPv4-mapped for IPv4 (as in [`FlowKey`]).
+    pub addr: [u8; 16],
+    /// Port, host byte order.
+    pub port: u16,
+}
+
+/// A flow's connection state, which picks its idle timeout.
+///
+/// The gateway sees one direction of a flow only (in DSR modes replies bypass it), so this is
+/// a coarse tracker of what the client sends, not a TCP state machine: enough to tell a
+/// half-open connection (short timeout, first to be evicted) from an established one, and a
+/// closing one (short timeout) from both.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum FlowState {
+    /// A SYN was seen, nothing acknowledged yet: half-open, possibly spoofed.
+    TcpSyn,
+    /// The client has acknowledged something: the handshake completed.
+    TcpEstablished,
+    /// A FIN or RST was seen.
+    TcpClosing,
+    /// A UDP flow.
+    Udp,
+    /// Any other protocol, or an entry that is not a connection (for example session
+    /// affinity, which usually also sets [`FlowValue::timeout_override`]).
+    Other,
+}
+
+impl FlowState {
+    /// The state after a TCP segment with `flags` (bits from [`tcp_flags`]) from the client.
+    ///
+    /// | from | FIN or RST | SYN, no ACK | ACK | neither |
+    /// |---|---|---|---|---|
+    /// | `Udp`/`Other` (a new entry) | `TcpClosing` | `TcpSyn` | `TcpEstablished` | `TcpSyn` |
+    /// | `TcpSyn` | `TcpClosing` | `TcpSyn` | `TcpEstablished` | `TcpSyn` |
+    /// | `TcpEstablished` | `TcpClosing` | `TcpEstablished` | `TcpEstablished` | `TcpEstablished` |
+    /// | `TcpClosing` | `TcpClosing` | `TcpSyn` | `TcpClosing` | `TcpClosing` |
+    ///
+    /// FIN and RST win over the other bits. A SYN on a closing entry is the client reusing the
+    /// port for a new connection. A SYN on an established entry does not demote it (it is a
+    /// retransmission or a probe, and demoting would make the entry evictable by a SYN
+    /// flood). A new entry first seen with ACK is a connection picked up mid-stream (the entry
+    /// had expired, or the gateway restarted), which is established.
+    #[inline]
+    #[must_use]
+    pub fn on_tcp_flags(self, flags: u8) -> FlowState {
+        use tcp_flags::{ACK, FIN, RST, SYN};
+        if flags & (FIN | RST) != 0 {
+            return FlowState::TcpClosing;
+        }
+        let ack = flags & ACK != 0;
+        let fresh_syn = flags & (SYN | ACK) == SYN;
+        match self {
+            FlowState::TcpEstablished => FlowState::TcpEstablished,
+            FlowState::TcpClosing if fresh_syn => FlowState::TcpSyn,
+            FlowState::TcpClosing => FlowState::TcpClosing,
+            FlowState::TcpSyn | FlowState::Udp | FlowState::Other if ack => {
+                FlowState::TcpEstablished
+            }
+            FlowState::TcpSyn | FlowState::Udp | FlowState::Other => FlowState::TcpSyn,
+        }
+    }
+}
+
+/// What the table stores for a key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct FlowValue {
+    /// The backend chosen for the flow; checked against the current snapshot on every packet.
+    pub backend: BackendId,
+    /// The rewrite target (backend address/port, or VIP/port for reverse-NAT entries).
+    pub target: Target,
+    /// Connection state, which picks the idle timeout.
+    pub state: FlowState,
+    /// When the flow last saw a packet, in nanoseconds of the caller's monotonic clock.
+    pub last_seen: u64,
+    /// Idle timeout in seconds that replaces the state's; 0 means use the state's. Session
+    /// affinity entries carry their service's `sessionAffinityConfig.clientIP.timeoutSeconds`.
+    pub timeout_override: u32,
+    /// Opaque to the table; the pipeline stores, for example, the service index.
+    pub aux: u32,
+    /// For reverse-NAT entries: the MAC the client's packets came from (the next hop back to
+    /// the client). Zero elsewhere.
+    pub peer_mac: [u8; 6],
+    /// For reverse-NAT entries: the port replies leave by. Zero elsewhere.
+    pub peer_port: u8,
+}
+
+impl FlowValue {
+    /// Records a packet at `now`, which restarts the idle timeout.
+    #[inline]
+    pub fn touch(&mut self, now: u64) {
+        self.last_seen = now;
+    }
+}
+
+/// Idle timeouts per [`FlowState`], in nanoseconds.
+///
+/// The defaults, against Linux conntrack's (`nf_conntrack` sysctls) for comparison:
+///
+/// | state | here | conntrack default |
+/// |---|---|---|
+/// | `tcp_syn` | 30 s | `tcp_timeout_syn_sent` 120 s |
+/// | `tcp_established` | 3600 s | `tcp_timeout_established` 432000 s (kube-proxy: 86400 s) |
+/// | `tcp_closing` | 10 s | `tcp_timeout_close` 10 s (`tcp_timeout_time_wait` 120 s) |
+/// | `udp` | 30 s | `udp_timeout` 30 s |
+/// | `other` | 30 s | `generic_timeout` 600 s |
+///
+/// Ours are shorter because a gateway's table is fixed-size and shared by every client,
+/// where a host's conntrack serves that host's own connections. Forgetting an idle flow is
+/// cheap: its next packet misses, Maglev hashes the same 5-tuple to the same backend as long
+/// as the backend set has not changed, and the entry is re-created. Only a flow that idles
+/// past its timeout *and* sees the backend set change in that time is moved. A half-open
+/// connection that has not completed its handshake in 30 s (about five SYN retransmissions)
+/// will not; a closing one needs only long enough to carry its last FIN/ACK exchange.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Timeouts {
+    /// `TcpSyn`: half-open connections.
+    pub tcp_syn: u64,
+    /// `TcpEstablished`.
+    pub tcp_established: u64,
+    /// `TcpClosing`: after FIN or RST.
+    pub tcp_closing: u64,
+    /// `Udp`.
+    pub udp: u64,
+    /// `Other`.
+    pub other: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            tcp_syn: 30 * NANOS_PER_SEC,
+            tcp_established: 3600 * NANOS_PER_SEC,
+            tcp_closing: 10 * NANOS_PER_SEC,
+            udp: 30 * NANOS_PER_SEC,
+            other: 30 * NANOS_PER_SEC,
+        }
+    }
+}
+
+impl Timeouts {
+    /// The idle timeout of `state`, in nanoseconds.
+    #[inline]
+    pub fn of(&self, state: FlowState) -> u64 {
+        match state {
+            FlowState::TcpSyn => self.tcp_syn,
+            FlowState::TcpEstablished => self.tcp_established,
+            FlowState::TcpClosing => self.tcp_closing,
+            FlowState::Udp => self.udp,
+            FlowState::Other => self.other,
+        }
+    }
+}
+
+/// Why [`FlowTable::insert`] did not store a new flow. Either way the pipeline forwards the
+/// packet statelessly and counts it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum InsertError {
+    /// The key's bucket holds 8 live entries, none of them half-open.
+    Full,
+    /// The per-core new-flow rate limit is exhausted.
+    RateLimited,
+}
+
+impl fmt::Display for InsertError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            InsertError::Full => "flow table bucket full of live entries",
+            InsertError::RateLimited => "new-flow rate limit exceeded",
+        })
+    }
+}
+
+impl core::error::Error for InsertError {}
+
+/// Counters of a [`FlowTable`], since it was created.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub struct FlowStats {
+    /// New entries stored (overwrites of a live entry are not counted).
+    pub inserts: u64,
+    /// Entries reclaimed because their idle timeout had passed (by lookup, insert or sweep).
+    pub expired: u64,
+    /// Live half-open entries evicted to make room for a new flow.
+    pub evicted: u64,
+    /// Entries removed by [`FlowTable::remove`].
+    pub removed: u64,
+    /// Inserts refused with [`InsertError::Full`].
+    pub full: u64,
+    /// Inserts refused with [`InsertError::RateLimited`].
+    pub rate_limited: u64,
+    /// Entries held now, live or expired but not yet reclaimed ([`FlowTable::len`]). Always
+    /// `inserts - expired - evicted - removed`.
+    pub occupancy: u64,
+}
+
+/// One bucket's tags, aligned so that a bucket's tags never straddle two cache lines.
+#[derive(Clone, Copy)]
+#[repr(align(32))]
+struct Tags([u32; WAYS]);
+
+#[derive(Clone, Copy)]
+struct Entry {
+    key: FlowKey,
+    value: FlowValue,
+}
+
+impl Entry {
+    /// Filler for empty ways; never read while its tag is 0.
+    const EMPTY: Entry = Entry {
+        key: FlowKey {
+            src: [0; 16],
+            dst: [0; 16],
+            src_port: 0,
+            dst_port: 0,
+            proto: 0,
+        },
+        value: FlowValue {
+            backend: BackendId(0),
+            target: Target {
+                addr: [0; 16],
+                port: 0,
+            },
+            state: FlowState::Other,
+            last_seen: 0,
+            timeout_override: 0,
+            aux: 0,
+            peer_mac: [0; 6],
+            peer_port: 0,
+        },
+    };
+}
+
+/// A token bucket on integer nanoseconds.
+///
+/// Credit is kept in token-nanoseconds: every elapsed nanosecond adds `rate` units, and one
+/// token costs `NANOS_PER_SEC` units, so refill is exact with no division and no floating
+/// point. The bucket holds one second's worth (`rate` tokens): a core idle for a second may
+/// then take a burst of one second's flows at once, no more.
+#[derive(Clone, Copy, Debug)]
+struct RateLimiter {
+    /// Tokens per second; 0 means unlimited.
+    rate: u64,
+    /// Token-nanoseconds available, at most `rate * NANOS_PER_SEC` (below 2^63 as `rate`
+    /// is a `u32`).
+    credit: u64,
+    /// The latest `now` seen.
+    last: u64,
+}
+
+impl RateLimiter {
+    fn new(per_sec: u32) -> Self {
+        let rate = u64::from(per_sec);
+        Self {
+            rate,
+            credit: rate * NANOS_PER_SEC,
+            last: 0,
+        }
+    }
+
+    #[inline]
+    fn admit(&mut self, now: u64) -> bool {
+        if self.rate == 0 {
+            return true;
+        }
+        // More than a second refills the bucket anyway; clamping first keeps the product
+        // below 2^63. A clock that steps back refills nothing.
+        let elapsed = now.saturating_sub(self.last).min(NANOS_PER_SEC);
+        self.last = self.last.max(now);
+        self.credit = (self.credit + elapsed * self.rate).min(self.rate * NANOS_PER_SEC);
+        if self.credit >= NANOS_PER_SEC {
+            self.credit -= NANOS_PER_SEC;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// A fixed-capacity, set-associative flow table owned by one worker core.
+///
+/// See the [module documentation](self) for the design. All memory is allocated in
+/// [`FlowTable::new`]; no method allocates afterwards, and every method except
+/// [`FlowTable::iter`] does bounded work.
+pub struct FlowTable {
+    tags: Box<[Tags]>,
+    entries: Box<[[Entry; WAYS]]>,
+    /// Number of buckets minus one; the bucket of a hash is `hash & mask`.
+    mask: usize,
+    len: usize,
+    timeouts: Timeouts,
+    limiter: RateLimiter,
+    /// Next bucket [`FlowTable::sweep`] visits.
+    cursor: usize,
+    stats: FlowStats,
+}
+
+impl fmt::Debug for FlowTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlowTable")
+            .field("capacity", &self.capacity())
+            .field("len", &self.len)
+            .field("timeouts", &self.timeouts)
+            .field("new_flows_per_sec", &self.limiter.rate)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl FlowTable {
+    /// Creates a table for at least `capacity` flows, rounded up to a power-of-two number of
+    /// buckets of [`WAYS`] ways, with the given idle timeouts and a cap of
+    /// `new_flows_per_sec` new entries per second (0 for no cap).
+    ///
+    /// Allocates and writes the whole table (84 bytes per way) now, so that nothing later
+    /// allocates or page-faults.
+    ///
+    /// # Panics
+    ///
+    /// If `capacity` is 0 or larger than [`MAX_CAPACITY`].
+    pub fn new(capacity: usize, timeouts: Timeouts, new_flows_per_sec: u32) -> FlowTable {
+        assert!(capacity > 0, "flow table capacity must be at least 1");
+        assert!(
+            capacity <= MAX_CAPACITY,
+            "flow table capacity {capacity} exceeds the maximum {MAX_CAPACITY}"
+        );
+        let buckets = capacity.div_ceil(WAYS).next_power_of_two();
+        FlowTable {
+            tags: vec![Tags([0; WAYS]); buckets].into_boxed_slice(),
+            entries: vec![[Entry::EMPTY; WAYS]; buckets].into_boxed_slice(),
+            mask: buckets - 1,
+            len: 0,
+            timeouts,
+            limiter: RateLimiter::new(new_flows_per_sec),
+            cursor: 0,
+            stats: FlowStats::default(),
+        }
+    }
+
+    /// The live entry for `key` at `now`, to read or update in place (typically
+    /// [`FlowValue::touch`] and a new [`FlowValue::state`]).
+    ///
+    /// An expired entry found here is reclaimed (counted in [`FlowStats::expired`]) and `None`
+    /// returned.
+    #[inline]
+    pub fn lookup(&mut self, key: &FlowKey, now: u64) -> Option<&mut FlowValue> {
+        self.lookup_hashed(key, key.hash(SEED_FLOW), now)
+    }
+
+    /// [`FlowTable::lookup`] with `hash = key.hash(SEED_FLOW)` already computed, so the
+    /// pipeline hashes a packet's key once for lookup and insert.
+    #[inline]
+    pub fn lookup_hashed(&mut self, key: &FlowKey, hash: u64, now: u64) -> Option<&mut FlowValue> {
+        debug_assert_eq!(
+            hash,
+            key.hash(SEED_FLOW),
+            "hash must be key.hash(SEED_FLOW)"
+        );
+        let (b, tag) = self.split(hash);
+        let w = self.find(b, tag, key)?;
+        if self.is_live(&self.entries[b][w].value, now) {
+            Some(&mut self.entries[b][w].value)
+        } else {
+            self.free(b, w);
+            self.stats.expired += 1;
+            None
+        }
+    }
+
+    /// Stores `value` for `key` and returns it for further updates.
+    ///
+    /// A live entry for `key` is overwritten, without a rate-limit check. Otherwise this is a
+    /// new flow: it takes a token from the rate limiter, then an empty way of its bucket, or
+    /// an expired one, or evicts the half-open (`TcpSyn`) entry idle the longest. At most
+    /// [`WAYS`] entries are examined.
+    ///
+    /// # Errors
+    ///
+    /// [`InsertError::RateLimited`] if the new-flow rate limit is exhausted;
+    /// [`InsertError::Full`] if every way of the bucket holds a live entry that is not
+    /// half-open. Nothing is stored then.
+    #[inline]
+    pub fn insert(
+        &mut self,
+        key: FlowKey,
+        value: FlowValue,
+        now: u64,
+    ) -> Result<&mut FlowValue, InsertError> {
+        let hash = key.hash(SEED_FLOW);
+        self.insert_hashed(key, hash, value, now)
+    }
+
+    /// [`FlowTable::insert`] with `hash = key.hash(SEED_FLOW)` already computed.
+    ///
+    /// # Errors
+    ///
+    /// As [`FlowTable::insert`].
+    #[inline]
+    pub fn insert_hashed(
+        &mut self,
+        key: FlowKey,
+        hash: u64,
+        value: FlowValue,
+        now: u64,
+    ) -> Result<&mut FlowValue, InsertError> {
+        debug_assert_eq!(
+            hash,
+            key.hash(SEED_FLOW),
+            "hash must be key.hash(SEED_FLOW)"
+        );
+        let (b, tag) = self.split(hash);
+        if let Some(w) = self.find(b, tag, &key) {
+            if self.is_live(&self.entries[b][w].value, now) {
+                let slot = &mut self.entries[b][w].value;
+                *slot = value;
+                return Ok(slot);
+            }
+            // The key's old entry expired: reclaim it, and what follows is a new flow. The
+            // way is now empty, so the key cannot end up stored twice.
+            self.free(b, w);
+            self.stats.expired += 1;
+        }
+        if !self.limiter.admit(now) {
+            self.stats.rate_limited += 1;
+            return Err(InsertError::RateLimited);
+        }
+        let w = match self.tags[b].0.iter().position(|&t| t == 0) {
+            Some(w) => w,
+            None => self.make_room(b, now)?,
+        };
+        self.tags[b].0[w] = tag;
+        self.len += 1;
+        self.stats.inserts += 1;
+        let entry = &mut self.entries[b][w];
+        *entry = Entry { key, value };
+        Ok(&mut entry.value)
+    }
+
+    /// Frees a way in full bucket `b`: reclaims every expired way (they are all in hand) and
+    /// returns the first, or else evicts the oldest half-open entry.
+    #[inline]
+    fn make_room(&mut self, b: usize, now: u64) -> Result<usize, InsertError> {
+        let mut reclaimed = None;
+        let mut oldest_syn: Option<(usize, u64)> = None;
+        for w in 0..WAYS {
+            let v = self.entries[b][w].value;
+            if !self.is_live(&v, now) {
+                self.free(b, w);
+                self.stats.expired += 1;
+                reclaimed.get_or_insert(w);
+            } else if v.state == FlowState::TcpSyn
+                && oldest_syn.is_none_or(|(_, seen)| v.last_seen < seen)
+            {
+                oldest_syn = Some((w, v.last_seen));
+            }
+        }
+        if let Some(w) = reclaimed {
+            return Ok(w);
+        }
+        match oldest_syn {
+            Some((w, _)) => {
+                self.free(b, w);
+                self.stats.evicted += 1;
+                Ok(w)
+            }
+            None => {
+                self.stats.full += 1;
+                Err(InsertError::Full)
+            }
+        }
+    }
+
+    /// Removes `key`'s entry and returns it, live or expired (check with
+    /// [`FlowTable::is_live`] if it matters); `None` if there is none.
+    #[inline]
+    pub fn remove(&mut self, key: &FlowKey) -> Option<FlowValue> {
+        let (b, tag) = self.split(key.hash(SEED_FLOW));
+        let w = self.find(b, tag, key)?;
+        self.free(b, w);
+        self.stats.removed += 1;
+        Some(self.entries[b][w].value)
+    }
+
+    /// Reclaims the expired entries of up to `max_buckets` buckets (each of [`WAYS`] ways),
+    /// continuing from where the previous call stopped and wrapping around; returns how many
+    /// it removed. The IO layer calls this when a poll finds no packets, so that expired
+    /// entries do not linger in a quiet table; a few hundred buckets cost a few microseconds.
+    pub fn sweep(&mut self, now: u64, max_buckets: usize) -> usize {
+        let mut removed = 0;
+        for _ in 0..max_buckets.min(self.tags.len()) {
+            let b = self.cursor;
+            self.cursor = (b + 1) & self.mask;
+            for w in 0..WAYS {
+                if self.tags[b].0[w] != 0 && !self.is_live(&self.entries[b][w].value, now) {
+                    self.free(b, w);
+                    removed += 1;
+                }
+            }
+        }
+        self.stats.expired += removed as u64;
+        removed
+    }
+
+    /// Entries held, live or expired but not yet reclaimed.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the table holds no entries.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Total ways: the most entries the table can hold.
+    #[inline]
+    pub fn capacity(&self) -> usize {
+        self.tags.len() * WAYS
+    }
+
+    /// The table's counters.
+    #[inline]
+    pub fn stats(&self) -> FlowStats {
+        FlowStats {
+            occupancy: self.len as u64,
+            ..self.stats
+        }
+    }
+
+    /// The idle timeout of `v` in nanoseconds: its override if set, else its state's.
+    #[inline]
+    pub fn timeout_of(&self, v: &FlowValue) -> u64 {
+        if v.timeout_override != 0 {
+            u64::from(v.timeout_override) * NANOS_PER_SEC
+        } else {
+            self.timeouts.of(v.state)
+        }
+    }
+
+    /// Whether `v` is live at `now`: idle for less than its timeout. An entry expires exactly
+    /// at `last_seen + timeout`; a `now` before `last_seen` counts as no idle time.
+    #[inline]
+    pub fn is_live(&self, v: &FlowValue, now: u64) -> bool {
+        now.saturating_sub(v.last_seen) < self.timeout_of(v)
+    }
+
+    /// Every entry held, live or expired but not yet reclaimed (filter with
+    /// [`FlowTable::is_live`]), in bucket order. Walks the whole table: for the admin API and
+    /// tests, not the packet path.
+    pub fn iter(&self) -> impl Iterator<Item = (&FlowKey, &FlowValue)> + '_ {
+        self.tags
+            .iter()
+            .zip(self.entries.iter())
+            .flat_map(|(tags, entries)| {
+                tags.0
+                    .iter()
+                    .zip(entries.iter())
+                    .filter(|(&t, _)| t != 0)
+                    .map(|(_, e)| (&e.key, &e.value))
+            })
+    }
+
+    /// Bucket index (low bits) and tag (high 32 bits, never 0) of a hash.
+    #[inline(always)]
+    fn split(&self, hash: u64) -> (usize, u32) {
+        let tag = (hash >> 32) as u32;
+        ((hash as usize) & self.mask, if tag == 0 { 1 } else { tag })
+    }
+
+    /// The way of bucket `b` holding `key`, if any.
+    #[inline(always)]
+    fn find(&self, b: usize, tag: u32, key: &FlowKey) -> Option<usize> {
+        let tags = &self.tags[b].0;
+        // A branch-free compare of all 8 tags into a bit mask (one SIMD compare and movemask
+        // on x86-64), then full key compares only for the matches.
+        let mut hits = 0u32;
+        for (w, &t) in tags.iter().enumerate() {
+            hits |= u32::from(t == tag) << w;
+        }
+        let entries = &self.entries[b];
+        while hits != 0 {
+            let w = hits.trailing_zeros() as usize;
+            if entries[w].key == *key {
+                return Some(w);
+            }
+            hits &= hits - 1;
+        }
+        None
+    }
+
+    /// Marks way `w` of bucket `b` empty. Its entry stays in place (unread) until overwritten.
+    #[inline(always)]
+    fn free(&mut self, b: usize, w: usize) {
+        debug_assert_ne!(self.tags[b].0[w], 0);
+        self.tags[b].0[w] = 0;
+        self.len -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::{proto, v4_mapped};
+    use tcp_flags::{ACK, FIN, PSH, RST, SYN};
+
+    const S: u64 = NANOS_PER_SEC;
+    const MS: u64 = NANOS_PER_SEC / 1000;
+
+    fn key(i: u32) -> FlowKey {
+        let [a, b, c, d] = i.to_be_bytes();
+        FlowKey {
+            src: v4_mapped([10, b, c, d]),
+            dst: v4_mapped([192, 0, 2, 1]),
+            src_port: 1024 + u16::from(a),
+            dst_port: 443,
+            proto: proto::TCP,
+        }
+    }
+
+    fn key6(i: u32) -> FlowKey {
+        let mut src = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        src[12..].copy_from_slice(&i.to_be_bytes());
+        let mut dst = [0x20, 0x01, 0x0d, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        dst[15] = 1;
+        FlowKey {
+            src,
+            dst,
+            src_port: 40000,
+            dst_port: 53,
+            proto: proto::UDP,
+        }
+    }
+
+    fn val(backend: u32, state: FlowState, now: u64) -> FlowValue {
+        FlowValue {
+            backend: BackendId(backend),
+            target: Target {
+                addr: v4_mapped([198, 51, 100, backend as u8]),
+                port: 8080,
+            },
+            state,
+            last_seen: now,
+            timeout_override: 0,
+            aux: backend * 10,
+        }
+    }
+
+    fn table(capacity: usize) -> FlowTable {
+        FlowTable::new(capacity, Timeouts::default(), 0)
+    }
+
+    /// `n` distinct keys that all hash to bucket 0 of `t`, found by brute force.
+    fn colliding(t: &FlowTable, n: usize) -> Vec<FlowKey> {
+        (0..)
+            .map(key)
+            .filter(|k| t.split(k.hash(SEED_FLOW)).0 == 0)
+            .take(n)
+            .collect()
+    }
+
+    #[test]
+    fn entry_is_80_bytes_and_a_way_84() {
+        // The module docs quote these numbers for the memory cost.
+        assert_eq!(core::mem::size_of::<FlowKey>(), 38);
+        assert_eq!(core::mem::size_of::<FlowValue>(), 40);
+        assert_eq!(core::mem::size_of::<Entry>(), 80);
+        assert_eq!(core::mem::size_of::<Tags>(), 32);
+        assert_eq!(core::mem::align_of::<Tags>(), 32);
+    }
+
+    #[test]
+    fn capacity_rounds_up_to_power_of_two_buckets() {
+        assert_eq!(table(1).capacity(), 8);
+        assert_eq!(table(8).capacity(), 8);
+        assert_eq!(table(9).capacity(), 16);
+        assert_eq!(table(1000).capacity(), 1024);
+        assert_eq!(table(1024).capacity(), 1024);
+        assert_eq!(table(1025).capacity(), 2048);
+    }
+
+    #[test]
+    #[should_panic(expected = "at least 1")]
+    fn zero_capacity_panics() {
+        let _ = table(0);
+    }
+
+    #[test]
+    #[should_panic(expected = "exceeds the maximum")]
+    fn absurd_capacity_panics() {
+        let _ = table(MAX_CAPACITY + 1);
+    }
+
+    #[test]
+    fn insert_lookup_remove() {
+        let mut t = table(1024);
+        assert!(t.is_empty());
+        let (k4, k6) = (key(1), key6(1));
+        let (v4, v6) = (val(1, FlowState::TcpSyn, 0), val(2, FlowState::Udp, 0));
+        assert_eq!(*t.insert(k4, v4, 0).unwrap(), v4);
+        assert_eq!(*t.insert(k6, v6, 0).unwrap(), v6);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.lookup(&k4, S).copied(), Some(v4));
+        assert_eq!(t.lookup(&k6, S).copied(), Some(v6));
+        assert_eq!(t.lookup(&key(2), S), None);
+        assert_eq!(
+            t.lookup_hashed(&k6, k6.hash(SEED_FLOW), S).copied(),
+            Some(v6)
+        );
+
+        // Updates through the returned reference stick.
+        let e = t.lookup(&k4, 2 * S).unwrap();
+        e.touch(2 * S);
+        e.state = e.state.on_tcp_flags(ACK);
+        let got = *t.lookup(&k4, 2 * S).unwrap();
+        assert_eq!(
+            (got.last_seen, got.state),
+            (2 * S, FlowState::TcpEstablished)
+        );
+
+        assert_eq!(t.remove(&k4), Some(got));
+        assert_eq!(t.remove(&k4), None);
+        assert_eq!(t.lookup(&k4, 2 * S), None);
+        assert_eq!(t.len(), 1);
+        assert_eq!(
+            t.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>(),
+            vec![(k6, v6)]
+        );
+    }
+
+    #[test]
+    fn overwrite_replaces_value_without_rate_check() {
+        let mut t = FlowTable::new(64, Timeouts::default(), 1);
+        let k = key(7);
+        t.insert(k, val(1, FlowState::TcpSyn, 0), 0).unwrap();
+        // The single token is spent; a new key is refused but the existing one is not.
+        assert_eq!(
+            t.insert(key(8), val(1, FlowState::TcpSyn, 0), 0),
+            Err(InsertError::RateLimited)
+        );
+        let v2 = val(2, FlowState::TcpEstablished, 5);
+        assert_eq!(*t.insert(k, v2, 5).unwrap(), v2);
+        assert_eq!(t.lookup(&k, 5).copied(), Some(v2));
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.stats().inserts, 1);
+    }
+
+    #[test]
+    fn expiry_by_state_and_override() {
+        let to = Timeouts::default();
+        let cases = [
+            (FlowState::TcpSyn, 0, to.tcp_syn),
+            (FlowState::TcpEstablished, 0, to.tcp_established),
+            (FlowState::TcpClosing, 0, to.tcp_closing),
+            (FlowState::Udp, 0, to.udp),
+            (FlowState::Other, 0, to.other),
+            (FlowState::Other, 10_800, 10_800 * S),
+            (FlowState::TcpClosing, 300, 300 * S),
+        ];
+        for (state, over, timeout) in cases {
+            let mut t = table(64);
+            let start = 1_000 * S;
+            let k = key(3);
+            let v = FlowValue {
+                timeout_override: over,
+                ..val(1, state, start)
+            };
+            assert_eq!(t.timeout_of(&v), timeout);
+            t.insert(k, v, start).unwrap();
+            assert!(
+                t.lookup(&k, start + timeout - 1).is_some(),
+                "{state:?} {over}: live"
+            );
+            assert_eq!(
+                t.lookup(&k, start + timeout),
+                None,
+                "{state:?} {over}: expired"
+            );
+            assert_eq!(t.len(), 0, "expired entry reclaimed by lookup");
+            assert_eq!(t.stats().expired, 1);
+        }
+    }
+
+    #[test]
+    fn clock_before_last_seen_counts_as_fresh() {
+        let t = table(8);
+        assert!(t.is_live(&val(1, FlowState::TcpSyn, 100 * S), 0));
+    }
+
+    #[test]
+    fn expired_way_reclaimed_on_insert() {
+        let mut t = table(64);
+        let keys = colliding(&t, WAYS + 1);
+        for (i, k) in keys[..WAYS].iter().enumerate() {
+            let state = if i == 3 {
+                FlowState::Udp
+            } else {
+                FlowState::TcpEstablished
+            };
+            t.insert(*k, val(i as u32, state, 0), 0).unwrap();
+        }
+        // At 31 s only the UDP entry has expired; the newcomer takes its way.
+        let now = 31 * S;
+        t.insert(keys[WAYS], val(99, FlowState::TcpEstablished, now), now)
+            .unwrap();
+        assert_eq!(t.len(), WAYS);
+        assert_eq!(t.lookup(&keys[3], now), None);
+        assert_eq!(t.lookup(&keys[WAYS], now).unwrap().backend, BackendId(99));
+        let s = t.stats();
+        assert_eq!((s.expired, s.evicted, s.full), (1, 0, 0));
+    }
+
+    #[test]
+    fn reinserting_an_expired_key_reuses_its_way() {
+        let mut t = table(64);
+        let k = key(5);
+        t.insert(k, val(1, FlowState::Udp, 0), 0).unwrap();
+        t.insert(k, val(2, FlowState::Udp, 40 * S), 40 * S).unwrap();
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.iter().count(), 1);
+        let s = t.stats();
+        assert_eq!((s.inserts, s.expired), (2, 1));
+    }
+
+    #[test]
+    fn oldest_syn_evicted_before_full() {
+        let mut t = table(64);
+        let keys = colliding(&t, WAYS + 2);
+        for (i, k) in keys[..WAYS].iter().enumerate() {
+            let (state, seen) = match i {
+                2 => (FlowState::TcpSyn, 5 * S),
+                6 => (FlowState::TcpSyn, 3 * S), // the older half-open one
+                _ => (FlowState::TcpEstablished, 0),
+            };
+            t.insert(*k, val(i as u32, state, seen), seen).unwrap();
+        }
+        let now = 6 * S;
+        t.insert(keys[WAYS], val(90, FlowState::TcpSyn, now), now)
+            .unwrap();
+        assert_eq!(t.lookup(&keys[6], now), None);
+        assert!(t.lookup(&keys[2], now).is_some());
+        // Now the SYN ways are keys[2] (5 s) and keys[WAYS] (6 s): keys[2] goes next.
+        t.insert(keys[WAYS + 1], val(91, FlowState::TcpSyn, now), now)
+            .unwrap();
+        assert_eq!(t.lookup(&keys[2], now), None);
+        for k in keys
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| ![2, 6].contains(i))
+            .map(|(_, k)| k)
+        {
+            assert!(t.lookup(k, now).is_some());
+        }
+        let s = t.stats();
+        assert_eq!(
+            (s.evicted, s.full, s.expired, s.occupancy),
+            (2, 0, 0, WAYS as u64)
+        );
+    }
+
+    #[test]
+    fn full_when_bucket_holds_only_live_non_syn_entries() {
+        let mut t = table(64);
+        let keys = colliding(&t, WAYS + 1);
+        for (i, k) in keys[..WAYS].iter().enumerate() {
+            let state = if i % 2 == 0 {
+                FlowState::TcpEstablished
+            } else {
+                FlowState::Udp
+            };
+            t.insert(*k, val(i as u32, state, 0), 0).unwrap();
+        }
+        let v = val(99, FlowState::TcpSyn, S);
+        assert_eq!(t.insert(keys[WAYS], v, S), Err(InsertError::Full));
+        assert_eq!(t.lookup(&keys[WAYS], S), None);
+        // Other buckets still take flows.
+        let other = (0..)
+            .map(key)
+            .find(|k| t.split(k.hash(SEED_FLOW)).0 != 0)
+            .unwrap();
+        t.insert(other, v, S).unwrap();
+        let s = t.stats();
+        assert_eq!(
+            (s.full, s.evicted, s.inserts, s.occupancy),
+            (1, 0, WAYS as u64 + 1, 9)
+        );
+        assert_eq!(
+            InsertError::Full.to_string(),
+            "flow table bucket full of live entries"
+        );
+    }
+
+    #[test]
+    fn rate_limiter_ten_per_second() {
+        let mut t = FlowTable::new(1024, Timeouts::default(), 10);
+        let t0 = 5_000 * S;
+        let v = val(1, FlowState::TcpSyn, t0);
+        for i in 0..10 {
+            t.insert(key(i), v, t0).unwrap();
+        }
+        assert_eq!(t.insert(key(10), v, t0), Err(InsertError::RateLimited));
+        assert_eq!(
+            t.insert(key(10), v, t0 + 99 * MS),
+            Err(InsertError::RateLimited)
+        );
+        t.insert(key(10), v, t0 + 100 * MS).unwrap();
+        assert_eq!(
+            t.insert(key(11), v, t0 + 100 * MS),
+            Err(InsertError::RateLimited)
+        );
+        // A long idle period refills one second's worth, not more.
+        let t1 = t0 + 3_600 * S;
+        for i in 100..110 {
+            t.insert(key(i), v, t1).unwrap();
+        }
+        assert_eq!(t.insert(key(110), v, t1), Err(InsertError::RateLimited));
+        let s = t.stats();
+        assert_eq!((s.inserts, s.rate_limited), (21, 4));
+        assert_eq!(
+            InsertError::RateLimited.to_string(),
+            "new-flow rate limit exceeded"
+        );
+    }
+
+    #[test]
+    fn rate_limiter_is_exact_over_many_small_steps() {
+        // 3 per second in 1 ns steps: integer refill loses nothing to rounding.
+        let mut rl = RateLimiter::new(3);
+        let mut admitted = 0;
+        for _ in 0..3 {
+            admitted += u32::from(rl.admit(0));
+        }
+        assert_eq!(admitted, 3);
+        let mut now = 0;
+        while now < S {
+            now += 1_000;
+            admitted += u32::from(rl.admit(now));
+        }
+        assert_eq!(admitted, 6);
+        let mut unlimited = RateLimiter::new(0);
+        assert!((0..1_000_000).all(|_| unlimited.admit(0)));
+    }
+
+    #[test]
+    fn tcp_state_transitions() {
+        use FlowState::*;
+        let syn_ack = SYN | ACK;
+        #[rustfmt::skip]
+        let table: &[(FlowState, u8, FlowState)] = &[
+            // A new entry starts from Other (or Udp) and takes the state of its first segment.
+            (Other, SYN, TcpSyn),
+            (Other, ACK, TcpEstablished),
+            (Other, ACK | PSH, TcpEstablished),
+            (Other, FIN | ACK, TcpClosing),
+            (Other, RST, TcpClosing),
+            (Other, 0, TcpSyn),
+            (Udp, SYN, TcpSyn),
+            (TcpSyn, SYN, TcpSyn),
+            (TcpSyn, ACK, TcpEstablished),
+            (TcpSyn, syn_ack, TcpEstablished),
+            (TcpSyn, PSH, TcpSyn),
+            (TcpSyn, RST, TcpClosing),
+            (TcpSyn, FIN | ACK, TcpClosing),
+            (TcpEstablished, ACK, TcpEstablished),
+            (TcpEstablished, ACK | PSH, TcpEstablished),
+            (TcpEstablished, SYN, TcpEstablished),
+            (TcpEstablished, FIN | ACK, TcpClosing),
+            (TcpEstablished, RST | ACK, TcpClosing),
+            (TcpClosing, ACK, TcpClosing),
+            (TcpClosing, FIN | ACK, TcpClosing),
+            (TcpClosing, syn_ack, TcpClosing),
+            (TcpClosing, SYN, TcpSyn),
+            (TcpClosing, SYN | FIN, TcpClosing),
+        ];
+        for &(from, flags, to) in table {
+            assert_eq!(from.on_tcp_flags(flags), to, "{from:?} + {flags:#04x}");
+        }
+    }
+
+    #[test]
+    fn sweep_is_incremental_and_bounded() {
+        let mut t = table(64 * WAYS); // 64 buckets
+        let n = 200;
+        for i in 0..n {
+            let state = if i % 2 == 0 {
+                FlowState::Udp
+            } else {
+                FlowState::TcpEstablished
+            };
+            t.insert(key(i), val(i, state, 0), 0).unwrap();
+        }
+        assert_eq!(t.len(), n as usize);
+        let now = 60 * S; // UDP entries (30 s) expired, established ones (3600 s) not
+        assert_eq!(t.sweep(now, 0), 0);
+        let mut removed = 0;
+        for _ in 0..16 {
+            let r = t.sweep(now, 4);
+            assert!(r <= 4 * WAYS, "at most 4 buckets' worth per call");
+            removed += r;
+        }
+        assert_eq!(
+            removed, 100,
+            "16 calls of 4 buckets cover all 64 buckets once"
+        );
+        assert_eq!(t.len(), 100);
+        assert_eq!(
+            t.sweep(now, usize::MAX),
+            0,
+            "max_buckets is capped at the table size"
+        );
+        assert!(t.iter().all(|(_, v)| v.state == FlowState::TcpEstablished));
+        assert_eq!(t.stats().expired, 100);
+    }
+
+    #[test]
+    fn stats_count_every_outcome() {
+        let mut t = FlowTable::new(64, Timeouts::default(), 0);
+        let keys = colliding(&t, WAYS + 2);
+        for (i, k) in keys[..WAYS].iter().enumerate() {
+            let state = if i == 0 {
+                FlowState::TcpSyn
+            } else {
+                FlowState::TcpEstablished
+            };
+            t.insert(*k, val(1, state, 0), 0).unwrap();
+        }
+        t.insert(keys[1], val(2, FlowState::TcpEstablished, 0), 0)
+            .unwrap(); // overwrite
+        t.insert(keys[WAYS], val(3, FlowState::TcpEstablished, 0), 0)
+            .unwrap(); // evicts keys[0]
+        assert_eq!(
+            t.insert(keys[WAYS + 1], val(4, FlowState::Udp, 0), 0),
+            Err(InsertError::Full)
+        );
+        assert!(t.remove(&keys[2]).is_some());
+        let later = 3_601 * S;
+        assert_eq!(t.lookup(&keys[3], later), None); // expired
+        assert_eq!(t.sweep(later, 1), 6);
+        let s = t.stats();
+        assert_eq!(
+            s,
+            FlowStats {
+                inserts: 9,
+                expired: 7,
+                evicted: 1,
+                removed: 1,
+                full: 1,
+                rate_limited: 0,
+                occupancy: 0,
+            }
+        );
+        assert_eq!(s.occupancy, s.inserts - s.expired - s.evicted - s.removed);
+        assert!(t.is_empty());
+        assert!(format!("{t:?}").contains("capacity: 64"));
+    }
+}

@@ -1,1 +1,513 @@
-//! placeholder
+//! The per-packet step: `(snapshot, per-core flow table, now, &mut frame) -> Verdict`.
+//!
+//! One [`Pipeline`] per worker core owns that core's flow table and counters. It is driven by
+//! the AF_XDP worker, by the in-memory test driver and by the benches alike; time is passed
+//! in, nothing here makes a syscall, takes a lock or allocates.
+//!
+//! Decisions, in order: parse (malformed: drop with a reason) → ICMP error about a VIP flow
+//! (to that flow's backend) → frontend lookup (none: a nat reply, or the kernel's) → source
+//! ACL → fragments (3-tuple Maglev, stateless) → nat owner core (hand off) → flow table (hit:
+//! same backend while it keeps flows; miss: session affinity, then Maglev, then remember) →
+//! rewrite for the mode.
+//!
+//! Fragment policy: every fragment of a datagram, first or later, is sent by the Maglev
+//! choice of its 3-tuple (source, destination, protocol) and creates no flow state, so all
+//! fragments of one datagram reach the same backend without reassembly. Later fragments find
+//! their service by (VIP, protocol) and are dropped as `fragment_ambiguous` when several
+//! services share both. Fragmented nat replies are dropped (`fragmented_reply`): their ports
+//! are only in the first fragment and the gateway does not reassemble.
+
+use crate::flow::{FlowState, FlowTable, FlowValue, InsertError, Target, Timeouts};
+use crate::hash::{hash_words, mix64, SEED_FLOW, SEED_MAGLEV};
+use crate::key::{is_v4, proto, FlowKey};
+use crate::rewrite::{self, Encap, EncapError, Frame, Macs};
+use crate::stats::{Counters, DropReason};
+use crate::table::{Backend, FragmentService, Frontend, Health, Service, ServiceTable};
+use crate::wire::parse::{parse, Embedded, Frag, Parsed};
+use crate::wire::tcp::flags;
+use strait_config::model::Mode;
+
+/// What to do with a frame after [`Pipeline::process`].
+#[must_use]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Send the (rewritten) frame out of this port.
+    Tx {
+        /// Port index in [`ServiceTable::ports`].
+        port: u8,
+    },
+    /// Give the frame, unchanged, to the kernel.
+    Pass,
+    /// Drop the frame; already counted.
+    Drop(DropReason),
+    /// The frame belongs to a nat flow owned by another core: hand it over unchanged, and that
+    /// core runs [`Pipeline::process`] on it.
+    Handoff {
+        /// The owner core.
+        core: u16,
+    },
+}
+
+const SEED_OWNER: u64 = 0x5354_5241_4954_4f57; // "STRAITOW"
+
+/// The core that owns a nat flow: a function of the client's address and port, which both
+/// directions carry (as destination in replies), so any core can find the owner.
+#[inline(always)]
+pub fn owner_core(client: &[u8; 16], client_port: u16, cores: u16) -> u16 {
+    if cores <= 1 {
+        return 0;
+    }
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&client[8..]);
+    let h = hash_words(SEED_OWNER, &[u64::from_le_bytes(a), client_port as u64]);
+    ((h >> 32) % cores as u64) as u16
+}
+
+/// The Maglev hash of a flow, derived from its flow-table hash so a packet is hashed once.
+#[inline(always)]
+fn maglev_hash(flow_hash: u64) -> u64 {
+    mix64(flow_hash ^ SEED_MAGLEV)
+}
+
+/// One core's packet pipeline.
+#[derive(Debug)]
+pub struct Pipeline {
+    /// This core's flow table.
+    pub flows: FlowTable,
+    /// This core's counters.
+    pub counters: Counters,
+    core: u16,
+    cores: u16,
+}
+
+impl Pipeline {
+    /// A pipeline for core `core` of `cores`, with a flow table of `capacity` entries.
+    pub fn new(
+        core: u16,
+        cores: u16,
+        capacity: usize,
+        timeouts: Timeouts,
+        new_flows_per_sec: u32,
+    ) -> Self {
+        Self {
+            flows: FlowTable::new(capacity, timeouts, new_flows_per_sec),
+            counters: Counters::default(),
+            core,
+            cores,
+        }
+    }
+
+    /// Runs one frame through the pipeline, rewriting it in place, and counts its outcome.
+    /// `now` is a monotonic clock in nanoseconds; `ingress` the port the frame arrived on.
+    #[inline]
+    pub fn process(
+        &mut self,
+        t: &ServiceTable,
+        now: u64,
+        ingress: u8,
+        frame: &mut Frame<'_>,
+    ) -> Verdict {
+        self.counters.rx += 1;
+        let v = self.step(t, now, ingress, frame);
+        match v {
+            Verdict::Tx { .. } => self.counters.tx += 1,
+            Verdict::Pass => self.counters.pass += 1,
+            Verdict::Drop(r) => self.counters.drop(r),
+            Verdict::Handoff { .. } => self.counters.handoff += 1,
+        }
+        v
+    }
+
+    #[inline(always)]
+    fn step(&mut self, t: &ServiceTable, now: u64, ingress: u8, frame: &mut Frame<'_>) -> Verdict {
+        let p = match parse(frame.data()) {
+            Ok(Some(p)) => p,
+            Ok(None) => return Verdict::Pass,
+            Err(r) => return Verdict::Drop(r),
+        };
+        if let Some(e) = p.embedded {
+            return self.icmp_error(t, now, frame, &p, &e);
+        }
+        if !matches!(p.proto, proto::TCP | proto::UDP) {
+            return Verdict::Pass;
+        }
+        let si = if p.frag == Frag::Later {
+            match t.fragment_service(&p.dst, p.proto) {
+                Some(FragmentService::One(i)) => Some(i),
+                Some(FragmentService::Ambiguous) => {
+                    return Verdict::Drop(DropReason::FragmentAmbiguous)
+                }
+                None => None,
+            }
+        } else {
+            t.service_for(&Frontend {
+                vip: p.dst,
+                port: p.dst_port,
+                proto: p.proto,
+            })
+        };
+        let Some(si) = si else {
+            return self.maybe_reply(t, now, frame, &p);
+        };
+        let s = &t.services[si as usize];
+        if !s.allows(&p.src) {
+            return Verdict::Drop(DropReason::SourceNotAllowed);
+        }
+        if p.frag != Frag::None {
+            self.counters.fragments += 1;
+            let h = maglev_hash(p.key().hash3(SEED_FLOW));
+            return match pick(t, s, h) {
+                Some(b) => forward(t, s, b, &p, frame, h, ingress, &mut self.counters),
+                None => Verdict::Drop(DropReason::NoBackend),
+            };
+        }
+        if s.mode == Mode::Nat && self.cores > 1 {
+            let owner = owner_core(&p.src, p.src_port, self.cores);
+            if owner != self.core {
+                return Verdict::Handoff { core: owner };
+            }
+        }
+        let key = p.key();
+        let fh = key.hash(SEED_FLOW);
+        let b = match self.established(t, s, &key, fh, now, &p, frame) {
+            Ok(b) => b,
+            Err(v) => return v,
+        };
+        forward(t, s, b, &p, frame, fh, ingress, &mut self.counters)
+    }
+
+    /// Finds or makes the flow's backend. `Err` carries a final verdict (no backend, nat
+    /// collision).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn established<'t>(
+        &mut self,
+        t: &'t ServiceTable,
+        s: &Service,
+        key: &FlowKey,
+        fh: u64,
+        now: u64,
+        p: &Parsed,
+        frame: &Frame<'_>,
+    ) -> Result<&'t Backend, Verdict> {
+        let tcp = p.proto == proto::TCP;
+        let mut stale = None;
+        if let Some(v) = self.flows.lookup_hashed(key, fh, now) {
+            match t.backend(v.backend) {
+                Some(b)
+                    if b.keeps_flows() && b.addr == v.target.addr && b.port == v.target.port =>
+                {
+                    v.touch(now);
+                    if tcp {
+                        v.state = v.state.on_tcp_flags(p.tcp_flags);
+                    }
+                    return Ok(b);
+                }
+                _ => {
+                    self.counters.flows_rehashed += 1;
+                    stale = Some(*v);
+                }
+            }
+        }
+        // A new flow, or one whose backend is gone.
+        let b = match self.affinity(t, s, p, now) {
+            Some(b) => b,
+            None => pick(t, s, maglev_hash(fh)).ok_or(Verdict::Drop(DropReason::NoBackend))?,
+        };
+        if tcp && p.tcp_flags & flags::RST != 0 && stale.is_none() {
+            // A RST for an unknown flow never creates state: forward it by Maglev only.
+            self.counters.rst_without_flow += 1;
+            return Ok(b);
+        }
+        if s.mode == Mode::Nat {
+            if let Some(old) = stale {
+                self.flows.remove(&reply_key(key, &old.target));
+            }
+            let rkey = reply_key(
+                key,
+                &Target {
+                    addr: b.addr,
+                    port: b.port,
+                },
+            );
+            if let Some(r) = self.flows.lookup(&rkey, now) {
+                if r.target.addr != key.dst || r.target.port != key.dst_port {
+                    // The backend's reply tuple already belongs to a flow to another VIP.
+                    return Err(Verdict::Drop(DropReason::NatCollision));
+                }
+            }
+        }
+        let state = if tcp {
+            FlowState::TcpSyn.on_tcp_flags(p.tcp_flags)
+        } else {
+            FlowState::Udp
+        };
+        let value = FlowValue {
+            backend: b.id,
+            target: Target {
+                addr: b.addr,
+                port: b.port,
+            },
+            state,
+            last_seen: now,
+            timeout_override: 0,
+            aux: 0,
+            peer_mac: [0; 6],
+            peer_port: 0,
+        };
+        match self.flows.insert_hashed(*key, fh, value, now) {
+            Ok(_) => {
+                self.counters.flows_created += 1;
+                if s.mode == Mode::Nat {
+                    let mut src_mac = [0u8; 6];
+                    src_mac.copy_from_slice(&frame.data()[6..12]);
+                    let reply = FlowValue {
+                        target: Target {
+                            addr: key.dst,
+                            port: key.dst_port,
+                        },
+                        peer_mac: src_mac,
+                        peer_port: t.client_port,
+                        ..value
+                    };
+                    let rkey = reply_key(key, &value.target);
+                    if self.flows.insert(rkey, reply, now).is_err() {
+                        // Replies will not be translated: undo the forward entry so the state
+                        // stays symmetric, and count the flow as stateless.
+                        self.flows.remove(key);
+                        self.counters.stateless_full += 1;
+                    }
+                }
+            }
+            Err(InsertError::Full) => self.counters.stateless_full += 1,
+            Err(InsertError::RateLimited) => self.counters.stateless_rate_limited += 1,
+        }
+        Ok(b)
+    }
+
+    /// ClientIP session affinity: the backend a client's earlier flows went to, while it is
+    /// up, else a Maglev choice by client address that is then remembered for the service's
+    /// timeout.
+    #[inline(always)]
+    fn affinity<'t>(
+        &mut self,
+        t: &'t ServiceTable,
+        s: &Service,
+        p: &Parsed,
+        now: u64,
+    ) -> Option<&'t Backend> {
+        if s.affinity_secs == 0 {
+            return None;
+        }
+        let akey = FlowKey {
+            src: p.src,
+            dst: p.dst,
+            src_port: 0,
+            dst_port: p.dst_port,
+            proto: p.proto,
+        };
+        let ah = akey.hash(SEED_FLOW);
+        if let Some(v) = self.flows.lookup_hashed(&akey, ah, now) {
+            if let Some(b) = t.backend(v.backend) {
+                if b.health == Health::Up && b.addr == v.target.addr && b.port == v.target.port {
+                    v.touch(now);
+                    return Some(b);
+                }
+            }
+        }
+        let b = pick(t, s, maglev_hash(ah))?;
+        let value = FlowValue {
+            backend: b.id,
+            target: Target {
+                addr: b.addr,
+                port: b.port,
+            },
+            state: FlowState::Other,
+            last_seen: now,
+            timeout_override: s.affinity_secs,
+            aux: 0,
+            peer_mac: [0; 6],
+            peer_port: 0,
+        };
+        let _ = self.flows.insert_hashed(akey, ah, value, now);
+        Some(b)
+    }
+
+    /// A packet to no frontend: a nat reply from a backend (translated back to the VIP), or
+    /// the kernel's.
+    #[inline(always)]
+    fn maybe_reply(
+        &mut self,
+        t: &ServiceTable,
+        now: u64,
+        frame: &mut Frame<'_>,
+        p: &Parsed,
+    ) -> Verdict {
+        if !t.is_nat_backend(&p.src, p.src_port, p.proto) {
+            return Verdict::Pass;
+        }
+        if p.frag != Frag::None {
+            return Verdict::Drop(DropReason::FragmentedReply);
+        }
+        if self.cores > 1 {
+            let owner = owner_core(&p.dst, p.dst_port, self.cores);
+            if owner != self.core {
+                return Verdict::Handoff { core: owner };
+            }
+        }
+        let Some(v) = self.flows.lookup(&p.key(), now) else {
+            return Verdict::Drop(DropReason::ReplyNoFlow);
+        };
+        v.touch(now);
+        if p.proto == proto::TCP {
+            v.state = v.state.on_tcp_flags(p.tcp_flags);
+        }
+        let v = *v;
+        if p.ttl <= 1 {
+            return Verdict::Drop(DropReason::TtlExceeded);
+        }
+        let Some(port) = t.ports.get(v.peer_port as usize) else {
+            return Verdict::Drop(DropReason::NoEgress);
+        };
+        rewrite::nat_reply(
+            frame,
+            p,
+            &v.target.addr,
+            v.target.port,
+            Macs {
+                src: port.mac,
+                dst: v.peer_mac,
+            },
+        );
+        Verdict::Tx { port: v.peer_port }
+    }
+
+    /// An ICMP error about a packet a VIP sent (its embedded source is the VIP): forwarded to
+    /// the backend that owns the flow, so path-MTU discovery works through the gateway.
+    #[cold]
+    fn icmp_error(
+        &mut self,
+        t: &ServiceTable,
+        now: u64,
+        frame: &mut Frame<'_>,
+        p: &Parsed,
+        e: &Embedded,
+    ) -> Verdict {
+        let k = e.reversed_key();
+        let Some(si) = t.service_for(&Frontend {
+            vip: k.dst,
+            port: k.dst_port,
+            proto: k.proto,
+        }) else {
+            return Verdict::Pass;
+        };
+        let s = &t.services[si as usize];
+        if s.mode == Mode::Nat && self.cores > 1 {
+            let owner = owner_core(&k.src, k.src_port, self.cores);
+            if owner != self.core {
+                return Verdict::Handoff { core: owner };
+            }
+        }
+        let fh = k.hash(SEED_FLOW);
+        let from_flow = self.flows.lookup_hashed(&k, fh, now).map(|v| *v);
+        let b = match from_flow.and_then(|v| t.backend(v.backend).filter(|b| b.keeps_flows())) {
+            Some(b) => b,
+            // No state (DSR flows may live on another gateway or have been stateless): the
+            // Maglev choice the flow itself would get.
+            None if s.mode != Mode::Nat => match pick(t, s, maglev_hash(fh)) {
+                Some(b) => b,
+                None => return Verdict::Drop(DropReason::NoBackend),
+            },
+            None => return Verdict::Drop(DropReason::IcmpNoFlow),
+        };
+        self.counters.icmp_errors_forwarded += 1;
+        if s.mode != Mode::Nat {
+            // The ICMP packet is forwarded like the flow's own packets; the ingress port does
+            // not matter for DSR.
+            return forward(t, s, b, p, frame, fh, t.client_port, &mut self.counters);
+        }
+        if p.ttl <= 1 {
+            return Verdict::Drop(DropReason::TtlExceeded);
+        }
+        let Some(mac) = b.mac else {
+            return Verdict::Drop(DropReason::NoNextHop);
+        };
+        let src = t.ports.get(b.egress as usize).map_or([0; 6], |p| p.mac);
+        rewrite::nat_icmp_error(frame, p, &b.addr, b.port, Macs { src, dst: mac });
+        Verdict::Tx { port: b.egress }
+    }
+}
+
+/// The reply tuple of a nat flow to `target`: backend:port to client:port.
+#[inline(always)]
+fn reply_key(k: &FlowKey, target: &Target) -> FlowKey {
+    FlowKey {
+        src: target.addr,
+        dst: k.src,
+        src_port: target.port,
+        dst_port: k.src_port,
+        proto: k.proto,
+    }
+}
+
+/// The Maglev choice for hash `h` among the service's members.
+#[inline(always)]
+fn pick<'t>(t: &'t ServiceTable, s: &Service, h: u64) -> Option<&'t Backend> {
+    let i = s.maglev.lookup(h)?;
+    t.backend(*s.members.get(i)?)
+}
+
+/// Rewrites the frame for the service's mode toward backend `b`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    t: &ServiceTable,
+    s: &Service,
+    b: &Backend,
+    p: &Parsed,
+    frame: &mut Frame<'_>,
+    entropy: u64,
+    ingress: u8,
+    c: &mut Counters,
+) -> Verdict {
+    let Some(mac) = b.mac else {
+        return Verdict::Drop(DropReason::NoNextHop);
+    };
+    let Some(port) = t.ports.get(b.egress as usize) else {
+        return Verdict::Drop(DropReason::NoEgress);
+    };
+    let m = Macs {
+        src: port.mac,
+        dst: mac,
+    };
+    let how = match s.mode {
+        Mode::DsrL2 => {
+            rewrite::dsr_l2(frame, m);
+            return Verdict::Tx { port: b.egress };
+        }
+        Mode::Nat => {
+            if p.ttl <= 1 {
+                return Verdict::Drop(DropReason::TtlExceeded);
+            }
+            rewrite::nat_forward(frame, p, &b.addr, b.port, m);
+            return Verdict::Tx { port: b.egress };
+        }
+        Mode::DsrIpip => Encap::Ipip,
+        Mode::DsrGue => Encap::Gue { port: t.gue_port },
+    };
+    let src = if is_v4(&b.tunnel) {
+        crate::key::v4_mapped(t.tunnel_src_v4)
+    } else {
+        t.tunnel_src_v6
+    };
+    match rewrite::encapsulate(frame, p, how, &src, &b.tunnel, entropy, port.mtu, m) {
+        Ok(()) => Verdict::Tx { port: b.egress },
+        Err(EncapError::TooBig { inner_mtu }) if p.df => {
+            rewrite::icmp_too_big(frame, p, inner_mtu);
+            c.icmp_too_big_sent += 1;
+            Verdict::Tx { port: ingress }
+        }
+        Err(EncapError::TooBig { .. }) => Verdict::Drop(DropReason::MtuExceeded),
+        Err(EncapError::NoHeadroom) => Verdict::Drop(DropReason::NoHeadroom),
+    }
+}

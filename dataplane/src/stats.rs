@@ -46,11 +46,14 @@ pub enum DropReason {
     NatCollision,
     /// A nat-mode frame for a port the gateway does not know how to route back.
     NoEgress,
+    /// A packet from a nat backend's service port that belongs to no flow (expired, or
+    /// never translated): dropped rather than leaking the backend's address to the client.
+    ReplyNoFlow,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 17] = [
+    pub const ALL: [DropReason; 18] = [
         DropReason::EthTruncated,
         DropReason::IpTruncated,
         DropReason::IpMalformed,
@@ -68,6 +71,7 @@ impl DropReason {
         DropReason::FragmentedReply,
         DropReason::NatCollision,
         DropReason::NoEgress,
+        DropReason::ReplyNoFlow,
     ];
     /// Number of reasons.
     pub const COUNT: usize = Self::ALL.len();
@@ -92,6 +96,7 @@ impl DropReason {
             DropReason::FragmentedReply => "fragmented_reply",
             DropReason::NatCollision => "nat_collision",
             DropReason::NoEgress => "no_egress",
+            DropReason::ReplyNoFlow => "reply_no_flow",
         }
     }
 }

@@ -144,6 +144,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Wraps bytes already validated by [`Packet::new_checked`] (the pipeline re-wraps a
+    /// frame it parsed to rewrite it). Accessors may panic on bytes that were not validated.
+    pub(crate) fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+
     /// Sets the source address, updating the header checksum incrementally.
     pub fn set_src(&mut self, a: [u8; 4]) {
         let old = self.src();
