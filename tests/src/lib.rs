@@ -1,1 +1,226 @@
-//! Shared helpers for Strait's cross-crate tests.
+//! Shared helpers for Strait's cross-crate tests: a table built from TOML, packet builders
+//! (etherparse, an independent implementation), a runner that gives frames the headroom an
+//! AF_XDP UMEM frame has, and an independent checksum verifier.
+
+use std::net::IpAddr;
+
+use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
+use strait_dataplane::flow::Timeouts;
+use strait_dataplane::pipeline::{Pipeline, Verdict};
+use strait_dataplane::rewrite::{Frame, HEADROOM};
+use strait_dataplane::table::{Builder, Port, ServiceTable};
+
+/// The gateway's MAC on every port in tests.
+pub const GW_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+/// The client's (or its router's) MAC.
+pub const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xc1];
+/// One second in the pipeline's clock unit.
+pub const SEC: u64 = 1_000_000_000;
+
+/// Builds a snapshot from a configuration text, with `ports` interfaces of MTU `mtu`.
+///
+/// # Panics
+/// If the text is not a valid configuration.
+pub fn table(toml: &str, mtu: u16) -> ServiceTable {
+    let cfg = strait_config::parse(toml).unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
+    let ports: Vec<Port> = cfg
+        .gateway
+        .interfaces
+        .iter()
+        .map(|_| Port { mac: GW_MAC, mtu })
+        .collect();
+    Builder::new()
+        .build(&cfg, &ports, |_, _, _| false)
+        .expect("table builds")
+}
+
+/// A pipeline and a table, with a clock.
+#[derive(Debug)]
+pub struct Bed {
+    /// The snapshot.
+    pub table: ServiceTable,
+    /// Core 0 of 1.
+    pub pipe: Pipeline,
+    /// The clock, in nanoseconds.
+    pub now: u64,
+}
+
+impl Bed {
+    /// A bed over a configuration text (MTU 1500, flow capacity 4096, no rate cap).
+    pub fn new(toml: &str) -> Self {
+        Self::with(toml, 1500, 1, 0)
+    }
+
+    /// A bed with explicit MTU, core count (this is core 0) and new-flow cap.
+    pub fn with(toml: &str, mtu: u16, cores: u16, cap: u32) -> Self {
+        let table = table(toml, mtu);
+        let pipe = Pipeline::new(0, cores, 4096, Timeouts::default(), cap);
+        Self {
+            table,
+            pipe,
+            now: SEC,
+        }
+    }
+
+    /// Runs a frame through the pipeline; returns the verdict and the frame as it is after.
+    pub fn run(&mut self, frame: &[u8]) -> (Verdict, Vec<u8>) {
+        run_with(&mut self.pipe, &self.table, self.now, frame)
+    }
+}
+
+/// Runs a frame through a pipeline in a buffer with [`HEADROOM`] in front and 2 KiB behind,
+/// as a UMEM frame has.
+pub fn run_with(
+    pipe: &mut Pipeline,
+    table: &ServiceTable,
+    now: u64,
+    frame: &[u8],
+) -> (Verdict, Vec<u8>) {
+    let mut buf = vec![0u8; HEADROOM + frame.len() + 2048];
+    buf[HEADROOM..HEADROOM + frame.len()].copy_from_slice(frame);
+    let mut f = Frame::new(&mut buf, HEADROOM, frame.len());
+    let v = pipe.process(table, now, 0, &mut f);
+    (v, f.data().to_vec())
+}
+
+fn ip(a: &str) -> IpAddr {
+    a.parse().expect("test address")
+}
+
+/// A TCP segment from `src:sport` to `dst:dport` in an Ethernet frame from [`CLIENT_MAC`] to
+/// [`GW_MAC`]. `flags`: a string of `S`, `A`, `F`, `R`, `P`.
+pub fn tcp(src: &str, sport: u16, dst: &str, dport: u16, flags: &str, payload: &[u8]) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(CLIENT_MAC, GW_MAC);
+    let b = match (ip(src), ip(dst)) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => b.ipv4(s.octets(), d.octets(), 64),
+        (IpAddr::V6(s), IpAddr::V6(d)) => b.ipv6(s.octets(), d.octets(), 64),
+        _ => panic!("mixed families"),
+    };
+    let mut t = b.tcp(sport, dport, 1000, 65535);
+    for c in flags.chars() {
+        t = match c {
+            'S' => t.syn(),
+            'A' => t.ack(1),
+            'F' => t.fin(),
+            'R' => t.rst(),
+            'P' => t.psh(),
+            _ => panic!("flag {c}"),
+        };
+    }
+    let mut out = Vec::new();
+    t.write(&mut out, payload).expect("build tcp");
+    out
+}
+
+/// A UDP datagram from `src:sport` to `dst:dport`, like [`tcp`].
+pub fn udp(src: &str, sport: u16, dst: &str, dport: u16, payload: &[u8]) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(CLIENT_MAC, GW_MAC);
+    let b = match (ip(src), ip(dst)) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => b.ipv4(s.octets(), d.octets(), 64),
+        (IpAddr::V6(s), IpAddr::V6(d)) => b.ipv6(s.octets(), d.octets(), 64),
+        _ => panic!("mixed families"),
+    };
+    let mut out = Vec::new();
+    b.udp(sport, dport)
+        .write(&mut out, payload)
+        .expect("build udp");
+    out
+}
+
+/// Checks every checksum in a frame with etherparse (an independent parser) and a plain
+/// RFC 1071 sum: IPv4 header, TCP/UDP (pseudo-header included), ICMP/ICMPv6, recursively
+/// into IP-in-IP and GUE (UDP) encapsulation. Returns a description of the first problem.
+///
+/// # Errors
+/// A text naming the bad layer.
+pub fn verify(frame: &[u8]) -> Result<(), String> {
+    let s = SlicedPacket::from_ethernet(frame).map_err(|e| format!("parse: {e}"))?;
+    verify_net(&s.net, &s.transport)
+}
+
+fn sum(data: &[u8]) -> u32 {
+    let mut acc = 0u32;
+    for c in data.chunks(2) {
+        acc += u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32;
+    }
+    acc
+}
+
+fn fold(mut a: u32) -> u16 {
+    while a >> 16 != 0 {
+        a = (a & 0xffff) + (a >> 16);
+    }
+    a as u16
+}
+
+fn verify_net(
+    net: &Option<NetSlice<'_>>,
+    transport: &Option<TransportSlice<'_>>,
+) -> Result<(), String> {
+    let (src, dst, proto, l4): (Vec<u8>, Vec<u8>, u8, &[u8]) = match net {
+        Some(NetSlice::Ipv4(v4)) => {
+            let h = v4.header();
+            if fold(sum(h.slice())) != 0xffff {
+                return Err("ipv4 header checksum".into());
+            }
+            if v4.payload().fragmented {
+                return Ok(());
+            }
+            (
+                h.source().to_vec(),
+                h.destination().to_vec(),
+                h.protocol().0,
+                v4.payload().payload,
+            )
+        }
+        Some(NetSlice::Ipv6(v6)) => {
+            let h = v6.header();
+            if v6.payload().fragmented {
+                return Ok(());
+            }
+            (
+                h.source().to_vec(),
+                h.destination().to_vec(),
+                v6.payload().ip_number.0,
+                v6.payload().payload,
+            )
+        }
+        _ => return Err("no ip layer".into()),
+    };
+    let pseudo = sum(&src) + sum(&dst) + proto as u32 + l4.len() as u32;
+    match proto {
+        6 => {
+            if fold(pseudo + sum(l4)) != 0xffff {
+                return Err("tcp checksum".into());
+            }
+        }
+        17 => {
+            let zero_ok = src.len() == 4 && l4.len() >= 8 && l4[6..8] == [0, 0];
+            if !zero_ok && fold(pseudo + sum(l4)) != 0xffff {
+                return Err("udp checksum".into());
+            }
+            // GUE variant 1: the payload is an IP packet.
+            if l4.len() > 8 && matches!(l4[8] >> 4, 4 | 6) && transport.is_some() {
+                return verify_inner(&l4[8..]);
+            }
+        }
+        1 => {
+            if fold(sum(l4)) != 0xffff {
+                return Err("icmp checksum".into());
+            }
+        }
+        58 => {
+            if fold(pseudo + sum(l4)) != 0xffff {
+                return Err("icmpv6 checksum".into());
+            }
+        }
+        4 | 41 => return verify_inner(l4),
+        _ => {}
+    }
+    Ok(())
+}
+
+fn verify_inner(ip: &[u8]) -> Result<(), String> {
+    let s = SlicedPacket::from_ip(ip).map_err(|e| format!("inner parse: {e}"))?;
+    verify_net(&s.net, &s.transport).map_err(|e| format!("inner {e}"))
+}

@@ -1,0 +1,452 @@
+//! Behaviour of the packet pipeline, mode by mode, on packets built by etherparse and checked
+//! by an independent checksum verifier.
+
+use std::collections::HashMap;
+
+use etherparse::{NetSlice, SlicedPacket};
+use strait_dataplane::pipeline::Verdict;
+use strait_dataplane::stats::DropReason;
+use strait_tests::{tcp, udp, verify, Bed, CLIENT_MAC, GW_MAC, SEC};
+
+pub const CONFIG: &str = r#"
+[gateway]
+tunnel_source_v4 = "192.0.2.1"
+tunnel_source_v6 = "2001:db8::1"
+[[gateway.interfaces]]
+name = "veth-gw"
+queues = [0]
+
+[[services]]
+name = "l2"
+vip = "203.0.113.10"
+port = 80
+mode = "dsr-l2"
+maglev_table_size = 251
+backends = [
+  { address = "198.51.100.11", port = 80, mac = "02:00:00:00:01:11" },
+  { address = "198.51.100.12", port = 80, mac = "02:00:00:00:01:12" },
+  { address = "198.51.100.13", port = 80, mac = "02:00:00:00:01:13" },
+  { address = "198.51.100.14", port = 80, mac = "02:00:00:00:01:14" },
+]
+
+[[services]]
+name = "ipip"
+vip = "203.0.113.11"
+port = 80
+mode = "dsr-ipip"
+maglev_table_size = 251
+backends = [{ address = "198.51.100.11", port = 80, mac = "02:00:00:00:01:11" }]
+
+[[services]]
+name = "gue"
+vip = "203.0.113.12"
+port = 80
+mode = "dsr-gue"
+maglev_table_size = 251
+backends = [{ address = "198.51.100.12", port = 80, mac = "02:00:00:00:01:12" }]
+
+[[services]]
+name = "nat"
+vip = "203.0.113.13"
+port = 80
+mode = "nat"
+maglev_table_size = 251
+backends = [
+  { address = "198.51.100.21", port = 8080, mac = "02:00:00:00:01:21" },
+  { address = "198.51.100.22", port = 8080, mac = "02:00:00:00:01:22" },
+]
+
+[[services]]
+name = "dns"
+vip = "203.0.113.13"
+port = 53
+protocol = "udp"
+mode = "nat"
+maglev_table_size = 251
+backends = [{ address = "198.51.100.21", port = 5353, mac = "02:00:00:00:01:21" }]
+
+[[services]]
+name = "acl"
+vip = "203.0.113.14"
+port = 443
+mode = "dsr-l2"
+maglev_table_size = 251
+source_ranges = ["192.0.2.0/25"]
+backends = [{ address = "198.51.100.11", port = 443, mac = "02:00:00:00:01:11" }]
+
+[[services]]
+name = "sticky"
+vip = "203.0.113.15"
+port = 80
+mode = "dsr-l2"
+maglev_table_size = 251
+session_affinity = { timeout = "60s" }
+backends = [
+  { address = "198.51.100.11", port = 80, mac = "02:00:00:00:01:11" },
+  { address = "198.51.100.12", port = 80, mac = "02:00:00:00:01:12" },
+  { address = "198.51.100.13", port = 80, mac = "02:00:00:00:01:13" },
+]
+
+[[services]]
+name = "v6"
+vip = "2001:db8::10"
+port = 80
+mode = "nat"
+maglev_table_size = 251
+backends = [{ address = "2001:db8:1::21", port = 8080, mac = "02:00:00:00:01:21" }]
+
+[[services]]
+name = "v6-ipip"
+vip = "2001:db8::11"
+port = 80
+mode = "dsr-ipip"
+maglev_table_size = 251
+backends = [{ address = "2001:db8:1::11", port = 80, mac = "02:00:00:00:01:11" }]
+"#;
+
+fn net(frame: &[u8]) -> SlicedPacket<'_> {
+    SlicedPacket::from_ethernet(frame).expect("output parses")
+}
+
+fn dst_mac(frame: &[u8]) -> [u8; 6] {
+    frame[0..6].try_into().unwrap()
+}
+
+#[test]
+fn dsr_l2_rewrites_macs_only_and_keeps_flows() {
+    let mut bed = Bed::new(CONFIG);
+    let syn = tcp("192.0.2.7", 40000, "203.0.113.10", 80, "S", &[]);
+    let (v, out) = bed.run(&syn);
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    assert_eq!(&out[6..12], &GW_MAC);
+    assert_eq!(&out[12..], &syn[12..], "IP packet untouched, TTL kept");
+    let first = dst_mac(&out);
+    for _ in 0..5 {
+        bed.now += SEC;
+        let (_, o) = bed.run(&tcp("192.0.2.7", 40000, "203.0.113.10", 80, "A", b"data"));
+        assert_eq!(dst_mac(&o), first, "a flow sticks to its backend");
+    }
+    assert_eq!(bed.pipe.counters.flows_created, 1);
+}
+
+#[test]
+fn dsr_l2_spreads_flows_over_all_backends() {
+    let mut bed = Bed::new(CONFIG);
+    let mut per: HashMap<[u8; 6], u32> = HashMap::new();
+    for port in 0..4000u16 {
+        let (v, out) = bed.run(&tcp(
+            "192.0.2.7",
+            10000 + port,
+            "203.0.113.10",
+            80,
+            "S",
+            &[],
+        ));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        *per.entry(dst_mac(&out)).or_default() += 1;
+    }
+    assert_eq!(per.len(), 4);
+    for (mac, n) in per {
+        assert!((700..=1300).contains(&n), "{mac:?} got {n} of 4000 flows");
+    }
+}
+
+#[test]
+fn nat_translates_both_ways_with_valid_checksums() {
+    let mut bed = Bed::new(CONFIG);
+    let syn = tcp("192.0.2.7", 40000, "203.0.113.13", 80, "S", &[]);
+    let (v, out) = bed.run(&syn);
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    verify(&out).unwrap();
+    let p = net(&out);
+    let Some(NetSlice::Ipv4(ip)) = &p.net else {
+        panic!()
+    };
+    let backend = ip.header().destination();
+    assert!(backend == [198, 51, 100, 21] || backend == [198, 51, 100, 22]);
+    assert_eq!(ip.header().source(), [192, 0, 2, 7], "client address kept");
+    assert_eq!(ip.header().ttl(), 63);
+    let Some(etherparse::TransportSlice::Tcp(t)) = &p.transport else {
+        panic!()
+    };
+    assert_eq!(t.destination_port(), 8080);
+
+    // The reply, from the backend, back to the client as the VIP.
+    let b = format!(
+        "{}.{}.{}.{}",
+        backend[0], backend[1], backend[2], backend[3]
+    );
+    let mut reply = tcp(&b, 8080, "192.0.2.7", 40000, "SA", &[]);
+    reply[0..6].copy_from_slice(&GW_MAC);
+    let (v, out) = bed.run(&reply);
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    verify(&out).unwrap();
+    let p = net(&out);
+    let Some(NetSlice::Ipv4(ip)) = &p.net else {
+        panic!()
+    };
+    assert_eq!(ip.header().source(), [203, 0, 113, 13]);
+    assert_eq!(ip.header().destination(), [192, 0, 2, 7]);
+    let Some(etherparse::TransportSlice::Tcp(t)) = &p.transport else {
+        panic!()
+    };
+    assert_eq!(t.source_port(), 80);
+    assert_eq!(
+        dst_mac(&out),
+        CLIENT_MAC,
+        "reply goes back to the MAC the client came from"
+    );
+    assert!(bed.pipe.counters.balanced());
+}
+
+#[test]
+fn nat_udp_and_ipv6() {
+    let mut bed = Bed::new(CONFIG);
+    let (v, out) = bed.run(&udp("192.0.2.7", 5000, "203.0.113.13", 53, b"query"));
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    verify(&out).unwrap();
+    let (v, out) = bed.run(&tcp("2001:db8:2::7", 40000, "2001:db8::10", 80, "S", b"x"));
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    verify(&out).unwrap();
+    let p = net(&out);
+    let Some(NetSlice::Ipv6(ip)) = &p.net else {
+        panic!()
+    };
+    assert_eq!(
+        ip.header().destination(),
+        "2001:db8:1::21"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets()
+    );
+    assert_eq!(ip.header().hop_limit(), 63);
+    let mut reply = tcp("2001:db8:1::21", 8080, "2001:db8:2::7", 40000, "SA", b"y");
+    reply[0..6].copy_from_slice(&GW_MAC);
+    let (v, out) = bed.run(&reply);
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    verify(&out).unwrap();
+}
+
+#[test]
+fn reply_without_flow_is_dropped_not_leaked() {
+    let mut bed = Bed::new(CONFIG);
+    let (v, _) = bed.run(&tcp("198.51.100.21", 8080, "192.0.2.7", 40000, "A", &[]));
+    assert_eq!(v, Verdict::Drop(DropReason::ReplyNoFlow));
+}
+
+#[test]
+fn ipip_and_gue_encapsulate_to_the_backend() {
+    let mut bed = Bed::new(CONFIG);
+    let inner = tcp("192.0.2.7", 40000, "203.0.113.11", 80, "S", b"hello");
+    let (v, out) = bed.run(&inner);
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    verify(&out).unwrap();
+    assert_eq!(out.len(), inner.len() + 20);
+    let Some(NetSlice::Ipv4(ip)) = &net(&out).net else {
+        panic!()
+    };
+    assert_eq!(ip.header().protocol().0, 4);
+    assert_eq!(ip.header().destination(), [198, 51, 100, 11]);
+    assert_eq!(&ip.header().source()[..3], &[192, 0, 2]);
+    assert!(
+        ip.header().dont_fragment(),
+        "DF copied from the inner header"
+    );
+    assert_eq!(&out[34..], &inner[14..], "inner packet untouched");
+
+    let inner = tcp("192.0.2.7", 40000, "203.0.113.12", 80, "S", b"hello");
+    let (v, out) = bed.run(&inner);
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    verify(&out).unwrap();
+    assert_eq!(out.len(), inner.len() + 28);
+    let p = net(&out);
+    let Some(etherparse::TransportSlice::Udp(u)) = &p.transport else {
+        panic!()
+    };
+    assert_eq!(u.destination_port(), 6080);
+    assert!(u.source_port() >= 49152);
+    assert_eq!(&out[42..], &inner[14..]);
+
+    let inner = tcp("2001:db8:2::7", 40000, "2001:db8::11", 80, "S", b"hello");
+    let (v, out) = bed.run(&inner);
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    verify(&out).unwrap();
+    assert_eq!(out.len(), inner.len() + 40);
+}
+
+#[test]
+fn too_big_for_encapsulation_gets_icmp_back() {
+    let mut bed = Bed::new(CONFIG);
+    let big = tcp("192.0.2.7", 40000, "203.0.113.11", 80, "A", &[0u8; 1460]);
+    let (v, out) = bed.run(&big);
+    assert_eq!(
+        v,
+        Verdict::Tx { port: 0 },
+        "answered out of the ingress port"
+    );
+    verify(&out).unwrap();
+    let Some(NetSlice::Ipv4(ip)) = &net(&out).net else {
+        panic!()
+    };
+    assert_eq!(ip.header().source(), [203, 0, 113, 11]);
+    assert_eq!(ip.header().destination(), [192, 0, 2, 7]);
+    let icmp = ip.payload().payload;
+    assert_eq!((icmp[0], icmp[1]), (3, 4));
+    assert_eq!(u16::from_be_bytes([icmp[6], icmp[7]]), 1480);
+    assert_eq!(dst_mac(&out), CLIENT_MAC);
+    assert_eq!(bed.pipe.counters.icmp_too_big_sent, 1);
+}
+
+#[test]
+fn source_ranges_are_enforced() {
+    let mut bed = Bed::new(CONFIG);
+    let (v, _) = bed.run(&tcp("192.0.2.7", 40000, "203.0.113.14", 443, "S", &[]));
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    let (v, _) = bed.run(&tcp("192.0.2.200", 40000, "203.0.113.14", 443, "S", &[]));
+    assert_eq!(v, Verdict::Drop(DropReason::SourceNotAllowed));
+}
+
+#[test]
+fn session_affinity_pins_a_client_to_one_backend() {
+    let mut bed = Bed::new(CONFIG);
+    let mut seen = std::collections::HashSet::new();
+    for port in 0..200u16 {
+        let (_, out) = bed.run(&tcp(
+            "192.0.2.9",
+            20000 + port,
+            "203.0.113.15",
+            80,
+            "S",
+            &[],
+        ));
+        seen.insert(dst_mac(&out));
+    }
+    assert_eq!(
+        seen.len(),
+        1,
+        "every connection of one client goes to one backend"
+    );
+}
+
+#[test]
+fn non_service_traffic_goes_to_the_kernel_and_garbage_is_dropped() {
+    let mut bed = Bed::new(CONFIG);
+    let (v, _) = bed.run(&tcp("192.0.2.7", 40000, "192.0.2.1", 22, "S", &[]));
+    assert_eq!(v, Verdict::Pass, "ssh to the box");
+    let mut arp = vec![0xffu8; 6];
+    arp.extend_from_slice(&CLIENT_MAC);
+    arp.extend_from_slice(&[0x08, 0x06]);
+    arp.extend_from_slice(&[0u8; 28]);
+    assert_eq!(bed.run(&arp).0, Verdict::Pass);
+    let syn = tcp("192.0.2.7", 40000, "203.0.113.10", 80, "S", &[]);
+    assert_eq!(
+        bed.run(&syn[..20]).0,
+        Verdict::Drop(DropReason::IpTruncated)
+    );
+    assert_eq!(
+        bed.run(&syn[..10]).0,
+        Verdict::Drop(DropReason::EthTruncated)
+    );
+    assert_eq!(
+        bed.run(&syn[..40]).0,
+        Verdict::Drop(DropReason::IpTruncated)
+    );
+    assert!(bed.pipe.counters.balanced());
+}
+
+#[test]
+fn rst_for_unknown_flow_creates_no_state() {
+    let mut bed = Bed::new(CONFIG);
+    let (v, _) = bed.run(&tcp("192.0.2.7", 40000, "203.0.113.10", 80, "R", &[]));
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    assert_eq!(bed.pipe.flows.len(), 0);
+    assert_eq!(bed.pipe.counters.rst_without_flow, 1);
+}
+
+#[test]
+fn icmp_frag_needed_reaches_the_flows_backend() {
+    let mut bed = Bed::new(CONFIG);
+    let (_, out) = bed.run(&tcp("192.0.2.7", 40000, "203.0.113.10", 80, "S", &[]));
+    let backend_mac = dst_mac(&out);
+    // A router on the way back to the client says the VIP's reply was too big. The error
+    // quotes only the IP header and the minimum 8 bytes of TCP.
+    let reply = tcp("203.0.113.10", 80, "192.0.2.7", 40000, "A", &[]);
+    let quoted = &reply[14..14 + 28];
+    let mut icmp = vec![3u8, 4, 0, 0, 0, 0, 0x05, 0x00];
+    icmp.extend_from_slice(quoted);
+    let err = etherparse::PacketBuilder::ethernet2(CLIENT_MAC, GW_MAC)
+        .ipv4([192, 0, 2, 254], [203, 0, 113, 10], 64)
+        .icmpv4(etherparse::Icmpv4Type::DestinationUnreachable(
+            etherparse::icmpv4::DestUnreachableHeader::FragmentationNeeded { next_hop_mtu: 1280 },
+        ));
+    let mut frame = Vec::new();
+    err.write(&mut frame, quoted).unwrap();
+    let (v, out) = bed.run(&frame);
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    assert_eq!(dst_mac(&out), backend_mac);
+    assert_eq!(bed.pipe.counters.icmp_errors_forwarded, 1);
+}
+
+#[test]
+fn fragments_of_one_datagram_reach_one_backend() {
+    let mut bed = Bed::new(CONFIG);
+    for id in 0..50u16 {
+        // First fragment (MF, offset 0) and a later one (offset 1480) of one UDP datagram.
+        let mut first = udp("192.0.2.7", 5000 + id, "203.0.113.13", 53, &[7u8; 64]);
+        first[18..20].copy_from_slice(&id.to_be_bytes());
+        first[20..22].copy_from_slice(&0x2000u16.to_be_bytes());
+        fix_ipv4_checksum(&mut first);
+        let mut later = first.clone();
+        later[20..22].copy_from_slice(&(1480u16 / 8).to_be_bytes());
+        fix_ipv4_checksum(&mut later);
+        let (v1, o1) = bed.run(&first);
+        let (v2, o2) = bed.run(&later);
+        assert_eq!((v1, v2), (Verdict::Tx { port: 0 }, Verdict::Tx { port: 0 }));
+        assert_eq!(&o1[30..34], &o2[30..34], "same backend address");
+    }
+    assert_eq!(bed.pipe.counters.fragments, 100);
+    assert_eq!(bed.pipe.flows.len(), 0, "fragments create no state");
+}
+
+fn fix_ipv4_checksum(f: &mut [u8]) {
+    f[24..26].copy_from_slice(&[0, 0]);
+    let mut acc = 0u32;
+    for c in f[14..34].chunks(2) {
+        acc += u16::from_be_bytes([c[0], c[1]]) as u32;
+    }
+    while acc >> 16 != 0 {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    f[24..26].copy_from_slice(&(!(acc as u16)).to_be_bytes());
+}
+
+#[test]
+fn nat_flows_owned_by_another_core_are_handed_off() {
+    let mut bed = Bed::with(CONFIG, 1500, 4, 0);
+    let mut handed = 0;
+    for port in 0..400u16 {
+        match bed
+            .run(&tcp(
+                "192.0.2.7",
+                30000 + port,
+                "203.0.113.13",
+                80,
+                "S",
+                &[],
+            ))
+            .0
+        {
+            Verdict::Handoff { core } => {
+                assert!((1..4).contains(&core));
+                handed += 1;
+            }
+            Verdict::Tx { .. } => {}
+            v => panic!("{v:?}"),
+        }
+    }
+    assert!(
+        (200..=400).contains(&handed),
+        "about 3/4 of flows belong to other cores: {handed}"
+    );
+    assert!(bed.pipe.counters.balanced());
+}
