@@ -32,25 +32,40 @@
 //!   which an insert already has in hand. In an open-addressing map the "neighbours" of a key
 //!   are a probe sequence shared with other keys, and evicting from it is not well defined.
 //!
-//! The price is that a bucket can fill while the table as a whole has room (8 ways per bucket
-//! make that rare below about 70 % occupancy); such an insert fails with
-//! [`InsertError::Full`] instead of displacing a live established flow.
+//! The price is that a bucket can fill while the table as a whole has room; such an insert
+//! fails with [`InsertError::Full`] rather than displace a live established flow. With one
+//! candidate bucket per key this starts early (see "Sizing" below).
 //!
 //! # Layout and memory cost
 //!
 //! Per bucket, a 32-byte array of eight 32-bit hash tags (aligned to 32 bytes, so two
 //! buckets' tags share one 64-byte cache line and none straddles two), and separately the
-//! eight entries (a 38-byte key and a 40-byte value, 80 bytes with padding). A lookup loads
+//! eight entries (a 38-byte key and a 46-byte value, 88 bytes with padding). A lookup loads
 //! the tag array, compares all 8 tags at once (the compiler turns the loop into a SIMD
-//! compare), and reads a full key only where a tag matches: a hit usually touches one line of tags and the one or
-//! two lines of its entry; a miss usually touches only the tags (a false tag match is a 2^-32
-//! event per way). The tag is the upper 32 bits of the flow hash, independent of the bucket
-//! index taken from the low bits; tag 0 marks an empty way, so a hash whose tag would be 0
-//! uses 1.
+//! compare), and reads a full key only where a tag matches: a hit usually touches one line
+//! of tags and the one or two lines of its entry; a miss usually touches only the tags (a
+//! false tag match is a 2^-32 event per way). The tag is the upper 32 bits of the flow hash,
+//! independent of the bucket index taken from the low bits; tag 0 marks an empty way, so a
+//! hash whose tag would be 0 uses 1.
 //!
-//! Memory is 84 bytes per way: a table of 1M flows (131072 buckets) takes about 84 MB per
-//! core. All of it is allocated and written in [`FlowTable::new`], so the packet path never
+//! Memory is 92 bytes per way: a table of 1M ways (131072 buckets) takes 92 MiB per core.
+//! All of it is allocated and written in [`FlowTable::new`], so the packet path never
 //! allocates and never takes a first-touch page fault.
+//!
+//! # Sizing
+//!
+//! Keys fall into buckets like balls into bins of 8, so some buckets fill long before the
+//! table does. Measured with uniformly random keys (and matching a balls-into-bins
+//! simulation), the share of new-flow inserts refused `Full` while occupancy (`len /
+//! capacity`) is in a given range:
+//!
+//! | occupancy | 10-20 % | 20-30 % | 30-40 % | 40-50 % | 50-60 % | 60-70 % | 70-80 % |
+//! |---|---|---|---|---|---|---|---|
+//! | refused `Full` | 0.01 % | 0.1 % | 0.9 % | 3.3 % | 8.7 % | 18 % | 32 % |
+//!
+//! So configure a capacity of about 3-4 times the concurrent flows a core is expected to
+//! hold (for 1M flows, 4M ways, 368 MiB per core) to keep refusals near 0.1 %. Refusals
+//! are safe (Maglev forwards the flow statelessly) and counted in [`FlowStats::full`].
 //!
 //! # Expiry
 //!
@@ -78,12 +93,13 @@ use core::fmt;
 use crate::hash::SEED_FLOW;
 use crate::key::{BackendId, FlowKey};
 
-/// Ways per bucket. Eight 32-bit tags fill 32 bytes, half a cache line, and eight is the
-/// associativity at which a uniformly hashed table of this shape rarely overflows a bucket
-/// before it is about 70 % full, while an insert's worst case stays at 8 entries examined.
+/// Ways per bucket. Eight 32-bit tags fill 32 bytes, half a cache line, so one line load
+/// screens a whole bucket (two, in fact); and an insert's worst case stays at 8 entries
+/// examined. More ways would fill the table further before buckets overflow, at the price of
+/// more tag lines per lookup and more entries examined per insert.
 pub const WAYS: usize = 8;
 
-/// The largest capacity [`FlowTable::new`] accepts: 2^28 ways, about 22 GB. Anything larger is
+/// The largest capacity [`FlowTable::new`] accepts: 2^28 ways, 23 GiB. Anything larger is
 /// a configuration mistake, not a table size.
 pub const MAX_CAPACITY: usize = 1 << 28;
 
@@ -206,22 +222,28 @@ impl FlowValue {
 
 /// Idle timeouts per [`FlowState`], in nanoseconds.
 ///
-/// The defaults, against Linux conntrack's (`nf_conntrack` sysctls) for comparison:
+/// The control plane fills these from `[gateway.timeouts]` (`strait_config`'s `Timeouts`,
+/// whose defaults these match; `other` has no setting there). The defaults, against Linux
+/// conntrack's (`nf_conntrack_*` sysctls,
+/// <https://docs.kernel.org/networking/nf_conntrack-sysctl.html>) for comparison:
 ///
 /// | state | here | conntrack default |
 /// |---|---|---|
 /// | `tcp_syn` | 30 s | `tcp_timeout_syn_sent` 120 s |
-/// | `tcp_established` | 3600 s | `tcp_timeout_established` 432000 s (kube-proxy: 86400 s) |
+/// | `tcp_established` | 7440 s | `tcp_timeout_established` 432000 s (kube-proxy: 86400 s) |
 /// | `tcp_closing` | 10 s | `tcp_timeout_close` 10 s (`tcp_timeout_time_wait` 120 s) |
 /// | `udp` | 30 s | `udp_timeout` 30 s |
 /// | `other` | 30 s | `generic_timeout` 600 s |
 ///
-/// Ours are shorter because a gateway's table is fixed-size and shared by every client,
-/// where a host's conntrack serves that host's own connections. Forgetting an idle flow is
-/// cheap: its next packet misses, Maglev hashes the same 5-tuple to the same backend as long
-/// as the backend set has not changed, and the entry is re-created. Only a flow that idles
-/// past its timeout *and* sees the backend set change in that time is moved. A half-open
-/// connection that has not completed its handshake in 30 s (about five SYN retransmissions)
+/// Ours are shorter because a gateway's table is fixed-size and holds a whole cluster's
+/// flows, where a node's conntrack holds that node's. Forgetting an idle flow is cheap: its
+/// next packet misses, Maglev hashes the same 5-tuple to the same backend as long as the
+/// backend set has not changed, and the entry is re-created. Only a flow that idles past its
+/// timeout *and* sees the backend set change in that time is moved. Established flows get
+/// 7440 s (2 h 4 min), the least a NAT may use (RFC 5382, REQ-5), which outlasts Linux's
+/// default keepalive interval (`tcp_keepalive_time`, 7200 s), so keepalive-only connections
+/// keep their reverse-NAT entries in `nat` mode. A half-open connection that has not
+/// completed its handshake in 30 s (five SYN retransmissions of a Linux client, 1+2+4+8+16 s)
 /// will not; a closing one needs only long enough to carry its last FIN/ACK exchange.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Timeouts {
@@ -241,7 +263,7 @@ impl Default for Timeouts {
     fn default() -> Self {
         Self {
             tcp_syn: 30 * NANOS_PER_SEC,
-            tcp_established: 3600 * NANOS_PER_SEC,
+            tcp_established: 7440 * NANOS_PER_SEC,
             tcp_closing: 10 * NANOS_PER_SEC,
             udp: 30 * NANOS_PER_SEC,
             other: 30 * NANOS_PER_SEC,
@@ -422,7 +444,7 @@ impl FlowTable {
     /// buckets of [`WAYS`] ways, with the given idle timeouts and a cap of
     /// `new_flows_per_sec` new entries per second (0 for no cap).
     ///
-    /// Allocates and writes the whole table (84 bytes per way) now, so that nothing later
+    /// Allocates and writes the whole table (92 bytes per way) now, so that nothing later
     /// allocates or page-faults.
     ///
     /// # Panics
@@ -753,6 +775,8 @@ mod tests {
             last_seen: now,
             timeout_override: 0,
             aux: backend * 10,
+            peer_mac: [2, 0, 0, 0, 0, backend as u8],
+            peer_port: backend as u8,
         }
     }
 
@@ -770,11 +794,11 @@ mod tests {
     }
 
     #[test]
-    fn entry_is_80_bytes_and_a_way_84() {
+    fn entry_is_88_bytes_and_a_way_92() {
         // The module docs quote these numbers for the memory cost.
         assert_eq!(core::mem::size_of::<FlowKey>(), 38);
-        assert_eq!(core::mem::size_of::<FlowValue>(), 40);
-        assert_eq!(core::mem::size_of::<Entry>(), 80);
+        assert_eq!(core::mem::size_of::<FlowValue>(), 48);
+        assert_eq!(core::mem::size_of::<Entry>(), 88);
         assert_eq!(core::mem::size_of::<Tags>(), 32);
         assert_eq!(core::mem::align_of::<Tags>(), 32);
     }
@@ -1100,7 +1124,7 @@ mod tests {
             t.insert(key(i), val(i, state, 0), 0).unwrap();
         }
         assert_eq!(t.len(), n as usize);
-        let now = 60 * S; // UDP entries (30 s) expired, established ones (3600 s) not
+        let now = 60 * S; // UDP entries (30 s) expired, established ones (2 h) not
         assert_eq!(t.sweep(now, 0), 0);
         let mut removed = 0;
         for _ in 0..16 {
@@ -1143,7 +1167,7 @@ mod tests {
             Err(InsertError::Full)
         );
         assert!(t.remove(&keys[2]).is_some());
-        let later = 3_601 * S;
+        let later = Timeouts::default().tcp_established + S;
         assert_eq!(t.lookup(&keys[3], later), None); // expired
         assert_eq!(t.sweep(later, 1), 6);
         let s = t.stats();

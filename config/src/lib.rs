@@ -1,0 +1,141 @@
+//! Strait's typed configuration: TOML in, a validated [`Config`] out.
+//!
+//! ```text
+//! text ──toml──> raw::RawConfig ──validate──> model::Config ──> dataplane tables, control
+//!        │ syntax errors,         │ ranges, formats, cross-field rules
+//!        │ unknown fields,        │ (ports, primes, families, DSR port rule, uniqueness)
+//!        └ type errors ───────────┴──> ConfigError::Invalid(Vec<Problem>)
+//! ```
+//!
+//! "Parse, don't validate": the raw serde types accept anything shaped like the file, the
+//! model types can only hold valid values, and the one function between them reports every
+//! problem it finds, each with the TOML path of the field (`services[2].backends[0].port:
+//! 70000 is not a port number`). Nothing downstream re-checks a [`Config`].
+//!
+//! [`EXAMPLE`] is the annotated reference file and the built-in default configuration.
+//!
+//! ```
+//! use strait_config::{parse, Mode, Protocol};
+//!
+//! let config = parse(r#"
+//!     [[gateway.interfaces]]
+//!     name = "eth0"
+//!     queues = [0, 1]
+//!
+//!     [[services]]
+//!     name = "web"
+//!     vip = "203.0.113.10"
+//!     port = 80
+//!
+//!     [[services.backends]]
+//!     address = "198.51.100.11"
+//! "#)?;
+//! let web = &config.services[0];
+//! assert_eq!(web.mode, Mode::DsrL2); // the gateway's default_mode
+//! assert_eq!(web.protocol, Protocol::Tcp);
+//! assert_eq!(web.backends[0].port, 80); // DSR: the service port
+//!
+//! let err = parse(r#"
+//!     [[gateway.interfaces]]
+//!     name = "eth0"
+//!     queues = [0]
+//!
+//!     [[services]]
+//!     name = "web"
+//!     vip = "203.0.113.10"
+//!     port = 70000
+//!     mode = "dsr-foo"
+//! "#).unwrap_err();
+//! assert_eq!(err.to_string(), "\
+//! services[0].port: 70000 is not a port number
+//! services[0].mode: \"dsr-foo\" is not one of dsr-l2, dsr-ipip, dsr-gue, nat");
+//! # Ok::<(), strait_config::ConfigError>(())
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod model;
+mod raw;
+pub mod summary;
+mod validate;
+
+use std::path::Path;
+
+pub use error::{ConfigError, Problem};
+pub use model::{
+    is_prime, Backend, BackendState, Config, Gateway, HealthCheck, HealthKind, Interface, MacAddr,
+    Mode, ParseEnumError, ParseMacError, Protocol, Role, Service, Timeouts,
+};
+pub use summary::summary;
+
+/// The annotated example configuration (`strait.example.toml`), also the built-in default
+/// of `strait run` and `strait check`.
+pub const EXAMPLE: &str = include_str!("../strait.example.toml");
+
+/// Reads and validates the configuration file at `path`.
+///
+/// # Errors
+///
+/// [`ConfigError::Io`] if the file cannot be read, [`ConfigError::Invalid`] with every
+/// problem found if it is not a valid configuration.
+pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(&text)
+}
+
+/// Parses and validates configuration text.
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] with every problem found: TOML syntax errors (or, if the syntax
+/// is fine, every unknown field and type error), else every range, format and cross-field
+/// rule broken.
+pub fn parse(text: &str) -> Result<Config, ConfigError> {
+    let raw = raw::parse(text).map_err(ConfigError::Invalid)?;
+    validate::validate(&raw).map_err(ConfigError::Invalid)
+}
+
+/// The configuration of [`EXAMPLE`].
+///
+/// # Panics
+///
+/// Never: the example is checked by this crate's tests.
+pub fn example() -> Config {
+    parse(EXAMPLE).expect("the built-in example configuration is valid")
+}
+
+/// Writes `config` back as TOML, every field spelled out (defaults included), such that
+/// `parse(&to_toml(c))` gives `c` again.
+///
+/// # Panics
+///
+/// Never: the file types hold only strings, integers, arrays and tables, which always
+/// serialize.
+pub fn to_toml(config: &Config) -> String {
+    toml::to_string(&raw::RawConfig::from(config)).expect("raw configuration serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_parses() {
+        let config = example();
+        assert_eq!(config.services.len(), 2);
+        assert_eq!(config.gateway.interfaces[0].name, "veth-gw");
+    }
+
+    #[test]
+    fn round_trip() {
+        let config = example();
+        let text = to_toml(&config);
+        assert_eq!(parse(&text).unwrap(), config, "{text}");
+    }
+}

@@ -1,0 +1,1127 @@
+//! Every validation rule, refused with its exact path and message.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use strait_config::{
+    parse, BackendState, Config, Gateway, HealthCheck, HealthKind, MacAddr, Mode, Protocol, Role,
+    Service, Timeouts,
+};
+
+const IFACE: &str = "[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n";
+
+fn problems(text: &str) -> Vec<String> {
+    match parse(text) {
+        Ok(config) => panic!("accepted:\n{text}\n{config:#?}"),
+        Err(e) => e.problems().iter().map(ToString::to_string).collect(),
+    }
+}
+
+#[track_caller]
+fn refused(text: &str, expected: &str) {
+    assert_eq!(problems(text), [expected], "\n{text}");
+}
+
+#[track_caller]
+fn accepted(text: &str) -> Config {
+    parse(text).unwrap_or_else(|e| panic!("refused:\n{text}\n{e}"))
+}
+
+/// A `[gateway]` table with `fields`, and one interface.
+fn gateway(fields: &str) -> String {
+    format!("[gateway]\n{fields}\n\n{IFACE}")
+}
+
+/// One interface and a service "web" 203.0.113.10:80 with `fields` (plain keys, or
+/// sub-tables after them).
+fn service(fields: &str) -> String {
+    format!("{IFACE}\n[[services]]\nname = \"web\"\nvip = \"203.0.113.10\"\nport = 80\n{fields}\n")
+}
+
+/// [`service`] with one backend of `fields`.
+fn backend(service_fields: &str, fields: &str) -> String {
+    format!(
+        "{}\n[[services.backends]]\n{fields}\n",
+        service(service_fields)
+    )
+}
+
+// ---- defaults ------------------------------------------------------------------------
+
+#[test]
+fn minimal_config_gets_every_default() {
+    let c = accepted(IFACE);
+    let g = &c.gateway;
+    assert_eq!(g.admin_listen, "127.0.0.1:9900".parse().unwrap());
+    assert_eq!(g.default_mode, Mode::DsrL2);
+    assert_eq!(g.flow_capacity_per_core, 1_048_576);
+    assert_eq!(g.new_flows_per_second_per_core, 125_000);
+    assert_eq!(g.gue_port, 6080);
+    assert_eq!(g.tunnel_source_v4, None);
+    assert_eq!(g.tunnel_source_v6, None);
+    assert_eq!(g.mtu, 1500);
+    assert_eq!(g.timeouts, Timeouts::default());
+    assert_eq!(g.interfaces.len(), 1);
+    assert_eq!(g.interfaces[0].name, "eth0");
+    assert_eq!(g.interfaces[0].queues, [0]);
+    assert_eq!(g.interfaces[0].cores, None);
+    assert_eq!(g.interfaces[0].role, Role::Both);
+    assert!(c.services.is_empty());
+}
+
+#[test]
+fn service_defaults() {
+    let c = accepted(&backend("", "address = \"198.51.100.11\""));
+    let s = &c.services[0];
+    assert_eq!(s.protocol, Protocol::Tcp);
+    assert_eq!(s.mode, Mode::DsrL2);
+    assert_eq!(s.maglev_table_size, 65_537);
+    assert!(s.source_ranges.is_empty());
+    assert_eq!(s.session_affinity, None);
+    assert_eq!(s.health_check, None);
+    let b = &s.backends[0];
+    assert_eq!(b.port, 80, "backend port defaults to the service port");
+    assert_eq!(b.weight, 100);
+    assert_eq!(b.mac, None);
+    assert_eq!(b.tunnel, None);
+    assert_eq!(b.state, BackendState::Active);
+}
+
+#[test]
+fn service_mode_defaults_to_gateway_default_mode() {
+    let text = format!(
+        "[gateway]\ndefault_mode = \"nat\"\n{}\n[[services.backends]]\naddress = \"198.51.100.11\"\nport = 8080\n",
+        service("")
+    );
+    let c = accepted(&text);
+    assert_eq!(c.services[0].mode, Mode::Nat);
+    assert_eq!(c.services[0].backends[0].port, 8080);
+}
+
+#[test]
+fn affinity_table_alone_means_kubernetes_default_timeout() {
+    let c = accepted(&service("[services.session_affinity]"));
+    assert_eq!(
+        c.services[0].session_affinity,
+        Some(Duration::from_secs(10_800))
+    );
+    let c = accepted(&service(
+        "[services.session_affinity]\ntimeout = \"86400s\"",
+    ));
+    assert_eq!(
+        c.services[0].session_affinity,
+        Some(Duration::from_secs(86_400))
+    );
+}
+
+#[test]
+fn health_check_defaults() {
+    let c = accepted(&service("[services.health_check]\nkind = \"tcp\""));
+    assert_eq!(
+        c.services[0].health_check,
+        Some(HealthCheck {
+            kind: HealthKind::Tcp,
+            port: None,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_millis(500),
+            rise: 2,
+            fall: 3,
+        })
+    );
+    let c = accepted(&service("[services.health_check]\nkind = \"http\""));
+    assert_eq!(
+        c.services[0].health_check.as_ref().unwrap().kind,
+        HealthKind::Http { path: "/".into() }
+    );
+}
+
+#[test]
+fn everything_set_is_read() {
+    let text = r#"
+[gateway]
+admin_listen = "[::1]:9901"
+default_mode = "dsr-gue"
+flow_capacity_per_core = 4096
+new_flows_per_second_per_core = 0
+gue_port = 9999
+tunnel_source_v4 = "192.0.2.1"
+tunnel_source_v6 = "2001:db8::1"
+mtu = 9000
+
+[gateway.timeouts]
+tcp_syn = "5s"
+tcp_established = "1h"
+tcp_closing = "2s"
+udp = "1m"
+
+[[gateway.interfaces]]
+name = "eth0"
+queues = [0, 1]
+cores = [2, 3]
+role = "client"
+
+[[gateway.interfaces]]
+name = "eth1"
+queues = [0]
+cores = [4]
+role = "backend"
+
+[[services]]
+name = "default/web"
+vip = "203.0.113.10"
+port = 443
+protocol = "tcp"
+mode = "dsr-ipip"
+maglev_table_size = 655373
+source_ranges = ["192.0.2.0/24", "198.51.100.7/32"]
+
+[services.session_affinity]
+timeout = "30m"
+
+[services.health_check]
+kind = "http"
+path = "/ready?full=1"
+port = 10256
+interval = "2s"
+timeout = "1s"
+rise = 1
+fall = 100
+
+[[services.backends]]
+address = "198.51.100.11"
+port = 443
+weight = 0
+mac = "02:00:00:00:01:AB"
+tunnel = "2001:db8::11"
+state = "draining"
+"#;
+    let c = accepted(text);
+    let g = &c.gateway;
+    assert_eq!(g.admin_listen, "[::1]:9901".parse().unwrap());
+    assert_eq!(g.default_mode, Mode::DsrGue);
+    assert_eq!(g.flow_capacity_per_core, 4096);
+    assert_eq!(g.new_flows_per_second_per_core, 0);
+    assert_eq!(g.gue_port, 9999);
+    assert_eq!(g.tunnel_source_v4, Some("192.0.2.1".parse().unwrap()));
+    assert_eq!(g.tunnel_source_v6, Some("2001:db8::1".parse().unwrap()));
+    assert_eq!(g.mtu, 9000);
+    assert_eq!(
+        g.timeouts,
+        Timeouts {
+            tcp_syn: Duration::from_secs(5),
+            tcp_established: Duration::from_secs(3600),
+            tcp_closing: Duration::from_secs(2),
+            udp: Duration::from_secs(60),
+        }
+    );
+    assert_eq!(g.interfaces[0].cores, Some(vec![2, 3]));
+    assert_eq!(g.interfaces[0].role, Role::Client);
+    assert_eq!(g.interfaces[1].role, Role::Backend);
+    let s = &c.services[0];
+    assert_eq!(s.name, "default/web");
+    assert_eq!(s.mode, Mode::DsrIpip);
+    assert_eq!(s.maglev_table_size, 655_373);
+    assert_eq!(s.source_ranges.len(), 2);
+    assert_eq!(s.session_affinity, Some(Duration::from_secs(1800)));
+    let h = s.health_check.as_ref().unwrap();
+    assert_eq!(
+        h.kind,
+        HealthKind::Http {
+            path: "/ready?full=1".into()
+        }
+    );
+    assert_eq!(h.port, Some(10256));
+    assert_eq!((h.rise, h.fall), (1, 100));
+    let b = &s.backends[0];
+    assert_eq!(b.weight, 0);
+    assert_eq!(b.mac, Some(MacAddr([2, 0, 0, 0, 1, 0xab])));
+    assert_eq!(b.tunnel, Some("2001:db8::11".parse::<IpAddr>().unwrap()));
+    assert_eq!(b.tunnel_target(), b.tunnel.unwrap());
+    assert_eq!(b.state, BackendState::Draining);
+    assert_eq!(h.port_for(b), 10256);
+    // and it survives being written back
+    assert_eq!(accepted(&strait_config::to_toml(&c)), c);
+}
+
+// ---- gateway -------------------------------------------------------------------------
+
+#[test]
+fn admin_listen_must_be_a_socket_address() {
+    refused(
+        &gateway("admin_listen = \"localhost\""),
+        "gateway.admin_listen: \"localhost\" is not an address:port like \"127.0.0.1:9900\"",
+    );
+}
+
+#[test]
+fn default_mode_must_be_known() {
+    refused(
+        &gateway("default_mode = \"dsr\""),
+        "gateway.default_mode: \"dsr\" is not one of dsr-l2, dsr-ipip, dsr-gue, nat",
+    );
+}
+
+#[test]
+fn flow_capacity_range() {
+    refused(
+        &gateway("flow_capacity_per_core = 0"),
+        "gateway.flow_capacity_per_core: 0 is outside 1..=268435456",
+    );
+    refused(
+        &gateway("flow_capacity_per_core = 268435457"),
+        "gateway.flow_capacity_per_core: 268435457 is outside 1..=268435456",
+    );
+    accepted(&gateway("flow_capacity_per_core = 268435456"));
+}
+
+#[test]
+fn new_flow_rate_range() {
+    refused(
+        &gateway("new_flows_per_second_per_core = -1"),
+        "gateway.new_flows_per_second_per_core: -1 is outside 0..=4294967295",
+    );
+    refused(
+        &gateway("new_flows_per_second_per_core = 4294967296"),
+        "gateway.new_flows_per_second_per_core: 4294967296 is outside 0..=4294967295",
+    );
+}
+
+#[test]
+fn gue_port_range() {
+    refused(
+        &gateway("gue_port = 0"),
+        "gateway.gue_port: 0 is not a port number",
+    );
+    refused(
+        &gateway("gue_port = 65536"),
+        "gateway.gue_port: 65536 is not a port number",
+    );
+}
+
+#[test]
+fn tunnel_sources_have_their_family() {
+    refused(
+        &gateway("tunnel_source_v4 = \"2001:db8::1\""),
+        "gateway.tunnel_source_v4: 2001:db8::1 is not an IPv4 address",
+    );
+    refused(
+        &gateway("tunnel_source_v4 = \"x\""),
+        "gateway.tunnel_source_v4: \"x\" is not an IPv4 address",
+    );
+    refused(
+        &gateway("tunnel_source_v6 = \"192.0.2.1\""),
+        "gateway.tunnel_source_v6: 192.0.2.1 is not an IPv6 address",
+    );
+    refused(
+        &gateway("tunnel_source_v4 = \"224.0.0.1\""),
+        "gateway.tunnel_source_v4: 224.0.0.1 is a multicast address",
+    );
+    refused(
+        &gateway("tunnel_source_v6 = \"::\""),
+        "gateway.tunnel_source_v6: :: is the unspecified address",
+    );
+}
+
+#[test]
+fn mtu_range() {
+    refused(
+        &gateway("mtu = 575"),
+        "gateway.mtu: 575 is outside 576..=9000",
+    );
+    refused(
+        &gateway("mtu = 9001"),
+        "gateway.mtu: 9001 is outside 576..=9000",
+    );
+    accepted(&gateway("mtu = 576"));
+}
+
+#[test]
+fn mtu_must_carry_ipv6_when_a_vip_is_ipv6() {
+    let text = format!(
+        "[gateway]\nmtu = 1000\n\n{IFACE}\n[[services]]\nname = \"web6\"\nvip = \"2001:db8::10\"\nport = 80\n"
+    );
+    refused(
+        &text,
+        "gateway.mtu: 1000 is below 1280, the IPv6 minimum link MTU (RFC 8200), and services[0] has an IPv6 vip",
+    );
+}
+
+#[test]
+fn timeouts_must_be_positive_and_at_most_a_week() {
+    refused(
+        &gateway("[gateway.timeouts]\nudp = \"0s\""),
+        "gateway.timeouts.udp: 0s must be more than zero",
+    );
+    refused(
+        &gateway("[gateway.timeouts]\ntcp_established = \"8days\""),
+        "gateway.timeouts.tcp_established: 8days is longer than 7days",
+    );
+    accepted(&gateway(
+        "[gateway.timeouts]\ntcp_established = \"7days\"\ntcp_closing = \"1ms\"",
+    ));
+}
+
+#[test]
+fn tcp_syn_at_most_tcp_established() {
+    refused(
+        &gateway("[gateway.timeouts]\ntcp_syn = \"3h\"\ntcp_established = \"2h\""),
+        "gateway.timeouts.tcp_syn: 3h is longer than tcp_established (2h); a half-open flow would outlive an established one",
+    );
+    accepted(&gateway(
+        "[gateway.timeouts]\ntcp_syn = \"2h\"\ntcp_established = \"2h\"",
+    ));
+}
+
+#[test]
+fn humantime_errors_are_named() {
+    let p = problems(&gateway("[gateway.timeouts]\ntcp_syn = \"30 parsecs\""));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].starts_with(
+            "gateway.timeouts.tcp_syn: \"30 parsecs\" is not a duration like \"30s\", \"500ms\" or \"2h\" (unknown time unit \"parsecs\""
+        ),
+        "{p:?}"
+    );
+    let p = problems(&service(
+        "[services.health_check]\nkind = \"tcp\"\ninterval = \"soon\"",
+    ));
+    assert!(
+        p[0].starts_with("services[0].health_check.interval: \"soon\" is not a duration"),
+        "{p:?}"
+    );
+    let p = problems(&service("[services.session_affinity]\ntimeout = \"\""));
+    assert!(
+        p[0].starts_with("services[0].session_affinity.timeout: \"\" is not a duration"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn a_duration_must_be_a_string() {
+    let p = problems(&gateway("[gateway.timeouts]\ntcp_syn = 30"));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].starts_with("gateway.timeouts.tcp_syn: invalid type: integer `30`, expected a string"),
+        "{p:?}"
+    );
+}
+
+// ---- interfaces ----------------------------------------------------------------------
+
+#[test]
+fn at_least_one_interface() {
+    refused(
+        "",
+        "gateway.interfaces: at least one interface is required ([[gateway.interfaces]])",
+    );
+    refused(
+        "[gateway]\nmtu = 1500\n",
+        "gateway.interfaces: at least one interface is required ([[gateway.interfaces]])",
+    );
+}
+
+#[test]
+fn interface_name_rules() {
+    let iface = |name: &str| format!("[[gateway.interfaces]]\nname = {name:?}\nqueues = [0]\n");
+    refused(
+        "[[gateway.interfaces]]\nqueues = [0]\n",
+        "gateway.interfaces[0].name: is required",
+    );
+    refused(
+        &iface(""),
+        "gateway.interfaces[0].name: \"\" is 0 bytes long; interface names have 1 to 15",
+    );
+    refused(
+        &iface("abcdefghijklmnop"),
+        "gateway.interfaces[0].name: \"abcdefghijklmnop\" is 16 bytes long; interface names have 1 to 15",
+    );
+    accepted(&iface("abcdefghijklmno"));
+    for bad in ["eth/0", "eth 0", "eth0:1", "eth\t0"] {
+        refused(
+            &iface(bad),
+            &format!(
+                "gateway.interfaces[0].name: {bad:?} contains '/', ':' or whitespace, which interface names cannot"
+            ),
+        );
+    }
+    for bad in [".", ".."] {
+        refused(
+            &iface(bad),
+            &format!("gateway.interfaces[0].name: {bad:?} is not a valid interface name"),
+        );
+    }
+}
+
+#[test]
+fn interface_names_unique() {
+    refused(
+        &format!("{IFACE}\n{IFACE}"),
+        "gateway.interfaces[1].name: \"eth0\" is already used by gateway.interfaces[0]",
+    );
+}
+
+#[test]
+fn queue_rules() {
+    let iface = |queues: &str| format!("[[gateway.interfaces]]\nname = \"eth0\"\n{queues}\n");
+    refused(&iface(""), "gateway.interfaces[0].queues: is required");
+    refused(
+        &iface("queues = []"),
+        "gateway.interfaces[0].queues: must list at least one queue",
+    );
+    refused(
+        &iface("queues = [-1]"),
+        "gateway.interfaces[0].queues[0]: -1 is outside 0..=4294967295",
+    );
+    refused(
+        &iface("queues = [0, 1, 0]"),
+        "gateway.interfaces[0].queues[2]: queue 0 is already listed at gateway.interfaces[0].queues[0]",
+    );
+}
+
+#[test]
+fn core_rules() {
+    let iface =
+        |name: &str, rest: &str| format!("[[gateway.interfaces]]\nname = \"{name}\"\n{rest}\n");
+    refused(
+        &iface("eth0", "queues = [0, 1]\ncores = [1]"),
+        "gateway.interfaces[0].cores: length 1 differs from the length of queues (2); give one core per queue",
+    );
+    refused(
+        &iface("eth0", "queues = [0]\ncores = [-1]"),
+        "gateway.interfaces[0].cores[0]: -1 is not a CPU number",
+    );
+    refused(
+        &iface("eth0", "queues = [0, 1]\ncores = [1, 1]"),
+        "gateway.interfaces[0].cores[1]: core 1 is already used by gateway.interfaces[0].cores[0]",
+    );
+    refused(
+        &format!(
+            "{}{}",
+            iface("eth0", "queues = [0, 1]\ncores = [1, 2]"),
+            iface("eth1", "queues = [0]\ncores = [2]")
+        ),
+        "gateway.interfaces[1].cores[0]: core 2 is already used by gateway.interfaces[0].cores[1]",
+    );
+    // the same queue id on two interfaces is fine: queues are per NIC
+    accepted(&format!(
+        "{}{}",
+        iface("eth0", "queues = [0]\ncores = [1]"),
+        iface("eth1", "queues = [0]\ncores = [2]")
+    ));
+}
+
+#[test]
+fn role_must_be_known() {
+    refused(
+        &format!("{IFACE}role = \"server\"\n"),
+        "gateway.interfaces[0].role: \"server\" is not one of client, backend, both",
+    );
+}
+
+// ---- services ------------------------------------------------------------------------
+
+#[test]
+fn service_name_rules() {
+    let named = |name: &str| {
+        format!("{IFACE}\n[[services]]\nname = {name:?}\nvip = \"203.0.113.10\"\nport = 80\n")
+    };
+    refused(
+        &format!("{IFACE}\n[[services]]\nvip = \"203.0.113.10\"\nport = 80\n"),
+        "services[0].name: is required",
+    );
+    refused(&named(""), "services[0].name: must not be empty");
+    refused(
+        &named("Web"),
+        "services[0].name: \"Web\" may only contain a-z, 0-9, '-', '.', '/' and '_'",
+    );
+    refused(
+        &named("web svc"),
+        "services[0].name: \"web svc\" may only contain a-z, 0-9, '-', '.', '/' and '_'",
+    );
+    accepted(&named("kube-system/dns_1.v2"));
+}
+
+#[test]
+fn service_names_unique() {
+    let text = format!(
+        "{}\n[[services]]\nname = \"web\"\nvip = \"203.0.113.10\"\nport = 443\n",
+        service("")
+    );
+    refused(
+        &text,
+        "services[1].name: \"web\" is already used by services[0]",
+    );
+}
+
+#[test]
+fn frontends_unique() {
+    let text = format!(
+        "{}\n[[services]]\nname = \"web2\"\nvip = \"203.0.113.10\"\nport = 80\n",
+        service("")
+    );
+    refused(
+        &text,
+        "services[1]: 203.0.113.10:80/tcp is already served by services[0] (\"web\")",
+    );
+    // same address and port, other protocol: a different frontend
+    accepted(&format!(
+        "{}\n[[services]]\nname = \"web-udp\"\nvip = \"203.0.113.10\"\nport = 80\nprotocol = \"udp\"\n",
+        service("")
+    ));
+}
+
+#[test]
+fn vip_rules() {
+    refused(
+        &format!("{IFACE}\n[[services]]\nname = \"web\"\nport = 80\n"),
+        "services[0].vip: is required",
+    );
+    let vip = |v: &str| format!("{IFACE}\n[[services]]\nname = \"web\"\nvip = {v:?}\nport = 80\n");
+    refused(
+        &vip("203.0.113"),
+        "services[0].vip: \"203.0.113\" is not an IP address",
+    );
+    refused(
+        &vip("0.0.0.0"),
+        "services[0].vip: 0.0.0.0 is the unspecified address",
+    );
+    refused(
+        &vip("255.255.255.255"),
+        "services[0].vip: 255.255.255.255 is the broadcast address",
+    );
+    refused(
+        &vip("ff02::1"),
+        "services[0].vip: ff02::1 is a multicast address",
+    );
+}
+
+#[test]
+fn service_port_rules() {
+    let port =
+        |p: &str| format!("{IFACE}\n[[services]]\nname = \"web\"\nvip = \"203.0.113.10\"\n{p}\n");
+    refused(&port(""), "services[0].port: is required");
+    refused(
+        &port("port = 0"),
+        "services[0].port: 0 is not a port number",
+    );
+    refused(
+        &port("port = 70000"),
+        "services[0].port: 70000 is not a port number",
+    );
+    refused(
+        &port("port = -80"),
+        "services[0].port: -80 is not a port number",
+    );
+    accepted(&port("port = 65535"));
+}
+
+#[test]
+fn protocol_must_be_known() {
+    refused(
+        &service("protocol = \"sctp\""),
+        "services[0].protocol: \"sctp\" is not one of tcp, udp",
+    );
+}
+
+#[test]
+fn mode_must_be_known() {
+    refused(
+        &service("mode = \"dsr-foo\""),
+        "services[0].mode: \"dsr-foo\" is not one of dsr-l2, dsr-ipip, dsr-gue, nat",
+    );
+}
+
+#[test]
+fn maglev_table_size_rules() {
+    refused(
+        &service("maglev_table_size = 65536"),
+        "services[0].maglev_table_size: 65536 is not a prime number (Maglev needs a prime table size, such as 65537 or 655373)",
+    );
+    refused(
+        &service("maglev_table_size = 5"),
+        "services[0].maglev_table_size: 5 is outside 7..=1310719",
+    );
+    refused(
+        &service("maglev_table_size = 1310720"),
+        "services[0].maglev_table_size: 1310720 is outside 7..=1310719",
+    );
+    accepted(&service("maglev_table_size = 7"));
+    accepted(&service("maglev_table_size = 655373"));
+
+    let mut text = service("maglev_table_size = 7");
+    for i in 0..8 {
+        text.push_str(&format!(
+            "\n[[services.backends]]\naddress = \"198.51.100.{}\"\n",
+            10 + i
+        ));
+    }
+    refused(
+        &text,
+        "services[0].maglev_table_size: 7 is smaller than the number of backends (8)",
+    );
+}
+
+#[test]
+fn source_range_rules() {
+    refused(
+        &service("source_ranges = [\"198.51.100.0/24\", \"x\"]"),
+        "services[0].source_ranges[1]: \"x\" is not a CIDR like \"198.51.100.0/24\"",
+    );
+    refused(
+        &service("source_ranges = [\"198.51.100.0/33\"]"),
+        "services[0].source_ranges[0]: \"198.51.100.0/33\" is not a CIDR like \"198.51.100.0/24\"",
+    );
+    refused(
+        &service("source_ranges = [\"198.51.100.0/24\", \"2001:db8::/32\"]"),
+        "services[0].source_ranges[1]: 2001:db8::/32 is IPv6 but the vip 203.0.113.10 is IPv4",
+    );
+    let c = accepted(&service("source_ranges = []"));
+    assert!(c.services[0].source_ranges.is_empty());
+}
+
+#[test]
+fn session_affinity_range() {
+    refused(
+        &service("[services.session_affinity]\ntimeout = \"0s\""),
+        "services[0].session_affinity.timeout: 0s is shorter than 1s",
+    );
+    refused(
+        &service("[services.session_affinity]\ntimeout = \"2days\""),
+        "services[0].session_affinity.timeout: 2days is longer than 1day",
+    );
+}
+
+#[test]
+fn health_check_rules() {
+    let hc = |fields: &str| service(&format!("[services.health_check]\n{fields}"));
+    refused(
+        &hc("interval = \"1s\""),
+        "services[0].health_check.kind: is required (one of tcp, http)",
+    );
+    refused(
+        &hc("kind = \"icmp\""),
+        "services[0].health_check.kind: \"icmp\" is not one of tcp, http",
+    );
+    refused(
+        &hc("kind = \"tcp\"\npath = \"/healthz\""),
+        "services[0].health_check.path: only http health checks have a path",
+    );
+    refused(
+        &hc("kind = \"http\"\npath = \"healthz\""),
+        "services[0].health_check.path: \"healthz\" must start with '/'",
+    );
+    refused(
+        &hc("kind = \"http\"\npath = \"/a b\""),
+        "services[0].health_check.path: \"/a b\" contains whitespace or control characters",
+    );
+    refused(
+        &hc("kind = \"tcp\"\nport = 0"),
+        "services[0].health_check.port: 0 is not a port number",
+    );
+    refused(
+        &hc("kind = \"tcp\"\ninterval = \"5ms\"\ntimeout = \"1ms\""),
+        "services[0].health_check.interval: 5ms is shorter than 10ms",
+    );
+    refused(
+        &hc("kind = \"tcp\"\ninterval = \"1s\"\ntimeout = \"1s\""),
+        "services[0].health_check.timeout: 1s is not shorter than the interval (1s)",
+    );
+    refused(
+        &hc("kind = \"tcp\"\ntimeout = \"2s\""),
+        "services[0].health_check.timeout: 2s is not shorter than the interval (1s)",
+    );
+    refused(
+        &hc("kind = \"tcp\"\ntimeout = \"0s\""),
+        "services[0].health_check.timeout: 0s must be more than zero",
+    );
+    refused(
+        &hc("kind = \"tcp\"\nrise = 0"),
+        "services[0].health_check.rise: 0 is outside 1..=100",
+    );
+    refused(
+        &hc("kind = \"tcp\"\nfall = 101"),
+        "services[0].health_check.fall: 101 is outside 1..=100",
+    );
+    accepted(&hc(
+        "kind = \"tcp\"\ninterval = \"10ms\"\ntimeout = \"9ms\"",
+    ));
+}
+
+// ---- backends ------------------------------------------------------------------------
+
+#[test]
+fn a_service_may_have_no_backends() {
+    let c = accepted(&service(""));
+    assert!(c.services[0].backends.is_empty());
+}
+
+#[test]
+fn backend_address_rules() {
+    refused(
+        &backend("", "port = 80"),
+        "services[0].backends[0].address: is required",
+    );
+    refused(
+        &backend("", "address = \"backend-1\""),
+        "services[0].backends[0].address: \"backend-1\" is not an IP address",
+    );
+    refused(
+        &backend("", "address = \"0.0.0.0\""),
+        "services[0].backends[0].address: 0.0.0.0 is the unspecified address",
+    );
+}
+
+#[test]
+fn backend_port_range() {
+    refused(
+        &backend(
+            "mode = \"nat\"",
+            "address = \"198.51.100.11\"\nport = 70000",
+        ),
+        "services[0].backends[0].port: 70000 is not a port number",
+    );
+    refused(
+        &backend("mode = \"nat\"", "address = \"198.51.100.11\"\nport = 0"),
+        "services[0].backends[0].port: 0 is not a port number",
+    );
+}
+
+#[test]
+fn dsr_cannot_change_ports() {
+    for mode in ["dsr-l2", "dsr-ipip", "dsr-gue"] {
+        refused(
+            &backend(
+                &format!("mode = \"{mode}\""),
+                "address = \"198.51.100.11\"\nport = 8080",
+            ),
+            &format!(
+                "services[0].backends[0].port: 8080 differs from the service port 80; {mode} cannot change ports"
+            ),
+        );
+    }
+    accepted(&backend(
+        "mode = \"nat\"",
+        "address = \"198.51.100.11\"\nport = 8080",
+    ));
+}
+
+#[test]
+fn weight_range() {
+    refused(
+        &backend("", "address = \"198.51.100.11\"\nweight = 65536"),
+        "services[0].backends[0].weight: 65536 is outside 0..=65535",
+    );
+    refused(
+        &backend("", "address = \"198.51.100.11\"\nweight = -1"),
+        "services[0].backends[0].weight: -1 is outside 0..=65535",
+    );
+    let c = accepted(&backend("", "address = \"198.51.100.11\"\nweight = 0"));
+    assert_eq!(c.services[0].backends[0].weight, 0);
+}
+
+#[test]
+fn mac_must_parse() {
+    refused(
+        &backend("", "address = \"198.51.100.11\"\nmac = \"02:00:00:00:00\""),
+        "services[0].backends[0].mac: \"02:00:00:00:00\" is not a MAC address (like 02:00:00:00:00:11)",
+    );
+}
+
+#[test]
+fn tunnel_only_for_encapsulating_modes() {
+    for mode in ["dsr-l2", "nat"] {
+        refused(
+            &backend(
+                &format!("mode = \"{mode}\""),
+                "address = \"198.51.100.11\"\ntunnel = \"198.51.100.99\"",
+            ),
+            &format!(
+                "services[0].backends[0].tunnel: only dsr-ipip and dsr-gue backends have a tunnel target; this service is {mode}"
+            ),
+        );
+    }
+    for mode in ["dsr-ipip", "dsr-gue"] {
+        accepted(&backend(
+            &format!("mode = \"{mode}\""),
+            "address = \"198.51.100.11\"\ntunnel = \"198.51.100.99\"",
+        ));
+    }
+}
+
+#[test]
+fn tunnel_must_parse() {
+    refused(
+        &backend(
+            "mode = \"dsr-ipip\"",
+            "address = \"198.51.100.11\"\ntunnel = \"node-1\"",
+        ),
+        "services[0].backends[0].tunnel: \"node-1\" is not an IP address",
+    );
+}
+
+fn v6_service(mode: &str, backend_fields: &str) -> String {
+    format!(
+        "{IFACE}\n[[services]]\nname = \"web6\"\nvip = \"2001:db8::10\"\nport = 80\nmode = \"{mode}\"\n\n[[services.backends]]\n{backend_fields}\n"
+    )
+}
+
+#[test]
+fn ipv6_in_ipv4_is_refused() {
+    refused(
+        &v6_service(
+            "dsr-ipip",
+            "address = \"2001:db8::11\"\ntunnel = \"198.51.100.11\"",
+        ),
+        "services[0].backends[0].tunnel: 198.51.100.11 is IPv4 but the vip 2001:db8::10 is IPv6: IPv6 in IPv4 is not supported",
+    );
+    refused(
+        &v6_service("dsr-gue", "address = \"198.51.100.11\""),
+        "services[0].backends[0].address: 198.51.100.11 is IPv4 but the vip 2001:db8::10 is IPv6: IPv6 in IPv4 is not supported",
+    );
+    accepted(&v6_service(
+        "dsr-ipip",
+        "address = \"2001:db8::11\"\ntunnel = \"2001:db8::99\"",
+    ));
+}
+
+#[test]
+fn ipv4_in_ipv6_is_fine() {
+    let c = accepted(&backend(
+        "mode = \"dsr-ipip\"",
+        "address = \"198.51.100.11\"\ntunnel = \"2001:db8::11\"",
+    ));
+    assert!(c.services[0].backends[0].tunnel_target().is_ipv6());
+    accepted(&backend("mode = \"dsr-gue\"", "address = \"2001:db8::11\""));
+}
+
+#[test]
+fn l2_and_nat_keep_the_family() {
+    for mode in ["dsr-l2", "nat"] {
+        refused(
+            &backend(&format!("mode = \"{mode}\""), "address = \"2001:db8::11\""),
+            &format!(
+                "services[0].backends[0].address: 2001:db8::11 is IPv6 but the vip 203.0.113.10 is IPv4; {mode} cannot change the address family"
+            ),
+        );
+        refused(
+            &v6_service(mode, "address = \"198.51.100.11\""),
+            &format!(
+                "services[0].backends[0].address: 198.51.100.11 is IPv4 but the vip 2001:db8::10 is IPv6; {mode} cannot change the address family"
+            ),
+        );
+    }
+}
+
+#[test]
+fn backend_state_must_be_known() {
+    refused(
+        &backend("", "address = \"198.51.100.11\"\nstate = \"up\""),
+        "services[0].backends[0].state: \"up\" is not one of active, draining",
+    );
+}
+
+#[test]
+fn backends_unique_by_address_and_port() {
+    let text = format!(
+        "{}\n[[services.backends]]\naddress = \"198.51.100.11\"\nport = 80\n",
+        backend("", "address = \"198.51.100.11\"")
+    );
+    refused(
+        &text,
+        "services[0].backends[1]: 198.51.100.11:80 is already listed at services[0].backends[0]",
+    );
+    // same address, other port (nat): distinct backends
+    let text = format!(
+        "{}\n[[services.backends]]\naddress = \"198.51.100.11\"\nport = 8081\n",
+        backend("mode = \"nat\"", "address = \"198.51.100.11\"\nport = 8080")
+    );
+    assert_eq!(accepted(&text).services[0].backends.len(), 2);
+}
+
+// ---- many problems at once, no cascades ----------------------------------------------
+
+#[test]
+fn three_errors_three_problems() {
+    let text = r#"
+[gateway]
+mtu = 100
+
+[[gateway.interfaces]]
+name = "eth0"
+queues = [0]
+
+[[services]]
+name = "web"
+vip = "203.0.113.10"
+port = 80
+
+[[services.backends]]
+address = "198.51.100.11"
+
+[[services.backends]]
+address = "198.51.100.12"
+port = 70000
+mac = "nope"
+"#;
+    assert_eq!(
+        problems(text),
+        [
+            "gateway.mtu: 100 is outside 576..=9000",
+            "services[0].backends[1].port: 70000 is not a port number",
+            "services[0].backends[1].mac: \"nope\" is not a MAC address (like 02:00:00:00:00:11)",
+        ]
+    );
+}
+
+#[test]
+fn problems_across_every_section_in_one_go() {
+    let text = r#"
+[gateway]
+admin_listen = "nowhere"
+gue_port = 0
+
+[gateway.timeouts]
+udp = "0s"
+
+[[gateway.interfaces]]
+name = "eth0"
+queues = []
+
+[[services]]
+name = "Web"
+vip = "203.0.113.10"
+port = 80
+mode = "dsr-foo"
+
+[services.health_check]
+kind = "tcp"
+rise = 0
+
+[[services]]
+name = "dns"
+vip = "203.0.113.999"
+port = 53
+protocol = "udp"
+"#;
+    let p = problems(text);
+    let paths: Vec<&str> = p.iter().map(|p| p.split(": ").next().unwrap()).collect();
+    assert_eq!(
+        paths,
+        [
+            "gateway.admin_listen",
+            "gateway.gue_port",
+            "gateway.timeouts.udp",
+            "gateway.interfaces[0].queues",
+            "services[0].name",
+            "services[0].mode",
+            "services[0].health_check.rise",
+            "services[1].vip",
+        ],
+        "{p:#?}"
+    );
+}
+
+#[test]
+fn a_bad_value_is_reported_once_not_cascaded() {
+    // An unknown default_mode is one problem; the service using it does not add more
+    // (its DSR port rule cannot be judged without a mode).
+    let text = format!(
+        "[gateway]\ndefault_mode = \"fast\"\n\n{}",
+        backend("", "address = \"198.51.100.11\"\nport = 8080")
+    );
+    refused(
+        &text,
+        "gateway.default_mode: \"fast\" is not one of dsr-l2, dsr-ipip, dsr-gue, nat",
+    );
+    // A bad vip is one problem, not also a family mismatch per backend.
+    refused(
+        &backend("", "address = \"2001:db8::11\"").replace("203.0.113.10", "bad"),
+        "services[0].vip: \"bad\" is not an IP address",
+    );
+}
+
+// ---- unknown fields and types ----------------------------------------------------------
+
+#[test]
+fn unknown_service_field_is_refused_by_name() {
+    let p = problems(&service("colour = 1"));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].starts_with("services[0].colour: unknown field `colour`, expected one of"),
+        "{p:?}"
+    );
+    assert!(p[0].ends_with("(line 9, column 1)"), "{p:?}");
+}
+
+#[test]
+fn unknown_fields_everywhere_are_refused() {
+    for (text, path) in [
+        (format!("verbose = true\n{IFACE}"), "verbose"),
+        (gateway("workers = 4"), "gateway.workers"),
+        (
+            gateway("[gateway.timeouts]\nicmp = \"1s\""),
+            "gateway.timeouts.icmp",
+        ),
+        (
+            format!("{IFACE}driver = \"ice\"\n"),
+            "gateway.interfaces[0].driver",
+        ),
+        (
+            service("[services.session_affinity]\nkind = \"ClientIP\""),
+            "services[0].session_affinity.kind",
+        ),
+        (
+            service("[services.health_check]\nkind = \"tcp\"\nretries = 3"),
+            "services[0].health_check.retries",
+        ),
+        (
+            backend("", "address = \"198.51.100.11\"\nzone = \"a\""),
+            "services[0].backends[0].zone",
+        ),
+    ] {
+        let p = problems(&text);
+        let key = path.rsplit('.').next().unwrap();
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with(&format!("{path}: unknown field `{key}`")),
+            "{p:?}"
+        );
+    }
+}
+
+#[test]
+fn type_errors_name_the_field() {
+    let p = problems(&service("maglev_table_size = \"big\""));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].starts_with(
+            "services[0].maglev_table_size: invalid type: string \"big\", expected i64"
+        ),
+        "{p:?}"
+    );
+    let p = problems(&backend("", "address = \"198.51.100.11\"\nweight = 1.5"));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].starts_with("services[0].backends[0].weight: invalid type: floating point `1.5`"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn service_fields_are_public_model() {
+    // The model is plain data other crates can build directly.
+    let s = Service {
+        name: "x".into(),
+        vip: "203.0.113.1".parse().unwrap(),
+        port: 1,
+        protocol: Protocol::Udp,
+        mode: Mode::Nat,
+        maglev_table_size: Service::DEFAULT_MAGLEV_TABLE_SIZE,
+        source_ranges: vec![],
+        session_affinity: None,
+        health_check: None,
+        backends: vec![],
+    };
+    assert_eq!(s.frontend().to_string(), "203.0.113.1:1");
+    assert_eq!(Gateway::DEFAULT_GUE_PORT, 6080);
+}
