@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what Strait's build, tests and demo need on a fresh Debian 12 machine (as root,
+# or with sudo): clang/llvm and libbpf/libelf for the XDP program and xsk-rs, libpcap,
+# iproute2 for the testbed, tshark and scapy to decode what the gateway emits.
+# Idempotent: does nothing when everything is already there.
+set -euo pipefail
+
+packages=(clang llvm libelf-dev libpcap-dev libbpf-dev pkg-config m4 iproute2 tshark python3-scapy)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "deps: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "deps: cargo not found; install Rust with rustup (https://rustup.rs) first" >&2
+  exit 1
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
