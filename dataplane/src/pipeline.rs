@@ -20,7 +20,7 @@
 use crate::flow::{FlowState, FlowTable, FlowValue, InsertError, Target, Timeouts};
 use crate::hash::{hash_words, mix64, SEED_FLOW, SEED_MAGLEV};
 use crate::key::{is_v4, proto, FlowKey};
-use crate::rewrite::{self, Encap, EncapError, Frame, Macs};
+use crate::rewrite::{self, Encap, EncapError, Frame, Macs, Outer};
 use crate::stats::{Counters, DropReason};
 use crate::table::{Backend, FragmentService, Frontend, Health, Service, ServiceTable};
 use crate::wire::parse::{parse, Embedded, Frag, Parsed};
@@ -500,7 +500,14 @@ fn forward(
     } else {
         t.tunnel_src_v6
     };
-    match rewrite::encapsulate(frame, p, how, &src, &b.tunnel, entropy, port.mtu, m) {
+    let outer = Outer {
+        how,
+        src,
+        dst: b.tunnel,
+        entropy,
+        mtu: port.mtu,
+    };
+    match rewrite::encapsulate(frame, p, &outer, m) {
         Ok(()) => Verdict::Tx { port: b.egress },
         Err(EncapError::TooBig { inner_mtu }) if p.df => {
             rewrite::icmp_too_big(frame, p, inner_mtu);

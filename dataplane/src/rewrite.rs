@@ -216,10 +216,25 @@ pub enum EncapError {
     NoHeadroom,
 }
 
-/// Encapsulates the IP packet of `frame` to `dst` (key form) from `src`, keeping the
-/// Ethernet header (and VLAN tag) in front. The outer TOS/traffic class is copied from the
-/// inner packet, and for IPv4-in-IPv4 the DF bit too (RFC 2003 section 3.1); the outer TTL is
-/// 64. `entropy` (the flow hash) varies the outer source's low bits and the GUE source port,
+/// Where and how to encapsulate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outer {
+    /// IPIP or GUE.
+    pub how: Encap,
+    /// Outer source (key form); its low bits are replaced by flow entropy.
+    pub src: [u8; 16],
+    /// Outer destination (key form): the backend node.
+    pub dst: [u8; 16],
+    /// The flow hash.
+    pub entropy: u64,
+    /// Egress MTU.
+    pub mtu: u16,
+}
+
+/// Encapsulates the IP packet of `frame` to `o.dst` from `o.src`, keeping the Ethernet
+/// header (and VLAN tag) in front. The outer TOS/traffic class is copied from the inner
+/// packet, and for IPv4-in-IPv4 the DF bit too (RFC 2003 section 3.1); the outer TTL is 64.
+/// `o.entropy` (the flow hash) varies the outer source's low bits and the GUE source port,
 /// so receivers spread flows over their queues by RSS as they would the clients' packets.
 ///
 /// # Errors
@@ -228,13 +243,17 @@ pub enum EncapError {
 pub fn encapsulate(
     frame: &mut Frame<'_>,
     p: &Parsed,
-    how: Encap,
-    src: &[u8; 16],
-    dst: &[u8; 16],
-    entropy: u64,
-    mtu: u16,
+    o: &Outer,
     m: Macs,
 ) -> Result<(), EncapError> {
+    let Outer {
+        how,
+        src,
+        dst,
+        entropy,
+        mtu,
+    } = *o;
+    let (src, dst) = (&src, &dst);
     let outer_v6 = !is_v4(dst);
     let ip_hdr = if outer_v6 {
         ipv6::HEADER_LEN

@@ -189,11 +189,7 @@ fn verify_net(
     };
     let pseudo = sum(&src) + sum(&dst) + proto as u32 + l4.len() as u32;
     match proto {
-        6 => {
-            if fold(pseudo + sum(l4)) != 0xffff {
-                return Err("tcp checksum".into());
-            }
-        }
+        6 if fold(pseudo + sum(l4)) != 0xffff => return Err("tcp checksum".into()),
         17 => {
             let zero_ok = src.len() == 4 && l4.len() >= 8 && l4[6..8] == [0, 0];
             if !zero_ok && fold(pseudo + sum(l4)) != 0xffff {
@@ -204,16 +200,8 @@ fn verify_net(
                 return verify_inner(&l4[8..]);
             }
         }
-        1 => {
-            if fold(sum(l4)) != 0xffff {
-                return Err("icmp checksum".into());
-            }
-        }
-        58 => {
-            if fold(pseudo + sum(l4)) != 0xffff {
-                return Err("icmpv6 checksum".into());
-            }
-        }
+        1 if fold(sum(l4)) != 0xffff => return Err("icmp checksum".into()),
+        58 if fold(pseudo + sum(l4)) != 0xffff => return Err("icmpv6 checksum".into()),
         4 | 41 => return verify_inner(l4),
         _ => {}
     }

@@ -223,6 +223,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 }
 
 /// Writes a 40-byte IPv6 header into `b[..40]`.
+#[allow(clippy::too_many_arguments)]
 pub fn emit(
     b: &mut [u8],
     traffic_class: u8,
