@@ -510,7 +510,10 @@ fn forward(
     match rewrite::encapsulate(frame, p, &outer, m) {
         Ok(()) => Verdict::Tx { port: b.egress },
         Err(EncapError::TooBig { inner_mtu }) if p.df => {
-            rewrite::icmp_too_big(frame, p, inner_mtu);
+            let Some(back) = t.ports.get(ingress as usize) else {
+                return Verdict::Drop(DropReason::NoEgress);
+            };
+            rewrite::icmp_too_big(frame, p, inner_mtu, back.mac);
             c.icmp_too_big_sent += 1;
             Verdict::Tx { port: ingress }
         }

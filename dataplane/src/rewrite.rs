@@ -350,17 +350,17 @@ pub fn encapsulate(
 /// Turns `frame` (a client packet to a VIP that would not fit after encapsulation) into an
 /// ICMP "fragmentation needed" (IPv4, RFC 1191) or "packet too big" (IPv6, RFC 8201) sent
 /// back to the client from the VIP, quoting the original header. The answer goes out of the
-/// port the packet came in on, to the MAC it came from.
+/// port the packet came in on, from that port's MAC (`port_mac`) to the MAC the packet came
+/// from.
 #[inline]
-pub fn icmp_too_big(frame: &mut Frame<'_>, p: &Parsed, inner_mtu: u16) {
+pub fn icmp_too_big(frame: &mut Frame<'_>, p: &Parsed, inner_mtu: u16, port_mac: [u8; 6]) {
     let l2 = p.l3;
     let room = frame.len() + frame.tailroom();
     let d = &mut frame.buf[frame.head..frame.head + room];
-    // Swap the MACs: back to where it came from.
-    let mut mac = [0u8; 6];
-    mac.copy_from_slice(&d[0..6]);
+    // Back to where it came from, from this port's own MAC (never the frame's destination
+    // MAC, which may be broadcast or another host's).
     d.copy_within(6..12, 0);
-    d[6..12].copy_from_slice(&mac);
+    d[6..12].copy_from_slice(&port_mac);
     let (ip_hdr, quote_max) = if p.v6 {
         // RFC 4443 section 2.4(c): as much of the invoking packet as fits in the minimum MTU.
         (ipv6::HEADER_LEN, 1280 - ipv6::HEADER_LEN - icmp::HEADER_LEN)
@@ -421,16 +421,40 @@ pub fn icmp_too_big(frame: &mut Frame<'_>, p: &Parsed, inner_mtu: u16) {
 /// nat for an ICMP error about a nat flow, arriving from the client side: the outer
 /// destination (the VIP) becomes the backend, and the embedded packet (which left the gateway
 /// as VIP:port to client) gets its source back to backend:port, so the backend's stack
-/// matches it to its socket. Fixes the embedded IPv4 header checksum, the ICMP checksum and
-/// the outer header; the embedded transport checksum is left as quoted (it may be cut off,
-/// and receivers do not verify it, as Linux's nf_nat_icmp_reply_translation does not either
-/// when the quote is short).
+/// matches it to its socket. Fixes the embedded IPv4 header checksum, the embedded transport
+/// checksum when the quote holds it (as Linux's nf_nat_icmp_reply_translation does), the ICMP
+/// checksum and the outer header.
 pub fn nat_icmp_error(frame: &mut Frame<'_>, p: &Parsed, addr: &[u8; 16], port: u16, m: Macs) {
     let Some(e) = p.embedded else { return };
     let d = frame.data_mut();
     set_macs(d, m);
     let ic = p.l4 + icmp::CHECKSUM_OFFSET;
     let mut c = u16::from_be_bytes([d[ic], d[ic + 1]]);
+    // Embedded transport checksum, when quoted: it covers the embedded source address (in
+    // its pseudo-header) and port. A zero UDP checksum over IPv4 means none and stays.
+    let l4c = e.l4
+        + if e.proto == proto::TCP {
+            tcp::CHECKSUM_OFFSET
+        } else {
+            udp::CHECKSUM_OFFSET
+        };
+    if l4c + 2 <= e.end {
+        let old_l4c = u16::from_be_bytes([d[l4c], d[l4c + 1]]);
+        if !(e.proto == proto::UDP && !p.v6 && old_l4c == 0) {
+            let (old_a, new_a): (&[u8], &[u8]) = if p.v6 {
+                (&e.src, &addr[..])
+            } else {
+                (&e.src[12..], &addr[12..])
+            };
+            let old_port = u16::from_be_bytes([d[e.l4], d[e.l4 + 1]]);
+            let mut n = update16(update_bytes(old_l4c, old_a, new_a), old_port, port);
+            if e.proto == proto::UDP {
+                n = checksum::udp_nonzero(n);
+            }
+            c = update16(c, old_l4c, n);
+            put16(d, l4c, n);
+        }
+    }
     // Embedded source port.
     let old_port = u16::from_be_bytes([d[e.l4], d[e.l4 + 1]]);
     c = update16(c, old_port, port);

@@ -38,6 +38,8 @@ pub struct Embedded {
     pub src_port: u16,
     /// Embedded destination port.
     pub dst_port: u16,
+    /// End of the quote in the frame (the quote may stop anywhere after 8 transport bytes).
+    pub end: usize,
 }
 
 /// What the pipeline needs to know about an IP packet.
@@ -173,9 +175,13 @@ pub fn parse(frame: &[u8]) -> Result<Option<Parsed>, DropReason> {
     let l4 = &frame[p.l4..p.l3 + p.ip_len];
     match p.proto {
         proto::TCP => {
-            // A first fragment may be cut before the end of the TCP header; it still carries
-            // the ports and flags, which is all forwarding needs.
-            let t = if p.frag == Frag::First && l4.len() >= 14 {
+            // A first fragment must hold the fixed TCP header (ports, flags, checksum); its
+            // options may continue in the next fragment. Tinier first fragments are the
+            // overlapping-fragment attack of RFC 1858 and could not be nat-ed correctly.
+            let t = if p.frag == Frag::First {
+                if l4.len() < tcp::HEADER_LEN {
+                    return Err(DropReason::L4Truncated);
+                }
                 (be16(l4, 0), be16(l4, 2), l4[13])
             } else {
                 let h = tcp::Packet::new_checked(l4).map_err(|_| DropReason::L4Truncated)?;
@@ -203,7 +209,7 @@ pub fn parse(frame: &[u8]) -> Result<Option<Parsed>, DropReason> {
                 icmp::is_error_v4(p.icmp_type)
             };
             if is_error && (p.proto == proto::ICMPV6) == p.v6 {
-                p.embedded = Some(embedded(frame, p.l4 + icmp::HEADER_LEN, p.l3 + p.ip_len)?);
+                p.embedded = embedded(frame, p.l4 + icmp::HEADER_LEN, p.l3 + p.ip_len)?;
             }
         }
         _ => {}
@@ -213,8 +219,10 @@ pub fn parse(frame: &[u8]) -> Result<Option<Parsed>, DropReason> {
 
 /// Reads the packet an ICMP error embeds, starting at `at` and ending at `end`. It must hold
 /// the IP header and the first 8 bytes of its transport header (RFC 792 guarantees that much;
-/// RFC 1812 and RFC 4443 include more).
-fn embedded(frame: &[u8], at: usize, end: usize) -> Result<Embedded, DropReason> {
+/// RFC 1812 and RFC 4443 include more). `Ok(None)` for an embedded protocol other than TCP
+/// or UDP: no service flow can be behind it (errors about the box's own pings, say), so it is
+/// the kernel's.
+fn embedded(frame: &[u8], at: usize, end: usize) -> Result<Option<Embedded>, DropReason> {
     let b = &frame[at..end];
     let mut e = Embedded {
         ip: at,
@@ -242,13 +250,17 @@ fn embedded(frame: &[u8], at: usize, end: usize) -> Result<Embedded, DropReason>
         }
         _ => return Err(DropReason::IcmpEmbeddedTruncated),
     };
-    if !matches!(e.proto, proto::TCP | proto::UDP) || b.len() < hl + 8 {
+    if !matches!(e.proto, proto::TCP | proto::UDP) {
+        return Ok(None);
+    }
+    if b.len() < hl + 8 {
         return Err(DropReason::IcmpEmbeddedTruncated);
     }
     e.l4 = at + hl;
+    e.end = end;
     e.src_port = be16(b, hl);
     e.dst_port = be16(b, hl + 2);
-    Ok(e)
+    Ok(Some(e))
 }
 
 fn ip_reason(e: Error) -> DropReason {
