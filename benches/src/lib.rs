@@ -1,0 +1,506 @@
+//! Synthetic traffic for Strait's criterion benches.
+//!
+//! ```text
+//! config(mode, services) ──Builder──► ServiceTable ─┐
+//! flow(i) ──write_tcp_v4──► 60-byte frames ──copy──► RX buffers ──Pipeline::process──► Tx
+//!                       (templates, untimed)   (untimed, like the NIC's DMA)   (timed)
+//! ```
+//!
+//! The benches in `benches/` are drivers of the same sans-IO step the AF_XDP worker drives:
+//! [`Pipeline::process`] over frames in buffers with [`HEADROOM`] in front. Everything a NIC
+//! and the RX ring would have done (putting the frame bytes into a UMEM frame) happens before
+//! the clock starts, so a measurement is the pipeline's own cost: parse, table lookups, flow
+//! table, rewrite.
+//!
+//! # Why the frames are restored before every batch
+//!
+//! The pipeline rewrites in place and encapsulation grows a frame at the front, so a buffer
+//! cannot be run twice. Before each batch [`Bench::batch`] copies each frame's pristine
+//! 60 bytes (all of it: Ethernet, IPv4 and TCP headers are 54 bytes, padded to the 60-byte
+//! Ethernet minimum) into its RX buffer, outside the timed section. That is the work a NIC's
+//! DMA does, and it leaves the headers cache-warm, as DDIO (DMA into the last-level cache)
+//! would. The per-flow state the pipeline reads (flow table, Maglev slots) is not warmed: for
+//! established traffic the frames visit the flows in a shuffled order, so each packet finds
+//! its flow entry wherever an earlier pass left it in the cache hierarchy.
+//!
+//! The control crate's `strait bench pipeline` keeps a compact copy of this generator
+//! (`control/src/bench_pipeline.rs`), since the benches are not a dependency of control.
+
+#![forbid(unsafe_code)]
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+
+use strait_config::model::{
+    Backend, BackendState, Config, Gateway, Interface, MacAddr, Mode, Protocol, Role, Service,
+    Timeouts as ConfigTimeouts,
+};
+use strait_dataplane::pipeline::{Pipeline, Verdict};
+use strait_dataplane::rewrite::{Frame, HEADROOM};
+use strait_dataplane::table::{Builder, Port, ServiceTable};
+
+/// The gateway's MAC (its only port).
+pub const GW_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+/// The client's (or its router's) MAC.
+pub const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xc1];
+/// One second in the pipeline's clock unit.
+pub const SEC: u64 = 1_000_000_000;
+
+/// Length of a generated frame: Ethernet (14) + IPv4 (20) + TCP (20) = 54 bytes, padded to
+/// the 60-byte Ethernet minimum, a "64-byte packet" on the wire once the NIC adds the FCS.
+pub const FRAME_LEN: usize = 60;
+/// Distance between two RX buffers: 2048 bytes, the UMEM frame size AF_XDP drivers most
+/// often use, so buffer addresses map to cache sets as they do in a UMEM.
+pub const BUF_SIZE: usize = 2048;
+/// Frames per timed batch: large enough that the two `Instant::now` calls around it (about
+/// 20-50 ns each) are below 0.1 % of the batch.
+pub const BATCH: usize = 1024;
+
+/// Backends per synthetic service.
+pub const BACKENDS_PER_SERVICE: usize = 4;
+/// Maglev table size of every service but the first: a small prime, so building 1,000
+/// services takes milliseconds rather than seconds.
+pub const SMALL_MAGLEV: u32 = 1021;
+
+/// VIP of synthetic service `s`: `10.96.0.0/16` in order.
+pub fn vip(s: usize) -> Ipv4Addr {
+    Ipv4Addr::from(0x0a60_0000 | (s as u32 & 0xffff))
+}
+
+/// Address of backend `b` (service `s` has backends `4s..4s+4`): `10.200.0.0/13` in order, so
+/// no two services share a backend and nat reply tuples never collide.
+pub fn backend_addr(b: usize) -> Ipv4Addr {
+    Ipv4Addr::from(0x0ac8_0000 | (b as u32 & 0x7_ffff))
+}
+
+/// The service port (all services listen on 80/tcp; the VIPs differ).
+pub const SERVICE_PORT: u16 = 80;
+/// The backend port of nat services (DSR backends use the service port).
+pub const NAT_BACKEND_PORT: u16 = 8080;
+
+/// A validated configuration of `services` TCP services in `mode`, each with
+/// [`BACKENDS_PER_SERVICE`] backends with known MACs. Service 0 has the default Maglev table
+/// size (65537), the others [`SMALL_MAGLEV`]. One interface; no new-flow rate cap.
+pub fn config(mode: Mode, services: usize) -> Config {
+    let backend_port = if mode == Mode::Nat {
+        NAT_BACKEND_PORT
+    } else {
+        SERVICE_PORT
+    };
+    Config {
+        gateway: Gateway {
+            admin_listen: Gateway::DEFAULT_ADMIN_LISTEN,
+            default_mode: mode,
+            flow_capacity_per_core: Gateway::DEFAULT_FLOW_CAPACITY_PER_CORE,
+            new_flows_per_second_per_core: 0,
+            gue_port: Gateway::DEFAULT_GUE_PORT,
+            tunnel_source_v4: Some(Ipv4Addr::new(192, 0, 2, 1)),
+            tunnel_source_v6: Some("2001:db8::1".parse().expect("literal")),
+            mtu: Gateway::DEFAULT_MTU,
+            timeouts: ConfigTimeouts::default(),
+            interfaces: vec![Interface {
+                name: "bench0".into(),
+                queues: vec![0],
+                cores: None,
+                role: Role::Both,
+            }],
+        },
+        services: (0..services)
+            .map(|s| Service {
+                name: format!("bench/svc-{s}"),
+                vip: IpAddr::V4(vip(s)),
+                port: SERVICE_PORT,
+                protocol: Protocol::Tcp,
+                mode,
+                maglev_table_size: if s == 0 {
+                    Service::DEFAULT_MAGLEV_TABLE_SIZE
+                } else {
+                    SMALL_MAGLEV
+                },
+                source_ranges: Vec::new(),
+                session_affinity: None,
+                health_check: None,
+                backends: (0..BACKENDS_PER_SERVICE)
+                    .map(|j| {
+                        let b = s * BACKENDS_PER_SERVICE + j;
+                        Backend {
+                            address: IpAddr::V4(backend_addr(b)),
+                            port: backend_port,
+                            weight: Backend::DEFAULT_WEIGHT,
+                            mac: Some(MacAddr([0x02, 0, 0, 0x01, (b >> 8) as u8, b as u8])),
+                            tunnel: None,
+                            state: BackendState::Active,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+/// The snapshot of [`config`]`(mode, services)` with one 1500-byte-MTU port.
+///
+/// # Panics
+/// If the table does not build (it always does for these configurations).
+pub fn table(mode: Mode, services: usize) -> ServiceTable {
+    Builder::new()
+        .build(
+            &config(mode, services),
+            &[Port {
+                mac: GW_MAC,
+                mtu: 1500,
+            }],
+            |_, _, _| false,
+        )
+        .expect("synthetic table builds")
+}
+
+/// A client-to-VIP TCP 4-tuple.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tuple {
+    /// Client address.
+    pub client: Ipv4Addr,
+    /// Client port.
+    pub client_port: u16,
+    /// The VIP.
+    pub vip: Ipv4Addr,
+    /// The service port.
+    pub port: u16,
+}
+
+/// Flow number `i` of traffic spread over `services` services: client
+/// `100.64.0.0 + i / 64` (inside 100.64.0.0/10), client port `10000 + i % 64`, service
+/// `i % services`. Distinct for every `i < 2^28`.
+pub fn flow(i: u64, services: usize) -> Tuple {
+    Tuple {
+        client: Ipv4Addr::from(0x6440_0000 | ((i >> 6) as u32 & 0x3f_ffff)),
+        client_port: 10_000 + (i & 63) as u16,
+        vip: vip((i % services as u64) as usize),
+        port: SERVICE_PORT,
+    }
+}
+
+/// TCP flag bits (RFC 9293 section 3.1).
+pub mod flags {
+    /// SYN.
+    pub const SYN: u8 = 0x02;
+    /// ACK.
+    pub const ACK: u8 = 0x10;
+}
+
+/// The RFC 1071 sum of `data` added to `acc`, not folded.
+fn sum(mut acc: u32, data: &[u8]) -> u32 {
+    let mut c = data.chunks_exact(2);
+    for w in &mut c {
+        acc += u32::from(u16::from_be_bytes([w[0], w[1]]));
+    }
+    if let [b] = c.remainder() {
+        acc += u32::from(*b) << 8;
+    }
+    acc
+}
+
+fn fold(mut acc: u32) -> u16 {
+    while acc >> 16 != 0 {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    acc as u16
+}
+
+/// Writes a TCP segment without payload from `t.client` to `t.vip` into `out[..FRAME_LEN]`:
+/// Ethernet from [`CLIENT_MAC`] to [`GW_MAC`], IPv4 (DF, TTL 64), TCP with `flags`, both
+/// checksums correct, zero padding.
+///
+/// # Panics
+/// If `out` is shorter than [`FRAME_LEN`].
+pub fn write_tcp_v4(out: &mut [u8], t: &Tuple, flags: u8) {
+    let f = &mut out[..FRAME_LEN];
+    f.fill(0);
+    f[0..6].copy_from_slice(&GW_MAC);
+    f[6..12].copy_from_slice(&CLIENT_MAC);
+    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    let ip = &mut f[14..34];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&40u16.to_be_bytes());
+    ip[6] = 0x40; // DF
+    ip[8] = 64;
+    ip[9] = 6;
+    ip[12..16].copy_from_slice(&t.client.octets());
+    ip[16..20].copy_from_slice(&t.vip.octets());
+    let c = !fold(sum(0, ip));
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    let tcp = &mut f[34..54];
+    tcp[0..2].copy_from_slice(&t.client_port.to_be_bytes());
+    tcp[2..4].copy_from_slice(&t.port.to_be_bytes());
+    tcp[4..8].copy_from_slice(&1u32.to_be_bytes());
+    if flags & self::flags::ACK != 0 {
+        tcp[8..12].copy_from_slice(&1u32.to_be_bytes());
+    }
+    tcp[12] = 5 << 4;
+    tcp[13] = flags;
+    tcp[14..16].copy_from_slice(&65535u16.to_be_bytes());
+    let pseudo = sum(sum(6 + 20, &t.client.octets()), &t.vip.octets());
+    let c = !fold(sum(pseudo, tcp));
+    tcp[16..18].copy_from_slice(&c.to_be_bytes());
+}
+
+/// A small, seeded pseudo-random generator (SplitMix64): deterministic traffic without a
+/// dependency.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next value.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A value in `0..n` (`n > 0`), by multiply-shift.
+    pub fn below(&mut self, n: usize) -> usize {
+        ((u128::from(self.next_u64()) * n as u128) >> 64) as usize
+    }
+
+    /// Shuffles `v` in place (Fisher-Yates).
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i + 1));
+        }
+    }
+}
+
+/// What a [`Bench`] sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Traffic {
+    /// ACKs of flows already in the flow table, visited in a shuffled order.
+    Established,
+    /// SYNs, each a new 5-tuple.
+    Syn,
+}
+
+impl Traffic {
+    /// The name in reports: `established`, `syn`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Traffic::Established => "established",
+            Traffic::Syn => "syn",
+        }
+    }
+}
+
+/// Flow-table entries a flow of `mode` takes: nat keeps a reply entry too.
+pub fn entries_per_flow(mode: Mode) -> usize {
+    if mode == Mode::Nat {
+        2
+    } else {
+        1
+    }
+}
+
+/// First flow number of SYN traffic: far above any established flow's, so a SYN never
+/// reuses an established 5-tuple.
+const SYN_BASE: u64 = 1 << 27;
+
+/// One pipeline (core 0 of 1, so nat never hands off), its table and a traffic source,
+/// run batch by batch.
+#[derive(Debug)]
+pub struct Bench {
+    /// The snapshot.
+    pub table: ServiceTable,
+    /// The pipeline under test.
+    pub pipe: Pipeline,
+    /// The clock passed to the pipeline, in nanoseconds.
+    pub now: u64,
+    /// Frames that did not end in `Tx` (a bench of drops would measure the wrong thing).
+    pub not_tx: u64,
+    traffic: Traffic,
+    services: usize,
+    /// Established traffic: `FRAME_LEN`-byte frames, one per flow, in shuffled order.
+    templates: Vec<u8>,
+    cursor: usize,
+    /// SYN traffic: the next flow number.
+    next_syn: u64,
+    /// SYN traffic: flow-table occupancy above which the table is emptied between batches.
+    clear_at: usize,
+    rx: Vec<u8>,
+}
+
+impl Bench {
+    /// A bench of `traffic` over `services` services in `mode`, with a flow table of
+    /// `capacity` entries and no new-flow rate cap. For established traffic, `flows` flows
+    /// are created and the table warmed by sending each one packet.
+    ///
+    /// SYN traffic keeps the table at most a quarter full: between batches, once it is, the
+    /// clock jumps a day and [`strait_dataplane::flow::FlowTable::sweep`] empties it (untimed).
+    /// Every SYN then lands in a table with free ways, as new flows do on a gateway whose
+    /// table is sized for its load, and none is forwarded statelessly.
+    pub fn new(
+        mode: Mode,
+        traffic: Traffic,
+        services: usize,
+        flows: usize,
+        capacity: usize,
+    ) -> Self {
+        let table = table(mode, services);
+        let pipe = Pipeline::new(0, 1, capacity, table.timeouts, 0);
+        let mut b = Self {
+            table,
+            pipe,
+            now: SEC,
+            not_tx: 0,
+            traffic,
+            services,
+            templates: Vec::new(),
+            cursor: 0,
+            next_syn: SYN_BASE,
+            clear_at: capacity / 4,
+            rx: vec![0; BATCH * BUF_SIZE],
+        };
+        if traffic == Traffic::Established {
+            let mut order: Vec<u64> = (0..flows as u64).collect();
+            Rng::new(0x5354_5241_4954).shuffle(&mut order);
+            b.templates = vec![0; flows * FRAME_LEN];
+            for (i, f) in order.iter().enumerate() {
+                let t = flow(*f, services);
+                write_tcp_v4(&mut b.templates[i * FRAME_LEN..], &t, flags::ACK);
+            }
+            // Warm up: one packet per flow creates its entry (a first ACK makes an
+            // established entry, as for a connection picked up mid-stream).
+            for _ in 0..flows.div_ceil(BATCH) {
+                let _ = b.batch();
+            }
+            b.cursor = 0;
+        }
+        b
+    }
+
+    /// Flows of established traffic (0 for SYN traffic).
+    pub fn flows(&self) -> usize {
+        self.templates.len() / FRAME_LEN
+    }
+
+    /// Fills the RX buffers with the next [`BATCH`] frames (untimed), runs them through the
+    /// pipeline, and returns how long that took.
+    pub fn batch(&mut self) -> Duration {
+        self.fill();
+        self.now += 1_000;
+        let now = self.now;
+        let start = Instant::now();
+        for buf in self.rx.chunks_exact_mut(BUF_SIZE) {
+            let mut f = Frame::new(buf, HEADROOM, FRAME_LEN);
+            if !matches!(
+                self.pipe.process(&self.table, now, 0, &mut f),
+                Verdict::Tx { .. }
+            ) {
+                self.not_tx += 1;
+            }
+        }
+        start.elapsed()
+    }
+
+    /// Runs batches until `time` of pipeline time has been measured; returns the packets
+    /// sent and the pipeline time they took.
+    pub fn run_for(&mut self, time: Duration) -> (u64, Duration) {
+        let (mut packets, mut spent) = (0, Duration::ZERO);
+        while spent < time {
+            spent += self.batch();
+            packets += BATCH as u64;
+        }
+        (packets, spent)
+    }
+
+    fn fill(&mut self) {
+        match self.traffic {
+            Traffic::Established => {
+                let n = self.flows();
+                for buf in self.rx.chunks_exact_mut(BUF_SIZE) {
+                    let t = &self.templates[self.cursor * FRAME_LEN..][..FRAME_LEN];
+                    buf[HEADROOM..HEADROOM + FRAME_LEN].copy_from_slice(t);
+                    self.cursor = if self.cursor + 1 == n {
+                        0
+                    } else {
+                        self.cursor + 1
+                    };
+                }
+            }
+            Traffic::Syn => {
+                if self.pipe.flows.len() + BATCH * 2 > self.clear_at {
+                    self.now += 86_400 * SEC;
+                    self.pipe.flows.sweep(self.now, usize::MAX);
+                }
+                for buf in self.rx.chunks_exact_mut(BUF_SIZE) {
+                    let t = flow(self.next_syn, self.services);
+                    write_tcp_v4(&mut buf[HEADROOM..], &t, flags::SYN);
+                    self.next_syn += 1;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etherparse::{NetSlice, SlicedPacket, TransportSlice};
+
+    #[test]
+    fn generated_frames_are_valid_tcp_with_correct_checksums() {
+        let mut buf = [0u8; FRAME_LEN];
+        for i in [0u64, 1, 63, 64, 999, 1_000_000, SYN_BASE + 5] {
+            let t = flow(i, 1000);
+            write_tcp_v4(&mut buf, &t, flags::SYN);
+            let p = SlicedPacket::from_ethernet(&buf).expect("parses");
+            let Some(NetSlice::Ipv4(ip)) = &p.net else {
+                panic!("not ipv4")
+            };
+            let h = ip.header().to_header();
+            assert_eq!(h.header_checksum, h.calc_header_checksum());
+            assert_eq!(h.source, t.client.octets());
+            assert_eq!(h.destination, t.vip.octets());
+            let Some(TransportSlice::Tcp(tcp)) = &p.transport else {
+                panic!("not tcp")
+            };
+            assert!(tcp.syn() && !tcp.ack());
+            assert_eq!(
+                tcp.checksum(),
+                tcp.to_header()
+                    .calc_checksum_ipv4(&h, tcp.payload())
+                    .unwrap()
+            );
+            assert_eq!(
+                (tcp.source_port(), tcp.destination_port()),
+                (t.client_port, 80)
+            );
+        }
+    }
+
+    #[test]
+    fn flows_are_distinct() {
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..200_000 {
+            assert!(seen.insert(flow(i, 1000)));
+        }
+    }
+
+    #[test]
+    fn every_mode_forwards_both_traffics() {
+        for mode in Mode::ALL {
+            for traffic in [Traffic::Established, Traffic::Syn] {
+                let mut b = Bench::new(mode, traffic, 50, 5_000, 1 << 16);
+                for _ in 0..20 {
+                    let _ = b.batch();
+                }
+                assert_eq!(b.not_tx, 0, "{mode} {traffic:?}: {:?}", b.pipe.counters);
+                assert_eq!(b.pipe.counters.stateless_full, 0, "{mode} {traffic:?}");
+            }
+        }
+    }
+}

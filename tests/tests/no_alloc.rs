@@ -1,0 +1,463 @@
+//! The packet path never allocates: 100,000 frames of mixed traffic through every mode, with
+//! a counting global allocator armed, make zero allocations, reallocations or frees.
+//!
+//! The traffic covers every branch a worker takes: new flows and established ones in each
+//! mode (IPv4 and IPv6), nat replies, ClientIP affinity, ICMP errors (forwarded and nat
+//! translated), fragments (first and later), ICMP "too big" answers to frames that do not fit
+//! the tunnel, RSTs without a flow, source-ACL drops, malformed frames, replies without a flow,
+//! frames for the kernel, handoffs to another core's nat flows, a flow table small enough to
+//! fill (evictions and stateless flows), a clock that runs long enough for entries to expire,
+//! and the idle-time sweep. Frames are built (that allocates) before the allocator is armed;
+//! the counted loop copies each into one preallocated buffer and calls `Pipeline::process`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use etherparse::{icmpv4, Icmpv4Type, PacketBuilder};
+use strait_dataplane::pipeline::{Pipeline, Verdict};
+use strait_dataplane::rewrite::{Frame, HEADROOM};
+use strait_dataplane::stats::Counters;
+use strait_dataplane::table::ServiceTable;
+use strait_tests::{tcp, udp, Bed, CLIENT_MAC, GW_MAC, SEC};
+
+/// Allocations, reallocations and frees made on a thread while its counting flag is on.
+static EVENTS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Whether this thread's allocations are counted. Const-initialised and without a
+    /// destructor, so reading it from inside the allocator never allocates.
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+fn note() {
+    if COUNTING.try_with(Cell::get).unwrap_or(false) {
+        EVENTS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// `System`, counting.
+struct Counting;
+
+// SAFETY: every method forwards its arguments unchanged to `System`, which implements
+// `GlobalAlloc` correctly; the bookkeeping around it neither allocates nor panics.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract (non-zero size), which is
+        // `System::alloc`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note();
+        // SAFETY: the caller guarantees `ptr` came from this allocator (hence from `System`)
+        // with `layout`, and that `new_size` is valid for it.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        note();
+        // SAFETY: the caller guarantees `ptr` came from this allocator (hence from `System`)
+        // with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const CONFIG: &str = r#"
+[gateway]
+tunnel_source_v4 = "192.0.2.1"
+tunnel_source_v6 = "2001:db8::1"
+[[gateway.interfaces]]
+name = "veth-gw"
+queues = [0]
+
+[[services]]
+name = "l2"
+vip = "203.0.113.10"
+port = 80
+mode = "dsr-l2"
+maglev_table_size = 251
+backends = [
+  { address = "198.51.100.11", port = 80, mac = "02:00:00:00:01:11" },
+  { address = "198.51.100.12", port = 80, mac = "02:00:00:00:01:12" },
+]
+
+[[services]]
+name = "ipip"
+vip = "203.0.113.11"
+port = 80
+mode = "dsr-ipip"
+maglev_table_size = 251
+backends = [{ address = "198.51.100.11", port = 80, mac = "02:00:00:00:01:11" }]
+
+[[services]]
+name = "gue"
+vip = "203.0.113.12"
+port = 80
+mode = "dsr-gue"
+backends = [{ address = "198.51.100.12", port = 80, mac = "02:00:00:00:01:12" }]
+
+[[services]]
+name = "nat"
+vip = "203.0.113.13"
+port = 80
+mode = "nat"
+maglev_table_size = 251
+backends = [
+  { address = "198.51.100.21", port = 8080, mac = "02:00:00:00:01:21" },
+  { address = "198.51.100.22", port = 8080, mac = "02:00:00:00:01:22" },
+]
+
+[[services]]
+name = "dns"
+vip = "203.0.113.13"
+port = 53
+protocol = "udp"
+mode = "nat"
+maglev_table_size = 251
+backends = [{ address = "198.51.100.21", port = 5353, mac = "02:00:00:00:01:21" }]
+
+[[services]]
+name = "acl"
+vip = "203.0.113.14"
+port = 443
+mode = "dsr-l2"
+maglev_table_size = 251
+source_ranges = ["192.0.2.0/25"]
+backends = [{ address = "198.51.100.11", port = 443, mac = "02:00:00:00:01:11" }]
+
+[[services]]
+name = "sticky"
+vip = "203.0.113.15"
+port = 80
+mode = "dsr-l2"
+maglev_table_size = 251
+session_affinity = { timeout = "60s" }
+backends = [
+  { address = "198.51.100.11", port = 80, mac = "02:00:00:00:01:11" },
+  { address = "198.51.100.12", port = 80, mac = "02:00:00:00:01:12" },
+]
+
+[[services]]
+name = "v6"
+vip = "2001:db8::10"
+port = 80
+mode = "nat"
+maglev_table_size = 251
+backends = [{ address = "2001:db8:1::21", port = 8080, mac = "02:00:00:00:01:21" }]
+
+[[services]]
+name = "v6-ipip"
+vip = "2001:db8::11"
+port = 80
+mode = "dsr-ipip"
+maglev_table_size = 251
+backends = [{ address = "2001:db8:1::11", port = 80, mac = "02:00:00:00:01:11" }]
+"#;
+
+/// A pristine frame and, for frames that should open a new flow each time, the offset of the
+/// transport source port that the loop overwrites with a counter (checksums are then stale;
+/// the pipeline does not verify them, and their value does not change what it allocates).
+struct Shape {
+    frame: Vec<u8>,
+    new_flow_port_at: Option<usize>,
+    /// Run on the 4-core pipeline (nat handoffs) instead of the 1-core one.
+    four_cores: bool,
+}
+
+/// Source-port offsets: Ethernet 14 + IPv4 20, or + IPv6 40.
+const V4_SPORT: usize = 34;
+const V6_SPORT: usize = 54;
+
+fn shapes() -> Vec<Shape> {
+    let new4 = |frame| Shape {
+        frame,
+        new_flow_port_at: Some(V4_SPORT),
+        four_cores: false,
+    };
+    let new6 = |frame| Shape {
+        frame,
+        new_flow_port_at: Some(V6_SPORT),
+        four_cores: false,
+    };
+    let same = |frame| Shape {
+        frame,
+        new_flow_port_at: None,
+        four_cores: false,
+    };
+
+    // Fragments of one UDP datagram to the nat DNS service: the first (MF, offset 0) and a
+    // later one (offset 1480).
+    let mut first = udp("192.0.2.7", 5000, "203.0.113.13", 53, &[7u8; 64]);
+    first[20..22].copy_from_slice(&0x2000u16.to_be_bytes());
+    fix_ipv4_checksum(&mut first);
+    let mut later = first.clone();
+    later[20..22].copy_from_slice(&(1480u16 / 8).to_be_bytes());
+    fix_ipv4_checksum(&mut later);
+
+    let mut arp = vec![0xffu8; 6];
+    arp.extend_from_slice(&CLIENT_MAC);
+    arp.extend_from_slice(&[0x08, 0x06]);
+    arp.extend_from_slice(&[0u8; 28]);
+
+    let syn = tcp("192.0.2.7", 40000, "203.0.113.10", 80, "S", &[]);
+
+    vec![
+        // New flows, every mode and family.
+        new4(tcp("192.0.2.7", 1, "203.0.113.10", 80, "S", &[])),
+        new4(tcp("192.0.2.7", 1, "203.0.113.11", 80, "S", &[])),
+        new4(tcp("192.0.2.7", 1, "203.0.113.12", 80, "S", &[])),
+        new4(tcp("192.0.2.7", 1, "203.0.113.13", 80, "S", &[])),
+        new4(udp("192.0.2.7", 1, "203.0.113.13", 53, b"query")),
+        new4(tcp("192.0.2.7", 1, "203.0.113.15", 80, "S", &[])),
+        new6(tcp("2001:db8:2::7", 1, "2001:db8::10", 80, "S", &[])),
+        new6(tcp("2001:db8:2::7", 1, "2001:db8::11", 80, "S", b"hello")),
+        // Established flows (the warm-up opened them) and their nat replies.
+        same(tcp("192.0.2.7", 40000, "203.0.113.10", 80, "A", b"data")),
+        same(tcp("192.0.2.7", 40000, "203.0.113.11", 80, "A", b"data")),
+        same(tcp("192.0.2.7", 40000, "203.0.113.12", 80, "PA", b"data")),
+        same(tcp("192.0.2.7", 40000, "203.0.113.13", 80, "A", b"data")),
+        same(tcp(
+            "198.51.100.21",
+            8080,
+            "192.0.2.7",
+            40000,
+            "A",
+            b"reply",
+        )),
+        same(tcp(
+            "198.51.100.22",
+            8080,
+            "192.0.2.7",
+            40000,
+            "A",
+            b"reply",
+        )),
+        same(udp("192.0.2.7", 40000, "203.0.113.13", 53, b"query")),
+        same(udp("198.51.100.21", 5353, "192.0.2.7", 40000, b"answer")),
+        same(tcp("2001:db8:2::7", 40000, "2001:db8::10", 80, "A", &[])),
+        same(tcp(
+            "2001:db8:1::21",
+            8080,
+            "2001:db8:2::7",
+            40000,
+            "A",
+            &[],
+        )),
+        same(tcp("192.0.2.7", 40000, "203.0.113.10", 80, "FA", &[])),
+        // ICMP errors about VIP flows: dsr (forwarded) and nat (translated).
+        same(frag_needed([203, 0, 113, 10], 80)),
+        same(frag_needed([203, 0, 113, 13], 80)),
+        same(frag_needed([203, 0, 113, 99], 80)),
+        // Fragments.
+        same(first),
+        same(later),
+        // Too big for the tunnel, DF set: answered with ICMP.
+        same(tcp(
+            "192.0.2.7",
+            40000,
+            "203.0.113.11",
+            80,
+            "A",
+            &[0u8; 1460],
+        )),
+        // RST without a flow, ACL, reply without a flow, the kernel's, garbage.
+        new4(tcp("192.0.2.7", 1, "203.0.113.10", 80, "R", &[])),
+        same(tcp("192.0.2.200", 40000, "203.0.113.14", 443, "S", &[])),
+        same(tcp("198.51.100.21", 8080, "192.0.2.99", 1, "A", &[])),
+        same(tcp("192.0.2.7", 40000, "192.0.2.1", 22, "S", &[])),
+        same(arp),
+        same(syn[..20].to_vec()),
+        same(syn[..40].to_vec()),
+        // nat flows owned by other cores: handed off.
+        Shape {
+            frame: tcp("192.0.2.8", 1, "203.0.113.13", 80, "S", &[]),
+            new_flow_port_at: Some(V4_SPORT),
+            four_cores: true,
+        },
+    ]
+}
+
+/// A router's "fragmentation needed" about the VIP's reply from `vip:port` to the client
+/// 192.0.2.7:40000, quoting its IPv4 header and 8 bytes of TCP.
+fn frag_needed(vip: [u8; 4], port: u16) -> Vec<u8> {
+    let mut reply = Vec::new();
+    PacketBuilder::ethernet2(GW_MAC, CLIENT_MAC)
+        .ipv4(vip, [192, 0, 2, 7], 64)
+        .tcp(port, 40000, 1, 65535)
+        .ack(1)
+        .write(&mut reply, &[])
+        .expect("build reply");
+    let mut frame = Vec::new();
+    PacketBuilder::ethernet2(CLIENT_MAC, GW_MAC)
+        .ipv4([192, 0, 2, 254], vip, 64)
+        .icmpv4(Icmpv4Type::DestinationUnreachable(
+            icmpv4::DestUnreachableHeader::FragmentationNeeded { next_hop_mtu: 1280 },
+        ))
+        .write(&mut frame, &reply[14..14 + 28])
+        .expect("build icmp");
+    frame
+}
+
+fn fix_ipv4_checksum(f: &mut [u8]) {
+    f[24..26].copy_from_slice(&[0, 0]);
+    let mut acc = 0u32;
+    for c in f[14..34].chunks(2) {
+        acc += u16::from_be_bytes([c[0], c[1]]) as u32;
+    }
+    while acc >> 16 != 0 {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    f[24..26].copy_from_slice(&(!(acc as u16)).to_be_bytes());
+}
+
+/// What the loop saw.
+#[derive(Default, Debug)]
+struct Seen {
+    tx: u64,
+    pass: u64,
+    drop: u64,
+    handoff: u64,
+}
+
+/// Runs `packets` frames, cycling through `shapes`, through the pipelines; 1 ms of clock per
+/// frame, a sweep every 256 frames. Allocates nothing itself.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    table: &ServiceTable,
+    one: &mut Pipeline,
+    four: &mut Pipeline,
+    shapes: &[Shape],
+    buf: &mut [u8],
+    now: &mut u64,
+    port: &mut u16,
+    packets: usize,
+) -> Seen {
+    let mut seen = Seen::default();
+    for (i, s) in shapes.iter().cycle().take(packets).enumerate() {
+        let len = s.frame.len();
+        buf[HEADROOM..HEADROOM + len].copy_from_slice(&s.frame);
+        if let Some(at) = s.new_flow_port_at {
+            *port = port.wrapping_add(1).max(1);
+            buf[HEADROOM + at..HEADROOM + at + 2].copy_from_slice(&port.to_be_bytes());
+        }
+        *now += SEC / 1000;
+        let pipe = if s.four_cores { &mut *four } else { &mut *one };
+        let mut f = Frame::new(buf, HEADROOM, len);
+        match pipe.process(table, *now, 0, &mut f) {
+            Verdict::Tx { .. } => seen.tx += 1,
+            Verdict::Pass => seen.pass += 1,
+            Verdict::Drop(_) => seen.drop += 1,
+            Verdict::Handoff { .. } => seen.handoff += 1,
+        }
+        if i % 256 == 255 {
+            one.flows.sweep(*now, 64);
+            four.flows.sweep(*now, 64);
+        }
+    }
+    seen
+}
+
+/// How much a counter grew.
+fn grew(before: &Counters, after: &Counters, f: fn(&Counters) -> u64) -> u64 {
+    f(after) - f(before)
+}
+
+#[test]
+fn the_packet_path_does_not_allocate() {
+    // A small table (4096 entries) so that new flows fill it: evictions and stateless flows
+    // are exercised too. One core (no handoff) and core 0 of 4 (handoffs).
+    let mut bed = Bed::new(CONFIG);
+    let mut four = Bed::with(CONFIG, 1500, 4, 0).pipe;
+    let shapes = shapes();
+    let mut buf = vec![0u8; HEADROOM + 2048];
+    let mut port = 0u16;
+
+    // Warm-up, not counted: opens the established flows, fills the table, touches every path
+    // once (a lazy first-use allocation anywhere would be paid here, and is allowed).
+    let warm = run(
+        &bed.table,
+        &mut bed.pipe,
+        &mut four,
+        &shapes,
+        &mut buf,
+        &mut bed.now,
+        &mut port,
+        20_000,
+    );
+    assert!(warm.tx > 0 && warm.pass > 0 && warm.drop > 0, "{warm:?}");
+
+    // The counter counts: one box is one allocation and one free.
+    COUNTING.with(|c| c.set(true));
+    drop(std::hint::black_box(Box::new(7u64)));
+    COUNTING.with(|c| c.set(false));
+    assert_eq!(
+        EVENTS.swap(0, Ordering::Relaxed),
+        2,
+        "the allocator does not count"
+    );
+
+    let before = bed.pipe.counters;
+    let flows_before = bed.pipe.flows.stats();
+    COUNTING.with(|c| c.set(true));
+    let seen = run(
+        &bed.table,
+        &mut bed.pipe,
+        &mut four,
+        &shapes,
+        &mut buf,
+        &mut bed.now,
+        &mut port,
+        100_000,
+    );
+    COUNTING.with(|c| c.set(false));
+    let events = EVENTS.load(Ordering::Relaxed);
+
+    let after = bed.pipe.counters;
+    let flows_after = bed.pipe.flows.stats();
+    // The counted run really took the paths it claims to cover.
+    assert!(
+        seen.tx > 0 && seen.pass > 0 && seen.drop > 0 && seen.handoff > 0,
+        "{seen:?}"
+    );
+    for (name, f) in [
+        (
+            "flows_created",
+            (|c: &Counters| c.flows_created) as fn(&Counters) -> u64,
+        ),
+        ("fragments", |c| c.fragments),
+        ("icmp_errors_forwarded", |c| c.icmp_errors_forwarded),
+        ("icmp_too_big_sent", |c| c.icmp_too_big_sent),
+        ("rst_without_flow", |c| c.rst_without_flow),
+        ("dropped", |c| c.dropped()),
+    ] {
+        assert!(
+            grew(&before, &after, f) > 0,
+            "{name} did not grow: {after:?}"
+        );
+    }
+    assert!(
+        flows_after.expired > flows_before.expired,
+        "no entry expired: {flows_after:?}"
+    );
+    assert!(
+        flows_after.evicted + flows_after.full > flows_before.evicted + flows_before.full,
+        "the table never filled: {flows_after:?}"
+    );
+    assert!(bed.pipe.counters.balanced() && four.counters.balanced());
+    assert_eq!(
+        events, 0,
+        "the packet path allocated, reallocated or freed {events} times in 100,000 frames"
+    );
+}
