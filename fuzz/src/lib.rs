@@ -3,12 +3,12 @@
 //!
 //! ```text
 //! bytes ──► parse   ──► offsets in range, padding-invariant, never panics
-//! bytes ──► decode  ──► (knobs, clock step, frames) ──► Pipeline::process, frame by frame
-//!                                                        │ counters balanced after each
-//!                                                        │ Pass / Handoff: frame unchanged
-//!                                                        ▼ Tx: checksums still valid
-//!                                                   reflect the Tx output (a reply) and
-//!                                                   run it too, when the knob says so
+//! bytes ──► decode  ──► (knobs, clock, frames) ──► Pipeline::process, frame by frame
+//!                                                  │ counters balanced after each
+//!                                                  │ Pass / Handoff: frame unchanged
+//!                                                  ▼ Tx: checksums still valid
+//!                                             reflect the Tx output (a reply) and
+//!                                             run it too, when the knob says so
 //! ```
 //!
 //! The `pipeline` input format, which `tests/tests/checksum_props.rs` (`gen_fuzz_seeds`) also
@@ -18,7 +18,9 @@
 //! |---|---|
 //! | 0 | knobs, see [`Knobs::from_byte`] |
 //! | 1 | bit 7: ingress port; bits 0..7: clock step before each frame, `v³ × 4 ms` |
-//! | 2.. | up to [`MAX_FRAMES`] frames, each a big-endian `u16` length then that many bytes; a last frame shorter than its length takes what is left |
+//! | 2.. | up to [`MAX_FRAMES`] frames: a big-endian `u16` length, then the bytes |
+//!
+//! A last frame shorter than its length takes what is left.
 
 #![forbid(unsafe_code)]
 
