@@ -1,4 +1,4 @@
-//! The whole per-packet step, `Pipeline::process`, per forwarding mode, over 1,000 services of
+//! The whole per-packet step, `Pipeline::process_batch`, per forwarding mode, over 1,000 services of
 //! 4 backends (service 0 with a 65537-slot Maglev table, the others 1021).
 //!
 //! - `established_1k`: ACKs of 1,000 flows already in the flow table, in a shuffled order;

@@ -2,12 +2,12 @@
 //!
 //! ```text
 //! config(mode, services) ──Builder──► ServiceTable ─┐
-//! flow(i) ──write_tcp_v4──► 60-byte frames ──copy──► RX buffers ──Pipeline::process──► Tx
+//! flow(i) ──write_tcp_v4──► 60-byte frames ──copy──► RX buffers ──Pipeline::process_batch──► Tx
 //!                       (templates, untimed)   (untimed, like the NIC's DMA)   (timed)
 //! ```
 //!
 //! The benches in `benches/` are drivers of the same sans-IO step the AF_XDP worker drives:
-//! [`Pipeline::process`] over frames in buffers with [`HEADROOM`] in front. Everything a NIC
+//! [`Pipeline::process_batch`] over frames in buffers with [`HEADROOM`] in front. Everything a NIC
 //! and the RX ring would have done (putting the frame bytes into a UMEM frame) happens before
 //! the clock starts, so a measurement is the pipeline's own cost: parse, table lookups, flow
 //! table, rewrite.
@@ -321,6 +321,7 @@ pub struct Bench {
     pub now: u64,
     /// Frames that did not end in `Tx` (a bench of drops would measure the wrong thing).
     pub not_tx: u64,
+    verdicts: Vec<Verdict>,
     traffic: Traffic,
     services: usize,
     /// Established traffic: `FRAME_LEN`-byte frames, one per flow, in shuffled order.
@@ -356,6 +357,7 @@ impl Bench {
             pipe,
             now: SEC,
             not_tx: 0,
+            verdicts: vec![Verdict::Pass; BATCH],
             traffic,
             services,
             templates: Vec::new(),
@@ -393,17 +395,21 @@ impl Bench {
         self.fill();
         self.now += 1_000;
         let now = self.now;
+        let mut frames: Vec<Frame<'_>> = self
+            .rx
+            .chunks_exact_mut(BUF_SIZE)
+            .map(|buf| Frame::new(buf, HEADROOM, FRAME_LEN))
+            .collect();
         let start = Instant::now();
-        for buf in self.rx.chunks_exact_mut(BUF_SIZE) {
-            let mut f = Frame::new(buf, HEADROOM, FRAME_LEN);
-            if !matches!(
-                self.pipe.process(&self.table, now, 0, &mut f),
-                Verdict::Tx { .. }
-            ) {
-                self.not_tx += 1;
-            }
-        }
-        start.elapsed()
+        self.pipe
+            .process_batch(&self.table, now, 0, &mut frames, &mut self.verdicts);
+        let spent = start.elapsed();
+        self.not_tx += self
+            .verdicts
+            .iter()
+            .filter(|v| !matches!(v, Verdict::Tx { .. }))
+            .count() as u64;
+        spent
     }
 
     /// Runs batches until `time` of pipeline time has been measured; returns the packets

@@ -409,6 +409,15 @@ impl RateLimiter {
     }
 }
 
+/// `n` copies of `value` in memory advised to use huge pages before it is first written
+/// (see [`crate::hint::advise_huge_pages`]).
+fn huge_filled<T: Copy>(n: usize, value: T) -> Box<[T]> {
+    let mut v = Vec::with_capacity(n);
+    crate::hint::advise_huge_pages(v.spare_capacity_mut());
+    v.resize(n, value);
+    v.into_boxed_slice()
+}
+
 /// A fixed-capacity, set-associative flow table owned by one worker core.
 ///
 /// See the [module documentation](self) for the design. All memory is allocated in
@@ -458,8 +467,8 @@ impl FlowTable {
         );
         let buckets = capacity.div_ceil(WAYS).next_power_of_two();
         FlowTable {
-            tags: vec![Tags([0; WAYS]); buckets].into_boxed_slice(),
-            entries: vec![[Entry::EMPTY; WAYS]; buckets].into_boxed_slice(),
+            tags: huge_filled(buckets, Tags([0; WAYS])),
+            entries: huge_filled(buckets, [Entry::EMPTY; WAYS]),
             mask: buckets - 1,
             len: 0,
             timeouts,
@@ -691,6 +700,28 @@ impl FlowTable {
                     .filter(|(&t, _)| t != 0)
                     .map(|(_, e)| (&e.key, &e.value))
             })
+    }
+
+    /// Starts loading the tag line of `hash`'s bucket into the cache, so that a lookup a
+    /// little later does not wait for memory. Drivers call this for a whole RX batch first,
+    /// so the batch's misses overlap instead of following one another.
+    #[inline(always)]
+    pub fn prefetch_bucket(&self, hash: u64) {
+        let (b, _) = self.split(hash);
+        crate::hint::prefetch(&self.tags[b]);
+    }
+
+    /// Starts loading the entry whose tag matches `hash` (the bucket's tags should already be
+    /// cached, see [`FlowTable::prefetch_bucket`]): both cache lines an entry may span. Does
+    /// nothing when no tag matches (a new flow).
+    #[inline(always)]
+    pub fn prefetch_entry(&self, hash: u64) {
+        let (b, tag) = self.split(hash);
+        if let Some(w) = self.tags[b].0.iter().position(|&t| t == tag) {
+            let e = &self.entries[b][w];
+            crate::hint::prefetch(e);
+            crate::hint::prefetch(&e.value.peer_port);
+        }
     }
 
     /// Bucket index (low bits) and tag (high 32 bits, never 0) of a hash.

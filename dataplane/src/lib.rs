@@ -18,6 +18,7 @@
 
 pub mod flow;
 pub mod hash;
+pub mod hint;
 pub mod key;
 pub mod maglev;
 pub mod pipeline;

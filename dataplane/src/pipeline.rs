@@ -69,6 +69,15 @@ fn maglev_hash(flow_hash: u64) -> u64 {
     mix64(flow_hash ^ SEED_MAGLEV)
 }
 
+/// Frames [`Pipeline::process_batch`] works on together. Large enough that the flow-table
+/// misses of a batch overlap (a DRAM miss costs about 170 ns on the CI machine, and a core
+/// keeps 10-20 misses in flight), small enough that the batch's frames and staged parse
+/// results stay in L1 (32 x ~128 bytes). Equal to the AF_XDP RX batch.
+pub const BATCH: usize = 32;
+
+/// A frame's parse result and flow hash, computed in the first pass over a batch.
+type Staged = (Result<Option<Parsed>, DropReason>, u64);
+
 /// One core's packet pipeline.
 #[derive(Debug)]
 pub struct Pipeline {
@@ -78,6 +87,23 @@ pub struct Pipeline {
     pub counters: Counters,
     core: u16,
     cores: u16,
+    staged: [Staged; BATCH],
+}
+
+/// The flow-table hash of a parsed frame, for the frames that will look up the flow table
+/// by their own 5-tuple (TCP and UDP, unfragmented, not ICMP errors); 0 otherwise.
+#[inline(always)]
+fn flow_hash(parsed: &Result<Option<Parsed>, DropReason>) -> u64 {
+    match parsed {
+        Ok(Some(p))
+            if matches!(p.proto, proto::TCP | proto::UDP)
+                && p.frag == Frag::None
+                && p.embedded.is_none() =>
+        {
+            p.key().hash(SEED_FLOW)
+        }
+        _ => 0,
+    }
 }
 
 impl Pipeline {
@@ -94,6 +120,46 @@ impl Pipeline {
             counters: Counters::default(),
             core,
             cores,
+            staged: [(Ok(None), 0); BATCH],
+        }
+    }
+
+    /// Runs a batch of frames, writing each one's verdict to `verdicts` (same length).
+    ///
+    /// Equivalent to calling [`Pipeline::process`] on each frame in order, but done in three
+    /// passes so that the flow-table cache misses of the whole batch overlap: parse and hash
+    /// every frame and prefetch its bucket's tags; then prefetch each matching entry; then
+    /// decide. With a table larger than the caches this is most of the per-packet cost.
+    ///
+    /// # Panics
+    /// If `verdicts` is shorter than `frames`.
+    pub fn process_batch(
+        &mut self,
+        t: &ServiceTable,
+        now: u64,
+        ingress: u8,
+        frames: &mut [Frame<'_>],
+        verdicts: &mut [Verdict],
+    ) {
+        assert!(verdicts.len() >= frames.len(), "one verdict per frame");
+        for (frames, verdicts) in frames.chunks_mut(BATCH).zip(verdicts.chunks_mut(BATCH)) {
+            for (f, st) in frames.iter().zip(self.staged.iter_mut()) {
+                let parsed = parse(f.data());
+                let h = flow_hash(&parsed);
+                if h != 0 {
+                    self.flows.prefetch_bucket(h);
+                }
+                *st = (parsed, h);
+            }
+            for st in &self.staged[..frames.len()] {
+                if st.1 != 0 {
+                    self.flows.prefetch_entry(st.1);
+                }
+            }
+            for (i, (f, v)) in frames.iter_mut().zip(verdicts.iter_mut()).enumerate() {
+                let (parsed, h) = self.staged[i];
+                *v = self.finish(t, now, ingress, f, parsed, h);
+            }
         }
     }
 
@@ -107,8 +173,24 @@ impl Pipeline {
         ingress: u8,
         frame: &mut Frame<'_>,
     ) -> Verdict {
+        let parsed = parse(frame.data());
+        let h = flow_hash(&parsed);
+        self.finish(t, now, ingress, frame, parsed, h)
+    }
+
+    /// Decides on a parsed frame and counts the outcome.
+    #[inline(always)]
+    fn finish(
+        &mut self,
+        t: &ServiceTable,
+        now: u64,
+        ingress: u8,
+        frame: &mut Frame<'_>,
+        parsed: Result<Option<Parsed>, DropReason>,
+        fh: u64,
+    ) -> Verdict {
         self.counters.rx += 1;
-        let v = self.step(t, now, ingress, frame);
+        let v = self.step(t, now, ingress, frame, parsed, fh);
         match v {
             Verdict::Tx { .. } => self.counters.tx += 1,
             Verdict::Pass => self.counters.pass += 1,
@@ -119,8 +201,16 @@ impl Pipeline {
     }
 
     #[inline(always)]
-    fn step(&mut self, t: &ServiceTable, now: u64, ingress: u8, frame: &mut Frame<'_>) -> Verdict {
-        let p = match parse(frame.data()) {
+    fn step(
+        &mut self,
+        t: &ServiceTable,
+        now: u64,
+        ingress: u8,
+        frame: &mut Frame<'_>,
+        parsed: Result<Option<Parsed>, DropReason>,
+        fh: u64,
+    ) -> Verdict {
+        let p = match parsed {
             Ok(Some(p)) => p,
             Ok(None) => return Verdict::Pass,
             Err(r) => return Verdict::Drop(r),
@@ -147,7 +237,7 @@ impl Pipeline {
             })
         };
         let Some(si) = si else {
-            return self.maybe_reply(t, now, frame, &p);
+            return self.maybe_reply(t, now, frame, &p, fh);
         };
         let s = &t.services[si as usize];
         if !s.allows(&p.src) {
@@ -168,7 +258,7 @@ impl Pipeline {
             }
         }
         let key = p.key();
-        let fh = key.hash(SEED_FLOW);
+        debug_assert_eq!(fh, key.hash(SEED_FLOW));
         let b = match self.established(t, s, &key, fh, now, &p, frame) {
             Ok(b) => b,
             Err(v) => return v,
@@ -342,6 +432,7 @@ impl Pipeline {
         now: u64,
         frame: &mut Frame<'_>,
         p: &Parsed,
+        fh: u64,
     ) -> Verdict {
         if !t.is_nat_backend(&p.src, p.src_port, p.proto) {
             return Verdict::Pass;
@@ -355,7 +446,7 @@ impl Pipeline {
                 return Verdict::Handoff { core: owner };
             }
         }
-        let Some(v) = self.flows.lookup(&p.key(), now) else {
+        let Some(v) = self.flows.lookup_hashed(&p.key(), fh, now) else {
             return Verdict::Drop(DropReason::ReplyNoFlow);
         };
         v.touch(now);

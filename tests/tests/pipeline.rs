@@ -450,3 +450,53 @@ fn nat_flows_owned_by_another_core_are_handed_off() {
     );
     assert!(bed.pipe.counters.balanced());
 }
+
+#[test]
+fn batches_decide_exactly_like_single_frames() {
+    use strait_dataplane::rewrite::{Frame, HEADROOM};
+    // A mix of every path: new flows, repeats, nat replies, drops, passes, fragments.
+    let mut frames = Vec::new();
+    for i in 0..300u16 {
+        let port = 20000 + i % 97;
+        frames.push(match i % 7 {
+            0 => tcp("192.0.2.7", port, "203.0.113.10", 80, "S", &[]),
+            1 => tcp("192.0.2.7", port, "203.0.113.13", 80, "A", b"x"),
+            2 => udp("192.0.2.8", port, "203.0.113.13", 53, b"q"),
+            3 => tcp("192.0.2.7", port, "203.0.113.11", 80, "A", &[0; 1460]),
+            4 => tcp("198.51.100.21", 8080, "192.0.2.7", port, "SA", &[]),
+            5 => tcp("192.0.2.200", port, "203.0.113.14", 443, "S", &[]),
+            _ => tcp("192.0.2.7", port, "192.0.2.1", 22, "S", &[]),
+        });
+        if i % 11 == 0 {
+            frames.push(frames.last().unwrap()[..30].to_vec());
+        }
+    }
+    let mut single = Bed::new(CONFIG);
+    let expected: Vec<_> = frames.iter().map(|f| single.run(f)).collect();
+
+    let mut batched = Bed::new(CONFIG);
+    let mut bufs: Vec<Vec<u8>> = frames
+        .iter()
+        .map(|f| {
+            let mut b = vec![0u8; HEADROOM + f.len() + 2048];
+            b[HEADROOM..HEADROOM + f.len()].copy_from_slice(f);
+            b
+        })
+        .collect();
+    let mut views: Vec<Frame<'_>> = bufs
+        .iter_mut()
+        .zip(&frames)
+        .map(|(b, f)| Frame::new(b, HEADROOM, f.len()))
+        .collect();
+    let mut verdicts = vec![Verdict::Pass; views.len()];
+    batched
+        .pipe
+        .process_batch(&batched.table, batched.now, 0, &mut views, &mut verdicts);
+    for (i, ((v, out), (got, view))) in expected.iter().zip(verdicts.iter().zip(&views)).enumerate()
+    {
+        assert_eq!(v, got, "frame {i}");
+        assert_eq!(out.as_slice(), view.data(), "frame {i} bytes");
+    }
+    assert_eq!(single.pipe.counters, batched.pipe.counters);
+    assert!(batched.pipe.counters.balanced());
+}
