@@ -1,14 +1,19 @@
 //! `strait`: the Strait gateway's command line.
 //!
 //! ```text
+//! strait run [--config FILE]          run the gateway (default: the built-in example)
 //! strait check [--config FILE]        validate a configuration (default: the built-in example)
 //! strait bench pipeline [--json]      in-memory packet pipeline, one core, per mode
 //! strait bench maglev [--json]        Maglev build time, balance and disruption
 //! ```
 #![forbid(unsafe_code)]
 
+mod admin;
 mod bench_maglev;
 mod bench_pipeline;
+mod health;
+mod run;
+mod shared;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,6 +33,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the gateway: build the table, start health checks, the admin API and the
+    /// workers; SIGHUP or `POST /reload` reloads the configuration, SIGINT/SIGTERM stop.
+    Run {
+        /// The TOML file (default: the built-in annotated example, the testbed's setup).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Validate a configuration: print every problem with its field path, or a summary.
     Check {
         /// The TOML file (default: the built-in annotated example).
@@ -60,7 +72,12 @@ enum Bench {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
     let result = match cli.command {
+        Command::Run { config } => run::run(config.map_or(run::Source::Builtin, run::Source::File)),
         Command::Check { config } => return check(config),
         Command::Bench {
             what: Bench::Pipeline { json },

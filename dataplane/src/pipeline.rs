@@ -85,10 +85,17 @@ pub struct Pipeline {
     pub flows: FlowTable,
     /// This core's counters.
     pub counters: Counters,
+    /// New flows per backend, indexed by `BackendId % NEW_FLOW_SLOTS` (ids are dense from 0,
+    /// so below that bound each backend has its own slot).
+    pub new_flows: Box<[u64]>,
     core: u16,
     cores: u16,
     staged: [Staged; BATCH],
 }
+
+/// Backend ids with a new-flow counter of their own; larger ids share slots. Allocated once
+/// (512 KiB per core), so counting never allocates.
+pub const NEW_FLOW_SLOTS: usize = 1 << 16;
 
 /// The flow-table hash of a parsed frame, for the frames that will look up the flow table
 /// by their own 5-tuple (TCP and UDP, unfragmented, not ICMP errors); 0 otherwise.
@@ -118,6 +125,7 @@ impl Pipeline {
         Self {
             flows: FlowTable::new(capacity, timeouts, new_flows_per_sec),
             counters: Counters::default(),
+            new_flows: vec![0; NEW_FLOW_SLOTS].into_boxed_slice(),
             core,
             cores,
             staged: [(Ok(None), 0); BATCH],
@@ -327,6 +335,7 @@ impl Pipeline {
                 }
             }
         }
+        self.new_flows[b.id.0 as usize % NEW_FLOW_SLOTS] += 1;
         let state = if tcp {
             FlowState::TcpSyn.on_tcp_flags(p.tcp_flags)
         } else {

@@ -1,0 +1,422 @@
+//! The admin and metrics HTTP endpoint (default `127.0.0.1:9900`).
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /healthz` | `200 ok` while the gateway runs |
+//! | `GET /services` | every service and backend with weight, state and health, as JSON |
+//! | `GET /metrics` | Prometheus text format: per-core packets, drops by reason, flow table, new flows per backend, backend health, snapshot generation |
+//! | `POST /reload` | re-reads the configuration file and swaps the table in atomically |
+//!
+//! A small HTTP/1.1 server on a thread of its own: requests are rare and tiny, so one thread
+//! answering one connection at a time is enough, and it keeps tokio off the gateway until the
+//! Kubernetes source needs it.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, PoisonError};
+use std::thread;
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use strait_config::model::BackendState;
+use strait_dataplane::key::bytes_addr;
+use strait_dataplane::stats::DropReason;
+
+use crate::shared::Shared;
+
+/// A reload request from the API, answered on the enclosed channel.
+pub type Reload = Sender<Result<String, String>>;
+
+/// Starts the endpoint on `addr`.
+///
+/// # Errors
+/// When the address cannot be bound (in use, not local).
+pub fn start(
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    reload: Sender<Reload>,
+) -> anyhow::Result<SocketAddr> {
+    let listener =
+        TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("admin API: bind {addr}: {e}"))?;
+    let local = listener.local_addr()?;
+    let mut registry = Registry::with_prefix("strait");
+    registry.register_collector(Box::new(Metrics(Arc::clone(&shared))));
+    thread::Builder::new().name("admin".into()).spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let _ = serve(conn, &shared, &registry, &reload);
+        }
+    })?;
+    Ok(local)
+}
+
+fn serve(
+    conn: TcpStream,
+    shared: &Shared,
+    registry: &Registry,
+    reload: &Sender<Reload>,
+) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    // Headers are read and ignored; no request here has a body that matters.
+    let mut h = String::new();
+    while reader.read_line(&mut h)? > 2 {
+        h.clear();
+    }
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (status, ctype, body) = match (method, path) {
+        ("GET", "/healthz") => (200, "text/plain", "ok\n".to_string()),
+        ("GET", "/services") => (200, "application/json", services_json(shared)),
+        ("GET", "/metrics") => {
+            let mut out = String::new();
+            match prometheus_client::encoding::text::encode(&mut out, registry) {
+                Ok(()) => (
+                    200,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    out,
+                ),
+                Err(e) => (500, "text/plain", format!("encoding metrics: {e}\n")),
+            }
+        }
+        ("POST", "/reload") => {
+            let (tx, rx) = mpsc::channel();
+            let answer = reload
+                .send(tx)
+                .ok()
+                .and_then(|()| rx.recv_timeout(Duration::from_secs(30)).ok())
+                .unwrap_or_else(|| Err("the control loop did not answer".into()));
+            match answer {
+                Ok(m) => (200, "text/plain", m + "\n"),
+                Err(m) => (400, "text/plain", m + "\n"),
+            }
+        }
+        (_, "/healthz" | "/services" | "/metrics" | "/reload") => {
+            (405, "text/plain", "method not allowed\n".into())
+        }
+        _ => (
+            404,
+            "text/plain",
+            "not found: try /healthz, /services, /metrics, POST /reload\n".into(),
+        ),
+    };
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        _ => "Internal Server Error",
+    };
+    let mut conn = conn;
+    write!(
+        conn,
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// `/services`: the configuration's view, with health from the checker and the table's
+/// traffic state.
+pub fn services_json(shared: &Shared) -> String {
+    let cfg = shared.config();
+    let table = shared.table.load();
+    let health = shared
+        .health
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let services: Vec<_> = cfg
+        .services
+        .iter()
+        .map(|s| {
+            let backends: Vec<_> = s
+                .backends
+                .iter()
+                .map(|b| {
+                    let h = health.get(&(s.name.clone(), b.address, b.port));
+                    let state = match (b.state, b.weight) {
+                        (BackendState::Draining, _) | (_, 0) => "draining",
+                        _ => "active",
+                    };
+                    json!({
+                        "address": b.address.to_string(),
+                        "port": b.port,
+                        "weight": b.weight,
+                        "state": state,
+                        "health": match h { None => "unchecked", Some(h) if h.up => "up", Some(_) => "down" },
+                        "last_error": h.and_then(|h| h.last_error.clone()),
+                    })
+                })
+                .collect();
+            let healthy = s.backends.is_empty()
+                || s.backends.iter().any(|b| health.get(&(s.name.clone(), b.address, b.port)).is_none_or(|h| h.up));
+            json!({
+                "name": s.name,
+                "vip": s.vip.to_string(),
+                "port": s.port,
+                "protocol": s.protocol.as_str(),
+                "mode": s.mode.as_str(),
+                "healthy": healthy && !s.backends.is_empty(),
+                "backends": backends,
+            })
+        })
+        .collect();
+    let v = json!({ "generation": table.generation, "services": services });
+    serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
+}
+
+/// Reads the shared state on each scrape.
+#[derive(Debug)]
+struct Metrics(Arc<Shared>);
+
+fn counter(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: &[(Vec<(&str, String)>, u64)],
+) -> std::fmt::Result {
+    let probe = ConstCounter::new(0u64);
+    let mut fam = enc.encode_descriptor(name, help, None, probe.metric_type())?;
+    for (labels, v) in rows {
+        ConstCounter::new(*v).encode(fam.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: &[(Vec<(&str, String)>, i64)],
+) -> std::fmt::Result {
+    let probe = ConstGauge::new(0i64);
+    let mut fam = enc.encode_descriptor(name, help, None, probe.metric_type())?;
+    for (labels, v) in rows {
+        ConstGauge::new(*v).encode(fam.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for Metrics {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let shared = &self.0;
+        let samples = shared.samples();
+        let core = |n: &String| vec![("core", n.clone())];
+        let per_core =
+            |f: fn(&crate::shared::CoreSample) -> u64| -> Vec<(Vec<(&str, String)>, u64)> {
+                samples.iter().map(|(n, s)| (core(n), f(s))).collect()
+            };
+        counter(
+            &mut enc,
+            "rx_packets",
+            "Frames received by the worker.",
+            &per_core(|s| s.counters.rx),
+        )?;
+        counter(
+            &mut enc,
+            "tx_packets",
+            "Frames sent (forwarded or answered).",
+            &per_core(|s| s.counters.tx),
+        )?;
+        counter(
+            &mut enc,
+            "pass_packets",
+            "Frames given to the kernel.",
+            &per_core(|s| s.counters.pass),
+        )?;
+        counter(
+            &mut enc,
+            "handoff_packets",
+            "Frames handed to another core.",
+            &per_core(|s| s.counters.handoff),
+        )?;
+        let drops: Vec<_> = samples
+            .iter()
+            .flat_map(|(n, s)| {
+                DropReason::ALL.iter().map(move |r| {
+                    (
+                        vec![("core", n.clone()), ("reason", r.as_str().to_string())],
+                        s.counters.drops_for(*r),
+                    )
+                })
+            })
+            .collect();
+        counter(
+            &mut enc,
+            "dropped_packets",
+            "Frames dropped, by reason.",
+            &drops,
+        )?;
+        counter(
+            &mut enc,
+            "flows_created",
+            "New flows entered in the flow table.",
+            &per_core(|s| s.counters.flows_created),
+        )?;
+        counter(
+            &mut enc,
+            "flows_stateless",
+            "New flows forwarded without state (table bucket full or above the rate cap).",
+            &per_core(|s| s.counters.stateless_full + s.counters.stateless_rate_limited),
+        )?;
+        counter(
+            &mut enc,
+            "flow_evictions",
+            "Half-open flows evicted for new ones.",
+            &per_core(|s| s.flows.evicted),
+        )?;
+        counter(
+            &mut enc,
+            "flow_expirations",
+            "Flows reclaimed after their idle timeout.",
+            &per_core(|s| s.flows.expired),
+        )?;
+        let occ: Vec<_> = samples
+            .iter()
+            .map(|(n, s)| (core(n), s.flows.occupancy as i64))
+            .collect();
+        gauge(
+            &mut enc,
+            "flow_table_entries",
+            "Entries in the flow table.",
+            &occ,
+        )?;
+        let cap: Vec<_> = samples
+            .iter()
+            .map(|(n, s)| (core(n), s.flow_capacity as i64))
+            .collect();
+        gauge(
+            &mut enc,
+            "flow_table_capacity",
+            "Capacity of the flow table.",
+            &cap,
+        )?;
+
+        let table = shared.table.load();
+        let mut per_backend = Vec::new();
+        let mut up = Vec::new();
+        let health = shared
+            .health
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for b in table.backends.iter().flatten() {
+            let svc = &table.services[b.service as usize];
+            let addr = bytes_addr(b.addr);
+            let mut label = String::new();
+            let _ = write!(label, "{}", std::net::SocketAddr::new(addr, b.port));
+            let labels = vec![("service", svc.name.clone()), ("backend", label)];
+            let n: u64 = samples
+                .iter()
+                .map(|(_, s)| s.new_flows.get(b.id.0 as usize).copied().unwrap_or(0))
+                .sum();
+            per_backend.push((labels.clone(), n));
+            let is_up = health
+                .get(&(svc.name.clone(), addr, b.port))
+                .is_none_or(|h| h.up);
+            up.push((labels, i64::from(is_up)));
+        }
+        counter(
+            &mut enc,
+            "backend_new_flows",
+            "New flows sent to each backend.",
+            &per_backend,
+        )?;
+        gauge(
+            &mut enc,
+            "backend_up",
+            "1 when the backend passes its health check (or has none).",
+            &up,
+        )?;
+        let gen = vec![(Vec::new(), table.generation as i64)];
+        gauge(
+            &mut enc,
+            "snapshot_generation",
+            "Generation of the service table the workers use.",
+            &gen,
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn get(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+        let mut c = TcpStream::connect(addr).unwrap();
+        write!(c, "{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        let status = out[9..12].parse().unwrap();
+        let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        (status, body)
+    }
+
+    #[test]
+    fn serves_health_services_metrics_and_reload() {
+        let cfg = strait_config::example();
+        let ports: Vec<_> = cfg
+            .gateway
+            .interfaces
+            .iter()
+            .map(|_| strait_dataplane::table::Port {
+                mac: [2, 0, 0, 0, 0, 1],
+                mtu: 1500,
+            })
+            .collect();
+        let table = strait_dataplane::table::Builder::new()
+            .build(&cfg, &ports, |_, _, _| false)
+            .unwrap();
+        let core = Arc::new(crate::shared::CoreStats {
+            name: "veth-gw/0".into(),
+            ..Default::default()
+        });
+        core.sample.lock().unwrap().counters.rx = 42;
+        let shared = Arc::new(Shared::new(cfg, table, Arc::default(), vec![core]));
+        let (reload_tx, reload_rx) = mpsc::channel::<Reload>();
+        thread::spawn(move || {
+            for r in reload_rx {
+                let _ = r.send(Ok("reloaded".into()));
+            }
+        });
+        let addr = start(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::clone(&shared),
+            reload_tx,
+        )
+        .unwrap();
+
+        assert_eq!(get(addr, "GET", "/healthz"), (200, "ok\n".into()));
+        let (s, body) = get(addr, "GET", "/services");
+        assert_eq!(s, 200);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["services"][0]["name"], "web");
+        assert_eq!(v["services"][0]["mode"], "dsr-l2");
+        assert_eq!(v["services"][0]["backends"].as_array().unwrap().len(), 4);
+        assert_eq!(v["services"][0]["backends"][0]["health"], "unchecked");
+        let (s, m) = get(addr, "GET", "/metrics");
+        assert_eq!(s, 200);
+        assert!(
+            m.contains("strait_rx_packets_total{core=\"veth-gw/0\"} 42"),
+            "{m}"
+        );
+        assert!(m.contains(
+            "strait_dropped_packets_total{core=\"veth-gw/0\",reason=\"ip_truncated\"} 0"
+        ));
+        assert!(m.contains("strait_backend_up{service=\"web\",backend=\"198.51.100.11:80\"} 1"));
+        assert!(m.contains("strait_snapshot_generation 1"));
+        assert_eq!(get(addr, "POST", "/reload"), (200, "reloaded\n".into()));
+        assert_eq!(get(addr, "GET", "/reload").0, 405);
+        assert_eq!(get(addr, "GET", "/nope").0, 404);
+    }
+}

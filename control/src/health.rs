@@ -1,0 +1,381 @@
+//! Active health checks: one thread per backend, TCP connect or HTTP GET, on an interval with
+//! ±10 % jitter (so checks of many backends do not fall into step), a timeout, and rise / fall
+//! counts like HAProxy's: a backend goes down after `fall` consecutive failures and up after
+//! `rise` consecutive successes.
+//!
+//! Backends start up: a freshly configured backend takes traffic at once, as kube-proxy's
+//! ready endpoints do, and a dead one is taken out after `fall` intervals (3 s with the
+//! defaults). A state change is sent on a channel; the control loop then rebuilds and
+//! publishes the table, so workers never wait on a check.
+//!
+//! HTTP success is a status of 200 to 399, as for Kubernetes' HTTP probes.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
+
+use strait_config::model::{Config, HealthCheck, HealthKind};
+
+/// A backend, as health checks know it: (service name, address, backend port).
+pub type Key = (String, IpAddr, u16);
+
+/// What the checker knows of one backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct State {
+    /// Whether the backend takes traffic.
+    pub up: bool,
+    /// Consecutive successes (while down) or 0.
+    pub rises: u32,
+    /// Consecutive failures (while up) or 0.
+    pub falls: u32,
+    /// Checks run so far.
+    pub checks: u64,
+    /// The last failure, if the last check failed.
+    pub last_error: Option<String>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            up: true,
+            rises: 0,
+            falls: 0,
+            checks: 0,
+            last_error: None,
+        }
+    }
+}
+
+/// Shared view of every checked backend's state.
+pub type States = Arc<Mutex<HashMap<Key, State>>>;
+
+struct Worker {
+    check: HealthCheck,
+    stop: Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+/// Runs the checks of a configuration and follows its changes.
+pub struct Checker {
+    states: States,
+    workers: HashMap<Key, Worker>,
+    changed: Sender<Key>,
+}
+
+impl std::fmt::Debug for Checker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checker")
+            .field("backends", &self.workers.len())
+            .finish()
+    }
+}
+
+impl Checker {
+    /// A checker that reports every state change (up/down) of a backend on `changed`.
+    pub fn new(changed: Sender<Key>) -> Self {
+        Self {
+            states: Arc::default(),
+            workers: HashMap::new(),
+            changed,
+        }
+    }
+
+    /// The shared state map (for the admin API).
+    pub fn states(&self) -> States {
+        Arc::clone(&self.states)
+    }
+
+    /// Whether a backend is down. Backends without a health check are never down.
+    pub fn is_down(&self, service: &str, addr: IpAddr, port: u16) -> bool {
+        let states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
+        states
+            .get(&(service.to_string(), addr, port))
+            .is_some_and(|s| !s.up)
+    }
+
+    /// Starts checks for backends new in `cfg` (or whose check changed) and stops those of
+    /// backends that left. A backend whose check did not change keeps its thread and state.
+    pub fn sync(&mut self, cfg: &Config) {
+        let mut want: HashMap<Key, HealthCheck> = HashMap::new();
+        for s in &cfg.services {
+            if let Some(hc) = &s.health_check {
+                for b in &s.backends {
+                    want.insert((s.name.clone(), b.address, b.port), hc.clone());
+                }
+            }
+        }
+        let stale: Vec<Key> = self
+            .workers
+            .iter()
+            .filter(|(k, w)| want.get(*k) != Some(&w.check))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in stale {
+            if let Some(w) = self.workers.remove(&k) {
+                drop(w.stop);
+                let _ = w.thread.join();
+            }
+            self.states
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&k);
+        }
+        for (k, check) in want {
+            if self.workers.contains_key(&k) {
+                continue;
+            }
+            self.states
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(k.clone(), State::default());
+            let (stop, stopped) = mpsc::channel::<()>();
+            let (states, changed, key, hc) = (
+                Arc::clone(&self.states),
+                self.changed.clone(),
+                k.clone(),
+                check.clone(),
+            );
+            let thread = thread::Builder::new()
+                .name(format!("health {}", k.1))
+                .spawn(move || loop {
+                    let result = probe(&hc, SocketAddr::new(key.1, hc.port.unwrap_or(key.2)));
+                    if record(&states, &key, &hc, result) {
+                        let _ = changed.send(key.clone());
+                    }
+                    let jitter = 0.9 + fastrand::f64() * 0.2;
+                    match stopped.recv_timeout(hc.interval.mul_f64(jitter)) {
+                        Err(RecvTimeoutError::Timeout) => {}
+                        _ => return,
+                    }
+                })
+                .expect("spawning a health-check thread");
+            self.workers.insert(
+                k,
+                Worker {
+                    check,
+                    stop,
+                    thread,
+                },
+            );
+        }
+    }
+}
+
+impl Drop for Checker {
+    fn drop(&mut self) {
+        for (_, w) in self.workers.drain() {
+            drop(w.stop);
+            let _ = w.thread.join();
+        }
+    }
+}
+
+/// Applies one check result; returns whether the backend changed state.
+fn record(states: &States, key: &Key, hc: &HealthCheck, result: Result<(), String>) -> bool {
+    let mut states = states.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(s) = states.get_mut(key) else {
+        return false;
+    };
+    s.checks += 1;
+    let was = s.up;
+    match result {
+        Ok(()) => {
+            s.last_error = None;
+            s.falls = 0;
+            if !s.up {
+                s.rises += 1;
+                if s.rises >= hc.rise {
+                    s.up = true;
+                    s.rises = 0;
+                }
+            }
+        }
+        Err(e) => {
+            s.last_error = Some(e);
+            s.rises = 0;
+            if s.up {
+                s.falls += 1;
+                if s.falls >= hc.fall {
+                    s.up = false;
+                    s.falls = 0;
+                }
+            }
+        }
+    }
+    s.up != was
+}
+
+/// One check of `addr`.
+///
+/// # Errors
+/// A short description of what failed.
+pub fn probe(hc: &HealthCheck, addr: SocketAddr) -> Result<(), String> {
+    let mut stream = TcpStream::connect_timeout(&addr, hc.timeout)
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let HealthKind::Http { path } = &hc.kind else {
+        return Ok(());
+    };
+    stream
+        .set_read_timeout(Some(hc.timeout))
+        .map_err(|e| e.to_string())?;
+    stream
+        .set_write_timeout(Some(hc.timeout))
+        .map_err(|e| e.to_string())?;
+    let host = match addr {
+        SocketAddr::V4(a) => a.to_string(),
+        SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+    };
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: strait-health\r\nConnection: close\r\n\r\n"
+    );
+    stream
+        .write_all(req.as_bytes())
+        .map_err(|e| format!("send to {addr}: {e}"))?;
+    let mut head = [0u8; 32];
+    let mut got = 0;
+    while got < 12 {
+        match stream.read(&mut head[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) => return Err(format!("read from {addr}: {e}")),
+        }
+    }
+    let line = String::from_utf8_lossy(&head[..got]);
+    let status: Option<u16> = line
+        .strip_prefix("HTTP/1.")
+        .and_then(|r| r.get(2..5))
+        .and_then(|c| c.parse().ok());
+    match status {
+        Some(c) if (200..400).contains(&c) => Ok(()),
+        Some(c) => Err(format!("GET {path} on {addr}: status {c}")),
+        None => Err(format!("GET {path} on {addr}: not an HTTP response")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::sync::atomic::{AtomicU16, Ordering};
+    use std::time::Duration;
+
+    fn hc(kind: HealthKind) -> HealthCheck {
+        HealthCheck {
+            kind,
+            port: None,
+            interval: Duration::from_millis(20),
+            timeout: Duration::from_millis(200),
+            rise: 2,
+            fall: 3,
+        }
+    }
+
+    /// A real HTTP server on loopback answering every request with `status`.
+    fn server(status: Arc<AtomicU16>) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        thread::spawn(move || {
+            for mut c in l.incoming().flatten() {
+                let mut buf = [0u8; 512];
+                let _ = c.read(&mut buf);
+                let code = status.load(Ordering::Relaxed);
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 {code} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn probes_tcp_and_http() {
+        let status = Arc::new(AtomicU16::new(200));
+        let addr = server(Arc::clone(&status));
+        assert_eq!(probe(&hc(HealthKind::Tcp), addr), Ok(()));
+        let http = hc(HealthKind::Http {
+            path: "/healthz".into(),
+        });
+        assert_eq!(probe(&http, addr), Ok(()));
+        status.store(503, Ordering::Relaxed);
+        assert!(probe(&http, addr).unwrap_err().contains("status 503"));
+        // Nothing listens on a freshly closed port.
+        let closed = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        assert!(probe(&hc(HealthKind::Tcp), closed).is_err());
+    }
+
+    #[test]
+    fn rise_and_fall_count_consecutive_results() {
+        let states: States = Arc::default();
+        let key: Key = ("web".into(), "127.0.0.1".parse().unwrap(), 80);
+        states.lock().unwrap().insert(key.clone(), State::default());
+        let h = hc(HealthKind::Tcp);
+        let bad = || Err("x".to_string());
+        assert!(!record(&states, &key, &h, bad()));
+        assert!(!record(&states, &key, &h, bad()));
+        assert!(
+            !record(&states, &key, &h, Ok(())),
+            "a success resets the fall count"
+        );
+        assert!(!record(&states, &key, &h, bad()));
+        assert!(!record(&states, &key, &h, bad()));
+        assert!(
+            record(&states, &key, &h, bad()),
+            "third consecutive failure: down"
+        );
+        assert!(!states.lock().unwrap()[&key].up);
+        assert!(!record(&states, &key, &h, Ok(())));
+        assert!(
+            record(&states, &key, &h, Ok(())),
+            "second consecutive success: up"
+        );
+        assert!(states.lock().unwrap()[&key].up);
+    }
+
+    #[test]
+    fn checker_follows_a_real_server_going_away_and_back() {
+        let status = Arc::new(AtomicU16::new(200));
+        let addr = server(Arc::clone(&status));
+        let cfg = strait_config::parse(&format!(
+            r#"
+[[gateway.interfaces]]
+name = "eth0"
+queues = [0]
+[[services]]
+name = "web"
+vip = "203.0.113.10"
+port = 80
+mode = "nat"
+health_check = {{ kind = "http", path = "/healthz", interval = "50ms", timeout = "40ms" }}
+backends = [{{ address = "127.0.0.1", port = {} }}]
+"#,
+            addr.port()
+        ))
+        .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let mut c = Checker::new(tx);
+        c.sync(&cfg);
+        assert!(!c.is_down("web", addr.ip(), addr.port()));
+        status.store(500, Ordering::Relaxed);
+        let k = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("a down event");
+        assert_eq!(k, ("web".to_string(), addr.ip(), addr.port()));
+        assert!(c.is_down("web", addr.ip(), addr.port()));
+        status.store(200, Ordering::Relaxed);
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("an up event");
+        assert!(!c.is_down("web", addr.ip(), addr.port()));
+        // A config without the backend stops its check and forgets it.
+        let mut empty = cfg.clone();
+        empty.services[0].backends.clear();
+        c.sync(&empty);
+        assert!(c.states().lock().unwrap().is_empty());
+    }
+}

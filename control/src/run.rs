@@ -1,0 +1,332 @@
+//! `strait run`: the gateway's control loop.
+//!
+//! ```text
+//! config ─► checks (root, interfaces) ─► Builder::build ─► ArcSwap<ServiceTable> ◄─ workers
+//!              ▲                                ▲
+//!   SIGHUP / POST /reload              health-check state changes
+//! ```
+//!
+//! The loop owns the configuration, the table builder (which keeps backend ids stable across
+//! rebuilds, so established flows survive a reload) and the health checker. Every change
+//! builds a complete new table and publishes it with one atomic swap; a configuration that
+//! does not validate is refused and the running table stays.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use strait_config::model::Config;
+use strait_dataplane::table::{Builder, Port, ServiceTable};
+use tracing::{info, warn};
+
+use crate::admin::{self, Reload};
+use crate::health::{self, Checker};
+use crate::shared::Shared;
+
+/// Where the configuration comes from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// A file, re-read on reload.
+    File(PathBuf),
+    /// The built-in example (the testbed's default).
+    Builtin,
+}
+
+impl Source {
+    fn load(&self) -> anyhow::Result<Config> {
+        match self {
+            Source::File(p) => {
+                strait_config::load(p).map_err(|e| anyhow::anyhow!("{}:\n{e}", p.display()))
+            }
+            Source::Builtin => Ok(strait_config::example()),
+        }
+    }
+}
+
+/// Reads an interface's MAC and MTU from sysfs.
+///
+/// # Errors
+/// When the interface does not exist in this network namespace.
+pub fn port_of(name: &str) -> anyhow::Result<Port> {
+    let dir = Path::new("/sys/class/net").join(name);
+    if !dir.exists() {
+        bail!(
+            "interface {name} not found in this network namespace (the testbed's gateway runs \
+             inside it: `ip netns exec strait-gw strait run ...`)"
+        );
+    }
+    let mac_text = std::fs::read_to_string(dir.join("address"))
+        .with_context(|| format!("reading the MAC of {name}"))?;
+    let mut mac = [0u8; 6];
+    let parts: Vec<_> = mac_text.trim().split(':').collect();
+    if parts.len() != 6 {
+        bail!("interface {name}: unexpected MAC address {mac_text:?}");
+    }
+    for (m, p) in mac.iter_mut().zip(parts) {
+        *m = u8::from_str_radix(p, 16)
+            .with_context(|| format!("interface {name}: MAC {mac_text:?}"))?;
+    }
+    let mtu: u32 = std::fs::read_to_string(dir.join("mtu"))
+        .with_context(|| format!("reading the MTU of {name}"))?
+        .trim()
+        .parse()
+        .with_context(|| format!("interface {name}: MTU"))?;
+    // Loopback's 65536 does not fit; no Ethernet frame comes near it anyway.
+    Ok(Port {
+        mac,
+        mtu: mtu.min(u16::MAX as u32) as u16,
+    })
+}
+
+/// The control loop's state.
+pub struct Control {
+    source: Source,
+    builder: Builder,
+    checker: Checker,
+    ports: Vec<Port>,
+    /// State the admin API and the workers read.
+    pub shared: Arc<Shared>,
+    changes: Receiver<health::Key>,
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Control")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Control {
+    /// Loads the configuration, checks the interfaces, builds the first table and starts the
+    /// health checks. `cores` are the workers' statistics slots.
+    ///
+    /// # Errors
+    /// A configuration that does not validate, or an interface that does not exist.
+    pub fn start(
+        source: Source,
+        cores: Vec<Arc<crate::shared::CoreStats>>,
+    ) -> anyhow::Result<Self> {
+        let cfg = source.load()?;
+        let ports = cfg
+            .gateway
+            .interfaces
+            .iter()
+            .map(|i| port_of(&i.name))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let (tx, changes) = mpsc::channel();
+        let mut checker = Checker::new(tx);
+        checker.sync(&cfg);
+        let mut builder = Builder::new();
+        let table = builder.build(&cfg, &ports, |s, a, p| checker.is_down(s, a, p))?;
+        log_table(&cfg, &table);
+        let shared = Arc::new(Shared::new(cfg, table, checker.states(), cores));
+        Ok(Self {
+            source,
+            builder,
+            checker,
+            ports,
+            shared,
+            changes,
+        })
+    }
+
+    /// Rebuilds the table from the current configuration and health, and publishes it.
+    fn republish(&mut self, why: &str) -> anyhow::Result<()> {
+        let cfg = self.shared.config();
+        let checker = &self.checker;
+        let table = self
+            .builder
+            .build(&cfg, &self.ports, |s, a, p| checker.is_down(s, a, p))?;
+        info!(generation = table.generation, "table rebuilt: {why}");
+        self.shared.table.store(Arc::new(table));
+        Ok(())
+    }
+
+    /// Re-reads the configuration; on success swaps in the new table atomically. A bad file
+    /// leaves everything as it was.
+    ///
+    /// # Errors
+    /// The problems of the new configuration.
+    pub fn reload(&mut self) -> anyhow::Result<String> {
+        let cfg = self.source.load()?;
+        if cfg.gateway.interfaces != self.shared.config().gateway.interfaces {
+            bail!("reload: interfaces changed; restart strait to change interfaces or queues");
+        }
+        self.checker.sync(&cfg);
+        *self
+            .shared
+            .config
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = cfg;
+        self.republish("configuration reloaded")?;
+        let cfg = self.shared.config();
+        Ok(format!(
+            "reloaded: {} services, generation {}",
+            cfg.services.len(),
+            self.shared.table.load().generation
+        ))
+    }
+
+    /// Runs until `stop` is set: applies health changes and reload requests as they come.
+    pub fn serve(&mut self, stop: &AtomicBool, hup: &AtomicBool, reloads: &Receiver<Reload>) {
+        while !stop.load(Ordering::Relaxed) {
+            match self.changes.recv_timeout(Duration::from_millis(100)) {
+                Ok(k) => {
+                    let up = !self.checker.is_down(&k.0, k.1, k.2);
+                    info!(service = %k.0, backend = %std::net::SocketAddr::new(k.1, k.2), up, "health changed");
+                    // Coalesce a burst of changes into one rebuild.
+                    while self.changes.try_recv().is_ok() {}
+                    if let Err(e) = self.republish("health changed") {
+                        warn!("rebuild failed, keeping the previous table: {e:#}");
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            if hup.swap(false, Ordering::Relaxed) {
+                match self.reload() {
+                    Ok(m) => info!("SIGHUP: {m}"),
+                    Err(e) => warn!("SIGHUP: reload refused, keeping the running table:\n{e:#}"),
+                }
+            }
+            while let Ok(answer) = reloads.try_recv() {
+                let r = self.reload().map_err(|e| format!("{e:#}"));
+                match &r {
+                    Ok(m) => info!("admin API: {m}"),
+                    Err(e) => warn!("admin API: reload refused, keeping the running table:\n{e}"),
+                }
+                let _ = answer.send(r);
+            }
+        }
+    }
+}
+
+fn log_table(cfg: &Config, table: &ServiceTable) {
+    info!(
+        generation = table.generation,
+        services = table.services.len(),
+        "serving"
+    );
+    for line in strait_config::summary(cfg).lines() {
+        info!("{line}");
+    }
+}
+
+/// `strait run`.
+///
+/// # Errors
+/// Missing privileges, a bad configuration, a missing interface, an admin address in use.
+pub fn run(source: Source) -> anyhow::Result<()> {
+    // SAFETY-free check of the effective uid through /proc, to give a clear error before any
+    // socket or BPF call fails with EPERM.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let euid = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2));
+    if euid != Some("0") {
+        bail!("strait run needs root (CAP_NET_ADMIN, CAP_NET_RAW and CAP_BPF for AF_XDP and XDP)");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let hup = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))
+        .context("installing SIGHUP")?;
+
+    let mut control = Control::start(source, Vec::new())?;
+    warn!(
+        "AF_XDP workers are not integrated yet: this run serves the table, health checks and \
+         the admin API, but forwards nothing"
+    );
+    let (reload_tx, reload_rx) = mpsc::channel::<Reload>();
+    let admin_addr = control.shared.config().gateway.admin_listen;
+    let bound = admin::start(admin_addr, Arc::clone(&control.shared), reload_tx)?;
+    info!("admin API on http://{bound}");
+    control.serve(&stop, &hup, &reload_rx);
+    info!("stopping");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(backends: &[&str]) -> String {
+        let b: Vec<String> = backends
+            .iter()
+            .map(|a| format!("{{ address = \"{a}\", port = 80, mac = \"02:00:00:00:01:11\" }}"))
+            .collect();
+        format!(
+            r#"
+[gateway]
+admin_listen = "127.0.0.1:0"
+[[gateway.interfaces]]
+name = "lo"
+queues = [0]
+[[services]]
+name = "web"
+vip = "203.0.113.10"
+port = 80
+maglev_table_size = 251
+backends = [{}]
+"#,
+            b.join(", ")
+        )
+    }
+
+    #[test]
+    fn reload_swaps_good_configs_and_refuses_bad_ones() {
+        let dir = std::env::temp_dir().join(format!("strait-run-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("strait.toml");
+        std::fs::write(&path, config(&["198.51.100.11"])).unwrap();
+        let mut c = Control::start(Source::File(path.clone()), Vec::new()).unwrap();
+        assert_eq!(c.shared.table.load().generation, 1);
+        let first_id = c.shared.table.load().services[0].backends[0];
+
+        std::fs::write(&path, config(&["198.51.100.11", "198.51.100.12"])).unwrap();
+        let m = c.reload().unwrap();
+        assert!(m.contains("generation 2"), "{m}");
+        let t = c.shared.table.load();
+        assert_eq!(t.services[0].backends.len(), 2);
+        assert_eq!(
+            t.services[0].backends[0], first_id,
+            "a kept backend keeps its id"
+        );
+
+        std::fs::write(&path, "[gateway]\nmtu = 1\n").unwrap();
+        let e = c.reload().unwrap_err().to_string();
+        assert!(e.contains("gateway.mtu"), "{e}");
+        assert_eq!(
+            c.shared.table.load().generation,
+            2,
+            "a refused reload keeps the table"
+        );
+        assert_eq!(c.shared.config().services[0].backends.len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_missing_interface_is_named() {
+        let dir = std::env::temp_dir().join(format!("strait-run-if-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("strait.toml");
+        std::fs::write(
+            &path,
+            config(&["198.51.100.11"]).replace("\"lo\"", "\"nosuch0\""),
+        )
+        .unwrap();
+        let e = Control::start(Source::File(path), Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("interface nosuch0 not found"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,91 @@
+//! State shared between the control loop, the workers and the admin API.
+//!
+//! Workers never block on it: each publishes a copy of its counters into its own
+//! [`CoreStats`] with `try_lock` every few batches (skipping a round if the admin API happens
+//! to be reading), and reads the table through an [`ArcSwap`] load.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::ArcSwap;
+use strait_config::model::Config;
+use strait_dataplane::flow::FlowStats;
+use strait_dataplane::stats::Counters;
+use strait_dataplane::table::ServiceTable;
+
+use crate::health::States;
+
+/// One worker's published numbers.
+#[derive(Clone, Debug, Default)]
+pub struct CoreSample {
+    /// Packet counters.
+    pub counters: Counters,
+    /// Flow-table statistics.
+    pub flows: FlowStats,
+    /// Flow-table capacity.
+    pub flow_capacity: u64,
+    /// New flows per backend id (index = id), trimmed to the ids in use.
+    pub new_flows: Vec<u64>,
+}
+
+/// A worker's slot for publishing its numbers.
+#[derive(Debug, Default)]
+pub struct CoreStats {
+    /// Interface and queue the worker serves.
+    pub name: String,
+    /// The latest sample.
+    pub sample: Mutex<CoreSample>,
+}
+
+/// Everything the admin API reads.
+#[derive(Debug)]
+pub struct Shared {
+    /// The table the workers forward with.
+    pub table: ArcSwap<ServiceTable>,
+    /// The configuration the table was built from.
+    pub config: Mutex<Config>,
+    /// Health-check states.
+    pub health: States,
+    /// One entry per worker.
+    pub cores: Vec<Arc<CoreStats>>,
+}
+
+impl Shared {
+    /// Shared state for a table built from `config`.
+    pub fn new(
+        config: Config,
+        table: ServiceTable,
+        health: States,
+        cores: Vec<Arc<CoreStats>>,
+    ) -> Self {
+        Self {
+            table: ArcSwap::from_pointee(table),
+            config: Mutex::new(config),
+            health,
+            cores,
+        }
+    }
+
+    /// A copy of the configuration.
+    pub fn config(&self) -> Config {
+        self.config
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Copies of every core's sample.
+    pub fn samples(&self) -> Vec<(String, CoreSample)> {
+        self.cores
+            .iter()
+            .map(|c| {
+                (
+                    c.name.clone(),
+                    c.sample
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clone(),
+                )
+            })
+            .collect()
+    }
+}
