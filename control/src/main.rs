@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! strait run [--config FILE]          run the gateway (default: the built-in example)
+//! strait status [--admin ADDR]       the running gateway's services, backends and health
 //! strait check [--config FILE]        validate a configuration (default: the built-in example)
 //! strait bench pipeline [--json]      in-memory packet pipeline, one core, per mode
 //! strait bench maglev [--json]        Maglev build time, balance and disruption
@@ -14,6 +15,7 @@ mod bench_pipeline;
 mod health;
 mod run;
 mod shared;
+mod status;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,6 +41,12 @@ enum Command {
         /// The TOML file (default: the built-in annotated example, the testbed's setup).
         #[arg(long)]
         config: Option<PathBuf>,
+    },
+    /// Show the running gateway's services and backends (from its admin API).
+    Status {
+        /// The admin API address (`gateway.admin_listen`).
+        #[arg(long, default_value = "127.0.0.1:9900")]
+        admin: std::net::SocketAddr,
     },
     /// Validate a configuration: print every problem with its field path, or a summary.
     Check {
@@ -77,6 +85,7 @@ fn main() -> ExitCode {
         .with_target(false)
         .init();
     let result = match cli.command {
+        Command::Status { admin } => status::run(admin),
         Command::Run { config } => run::run(config.map_or(run::Source::Builtin, run::Source::File)),
         Command::Check { config } => return check(config),
         Command::Bench {

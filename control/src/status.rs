@@ -1,0 +1,113 @@
+//! `strait status`: the running gateway's `/services`, as a table.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+/// Fetches `/services` from the admin API at `addr` and renders it.
+///
+/// # Errors
+/// When the gateway does not answer or answers something else than the JSON it serves.
+pub fn run(addr: SocketAddr) -> anyhow::Result<()> {
+    let body = get(addr, "/services")?;
+    let v: Value =
+        serde_json::from_str(&body).context("the admin API answered something that is not JSON")?;
+    print!("{}", render(&v));
+    Ok(())
+}
+
+fn get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+        .with_context(|| format!("no gateway admin API at {addr} (is `strait run` running, and is admin_listen this address?)"))?;
+    c.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    c.read_to_string(&mut out)?;
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    if !head.starts_with("HTTP/1.1 200") {
+        bail!("GET {path}: {}", head.lines().next().unwrap_or("no answer"));
+    }
+    Ok(body.to_string())
+}
+
+/// The table `strait status` prints.
+pub fn render(v: &Value) -> String {
+    let mut out = format!("table generation {}\n", v["generation"]);
+    out += &format!(
+        "{:<20} {:<28} {:<9} {:<8} {:<28} {:>6} {:<9} {}\n",
+        "SERVICE", "FRONTEND", "MODE", "HEALTHY", "BACKEND", "WEIGHT", "STATE", "HEALTH"
+    );
+    let empty = Vec::new();
+    for s in v["services"].as_array().unwrap_or(&empty) {
+        let frontend = format!(
+            "{}:{}/{}",
+            fmt_ip(&s["vip"]),
+            s["port"],
+            s["protocol"].as_str().unwrap_or("?")
+        );
+        let name = s["name"].as_str().unwrap_or("?");
+        let mode = s["mode"].as_str().unwrap_or("?");
+        let healthy = if s["healthy"].as_bool() == Some(true) {
+            "yes"
+        } else {
+            "NO"
+        };
+        let backends = s["backends"].as_array().unwrap_or(&empty);
+        if backends.is_empty() {
+            out += &format!("{name:<20} {frontend:<28} {mode:<9} {healthy:<8} (no backends)\n");
+        }
+        for (i, b) in backends.iter().enumerate() {
+            let (n, f, m, h) = if i == 0 {
+                (name, frontend.as_str(), mode, healthy)
+            } else {
+                ("", "", "", "")
+            };
+            out += &format!(
+                "{n:<20} {f:<28} {m:<9} {h:<8} {:<28} {:>6} {:<9} {}\n",
+                format!("{}:{}", fmt_ip(&b["address"]), b["port"]),
+                b["weight"].to_string(),
+                b["state"].as_str().unwrap_or("?"),
+                b["health"].as_str().unwrap_or("?"),
+            );
+        }
+    }
+    out
+}
+
+fn fmt_ip(v: &Value) -> String {
+    let s = v.as_str().unwrap_or("?");
+    if s.contains(':') {
+        format!("[{s}]")
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_services_and_backends() {
+        let v: Value = serde_json::from_str(
+            r#"{"generation":3,"services":[{"name":"web","vip":"203.0.113.10","port":80,"protocol":"tcp","mode":"dsr-l2","healthy":true,
+            "backends":[{"address":"198.51.100.11","port":80,"weight":100,"state":"active","health":"up"},
+                        {"address":"2001:db8::11","port":80,"weight":0,"state":"draining","health":"down"}]},
+            {"name":"empty","vip":"203.0.113.11","port":53,"protocol":"udp","mode":"nat","healthy":false,"backends":[]}]}"#,
+        )
+        .unwrap();
+        let t = render(&v);
+        assert!(t.starts_with("table generation 3\n"));
+        assert!(t.contains("web                  203.0.113.10:80/tcp"));
+        assert!(t.contains("198.51.100.11:80"));
+        assert!(t.contains("[2001:db8::11]:80"));
+        assert!(t.contains("draining  down"));
+        assert!(t.contains("(no backends)"));
+    }
+}
