@@ -16,6 +16,7 @@ mod health;
 mod run;
 mod shared;
 mod status;
+mod vip;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

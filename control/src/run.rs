@@ -25,6 +25,7 @@ use tracing::{info, warn};
 use crate::admin::{self, Reload};
 use crate::health::{self, Checker};
 use crate::shared::Shared;
+use crate::vip::Vips;
 
 /// Where the configuration comes from.
 #[derive(Clone, Debug)]
@@ -90,6 +91,7 @@ pub struct Control {
     /// State the admin API and the workers read.
     pub shared: Arc<Shared>,
     changes: Receiver<health::Key>,
+    vips: Option<Vips>,
 }
 
 impl std::fmt::Debug for Control {
@@ -131,7 +133,21 @@ impl Control {
             ports,
             shared,
             changes,
+            vips: None,
         })
+    }
+
+    /// Makes the gateway answer ARP/ND for its VIPs from now on (see [`crate::vip`]), and
+    /// follow them across reloads.
+    ///
+    /// # Errors
+    /// When a VIP cannot be added.
+    pub fn own_vips(&mut self) -> anyhow::Result<()> {
+        let cfg = self.shared.config();
+        let mut vips = Vips::new(&cfg, None);
+        vips.sync(&cfg)?;
+        self.vips = Some(vips);
+        Ok(())
     }
 
     /// Rebuilds the table from the current configuration and health, and publishes it.
@@ -157,6 +173,9 @@ impl Control {
             bail!("reload: interfaces changed; restart strait to change interfaces or queues");
         }
         self.checker.sync(&cfg);
+        if let Some(v) = &mut self.vips {
+            v.sync(&cfg)?;
+        }
         *self
             .shared
             .config
@@ -241,6 +260,7 @@ pub fn run(source: Source) -> anyhow::Result<()> {
         .context("installing SIGHUP")?;
 
     let mut control = Control::start(source, Vec::new())?;
+    control.own_vips()?;
     warn!(
         "AF_XDP workers are not integrated yet: this run serves the table, health checks and \
          the admin API, but forwards nothing"

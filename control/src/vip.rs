@@ -1,0 +1,333 @@
+//! VIP reachability: the gateway answers ARP and ND for its VIPs and announces new ones.
+//!
+//! Done through the kernel, which already speaks ARP and ND correctly (and the XDP program
+//! passes ARP and ND to it): every VIP becomes a host address of the gateway.
+//!
+//! - IPv4 VIPs go on `lo` as /32. With the default `arp_ignore=0` the kernel answers ARP for
+//!   any local address on any interface, and a /32 on `lo` is never picked as the source of
+//!   the gateway's own connections (health checks keep their interface address). A new VIP
+//!   is announced with gratuitous ARP (`arping -U`, iputils), so neighbours update at once.
+//! - IPv6 VIPs go on the client-facing data interface as /128, deprecated (`preferred_lft
+//!   0`) so source-address selection never picks them. With `ndisc_notify=1` on that
+//!   interface the kernel sends an unsolicited neighbour advertisement when duplicate address
+//!   detection completes.
+//!
+//! Service traffic to a VIP never reaches the kernel: the XDP program redirects it to the
+//! workers first. Other traffic to a VIP (ping, an unused port) gets the kernel's answer.
+//! Only addresses this module added are ever removed; one that already existed is left as it
+//! was.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::process::Command;
+
+use anyhow::{bail, Context};
+use strait_config::model::{Config, Role};
+use tracing::{info, warn};
+
+/// The VIPs the gateway has added, and where.
+#[derive(Debug)]
+pub struct Vips {
+    iface: String,
+    netns: Option<String>,
+    added: BTreeSet<IpAddr>,
+}
+
+impl Vips {
+    /// VIP management for the client-facing interface of `cfg`. `netns` runs the commands in
+    /// a named namespace (tests); the gateway itself runs inside its namespace and passes
+    /// `None`.
+    pub fn new(cfg: &Config, netns: Option<String>) -> Self {
+        let iface = cfg
+            .gateway
+            .interfaces
+            .iter()
+            .find(|i| matches!(i.role, Role::Client | Role::Both))
+            .or(cfg.gateway.interfaces.first())
+            .map(|i| i.name.clone())
+            .unwrap_or_default();
+        Self {
+            iface,
+            netns,
+            added: BTreeSet::new(),
+        }
+    }
+
+    /// Makes the gateway own exactly the VIPs of `cfg` (of those it manages).
+    ///
+    /// # Errors
+    /// When `ip` fails for a reason other than the address already existing.
+    pub fn sync(&mut self, cfg: &Config) -> anyhow::Result<()> {
+        let want: BTreeSet<IpAddr> = cfg.services.iter().map(|s| s.vip).collect();
+        let gone: Vec<IpAddr> = self.added.difference(&want).copied().collect();
+        for vip in gone {
+            self.remove(vip);
+        }
+        for &vip in &want {
+            if !self.added.contains(&vip) {
+                self.add(vip)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn add(&mut self, vip: IpAddr) -> anyhow::Result<()> {
+        let out = match vip {
+            IpAddr::V4(_) => self.ip(&["addr", "add", &format!("{vip}/32"), "dev", "lo"])?,
+            IpAddr::V6(_) => {
+                let knob = format!("net.ipv6.conf.{}.ndisc_notify=1", self.iface);
+                let _ = self.exec("sysctl", &["-qw", &knob]);
+                let iface = self.iface.clone();
+                self.ip(&[
+                    "addr",
+                    "add",
+                    &format!("{vip}/128"),
+                    "dev",
+                    &iface,
+                    "preferred_lft",
+                    "0",
+                ])?
+            }
+        };
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            if err.contains("File exists") || err.contains("already assigned") {
+                info!(%vip, "VIP already configured on the gateway; left as it is");
+                return Ok(());
+            }
+            bail!("adding VIP {vip}: ip: {}", err.trim());
+        }
+        self.added.insert(vip);
+        if vip.is_ipv4() {
+            let iface = self.iface.clone();
+            match self.exec(
+                "arping",
+                &["-U", "-c", "2", "-w", "2", "-I", &iface, &vip.to_string()],
+            ) {
+                Ok(o) if o.status.success() || o.status.code() == Some(1) => {
+                    info!(%vip, iface = %self.iface, "VIP added, gratuitous ARP sent")
+                }
+                Ok(o) => {
+                    warn!(%vip, "gratuitous ARP failed: {}", String::from_utf8_lossy(&o.stderr).trim())
+                }
+                Err(e) => warn!(%vip, "gratuitous ARP not sent: {e:#} (install iputils-arping)"),
+            }
+        } else {
+            info!(%vip, iface = %self.iface, "VIP added; the kernel announces it after DAD");
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, vip: IpAddr) {
+        let (len, dev) = if vip.is_ipv4() {
+            (32, "lo".to_string())
+        } else {
+            (128, self.iface.clone())
+        };
+        match self.ip(&["addr", "del", &format!("{vip}/{len}"), "dev", &dev]) {
+            Ok(o) if o.status.success() => info!(%vip, "VIP removed"),
+            Ok(o) => warn!(%vip, "removing VIP: {}", String::from_utf8_lossy(&o.stderr).trim()),
+            Err(e) => warn!(%vip, "removing VIP: {e:#}"),
+        }
+        self.added.remove(&vip);
+    }
+
+    fn ip(&self, args: &[&str]) -> anyhow::Result<std::process::Output> {
+        let mut full: Vec<&str> = Vec::new();
+        if let Some(ns) = &self.netns {
+            full.extend(["-n", ns.as_str()]);
+        }
+        full.extend_from_slice(args);
+        Command::new("ip")
+            .args(&full)
+            .output()
+            .with_context(|| format!("running ip {}", full.join(" ")))
+    }
+
+    fn exec(&self, prog: &str, args: &[&str]) -> anyhow::Result<std::process::Output> {
+        let mut c = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, prog]);
+                c
+            }
+            None => Command::new(prog),
+        };
+        c.args(args)
+            .output()
+            .with_context(|| format!("running {prog}"))
+    }
+}
+
+impl Drop for Vips {
+    fn drop(&mut self) {
+        let all: Vec<IpAddr> = self.added.iter().copied().collect();
+        for vip in all {
+            self.remove(vip);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Stdio;
+
+    /// Two namespaces joined by a veth pair, deleted on drop.
+    struct Pair(String, String);
+
+    impl Pair {
+        fn new(tag: &str) -> Self {
+            let (a, b) = (
+                format!("stv{}{tag}a", std::process::id()),
+                format!("stv{}{tag}b", std::process::id()),
+            );
+            let p = Pair(a.clone(), b.clone());
+            let run = |args: &[&str]| {
+                let o = Command::new("ip").args(args).output().unwrap();
+                assert!(
+                    o.status.success(),
+                    "ip {args:?}: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            };
+            run(&["netns", "add", &a]);
+            run(&["netns", "add", &b]);
+            run(&[
+                "-n", &a, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b,
+            ]);
+            run(&["-n", &a, "link", "set", "va", "up"]);
+            run(&["-n", &a, "link", "set", "lo", "up"]);
+            run(&["-n", &b, "link", "set", "vb", "up"]);
+            run(&["-n", &a, "addr", "add", "192.0.2.1/24", "dev", "va"]);
+            run(&["-n", &b, "addr", "add", "192.0.2.2/24", "dev", "vb"]);
+            p
+        }
+    }
+
+    impl Drop for Pair {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+            let _ = Command::new("ip").args(["netns", "del", &self.1]).status();
+        }
+    }
+
+    fn privileged() -> bool {
+        let root = std::fs::read_to_string("/proc/self/status")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+        if !root {
+            assert!(
+                std::env::var("STRAIT_SKIP_PRIVILEGED").as_deref() == Ok("1"),
+                "this test needs root (network namespaces); set STRAIT_SKIP_PRIVILEGED=1 to skip it"
+            );
+            eprintln!("SKIPPED: not root and STRAIT_SKIP_PRIVILEGED=1");
+        }
+        root
+    }
+
+    #[test]
+    fn vips_are_answered_announced_and_removed() {
+        if !privileged() {
+            return;
+        }
+        let pair = Pair::new("v");
+        let cfg = strait_config::parse(
+            r#"
+[[gateway.interfaces]]
+name = "va"
+queues = [0]
+[[services]]
+name = "web"
+vip = "203.0.113.10"
+port = 80
+backends = []
+[[services]]
+name = "web6"
+vip = "2001:db8::10"
+port = 80
+backends = []
+"#,
+        )
+        .unwrap();
+        // Capture on the neighbour while the VIPs are added.
+        let cap = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &pair.1,
+                "timeout",
+                "5",
+                "tcpdump",
+                "-l",
+                "-n",
+                "-i",
+                "vb",
+                "arp or icmp6",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        let mut vips = Vips::new(&cfg, Some(pair.0.clone()));
+        vips.sync(&cfg).unwrap();
+        // The neighbour resolves the VIP by ARP: the kernel answers for it.
+        let arp = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &pair.1,
+                "arping",
+                "-c",
+                "1",
+                "-w",
+                "2",
+                "-I",
+                "vb",
+                "203.0.113.10",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            arp.status.success(),
+            "ARP for the VIP unanswered: {}",
+            String::from_utf8_lossy(&arp.stdout)
+        );
+        let out = cap.wait_with_output().unwrap();
+        let seen = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            seen.contains("Request who-has 203.0.113.10") && seen.contains("tell 203.0.113.10"),
+            "no gratuitous ARP:\n{seen}"
+        );
+        assert!(
+            seen.contains("neighbor advertisement, tgt is 2001:db8::10"),
+            "no unsolicited NA:\n{seen}"
+        );
+
+        let addrs = |dev: &str| {
+            String::from_utf8_lossy(
+                &Command::new("ip")
+                    .args(["-n", &pair.0, "addr", "show", "dev", dev])
+                    .output()
+                    .unwrap()
+                    .stdout,
+            )
+            .to_string()
+        };
+        assert!(addrs("lo").contains("203.0.113.10/32"));
+        assert!(addrs("va").contains("2001:db8::10/128"));
+        // A VIP leaving the configuration is removed; the rest stays.
+        let mut less = cfg.clone();
+        less.services.pop();
+        vips.sync(&less).unwrap();
+        assert!(!addrs("va").contains("2001:db8::10/128"));
+        assert!(addrs("lo").contains("203.0.113.10/32"));
+        drop(vips);
+        assert!(
+            !addrs("lo").contains("203.0.113.10"),
+            "dropped: every added VIP removed"
+        );
+    }
+}
