@@ -64,7 +64,11 @@ pub struct BindError {
 
 impl fmt::Display for BindError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "cannot bind {} {}: {}", self.protocol, self.addr, self.source)
+        write!(
+            f,
+            "cannot bind {} {}: {}",
+            self.protocol, self.addr, self.source
+        )
     }
 }
 
@@ -129,9 +133,9 @@ pub fn start(name: &str, tcp: &[SocketAddr], udp: &[SocketAddr]) -> Result<Serve
     for listener in listeners {
         server.tcp.push(local_addr(&listener.local_addr()));
         let (name, active) = (Arc::clone(&name), Arc::clone(&active));
-        server
-            .threads
-            .push(thread::spawn(move || accept_loop(&listener, &name, &active)));
+        server.threads.push(thread::spawn(move || {
+            accept_loop(&listener, &name, &active)
+        }));
     }
     for socket in sockets {
         server.udp.push(local_addr(&socket.local_addr()));
@@ -237,8 +241,9 @@ fn accept_loop(listener: &TcpListener, name: &Arc<str>, active: &Arc<AtomicUsize
             active.fetch_sub(1, Ordering::Relaxed);
             continue; // dropping the stream closes it
         }
-        let (name, active) = (Arc::clone(name), Arc::clone(active));
+        let (conn_name, conn_active) = (Arc::clone(name), Arc::clone(active));
         let spawned = thread::Builder::new().spawn(move || {
+            let name = conn_name;
             if let Err(e) = handle_connection(stream, &name) {
                 if !matches!(
                     e.kind(),
@@ -250,7 +255,7 @@ fn accept_loop(listener: &TcpListener, name: &Arc<str>, active: &Arc<AtomicUsize
                     eprintln!("{name}: connection: {e}");
                 }
             }
-            active.fetch_sub(1, Ordering::Relaxed);
+            conn_active.fetch_sub(1, Ordering::Relaxed);
         });
         if let Err(e) = spawned {
             eprintln!("{name}: cannot start a connection thread: {e}");
@@ -362,14 +367,20 @@ fn handle_connection(stream: TcpStream, name: &str) -> io::Result<()> {
                     HeadError::TooLarge => "431 Request Header Fields Too Large",
                     HeadError::Malformed => "400 Bad Request",
                 };
-                return respond(&mut writer, status, "", false, name, local, false);
+                respond(&mut writer, status, "", false, name, local, false)?;
+                return lingering_close(&writer, reader);
             }
         };
-        if request.chunked {
-            return respond(&mut writer, "501 Not Implemented", "", false, name, local, false);
-        }
-        if request.content_length > MAX_BODY {
-            return respond(&mut writer, "413 Content Too Large", "", false, name, local, false);
+        let refusal = if request.chunked {
+            Some("501 Not Implemented")
+        } else if request.content_length > MAX_BODY {
+            Some("413 Content Too Large")
+        } else {
+            None
+        };
+        if let Some(status) = refusal {
+            respond(&mut writer, status, "", false, name, local, false)?;
+            return lingering_close(&writer, reader);
         }
         let discarded = io::copy(
             &mut (&mut reader).take(request.content_length),
@@ -398,6 +409,16 @@ fn handle_connection(stream: TcpStream, name: &str) -> io::Result<()> {
             return Ok(());
         }
     }
+}
+
+/// Closes after an error response without losing it: closing a socket with unread input
+/// sends a RST, which can make the peer drop the response before reading it. So: send FIN,
+/// then read (and discard) what the peer still sends, for a bounded time and amount.
+fn lingering_close(writer: &TcpStream, mut reader: impl Read) -> io::Result<()> {
+    writer.shutdown(std::net::Shutdown::Write)?;
+    writer.set_read_timeout(Some(Duration::from_secs(1)))?;
+    let _ = io::copy(&mut (&mut reader).take(MAX_BODY), &mut io::sink());
+    Ok(())
 }
 
 fn respond(
@@ -471,8 +492,14 @@ mod tests {
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
         assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
-        assert!(out.contains(&format!("X-Strait-Local: {addr}\r\n")), "{out}");
-        assert!(out.ends_with(&format!("\r\n\r\nbackend=b7 client={me}\n")), "{out}");
+        assert!(
+            out.contains(&format!("X-Strait-Local: {addr}\r\n")),
+            "{out}"
+        );
+        assert!(
+            out.ends_with(&format!("\r\n\r\nbackend=b7 client={me}\n")),
+            "{out}"
+        );
     }
 
     #[test]
@@ -487,7 +514,10 @@ mod tests {
         assert_eq!(responses.len(), 3, "{out}");
         assert!(responses[0].ends_with("\r\n\r\nok\n"), "{out}");
         assert!(responses[0].contains("Connection: keep-alive"), "{out}");
-        assert!(responses[1].contains("backend=b7 client=127.0.0.1:"), "{out}");
+        assert!(
+            responses[1].contains("backend=b7 client=127.0.0.1:"),
+            "{out}"
+        );
         assert!(responses[2].ends_with("Connection: close\r\n\r\n"), "{out}");
     }
 
@@ -540,10 +570,7 @@ mod tests {
         assert!(req.keep_alive);
         assert_eq!(read_head(&mut r).unwrap(), None);
         let mut r = Cursor::new(&b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n"[..]);
-        assert_eq!(
-            read_head(&mut r).unwrap(),
-            Some(Err(HeadError::Malformed))
-        );
+        assert_eq!(read_head(&mut r).unwrap(), Some(Err(HeadError::Malformed)));
         let mut r = Cursor::new(&b"GET / HTTP/1.1\r\nHost"[..]);
         assert_eq!(read_head(&mut r).unwrap(), None);
     }
@@ -554,7 +581,8 @@ mod tests {
         let taken = server.tcp_addrs()[0];
         let err = start("b8", &[taken], &[]).unwrap_err();
         assert!(
-            err.to_string().starts_with(&format!("cannot bind tcp {taken}: ")),
+            err.to_string()
+                .starts_with(&format!("cannot bind tcp {taken}: ")),
             "{err}"
         );
     }

@@ -3,6 +3,7 @@
 //! ```text
 //! strait run [--config FILE]          run the gateway (default: the built-in example)
 //! strait status [--admin ADDR]       the running gateway's services, backends and health
+//! strait testbed up|down [...]       namespaces, veths and HTTP backends for trying it out
 //! strait check [--config FILE]        validate a configuration (default: the built-in example)
 //! strait bench pipeline [--json]      in-memory packet pipeline, one core, per mode
 //! strait bench maglev [--json]        Maglev build time, balance and disruption
@@ -10,12 +11,14 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod backend_server;
 mod bench_maglev;
 mod bench_pipeline;
 mod health;
 mod run;
 mod shared;
 mod status;
+mod testbed;
 mod vip;
 
 use std::path::PathBuf;
@@ -55,6 +58,11 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Network-namespace testbed: a client, the gateway and backends on this machine.
+    Testbed {
+        #[command(subcommand)]
+        what: testbed::Command,
+    },
     /// Measure parts of the gateway on this machine.
     Bench {
         #[command(subcommand)]
@@ -87,6 +95,7 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Status { admin } => status::run(admin),
+        Command::Testbed { what } => testbed::run_command(what),
         Command::Run { config } => run::run(config.map_or(run::Source::Builtin, run::Source::File)),
         Command::Check { config } => return check(config),
         Command::Bench {
