@@ -6,7 +6,7 @@
 # Idempotent: does nothing when everything is already there.
 set -euo pipefail
 
-packages=(clang llvm libelf-dev libpcap-dev libbpf-dev pkg-config m4 iproute2 tshark python3-scapy
+packages=(clang llvm libelf-dev zlib1g-dev libpcap-dev libbpf-dev pkg-config m4 iproute2 tshark python3-scapy
           tcpdump curl iputils-arping ethtool procps)
 missing=()
 for p in "${packages[@]}"; do

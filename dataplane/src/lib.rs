@@ -26,5 +26,7 @@ pub mod rewrite;
 pub mod stats;
 pub mod table;
 pub mod wire;
+#[cfg(feature = "xsk")]
+pub mod xsk;
 
 pub use key::{BackendId, FlowKey};

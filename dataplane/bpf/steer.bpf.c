@@ -1,0 +1,303 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// Strait's XDP steering program: decides, per packet, whether the gateway's workers handle it
+// (redirect to the AF_XDP socket of the receiving queue) or the kernel does (XDP_PASS).
+//
+// An AF_XDP socket cannot give a frame back to the kernel, so this program must only redirect
+// what the pipeline will forward; everything else (ARP, ND, ICMP echo to the box, SSH, BGP,
+// traffic to the box's own addresses) passes untouched. Redirected are:
+//
+//   1. TCP/UDP to a service frontend                 (frontends: {vip, port, proto})
+//   2. TCP/UDP from a nat backend (nat replies)      (nat_backends: {addr, port, proto})
+//   3. ICMP/ICMPv6 errors whose outer destination is a VIP: they quote a packet the VIP sent,
+//      and the pipeline forwards them to the backend that owns that flow  (vips: {addr})
+//   4. Non-first IP fragments of TCP/UDP to a VIP (they carry no ports) (vips)
+//
+// Userspace (dataplane/src/xsk/prog.rs) keeps the three lookup maps equal to the current
+// service table and puts each AF_XDP socket into `xsks` at its queue index. Keys hold
+// addresses in the pipeline's key form: 16 bytes, IPv4 as IPv4-mapped IPv6 (::ffff:a.b.c.d);
+// ports in network byte order, as on the wire.
+//
+// Parsing mirrors dataplane/src/wire/parse.rs: Ethernet II with at most one 802.1Q tag,
+// IPv4 (options allowed), IPv6 with at most MAX_EXT extension headers. Every loop is bounded
+// and every read is checked against data_end before it happens, for the verifier.
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/in6.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+// Largest queue index served; the xsks map has one slot per queue.
+#define MAX_QUEUES 256
+// Frontends (services) the map holds. The config allows any number; 64 Ki is far above the
+// service count of one gateway and costs about 3 MiB of kernel memory.
+#define MAX_FRONTENDS 65536
+// Nat backends: one entry per (backend address, port, protocol) of every nat service.
+#define MAX_NAT_BACKENDS 262144
+// IPv6 extension headers walked before giving up (wire::ipv6::MAX_EXTENSIONS).
+#define MAX_EXT 8
+
+#define ETH_P_8021Q_ 0x8100
+
+// IPv6 extension header numbers the pipeline walks.
+#define NH_HOP 0
+#define NH_ROUTING 43
+#define NH_FRAGMENT 44
+#define NH_AUTH 51
+#define NH_DEST 60
+
+// ICMP error types (wire::icmp::is_error_v4 / is_error_v6).
+#define ICMP_DEST_UNREACH_ 3
+#define ICMP_TIME_EXCEEDED_ 11
+#define ICMP_PARAMETERPROB_ 12
+#define ICMPV6_DEST_UNREACH_ 1
+#define ICMPV6_PKT_TOOBIG_ 2
+#define ICMPV6_TIME_EXCEED_ 3
+#define ICMPV6_PARAMPROB_ 4
+
+// Key of `frontends` and `nat_backends`: 20 bytes, no implicit padding
+// (xsk::prog::endpoint_key builds the same bytes).
+struct endpoint_key {
+	__u8 addr[16];
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+// Key of `vips`.
+struct vip_key {
+	__u8 addr[16];
+};
+
+// Counter slots of `stats` (xsk::prog::SteerCounters reads them in this order).
+enum stat {
+	STAT_PASS,
+	STAT_FRONTEND,
+	STAT_NAT_REPLY,
+	STAT_ICMP_ERROR,
+	STAT_FRAGMENT,
+	STAT_MAX,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_XSKMAP);
+	__uint(max_entries, MAX_QUEUES);
+	__type(key, __u32);
+	__type(value, __u32);
+} xsks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_FRONTENDS);
+	__type(key, struct endpoint_key);
+	__type(value, __u32);
+} frontends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_NAT_BACKENDS);
+	__type(key, struct endpoint_key);
+	__type(value, __u32);
+} nat_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_FRONTENDS);
+	__type(key, struct vip_key);
+	__type(value, __u32);
+} vips SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+struct vlan_hdr {
+	__be16 tci;
+	__be16 proto;
+};
+
+// What the parse found: addresses in key form, protocol, and whether ports follow.
+struct flow {
+	__u8 src[16];
+	__u8 dst[16];
+	__u8 proto;
+	// Non-first fragment: no transport header in this packet.
+	__u8 later_fragment;
+	__u8 v6;
+};
+
+static __always_inline void count(__u32 slot)
+{
+	__u64 *c = bpf_map_lookup_elem(&stats, &slot);
+
+	if (c)
+		*c += 1;
+}
+
+static __always_inline int pass(void)
+{
+	count(STAT_PASS);
+	return XDP_PASS;
+}
+
+static __always_inline int redirect(struct xdp_md *ctx, __u32 slot)
+{
+	count(slot);
+	// XDP_PASS when no socket is bound to this queue, so the kernel keeps the traffic.
+	return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);
+}
+
+static __always_inline void v4_mapped(__u8 *out, __be32 a)
+{
+	__builtin_memset(out, 0, 10);
+	out[10] = 0xff;
+	out[11] = 0xff;
+	__builtin_memcpy(out + 12, &a, 4);
+}
+
+static __always_inline int is_vip(const __u8 *addr)
+{
+	struct vip_key k;
+
+	__builtin_memcpy(k.addr, addr, 16);
+	return bpf_map_lookup_elem(&vips, &k) != NULL;
+}
+
+// Parses IPv4 at `l3`; on success sets `f` and returns the transport header, else NULL.
+static __always_inline void *parse_v4(void *l3, void *end, struct flow *f)
+{
+	struct iphdr *ip = l3;
+	__u32 ihl;
+
+	if ((void *)(ip + 1) > end)
+		return NULL;
+	ihl = ip->ihl * 4;
+	if (ip->version != 4 || ihl < sizeof(*ip))
+		return NULL;
+	v4_mapped(f->src, ip->saddr);
+	v4_mapped(f->dst, ip->daddr);
+	f->proto = ip->protocol;
+	f->later_fragment = (ip->frag_off & bpf_htons(0x1fff)) != 0;
+	return l3 + ihl;
+}
+
+// Parses IPv6 at `l3`, walking up to MAX_EXT extension headers.
+static __always_inline void *parse_v6(void *l3, void *end, struct flow *f)
+{
+	struct ipv6hdr *ip = l3;
+	void *cur;
+	__u8 nh;
+	int i;
+
+	if ((void *)(ip + 1) > end)
+		return NULL;
+	__builtin_memcpy(f->src, &ip->saddr, 16);
+	__builtin_memcpy(f->dst, &ip->daddr, 16);
+	f->v6 = 1;
+	nh = ip->nexthdr;
+	cur = ip + 1;
+#pragma unroll
+	for (i = 0; i < MAX_EXT; i++) {
+		__u8 *h = cur;
+
+		if (nh != NH_HOP && nh != NH_ROUTING && nh != NH_FRAGMENT && nh != NH_AUTH &&
+		    nh != NH_DEST)
+			break;
+		if ((void *)(h + 8) > end)
+			return NULL;
+		if (nh == NH_FRAGMENT) {
+			// Offset in the top 13 bits of bytes 2..4.
+			if (((h[2] << 8) | h[3]) & 0xfff8)
+				f->later_fragment = 1;
+			nh = h[0];
+			cur = h + 8;
+		} else if (nh == NH_AUTH) {
+			nh = h[0];
+			cur = h + ((__u32)h[1] + 2) * 4;
+		} else {
+			nh = h[0];
+			cur = h + ((__u32)h[1] + 1) * 8;
+		}
+	}
+	f->proto = nh;
+	return cur;
+}
+
+SEC("xdp")
+int strait_steer(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct flow f = {};
+	struct endpoint_key k = {};
+	void *l3, *l4;
+	__u16 ethertype;
+	__u8 *ports;
+
+	if ((void *)(eth + 1) > end)
+		return pass();
+	ethertype = eth->h_proto;
+	l3 = eth + 1;
+	if (ethertype == bpf_htons(ETH_P_8021Q_)) {
+		struct vlan_hdr *v = l3;
+
+		if ((void *)(v + 1) > end)
+			return pass();
+		ethertype = v->proto;
+		l3 = v + 1;
+	}
+	if (ethertype == bpf_htons(ETH_P_IP))
+		l4 = parse_v4(l3, end, &f);
+	else if (ethertype == bpf_htons(ETH_P_IPV6))
+		l4 = parse_v6(l3, end, &f);
+	else
+		return pass();
+	if (!l4)
+		return pass();
+
+	if (f.proto == IPPROTO_TCP || f.proto == IPPROTO_UDP) {
+		if (f.later_fragment)
+			return is_vip(f.dst) ? redirect(ctx, STAT_FRAGMENT) : pass();
+		ports = l4;
+		if ((void *)(ports + 4) > end)
+			return pass();
+		__builtin_memcpy(k.addr, f.dst, 16);
+		__builtin_memcpy(&k.port, ports + 2, 2);
+		k.proto = f.proto;
+		if (bpf_map_lookup_elem(&frontends, &k))
+			return redirect(ctx, STAT_FRONTEND);
+		__builtin_memcpy(k.addr, f.src, 16);
+		__builtin_memcpy(&k.port, ports, 2);
+		if (bpf_map_lookup_elem(&nat_backends, &k))
+			return redirect(ctx, STAT_NAT_REPLY);
+		return pass();
+	}
+	if ((f.proto == IPPROTO_ICMP && !f.v6) || (f.proto == IPPROTO_ICMPV6 && f.v6)) {
+		__u8 *icmp = l4;
+		__u8 t;
+		int err;
+
+		if (f.later_fragment || (void *)(icmp + 1) > end)
+			return pass();
+		t = icmp[0];
+		if (!f.v6)
+			err = t == ICMP_DEST_UNREACH_ || t == ICMP_TIME_EXCEEDED_ ||
+			      t == ICMP_PARAMETERPROB_;
+		else
+			err = t == ICMPV6_DEST_UNREACH_ || t == ICMPV6_PKT_TOOBIG_ ||
+			      t == ICMPV6_TIME_EXCEED_ || t == ICMPV6_PARAMPROB_;
+		if (err && is_vip(f.dst))
+			return redirect(ctx, STAT_ICMP_ERROR);
+	}
+	return pass();
+}
+
+char LICENSE[] SEC("license") = "Apache-2.0";

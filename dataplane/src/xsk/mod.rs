@@ -1,0 +1,199 @@
+//! The AF_XDP driver: the only IO of the packet path, and the only `unsafe` of the workspace.
+//!
+//! ```text
+//!            NIC / veth queue q
+//!                   │
+//!     XDP program strait_steer (prog.rs, bpf/steer.bpf.c)
+//!        │ service traffic:                         │ everything else
+//!        │ bpf_redirect_map(xsks, q)                └──► XDP_PASS (kernel stack)
+//!        ▼
+//!  ┌──────────── Port (socket.rs): one AF_XDP socket + one UMEM ────────────┐
+//!  │ fill ring ──► kernel writes the frame ──► RX ring                      │
+//!  │    ▲                                         │                         │
+//!  │    │ free list (held)        run_worker (worker.rs): Frame over the    │
+//!  │    │    ▲    ▲               UMEM chunk, Pipeline::process in place    │
+//!  │    │    │    └── Drop/Pass ◄─────────────────┤                         │
+//!  │    │    └─ completion ring ◄── kernel sends ◄── TX ring ◄── Verdict::Tx │
+//!  └────────────────────────────────────────────────────────────────────────┘
+//! ```
+//!
+//! Decisions:
+//!
+//! - **Raw AF_XDP over libc rather than xsk-rs.** The pipeline encapsulates in place by moving
+//!   the packet's start back into the frame headroom, so the TX descriptor must start earlier
+//!   than the RX one. xsk-rs 0.11 keeps a descriptor's address crate-private and hides the
+//!   UMEM base, so a moved frame could only be sent after copying it back; and its libxdp
+//!   wants bpffs and its own dispatcher. The four rings are a page of code (ring.rs) with the
+//!   kernel's documented protocol, and every access to them is below.
+//! - **One UMEM per socket** (no shared UMEM): each worker owns its frames, its rings and its
+//!   free list, so nothing here is shared between cores. Frames of [`FRAME_SIZE`] bytes, aligned
+//!   mode; the kernel puts [`crate::rewrite::HEADROOM`] bytes of user headroom plus its own
+//!   256-byte XDP headroom in front of every received packet, and the worker hands the whole
+//!   chunk to [`crate::rewrite::Frame`] so an encapsulation only moves the head.
+//! - **Zero-copy first, then copy mode**, reported by [`Port::bind_mode`]; veth only has copy
+//!   mode. `XDP_USE_NEED_WAKEUP` is always requested, and the worker makes a syscall only when
+//!   the kernel sets the flag on the ring concerned (or when it idles, see [`worker`]).
+//! - **Our own XDP program** (`strait_steer`, loaded with libbpf-rs) redirects only traffic
+//!   the pipeline forwards, because an AF_XDP frame cannot be given back to the kernel. Its
+//!   maps follow the service table ([`SteerProgram::update_maps`]).
+//!
+//! Safety: `unsafe` is allowed in this module only. Each block says which invariant makes it
+//! sound; the recurring ones are (a) a ring pointer stays valid while its mapping (owned by the
+//! same struct) lives, (b) a UMEM frame is touched by user space only while the frame's state
+//! says user space owns it (it was read from the RX or completion ring and not yet put on the
+//! fill or TX ring), and (c) addresses from the kernel are bounds-checked before they index
+//! the UMEM.
+
+#![allow(unsafe_code)]
+
+mod prog;
+mod ring;
+mod socket;
+pub mod testbed;
+mod umem;
+pub mod worker;
+
+use std::io;
+
+pub use prog::{AttachMode, AttachPolicy, MapSync, SteerCounters, SteerProgram};
+pub use socket::{
+    interface_port, Accounting, BindMode, BindPolicy, KernelStats, Port, PortConfig, RingSizes,
+};
+pub use umem::{FRAME_COUNT, FRAME_SIZE};
+pub use worker::{run_worker, Clock, MonotonicClock, WorkerStats, BATCH};
+
+/// Setup and IO errors of the AF_XDP layer. Each names the call that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum XskError {
+    /// The interface does not exist in this network namespace.
+    #[error("interface {iface}: if_nametoindex: {source}")]
+    NoInterface {
+        /// Interface name.
+        iface: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// A configuration value the kernel would refuse (ring sizes, frame count).
+    #[error("invalid AF_XDP configuration: {0}")]
+    Config(String),
+    /// Allocating or registering the UMEM failed.
+    #[error("UMEM for {iface} queue {queue}: {call}: {source}")]
+    Umem {
+        /// Interface name.
+        iface: String,
+        /// Queue index.
+        queue: u32,
+        /// The call that failed (`mmap`, `setsockopt(XDP_UMEM_REG)`).
+        call: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Creating the socket or its rings failed.
+    #[error("AF_XDP socket for {iface} queue {queue}: {call}: {source}")]
+    Socket {
+        /// Interface name.
+        iface: String,
+        /// Queue index.
+        queue: u32,
+        /// The call that failed (`socket(AF_XDP)`, `setsockopt(XDP_RX_RING)`, `mmap`, ...).
+        call: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// `bind` refused the socket in the requested mode.
+    #[error("AF_XDP bind to {iface} queue {queue} in {mode} mode: {source}")]
+    Bind {
+        /// Interface name.
+        iface: String,
+        /// Queue index.
+        queue: u32,
+        /// The mode asked for.
+        mode: BindMode,
+        /// The OS error (`EOPNOTSUPP`: no zero-copy; `EBUSY`: queue taken; `EINVAL`: no such
+        /// queue).
+        source: io::Error,
+    },
+    /// A syscall of the running worker failed in a way that retrying cannot fix.
+    #[error("AF_XDP worker on {iface} queue {queue}: {call}: {source}")]
+    Io {
+        /// Interface name.
+        iface: String,
+        /// Queue index.
+        queue: u32,
+        /// The call that failed (`sendto`, `poll`, `recvfrom`, `getsockopt`).
+        call: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Reading an interface's MAC or MTU failed.
+    #[error("interface {iface}: {call}: {source}")]
+    Link {
+        /// Interface name.
+        iface: String,
+        /// The call (`ioctl(SIOCGIFHWADDR)`, `ioctl(SIOCGIFMTU)`).
+        call: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// A libbpf call on the steering program or its maps failed.
+    #[error("XDP program on {iface}: {call}: {source}")]
+    Bpf {
+        /// Interface name.
+        iface: String,
+        /// The libbpf call or map operation.
+        call: &'static str,
+        /// libbpf's error.
+        source: libbpf_rs::Error,
+    },
+    /// The steering program could not be attached in any allowed mode.
+    #[error("XDP program on {iface}: attach failed (native: {native}; generic: {generic})")]
+    Attach {
+        /// Interface name.
+        iface: String,
+        /// Why native (driver) mode failed, or "not tried".
+        native: String,
+        /// Why generic (skb) mode failed, or "not tried".
+        generic: String,
+    },
+    /// Entering a network namespace failed ([`testbed::enter_netns`]).
+    #[error("network namespace {path}: {call}: {source}")]
+    Netns {
+        /// Path of the namespace file.
+        path: String,
+        /// The call (`open`, `setns`).
+        call: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// The last OS error, for a libc call that just returned -1.
+fn last_error() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// A C string for an interface name.
+fn c_name(iface: &str) -> Result<std::ffi::CString, XskError> {
+    std::ffi::CString::new(iface).map_err(|_| XskError::NoInterface {
+        iface: iface.to_owned(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in interface name"),
+    })
+}
+
+/// The index of interface `iface` in the calling thread's network namespace.
+///
+/// # Errors
+/// [`XskError::NoInterface`] when there is no such interface.
+pub fn ifindex(iface: &str) -> Result<u32, XskError> {
+    let name = c_name(iface)?;
+    // SAFETY: `name` is a valid NUL-terminated string that outlives the call; if_nametoindex
+    // only reads it.
+    let idx = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if idx == 0 {
+        return Err(XskError::NoInterface {
+            iface: iface.to_owned(),
+            source: last_error(),
+        });
+    }
+    Ok(idx)
+}
