@@ -20,6 +20,7 @@ mod shared;
 mod status;
 mod testbed;
 mod vip;
+mod workers;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -26,6 +26,7 @@ use crate::admin::{self, Reload};
 use crate::health::{self, Checker};
 use crate::shared::Shared;
 use crate::vip::Vips;
+use crate::workers::{self, Workers};
 
 /// Where the configuration comes from.
 #[derive(Clone, Debug)]
@@ -92,6 +93,7 @@ pub struct Control {
     pub shared: Arc<Shared>,
     changes: Receiver<health::Key>,
     vips: Option<Vips>,
+    workers: Option<Workers>,
 }
 
 impl std::fmt::Debug for Control {
@@ -104,14 +106,11 @@ impl std::fmt::Debug for Control {
 
 impl Control {
     /// Loads the configuration, checks the interfaces, builds the first table and starts the
-    /// health checks. `cores` are the workers' statistics slots.
+    /// health checks. Workers start separately ([`Control::start_workers`]).
     ///
     /// # Errors
     /// A configuration that does not validate, or an interface that does not exist.
-    pub fn start(
-        source: Source,
-        cores: Vec<Arc<crate::shared::CoreStats>>,
-    ) -> anyhow::Result<Self> {
+    pub fn start(source: Source) -> anyhow::Result<Self> {
         let cfg = source.load()?;
         let ports = cfg
             .gateway
@@ -125,6 +124,7 @@ impl Control {
         let mut builder = Builder::new();
         let table = builder.build(&cfg, &ports, |s, a, p| checker.is_down(s, a, p))?;
         log_table(&cfg, &table);
+        let cores = workers::slots(&cfg);
         let shared = Arc::new(Shared::new(cfg, table, checker.states(), cores));
         Ok(Self {
             source,
@@ -134,6 +134,7 @@ impl Control {
             shared,
             changes,
             vips: None,
+            workers: None,
         })
     }
 
@@ -150,6 +151,22 @@ impl Control {
         Ok(())
     }
 
+    /// Attaches the XDP programs and starts the AF_XDP workers.
+    ///
+    /// # Errors
+    /// As [`workers::start`].
+    pub fn start_workers(&mut self) -> anyhow::Result<()> {
+        self.workers = Some(workers::start(&self.shared.config(), &self.shared)?);
+        Ok(())
+    }
+
+    /// Stops the workers and detaches the XDP programs.
+    pub fn stop_workers(&mut self) {
+        if let Some(w) = self.workers.take() {
+            w.stop();
+        }
+    }
+
     /// Rebuilds the table from the current configuration and health, and publishes it.
     fn republish(&mut self, why: &str) -> anyhow::Result<()> {
         let cfg = self.shared.config();
@@ -159,6 +176,19 @@ impl Control {
             .build(&cfg, &self.ports, |s, a, p| checker.is_down(s, a, p))?;
         info!(generation = table.generation, "table rebuilt: {why}");
         self.shared.table.store(Arc::new(table));
+        if let Some(w) = &mut self.workers {
+            let table = self.shared.table.load();
+            for prog in &mut w.progs {
+                let sync = prog.update_maps(&table)?;
+                if sync.added + sync.removed > 0 {
+                    info!(
+                        added = sync.added,
+                        removed = sync.removed,
+                        "steering maps updated"
+                    );
+                }
+            }
+        }
         Ok(())
     }
 
@@ -259,18 +289,17 @@ pub fn run(source: Source) -> anyhow::Result<()> {
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))
         .context("installing SIGHUP")?;
 
-    let mut control = Control::start(source, Vec::new())?;
+    let mut control = Control::start(source)?;
     control.own_vips()?;
-    warn!(
-        "AF_XDP workers are not integrated yet: this run serves the table, health checks and \
-         the admin API, but forwards nothing"
-    );
     let (reload_tx, reload_rx) = mpsc::channel::<Reload>();
     let admin_addr = control.shared.config().gateway.admin_listen;
     let bound = admin::start(admin_addr, Arc::clone(&control.shared), reload_tx)?;
     info!("admin API on http://{bound}");
+    control.start_workers()?;
+    info!("forwarding");
     control.serve(&stop, &hup, &reload_rx);
-    info!("stopping");
+    info!("stopping: draining workers, detaching XDP");
+    control.stop_workers();
     Ok(())
 }
 
@@ -307,7 +336,7 @@ backends = [{}]
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("strait.toml");
         std::fs::write(&path, config(&["198.51.100.11"])).unwrap();
-        let mut c = Control::start(Source::File(path.clone()), Vec::new()).unwrap();
+        let mut c = Control::start(Source::File(path.clone())).unwrap();
         assert_eq!(c.shared.table.load().generation, 1);
         let first_id = c.shared.table.load().services[0].backends[0];
 
@@ -343,9 +372,7 @@ backends = [{}]
             config(&["198.51.100.11"]).replace("\"lo\"", "\"nosuch0\""),
         )
         .unwrap();
-        let e = Control::start(Source::File(path), Vec::new())
-            .unwrap_err()
-            .to_string();
+        let e = Control::start(Source::File(path)).unwrap_err().to_string();
         assert!(e.contains("interface nosuch0 not found"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

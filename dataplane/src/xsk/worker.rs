@@ -112,26 +112,41 @@ pub struct WorkerStats {
     pub idle_polls: u64,
 }
 
+/// Batches between two calls of the `publish` hook while busy: at 1 Mpps and 64-frame
+/// batches, about every 65 ms, so `/metrics` is never more than a scrape interval behind, and
+/// the hook's copy (a few hundred bytes) costs nothing per packet.
+pub const PUBLISH_EVERY: u64 = 1024;
+
+/// Flow-table buckets swept per idle turn: 64 buckets (512 ways) is well under a microsecond,
+/// so an arriving packet waits at most that long, and an idle core still walks a million-flow
+/// table in a few seconds.
+pub const SWEEP_BUCKETS: usize = 64;
+
 /// Runs the worker on `port` until `stop` is set, then returns its statistics.
 ///
 /// `snapshot` is called once per batch for the current service table: `|| swap.load_full()`
 /// with arc-swap, or `|| &table` for a fixed one. `clock` gives the pipeline's `now`, read once
-/// per batch. The pipeline's counters stay in `pipe`.
+/// per batch. The pipeline's counters stay in `pipe`; `publish` sees them (and the worker's
+/// statistics) when the worker turns idle and every [`PUBLISH_EVERY`] batches, to copy them
+/// where the admin API reads. While idle the worker also expires flows, [`SWEEP_BUCKETS`]
+/// buckets a turn.
 ///
 /// # Errors
 /// [`XskError::Io`] when a `sendto`, `recvfrom` or `poll` on the socket fails in a way
 /// retrying cannot fix; the port stays usable for inspection.
-pub fn run_worker<T, S, C>(
+pub fn run_worker<T, S, C, P>(
     port: &mut Port,
     pipe: &mut Pipeline,
     mut snapshot: S,
     stop: &AtomicBool,
     mut clock: C,
+    mut publish: P,
 ) -> Result<WorkerStats, XskError>
 where
     T: Deref<Target = ServiceTable>,
     S: FnMut() -> T,
     C: Clock,
+    P: FnMut(&Pipeline, &WorkerStats),
 {
     let mut st = WorkerStats::default();
     let ingress = port.table_port();
@@ -143,6 +158,10 @@ where
             st.tx_kicks += port.flush_tx()? as u64;
             st.fill_kicks += port.wake_fill()? as u64;
             idle += 1;
+            if idle == 1 {
+                publish(pipe, &st);
+            }
+            pipe.flows.sweep(clock.now_ns(), SWEEP_BUCKETS);
             if idle >= IDLE_SPINS {
                 idle = 0;
                 st.idle_polls += 1;
@@ -182,7 +201,11 @@ where
         st.handoff_dropped += handoff;
         st.other_port += other;
         st.tx_kicks += port.flush_tx()? as u64;
+        if st.batches % PUBLISH_EVERY == 0 {
+            publish(pipe, &st);
+        }
     }
+    publish(pipe, &st);
     Ok(st)
 }
 
