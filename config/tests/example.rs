@@ -40,17 +40,25 @@ fn example_is_the_testbed_default() {
         }
     );
 
-    let dns = &c.services[1];
-    assert_eq!(dns.name, "dns");
-    assert_eq!(dns.frontend(), "203.0.113.10:53".parse().unwrap());
-    assert_eq!(dns.protocol, Protocol::Udp);
-    assert_eq!(dns.mode, Mode::Nat);
-    let backends: Vec<String> = dns
+    let echo = &c.services[1];
+    assert_eq!(echo.name, "echo");
+    assert_eq!(echo.frontend(), "203.0.113.10:5353".parse().unwrap());
+    assert_eq!(echo.protocol, Protocol::Udp);
+    assert_eq!(echo.mode, Mode::DsrL2);
+    let backends: Vec<String> = echo
         .backends
         .iter()
         .map(|b| b.socket_addr().to_string())
         .collect();
-    assert_eq!(backends, ["198.51.100.21:5353", "198.51.100.22:5353"]);
+    assert_eq!(
+        backends,
+        [
+            "198.51.100.11:5353",
+            "198.51.100.12:5353",
+            "198.51.100.13:5353",
+            "198.51.100.14:5353"
+        ]
+    );
 }
 
 #[test]
