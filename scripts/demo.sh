@@ -47,7 +47,7 @@ ip netns exec "$prefix-gw" "$strait" run 2>"$log" &
 gw=$!
 in_gw() { ip netns exec "$prefix-gw" "$@"; }
 for _ in $(seq 1 100); do
-  if in_gw curl -s --max-time 1 http://127.0.0.1:9900/metrics 2>/dev/null | grep -q '^strait_rx_packets_total'; then
+  if in_gw curl -sf --max-time 1 http://127.0.0.1:9900/healthz >/dev/null 2>&1; then
     break
   fi
   kill -0 "$gw" 2>/dev/null || { echo "demo: the gateway exited:"; tail -20 "$log"; exit 1; }

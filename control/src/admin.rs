@@ -2,7 +2,7 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `GET /healthz` | `200 ok` while the gateway runs |
+//! | `GET /healthz` | `200 ok` once the workers forward and the VIPs are announced, `503` before |
 //! | `GET /services` | every service and backend with weight, state and health, as JSON |
 //! | `GET /metrics` | Prometheus text format: per-core packets, drops by reason, flow table, new flows per backend, backend health, snapshot generation |
 //! | `POST /reload` | re-reads the configuration file and swaps the table in atomically |
@@ -74,7 +74,10 @@ fn serve(
     let mut parts = line.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let (status, ctype, body) = match (method, path) {
-        ("GET", "/healthz") => (200, "text/plain", "ok\n".to_string()),
+        ("GET", "/healthz") if shared.ready.load(std::sync::atomic::Ordering::Relaxed) => {
+            (200, "text/plain", "ok\n".to_string())
+        }
+        ("GET", "/healthz") => (503, "text/plain", "starting\n".to_string()),
         ("GET", "/services") => (200, "application/json", services_json(shared)),
         ("GET", "/metrics") => {
             let mut out = String::new();
@@ -112,6 +115,7 @@ fn serve(
         200 => "OK",
         400 => "Bad Request",
         404 => "Not Found",
+        503 => "Service Unavailable",
         405 => "Method Not Allowed",
         _ => "Internal Server Error",
     };
@@ -396,6 +400,10 @@ mod tests {
         )
         .unwrap();
 
+        assert_eq!(get(addr, "GET", "/healthz"), (503, "starting\n".into()));
+        shared
+            .ready
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         assert_eq!(get(addr, "GET", "/healthz"), (200, "ok\n".into()));
         let (s, body) = get(addr, "GET", "/services");
         assert_eq!(s, 200);

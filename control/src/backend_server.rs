@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! client ──TCP──> [::]:80, [::]:8080     HTTP/1.1: GET /healthz -> 200 "ok\n"
+//!                                          GET /stream  -> a line every 100 ms until the client leaves
 //!                                          anything else -> 200 "backend=b1 client=IP:PORT\n"
 //! client ──UDP──> ADDR:5353 (each given)  any datagram   -> "backend=b1 client=IP:PORT\n"
 //! ```
@@ -390,6 +391,9 @@ fn handle_connection(stream: TcpStream, name: &str) -> io::Result<()> {
             return Ok(()); // the peer closed mid-body
         }
         let path = request.path.split('?').next().unwrap_or_default();
+        if path == "/stream" {
+            return stream_lines(&mut writer, name, peer);
+        }
         let body = if path == "/healthz" {
             "ok\n".to_owned()
         } else {
@@ -410,6 +414,27 @@ fn handle_connection(stream: TcpStream, name: &str) -> io::Result<()> {
         }
     }
 }
+
+/// `GET /stream`: a long-lived response, one line every [`STREAM_EVERY`] naming the backend,
+/// the peer and a sequence number, until the client goes away. Tests use it to see that an
+/// established connection keeps flowing (no reset, no stall) while the gateway's table
+/// changes around it.
+fn stream_lines(writer: &mut TcpStream, name: &str, peer: SocketAddr) -> io::Result<()> {
+    writer
+        .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")?;
+    for seq in 0u64.. {
+        let line = format!("{} seq={seq}\n", identity(name, peer).trim_end());
+        if writer.write_all(line.as_bytes()).is_err() {
+            return Ok(()); // the client left
+        }
+        std::thread::sleep(STREAM_EVERY);
+    }
+    Ok(())
+}
+
+/// Interval between two lines of `GET /stream`: ten a second makes a one-second stall
+/// obvious without loading the testbed.
+pub const STREAM_EVERY: Duration = Duration::from_millis(100);
 
 /// Closes after an error response without losing it: closing a socket with unread input
 /// sends a RST, which can make the peer drop the response before reading it. So: send FIN,

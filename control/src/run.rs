@@ -290,12 +290,15 @@ pub fn run(source: Source) -> anyhow::Result<()> {
         .context("installing SIGHUP")?;
 
     let mut control = Control::start(source)?;
-    control.own_vips()?;
     let (reload_tx, reload_rx) = mpsc::channel::<Reload>();
     let admin_addr = control.shared.config().gateway.admin_listen;
     let bound = admin::start(admin_addr, Arc::clone(&control.shared), reload_tx)?;
     info!("admin API on http://{bound}");
+    // Steering first, then the VIPs: once the kernel owns a VIP it would answer service
+    // traffic itself (with resets) if the XDP program were not there yet to redirect it.
     control.start_workers()?;
+    control.own_vips()?;
+    control.shared.ready.store(true, Ordering::Relaxed);
     info!("forwarding");
     control.serve(&stop, &hup, &reload_rx);
     info!("stopping: draining workers, detaching XDP");

@@ -4,6 +4,7 @@
 //! [`CoreStats`] with `try_lock` every few batches (skipping a round if the admin API happens
 //! to be reading), and reads the table through an [`ArcSwap`] load.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
@@ -47,6 +48,9 @@ pub struct Shared {
     pub health: States,
     /// One entry per worker.
     pub cores: Vec<Arc<CoreStats>>,
+    /// Set once the workers forward and the VIPs are announced: `/healthz` answers 200 only
+    /// then, so an orchestrator (or a test) sends traffic only to a gateway that takes it.
+    pub ready: AtomicBool,
 }
 
 impl Shared {
@@ -62,6 +66,7 @@ impl Shared {
             config: Mutex::new(config),
             health,
             cores,
+            ready: AtomicBool::new(false),
         }
     }
 

@@ -1,0 +1,121 @@
+"""Test client for Strait's end-to-end tests, run inside the testbed's client namespace.
+
+    client.py keepalive VIP N        open N keep-alive HTTP connections, GET once on each and
+                                     print the answers; then, for every line on stdin, GET
+                                     again on every connection and print the answers, then END
+    client.py stream VIP N SECONDS   open N GET /stream connections for SECONDS; print, per
+                                     connection, the backend, lines read, the longest gap
+                                     between two lines and any error
+    client.py udp VIP PORT FIRST N   send one datagram from each of N source ports starting at
+                                     FIRST and wait for its echo; print sent/answered counts
+
+Plain standard library: the peer is a real TCP/UDP stack, nothing of Strait's.
+"""
+import socket
+import sys
+import threading
+import time
+
+
+def http_get(s, path="/"):
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: vip\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(4096)
+        if not chunk:
+            raise ConnectionError("closed before the response head")
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            length = int(v)
+    while len(body) < length:
+        chunk = s.recv(4096)
+        if not chunk:
+            raise ConnectionError("closed mid-body")
+        body += chunk
+    return body.decode().strip()
+
+
+def keepalive(vip, n):
+    conns = [socket.create_connection((vip, 80), timeout=5) for _ in range(n)]
+    for s in conns:
+        print(http_get(s))
+    print("END", flush=True)
+    for _ in sys.stdin:
+        for s in conns:
+            try:
+                print(http_get(s))
+            except OSError as e:
+                print(f"ERROR {e!r}")
+        print("END", flush=True)
+
+
+def stream(vip, n, seconds):
+    results = [None] * n
+
+    def one(i):
+        backend, lines, gap, err = "?", 0, 0.0, ""
+        try:
+            s = socket.create_connection((vip, 80), timeout=5)
+            s.sendall(b"GET /stream HTTP/1.1\r\nHost: vip\r\n\r\n")
+            s.settimeout(3)
+            buf, last, end = b"", None, time.monotonic() + seconds
+            while time.monotonic() < end:
+                chunk = s.recv(4096)
+                if not chunk:
+                    err = "closed"
+                    break
+                now = time.monotonic()
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.startswith(b"backend="):
+                        backend = line.split()[0].decode()
+                        lines += 1
+                        if last is not None:
+                            gap = max(gap, now - last)
+                        last = now
+            s.close()
+        except OSError as e:
+            err = repr(e)
+        results[i] = (backend, lines, gap, err)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for backend, lines, gap, err in results:
+        print(f"{backend} lines={lines} maxgap={gap:.3f} error={err or 'none'}")
+
+
+def udp(vip, port, first, n):
+    answered = 0
+    for p in range(first, first + n):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("0.0.0.0", p))
+        s.settimeout(1.0)
+        s.sendto(b"ping", (vip, port))
+        try:
+            data, _ = s.recvfrom(2048)
+            if data.startswith(b"backend="):
+                answered += 1
+        except socket.timeout:
+            pass
+        s.close()
+    print(f"sent={n} answered={answered}")
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    if cmd == "keepalive":
+        keepalive(sys.argv[2], int(sys.argv[3]))
+    elif cmd == "stream":
+        stream(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+    elif cmd == "udp":
+        udp(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    else:
+        sys.exit(f"unknown command {cmd}")
