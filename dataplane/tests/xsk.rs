@@ -438,7 +438,14 @@ fn gateway(
             let table = Arc::new(table);
             let clock = MonotonicClock::new();
             COUNTING.with(|c| c.set(true));
-            let r = run_worker(&mut port, &mut pipe, || table.clone(), &stop, clock, |_, _| {});
+            let r = run_worker(
+                &mut port,
+                &mut pipe,
+                || table.clone(),
+                &stop,
+                clock,
+                |_, _| {},
+            );
             COUNTING.with(|c| c.set(false));
             (r, pipe, port)
         })
