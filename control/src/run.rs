@@ -39,12 +39,14 @@ pub enum Source {
 
 impl Source {
     fn load(&self) -> anyhow::Result<Config> {
-        match self {
+        let mut cfg = match self {
             Source::File(p) => {
-                strait_config::load(p).map_err(|e| anyhow::anyhow!("{}:\n{e}", p.display()))
+                strait_config::load(p).map_err(|e| anyhow::anyhow!("{}:\n{e}", p.display()))?
             }
-            Source::Builtin => Ok(strait_config::example()),
-        }
+            Source::Builtin => strait_config::example(),
+        };
+        Control::default_tunnel_sources(&mut cfg);
+        Ok(cfg)
     }
 }
 
@@ -83,6 +85,25 @@ pub fn port_of(name: &str) -> anyhow::Result<Port> {
     })
 }
 
+/// The global unicast addresses of an interface, primary first (`ip -j addr show`). Empty
+/// when the interface has none or `ip` fails.
+pub fn interface_addrs(iface: &str) -> Vec<std::net::IpAddr> {
+    let Ok(out) = std::process::Command::new("ip")
+        .args(["-j", "addr", "show", "dev", iface])
+        .output()
+    else {
+        return Vec::new();
+    };
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|link| link["addr_info"].as_array().cloned().unwrap_or_default())
+        .filter(|a| a["scope"] == "global")
+        .filter_map(|a| a["local"].as_str()?.parse().ok())
+        .collect()
+}
+
 /// The control loop's state.
 pub struct Control {
     source: Source,
@@ -105,6 +126,39 @@ impl std::fmt::Debug for Control {
 }
 
 impl Control {
+    /// Fills unset tunnel sources from the backend-facing interface's own addresses, as the
+    /// configuration documents: the outer source of encapsulated packets is an address of the
+    /// gateway on the segment that carries them.
+    fn default_tunnel_sources(cfg: &mut Config) {
+        let Some(iface) = cfg
+            .gateway
+            .interfaces
+            .iter()
+            .find(|i| {
+                matches!(
+                    i.role,
+                    strait_config::model::Role::Backend | strait_config::model::Role::Both
+                )
+            })
+            .map(|i| i.name.clone())
+        else {
+            return;
+        };
+        let g = &mut cfg.gateway;
+        if g.tunnel_source_v4.is_none() {
+            g.tunnel_source_v4 = interface_addrs(&iface).into_iter().find_map(|a| match a {
+                std::net::IpAddr::V4(v4) => Some(v4),
+                _ => None,
+            });
+        }
+        if g.tunnel_source_v6.is_none() {
+            g.tunnel_source_v6 = interface_addrs(&iface).into_iter().find_map(|a| match a {
+                std::net::IpAddr::V6(v6) if !v6.is_unicast_link_local() => Some(v6),
+                _ => None,
+            });
+        }
+    }
+
     /// Loads the configuration, checks the interfaces, builds the first table and starts the
     /// health checks. Workers start separately ([`Control::start_workers`]).
     ///
@@ -112,6 +166,24 @@ impl Control {
     /// A configuration that does not validate, or an interface that does not exist.
     pub fn start(source: Source) -> anyhow::Result<Self> {
         let cfg = source.load()?;
+        for svc in cfg.services.iter().filter(|s| s.mode.is_tunnel()) {
+            for b in &svc.backends {
+                let missing = match b.tunnel_target() {
+                    std::net::IpAddr::V4(_) => cfg.gateway.tunnel_source_v4.is_none(),
+                    std::net::IpAddr::V6(_) => cfg.gateway.tunnel_source_v6.is_none(),
+                };
+                if missing {
+                    bail!(
+                        "service {}: {} encapsulates to {}, but the backend-facing interface has \
+                         no address of that family to send from; set gateway.tunnel_source_v4 / \
+                         tunnel_source_v6",
+                        svc.name,
+                        svc.mode,
+                        b.tunnel_target()
+                    );
+                }
+            }
+        }
         let ports = cfg
             .gateway
             .interfaces

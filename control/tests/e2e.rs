@@ -728,14 +728,10 @@ fn c_ipip_and_gue_leave_encapsulated_with_valid_checksums() {
     let bed = Bed::up("c", &["--backends", "2"]);
     // `web` becomes dsr-ipip on port 80; a second service, dsr-gue on port 81, over the same
     // backends (no server listens on 81: this kernel cannot decapsulate either, so only the
-    // packets on the wire are checked).
+    // packets on the wire are checked). No tunnel source is configured: the gateway takes its
+    // own address on the backend-facing interface.
     let cfg = write_config(&bed, |t| {
         let t = t.replacen("mode = \"dsr-l2\"", "mode = \"dsr-ipip\"", 1);
-        let t = t.replacen(
-            "[gateway]\n",
-            "[gateway]\ntunnel_source_v4 = \"192.0.2.1\"\n",
-            1,
-        );
         format!(
             "{t}\n[[services]]\nname = \"gue\"\nvip = \"{VIP}\"\nport = 81\nmode = \"dsr-gue\"\n\
              backends = [{{ address = \"198.51.100.11\", port = 81, mac = \"02:00:00:00:01:11\" }}]\n"
