@@ -77,6 +77,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fmt;
 
+use strait_config::is_prime;
+
 use crate::hash::hash_words;
 
 /// Seed for a backend's offset hash `h1`. ASCII "STRAITMO".
@@ -510,26 +512,6 @@ impl Bitmap {
             *w |= 1 << (bit & 63);
         }
     }
-}
-
-/// Trial division by 2, 3 and `6k ± 1`; at most about 700 divisions for sizes up to
-/// [`MAX_SIZE`].
-fn is_prime(n: u32) -> bool {
-    let n = u64::from(n);
-    if n < 4 {
-        return n >= 2;
-    }
-    if n % 2 == 0 || n % 3 == 0 {
-        return false;
-    }
-    let mut d = 5u64;
-    while d * d <= n {
-        if n % d == 0 || n % (d + 2) == 0 {
-            return false;
-        }
-        d += 6;
-    }
-    true
 }
 
 #[cfg(test)]

@@ -10,6 +10,106 @@ use strait_dataplane::pipeline::{Pipeline, Verdict};
 use strait_dataplane::rewrite::{Frame, HEADROOM};
 use strait_dataplane::table::{Builder, Port, ServiceTable};
 
+/// A configuration with a service for every mode and edge case the pipeline tests need:
+/// dsr-l2 (4 backends), dsr-ipip, dsr-gue, nat (TCP and UDP on one VIP), source ranges,
+/// ClientIP affinity, IPv6 nat and IPv6-in-IPv6. Shared by the behaviour, fixture and
+/// allocation tests.
+pub const ALL_MODES: &str = r#"
+[gateway]
+tunnel_source_v4 = "192.0.2.1"
+tunnel_source_v6 = "2001:db8::1"
+[[gateway.interfaces]]
+name = "veth-gw"
+queues = [0]
+
+[[services]]
+name = "l2"
+vip = "203.0.113.10"
+port = 80
+mode = "dsr-l2"
+maglev_table_size = 251
+backends = [
+  { address = "198.51.100.11", port = 80, mac = "02:00:00:00:01:11" },
+  { address = "198.51.100.12", port = 80, mac = "02:00:00:00:01:12" },
+  { address = "198.51.100.13", port = 80, mac = "02:00:00:00:01:13" },
+  { address = "198.51.100.14", port = 80, mac = "02:00:00:00:01:14" },
+]
+
+[[services]]
+name = "ipip"
+vip = "203.0.113.11"
+port = 80
+mode = "dsr-ipip"
+maglev_table_size = 251
+backends = [{ address = "198.51.100.11", port = 80, mac = "02:00:00:00:01:11" }]
+
+[[services]]
+name = "gue"
+vip = "203.0.113.12"
+port = 80
+mode = "dsr-gue"
+maglev_table_size = 251
+backends = [{ address = "198.51.100.12", port = 80, mac = "02:00:00:00:01:12" }]
+
+[[services]]
+name = "nat"
+vip = "203.0.113.13"
+port = 80
+mode = "nat"
+maglev_table_size = 251
+backends = [
+  { address = "198.51.100.21", port = 8080, mac = "02:00:00:00:01:21" },
+  { address = "198.51.100.22", port = 8080, mac = "02:00:00:00:01:22" },
+]
+
+[[services]]
+name = "dns"
+vip = "203.0.113.13"
+port = 53
+protocol = "udp"
+mode = "nat"
+maglev_table_size = 251
+backends = [{ address = "198.51.100.21", port = 5353, mac = "02:00:00:00:01:21" }]
+
+[[services]]
+name = "acl"
+vip = "203.0.113.14"
+port = 443
+mode = "dsr-l2"
+maglev_table_size = 251
+source_ranges = ["192.0.2.0/25"]
+backends = [{ address = "198.51.100.11", port = 443, mac = "02:00:00:00:01:11" }]
+
+[[services]]
+name = "sticky"
+vip = "203.0.113.15"
+port = 80
+mode = "dsr-l2"
+maglev_table_size = 251
+session_affinity = { timeout = "60s" }
+backends = [
+  { address = "198.51.100.11", port = 80, mac = "02:00:00:00:01:11" },
+  { address = "198.51.100.12", port = 80, mac = "02:00:00:00:01:12" },
+  { address = "198.51.100.13", port = 80, mac = "02:00:00:00:01:13" },
+]
+
+[[services]]
+name = "v6"
+vip = "2001:db8::10"
+port = 80
+mode = "nat"
+maglev_table_size = 251
+backends = [{ address = "2001:db8:1::21", port = 8080, mac = "02:00:00:00:01:21" }]
+
+[[services]]
+name = "v6-ipip"
+vip = "2001:db8::11"
+port = 80
+mode = "dsr-ipip"
+maglev_table_size = 251
+backends = [{ address = "2001:db8:1::11", port = 80, mac = "02:00:00:00:01:11" }]
+"#;
+
 /// The gateway's MAC on every port in tests.
 pub const GW_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 /// The client's (or its router's) MAC.

@@ -93,7 +93,7 @@ fn sweeps<'a>(fixtures: &'a [Fixture], table: &'a ServiceTable) -> Vec<Sweep<'a>
 #[test]
 fn every_prefix_of_every_fixture() {
     let fixtures = all();
-    let table = table(CONFIG, 1500);
+    let table = table(&CONFIG, 1500);
     let mut runs = 0;
     for s in sweeps(&fixtures, &table) {
         let input = &s.f.input;
@@ -142,7 +142,7 @@ fn every_prefix_of_every_fixture() {
 #[test]
 fn every_single_byte_corruption_of_every_fixture() {
     let fixtures = all();
-    let table = table(CONFIG, 1500);
+    let table = table(&CONFIG, 1500);
     let mut runs = 0;
     let mut kinds = std::collections::BTreeMap::<&str, usize>::new();
     let mut problems = Vec::new();
@@ -194,7 +194,7 @@ fn every_single_byte_corruption_of_every_fixture() {
 #[test]
 fn the_sent_frame_checks_catch_broken_rewrites() {
     let fixtures = all();
-    let table = table(CONFIG, 1500);
+    let table = table(&CONFIG, 1500);
     let sw = sweeps(&fixtures, &table);
     let get = |name: &str| {
         let s = sw.iter().find(|s| s.f.name == name).expect("fixture");

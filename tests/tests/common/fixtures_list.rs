@@ -21,101 +21,11 @@ use strait_tests::{tcp, udp, Bed, CLIENT_MAC, GW_MAC};
 /// IPv4-in-IPv6 tunnels (ipip and GUE), GUE over IPv6, a VIP shared by two TCP services
 /// (ambiguous later fragments), two nat services sharing one backend (nat collisions), a
 /// service whose only backend drains (no backend) and one whose backend MAC is unresolved.
-pub const CONFIG: &str = r#"
-[gateway]
-tunnel_source_v4 = "192.0.2.1"
-tunnel_source_v6 = "2001:db8::1"
-[[gateway.interfaces]]
-name = "veth-gw"
-queues = [0]
+pub static CONFIG: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{}{EXTRA}", strait_tests::ALL_MODES));
 
-[[services]]
-name = "l2"
-vip = "203.0.113.10"
-port = 80
-mode = "dsr-l2"
-maglev_table_size = 251
-backends = [
-  { address = "198.51.100.11", port = 80, mac = "02:00:00:00:01:11" },
-  { address = "198.51.100.12", port = 80, mac = "02:00:00:00:01:12" },
-  { address = "198.51.100.13", port = 80, mac = "02:00:00:00:01:13" },
-  { address = "198.51.100.14", port = 80, mac = "02:00:00:00:01:14" },
-]
-
-[[services]]
-name = "ipip"
-vip = "203.0.113.11"
-port = 80
-mode = "dsr-ipip"
-maglev_table_size = 251
-backends = [{ address = "198.51.100.11", port = 80, mac = "02:00:00:00:01:11" }]
-
-[[services]]
-name = "gue"
-vip = "203.0.113.12"
-port = 80
-mode = "dsr-gue"
-maglev_table_size = 251
-backends = [{ address = "198.51.100.12", port = 80, mac = "02:00:00:00:01:12" }]
-
-[[services]]
-name = "nat"
-vip = "203.0.113.13"
-port = 80
-mode = "nat"
-maglev_table_size = 251
-backends = [
-  { address = "198.51.100.21", port = 8080, mac = "02:00:00:00:01:21" },
-  { address = "198.51.100.22", port = 8080, mac = "02:00:00:00:01:22" },
-]
-
-[[services]]
-name = "dns"
-vip = "203.0.113.13"
-port = 53
-protocol = "udp"
-mode = "nat"
-maglev_table_size = 251
-backends = [{ address = "198.51.100.21", port = 5353, mac = "02:00:00:00:01:21" }]
-
-[[services]]
-name = "acl"
-vip = "203.0.113.14"
-port = 443
-mode = "dsr-l2"
-maglev_table_size = 251
-source_ranges = ["192.0.2.0/25"]
-backends = [{ address = "198.51.100.11", port = 443, mac = "02:00:00:00:01:11" }]
-
-[[services]]
-name = "sticky"
-vip = "203.0.113.15"
-port = 80
-mode = "dsr-l2"
-maglev_table_size = 251
-session_affinity = { timeout = "60s" }
-backends = [
-  { address = "198.51.100.11", port = 80, mac = "02:00:00:00:01:11" },
-  { address = "198.51.100.12", port = 80, mac = "02:00:00:00:01:12" },
-  { address = "198.51.100.13", port = 80, mac = "02:00:00:00:01:13" },
-]
-
-[[services]]
-name = "v6"
-vip = "2001:db8::10"
-port = 80
-mode = "nat"
-maglev_table_size = 251
-backends = [{ address = "2001:db8:1::21", port = 8080, mac = "02:00:00:00:01:21" }]
-
-[[services]]
-name = "v6-ipip"
-vip = "2001:db8::11"
-port = 80
-mode = "dsr-ipip"
-maglev_table_size = 251
-backends = [{ address = "2001:db8:1::11", port = 80, mac = "02:00:00:00:01:11" }]
-
+/// The services only fixtures need, appended to [`strait_tests::ALL_MODES`].
+const EXTRA: &str = r#"
 [[services]]
 name = "v6-l2"
 vip = "2001:db8::12"
@@ -264,7 +174,7 @@ impl Fixture {
     /// # Panics
     /// If a setup frame is not sent.
     pub fn bed(&self) -> Bed {
-        let mut bed = Bed::new(CONFIG);
+        let mut bed = Bed::new(&CONFIG);
         for s in &self.setup {
             let (v, _) = bed.run(s);
             assert_eq!(v, TX, "{}: setup frame not sent", self.name);
