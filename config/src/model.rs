@@ -509,7 +509,7 @@ pub fn is_prime(n: u32) -> bool {
     if n < 4 {
         return n >= 2;
     }
-    if n % 2 == 0 || n % 3 == 0 {
+    if n.is_multiple_of(2) || n.is_multiple_of(3) {
         return false;
     }
     let n = u64::from(n);

@@ -48,6 +48,14 @@ pub fn start(
     let local = listener.local_addr()?;
     let mut registry = Registry::with_prefix("strait");
     registry.register_collector(Box::new(Metrics(Arc::clone(&shared))));
+    let kube = shared
+        .kube
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    if let Some(stats) = kube {
+        registry.register_collector(Box::new(crate::kube::Metrics(stats)));
+    }
     thread::Builder::new().name("admin".into()).spawn(move || {
         for conn in listener.incoming().flatten() {
             let _ = serve(conn, &shared, &registry, &reload);

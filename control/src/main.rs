@@ -15,6 +15,7 @@ mod backend_server;
 mod bench_maglev;
 mod bench_pipeline;
 mod health;
+mod kube;
 mod run;
 mod shared;
 mod status;
@@ -46,6 +47,8 @@ enum Command {
         /// The TOML file (default: the built-in annotated example, the testbed's setup).
         #[arg(long)]
         config: Option<PathBuf>,
+        #[command(flatten)]
+        kube: kube::Args,
     },
     /// Show the running gateway's services and backends (from its admin API).
     Status {
@@ -97,7 +100,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Status { admin } => status::run(admin),
         Command::Testbed { what } => testbed::run_command(what),
-        Command::Run { config } => run::run(config.map_or(run::Source::Builtin, run::Source::File)),
+        Command::Run { config, kube } => run::run(
+            config.map_or(run::Source::Builtin, run::Source::File),
+            &kube,
+        ),
         Command::Check { config } => return check(config),
         Command::Bench {
             what: Bench::Pipeline { json },

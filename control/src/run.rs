@@ -18,7 +18,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use strait_config::model::Config;
+use strait_config::model::{Config, Service};
 use strait_dataplane::table::{Builder, Port, ServiceTable};
 use tracing::{info, warn};
 
@@ -115,6 +115,16 @@ pub struct Control {
     changes: Receiver<health::Key>,
     vips: Option<Vips>,
     workers: Option<Workers>,
+    /// The Kubernetes source's feed, when `--kube` is given.
+    kube: Option<KubeFeed>,
+}
+
+/// Service lists from the Kubernetes source, the last one received, and the file's own
+/// configuration they are merged into.
+struct KubeFeed {
+    lists: Receiver<Vec<Service>>,
+    services: Vec<Service>,
+    file: Config,
 }
 
 impl std::fmt::Debug for Control {
@@ -207,6 +217,7 @@ impl Control {
             changes,
             vips: None,
             workers: None,
+            kube: None,
         })
     }
 
@@ -237,6 +248,47 @@ impl Control {
         if let Some(w) = self.workers.take() {
             w.stop();
         }
+    }
+
+    /// Takes Kubernetes service lists from `lists` from now on (see [`crate::kube`]).
+    pub fn follow_kube(&mut self, lists: Receiver<Vec<Service>>) {
+        self.kube = Some(KubeFeed {
+            lists,
+            services: Vec::new(),
+            file: self.shared.config(),
+        });
+    }
+
+    /// `file` with the last Kubernetes services added.
+    fn with_kube(&self, file: &Config) -> Config {
+        let Some(k) = &self.kube else {
+            return file.clone();
+        };
+        let (merged, dropped) = crate::kube::merge(file, &k.services);
+        for d in dropped {
+            warn!("{d}");
+        }
+        merged
+    }
+
+    /// Swaps in a new Kubernetes service list: the file's services plus these.
+    fn apply_kube(&mut self, services: Vec<Service>) -> anyhow::Result<()> {
+        let Some(k) = &mut self.kube else {
+            return Ok(());
+        };
+        k.services = services;
+        let file = k.file.clone();
+        let cfg = self.with_kube(&file);
+        self.checker.sync(&cfg);
+        if let Some(v) = &mut self.vips {
+            v.sync(&cfg)?;
+        }
+        *self
+            .shared
+            .config
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = cfg;
+        self.republish("kubernetes services changed")
     }
 
     /// Rebuilds the table from the current configuration and health, and publishes it.
@@ -270,7 +322,8 @@ impl Control {
     /// # Errors
     /// The problems of the new configuration.
     pub fn reload(&mut self) -> anyhow::Result<String> {
-        let cfg = self.source.load()?;
+        let file = self.source.load()?;
+        let cfg = self.with_kube(&file);
         if cfg.gateway.interfaces != self.shared.config().gateway.interfaces {
             bail!("reload: interfaces changed; restart strait to change interfaces or queues");
         }
@@ -283,6 +336,9 @@ impl Control {
             .config
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = cfg;
+        if let Some(k) = &mut self.kube {
+            k.file = file;
+        }
         self.republish("configuration reloaded")?;
         let cfg = self.shared.config();
         Ok(format!(
@@ -314,6 +370,11 @@ impl Control {
                     Err(e) => warn!("SIGHUP: reload refused, keeping the running table:\n{e:#}"),
                 }
             }
+            if let Some(list) = self.kube.as_ref().and_then(|k| k.lists.try_iter().last()) {
+                if let Err(e) = self.apply_kube(list) {
+                    warn!("kubernetes: rebuild refused, keeping the running table:\n{e:#}");
+                }
+            }
             while let Ok(answer) = reloads.try_recv() {
                 let r = self.reload().map_err(|e| format!("{e:#}"));
                 match &r {
@@ -341,7 +402,7 @@ fn log_table(cfg: &Config, table: &ServiceTable) {
 ///
 /// # Errors
 /// Missing privileges, a bad configuration, a missing interface, an admin address in use.
-pub fn run(source: Source) -> anyhow::Result<()> {
+pub fn run(source: Source, kube: &crate::kube::Args) -> anyhow::Result<()> {
     // SAFETY-free check of the effective uid through /proc, to give a clear error before any
     // socket or BPF call fails with EPERM.
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -370,6 +431,23 @@ pub fn run(source: Source) -> anyhow::Result<()> {
     // traffic itself (with resets) if the XDP program were not there yet to redirect it.
     control.start_workers()?;
     control.own_vips()?;
+    // Kept alive until `run` returns; dropping it stops the source's thread.
+    let _kube_source = if kube.kube {
+        let (tx, rx) = mpsc::channel();
+        let settings = kube.settings(&control.shared.config().gateway);
+        let src = crate::kube::spawn(kube.kubeconfig.as_deref(), settings, move |list| {
+            let _ = tx.send(list);
+        })?;
+        control.follow_kube(rx);
+        *control
+            .shared
+            .kube
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(src.stats());
+        Some(src)
+    } else {
+        None
+    };
     control.shared.ready.store(true, Ordering::Relaxed);
     info!("forwarding");
     control.serve(&stop, &hup, &reload_rx);

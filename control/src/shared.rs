@@ -51,6 +51,8 @@ pub struct Shared {
     /// Set once the workers forward and the VIPs are announced: `/healthz` answers 200 only
     /// then, so an orchestrator (or a test) sends traffic only to a gateway that takes it.
     pub ready: AtomicBool,
+    /// The Kubernetes source's numbers, when it runs.
+    pub kube: Mutex<Option<Arc<crate::kube::Stats>>>,
 }
 
 impl Shared {
@@ -67,6 +69,7 @@ impl Shared {
             health,
             cores,
             ready: AtomicBool::new(false),
+            kube: Mutex::new(None),
         }
     }
 

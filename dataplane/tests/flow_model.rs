@@ -50,7 +50,7 @@ fn model_live(v: &FlowValue, now: u64) -> bool {
 
 /// Key `i` of a small key space mixing IPv4 and IPv6, TCP and UDP.
 fn key(i: u8) -> FlowKey {
-    let (src, dst) = if i % 2 == 0 {
+    let (src, dst) = if i.is_multiple_of(2) {
         (v4_mapped([203, 0, 113, i]), v4_mapped([192, 0, 2, 10]))
     } else {
         let mut s = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];

@@ -1,0 +1,238 @@
+//! The Kubernetes source: Services, EndpointSlices and Nodes in, complete service lists
+//! out (`strait run --kube`).
+//!
+//! ```text
+//!  API server ◄── kube-rs watchers, status writes, Events ──┐
+//!                                                           │ tokio, current-thread
+//!   thread "kube" ─ watch::run_source ─ Controller ─────────┘ runtime of its own
+//!        │  pool::plan (addresses) ─ translate (pure) ─ validate (config rules)
+//!        ▼
+//!   publish(Vec<Service>)  ──► control loop (std mpsc) ──► Builder ──► ArcSwap ◄── workers
+//! ```
+//!
+//! tokio lives on this module's thread only: the control loop receives plain
+//! `Vec<strait_config::model::Service>` lists, and the dataplane never sees tokio or kube.
+//! A list is published only once Services, EndpointSlices and Nodes have all been listed
+//! completely, so a starting gateway never forwards on half a cluster and never drops a
+//! backend whose slice it has not seen yet; afterwards each change publishes the whole
+//! list again (the control loop swaps tables atomically).
+//!
+//! | file | part |
+//! |---|---|
+//! | [`settings`] | what the source is told (class, pools, mode, NodePort address) and its flags |
+//! | [`translate`] | Service + EndpointSlice + Node → `model::Service`, pure |
+//! | [`pool`] | LoadBalancer address allocation, pure |
+//! | [`watch`] | watchers, the reconcile loop, status writes |
+//! | [`events`] | Kubernetes Events, de-duplicated |
+//! | [`stats`] | connection state and counters for `/metrics` |
+//!
+//! This module only uses `strait_config` and external crates (no `crate::` paths), so the
+//! integration tests in `control/tests/kube.rs` compile it as it is.
+
+pub mod events;
+pub mod pool;
+pub mod settings;
+pub mod stats;
+pub mod translate;
+pub mod watch;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+use strait_config::model;
+use tracing::{error, info};
+
+pub use settings::{Args, Settings};
+pub use stats::{Metrics, Stats};
+pub use watch::run_source;
+
+/// What can go wrong starting or running the Kubernetes source.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    /// The kubeconfig file named on the command line could not be read or parsed.
+    #[error("kubeconfig {}: {source}", path.display())]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// Neither `$KUBECONFIG`, `~/.kube/config` nor the in-cluster service account gave a
+    /// configuration.
+    #[error("no Kubernetes configuration (tried $KUBECONFIG, ~/.kube/config and the in-cluster service account): {0}")]
+    Infer(#[source] kube::config::InferConfigError),
+    /// The client could not be built from the configuration (TLS material, proxy).
+    #[error("building the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    /// The tokio runtime or the source's thread could not be started.
+    #[error("starting the Kubernetes source's {what}: {source}")]
+    Runtime {
+        /// Runtime or thread.
+        what: &'static str,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The watch streams ended (kube-rs' watchers never end; a bug if seen).
+    #[error("the Kubernetes watch streams ended")]
+    StreamsEnded,
+}
+
+/// `namespace/name` of an object (`name` for cluster-scoped ones): the key of every map
+/// in this module.
+pub fn object_key(meta: &ObjectMeta) -> String {
+    let name = meta.name.as_deref().unwrap_or("");
+    match meta.namespace.as_deref() {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_owned(),
+    }
+}
+
+/// A reference to a Service, for Events.
+pub fn service_reference(svc: &Service) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Service".to_owned()),
+        name: svc.metadata.name.clone(),
+        namespace: svc.metadata.namespace.clone(),
+        uid: svc.metadata.uid.clone(),
+        resource_version: svc.metadata.resource_version.clone(),
+        field_path: None,
+    }
+}
+
+/// A client from `kubeconfig` when given, else inferred: `$KUBECONFIG`, `~/.kube/config`,
+/// then the in-cluster service account.
+///
+/// # Errors
+/// [`KubeError::Kubeconfig`], [`KubeError::Infer`], [`KubeError::Client`].
+pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, KubeError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let err = |source| KubeError::Kubeconfig {
+                path: path.to_owned(),
+                source,
+            };
+            let kc = Kubeconfig::read_from(path).map_err(err)?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(err)?
+        }
+        None => kube::Config::infer().await.map_err(KubeError::Infer)?,
+    };
+    info!(server = %config.cluster_url, "kubernetes: API server");
+    Client::try_from(config).map_err(KubeError::Client)
+}
+
+/// The running source: its numbers, and a way to stop it (also on drop).
+#[derive(Debug)]
+pub struct Source {
+    stats: Arc<Stats>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Source {
+    /// The source's numbers (for `/metrics`: [`Metrics`]).
+    pub fn stats(&self) -> Arc<Stats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Stops the source and waits for its thread.
+    pub fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Starts the source on a thread of its own with a current-thread tokio runtime, and
+/// returns once the client is built (configuration errors show here, not later).
+/// `publish` is called on that thread with each complete service list.
+///
+/// # Errors
+/// A kubeconfig that cannot be read, no configuration at all, a client that cannot be
+/// built, or a runtime or thread that cannot be started.
+pub fn spawn<F>(
+    kubeconfig: Option<&Path>,
+    settings: Settings,
+    publish: F,
+) -> Result<Source, KubeError>
+where
+    F: FnMut(Vec<model::Service>) + Send + 'static,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| KubeError::Runtime {
+            what: "runtime",
+            source,
+        })?;
+    let client = rt.block_on(connect(kubeconfig))?;
+    let stats = Arc::new(Stats::default());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let thread_stats = Arc::clone(&stats);
+    let thread = std::thread::Builder::new()
+        .name("kube".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                tokio::select! {
+                    r = run_source(client, settings, thread_stats, publish) => {
+                        if let Err(e) = r {
+                            error!("kubernetes source stopped: {e}");
+                        }
+                    }
+                    _ = stopped => {}
+                }
+            });
+        })
+        .map_err(|source| KubeError::Runtime {
+            what: "thread",
+            source,
+        })?;
+    Ok(Source {
+        stats,
+        stop: Some(stop),
+        thread: Some(thread),
+    })
+}
+
+/// The configuration file's `config` with the Kubernetes services added. A Kubernetes
+/// service whose name or frontend (address, port, protocol) a file service already has is
+/// left out: the file is the operator's word. Returns the merged configuration and one
+/// message per service left out.
+pub fn merge(config: &model::Config, kube: &[model::Service]) -> (model::Config, Vec<String>) {
+    let mut merged = config.clone();
+    let mut dropped = Vec::new();
+    for s in kube {
+        let clash = config.services.iter().find(|f| {
+            f.name == s.name || (f.vip, f.port, f.protocol) == (s.vip, s.port, s.protocol)
+        });
+        match clash {
+            Some(f) => dropped.push(format!(
+                "kubernetes service {} ({} {}) left out: the configuration file's service {} has its name or frontend",
+                s.name,
+                s.frontend(),
+                s.protocol,
+                f.name
+            )),
+            None => merged.services.push(s.clone()),
+        }
+    }
+    (merged, dropped)
+}

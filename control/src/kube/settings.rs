@@ -1,0 +1,145 @@
+//! What the Kubernetes source is told: which Services it owns, how it forwards them, where
+//! addresses come from, and the command-line flags that say so.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use strait_config::model::{Gateway, Mode};
+
+/// Settings of the Kubernetes source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// The gateway the produced services are validated against (MTU, tunnel rules).
+    pub gateway: Gateway,
+    /// `spec.loadBalancerClass` of the LoadBalancer Services this gateway owns.
+    pub class: String,
+    /// Also own LoadBalancer Services that name no class. Off by default: a cluster may
+    /// run another load-balancer implementation for those (a cloud provider, MetalLB).
+    pub classless: bool,
+    /// Frontend address of NodePort Services (`address:nodePort`); `None` leaves NodePort
+    /// Services out.
+    pub node_port_address: Option<IpAddr>,
+    /// Forwarding mode of the Services (a Service may override it with the
+    /// [`MODE_ANNOTATION`] annotation).
+    pub mode: Mode,
+    /// Serve `spec.externalIPs` of every Service, as kube-proxy does on the nodes. Off by
+    /// default: the gateway would claim (answer ARP/ND for) any address anyone with
+    /// Service write access names (CVE-2020-8554). The external IPs of the LoadBalancer
+    /// Services this gateway owns are served either way.
+    pub all_external_ips: bool,
+    /// Address pools LoadBalancer addresses are allocated from (IPv4 and IPv6 CIDRs).
+    pub pools: Vec<IpNet>,
+    /// Health check of DSR node backends under `externalTrafficPolicy: Cluster`, as
+    /// `(port, path)`: kube-proxy's own health endpoint (`10256`, `/livez`) tells whether
+    /// the node forwards at all. `None`: node backends are taken as healthy.
+    pub cluster_node_check: Option<(u16, String)>,
+    /// Shortest and longest wait between reconnection attempts to the API server.
+    pub backoff: (Duration, Duration),
+    /// Name under which Events are reported (`reportingController`).
+    pub reporter: String,
+}
+
+/// Default `loadBalancerClass` of the Services Strait owns.
+pub const DEFAULT_CLASS: &str = "strait.dev/gateway";
+
+/// Annotation requesting LoadBalancer addresses: one address, or a comma-separated list
+/// (one per family for dual-stack). Takes precedence over the deprecated
+/// `spec.loadBalancerIP`.
+pub const ADDRESS_ANNOTATION: &str = "strait.dev/load-balancer-ip";
+
+/// Annotation overriding the forwarding mode of one Service (`dsr-l2`, `dsr-ipip`,
+/// `dsr-gue`, `nat`).
+pub const MODE_ANNOTATION: &str = "strait.dev/mode";
+
+impl Settings {
+    /// Shortest wait before reconnecting: 800 ms, kube-rs' `DefaultBackoff` start.
+    pub const DEFAULT_BACKOFF_MIN: Duration = Duration::from_millis(800);
+    /// Longest wait before reconnecting: 30 s, kube-rs' `DefaultBackoff` ceiling, so a
+    /// gateway notices a recovered API server within half a minute.
+    pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+    /// Settings with the defaults: the default class, no class-less Services, no NodePort
+    /// frontend, the gateway's `default_mode`, external IPs of owned Services only, no
+    /// pools.
+    pub fn new(gateway: Gateway) -> Self {
+        Self {
+            mode: gateway.default_mode,
+            gateway,
+            class: DEFAULT_CLASS.to_owned(),
+            classless: false,
+            node_port_address: None,
+            all_external_ips: false,
+            pools: Vec::new(),
+            cluster_node_check: None,
+            backoff: (Self::DEFAULT_BACKOFF_MIN, Self::DEFAULT_BACKOFF_MAX),
+            reporter: "strait".to_owned(),
+        }
+    }
+}
+
+/// Command-line flags of `strait run` for the Kubernetes source (flatten into the `run`
+/// subcommand with `#[command(flatten)]`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Args {
+    /// Take services from the Kubernetes API (Services, EndpointSlices, Nodes) in addition
+    /// to the configuration file's.
+    #[arg(long)]
+    pub kube: bool,
+    /// Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then the in-cluster service
+    /// account).
+    #[arg(long, requires = "kube")]
+    pub kubeconfig: Option<PathBuf>,
+    /// `spec.loadBalancerClass` of the LoadBalancer Services to serve.
+    #[arg(long = "kube-class", default_value = DEFAULT_CLASS, requires = "kube")]
+    pub class: String,
+    /// Also serve LoadBalancer Services without a `loadBalancerClass`.
+    #[arg(long = "kube-classless", requires = "kube")]
+    pub classless: bool,
+    /// Address pool (CIDR) for LoadBalancer addresses; repeat for several pools.
+    #[arg(long = "kube-pool", value_name = "CIDR", requires = "kube")]
+    pub pools: Vec<IpNet>,
+    /// Serve NodePort Services on ADDRESS:nodePort.
+    #[arg(
+        long = "kube-node-port-address",
+        value_name = "ADDRESS",
+        requires = "kube"
+    )]
+    pub node_port_address: Option<IpAddr>,
+    /// Forwarding mode of Kubernetes services (default: gateway.default_mode).
+    #[arg(long = "kube-mode", value_name = "MODE", requires = "kube")]
+    pub mode: Option<Mode>,
+    /// Serve `spec.externalIPs` of every Service, not only of the LoadBalancer Services
+    /// this gateway owns.
+    #[arg(long = "kube-all-external-ips", requires = "kube")]
+    pub all_external_ips: bool,
+    /// Health-check DSR node backends of `externalTrafficPolicy: Cluster` Services on
+    /// kube-proxy's health port (`/livez`), e.g. 10256.
+    #[arg(
+        long = "kube-proxy-health-port",
+        value_name = "PORT",
+        requires = "kube"
+    )]
+    pub kube_proxy_health_port: Option<u16>,
+}
+
+impl Args {
+    /// The settings these flags give, with `gateway` from the configuration file.
+    pub fn settings(&self, gateway: &Gateway) -> Settings {
+        let mut s = Settings::new(gateway.clone());
+        s.class.clone_from(&self.class);
+        s.classless = self.classless;
+        s.pools.clone_from(&self.pools);
+        s.node_port_address = self.node_port_address;
+        if let Some(mode) = self.mode {
+            s.mode = mode;
+        }
+        s.all_external_ips = self.all_external_ips;
+        s.cluster_node_check = self
+            .kube_proxy_health_port
+            .filter(|&p| p != 0)
+            .map(|p| (p, "/livez".to_owned()));
+        s
+    }
+}

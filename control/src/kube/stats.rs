@@ -1,0 +1,350 @@
+//! Numbers of the Kubernetes source, for `/metrics` and for tests: connection state,
+//! lists and watch errors per kind, publishes, status writes, Events, skipped objects.
+//!
+//! Written by the source's thread, read by the admin API's: plain atomics, and one mutex
+//! around the small map of skipped-object counts.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use super::translate::WarningKind;
+
+/// The kinds of object the source watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// `v1` Services.
+    Services,
+    /// `discovery.k8s.io/v1` EndpointSlices.
+    EndpointSlices,
+    /// `v1` Nodes.
+    Nodes,
+}
+
+impl Kind {
+    /// Every kind.
+    pub const ALL: [Kind; 3] = [Kind::Services, Kind::EndpointSlices, Kind::Nodes];
+
+    /// The metrics label and log spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Services => "services",
+            Kind::EndpointSlices => "endpointslices",
+            Kind::Nodes => "nodes",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+#[derive(Debug, Default)]
+struct PerKind {
+    lists: AtomicU64,
+    errors: AtomicU64,
+    expired: AtomicU64,
+    objects: AtomicU64,
+}
+
+/// The source's numbers.
+#[derive(Debug, Default)]
+pub struct Stats {
+    connected: AtomicBool,
+    disconnects: AtomicU64,
+    kinds: [PerKind; 3],
+    publishes: AtomicU64,
+    published_services: AtomicU64,
+    status_writes: AtomicU64,
+    status_write_errors: AtomicU64,
+    events: AtomicU64,
+    event_errors: AtomicU64,
+    addresses: AtomicU64,
+    skipped: Mutex<BTreeMap<WarningKind, u64>>,
+}
+
+impl Stats {
+    /// Whether the last exchange with the API server succeeded.
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// Records the outcome of an exchange; returns the previous state.
+    pub(crate) fn set_connected(&self, up: bool) -> bool {
+        let was = self.connected.swap(up, Ordering::Relaxed);
+        if was && !up {
+            self.disconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        was
+    }
+
+    /// Times the connection was lost.
+    pub fn disconnects(&self) -> u64 {
+        self.disconnects.load(Ordering::Relaxed)
+    }
+
+    /// Complete (initial or re-) lists of `kind` so far.
+    pub fn lists(&self, kind: Kind) -> u64 {
+        self.kinds[kind.index()].lists.load(Ordering::Relaxed)
+    }
+
+    /// Watch or list errors of `kind` so far.
+    pub fn errors(&self, kind: Kind) -> u64 {
+        self.kinds[kind.index()].errors.load(Ordering::Relaxed)
+    }
+
+    /// 410 Gone answers of `kind` (each followed by a relist).
+    pub fn expired(&self, kind: Kind) -> u64 {
+        self.kinds[kind.index()].expired.load(Ordering::Relaxed)
+    }
+
+    /// Objects of `kind` currently known.
+    pub fn objects(&self, kind: Kind) -> u64 {
+        self.kinds[kind.index()].objects.load(Ordering::Relaxed)
+    }
+
+    /// Service lists published so far.
+    pub fn publishes(&self) -> u64 {
+        self.publishes.load(Ordering::Relaxed)
+    }
+
+    /// Services in the last published list.
+    pub fn published_services(&self) -> u64 {
+        self.published_services.load(Ordering::Relaxed)
+    }
+
+    /// Successful status writes.
+    pub fn status_writes(&self) -> u64 {
+        self.status_writes.load(Ordering::Relaxed)
+    }
+
+    /// Failed status writes.
+    pub fn status_write_errors(&self) -> u64 {
+        self.status_write_errors.load(Ordering::Relaxed)
+    }
+
+    /// Events published.
+    pub fn events(&self) -> u64 {
+        self.events.load(Ordering::Relaxed)
+    }
+
+    /// Events that could not be published.
+    pub fn event_errors(&self) -> u64 {
+        self.event_errors.load(Ordering::Relaxed)
+    }
+
+    /// LoadBalancer addresses held.
+    pub fn addresses(&self) -> u64 {
+        self.addresses.load(Ordering::Relaxed)
+    }
+
+    /// Objects or parts left out in the last translation, by kind.
+    pub fn skipped(&self) -> BTreeMap<WarningKind, u64> {
+        self.skipped
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn list_done(&self, kind: Kind, objects: usize) {
+        let k = &self.kinds[kind.index()];
+        k.lists.fetch_add(1, Ordering::Relaxed);
+        k.objects.store(objects as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_objects(&self, kind: Kind, objects: usize) {
+        self.kinds[kind.index()]
+            .objects
+            .store(objects as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn error(&self, kind: Kind, expired: bool) {
+        let k = &self.kinds[kind.index()];
+        k.errors.fetch_add(1, Ordering::Relaxed);
+        if expired {
+            k.expired.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn published(&self, services: usize) {
+        self.publishes.fetch_add(1, Ordering::Relaxed);
+        self.published_services
+            .store(services as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn status_write(&self, ok: bool) {
+        if ok {
+            &self.status_writes
+        } else {
+            &self.status_write_errors
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn event(&self, ok: bool) {
+        if ok { &self.events } else { &self.event_errors }.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_addresses(&self, n: usize) {
+        self.addresses.store(n as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_skipped(&self, counts: BTreeMap<WarningKind, u64>) {
+        *self.skipped.lock().unwrap_or_else(PoisonError::into_inner) = counts;
+    }
+}
+
+/// The numbers as Prometheus metrics (`kube_*`; the admin registry adds its `strait_`
+/// prefix). Register with `registry.register_collector(Box::new(Metrics(stats)))`.
+#[derive(Debug)]
+pub struct Metrics(pub Arc<Stats>);
+
+type Rows<'a, T> = Vec<(Vec<(&'a str, String)>, T)>;
+
+fn counter(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: &Rows<'_, u64>,
+) -> std::fmt::Result {
+    let probe = ConstCounter::new(0u64);
+    let mut fam = enc.encode_descriptor(name, help, None, probe.metric_type())?;
+    for (labels, v) in rows {
+        ConstCounter::new(*v).encode(fam.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: &Rows<'_, i64>,
+) -> std::fmt::Result {
+    let probe = ConstGauge::new(0i64);
+    let mut fam = enc.encode_descriptor(name, help, None, probe.metric_type())?;
+    for (labels, v) in rows {
+        ConstGauge::new(*v).encode(fam.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn one<T>(v: T) -> Rows<'static, T> {
+    vec![(Vec::new(), v)]
+}
+
+fn gauge_of(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+impl Collector for Metrics {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let s = &self.0;
+        gauge(
+            &mut enc,
+            "kube_connected",
+            "1 while the last exchange with the Kubernetes API server succeeded.",
+            &one(i64::from(s.connected())),
+        )?;
+        counter(
+            &mut enc,
+            "kube_disconnects",
+            "Times the connection to the Kubernetes API server was lost.",
+            &one(s.disconnects()),
+        )?;
+        let per = |f: &dyn Fn(Kind) -> u64| -> Rows<'static, u64> {
+            Kind::ALL
+                .iter()
+                .map(|k| (vec![("kind", k.as_str().to_owned())], f(*k)))
+                .collect()
+        };
+        counter(
+            &mut enc,
+            "kube_lists",
+            "Complete lists, by kind.",
+            &per(&|k| s.lists(k)),
+        )?;
+        counter(
+            &mut enc,
+            "kube_watch_errors",
+            "List and watch errors, by kind.",
+            &per(&|k| s.errors(k)),
+        )?;
+        counter(
+            &mut enc,
+            "kube_watch_expired",
+            "410 Gone answers (each followed by a relist), by kind.",
+            &per(&|k| s.expired(k)),
+        )?;
+        let objects: Rows<'static, i64> = per(&|k| s.objects(k))
+            .into_iter()
+            .map(|(l, v)| (l, gauge_of(v)))
+            .collect();
+        gauge(
+            &mut enc,
+            "kube_objects",
+            "Objects known, by kind.",
+            &objects,
+        )?;
+        counter(
+            &mut enc,
+            "kube_publishes",
+            "Service lists published.",
+            &one(s.publishes()),
+        )?;
+        gauge(
+            &mut enc,
+            "kube_services",
+            "Services in the last published list.",
+            &one(gauge_of(s.published_services())),
+        )?;
+        counter(
+            &mut enc,
+            "kube_status_writes",
+            "LoadBalancer status writes, by result.",
+            &vec![
+                (vec![("result", "ok".to_owned())], s.status_writes()),
+                (
+                    vec![("result", "error".to_owned())],
+                    s.status_write_errors(),
+                ),
+            ],
+        )?;
+        counter(
+            &mut enc,
+            "kube_events",
+            "Kubernetes Events published, by result.",
+            &vec![
+                (vec![("result", "ok".to_owned())], s.events()),
+                (vec![("result", "error".to_owned())], s.event_errors()),
+            ],
+        )?;
+        gauge(
+            &mut enc,
+            "kube_addresses",
+            "LoadBalancer addresses held from the pools.",
+            &one(gauge_of(s.addresses())),
+        )?;
+        let skipped = s.skipped();
+        let rows: Rows<'static, i64> = WarningKind::ALL
+            .iter()
+            .map(|k| {
+                (
+                    vec![("reason", k.as_str().to_owned())],
+                    gauge_of(skipped.get(k).copied().unwrap_or(0)),
+                )
+            })
+            .collect();
+        gauge(
+            &mut enc,
+            "kube_skipped",
+            "Objects or parts of objects left out of the last translation, by reason.",
+            &rows,
+        )
+    }
+}

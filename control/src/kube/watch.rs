@@ -1,0 +1,567 @@
+//! Watching the cluster and publishing complete service lists.
+//!
+//! ```text
+//! watcher(Services) ───────┐   Init / InitApply / InitDone: a fresh set built aside,
+//! watcher(EndpointSlices) ─┼─► swapped in whole at InitDone (relists after 410 too);
+//! watcher(Nodes) ──────────┘   Apply / Delete: applied to the live set
+//!        (kube-rs, back-off on errors)
+//!                               │ every kind listed once?  no ─► publish nothing yet
+//!                               ▼
+//!        Controller::reconcile: address plan ─► translate ─► validate
+//!                               │
+//!                               ├─► publish(Vec<Service>) when the list changed
+//!                               ├─► PATCH services/{name}/status (merge patch)
+//!                               └─► Events (new notices only)
+//! ```
+//!
+//! [`Controller`] is the pure part (no IO, testable with hand-made watcher events);
+//! [`run_source`] drives it from the API server. A lost connection changes nothing that
+//! was published: the stores keep the last complete view, the gateway keeps forwarding on
+//! it, and kube-rs' watchers reconnect with back-off, resuming from the last resource
+//! version or relisting on 410 Gone. Each relist is built aside and swapped in only when
+//! complete, so objects deleted meanwhile disappear then, and never before.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::utils::Backoff as KubeBackoff;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use strait_config::model;
+use tracing::{debug, info, warn};
+
+use super::events::{Deduper, Emitter, Notice};
+use super::pool::{self, Allocator, StatusUpdate};
+use super::settings::Settings;
+use super::stats::{Kind, Stats};
+use super::translate::{self, Cluster, Translation, Warning, WarningKind};
+use super::{object_key, KubeError};
+
+/// How long one status write or Event may take before it counts as failed (and is
+/// retried on a later round). Short, so an unresponsive API server cannot hold up the
+/// processing of watch events for long.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often the loop looks at the connection and at pending retries. One second keeps a
+/// recovered connection visible within a second and costs nothing when all is well.
+const TICK: Duration = Duration::from_secs(1);
+
+/// Wait between retries of failed status writes.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// Most warnings logged per round; the rest are counted only.
+const MAX_LOGGED_WARNINGS: usize = 20;
+
+/// One kind's objects: the live set, and a set being built during a (re)list.
+#[derive(Debug)]
+struct Store<T> {
+    live: BTreeMap<String, T>,
+    bad: BTreeMap<String, String>,
+    next: Option<(BTreeMap<String, T>, BTreeMap<String, String>)>,
+    listed: bool,
+}
+
+impl<T> Default for Store<T> {
+    fn default() -> Self {
+        Self {
+            live: BTreeMap::new(),
+            bad: BTreeMap::new(),
+            next: None,
+            listed: false,
+        }
+    }
+}
+
+impl<T: DeserializeOwned + kube::Resource> Store<T> {
+    /// Applies one watcher event; returns whether the live set changed.
+    fn apply(&mut self, event: watcher::Event<DynamicObject>) -> bool {
+        match event {
+            watcher::Event::Init => {
+                self.next = Some(Default::default());
+                false
+            }
+            watcher::Event::InitApply(o) => {
+                // An InitApply without Init does not happen; start a set if it does.
+                let (live, bad) = self.next.get_or_insert_with(Default::default);
+                let key = object_key(&o.metadata);
+                match o.try_parse::<T>() {
+                    Ok(v) => {
+                        live.insert(key, v);
+                    }
+                    Err(e) => {
+                        bad.insert(key, e.to_string());
+                    }
+                }
+                false
+            }
+            watcher::Event::InitDone => {
+                let (live, bad) = self.next.take().unwrap_or_default();
+                self.live = live;
+                self.bad = bad;
+                self.listed = true;
+                true
+            }
+            watcher::Event::Apply(o) => {
+                let key = object_key(&o.metadata);
+                match o.try_parse::<T>() {
+                    Ok(v) => {
+                        self.bad.remove(&key);
+                        self.live.insert(key, v);
+                    }
+                    Err(e) => {
+                        self.live.remove(&key);
+                        self.bad.insert(key, e.to_string());
+                    }
+                }
+                true
+            }
+            watcher::Event::Delete(o) => {
+                let key = object_key(&o.metadata);
+                let was_bad = self.bad.remove(&key).is_some();
+                self.live.remove(&key).is_some() || was_bad
+            }
+        }
+    }
+}
+
+/// What one reconcile round decided.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Round {
+    /// The complete service list.
+    pub services: Vec<model::Service>,
+    /// Whether it differs from the list of the previous round (or is the first).
+    pub changed: bool,
+    /// Status writes to make.
+    pub status: Vec<StatusUpdate>,
+    /// Notices not given before (to become Events).
+    pub notices: Vec<Notice>,
+    /// Everything left out, with reasons.
+    pub warnings: Vec<Warning>,
+    /// Warnings not present in the previous round (to log).
+    pub new_warnings: Vec<Warning>,
+    /// LoadBalancer addresses held.
+    pub addresses: usize,
+}
+
+impl Round {
+    /// Number of warnings of each kind.
+    pub fn counts(&self) -> BTreeMap<WarningKind, u64> {
+        let mut m = BTreeMap::new();
+        for w in &self.warnings {
+            *m.entry(w.kind).or_insert(0) += 1;
+        }
+        m
+    }
+}
+
+/// The source's state between watch events: the three stores, the allocator, and what
+/// was last published. Pure: feed it watcher events, ask it for rounds.
+#[derive(Debug)]
+pub struct Controller {
+    settings: Settings,
+    services: Store<Service>,
+    slices: Store<EndpointSlice>,
+    nodes: Store<Node>,
+    alloc: Allocator,
+    dedup: Deduper,
+    last: Option<Vec<model::Service>>,
+    last_warnings: BTreeSet<Warning>,
+    /// Status writes made whose echo the Services watch has not brought back yet: not
+    /// written again meanwhile.
+    written: BTreeMap<String, Vec<IpAddr>>,
+}
+
+impl Controller {
+    /// A controller that has seen nothing yet.
+    pub fn new(settings: Settings) -> Self {
+        Self {
+            alloc: Allocator::new(&settings.pools),
+            settings,
+            services: Store::default(),
+            slices: Store::default(),
+            nodes: Store::default(),
+            dedup: Deduper::default(),
+            last: None,
+            last_warnings: BTreeSet::new(),
+            written: BTreeMap::new(),
+        }
+    }
+
+    /// Applies a watcher event of `kind`; returns whether the live view changed.
+    pub fn apply(&mut self, kind: Kind, event: watcher::Event<DynamicObject>) -> bool {
+        match kind {
+            Kind::Services => self.services.apply(event),
+            Kind::EndpointSlices => self.slices.apply(event),
+            Kind::Nodes => self.nodes.apply(event),
+        }
+    }
+
+    /// Whether every kind has been listed completely at least once: before that, no list
+    /// is published and no address allocated.
+    pub fn ready(&self) -> bool {
+        self.services.listed && self.slices.listed && self.nodes.listed
+    }
+
+    /// Objects of `kind` in the live view.
+    pub fn len(&self, kind: Kind) -> usize {
+        match kind {
+            Kind::Services => self.services.live.len(),
+            Kind::EndpointSlices => self.slices.live.len(),
+            Kind::Nodes => self.nodes.live.len(),
+        }
+    }
+
+    /// The last list handed out by [`Controller::reconcile`].
+    pub fn last(&self) -> Option<&[model::Service]> {
+        self.last.as_deref()
+    }
+
+    /// One round: address plan, translation, validation. `None` until [`Self::ready`].
+    pub fn reconcile(&mut self) -> Option<Round> {
+        if !self.ready() {
+            return None;
+        }
+        let owned: Vec<&Service> = translate::by_age(&self.services.live)
+            .into_iter()
+            .map(|(_, s)| s)
+            .filter(|s| translate::owns(&self.settings, s))
+            .collect();
+        let plan = pool::plan(&mut self.alloc, &owned);
+        let lb: BTreeMap<String, Vec<IpAddr>> = plan.assigned;
+        let live = &self.services.live;
+        self.written.retain(|key, addrs| {
+            live.get(key)
+                .is_some_and(|s| pool::status_addresses(s) != *addrs)
+        });
+        let status: Vec<StatusUpdate> = plan
+            .status
+            .into_iter()
+            .filter(|u| self.written.get(&u.key()) != Some(&u.addresses))
+            .collect();
+        let Translation {
+            services,
+            mut warnings,
+        } = translate::translate(
+            &self.settings,
+            Cluster {
+                services: &self.services.live,
+                slices: &self.slices.live,
+                nodes: &self.nodes.live,
+            },
+            &lb,
+        );
+        for (kind, store) in [
+            ("service", &self.services.bad),
+            ("endpointslice", &self.slices.bad),
+            ("node", &self.nodes.bad),
+        ] {
+            for (key, err) in store {
+                warnings.push(Warning {
+                    kind: WarningKind::Malformed,
+                    object: format!("{kind} {key}"),
+                    message: format!("does not parse: {err}"),
+                });
+            }
+        }
+        let now: BTreeSet<Warning> = warnings.iter().cloned().collect();
+        let new_warnings = now.difference(&self.last_warnings).cloned().collect();
+        self.last_warnings = now;
+        let changed = self.last.as_ref() != Some(&services);
+        self.last = Some(services.clone());
+        Some(Round {
+            services,
+            changed,
+            status,
+            notices: self.dedup.fresh(plan.notices),
+            warnings,
+            new_warnings,
+            addresses: self.alloc.count(),
+        })
+    }
+}
+
+impl Controller {
+    /// Records a successful status write, so it is not repeated before the watch brings
+    /// the updated Service back.
+    pub fn status_written(&mut self, update: &StatusUpdate) {
+        self.written.insert(update.key(), update.addresses.clone());
+    }
+}
+
+/// Exponential back-off with jitter between reconnection attempts (kube-rs' watcher
+/// `Backoff` trait: reset once a stream yields again).
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// Starting at `min`, doubling up to `max`.
+    pub fn new((min, max): (Duration, Duration)) -> Self {
+        Self {
+            min,
+            max: max.max(min),
+            next: min,
+        }
+    }
+}
+
+impl Iterator for Backoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        // Up to 25 % less, so many gateways do not reconnect in step.
+        let jitter = d.mul_f64(fastrand::f64() * 0.25);
+        Some(d - jitter)
+    }
+}
+
+impl KubeBackoff for Backoff {
+    fn reset(&mut self) {
+        self.next = self.min;
+    }
+}
+
+/// Watches Services, EndpointSlices and Nodes through `client` and calls `publish` with
+/// the complete service list each time it changes, never before all three kinds are
+/// listed. Writes LoadBalancer status and Events on the way. Runs until the future is
+/// dropped.
+///
+/// # Errors
+/// Only if the watch streams end, which kube-rs' watchers never do.
+pub async fn run_source<F>(
+    client: Client,
+    settings: Settings,
+    stats: Arc<Stats>,
+    mut publish: F,
+) -> Result<(), KubeError>
+where
+    F: FnMut(Vec<model::Service>) + Send,
+{
+    let stream = |kind: Kind, ar: ApiResource| {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+        watcher(api, watcher::Config::default())
+            .backoff(Backoff::new(settings.backoff))
+            .map(move |r| (kind, r))
+            .boxed()
+    };
+    let mut events = futures::stream::select_all([
+        stream(Kind::Services, ApiResource::erase::<Service>(&())),
+        stream(
+            Kind::EndpointSlices,
+            ApiResource::erase::<EndpointSlice>(&()),
+        ),
+        stream(Kind::Nodes, ApiResource::erase::<Node>(&())),
+    ]);
+    let emitter = Emitter::new(client.clone(), &settings.reporter);
+    let mut ctl = Controller::new(settings);
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut retry: Option<tokio::time::Instant> = None;
+    info!("kubernetes: watching services, endpointslices and nodes");
+    loop {
+        tokio::select! {
+            next = events.next() => {
+                let Some((kind, r)) = next else { return Err(KubeError::StreamsEnded) };
+                let mut dirty = handle(&mut ctl, &stats, kind, r);
+                // Take whatever else is already there, so a burst becomes one round.
+                while let Some(Some((kind, r))) = events.next().now_or_never() {
+                    dirty |= handle(&mut ctl, &stats, kind, r);
+                }
+                if dirty && round(&mut ctl, &client, &emitter, &stats, &mut publish).await {
+                    retry.get_or_insert_with(|| tokio::time::Instant::now() + RETRY);
+                }
+            }
+            _ = tick.tick() => {
+                if !stats.connected() {
+                    probe(&client, &stats).await;
+                }
+                if retry.is_some_and(|at| tokio::time::Instant::now() >= at) {
+                    retry = None;
+                    if round(&mut ctl, &client, &emitter, &stats, &mut publish).await {
+                        retry = Some(tokio::time::Instant::now() + RETRY);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Applies one watcher outcome; returns whether the view changed.
+fn handle(
+    ctl: &mut Controller,
+    stats: &Stats,
+    kind: Kind,
+    r: Result<watcher::Event<DynamicObject>, watcher::Error>,
+) -> bool {
+    match r {
+        Ok(ev) => {
+            if !stats.set_connected(true) {
+                info!(
+                    kind = kind.as_str(),
+                    "kubernetes: connected to the API server"
+                );
+            }
+            let done = matches!(ev, watcher::Event::InitDone);
+            let init = matches!(ev, watcher::Event::Init);
+            let changed = ctl.apply(kind, ev);
+            if init {
+                debug!(kind = kind.as_str(), "kubernetes: listing");
+            }
+            if done {
+                let n = ctl.len(kind);
+                stats.list_done(kind, n);
+                info!(
+                    kind = kind.as_str(),
+                    objects = n,
+                    "kubernetes: list complete"
+                );
+            } else {
+                stats.set_objects(kind, ctl.len(kind));
+            }
+            changed
+        }
+        Err(e) => {
+            let expired = matches!(&e, watcher::Error::WatchError(s) if s.code == 410);
+            stats.error(kind, expired);
+            if expired {
+                info!(
+                    kind = kind.as_str(),
+                    "kubernetes: resource version expired (410 Gone), relisting"
+                );
+            } else if stats.set_connected(false) {
+                let kept = ctl.last().map_or(0, <[_]>::len);
+                warn!(
+                    kind = kind.as_str(),
+                    "kubernetes: lost the API server, keeping the last published list \
+                     ({kept} services) and retrying with back-off: {e}"
+                );
+            } else {
+                debug!(kind = kind.as_str(), "kubernetes: still unreachable: {e}");
+            }
+            false
+        }
+    }
+}
+
+/// Asks the API server for its version, to notice a recovered connection before a watch
+/// has anything to say.
+async fn probe(client: &Client, stats: &Stats) {
+    if let Ok(Ok(_)) = tokio::time::timeout(WRITE_TIMEOUT, client.apiserver_version()).await {
+        if !stats.set_connected(true) {
+            info!("kubernetes: the API server answers again");
+        }
+    }
+}
+
+/// One round with its IO. Returns whether something failed and wants a retry.
+async fn round<F>(
+    ctl: &mut Controller,
+    client: &Client,
+    emitter: &Emitter,
+    stats: &Stats,
+    publish: &mut F,
+) -> bool
+where
+    F: FnMut(Vec<model::Service>) + Send,
+{
+    let Some(r) = ctl.reconcile() else {
+        return false;
+    };
+    stats.set_skipped(r.counts());
+    stats.set_addresses(r.addresses);
+    for w in r.new_warnings.iter().take(MAX_LOGGED_WARNINGS) {
+        warn!(reason = w.kind.as_str(), "kubernetes: left out: {w}");
+    }
+    if r.new_warnings.len() > MAX_LOGGED_WARNINGS {
+        warn!(
+            "kubernetes: {} more left out (see strait_kube_skipped)",
+            r.new_warnings.len() - MAX_LOGGED_WARNINGS
+        );
+    }
+    if r.changed {
+        info!(
+            services = r.services.len(),
+            "kubernetes: publishing the service list"
+        );
+        stats.published(r.services.len());
+        publish(r.services);
+    }
+    let mut failed = false;
+    for up in &r.status {
+        let ok = write_status(client, up).await;
+        stats.status_write(ok);
+        if ok {
+            ctl.status_written(up);
+        }
+        failed |= !ok;
+    }
+    for n in &r.notices {
+        let ok = match tokio::time::timeout(WRITE_TIMEOUT, emitter.emit(n)).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                warn!("kubernetes: event {} for {}: {e}", n.reason, n.key());
+                false
+            }
+            Err(_) => {
+                warn!("kubernetes: event {} for {}: timed out", n.reason, n.key());
+                false
+            }
+        };
+        stats.event(ok);
+    }
+    failed
+}
+
+/// `PATCH services/{name}/status` with a merge patch setting the ingress addresses.
+async fn write_status(client: &Client, up: &StatusUpdate) -> bool {
+    let api: Api<Service> = Api::namespaced(client.clone(), &up.namespace);
+    let ingress: Vec<_> = up
+        .addresses
+        .iter()
+        .map(|a| json!({ "ip": a.to_string(), "ipMode": "VIP" }))
+        .collect();
+    let patch = json!({ "status": { "loadBalancer": { "ingress": ingress } } });
+    let pp = PatchParams::default();
+    match tokio::time::timeout(
+        WRITE_TIMEOUT,
+        api.patch_status(&up.name, &pp, &Patch::Merge(&patch)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => {
+            info!(
+                service = %format!("{}/{}", up.namespace, up.name),
+                addresses = ?up.addresses,
+                "kubernetes: wrote status.loadBalancer.ingress"
+            );
+            true
+        }
+        Ok(Err(e)) => {
+            warn!(
+                "kubernetes: writing the status of {}/{}: {e}",
+                up.namespace, up.name
+            );
+            false
+        }
+        Err(_) => {
+            warn!(
+                "kubernetes: writing the status of {}/{}: timed out",
+                up.namespace, up.name
+            );
+            false
+        }
+    }
+}

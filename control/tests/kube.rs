@@ -1,0 +1,1585 @@
+//! Tests of the Kubernetes source (`control/src/kube/`): translation and address planning
+//! as pure functions, the controller fed with hand-made watcher events, and the whole
+//! source against the fake API server in `support/fake_api.rs` (plain HTTP on 127.0.0.1,
+//! a kubeconfig in a temporary directory; no cluster, no root, no other network).
+//!
+//! The `strait` crate is a binary, so the module is compiled into this test as it is
+//! (it uses nothing of the binary but `strait_config`).
+
+#[allow(dead_code, unused_imports)]
+#[path = "../src/kube/mod.rs"]
+mod kube;
+
+mod support {
+    #[path = "fake_api.rs"]
+    pub mod fake_api;
+}
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use ::kube::api::DynamicObject;
+use ::kube::runtime::watcher::Event;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde_json::{json, Value};
+use strait_config::model::{self, BackendState, HealthKind, Mode, Protocol};
+
+use kube::pool::{self, Allocator};
+use kube::settings::Settings;
+use kube::stats::Kind;
+use kube::translate::{self, Cluster, Translation, WarningKind};
+use kube::watch::Controller;
+use support::fake_api::{FakeApi, Res};
+
+// ---- objects ------------------------------------------------------------------------
+
+const CLASS: &str = "strait.dev/gateway";
+
+fn gateway() -> model::Gateway {
+    strait_config::parse("[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n")
+        .unwrap()
+        .gateway
+}
+
+fn settings(mode: Mode) -> Settings {
+    let mut s = Settings::new(gateway());
+    s.mode = mode;
+    s.pools = vec!["203.0.113.16/29".parse().unwrap()];
+    s.backoff = (Duration::from_millis(100), Duration::from_millis(800));
+    s
+}
+
+fn node(name: &str, ip: &str) -> Value {
+    json!({
+        "kind": "Node", "apiVersion": "v1",
+        "metadata": { "name": name },
+        "status": {
+            "addresses": [
+                { "type": "InternalIP", "address": ip },
+                { "type": "Hostname", "address": name }
+            ],
+            "conditions": [{ "type": "Ready", "status": "True" }]
+        }
+    })
+}
+
+fn node_v6(name: &str, ip4: &str, ip6: &str) -> Value {
+    let mut n = node(name, ip4);
+    n["status"]["addresses"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({ "type": "InternalIP", "address": ip6 }));
+    n
+}
+
+/// A LoadBalancer Service of our class with one TCP port `http` 80 -> 8080.
+fn lb(name: &str) -> Value {
+    json!({
+        "kind": "Service", "apiVersion": "v1",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": {
+            "type": "LoadBalancer",
+            "loadBalancerClass": CLASS,
+            "ipFamilies": ["IPv4"],
+            "ipFamilyPolicy": "SingleStack",
+            "externalTrafficPolicy": "Cluster",
+            "ports": [{ "name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080 }]
+        }
+    })
+}
+
+fn ep(
+    addr: &str,
+    node: &str,
+    ready: Option<bool>,
+    serving: Option<bool>,
+    terminating: Option<bool>,
+) -> Value {
+    let mut c = serde_json::Map::new();
+    if let Some(r) = ready {
+        c.insert("ready".into(), json!(r));
+    }
+    if let Some(s) = serving {
+        c.insert("serving".into(), json!(s));
+    }
+    if let Some(t) = terminating {
+        c.insert("terminating".into(), json!(t));
+    }
+    json!({ "addresses": [addr], "nodeName": node, "conditions": c })
+}
+
+fn ready(addr: &str, node: &str) -> Value {
+    ep(addr, node, Some(true), Some(true), Some(false))
+}
+
+/// An IPv4 EndpointSlice of `svc` with port `http` 8080.
+fn slice(name: &str, svc: &str, endpoints: Vec<Value>) -> Value {
+    json!({
+        "kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+        "metadata": {
+            "name": name, "namespace": "default",
+            "labels": { "kubernetes.io/service-name": svc }
+        },
+        "addressType": "IPv4",
+        "ports": [{ "name": "http", "port": 8080, "protocol": "TCP" }],
+        "endpoints": endpoints
+    })
+}
+
+fn three_nodes() -> Vec<Value> {
+    vec![
+        node("n1", "198.51.100.1"),
+        node("n2", "198.51.100.2"),
+        node("n3", "198.51.100.3"),
+    ]
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// Translates `objects` with LoadBalancer addresses `lb`.
+fn tr(settings: &Settings, objects: &[Value], lb: &[(&str, &[&str])]) -> Translation {
+    let mut services = BTreeMap::new();
+    let mut slices = BTreeMap::new();
+    let mut nodes = BTreeMap::new();
+    for (i, o) in objects.iter().enumerate() {
+        let mut o = o.clone();
+        // Creation order = list order, as the fake API server does it.
+        o["metadata"]["creationTimestamp"] = json!(format!("2024-01-01T00:00:{i:02}Z"));
+        match o["kind"].as_str().unwrap() {
+            "Service" => {
+                let s: Service = serde_json::from_value(o).unwrap();
+                services.insert(kube::object_key(&s.metadata), s);
+            }
+            "EndpointSlice" => {
+                let s: EndpointSlice = serde_json::from_value(o).unwrap();
+                slices.insert(kube::object_key(&s.metadata), s);
+            }
+            "Node" => {
+                let n: Node = serde_json::from_value(o).unwrap();
+                nodes.insert(kube::object_key(&n.metadata), n);
+            }
+            k => panic!("kind {k}"),
+        }
+    }
+    let lb: BTreeMap<String, Vec<IpAddr>> = lb
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.iter().map(|a| ip(a)).collect()))
+        .collect();
+    let t = translate::translate(
+        settings,
+        Cluster {
+            services: &services,
+            slices: &slices,
+            nodes: &nodes,
+        },
+        &lb,
+    );
+    // Whatever comes out passes the configuration's own validation as a whole.
+    let cfg = model::Config {
+        gateway: settings.gateway.clone(),
+        services: t.services.clone(),
+    };
+    let reparsed = strait_config::parse(&strait_config::to_toml(&cfg))
+        .unwrap_or_else(|e| panic!("translation output does not validate:\n{e}"));
+    assert_eq!(reparsed.services, t.services);
+    t
+}
+
+fn find<'a>(t: &'a Translation, name: &str) -> &'a model::Service {
+    t.services
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no service {name} in {:#?}", names(&t.services)))
+}
+
+fn names(s: &[model::Service]) -> Vec<&str> {
+    s.iter().map(|s| s.name.as_str()).collect()
+}
+
+fn backends(s: &model::Service) -> Vec<(String, BackendState)> {
+    s.backends
+        .iter()
+        .map(|b| (b.socket_addr().to_string(), b.state))
+        .collect()
+}
+
+fn count(t: &Translation, k: WarningKind) -> usize {
+    t.warnings.iter().filter(|w| w.kind == k).count()
+}
+
+// ---- translation --------------------------------------------------------------------
+
+#[test]
+fn nat_endpoints_by_condition_with_the_slice_port() {
+    let mut objs = three_nodes();
+    objs.push(lb("web"));
+    objs.push(slice(
+        "web-a",
+        "web",
+        vec![
+            ready("192.0.2.11", "n1"),
+            ep("192.0.2.12", "n2", None, None, None), // nil conditions: ready
+            ep("192.0.2.13", "n2", Some(false), Some(true), Some(true)), // terminating, serving
+            ep("192.0.2.14", "n3", Some(false), Some(false), Some(true)), // terminating, not serving
+            ep("192.0.2.15", "n3", Some(false), Some(false), None),       // not ready
+        ],
+    ));
+    let t = tr(
+        &settings(Mode::Nat),
+        &objs,
+        &[("default/web", &["203.0.113.17"])],
+    );
+    assert_eq!(names(&t.services), ["default/web/http/203.0.113.17"]);
+    let s = &t.services[0];
+    assert_eq!(
+        (s.vip, s.port, s.protocol, s.mode),
+        (ip("203.0.113.17"), 80, Protocol::Tcp, Mode::Nat)
+    );
+    assert_eq!(
+        backends(s),
+        [
+            ("192.0.2.11:8080".to_owned(), BackendState::Active),
+            ("192.0.2.12:8080".to_owned(), BackendState::Active),
+            ("192.0.2.13:8080".to_owned(), BackendState::Draining),
+        ]
+    );
+    assert!(s.backends.iter().all(|b| b.mac.is_none()));
+    assert_eq!(s.maglev_table_size, 65_537);
+    assert_eq!(s.session_affinity, None);
+    assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+}
+
+#[test]
+fn an_endpoint_in_two_slices_counts_once_and_not_ready_ones_publish_when_asked() {
+    let mut objs = three_nodes();
+    let mut svc = lb("web");
+    objs.push(slice(
+        "web-a",
+        "web",
+        vec![
+            ready("192.0.2.11", "n1"),
+            ep("192.0.2.12", "n2", Some(false), Some(true), Some(true)),
+        ],
+    ));
+    objs.push(slice(
+        "web-b",
+        "web",
+        vec![ready("192.0.2.11", "n1"), ready("192.0.2.12", "n2")],
+    ));
+    objs.push(svc.clone());
+    let t = tr(
+        &settings(Mode::Nat),
+        &objs,
+        &[("default/web", &["203.0.113.17"])],
+    );
+    assert_eq!(
+        backends(&t.services[0]),
+        [
+            ("192.0.2.11:8080".to_owned(), BackendState::Active),
+            ("192.0.2.12:8080".to_owned(), BackendState::Active),
+        ],
+        "the active copy wins"
+    );
+
+    svc["spec"]["publishNotReadyAddresses"] = json!(true);
+    let objs = vec![
+        svc,
+        slice(
+            "web-a",
+            "web",
+            vec![
+                ep("192.0.2.11", "n1", Some(false), Some(false), None),
+                ep("192.0.2.12", "n1", Some(false), Some(true), Some(true)),
+            ],
+        ),
+    ];
+    let t = tr(
+        &settings(Mode::Nat),
+        &objs,
+        &[("default/web", &["203.0.113.17"])],
+    );
+    assert_eq!(
+        backends(&t.services[0]),
+        [
+            ("192.0.2.11:8080".to_owned(), BackendState::Active),
+            ("192.0.2.12:8080".to_owned(), BackendState::Active),
+        ]
+    );
+}
+
+#[test]
+fn dsr_cluster_policy_balances_over_ready_nodes() {
+    let mut objs = three_nodes();
+    objs[1]["status"]["conditions"][0]["status"] = json!("Unknown");
+    objs.push(node("n4", "198.51.100.4"));
+    objs[3]["metadata"]["labels"] =
+        json!({ "node.kubernetes.io/exclude-from-external-load-balancers": "" });
+    objs.push(
+        json!({ "kind": "Node", "apiVersion": "v1", "metadata": { "name": "n5" }, "status": {} }),
+    );
+    objs.push(lb("web"));
+    objs.push(slice("web-a", "web", vec![ready("192.0.2.11", "n1")]));
+    let t = tr(
+        &settings(Mode::DsrL2),
+        &objs,
+        &[("default/web", &["203.0.113.17"])],
+    );
+    let s = find(&t, "default/web/http/203.0.113.17");
+    assert_eq!(s.mode, Mode::DsrL2);
+    assert_eq!(
+        backends(s),
+        [
+            ("198.51.100.1:80".to_owned(), BackendState::Active),
+            ("198.51.100.2:80".to_owned(), BackendState::Draining), // NotReady node
+            ("198.51.100.3:80".to_owned(), BackendState::Active),
+        ]
+    );
+    assert_eq!(s.health_check, None);
+    assert_eq!(count(&t, WarningKind::NodeWithoutAddress), 1);
+
+    let mut st = settings(Mode::DsrGue);
+    st.cluster_node_check = Some((10256, "/livez".into()));
+    let t = tr(&st, &objs, &[("default/web", &["203.0.113.17"])]);
+    let hc = t.services[0].health_check.as_ref().unwrap();
+    assert_eq!(
+        (hc.port, &hc.kind),
+        (
+            Some(10256),
+            &HealthKind::Http {
+                path: "/livez".into()
+            }
+        )
+    );
+}
+
+#[test]
+fn dsr_local_policy_uses_nodes_with_endpoints_checked_on_the_health_node_port() {
+    let mut objs = three_nodes();
+    let mut svc = lb("web");
+    svc["spec"]["externalTrafficPolicy"] = json!("Local");
+    svc["spec"]["healthCheckNodePort"] = json!(32100);
+    objs.push(svc);
+    objs.push(slice(
+        "web-a",
+        "web",
+        vec![
+            ready("192.0.2.11", "n1"),
+            ready("192.0.2.12", "n1"),
+            ep("192.0.2.13", "n2", Some(false), Some(true), Some(true)),
+            ep("192.0.2.14", "n3", Some(false), Some(false), None),
+            ready("192.0.2.15", "gone-node"),
+        ],
+    ));
+    let t = tr(
+        &settings(Mode::DsrIpip),
+        &objs,
+        &[("default/web", &["203.0.113.17"])],
+    );
+    let s = &t.services[0];
+    assert_eq!(
+        backends(s),
+        [
+            ("198.51.100.1:80".to_owned(), BackendState::Active),
+            ("198.51.100.2:80".to_owned(), BackendState::Draining),
+        ]
+    );
+    let hc = s.health_check.as_ref().unwrap();
+    assert_eq!(hc.port, Some(32100));
+    assert_eq!(
+        hc.kind,
+        HealthKind::Http {
+            path: "/healthz".into()
+        }
+    );
+}
+
+#[test]
+fn only_our_class_unless_classless_is_taken() {
+    let mut other = lb("other");
+    other["spec"]["loadBalancerClass"] = json!("example.com/lb");
+    let mut classless = lb("plain");
+    classless["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("loadBalancerClass");
+    let svcs = [lb("web"), other.clone(), classless.clone()];
+    let st = settings(Mode::Nat);
+    let owned: Vec<String> = svcs
+        .iter()
+        .map(|v| serde_json::from_value::<Service>(v.clone()).unwrap())
+        .filter(|s| translate::owns(&st, s))
+        .map(|s| s.metadata.name.unwrap())
+        .collect();
+    assert_eq!(owned, ["web"]);
+    let mut st = st;
+    st.classless = true;
+    let owned: Vec<String> = svcs
+        .iter()
+        .map(|v| serde_json::from_value::<Service>(v.clone()).unwrap())
+        .filter(|s| translate::owns(&st, s))
+        .map(|s| s.metadata.name.unwrap())
+        .collect();
+    assert_eq!(owned, ["web", "plain"]);
+}
+
+#[test]
+fn node_ports_external_ips_udp_and_sctp() {
+    let mut st = settings(Mode::Nat);
+    st.node_port_address = Some(ip("192.0.2.1"));
+    st.all_external_ips = true;
+    let svc = json!({
+        "kind": "Service", "apiVersion": "v1",
+        "metadata": { "name": "dns", "namespace": "kube-system" },
+        "spec": {
+            "type": "NodePort",
+            "externalIPs": ["198.51.100.53", "not-an-ip"],
+            "ports": [
+                { "name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053 },
+                { "name": "dns-tcp", "port": 53, "protocol": "TCP", "nodePort": 30054 },
+                { "name": "sig", "port": 9, "protocol": "SCTP", "nodePort": 30055 }
+            ]
+        }
+    });
+    let sl = json!({
+        "kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+        "metadata": { "name": "dns-1", "namespace": "kube-system", "labels": { "kubernetes.io/service-name": "dns" } },
+        "addressType": "IPv4",
+        "ports": [
+            { "name": "dns", "port": 5353, "protocol": "UDP" },
+            { "name": "dns-tcp", "port": 5353, "protocol": "TCP" }
+        ],
+        "endpoints": [ready("192.0.2.21", "n1")]
+    });
+    let t = tr(&st, &[svc, sl], &[]);
+    assert_eq!(
+        names(&t.services),
+        [
+            "kube-system/dns/dns-tcp/198.51.100.53",
+            "kube-system/dns/dns-tcp/node-port",
+            "kube-system/dns/dns/198.51.100.53",
+            "kube-system/dns/dns/node-port",
+        ]
+    );
+    let np = find(&t, "kube-system/dns/dns/node-port");
+    assert_eq!(
+        (np.vip, np.port, np.protocol),
+        (ip("192.0.2.1"), 30053, Protocol::Udp)
+    );
+    assert_eq!(
+        backends(np),
+        [("192.0.2.21:5353".to_owned(), BackendState::Active)]
+    );
+    let ext = find(&t, "kube-system/dns/dns-tcp/198.51.100.53");
+    assert_eq!((ext.port, ext.protocol), (53, Protocol::Tcp));
+    assert_eq!(
+        count(&t, WarningKind::UnsupportedProtocol),
+        1,
+        "{:?}",
+        t.warnings
+    );
+    assert_eq!(count(&t, WarningKind::BadAddress), 1, "{:?}", t.warnings);
+}
+
+#[test]
+fn affinity_source_ranges_and_mode_annotation() {
+    let mut svc = lb("web");
+    svc["spec"]["sessionAffinity"] = json!("ClientIP");
+    svc["spec"]["loadBalancerSourceRanges"] = json!(["192.0.2.0/24", "198.51.100.7/32", "bogus"]);
+    svc["metadata"]["annotations"] = json!({ "strait.dev/mode": "dsr-gue" });
+    let mut objs = three_nodes();
+    objs.push(svc.clone());
+    let t = tr(
+        &settings(Mode::Nat),
+        &objs,
+        &[("default/web", &["203.0.113.17"])],
+    );
+    let s = &t.services[0];
+    assert_eq!(s.session_affinity, Some(Duration::from_secs(10_800)));
+    assert_eq!(
+        s.source_ranges,
+        [
+            "192.0.2.0/24".parse().unwrap(),
+            "198.51.100.7/32".parse().unwrap()
+        ] as [ipnet::IpNet; 2]
+    );
+    assert_eq!(s.mode, Mode::DsrGue);
+    assert_eq!(s.backends.len(), 3, "nodes, as dsr-gue");
+    assert_eq!(count(&t, WarningKind::BadSourceRange), 1);
+
+    svc["spec"]["sessionAffinityConfig"] = json!({ "clientIP": { "timeoutSeconds": 60 } });
+    svc["metadata"]["annotations"] = json!({ "strait.dev/mode": "teleport" });
+    // Only IPv6 ranges: the IPv4 frontend would be open to everyone; it is left out.
+    svc["spec"]["loadBalancerSourceRanges"] = json!(["2001:db8::/32"]);
+    let mut objs = three_nodes();
+    objs.push(svc);
+    let t = tr(
+        &settings(Mode::Nat),
+        &objs,
+        &[("default/web", &["203.0.113.17"])],
+    );
+    assert!(t.services.is_empty());
+    assert_eq!(count(&t, WarningKind::BadSourceRange), 1);
+    assert_eq!(count(&t, WarningKind::BadValue), 1, "unknown mode");
+}
+
+#[test]
+fn ipv6_frontends_pick_ipv6_nodes_and_sanitised_names() {
+    let objs = vec![
+        node_v6("n1", "198.51.100.1", "2001:db8:1::1"),
+        node("n2", "198.51.100.2"),
+        lb("web"),
+    ];
+    let t = tr(
+        &settings(Mode::DsrL2),
+        &objs,
+        &[("default/web", &["203.0.113.17", "2001:db8:ff::17"])],
+    );
+    assert_eq!(
+        names(&t.services),
+        [
+            "default/web/http/2001-db8-ff--17",
+            "default/web/http/203.0.113.17"
+        ]
+    );
+    assert_eq!(
+        backends(find(&t, "default/web/http/2001-db8-ff--17")),
+        [("[2001:db8:1::1]:80".to_owned(), BackendState::Active)]
+    );
+    assert_eq!(find(&t, "default/web/http/203.0.113.17").backends.len(), 2);
+}
+
+#[test]
+fn malformed_objects_are_skipped_and_counted_never_a_panic() {
+    let mut objs = three_nodes();
+    objs.push(lb("web"));
+    let mut fqdn = slice("web-fqdn", "web", vec![ready("example.com", "n1")]);
+    fqdn["addressType"] = json!("FQDN");
+    objs.push(fqdn);
+    let mut noports = slice("web-noports", "web", vec![ready("192.0.2.31", "n1")]);
+    noports.as_object_mut().unwrap().remove("ports");
+    objs.push(noports);
+    let huge: Vec<Value> = (0..1001)
+        .map(|i| ready(&format!("192.0.{}.{}", 100 + i / 250, i % 250 + 1), "n1"))
+        .collect();
+    objs.push(slice("web-huge", "web", huge));
+    let mut badport = slice("web-badport", "web", vec![ready("192.0.2.32", "n1")]);
+    badport["ports"][0].as_object_mut().unwrap().remove("port");
+    objs.push(badport);
+    objs.push(slice(
+        "web-ok",
+        "web",
+        vec![
+            ready("192.0.2.33", "n1"),
+            ready("not-an-ip", "n1"),
+            ready("2001:db8::1", "n1"), // IPv6 in an IPv4 slice
+            json!({ "addresses": [], "conditions": {} }),
+        ],
+    ));
+    let mut zero = lb("zero");
+    zero["spec"]["ports"] = json!([{ "name": "a", "port": 0 }, { "name": "b", "port": 70000 }]);
+    objs.push(zero);
+    objs.push(json!({ "kind": "Service", "apiVersion": "v1", "metadata": { "name": "nospec", "namespace": "default" } }));
+    let mut noports_svc = lb("noports");
+    noports_svc["spec"].as_object_mut().unwrap().remove("ports");
+    objs.push(noports_svc);
+    let t = tr(
+        &settings(Mode::Nat),
+        &objs,
+        &[
+            ("default/web", &["203.0.113.17"]),
+            ("default/zero", &["203.0.113.18"]),
+            ("default/noports", &["203.0.113.19"]),
+        ],
+    );
+    assert_eq!(names(&t.services), ["default/web/http/203.0.113.17"]);
+    assert_eq!(
+        backends(&t.services[0]),
+        [("192.0.2.33:8080".to_owned(), BackendState::Active)]
+    );
+    assert_eq!(count(&t, WarningKind::UnsupportedSlice), 1);
+    assert_eq!(count(&t, WarningKind::SliceWithoutPorts), 1);
+    assert_eq!(count(&t, WarningKind::HugeSlice), 1);
+    assert_eq!(count(&t, WarningKind::BadAddress), 3, "{:#?}", t.warnings);
+    assert_eq!(count(&t, WarningKind::BadPort), 3, "{:#?}", t.warnings);
+}
+
+#[test]
+fn the_older_service_keeps_a_contested_frontend() {
+    let mut a = lb("a");
+    a["spec"]["type"] = json!("ClusterIP");
+    a["spec"]["externalIPs"] = json!(["198.51.100.80"]);
+    let mut b = a.clone();
+    b["metadata"]["name"] = json!("b");
+    let mut st = settings(Mode::Nat);
+    assert!(
+        tr(&st, &[a.clone(), b.clone()], &[]).services.is_empty(),
+        "not ours"
+    );
+    st.all_external_ips = true;
+    let t = tr(&st, &[a, b], &[]);
+    assert_eq!(names(&t.services), ["default/a/http/198.51.100.80"]);
+    assert_eq!(count(&t, WarningKind::FrontendConflict), 1);
+    assert!(
+        t.warnings[0].message.contains("default/a"),
+        "{}",
+        t.warnings[0]
+    );
+}
+
+#[test]
+fn large_backend_sets_get_the_large_maglev_table() {
+    let eps: Vec<Value> = (0..700)
+        .map(|i| ready(&format!("192.0.{}.{}", 100 + i / 250, i % 250 + 1), "n1"))
+        .collect();
+    let t = tr(
+        &settings(Mode::Nat),
+        &[lb("big"), slice("big-1", "big", eps)],
+        &[("default/big", &["203.0.113.17"])],
+    );
+    assert_eq!(t.services[0].backends.len(), 700);
+    assert_eq!(t.services[0].maglev_table_size, 655_373);
+}
+
+#[test]
+fn a_refused_service_is_dropped_with_the_rule_named() {
+    // IPv6 VIPs need an MTU of at least 1280: the gateway's 576 refuses them.
+    let mut g = strait_config::parse(
+        "[gateway]\nmtu = 576\n[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n",
+    )
+    .unwrap()
+    .gateway;
+    g.default_mode = Mode::Nat;
+    let mut st = Settings::new(g);
+    st.mode = Mode::DsrL2;
+    let objs = vec![node_v6("n1", "198.51.100.1", "2001:db8:1::1"), lb("web")];
+    let t = tr(
+        &st,
+        &objs,
+        &[("default/web", &["203.0.113.17", "2001:db8:ff::17"])],
+    );
+    assert_eq!(names(&t.services), ["default/web/http/203.0.113.17"]);
+    assert_eq!(count(&t, WarningKind::Invalid), 1, "{:#?}", t.warnings);
+}
+
+// ---- address planning ---------------------------------------------------------------
+
+fn svc(name: &str, age: u32, status: &[&str], annotation: Option<&str>) -> Service {
+    let mut v = lb(name);
+    v["metadata"]["creationTimestamp"] = json!(format!("2024-01-01T00:00:{age:02}Z"));
+    v["metadata"]["uid"] = json!(format!("uid-{name}"));
+    if !status.is_empty() {
+        let ing: Vec<Value> = status.iter().map(|a| json!({ "ip": a })).collect();
+        v["status"] = json!({ "loadBalancer": { "ingress": ing } });
+    }
+    if let Some(a) = annotation {
+        v["metadata"]["annotations"] = json!({ "strait.dev/load-balancer-ip": a });
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+fn reasons(p: &pool::AddressPlan) -> Vec<(String, String)> {
+    p.notices
+        .iter()
+        .map(|n| (n.key(), n.reason.clone()))
+        .collect()
+}
+
+fn pools(s: &[&str]) -> Vec<ipnet::IpNet> {
+    s.iter().map(|p| p.parse().unwrap()).collect()
+}
+
+#[test]
+fn allocation_writes_status_and_requests_are_honoured_inside_pools_only() {
+    let mut a = Allocator::new(&pools(&["203.0.113.16/29"]));
+    let svcs = [
+        svc("a", 1, &[], None),
+        svc("b", 2, &[], Some("203.0.113.20")),
+        svc("c", 3, &[], Some("198.51.100.9")),
+        svc("d", 4, &[], Some("bogus")),
+    ];
+    let refs: Vec<&Service> = svcs.iter().collect();
+    let p = pool::plan(&mut a, &refs);
+    assert_eq!(p.assigned["default/a"], [ip("203.0.113.17")]);
+    assert_eq!(p.assigned["default/b"], [ip("203.0.113.20")]);
+    assert!(!p.assigned.contains_key("default/c"));
+    assert_eq!(
+        p.assigned["default/d"],
+        [ip("203.0.113.18")],
+        "an unparsable request falls back to allocation"
+    );
+    let status: Vec<(&str, Vec<IpAddr>)> = p
+        .status
+        .iter()
+        .map(|s| (s.name.as_str(), s.addresses.clone()))
+        .collect();
+    assert_eq!(
+        status,
+        [
+            ("a", vec![ip("203.0.113.17")]),
+            ("b", vec![ip("203.0.113.20")]),
+            ("d", vec![ip("203.0.113.18")])
+        ]
+    );
+    let r = reasons(&p);
+    assert!(
+        r.contains(&("default/c".into(), "AddressNotInPool".into())),
+        "{r:?}"
+    );
+    assert!(
+        r.contains(&("default/d".into(), "InvalidAddress".into())),
+        "{r:?}"
+    );
+    let msg = &p
+        .notices
+        .iter()
+        .find(|n| n.reason == "AddressNotInPool")
+        .unwrap()
+        .message;
+    assert!(
+        msg.contains("requested address 198.51.100.9 not in any pool"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn exhaustion_is_a_warning_and_deletion_releases() {
+    let mut a = Allocator::new(&pools(&["203.0.113.16/30"])); // .17 and .18
+    let svcs = [
+        svc("a", 1, &[], None),
+        svc("b", 2, &[], None),
+        svc("c", 3, &[], None),
+    ];
+    let refs: Vec<&Service> = svcs.iter().collect();
+    let p = pool::plan(&mut a, &refs);
+    assert_eq!(p.assigned.len(), 2);
+    let ex = p
+        .notices
+        .iter()
+        .find(|n| n.reason == "PoolExhausted")
+        .expect("an exhaustion notice");
+    assert_eq!(ex.key(), "default/c");
+    assert_eq!(ex.type_, kube::events::NoticeType::Warning);
+
+    // "a" deleted: its address goes to "c".
+    let refs: Vec<&Service> = svcs[1..].iter().collect();
+    let p = pool::plan(&mut a, &refs);
+    assert_eq!(p.assigned["default/c"], [ip("203.0.113.17")]);
+    assert!(p.notices.iter().all(|n| n.reason != "PoolExhausted"));
+}
+
+#[test]
+fn no_double_allocation_across_a_restart() {
+    // Before the restart "b" got .17 and its status says so. "a" is older but new to us.
+    let svcs = [svc("a", 1, &[], None), svc("b", 2, &["203.0.113.17"], None)];
+    let refs: Vec<&Service> = svcs.iter().collect();
+    let mut fresh = Allocator::new(&pools(&["203.0.113.16/29"]));
+    let p = pool::plan(&mut fresh, &refs);
+    assert_eq!(p.assigned["default/b"], [ip("203.0.113.17")]);
+    assert_eq!(p.assigned["default/a"], [ip("203.0.113.18")]);
+    assert_eq!(p.status.len(), 1, "only the new one is written");
+    assert_eq!(fresh.owner(ip("203.0.113.17")), Some("default/b"));
+
+    // Two statuses claiming one address: the older keeps it.
+    let svcs = [
+        svc("x", 1, &["203.0.113.17"], None),
+        svc("y", 2, &["203.0.113.17"], None),
+    ];
+    let refs: Vec<&Service> = svcs.iter().collect();
+    let mut fresh = Allocator::new(&pools(&["203.0.113.16/29"]));
+    let p = pool::plan(&mut fresh, &refs);
+    assert_eq!(p.assigned["default/x"], [ip("203.0.113.17")]);
+    assert_eq!(p.assigned["default/y"], [ip("203.0.113.18")]);
+    assert!(reasons(&p).contains(&("default/y".into(), "AddressInUse".into())));
+}
+
+#[test]
+fn a_changed_request_moves_the_service() {
+    let mut a = Allocator::new(&pools(&["203.0.113.16/29"]));
+    let s1 = svc("a", 1, &["203.0.113.17"], None);
+    pool::plan(&mut a, &[&s1]);
+    let s2 = svc("a", 1, &["203.0.113.17"], Some("203.0.113.21"));
+    let p = pool::plan(&mut a, &[&s2]);
+    assert_eq!(p.assigned["default/a"], [ip("203.0.113.21")]);
+    assert_eq!(p.status[0].addresses, [ip("203.0.113.21")]);
+    assert_eq!(
+        a.owner(ip("203.0.113.17")),
+        None,
+        "the old address is free again"
+    );
+}
+
+#[test]
+fn dual_stack_services_get_one_address_per_family() {
+    let mut a = Allocator::new(&pools(&["203.0.113.16/29", "2001:db8:ff::/120"]));
+    let mut v = lb("ds");
+    v["spec"]["ipFamilies"] = json!(["IPv6", "IPv4"]);
+    v["spec"]["ipFamilyPolicy"] = json!("PreferDualStack");
+    let s: Service = serde_json::from_value(v.clone()).unwrap();
+    let p = pool::plan(&mut a, &[&s]);
+    assert_eq!(
+        p.assigned["default/ds"],
+        [ip("2001:db8:ff::1"), ip("203.0.113.17")],
+        "primary family first"
+    );
+
+    let mut only4 = Allocator::new(&pools(&["203.0.113.16/29"]));
+    let p = pool::plan(&mut only4, &[&s]);
+    assert_eq!(p.assigned["default/ds"], [ip("203.0.113.17")]);
+    assert!(
+        p.notices
+            .iter()
+            .all(|n| n.type_ == kube::events::NoticeType::Normal),
+        "PreferDualStack is content"
+    );
+
+    v["spec"]["ipFamilyPolicy"] = json!("RequireDualStack");
+    let s: Service = serde_json::from_value(v).unwrap();
+    let mut only4 = Allocator::new(&pools(&["203.0.113.16/29"]));
+    let p = pool::plan(&mut only4, &[&s]);
+    assert!(reasons(&p).contains(&("default/ds".into(), "NoAddressPool".into())));
+}
+
+// ---- the controller, fed by hand ----------------------------------------------------
+
+fn dynamic(v: Value) -> DynamicObject {
+    serde_json::from_value(v).unwrap()
+}
+
+fn list(ctl: &mut Controller, kind: Kind, objs: Vec<Value>) {
+    ctl.apply(kind, Event::Init);
+    for o in objs {
+        ctl.apply(kind, Event::InitApply(dynamic(o)));
+    }
+    ctl.apply(kind, Event::InitDone);
+}
+
+#[test]
+fn nothing_is_published_before_every_kind_is_listed() {
+    let mut ctl = Controller::new(settings(Mode::Nat));
+    list(&mut ctl, Kind::Services, vec![lb("web")]);
+    list(&mut ctl, Kind::Nodes, three_nodes());
+    assert!(ctl.reconcile().is_none(), "slices not listed yet");
+    ctl.apply(Kind::EndpointSlices, Event::Init);
+    ctl.apply(
+        Kind::EndpointSlices,
+        Event::InitApply(dynamic(slice(
+            "web-a",
+            "web",
+            vec![ready("192.0.2.11", "n1")],
+        ))),
+    );
+    assert!(ctl.reconcile().is_none(), "slice list not complete");
+    ctl.apply(Kind::EndpointSlices, Event::InitDone);
+    let r = ctl.reconcile().unwrap();
+    assert!(r.changed);
+    assert_eq!(r.services[0].backends.len(), 1);
+    assert_eq!(r.status.len(), 1);
+    let again = ctl.reconcile().unwrap();
+    assert!(!again.changed);
+    assert!(again.notices.is_empty(), "notices are not repeated");
+    assert_eq!(again.status, r.status, "not written yet: asked again");
+    ctl.status_written(&r.status[0]);
+    assert!(
+        ctl.reconcile().unwrap().status.is_empty(),
+        "written, echo pending"
+    );
+    // The echo arrives; later someone clears the status: written again.
+    let mut echoed = lb("web");
+    echoed["status"] = json!({ "loadBalancer": { "ingress": [{ "ip": "203.0.113.17" }] } });
+    ctl.apply(Kind::Services, Event::Apply(dynamic(echoed)));
+    assert!(ctl.reconcile().unwrap().status.is_empty());
+    ctl.apply(Kind::Services, Event::Apply(dynamic(lb("web"))));
+    assert_eq!(ctl.reconcile().unwrap().status.len(), 1);
+}
+
+#[test]
+fn a_relist_replaces_the_view_only_when_complete() {
+    let mut ctl = Controller::new(settings(Mode::Nat));
+    list(&mut ctl, Kind::Nodes, three_nodes());
+    list(&mut ctl, Kind::Services, vec![lb("web"), lb("old")]);
+    list(
+        &mut ctl,
+        Kind::EndpointSlices,
+        vec![
+            slice(
+                "web-a",
+                "web",
+                vec![ready("192.0.2.11", "n1"), ready("192.0.2.12", "n2")],
+            ),
+            slice("old-a", "old", vec![ready("192.0.2.21", "n1")]),
+        ],
+    );
+    let first = ctl.reconcile().unwrap().services;
+    assert_eq!(first.len(), 2);
+    // A relist of slices starts (after a 410): until InitDone nothing changes.
+    ctl.apply(Kind::EndpointSlices, Event::Init);
+    ctl.apply(
+        Kind::EndpointSlices,
+        Event::InitApply(dynamic(slice(
+            "web-a",
+            "web",
+            vec![ready("192.0.2.11", "n1")],
+        ))),
+    );
+    assert_eq!(ctl.reconcile().unwrap().services, first);
+    ctl.apply(Kind::EndpointSlices, Event::InitDone);
+    let after = ctl.reconcile().unwrap().services;
+    let web = after
+        .iter()
+        .find(|s| s.name.starts_with("default/web/"))
+        .unwrap();
+    assert_eq!(web.backends.len(), 1);
+    let old = after
+        .iter()
+        .find(|s| s.name.starts_with("default/old/"))
+        .unwrap();
+    assert!(old.backends.is_empty(), "its slice was deleted meanwhile");
+    // And a Service deleted meanwhile disappears with the services relist.
+    list(&mut ctl, Kind::Services, vec![lb("web")]);
+    assert_eq!(ctl.reconcile().unwrap().services.len(), 1);
+}
+
+#[test]
+fn malformed_watch_objects_are_counted() {
+    let mut ctl = Controller::new(settings(Mode::Nat));
+    let mut bad = lb("bad");
+    bad["spec"]["ports"] = json!("not a list");
+    list(&mut ctl, Kind::Services, vec![lb("web"), bad]);
+    list(&mut ctl, Kind::Nodes, three_nodes());
+    list(&mut ctl, Kind::EndpointSlices, vec![]);
+    let r = ctl.reconcile().unwrap();
+    assert_eq!(r.services.len(), 1);
+    assert_eq!(r.counts().get(&WarningKind::Malformed), Some(&1));
+}
+
+// ---- command line -------------------------------------------------------------------
+
+#[derive(Debug, clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    kube: kube::Args,
+}
+
+#[test]
+fn flags_give_settings() {
+    use clap::Parser;
+    let c = Cli::try_parse_from([
+        "strait",
+        "--kube",
+        "--kubeconfig",
+        "/tmp/kc",
+        "--kube-pool",
+        "203.0.113.0/28",
+        "--kube-pool",
+        "2001:db8::/120",
+        "--kube-mode",
+        "nat",
+        "--kube-node-port-address",
+        "192.0.2.1",
+        "--kube-classless",
+    ])
+    .unwrap();
+    let s = c.kube.settings(&gateway());
+    assert_eq!(s.pools.len(), 2);
+    assert_eq!(s.mode, Mode::Nat);
+    assert_eq!(s.class, CLASS);
+    assert!(s.classless && !s.all_external_ips);
+    assert_eq!(c.kube.kubeconfig, Some(PathBuf::from("/tmp/kc")));
+    assert!(
+        Cli::try_parse_from(["strait", "--kube-pool", "203.0.113.0/28"]).is_err(),
+        "needs --kube"
+    );
+    assert!(Cli::try_parse_from(["strait", "--kube", "--kube-mode", "dsr-foo"]).is_err());
+    let plain = Cli::try_parse_from(["strait"]).unwrap();
+    assert!(!plain.kube.kube);
+}
+
+// ---- against the fake API server ----------------------------------------------------
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("strait-kube-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The source against `api`, publishing into a channel.
+fn start(
+    api: &FakeApi,
+    dir: &TempDir,
+    st: Settings,
+) -> (kube::Source, Receiver<Vec<model::Service>>) {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_max_level(tracing::Level::INFO)
+        .try_init();
+    let kc = api.kubeconfig(&dir.0);
+    let (tx, rx) = mpsc::channel();
+    let src = kube::spawn(Some(&kc), st, move |l| {
+        let _ = tx.send(l);
+    })
+    .unwrap();
+    (src, rx)
+}
+
+/// Receives lists until one satisfies `pred`; panics after `secs` with the last one.
+fn until(
+    rx: &Receiver<Vec<model::Service>>,
+    secs: u64,
+    what: &str,
+    pred: impl Fn(&[model::Service]) -> bool,
+) -> Vec<model::Service> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut last = None;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) => {
+                if pred(&l) {
+                    return l;
+                }
+                last = Some(l);
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                panic!("timed out waiting for {what}; last list: {last:#?}")
+            }
+            Err(RecvTimeoutError::Disconnected) => panic!("source stopped waiting for {what}"),
+        }
+    }
+}
+
+/// Polls `cond` every 20 ms for up to `secs`.
+fn eventually(secs: u64, what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn backend_count(l: &[model::Service], prefix: &str) -> Option<usize> {
+    l.iter()
+        .find(|s| s.name.starts_with(prefix))
+        .map(|s| s.backends.len())
+}
+
+fn populate(api: &FakeApi) {
+    for n in three_nodes() {
+        api.apply(n);
+    }
+}
+
+#[test]
+fn a_load_balancer_gets_an_address_status_and_backends_and_follows_scaling() {
+    let api = FakeApi::start();
+    let dir = TempDir::new("lb");
+    populate(&api);
+    api.apply(lb("web"));
+    api.apply(slice(
+        "web-a",
+        "web",
+        vec![ready("192.0.2.11", "n1"), ready("192.0.2.12", "n2")],
+    ));
+    let (src, rx) = start(&api, &dir, settings(Mode::Nat));
+
+    let l = until(&rx, 20, "web with two backends", |l| {
+        backend_count(l, "default/web/") == Some(2)
+    });
+    assert_eq!(names(&l), ["default/web/http/203.0.113.17"]);
+    eventually(10, "status written", || {
+        api.get(Res::Services, "default", "web")
+            .is_some_and(|s| s["status"]["loadBalancer"]["ingress"][0]["ip"] == "203.0.113.17")
+    });
+    eventually(10, "an AddressAssigned event", || {
+        api.events()
+            .iter()
+            .any(|e| e["reason"] == "AddressAssigned" && e["regarding"]["name"] == "web")
+    });
+
+    // Scale up: a second slice with two more endpoints.
+    api.apply(slice(
+        "web-b",
+        "web",
+        vec![ready("192.0.2.13", "n3"), ready("192.0.2.14", "n3")],
+    ));
+    until(&rx, 10, "four backends", |l| {
+        backend_count(l, "default/web/") == Some(4)
+    });
+    // Scale down: one endpoint terminating, the second slice gone.
+    api.apply(slice(
+        "web-a",
+        "web",
+        vec![
+            ready("192.0.2.11", "n1"),
+            ep("192.0.2.12", "n2", Some(false), Some(true), Some(true)),
+        ],
+    ));
+    api.delete(Res::EndpointSlices, "default", "web-b");
+    let l = until(&rx, 10, "one active and one draining", |l| {
+        l.first().is_some_and(|s| {
+            backends(s)
+                == [
+                    ("192.0.2.11:8080".to_owned(), BackendState::Active),
+                    ("192.0.2.12:8080".to_owned(), BackendState::Draining),
+                ]
+        })
+    });
+    assert_eq!(l.len(), 1);
+    let st = src.stats();
+    assert!(st.connected());
+    assert_eq!(st.addresses(), 1);
+    assert!(st.status_writes() >= 1);
+    // The status write came back through the watch: no second write for it.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(st.status_writes(), 1);
+    let watches = api
+        .requests()
+        .iter()
+        .filter(|r| r.contains("watch=true"))
+        .count();
+    assert!(watches >= 3, "one watch per kind at least");
+}
+
+#[test]
+fn a_410_relist_converges_and_drops_what_was_deleted_meanwhile() {
+    let api = FakeApi::start();
+    let dir = TempDir::new("gone");
+    populate(&api);
+    api.apply(lb("web"));
+    api.apply(lb("old"));
+    api.apply(slice(
+        "web-a",
+        "web",
+        vec![ready("192.0.2.11", "n1"), ready("192.0.2.12", "n2")],
+    ));
+    api.apply(slice("old-a", "old", vec![ready("192.0.2.21", "n1")]));
+    let (src, rx) = start(&api, &dir, settings(Mode::Nat));
+    until(&rx, 20, "both services", |l| {
+        l.len() == 2 && backend_count(l, "default/web/") == Some(2)
+    });
+
+    // A 410 on live watches: relist, same content, nothing lost on the way.
+    eventually(10, "three watches", || {
+        [Res::Services, Res::EndpointSlices, Res::Nodes]
+            .iter()
+            .all(|&r| api.watching(r) == 1)
+    });
+    api.expire();
+    eventually(10, "a relist of every kind", || {
+        Kind::ALL.iter().all(|&k| src.stats().lists(k) >= 2)
+    });
+    assert!(src.stats().expired(Kind::Services) >= 1);
+
+    // Changes the source cannot see live: the server is down, then has compacted.
+    api.set_down(true);
+    eventually(10, "the source notices", || !src.stats().connected());
+    api.delete(Res::Services, "default", "old");
+    api.delete(Res::EndpointSlices, "default", "old-a");
+    api.delete(Res::Nodes, "", "n3");
+    api.apply(slice(
+        "web-a",
+        "web",
+        vec![
+            ready("192.0.2.11", "n1"),
+            ready("192.0.2.12", "n2"),
+            ready("192.0.2.13", "n1"),
+        ],
+    ));
+    api.expire();
+    api.set_down(false);
+    let l = until(&rx, 20, "the relisted view", |l| {
+        l.len() == 1 && backend_count(l, "default/web/") == Some(3)
+    });
+    assert_eq!(names(&l), ["default/web/http/203.0.113.17"]);
+    // Every list published on the way had web with its backends: no half-built table.
+    while let Ok(l) = rx.try_recv() {
+        assert!(
+            backend_count(&l, "default/web/").is_some_and(|n| n >= 2),
+            "{l:#?}"
+        );
+    }
+    eventually(10, "old's address is released", || {
+        src.stats().addresses() == 1
+    });
+}
+
+#[test]
+fn an_api_outage_keeps_the_last_list_and_reconnects() {
+    let api = FakeApi::start();
+    let dir = TempDir::new("down");
+    populate(&api);
+    api.apply(lb("web"));
+    api.apply(slice("web-a", "web", vec![ready("192.0.2.11", "n1")]));
+    let (src, rx) = start(&api, &dir, settings(Mode::DsrL2));
+    let first = until(&rx, 20, "web on three nodes", |l| {
+        backend_count(l, "default/web/") == Some(3)
+    });
+    let published = src.stats().publishes();
+
+    api.set_down(true);
+    eventually(10, "disconnected", || !src.stats().connected());
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        matches!(rx.try_recv(), Err(mpsc::TryRecvError::Empty)),
+        "nothing published while down"
+    );
+    assert_eq!(src.stats().publishes(), published);
+    assert!(src.stats().disconnects() >= 1);
+
+    api.set_down(false);
+    eventually(15, "reconnected", || src.stats().connected());
+    // A change after the outage arrives (the watch resumed).
+    api.apply(node("n4", "198.51.100.4"));
+    let l = until(&rx, 15, "web on four nodes", |l| {
+        backend_count(l, "default/web/") == Some(4)
+    });
+    assert_eq!(l[0].vip, first[0].vip);
+}
+
+#[test]
+fn an_exhausted_pool_gives_an_event_and_a_freed_address_is_reused() {
+    let api = FakeApi::start();
+    let dir = TempDir::new("exhausted");
+    populate(&api);
+    for n in ["a", "b", "c"] {
+        api.apply(lb(n));
+    }
+    let mut st = settings(Mode::DsrL2);
+    st.pools = vec!["203.0.113.16/30".parse().unwrap()]; // two addresses
+    let (src, rx) = start(&api, &dir, st);
+    let l = until(&rx, 20, "two services", |l| l.len() == 2);
+    assert_eq!(
+        names(&l),
+        ["default/a/http/203.0.113.17", "default/b/http/203.0.113.18"]
+    );
+    eventually(10, "a PoolExhausted event for c", || {
+        api.events().iter().any(|e| {
+            e["reason"] == "PoolExhausted"
+                && e["regarding"]["name"] == "c"
+                && e["type"] == "Warning"
+        })
+    });
+    let ev = api
+        .events()
+        .into_iter()
+        .find(|e| e["reason"] == "PoolExhausted")
+        .unwrap();
+    assert!(
+        ev["note"].as_str().unwrap().contains("203.0.113.16/30"),
+        "{ev}"
+    );
+    assert!(api.get(Res::Services, "default", "c").unwrap()["status"]["loadBalancer"].is_null());
+
+    api.delete(Res::Services, "default", "a");
+    let l = until(&rx, 10, "c takes a's address", |l| {
+        names(l).contains(&"default/c/http/203.0.113.17")
+    });
+    assert_eq!(l.len(), 2);
+    eventually(10, "c's status", || {
+        api.get(Res::Services, "default", "c")
+            .is_some_and(|s| s["status"]["loadBalancer"]["ingress"][0]["ip"] == "203.0.113.17")
+    });
+    assert!(src.stats().events() >= 3);
+}
+
+#[test]
+fn a_restarted_source_keeps_addresses_and_allocates_around_them() {
+    let api = FakeApi::start();
+    let dir = TempDir::new("restart");
+    populate(&api);
+    api.apply(lb("first"));
+    {
+        let (_src, rx) = start(&api, &dir, settings(Mode::DsrL2));
+        until(&rx, 20, "first", |l| l.len() == 1);
+        eventually(10, "first's status", || {
+            api.get(Res::Services, "default", "first")
+                .is_some_and(|s| s["status"]["loadBalancer"]["ingress"][0]["ip"] == "203.0.113.17")
+        });
+    } // stopped
+      // While no gateway runs: a Service that asks for nothing, and one that asks for
+      // the address "first" holds.
+    api.apply(lb("second"));
+    let mut third = lb("third");
+    third["metadata"]["annotations"] = json!({ "strait.dev/load-balancer-ip": "203.0.113.17" });
+    api.apply(third);
+    let (_src, rx) = start(&api, &dir, settings(Mode::DsrL2));
+    let l = until(&rx, 20, "first and second", |l| l.len() == 2);
+    assert_eq!(
+        names(&l),
+        [
+            "default/first/http/203.0.113.17",
+            "default/second/http/203.0.113.18"
+        ]
+    );
+    eventually(10, "an AddressInUse event for third", || {
+        api.events()
+            .iter()
+            .any(|e| e["reason"] == "AddressInUse" && e["regarding"]["name"] == "third")
+    });
+}
+
+#[test]
+fn a_bad_kubeconfig_is_named() {
+    let e = kube::spawn(
+        Some(std::path::Path::new("/nonexistent/kubeconfig")),
+        settings(Mode::Nat),
+        |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("/nonexistent/kubeconfig"), "{e}");
+}
+
+/// A self-signed test CA (P-256, `CN=strait-test-ca`, no key anywhere), base64 PEM as
+/// kubeconfig's `certificate-authority-data` wants it.
+const TEST_CA: &str = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUJpRENDQVMrZ0F3SUJBZ0lVZFJ6cGlmb3JjTVZ4MHhOSHlrZkozZ2xVaTJjd0NnWUlLb1pJemowRUF3SXcKR1RFWE1CVUdBMVVFQXd3T2MzUnlZV2wwTFhSbGMzUXRZMkV3SUJjTk1qWXhNVE13TURNeU1EQTBXaGdQTWpFeQpOakV4TURZd016SXdNRFJhTUJreEZ6QVZCZ05WQkFNTURuTjBjbUZwZEMxMFpYTjBMV05oTUZrd0V3WUhLb1pJCnpqMENBUVlJS29aSXpqMERBUWNEUWdBRWY4UlluQkVTU2I3djNoUGNMT2F6QkRkQjE2LzBmaGVQTW9tRy9KRmoKRVFGNVZjamxjaWhOOUduM0ovV3lsNlQ5TUQwS2MvaDZwcUlMcCs0SXlhSkQ0cU5UTUZFd0hRWURWUjBPQkJZRQpGSS80SmlIMjNpVTI0QUdNVUNJalBtdnRVWWZYTUI4R0ExVWRJd1FZTUJhQUZJLzRKaUgyM2lVMjRBR01VQ0lqClBtdnRVWWZYTUE4R0ExVWRFd0VCL3dRRk1BTUJBZjh3Q2dZSUtvWkl6ajBFQXdJRFJ3QXdSQUlnR09yR2Q0b24KRGUzeVArUHM3UG42TXRvdXR4MndwbklsZkRTbE5LZ2JYZkVDSUQ5cjBldUdiaHJkcTROQXRyNDh3SUIyNXA1agp2Zm1xcDQxMUxVSjE4TGxzCi0tLS0tRU5EIENFUlRJRklDQVRFLS0tLS0K";
+
+#[test]
+fn an_https_kubeconfig_builds_a_tls_client_without_connecting() {
+    // rustls needs exactly one crypto provider compiled in (ring here); this would panic
+    // at client construction if the feature set were wrong.
+    let dir = TempDir::new("https");
+    let path = dir.0.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    certificate-authority-data: {TEST_CA}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user:\n    token: not-a-real-token\n"
+        ),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(kube::connect(Some(&path)));
+    assert!(client.is_ok(), "{:?}", client.err());
+}
+
+// ---- deploy/ ------------------------------------------------------------------------
+
+/// `strait run`'s flags, as main.rs declares them.
+#[derive(Debug, clap::Parser)]
+struct RunCli {
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    kube: kube::Args,
+}
+
+#[test]
+fn the_deploy_files_agree_with_the_code() {
+    use clap::Parser;
+    let cfg = strait_config::parse(include_str!("../../deploy/strait-3node.toml"))
+        .unwrap_or_else(|e| panic!("deploy/strait-3node.toml:\n{e}"));
+    assert_eq!(cfg.gateway.interfaces[0].name, "eth1");
+
+    let unit = include_str!("../../deploy/strait.service");
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("an ExecStart line");
+    let mut words: Vec<&str> = exec.split_whitespace().collect();
+    assert_eq!(&words[..2], ["/usr/local/bin/strait", "run"]);
+    words.remove(1);
+    let run = RunCli::try_parse_from(words).unwrap_or_else(|e| panic!("{exec}\n{e}"));
+    let s = run.kube.settings(&cfg.gateway);
+    assert!(run.kube.kube && s.pools.len() == 2);
+    for p in &s.pools {
+        assert!(
+            ["203.0.113.0/24", "2001:db8::/32"]
+                .iter()
+                .any(|d| d.parse::<ipnet::IpNet>().unwrap().contains(p)),
+            "{p} is not a documentation range"
+        );
+    }
+
+    let rbac = include_str!("../../deploy/rbac.yaml");
+    for needed in [
+        "\"services\", \"nodes\"",
+        "\"services/status\"",
+        "\"endpointslices\"",
+        "\"events.k8s.io\"",
+        "[\"get\", \"list\", \"watch\"]",
+        "[\"update\", \"patch\"]",
+        "[\"create\", \"patch\"]",
+    ] {
+        assert!(rbac.contains(needed), "deploy/rbac.yaml lacks {needed}");
+    }
+}
+
+/// How long one round takes on a larger cluster (`cargo test --release --test kube --
+/// --ignored --nocapture scale`): 1,000 LoadBalancer Services with 20 endpoints each on
+/// 50 nodes.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn scale_round_time() {
+    let mut st = settings(Mode::Nat);
+    st.pools = vec!["203.0.112.0/22".parse().unwrap()];
+    let mut ctl = Controller::new(st);
+    let nodes: Vec<Value> = (0..50)
+        .map(|i| node(&format!("n{i}"), &format!("198.51.100.{}", i + 1)))
+        .collect();
+    let mut services = Vec::new();
+    let mut slices = Vec::new();
+    for s in 0..1000 {
+        let name = format!("svc{s}");
+        services.push(lb(&name));
+        let eps = (0..20)
+            .map(|e| {
+                // 198.18.0.0/15 (RFC 2544, benchmarking): room for 20,000 endpoints.
+                let i = s * 20 + e;
+                let a = format!("198.{}.{}.{}", 18 + i / 65536, (i / 256) % 256, i % 256);
+                ready(&a, &format!("n{}", e % 50))
+            })
+            .collect();
+        slices.push(slice(&format!("{name}-a"), &name, eps));
+    }
+    list(&mut ctl, Kind::Nodes, nodes);
+    list(&mut ctl, Kind::Services, services);
+    let t = Instant::now();
+    list(&mut ctl, Kind::EndpointSlices, slices);
+    let applied = t.elapsed();
+    let t = Instant::now();
+    let r = ctl.reconcile().unwrap();
+    let first = t.elapsed();
+    let t = Instant::now();
+    ctl.apply(
+        Kind::EndpointSlices,
+        Event::Apply(dynamic(slice(
+            "svc0-a",
+            "svc0",
+            vec![ready("198.18.0.1", "n0")],
+        ))),
+    );
+    ctl.reconcile().unwrap();
+    let again = t.elapsed();
+    println!(
+        "{} services, {} backends: 1,000 slices parsed in {applied:?}, first round {first:?}, \
+         a round after one slice change {again:?}",
+        r.services.len(),
+        r.services.iter().map(|s| s.backends.len()).sum::<usize>()
+    );
+}
+
+#[test]
+fn metrics_encode() {
+    let stats = std::sync::Arc::new(kube::Stats::default());
+    let mut registry = prometheus_client::registry::Registry::with_prefix("strait");
+    registry.register_collector(Box::new(kube::Metrics(std::sync::Arc::clone(&stats))));
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+    for line in [
+        "strait_kube_connected 0",
+        "strait_kube_lists_total{kind=\"endpointslices\"} 0",
+        "strait_kube_watch_expired_total{kind=\"services\"} 0",
+        "strait_kube_status_writes_total{result=\"error\"} 0",
+        "strait_kube_skipped{reason=\"unsupported_protocol\"} 0",
+        "strait_kube_addresses 0",
+    ] {
+        assert!(out.lines().any(|l| l == line), "no {line:?} in\n{out}");
+    }
+}
+
+#[test]
+fn the_fake_api_speaks_the_wire_format_kube_rs_expects() {
+    use ::kube::api::{Api, ListParams, WatchEvent, WatchParams};
+    use futures::StreamExt;
+    let api = FakeApi::start();
+    let dir = TempDir::new("fake");
+    populate(&api);
+    api.apply(lb("web"));
+    let mut other = lb("db");
+    other["metadata"]["namespace"] = json!("prod");
+    api.apply(other);
+    let kc = api.kubeconfig(&dir.0);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = kube::connect(Some(&kc)).await.unwrap();
+        // Lists, cluster-wide and namespaced, paged.
+        let all: Api<Service> = Api::all(client.clone());
+        let l = all.list(&ListParams::default()).await.unwrap();
+        assert_eq!(l.items.len(), 2);
+        let first = all.list(&ListParams::default().limit(1)).await.unwrap();
+        assert_eq!(first.items.len(), 1);
+        let token = first.metadata.continue_.clone().expect("a continue token");
+        let second = all
+            .list(&ListParams::default().limit(1).continue_token(&token))
+            .await
+            .unwrap();
+        assert_eq!(second.items.len(), 1);
+        assert_ne!(first.items[0].metadata.name, second.items[0].metadata.name);
+        let prod: Api<Service> = Api::namespaced(client.clone(), "prod");
+        let l = prod.list(&ListParams::default()).await.unwrap();
+        assert_eq!(l.items.len(), 1);
+        assert_eq!(
+            prod.get("db").await.unwrap().metadata.uid.as_deref(),
+            Some("uid-5")
+        );
+        let e = prod.get("nope").await.unwrap_err();
+        assert!(
+            matches!(e, ::kube::Error::Api(ref s) if s.code == 404),
+            "{e}"
+        );
+        let nodes: Api<Node> = Api::all(client.clone());
+        assert_eq!(
+            nodes
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .len(),
+            3
+        );
+
+        // A watch from the list's version sees a change, then a 410 once compacted.
+        let rv = l.metadata.resource_version.unwrap();
+        let mut w = prod
+            .watch(&WatchParams::default().timeout(5), &rv)
+            .await
+            .unwrap()
+            .boxed();
+        let mut db = lb("db");
+        db["metadata"]["namespace"] = json!("prod");
+        db["spec"]["ports"][0]["port"] = json!(5432);
+        api.apply(db);
+        match w.next().await {
+            Some(Ok(WatchEvent::Modified(s))) => {
+                assert_eq!(s.spec.unwrap().ports.unwrap()[0].port, 5432);
+            }
+            other => panic!("{other:?}"),
+        }
+        api.expire();
+        match w.next().await {
+            Some(Ok(WatchEvent::Error(s))) => {
+                assert_eq!((s.code, s.reason.as_str()), (410, "Expired"))
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut w = prod
+            .watch(&WatchParams::default(), &rv)
+            .await
+            .unwrap()
+            .boxed();
+        assert!(matches!(w.next().await, Some(Ok(WatchEvent::Error(s))) if s.code == 410));
+    });
+}
