@@ -10,6 +10,7 @@
 //! names the same backend after a reload, and finding it is one index.
 
 use core::net::IpAddr;
+use std::sync::Arc;
 
 use hashbrown::HashMap;
 use strait_config::model::{BackendState, Config, Mode, Role};
@@ -114,8 +115,9 @@ pub struct Service {
     pub frontend: Frontend,
     /// Forwarding mode.
     pub mode: Mode,
-    /// Maglev lookup table over `members`.
-    pub maglev: maglev::Table,
+    /// Maglev lookup table over `members`; shared with earlier snapshots while the inputs
+    /// are the same (see [`Builder`]).
+    pub maglev: Arc<maglev::Table>,
     /// Maglev member index to backend id (members are the backends that take new flows).
     pub members: Vec<BackendId>,
     /// Every backend of the service, members or not.
@@ -264,13 +266,23 @@ pub enum TableError {
 /// Identity of a backend for id allocation: (service frontend, address, port).
 type BackendKey = (Frontend, [u8; 16], u16);
 
+/// What a Maglev table is a function of: its size and the weighted members, in member
+/// order (the member order also fixes which index a slot names).
+type MaglevInput = (u32, Vec<(u64, u32)>);
+
 /// Builds snapshots and keeps backend ids stable between them.
+///
+/// It also keeps the Maglev tables of the previous build: a service whose members, weights
+/// and table size did not change gets the same table (an `Arc`), so a change to one service
+/// of ten thousand rebuilds one Maglev table, not ten thousand. Building the tables is most of
+/// the cost of a snapshot.
 #[derive(Debug, Default)]
 pub struct Builder {
     ids: HashMap<BackendKey, BackendId>,
     free: Vec<BackendId>,
     next: u32,
     generation: u64,
+    maglev: HashMap<MaglevInput, Arc<maglev::Table>>,
 }
 
 impl Builder {
@@ -328,6 +340,7 @@ impl Builder {
         };
 
         let mut live: HashMap<BackendKey, ()> = HashMap::new();
+        let mut used: HashMap<MaglevInput, Arc<maglev::Table>> = HashMap::new();
         for (si, s) in cfg.services.iter().enumerate() {
             let frontend = Frontend {
                 vip: addr_bytes(s.vip),
@@ -377,12 +390,20 @@ impl Builder {
                 }
                 t.backends[slot] = Some(entry);
             }
-            let maglev = maglev::build(&weighted, s.maglev_table_size).map_err(|source| {
-                TableError::Maglev {
-                    service: s.name.clone(),
-                    source,
-                }
-            })?;
+            let input: MaglevInput = (
+                s.maglev_table_size,
+                weighted.iter().map(|w| (w.key, w.weight)).collect(),
+            );
+            let maglev = match self.maglev.get(&input) {
+                Some(t) => Arc::clone(t),
+                None => Arc::new(maglev::build(&weighted, s.maglev_table_size).map_err(
+                    |source| TableError::Maglev {
+                        service: s.name.clone(),
+                        source,
+                    },
+                )?),
+            };
+            used.insert(input, Arc::clone(&maglev));
             let acl = s
                 .source_ranges
                 .iter()
@@ -418,6 +439,8 @@ impl Builder {
                 self.free.push(id);
             }
         }
+        // Keep only the tables this build uses, so the cache never outgrows the table.
+        self.maglev = used;
         self.generation += 1;
         t.generation = self.generation;
         Ok(t)
@@ -443,4 +466,88 @@ fn backend_identity(key: &BackendKey) -> u64 {
     b[..16].copy_from_slice(&key.1);
     b[16..].copy_from_slice(&key.2.to_be_bytes());
     crate::hash::hash_bytes(crate::hash::SEED_MAGLEV, &b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(web_backends: &[&str]) -> Config {
+        let b = |addrs: &[&str], port| {
+            addrs
+                .iter()
+                .map(|a| {
+                    format!("{{ address = \"{a}\", port = {port}, mac = \"02:00:00:00:01:11\" }}")
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        strait_config::parse(&format!(
+            r#"
+[[gateway.interfaces]]
+name = "eth0"
+queues = [0]
+[[services]]
+name = "web"
+vip = "203.0.113.10"
+port = 80
+maglev_table_size = 251
+backends = [{}]
+[[services]]
+name = "api"
+vip = "203.0.113.11"
+port = 443
+maglev_table_size = 251
+backends = [{}]
+"#,
+            b(web_backends, 80),
+            b(&["198.51.100.21", "198.51.100.22"], 443)
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn unchanged_services_share_their_maglev_tables_across_builds() {
+        let ports = [Port {
+            mac: [2, 0, 0, 0, 0, 1],
+            mtu: 1500,
+        }];
+        let mut b = Builder::new();
+        let t1 = b
+            .build(
+                &config(&["198.51.100.11", "198.51.100.12"]),
+                &ports,
+                |_, _, _| false,
+            )
+            .unwrap();
+        let t2 = b
+            .build(
+                &config(&["198.51.100.11", "198.51.100.12", "198.51.100.13"]),
+                &ports,
+                |_, _, _| false,
+            )
+            .unwrap();
+        assert!(
+            !Arc::ptr_eq(&t1.services[0].maglev, &t2.services[0].maglev),
+            "web changed: new table"
+        );
+        assert!(
+            Arc::ptr_eq(&t1.services[1].maglev, &t2.services[1].maglev),
+            "api unchanged: same table"
+        );
+        // A kept backend keeps its id, and the shared table still names the right members.
+        assert_eq!(t1.services[0].backends[..2], t2.services[0].backends[..2]);
+        assert_eq!(t1.services[1].members, t2.services[1].members);
+        // Health changes are inputs too: a down backend leaves the table.
+        let t3 = b
+            .build(
+                &config(&["198.51.100.11", "198.51.100.12", "198.51.100.13"]),
+                &ports,
+                |_, a, _| a.to_string() == "198.51.100.21",
+            )
+            .unwrap();
+        assert!(!Arc::ptr_eq(&t2.services[1].maglev, &t3.services[1].maglev));
+        assert_eq!(t3.services[1].members.len(), 1);
+        assert_eq!(t3.generation, 3);
+    }
 }
