@@ -12,6 +12,7 @@
 
 mod admin;
 mod backend_server;
+mod bench_control;
 mod bench_maglev;
 mod bench_pipeline;
 mod health;
@@ -83,6 +84,22 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// Time from a Kubernetes EndpointSlice change to the new table being live, with
+    /// 10,000 Services of 10 endpoints each (p50 and p99).
+    Control {
+        /// Print JSON instead of a summary.
+        #[arg(long)]
+        json: bool,
+        /// Services listed.
+        #[arg(long, default_value_t = 10_000)]
+        services: usize,
+        /// Endpoints per Service.
+        #[arg(long, default_value_t = 10)]
+        endpoints: usize,
+        /// Changes measured.
+        #[arg(long, default_value_t = 20)]
+        changes: usize,
+    },
     /// Maglev table build time, balance and disruption with 1,000 backends.
     Maglev {
         /// Print JSON instead of a table.
@@ -111,6 +128,15 @@ fn main() -> ExitCode {
         Command::Bench {
             what: Bench::Maglev { json },
         } => bench_maglev::run(json),
+        Command::Bench {
+            what:
+                Bench::Control {
+                    json,
+                    services,
+                    endpoints,
+                    changes,
+                },
+        } => bench_control::run(json, services, endpoints, changes),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

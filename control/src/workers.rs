@@ -1,15 +1,29 @@
-//! Starting the AF_XDP workers: one per configured (interface, queue), each on its own
-//! thread, pinned to its configured core, owning its socket, UMEM, pipeline (flow table and
-//! counters).
+//! Starting the AF_XDP workers: one per queue index across the configured interfaces, each on
+//! its own thread, pinned to its configured core, owning its queue group (the sockets of that
+//! queue on every interface, sharing one UMEM), its pipeline (flow table and counters) and its
+//! ends of the handoff mesh.
 //!
-//! Order, per interface: attach the steering program (replacing a stale one), open each
-//! queue's socket and register it in the program's socket map, then fill the program's maps
-//! from the current table, so no packet is redirected to a queue without a socket.
+//! ```text
+//!   interfaces veth-c queues [0, 1], veth-b queues [0, 1]
+//!     worker "veth-c+veth-b/0": veth-c/0 + veth-b/0, pipeline core 0 of 2
+//!     worker "veth-c+veth-b/1": veth-c/1 + veth-b/1, pipeline core 1 of 2
+//!     handoff rings 0 -> 1 and 1 -> 0
+//! ```
 //!
-//! Limits of this version, logged at start: `nat` flows are owned per core, and the cross-core
-//! handoff ring is not built yet, so `nat` needs a single worker; a frame whose egress is
-//! another interface (two-arm topologies) is dropped and counted, since sockets do not share a
-//! UMEM yet.
+//! A frame whose egress is another interface of the group (two-arm nat: in on the client
+//! interface, out on the backend one) leaves on that interface's socket without a copy. A nat
+//! frame whose flow another worker owns is copied to it through a bounded ring.
+//!
+//! Order: attach the steering program to every interface (replacing a stale one), open each
+//! queue group and register each of its sockets in its interface's program at that queue,
+//! then fill the programs' maps from the current table, so no packet is redirected to a
+//! queue without a socket.
+//!
+//! A queue listed on some interfaces only makes a group without the others: a frame that
+//! group's worker must send on a missing interface is dropped and counted (`other_port`), so
+//! two-arm configurations should list the same queues on both arms (logged at start). A
+//! worker is pinned to the core configured for its queue on the first interface that lists
+//! the queue with a core.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
@@ -19,7 +33,8 @@ use anyhow::Context;
 use strait_config::model::{Config, Mode};
 use strait_dataplane::pipeline::Pipeline;
 use strait_dataplane::xsk::{
-    run_worker, AttachPolicy, MonotonicClock, Port, PortConfig, SteerProgram, WorkerStats,
+    run_worker, AttachPolicy, GroupConfig, Handoff, HandoffConfig, MonotonicClock, PortConfig,
+    QueueGroup, SteerProgram, WorkerStats,
 };
 use tracing::{info, warn};
 
@@ -41,88 +56,182 @@ impl std::fmt::Debug for Workers {
     }
 }
 
-/// The statistics slots of the workers `cfg` asks for, in start order (`iface/queue`).
+/// One worker to start: a queue index and the interfaces that serve it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Plan {
+    queue: u32,
+    /// Indices into `gateway.interfaces` (which are also the table ports), in config order.
+    members: Vec<usize>,
+    /// CPU to pin to.
+    core: Option<usize>,
+    /// `iface+iface/queue`.
+    name: String,
+}
+
+/// The workers `cfg` asks for: one per distinct queue index, in order of first appearance
+/// (interfaces in config order, each one's queues in order).
+fn plan(cfg: &Config) -> Vec<Plan> {
+    let ifaces = &cfg.gateway.interfaces;
+    let mut queues: Vec<u32> = Vec::new();
+    for q in ifaces.iter().flat_map(|i| i.queues.iter().copied()) {
+        if !queues.contains(&q) {
+            queues.push(q);
+        }
+    }
+    queues
+        .into_iter()
+        .map(|queue| {
+            let members: Vec<usize> = (0..ifaces.len())
+                .filter(|&i| ifaces[i].queues.contains(&queue))
+                .collect();
+            let core = members.iter().find_map(|&i| {
+                let at = ifaces[i].queues.iter().position(|&q| q == queue)?;
+                ifaces[i].cores.as_ref()?.get(at).copied()
+            });
+            let names: Vec<&str> = members.iter().map(|&i| ifaces[i].name.as_str()).collect();
+            Plan {
+                queue,
+                name: format!("{}/{queue}", names.join("+")),
+                members,
+                core,
+            }
+        })
+        .collect()
+}
+
+/// The statistics slots of the workers `cfg` asks for, in start order, named
+/// `iface+iface/queue`.
 pub fn slots(cfg: &Config) -> Vec<Arc<CoreStats>> {
-    cfg.gateway
-        .interfaces
-        .iter()
-        .flat_map(|i| i.queues.iter().map(move |q| format!("{}/{q}", i.name)))
-        .map(|name| {
+    plan(cfg)
+        .into_iter()
+        .map(|p| {
             Arc::new(CoreStats {
-                name,
+                name: p.name,
                 ..Default::default()
             })
         })
         .collect()
 }
 
-/// Attaches the programs and starts a worker per (interface, queue) of `cfg`.
+/// Attaches the programs and starts a worker per queue group of `cfg`.
 ///
 /// # Errors
 /// When a program cannot be attached or a socket cannot be opened (no AF_XDP, no such queue,
-/// not enough privileges), with the interface and queue named.
+/// no shared UMEM, not enough privileges), with the interface and queue named. Workers
+/// started before the failure are stopped again.
 pub fn start(cfg: &Config, shared: &Arc<Shared>) -> anyhow::Result<Workers> {
     let g = &cfg.gateway;
-    let total: usize = g.interfaces.iter().map(|i| i.queues.len()).sum();
-    if total > 1 && cfg.services.iter().any(|s| s.mode == Mode::Nat) {
-        warn!("nat with {total} workers: replies that land on another core are dropped until the handoff ring exists; use one queue for nat");
+    let plans = plan(cfg);
+    let total = plans.len();
+    anyhow::ensure!(
+        shared.cores.len() == total,
+        "{} statistics slots for {total} workers (slots() and start() disagree)",
+        shared.cores.len()
+    );
+    for p in plans
+        .iter()
+        .filter(|p| p.members.len() < g.interfaces.len())
+    {
+        let missing: Vec<&str> = (0..g.interfaces.len())
+            .filter(|i| !p.members.contains(i))
+            .map(|i| g.interfaces[i].name.as_str())
+            .collect();
+        warn!(worker = %p.name, ?missing, "queue {} is not served on every interface: frames this worker must send on the others are dropped (other_port); list the same queues on every interface", p.queue);
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut progs = Vec::new();
-    let mut threads = Vec::new();
-    let mut index = 0usize;
-    for (pi, iface) in g.interfaces.iter().enumerate() {
-        let mut prog = SteerProgram::attach(&iface.name, AttachPolicy::default())
+    let table = shared.table.load_full();
+    let mtu = table.ports.iter().map(|p| p.mtu).max().unwrap_or(1500);
+    let handoff_cfg = HandoffConfig::for_mtu(mtu);
+    if total > 1 && cfg.services.iter().any(|s| s.mode == Mode::Nat) {
+        info!(
+            workers = total,
+            slots = handoff_cfg.slots,
+            slot_bytes = handoff_cfg.slot_bytes,
+            "nat flows are owned per worker; frames landing on another worker are handed over"
+        );
+    }
+
+    let mut workers = Workers {
+        stop: Arc::new(AtomicBool::new(false)),
+        threads: Vec::new(),
+        progs: Vec::new(),
+    };
+    match spawn_all(cfg, shared, &plans, &handoff_cfg, &mut workers) {
+        Ok(()) => Ok(workers),
+        Err(e) => {
+            workers.stop();
+            Err(e)
+        }
+    }
+}
+
+/// The body of [`start`]: fills `w` as it goes, so the caller can stop what was started.
+fn spawn_all(
+    cfg: &Config,
+    shared: &Arc<Shared>,
+    plans: &[Plan],
+    handoff_cfg: &HandoffConfig,
+    w: &mut Workers,
+) -> anyhow::Result<()> {
+    let g = &cfg.gateway;
+    for iface in &g.interfaces {
+        let prog = SteerProgram::attach(&iface.name, AttachPolicy::default())
             .with_context(|| format!("attaching the XDP steering program to {}", iface.name))?;
         info!(iface = %iface.name, mode = ?prog.mode(), replaced = ?prog.replaced_programs(), "XDP program attached");
-        for (qi, &queue) in iface.queues.iter().enumerate() {
-            let mut pc = PortConfig::new(&iface.name, queue);
-            pc.table_port = pi as u8;
-            let port = Port::open(&pc).with_context(|| {
-                format!("opening the AF_XDP socket on {} queue {queue}", iface.name)
-            })?;
-            match port.zero_copy_refused() {
-                Some(e) => {
-                    info!(iface = %iface.name, queue, "AF_XDP bound in {} mode (zero-copy refused: {e})", port.bind_mode())
-                }
-                None => {
-                    info!(iface = %iface.name, queue, "AF_XDP bound in {} mode", port.bind_mode())
-                }
-            }
-            prog.register(queue, &port)
-                .with_context(|| format!("registering {} queue {queue}", iface.name))?;
-            let core = iface.cores.as_ref().and_then(|c| c.get(qi)).copied();
-            let slot = Arc::clone(&shared.cores[index]);
-            let pipe = Pipeline::new(
-                index as u16,
-                total as u16,
-                g.flow_capacity_per_core as usize,
-                shared.table.load().timeouts,
-                g.new_flows_per_second_per_core,
-            );
-            let name = slot.name.clone();
-            let (shared, stop) = (Arc::clone(shared), Arc::clone(&stop));
-            let handle = thread::Builder::new()
-                .name(format!("xsk {name}"))
-                .spawn(move || worker(port, pipe, core, &shared, &stop, &slot))
-                .context("spawning a worker thread")?;
-            threads.push((name, handle));
-            index += 1;
-        }
-        let sync = prog.update_maps(&shared.table.load())?;
-        info!(iface = %iface.name, added = sync.added, "steering maps filled");
-        progs.push(prog);
+        w.progs.push(prog);
     }
-    Ok(Workers {
-        stop,
-        threads,
-        progs,
-    })
+    let total = plans.len();
+    let mut ends = Handoff::mesh(total, handoff_cfg).into_iter();
+    for (index, p) in plans.iter().enumerate() {
+        let members = p
+            .members
+            .iter()
+            .map(|&i| PortConfig::new(&g.interfaces[i].name, i as u8))
+            .collect();
+        let group = QueueGroup::open(&GroupConfig::new(p.queue, members))
+            .with_context(|| format!("opening the AF_XDP sockets of {}", p.name))?;
+        match group.zero_copy_refused() {
+            Some(e) => {
+                info!(worker = %p.name, "AF_XDP bound in {} mode (zero-copy refused: {e})", group.bind_mode())
+            }
+            None => info!(worker = %p.name, "AF_XDP bound in {} mode", group.bind_mode()),
+        }
+        for (port, &i) in group.ports().iter().zip(&p.members) {
+            w.progs[i]
+                .register(p.queue, port)
+                .with_context(|| format!("registering {} queue {}", port.iface(), p.queue))?;
+        }
+        let handoff = ends
+            .next()
+            .context("the handoff mesh has an end per worker")?;
+        let slot = Arc::clone(&shared.cores[index]);
+        let pipe = Pipeline::new(
+            index as u16,
+            total as u16,
+            g.flow_capacity_per_core as usize,
+            shared.table.load().timeouts,
+            g.new_flows_per_second_per_core,
+        );
+        let name = slot.name.clone();
+        let core = p.core;
+        let (shared, stop) = (Arc::clone(shared), Arc::clone(&w.stop));
+        let handle = thread::Builder::new()
+            .name(format!("xsk {name}"))
+            .spawn(move || worker(group, pipe, handoff, core, &shared, &stop, &slot))
+            .context("spawning a worker thread")?;
+        w.threads.push((name, handle));
+    }
+    let table = shared.table.load();
+    for (prog, iface) in w.progs.iter_mut().zip(&g.interfaces) {
+        let sync = prog.update_maps(&table)?;
+        info!(iface = %iface.name, added = sync.added, "steering maps filled");
+    }
+    Ok(())
 }
 
 fn worker(
-    mut port: Port,
+    mut group: QueueGroup,
     mut pipe: Pipeline,
+    mut handoff: Handoff,
     core: Option<usize>,
     shared: &Shared,
     stop: &AtomicBool,
@@ -148,8 +257,9 @@ fn worker(
         }
     };
     let stats = run_worker(
-        &mut port,
+        &mut group,
         &mut pipe,
+        &mut handoff,
         || shared.table.load_full(),
         stop,
         MonotonicClock::new(),
@@ -160,13 +270,32 @@ fn worker(
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .counters;
-    info!(worker = %slot.name, rx = c.rx, tx = c.tx, pass_unsent = stats.pass_unsent, other_port = stats.other_port, "worker stopped");
+    let handoff_dropped = stats.handoff_full
+        + stats.handoff_too_big
+        + stats.handoff_no_ring
+        + stats.handoff_no_frame
+        + stats.handoff_loop;
+    info!(
+        worker = %slot.name,
+        rx = c.rx,
+        tx = c.tx,
+        pass_unsent = stats.pass_unsent,
+        other_port = stats.other_port,
+        handed_out = stats.handed_out,
+        handed_in = stats.handed_in,
+        handoff_dropped,
+        "worker stopped"
+    );
     Ok(stats)
 }
 
 impl Workers {
     /// Stops every worker and waits for it.
     pub fn stop(mut self) {
+        self.stop_in_place();
+    }
+
+    fn stop_in_place(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         for (name, t) in self.threads.drain(..) {
             match t.join() {
@@ -177,5 +306,57 @@ impl Workers {
         }
         // Dropping the programs detaches them.
         self.progs.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(interfaces: &str) -> Config {
+        strait_config::parse(&format!(
+            "[gateway]\n{interfaces}\n[[services]]\nname = \"web\"\nvip = \"203.0.113.10\"\n\
+             port = 80\nprotocol = \"tcp\"\nmode = \"nat\"\n\n[[services.backends]]\n\
+             address = \"198.51.100.11\"\nport = 8080\nmac = \"02:00:00:00:0b:11\"\n"
+        ))
+        .expect("a valid configuration")
+    }
+
+    #[test]
+    fn one_worker_per_queue_across_interfaces() {
+        let cfg = config(
+            "[[gateway.interfaces]]\nname = \"veth-c\"\nqueues = [0, 1]\ncores = [2, 3]\n\
+             role = \"client\"\n\
+             [[gateway.interfaces]]\nname = \"veth-b\"\nqueues = [1, 0, 2]\ncores = [5, 4, 6]\n\
+             role = \"backend\"\n",
+        );
+        let p = plan(&cfg);
+        let names: Vec<&str> = p.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["veth-c+veth-b/0", "veth-c+veth-b/1", "veth-b/2"],
+            "{p:?}"
+        );
+        assert_eq!(p[0].members, [0, 1]);
+        assert_eq!(p[2].members, [1]);
+        assert_eq!(
+            p.iter().map(|p| p.core).collect::<Vec<_>>(),
+            [Some(2), Some(3), Some(6)],
+            "the first interface that pins the queue decides"
+        );
+        let s = slots(&cfg);
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[1].name, "veth-c+veth-b/1");
+    }
+
+    #[test]
+    fn one_arm_keeps_its_names() {
+        let cfg = config("[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [3, 1]\n");
+        let p = plan(&cfg);
+        assert_eq!(
+            p.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+            ["eth0/3", "eth0/1"]
+        );
+        assert!(p.iter().all(|p| p.core.is_none() && p.members == [0]));
     }
 }

@@ -19,6 +19,24 @@
 //! table change. Run with native and with generic XDP; a third test checks that a stale
 //! program is replaced and that only our own program is detached on drop.
 //!
+//! Two-arm nat (see [`TwoArm`]):
+//!
+//! ```text
+//!   netns -c            netns -g (gateway)                         netns -b
+//!   eth0 <──veth──> veth-c (role client)  veth-b (role backend) <──veth──> eth0
+//!   client            one queue group per queue: veth-c/q + veth-b/q      backend
+//!   192.0.2.2         sharing a UMEM, one worker each                      198.51.100.11
+//! ```
+//!
+//! `two_arm_nat_round_trip`: packet-socket SYNs from the client to the nat VIP
+//! 203.0.113.10:80 leave veth-b translated to 198.51.100.11:8080 (client source kept, TTL
+//! decremented, checksums verified by an independent checksum routine here), and the
+//! backend's SYN-ACKs leave veth-c translated back to 203.0.113.10:80; frame accounting at rest
+//! per UMEM. `nat_handoff_between_two_workers`: the same on two-queue veths with two workers
+//! (cores 0 and 1 of 2): client frames written from CPU 0 arrive on queue 0 and backend frames
+//! from CPU 1 on queue 1, so each flow crosses the handoff ring once in one direction, and the
+//! test also pushes a frame straight into a worker's inbound ring.
+//!
 //! Needs root, `ip` (iproute2) and a kernel with AF_XDP. Without them the tests FAIL, unless
 //! `STRAIT_SKIP_PRIVILEGED=1` is set, in which case they print a loud SKIPPED banner and pass.
 //! The namespaces are deleted on drop, also when a test fails.
@@ -39,13 +57,15 @@ use std::sync::atomic::AtomicUsize;
 
 use etherparse::{Icmpv4Type, IpNumber, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use strait_dataplane::flow::Timeouts;
-use strait_dataplane::pipeline::Pipeline;
+use strait_dataplane::key::addr_bytes;
+use strait_dataplane::pipeline::{owner_core, Pipeline};
 use strait_dataplane::stats::{Counters, DropReason};
 use strait_dataplane::table::{Builder, ServiceTable};
-use strait_dataplane::xsk::testbed::{enter_netns, PacketSocket};
+use strait_dataplane::xsk::testbed::{enter_netns, pin_thread, PacketSocket};
 use strait_dataplane::xsk::{
-    interface_port, run_worker, Accounting, AttachMode, AttachPolicy, BindMode, KernelStats,
-    MapSync, MonotonicClock, Port, PortConfig, SteerCounters, SteerProgram, WorkerStats,
+    interface_port, run_worker, Accounting, AttachMode, AttachPolicy, BindMode, GroupConfig,
+    Handoff, HandoffConfig, KernelStats, MapSync, MonotonicClock, PortConfig, QueueGroup,
+    SteerCounters, SteerProgram, WorkerStats,
 };
 
 /// Allocations, reallocations and frees made by worker threads while they run the loop.
@@ -410,9 +430,11 @@ fn gateway(
             .build(&cfg, &[link], |_, _, _| false)
             .map_err(|e| e.to_string())?;
         let mut prog = SteerProgram::attach("veth-g", policy).map_err(|e| e.to_string())?;
-        let port = Port::open(&PortConfig::new("veth-g", 0)).map_err(|e| e.to_string())?;
+        let port =
+            QueueGroup::open(&GroupConfig::single("veth-g", 0)).map_err(|e| e.to_string())?;
         let sync = prog.update_maps(&table).map_err(|e| e.to_string())?;
-        prog.register(0, &port).map_err(|e| e.to_string())?;
+        prog.register(0, &port.ports()[0])
+            .map_err(|e| e.to_string())?;
         Ok((table, prog, port, sync))
     };
     let (table, mut prog, mut port, sync) = match setup() {
@@ -438,9 +460,11 @@ fn gateway(
             let table = Arc::new(table);
             let clock = MonotonicClock::new();
             COUNTING.with(|c| c.set(true));
+            let mut handoff = Handoff::none();
             let r = run_worker(
                 &mut port,
                 &mut pipe,
+                &mut handoff,
                 || table.clone(),
                 &stop,
                 clock,
@@ -937,4 +961,818 @@ fn stale_program_is_replaced_and_only_ours_detached() {
     .expect("stale-program checks");
     drop(bed);
     assert_namespaces_gone("-stale");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two-arm nat: the client and the backend on different interfaces of the gateway.
+// ---------------------------------------------------------------------------------------------
+
+/// The client's interface (in its own namespace).
+const MAC_C: [u8; 6] = [0x02, 0, 0, 0, 0x0c, 0x02];
+/// The gateway's client-facing interface, veth-c.
+const MAC_GC: [u8; 6] = [0x02, 0, 0, 0, 0x0c, 0x01];
+/// The gateway's backend-facing interface, veth-b.
+const MAC_GB: [u8; 6] = [0x02, 0, 0, 0, 0x0b, 0x01];
+/// The backend's interface.
+const MAC_B: [u8; 6] = [0x02, 0, 0, 0, 0x0b, 0x11];
+const BACKEND: [u8; 4] = [198, 51, 100, 11];
+const BACKEND_PORT: u16 = 8080;
+/// TTL of the injected packets; the gateway routes in nat mode, so they arrive with one less.
+const TTL: u8 = 64;
+
+/// The gateway of the two-arm testbed: veth-c faces the clients, veth-b the backends, and the
+/// nat service VIP:80 goes to BACKEND:8080. `queues` is the TOML list of queues served on
+/// both interfaces.
+fn two_arm_config(queues: &str) -> String {
+    format!(
+        r#"
+[gateway]
+new_flows_per_second_per_core = 0
+
+[[gateway.interfaces]]
+name = "veth-c"
+queues = {queues}
+role = "client"
+
+[[gateway.interfaces]]
+name = "veth-b"
+queues = {queues}
+role = "backend"
+
+[[services]]
+name = "web"
+vip = "203.0.113.10"
+port = 80
+protocol = "tcp"
+mode = "nat"
+
+[[services.backends]]
+address = "198.51.100.11"
+port = 8080
+mac = "02:00:00:00:0b:11"
+"#
+    )
+}
+
+fn mac_str(m: [u8; 6]) -> String {
+    m.map(|b| format!("{b:02x}")).join(":")
+}
+
+/// Three namespaces, `stx{pid}{case}-c` (client), `-g` (gateway), `-b` (backend), and two veth
+/// pairs: c's eth0 to g's veth-c, g's veth-b to b's eth0, each end with `queues` RX and TX
+/// queues. The client's and the backend's eth0 have no IPv4 address, so neither kernel answers
+/// the test's packets (a stray RST would be translated too and spoil the counts); the test's
+/// packet sockets speak for them.
+struct TwoArm {
+    c: String,
+    g: String,
+    b: String,
+}
+
+impl TwoArm {
+    fn new(case: &str, queues: u32) -> Result<Self, String> {
+        let pid = std::process::id();
+        let bed = Self {
+            c: format!("stx{pid}{case}-c"),
+            g: format!("stx{pid}{case}-g"),
+            b: format!("stx{pid}{case}-b"),
+        };
+        // From here on, Drop removes whatever was made.
+        for ns in [&bed.c, &bed.g, &bed.b] {
+            ip(&["netns", "add", ns])?;
+        }
+        let q = queues.to_string();
+        for (ns, mac, peer, peer_mac) in [
+            (&bed.c, MAC_C, "veth-c", MAC_GC),
+            (&bed.b, MAC_B, "veth-b", MAC_GB),
+        ] {
+            // Made inside the end namespace, the peer moved straight into the gateway's: the
+            // root namespace never holds either end.
+            ip(&[
+                "-n",
+                ns,
+                "link",
+                "add",
+                "eth0",
+                "numtxqueues",
+                &q,
+                "numrxqueues",
+                &q,
+                "address",
+                &mac_str(mac),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                peer,
+                "numtxqueues",
+                &q,
+                "numrxqueues",
+                &q,
+                "address",
+                &mac_str(peer_mac),
+                "netns",
+                &bed.g,
+            ])?;
+            ip(&["-n", ns, "link", "set", "eth0", "up"])?;
+        }
+        ip(&["-n", &bed.g, "addr", "add", "192.0.2.1/24", "dev", "veth-c"])?;
+        ip(&[
+            "-n",
+            &bed.g,
+            "addr",
+            "add",
+            "198.51.100.1/24",
+            "dev",
+            "veth-b",
+        ])?;
+        for dev in ["veth-c", "veth-b", "lo"] {
+            ip(&["-n", &bed.g, "link", "set", dev, "up"])?;
+        }
+        Ok(bed)
+    }
+
+    fn names(&self) -> [&str; 3] {
+        [&self.c, &self.g, &self.b]
+    }
+}
+
+impl Drop for TwoArm {
+    fn drop(&mut self) {
+        for ns in [&self.g, &self.c, &self.b] {
+            if let Err(e) = ip(&["netns", "del", ns]) {
+                // `netns add` may have failed before this one existed.
+                if !e.contains("No such file") {
+                    eprintln!("testbed cleanup: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Asserts that none of `names` is still a namespace.
+fn assert_gone(names: &[String]) {
+    let list = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        !list
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .any(|name| names.iter().any(|o| o == name)),
+        "the testbed's namespaces are gone: {list}"
+    );
+}
+
+/// One worker's numbers at the end of a two-arm run.
+#[derive(Debug)]
+struct ArmWorker {
+    name: String,
+    stats: WorkerStats,
+    counters: Counters,
+    accounting: Accounting,
+    kernel: KernelStats,
+}
+
+/// What the two-arm gateway reports at the end.
+#[derive(Debug)]
+struct ArmReport {
+    workers: Vec<ArmWorker>,
+    /// Steering counters of veth-c's and veth-b's programs.
+    steer: [SteerCounters; 2],
+}
+
+/// The two-arm gateway: enters `ns`, attaches the steering program to veth-c and veth-b,
+/// opens one queue group per queue of `queues` (veth-c and veth-b sockets sharing a UMEM),
+/// and runs a worker per group, core `i` of `queues.len()`, joined by a handoff mesh. With
+/// `extra_end`, the mesh has one more end (core `queues.len()`), sent to the test so it can
+/// hand frames to the workers itself. Reports the group names once running; stops when `stop`
+/// fires (or is dropped).
+fn two_arm_gateway(
+    ns: String,
+    queues: Vec<u32>,
+    extra_end: Option<mpsc::Sender<Handoff>>,
+    ready: mpsc::Sender<Result<Vec<String>, String>>,
+    stop: mpsc::Receiver<()>,
+) -> Result<ArmReport, String> {
+    let list = format!("{queues:?}");
+    let setup = || -> Result<_, String> {
+        enter_netns(&ns).map_err(|e| e.to_string())?;
+        let cfg = strait_config::parse(&two_arm_config(&list)).map_err(|e| e.to_string())?;
+        let links = ["veth-c", "veth-b"]
+            .map(|i| interface_port(i).map_err(|e| e.to_string()))
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        if links[0].mac != MAC_GC || links[1].mac != MAC_GB {
+            return Err(format!("gateway MACs read as {links:02x?}"));
+        }
+        let table = Builder::new()
+            .build(&cfg, &links, |_, _, _| false)
+            .map_err(|e| e.to_string())?;
+        let mut progs = Vec::new();
+        for iface in ["veth-c", "veth-b"] {
+            progs.push(
+                SteerProgram::attach(iface, AttachPolicy::NativeOrGeneric)
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        let mut groups = Vec::new();
+        for &q in &queues {
+            let members = vec![PortConfig::new("veth-c", 0), PortConfig::new("veth-b", 1)];
+            let g = QueueGroup::open(&GroupConfig::new(q, members)).map_err(|e| e.to_string())?;
+            for (prog, port) in progs.iter().zip(g.ports()) {
+                prog.register(q, port).map_err(|e| e.to_string())?;
+            }
+            groups.push(g);
+        }
+        for prog in &mut progs {
+            prog.update_maps(&table).map_err(|e| e.to_string())?;
+        }
+        Ok((table, progs, groups))
+    };
+    let (table, progs, groups) = match setup() {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = ready.send(Err(e.clone()));
+            return Err(e);
+        }
+    };
+    let names: Vec<String> = groups.iter().map(QueueGroup::name).collect();
+    let cores = groups.len();
+    let mut ends = Handoff::mesh(
+        cores + usize::from(extra_end.is_some()),
+        &HandoffConfig::default(),
+    );
+    if let Some(tx) = extra_end {
+        let _ = tx.send(ends.pop().expect("the extra end"));
+    }
+    let table = Arc::new(table);
+    let halt = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for (core, (mut group, mut handoff)) in groups.into_iter().zip(ends).enumerate() {
+        let (table, halt) = (table.clone(), halt.clone());
+        workers.push(thread::spawn(move || {
+            let mut pipe = Pipeline::new(core as u16, cores as u16, 4096, Timeouts::default(), 0);
+            COUNTING.with(|c| c.set(true));
+            let r = run_worker(
+                &mut group,
+                &mut pipe,
+                &mut handoff,
+                || table.clone(),
+                &halt,
+                MonotonicClock::new(),
+                |_, _| {},
+            );
+            COUNTING.with(|c| c.set(false));
+            (r, pipe, group)
+        }));
+    }
+    let _ = ready.send(Ok(names));
+    let _ = stop.recv();
+    halt.store(true, Ordering::Relaxed);
+    let mut out = Vec::new();
+    for w in workers {
+        let (r, pipe, group) = w.join().map_err(|_| "worker panicked".to_string())?;
+        let stats = r.map_err(|e| e.to_string())?;
+        // Sends still in the kernel complete within moments; wait for the books to settle.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut accounting = group.accounting();
+        while !accounting.at_rest() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+            accounting = group.accounting();
+        }
+        out.push(ArmWorker {
+            name: group.name(),
+            stats,
+            counters: pipe.counters,
+            accounting,
+            kernel: group.kernel_stats().map_err(|e| e.to_string())?,
+        });
+    }
+    let steer = [
+        progs[0].counters().map_err(|e| e.to_string())?,
+        progs[1].counters().map_err(|e| e.to_string())?,
+    ];
+    Ok(ArmReport {
+        workers: out,
+        steer,
+    })
+}
+
+/// The Internet checksum of `data` folded into `sum` (RFC 1071).
+fn ones_complement_sum(mut sum: u32, data: &[u8]) -> u32 {
+    let mut chunks = data.chunks_exact(2);
+    for c in &mut chunks {
+        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    if let [last] = chunks.remainder() {
+        sum += u32::from(*last) << 8;
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum
+}
+
+/// Whether an Ethernet frame carrying IPv4/TCP has a valid IPv4 header checksum and a valid
+/// TCP checksum (over the pseudo-header), computed here from scratch, independently of the
+/// gateway's incremental updates and of etherparse.
+fn tcp4_checksums_valid(frame: &[u8]) -> Result<(), String> {
+    let ip = frame.get(14..).ok_or("no IPv4 header")?;
+    if frame[12..14] != [0x08, 0x00] || ip.len() < 20 || ip[0] >> 4 != 4 {
+        return Err("not IPv4".into());
+    }
+    let ihl = usize::from(ip[0] & 0xf) * 4;
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    if ihl < 20 || total < ihl || total > ip.len() || ip[9] != 6 {
+        return Err(format!(
+            "bad IPv4 lengths or not TCP: ihl {ihl}, total {total}"
+        ));
+    }
+    if ones_complement_sum(0, &ip[..ihl]) != 0xffff {
+        return Err("IPv4 header checksum".into());
+    }
+    let tcp = &ip[ihl..total];
+    let mut pseudo = [0u8; 12];
+    pseudo[..8].copy_from_slice(&ip[12..20]);
+    pseudo[9] = 6;
+    pseudo[10..].copy_from_slice(&(tcp.len() as u16).to_be_bytes());
+    if ones_complement_sum(ones_complement_sum(0, &pseudo), tcp) != 0xffff {
+        return Err("TCP checksum".into());
+    }
+    Ok(())
+}
+
+/// The fields of a captured IPv4/TCP frame the tests check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Segment {
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    src: [u8; 4],
+    dst: [u8; 4],
+    ttl: u8,
+    sport: u16,
+    dport: u16,
+    syn: bool,
+    ack: bool,
+    seq: u32,
+    ack_num: u32,
+}
+
+/// Parses an IPv4/TCP frame with etherparse; `None` for anything else.
+fn segment(frame: &[u8]) -> Option<Segment> {
+    let p = SlicedPacket::from_ethernet(frame).ok()?;
+    let (Some(NetSlice::Ipv4(v4)), Some(TransportSlice::Tcp(t))) = (&p.net, &p.transport) else {
+        return None;
+    };
+    let h = v4.header();
+    Some(Segment {
+        dst_mac: frame[0..6].try_into().ok()?,
+        src_mac: frame[6..12].try_into().ok()?,
+        src: h.source(),
+        dst: h.destination(),
+        ttl: h.ttl(),
+        sport: t.source_port(),
+        dport: t.destination_port(),
+        syn: t.syn(),
+        ack: t.ack(),
+        seq: t.sequence_number(),
+        ack_num: t.acknowledgment_number(),
+    })
+}
+
+/// The client's SYN to VIP:80 from `port`.
+fn client_syn(port: u16) -> Vec<u8> {
+    let mut out = Vec::new();
+    PacketBuilder::ethernet2(MAC_C, MAC_GC)
+        .ipv4(CLIENT, VIP, TTL)
+        .tcp(port, 80, 1000 + u32::from(port), 64240)
+        .syn()
+        .write(&mut out, &[])
+        .expect("syn");
+    out
+}
+
+/// The backend's SYN-ACK to the client's `port`, answering sequence number `seq`.
+fn backend_syn_ack(port: u16, seq: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    PacketBuilder::ethernet2(MAC_B, MAC_GB)
+        .ipv4(BACKEND, CLIENT, TTL)
+        .tcp(BACKEND_PORT, port, 7000 + u32::from(port), 65160)
+        .syn()
+        .ack(seq.wrapping_add(1))
+        .write(&mut out, &[])
+        .expect("syn-ack");
+    out
+}
+
+/// Reads frames from `cap` until `want` of them pass `keep` or `within` has passed.
+fn capture(
+    cap: &mut PacketSocket,
+    want: usize,
+    within: Duration,
+    keep: impl Fn(&Segment) -> bool,
+) -> Vec<(Segment, Vec<u8>)> {
+    let deadline = Instant::now() + within;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 2048];
+    while got.len() < want && Instant::now() < deadline {
+        let n = match cap.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+            Err(e) => panic!("capture read: {e}"),
+        };
+        if let Some(s) = segment(&buf[..n]).filter(&keep) {
+            got.push((s, buf[..n].to_vec()));
+        }
+    }
+    got
+}
+
+/// How the test sends into the gateway.
+struct Exchange<'a> {
+    bed: &'a TwoArm,
+    /// Client ports whose SYNs go over the wire.
+    ports: Vec<u16>,
+    /// CPUs the client and the backend write from (with the qdisc bypassed), which picks the
+    /// queue their frames arrive on; `None` leaves it to the kernel.
+    cpus: Option<(usize, usize)>,
+    /// A mesh end and (core, client port): one more SYN handed straight to that worker's
+    /// inbound ring, as if another worker had received it on veth-c.
+    direct: Option<(Handoff, u16, u16)>,
+}
+
+/// What crossed the gateway: SYNs as the backend saw them, SYN-ACKs as the client saw them.
+struct Crossed {
+    at_backend: Vec<(Segment, Vec<u8>)>,
+    at_client: Vec<(Segment, Vec<u8>)>,
+}
+
+/// Sends a SYN from every client port (and the direct one), answers each SYN that reaches
+/// the backend with a SYN-ACK, and collects what arrives on both sides.
+fn exchange(x: Exchange<'_>) -> Result<Crossed, String> {
+    let want = x.ports.len() + usize::from(x.direct.is_some());
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let b = x.bed.b.clone();
+    let backend_cpu = x.cpus.map(|c| c.1);
+    let backend = thread::spawn(move || -> Result<_, String> {
+        enter_netns(&b).map_err(|e| e.to_string())?;
+        let mut cap =
+            PacketSocket::open("eth0", Duration::from_millis(20)).map_err(|e| e.to_string())?;
+        if let Some(cpu) = backend_cpu {
+            pin_thread(cpu).map_err(|e| e.to_string())?;
+            cap.bypass_qdisc().map_err(|e| e.to_string())?;
+        }
+        let _ = ready_tx.send(());
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while seen.len() < want && Instant::now() < deadline {
+            for (s, f) in capture(&mut cap, 1, Duration::from_millis(100), |s| {
+                s.dst == BACKEND && s.syn && !s.ack
+            }) {
+                cap.write_all(&backend_syn_ack(s.sport, s.seq))
+                    .map_err(|e| format!("inject syn-ack: {e}"))?;
+                seen.push((s, f));
+            }
+        }
+        Ok(seen)
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .map_err(|_| "backend did not start".to_string())?;
+
+    let c = x.bed.c.clone();
+    let client_cpu = x.cpus.map(|c| c.0);
+    let (ports, direct) = (x.ports, x.direct);
+    let client = thread::spawn(move || -> Result<_, String> {
+        enter_netns(&c).map_err(|e| e.to_string())?;
+        let mut cap =
+            PacketSocket::open("eth0", Duration::from_millis(20)).map_err(|e| e.to_string())?;
+        if let Some(cpu) = client_cpu {
+            pin_thread(cpu).map_err(|e| e.to_string())?;
+            cap.bypass_qdisc().map_err(|e| e.to_string())?;
+        }
+        for &p in &ports {
+            cap.write_all(&client_syn(p))
+                .map_err(|e| format!("inject syn: {e}"))?;
+        }
+        if let Some((mut end, core, port)) = direct {
+            end.send(core, 0, &client_syn(port))
+                .map_err(|e| format!("direct handoff: {e:?}"))?;
+        }
+        Ok(capture(&mut cap, want, Duration::from_secs(3), |s| {
+            s.src == VIP && s.syn && s.ack
+        }))
+    });
+    let at_client = client.join().map_err(|_| "client panicked")??;
+    let at_backend = backend.join().map_err(|_| "backend panicked")??;
+    Ok(Crossed {
+        at_backend,
+        at_client,
+    })
+}
+
+/// Checks that every SYN reached the backend translated (destination BACKEND:8080, client
+/// source kept, TTL decremented, gateway veth-b MAC to the backend's, checksums valid) and
+/// every SYN-ACK reached the client translated back (source VIP:80, veth-c MAC to the
+/// client's, checksums valid), for exactly the client ports `ports`.
+fn check_crossed(c: &Crossed, ports: &[u16]) {
+    let mut want: Vec<u16> = ports.to_vec();
+    want.sort_unstable();
+    let mut syn_ports: Vec<u16> = c.at_backend.iter().map(|(s, _)| s.sport).collect();
+    syn_ports.sort_unstable();
+    assert_eq!(syn_ports, want, "every SYN reaches the backend once");
+    for (s, f) in &c.at_backend {
+        assert_eq!(s.dst_mac, MAC_B, "to the backend's MAC: {s:?}");
+        assert_eq!(s.src_mac, MAC_GB, "from veth-b: {s:?}");
+        assert_eq!((s.src, s.dst), (CLIENT, BACKEND), "{s:?}");
+        assert_eq!(s.dport, BACKEND_PORT, "{s:?}");
+        assert_eq!(
+            s.seq,
+            1000 + u32::from(s.sport),
+            "the payload is the client's"
+        );
+        assert_eq!(s.ttl, TTL - 1, "nat routes: TTL decremented");
+        tcp4_checksums_valid(f).unwrap_or_else(|e| panic!("SYN at the backend: {e}: {f:02x?}"));
+    }
+    let mut ack_ports: Vec<u16> = c.at_client.iter().map(|(s, _)| s.dport).collect();
+    ack_ports.sort_unstable();
+    assert_eq!(ack_ports, want, "every SYN-ACK reaches the client once");
+    for (s, f) in &c.at_client {
+        assert_eq!(s.dst_mac, MAC_C, "to the client's MAC: {s:?}");
+        assert_eq!(s.src_mac, MAC_GC, "from veth-c: {s:?}");
+        assert_eq!((s.src, s.dst), (VIP, CLIENT), "{s:?}");
+        assert_eq!(s.sport, 80, "{s:?}");
+        assert_eq!(
+            s.ack_num,
+            1000 + u32::from(s.dport) + 1,
+            "answers the client's SYN"
+        );
+        assert_eq!(s.ttl, TTL - 1, "{s:?}");
+        tcp4_checksums_valid(f).unwrap_or_else(|e| panic!("SYN-ACK at the client: {e}: {f:02x?}"));
+    }
+}
+
+/// Checks the books every run must balance: per core, the pipeline's identity; per UMEM,
+/// every frame at rest; no invalid descriptor, no frame sent to a port the group lacks.
+fn check_books(r: &ArmReport) {
+    for w in &r.workers {
+        let (c, s, a) = (&w.counters, &w.stats, &w.accounting);
+        assert!(
+            c.balanced(),
+            "{}: rx == tx + pass + handoff + drops: {c:?}",
+            w.name
+        );
+        assert_eq!(c.dropped(), 0, "{}: {c:?}", w.name);
+        assert_eq!(c.rx, s.rx + s.handed_in - s.handoff_no_frame, "{}", w.name);
+        assert_eq!(c.tx, s.tx, "{}: every Tx verdict sent", w.name);
+        assert_eq!(
+            c.handoff, s.handed_out,
+            "{}: every handoff delivered",
+            w.name
+        );
+        assert_eq!(s.completed, s.tx, "{}: every send completed", w.name);
+        assert_eq!(
+            s.other_port + s.tx_ring_full + s.invalid_rx + s.pass_unsent,
+            0,
+            "{}: {s:?}",
+            w.name
+        );
+        assert_eq!(
+            s.handoff_full + s.handoff_too_big + s.handoff_no_ring + s.handoff_no_frame,
+            0,
+            "{}: {s:?}",
+            w.name
+        );
+        assert_eq!(s.handoff_loop, 0, "{}", w.name);
+        assert!(
+            a.at_rest(),
+            "{}: fill + rx + tx + comp + held == total: {a:?}",
+            w.name
+        );
+        assert_eq!(
+            a.held + a.fill + a.rx + a.tx + a.comp,
+            a.total,
+            "{}",
+            w.name
+        );
+        let k = &w.kernel;
+        assert_eq!(
+            k.tx_invalid_descs + k.rx_invalid_descs,
+            0,
+            "{}: {k:?}",
+            w.name
+        );
+        assert_eq!(k.rx_dropped + k.rx_ring_full, 0, "{}: {k:?}", w.name);
+    }
+    let handed_out: u64 = r.workers.iter().map(|w| w.stats.handed_out).sum();
+    let handed_in: u64 = r.workers.iter().map(|w| w.stats.handed_in).sum();
+    assert!(handed_in >= handed_out, "every frame handed out arrives");
+    assert_eq!(
+        WORKER_ALLOCS.load(Ordering::Relaxed),
+        0,
+        "the worker loop allocated"
+    );
+}
+
+/// Starts the two-arm gateway in `bed` serving `queues`; returns its thread, its stop switch,
+/// the group names and (with `extra_end`) the test's mesh end. `None` after a loud skip.
+#[allow(clippy::type_complexity)]
+fn start_two_arm(
+    bed: &TwoArm,
+    queues: Vec<u32>,
+    extra_end: bool,
+) -> Option<(
+    thread::JoinHandle<Result<ArmReport, String>>,
+    mpsc::Sender<()>,
+    Vec<String>,
+    Option<Handoff>,
+)> {
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let (end_tx, end_rx) = mpsc::channel();
+    let g = bed.g.clone();
+    let end_tx = extra_end.then_some(end_tx);
+    let gw = thread::spawn(move || two_arm_gateway(g, queues, end_tx, ready_tx, stop_rx));
+    match ready_rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(Ok(names)) => {
+            let end = extra_end.then(|| end_rx.recv().expect("the extra end"));
+            Some((gw, stop_tx, names, end))
+        }
+        Ok(Err(e)) => {
+            let _ = gw.join();
+            skip_or_fail(&format!(
+                "two-arm gateway setup failed (no AF_XDP, XDP or shared UMEM?): {e}"
+            ));
+            None
+        }
+        Err(e) => panic!("gateway thread did not report: {e}"),
+    }
+}
+
+/// A SYN from the client enters veth-c and leaves veth-b translated to the backend; the
+/// backend's SYN-ACK enters veth-b and leaves veth-c translated back to the VIP. One worker
+/// serves queue 0 of both interfaces, whose sockets share one UMEM, so each frame is sent on
+/// the other interface's socket without a copy.
+#[test]
+fn two_arm_nat_round_trip() {
+    if let Some(why) = missing_privileges() {
+        skip_or_fail(&why);
+        return;
+    }
+    let started = Instant::now();
+    let bed = match TwoArm::new("-2arm", 1) {
+        Ok(b) => b,
+        Err(e) => {
+            skip_or_fail(&format!("cannot build the two-arm testbed: {e}"));
+            return;
+        }
+    };
+    let names: Vec<String> = bed.names().map(str::to_owned).to_vec();
+    let Some((gw, stop, groups, _)) = start_two_arm(&bed, vec![0], false) else {
+        return;
+    };
+    assert_eq!(groups, ["veth-c+veth-b/0"]);
+    let ports: Vec<u16> = (41000..41008).collect();
+    let crossed = exchange(Exchange {
+        bed: &bed,
+        ports: ports.clone(),
+        cpus: None,
+        direct: None,
+    })
+    .expect("exchange");
+    drop(stop);
+    let report = gw.join().expect("gateway thread").expect("gateway");
+    eprintln!("xsk[two-arm]: gateway {report:#?}");
+    check_crossed(&crossed, &ports);
+    check_books(&report);
+
+    let n = ports.len() as u64;
+    let w = &report.workers[0];
+    assert_eq!(w.counters.rx, 2 * n, "SYNs and SYN-ACKs");
+    assert_eq!(
+        w.counters.tx,
+        2 * n,
+        "all sent, each on the other interface"
+    );
+    assert_eq!(w.counters.flows_created, n);
+    assert_eq!(w.counters.handoff, 0, "one core owns everything");
+    let [c, b] = &report.steer;
+    assert_eq!(c.frontend, n, "SYNs redirected on veth-c: {c:?}");
+    assert_eq!(b.nat_reply, n, "SYN-ACKs redirected on veth-b: {b:?}");
+    drop(bed);
+    assert_gone(&names);
+    eprintln!("xsk[two-arm]: took {:?}", started.elapsed());
+}
+
+/// Two workers (cores 0 and 1 of 2) on two-queue veths. Client frames are written from CPU 0
+/// and arrive on queue 0, backend frames from CPU 1 and arrive on queue 1, so a flow owned by
+/// core 1 has its SYN handed from worker 0 to worker 1, and a flow owned by core 0 has its
+/// SYN-ACK handed from worker 1 to worker 0. One more SYN is pushed by the test straight into
+/// worker 1's inbound ring. Every frame still crosses translated, and the books balance per
+/// core.
+#[test]
+fn nat_handoff_between_two_workers() {
+    if let Some(why) = missing_privileges() {
+        skip_or_fail(&why);
+        return;
+    }
+    let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        skip_or_fail(&format!(
+            "the handoff test steers frames to queues by CPU and needs 2 CPUs, this has {cpus}"
+        ));
+        return;
+    }
+    let started = Instant::now();
+    let bed = match TwoArm::new("-ho", 2) {
+        Ok(b) => b,
+        Err(e) => {
+            skip_or_fail(&format!("cannot build the two-queue testbed: {e}"));
+            return;
+        }
+    };
+    let names: Vec<String> = bed.names().map(str::to_owned).to_vec();
+    let Some((gw, stop, groups, end)) = start_two_arm(&bed, vec![0, 1], true) else {
+        return;
+    };
+    assert_eq!(groups, ["veth-c+veth-b/0", "veth-c+veth-b/1"]);
+    let client = addr_bytes(std::net::IpAddr::from(CLIENT));
+    let owner = |p: u16| owner_core(&client, p, 2);
+    let mut by_owner = [Vec::new(), Vec::new()];
+    for p in 42000u16.. {
+        let o = usize::from(owner(p));
+        if by_owner[o].len() < 3 {
+            by_owner[o].push(p);
+        }
+        if by_owner.iter().all(|v| v.len() == 3) {
+            break;
+        }
+    }
+    let direct_port = (43000u16..)
+        .find(|&p| owner(p) == 1)
+        .expect("a port owned by core 1");
+    let ports: Vec<u16> = by_owner.concat();
+    let crossed = exchange(Exchange {
+        bed: &bed,
+        ports: ports.clone(),
+        cpus: Some((0, 1)),
+        direct: Some((end.expect("the test's mesh end"), 1, direct_port)),
+    })
+    .expect("exchange");
+    drop(stop);
+    let report = gw.join().expect("gateway thread").expect("gateway");
+    eprintln!("xsk[handoff]: gateway {report:#?}");
+    let mut all = ports.clone();
+    all.push(direct_port);
+    check_crossed(&crossed, &all);
+    check_books(&report);
+
+    let [w0, w1] = &report.workers[..] else {
+        panic!("two workers");
+    };
+    // Worker 0 received the wire SYNs (queue 0) and handed over those of core 1's flows;
+    // worker 1 received the SYN-ACKs (queue 1) and handed over those of core 0's flows.
+    assert_eq!(
+        w0.stats.rx,
+        ports.len() as u64,
+        "client frames arrive on queue 0"
+    );
+    assert_eq!(
+        w1.stats.rx,
+        all.len() as u64,
+        "backend frames arrive on queue 1"
+    );
+    assert_eq!(
+        w0.stats.handed_out, 3,
+        "SYNs of core 1's flows: {:?}",
+        w0.stats
+    );
+    assert_eq!(
+        w1.stats.handed_out, 3,
+        "SYN-ACKs of core 0's flows: {:?}",
+        w1.stats
+    );
+    assert_eq!(w0.stats.handed_in, 3);
+    assert_eq!(
+        w1.stats.handed_in, 4,
+        "three from worker 0, one from the test"
+    );
+    // Each core created the flows it owns, and nothing else.
+    assert_eq!(w0.counters.flows_created, 3);
+    assert_eq!(w1.counters.flows_created, 4);
+    // Per core: rx = tx + handoff; summed, rx - handoff is what came from the NICs.
+    let wire: u64 = report.workers.iter().map(|w| w.stats.rx).sum();
+    let rx: u64 = report.workers.iter().map(|w| w.counters.rx).sum();
+    let handoff: u64 = report.workers.iter().map(|w| w.counters.handoff).sum();
+    assert_eq!(
+        rx - handoff,
+        wire + 1,
+        "the wire's frames plus the test's direct one"
+    );
+    drop(bed);
+    assert_gone(&names);
+    eprintln!("xsk[handoff]: took {:?}", started.elapsed());
 }

@@ -1,20 +1,19 @@
 //! The AF_XDP driver: the only IO of the packet path, and the only `unsafe` of the workspace.
 //!
 //! ```text
-//!            NIC / veth queue q
-//!                   │
-//!     XDP program strait_steer (prog.rs, bpf/steer.bpf.c)
-//!        │ service traffic:                         │ everything else
-//!        │ bpf_redirect_map(xsks, q)                └──► XDP_PASS (kernel stack)
-//!        ▼
-//!  ┌──────────── Port (socket.rs): one AF_XDP socket + one UMEM ────────────┐
-//!  │ fill ring ──► kernel writes the frame ──► RX ring                      │
-//!  │    ▲                                         │                         │
-//!  │    │ free list (held)        run_worker (worker.rs): Frame over the    │
-//!  │    │    ▲    ▲               UMEM chunk, Pipeline::process in place    │
-//!  │    │    │    └── Drop/Pass ◄─────────────────┤                         │
-//!  │    │    └─ completion ring ◄── kernel sends ◄── TX ring ◄── Verdict::Tx │
-//!  └────────────────────────────────────────────────────────────────────────┘
+//!     queue q of interface A (client arm)       queue q of interface B (backend arm)
+//!                   │                                         │
+//!     XDP program strait_steer per interface (prog.rs, bpf/steer.bpf.c):
+//!     service traffic bpf_redirect_map(xsks, q); everything else XDP_PASS (kernel stack)
+//!                   ▼                                         ▼
+//!  ┌─ QueueGroup q (group.rs): a socket per interface, one shared UMEM, one worker ─┐
+//!  │  socket A: fill ─► RX ─┐                          ┌─► TX A ─► completion A   │
+//!  │  socket B: fill ─► RX ─┼─► run_worker (worker.rs) ─┼─► TX B ─► completion B   │
+//!  │  handoff ring in ──────┘   batch of Frames over    ├─► Drop / Pass: recycle    │
+//!  │  (copied into a free frame) UMEM chunks,           └─► Handoff { core }: copy ─┼─► ring to
+//!  │       ▲                    process_batch                                      │   that core
+//!  │       └── free list ◄── completions, recycled frames                          │
+//!  └────────────────────────────────────────────────────────────────────────────────┘
 //! ```
 //!
 //! Decisions:
@@ -25,14 +24,21 @@
 //!   UMEM base, so a moved frame could only be sent after copying it back; and its libxdp
 //!   wants bpffs and its own dispatcher. The four rings are a page of code (ring.rs) with the
 //!   kernel's documented protocol, and every access to them is below.
-//! - **One UMEM per socket** (no shared UMEM): each worker owns its frames, its rings and its
-//!   free list, so nothing here is shared between cores. Frames of [`FRAME_SIZE`] bytes, aligned
-//!   mode; the kernel puts [`crate::rewrite::HEADROOM`] bytes of user headroom plus its own
-//!   256-byte XDP headroom in front of every received packet, and the worker hands the whole
-//!   chunk to [`crate::rewrite::Frame`] so an encapsulation only moves the head.
-//! - **Zero-copy first, then copy mode**, reported by [`Port::bind_mode`]; veth only has copy
-//!   mode. `XDP_USE_NEED_WAKEUP` is always requested, and the worker makes a syscall only when
-//!   the kernel sets the flag on the ring concerned (or when it idles, see [`worker`]).
+//! - **One worker per queue index, one UMEM per worker** ([`QueueGroup`]): the sockets of
+//!   queue q on every interface share one UMEM (`XDP_SHARED_UMEM`, each with its own fill and
+//!   completion rings), so a nat frame that arrives on the client interface leaves on the
+//!   backend interface's TX ring without a copy. Each worker still owns its frames, its rings
+//!   and its free list; nothing of a UMEM is shared between cores. Frames of [`FRAME_SIZE`]
+//!   bytes, aligned mode; the kernel puts [`crate::rewrite::HEADROOM`] bytes of user headroom
+//!   plus its own 256-byte XDP headroom in front of every received packet, and the worker hands
+//!   the whole chunk to [`crate::rewrite::Frame`] so an encapsulation only moves the head.
+//! - **Cross-core handoff by copy** ([`Handoff`], handoff.rs): a nat reply that lands on a
+//!   queue whose worker does not own its flow is copied into a bounded SPSC ring to the owner,
+//!   which copies it into a frame of its own UMEM. Rare by design, so the copies are cheap next
+//!   to tying two workers' UMEMs together.
+//! - **Zero-copy first, then copy mode**, reported by [`QueueGroup::bind_mode`]; veth only has
+//!   copy mode. `XDP_USE_NEED_WAKEUP` is always requested, and the worker makes a syscall only
+//!   when the kernel sets the flag on the ring concerned (or when it idles, see [`worker`]).
 //! - **Our own XDP program** (`strait_steer`, loaded with libbpf-rs) redirects only traffic
 //!   the pipeline forwards, because an AF_XDP frame cannot be given back to the kernel. Its
 //!   maps follow the service table ([`SteerProgram::update_maps`]).
@@ -41,11 +47,16 @@
 //! sound; the recurring ones are (a) a ring pointer stays valid while its mapping (owned by the
 //! same struct) lives, (b) a UMEM frame is touched by user space only while the frame's state
 //! says user space owns it (it was read from the RX or completion ring and not yet put on the
-//! fill or TX ring), and (c) addresses from the kernel are bounds-checked before they index
-//! the UMEM.
+//! fill or TX ring), (c) addresses from the kernel are bounds-checked before they index
+//! the UMEM, (d) frames lent to the pipeline together are pairwise distinct, checked when
+//! they are lent, so their `&mut` chunks are disjoint, and (e) a handoff ring slot is accessed
+//! by its producer or its consumer only, as the ring's acquire/release indices partition
+//! them.
 
 #![allow(unsafe_code)]
 
+mod group;
+mod handoff;
 mod prog;
 mod ring;
 mod socket;
@@ -55,11 +66,11 @@ pub mod worker;
 
 use std::io;
 
+pub use group::{Accounting, GroupConfig, QueueGroup, MAX_GROUP_PORTS};
+pub use handoff::{Handoff, HandoffConfig, HandoffError, HandoffRx, HandoffTx, HANDOFF_SLOTS};
 pub use prog::{AttachMode, AttachPolicy, MapSync, SteerCounters, SteerProgram};
-pub use socket::{
-    interface_port, Accounting, BindMode, BindPolicy, KernelStats, Port, PortConfig, RingSizes,
-};
-pub use umem::{FRAME_COUNT, FRAME_SIZE};
+pub use socket::{interface_port, BindMode, BindPolicy, KernelStats, Port, PortConfig, RingSizes};
+pub use umem::{FRAME_COUNT, FRAME_SIZE, MAX_PACKET};
 pub use worker::{run_worker, Clock, MonotonicClock, WorkerStats, BATCH};
 
 /// Setup and IO errors of the AF_XDP layer. Each names the call that failed.

@@ -1,13 +1,14 @@
-//! [`Port`]: one AF_XDP socket bound to one (interface, queue), with its own UMEM and rings.
+//! [`Port`]: one AF_XDP socket bound to one (interface, queue), and its four rings. The
+//! UMEM belongs to the [`super::QueueGroup`] the socket is a member of.
 
 use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use super::ring::{Consumer, Producer};
-use super::umem::{Owner, Umem, FRAME_COUNT, FRAME_SIZE};
+use super::umem::{Held, Owner, Umem, FRAME_SIZE};
 use super::{c_name, ifindex, last_error, XskError};
-use crate::rewrite::{Frame, HEADROOM};
+use crate::rewrite::HEADROOM;
 use crate::table;
 
 /// Ring sizes in descriptors; each a power of two.
@@ -28,8 +29,8 @@ impl Default for RingSizes {
     /// 2048 each: libxdp's default is 2048 for fill/completion and 2048 for RX/TX, which at
     /// 10 Gbit/s of 64-byte packets (14.9 Mpps) is 137 µs of buffering, enough to ride over a
     /// scheduling hiccup of the worker without being so deep that a stalled worker hides for
-    /// long; half of [`FRAME_COUNT`] so the fill ring can be kept full while the other half of
-    /// the frames is in flight on the TX side.
+    /// long; half of [`super::FRAME_COUNT`] so the fill ring can be kept full while the other
+    /// half of the frames is in flight on the TX side.
     fn default() -> Self {
         Self {
             fill: 2048,
@@ -70,39 +71,29 @@ impl fmt::Display for BindMode {
     }
 }
 
-/// What a [`Port`] binds to and how.
+/// One member of a queue group: which interface, and its place in the service table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PortConfig {
     /// Interface name.
     pub iface: String,
-    /// NIC queue index.
-    pub queue: u32,
     /// Index of this interface in [`table::ServiceTable::ports`]: the ingress port given to
-    /// the pipeline, and the only egress port this socket can send on.
+    /// the pipeline for frames received here, and the egress port that sends on this socket.
     pub table_port: u8,
-    /// UMEM frames ([`FRAME_COUNT`] by default).
-    pub frames: u32,
-    /// Ring sizes.
+    /// Ring sizes of this socket.
     pub rings: RingSizes,
-    /// Zero-copy or copy.
-    pub bind: BindPolicy,
 }
 
 impl PortConfig {
-    /// Defaults for `iface` queue `queue`: table port 0, [`FRAME_COUNT`] frames, default ring
-    /// sizes, zero-copy falling back to copy.
-    pub fn new(iface: &str, queue: u32) -> Self {
+    /// `iface` as table port `table_port`, default ring sizes.
+    pub fn new(iface: &str, table_port: u8) -> Self {
         Self {
             iface: iface.to_owned(),
-            queue,
-            table_port: 0,
-            frames: FRAME_COUNT,
+            table_port,
             rings: RingSizes::default(),
-            bind: BindPolicy::default(),
         }
     }
 
-    fn check(&self) -> Result<(), XskError> {
+    pub(crate) fn check(&self) -> Result<(), XskError> {
         let r = &self.rings;
         for (name, n) in [
             ("fill", r.fill),
@@ -112,68 +103,18 @@ impl PortConfig {
         ] {
             if !n.is_power_of_two() {
                 return Err(XskError::Config(format!(
-                    "{name} ring size {n} is not a power of two"
+                    "{}: {name} ring size {n} is not a power of two",
+                    self.iface
                 )));
             }
         }
         if r.comp < r.tx {
             return Err(XskError::Config(format!(
-                "completion ring ({}) smaller than TX ring ({})",
-                r.comp, r.tx
-            )));
-        }
-        if self.frames < r.fill {
-            return Err(XskError::Config(format!(
-                "{} frames cannot fill a fill ring of {}",
-                self.frames, r.fill
+                "{}: completion ring ({}) smaller than TX ring ({})",
+                self.iface, r.comp, r.tx
             )));
         }
         Ok(())
-    }
-}
-
-/// Where every frame of a port is, from user space's view of the rings. Taken between
-/// batches by the thread that owns the [`Port`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Accounting {
-    /// Frames in the UMEM.
-    pub total: u32,
-    /// Frames held by user space (the free list; the worker holds none between batches).
-    pub held: u32,
-    /// On the fill ring, not yet taken by the kernel.
-    pub fill: u32,
-    /// On the RX ring, not yet read by the worker.
-    pub rx: u32,
-    /// On the TX ring, not yet taken by the kernel.
-    pub tx: u32,
-    /// On the completion ring, not yet read by the worker.
-    pub comp: u32,
-    /// Taken by the kernel from the fill or TX ring and not yet put on the RX or completion
-    /// ring: buffers a zero-copy driver has posted, packets being sent. Zero at rest in copy
-    /// mode. Negative would mean the rings hold frames user space never gave the kernel.
-    pub in_kernel: i64,
-    /// Frames whose recorded owner disagrees with the free list (always 0 unless user space
-    /// lost or duplicated a frame).
-    pub misplaced: u32,
-}
-
-impl Accounting {
-    /// `held + fill + rx + tx + comp + in_kernel == total`, with `in_kernel >= 0` and no
-    /// misplaced frame: no frame lost or counted twice.
-    pub fn balanced(&self) -> bool {
-        let sum = self.held as i64
-            + self.fill as i64
-            + self.rx as i64
-            + self.tx as i64
-            + self.comp as i64
-            + self.in_kernel;
-        sum == self.total as i64 && self.in_kernel >= 0 && self.misplaced == 0
-    }
-
-    /// Balanced, and every frame is in a ring or held: `fill + rx + tx + comp + held ==
-    /// total`. Holds in copy mode once traffic has stopped and sends have completed.
-    pub fn at_rest(&self) -> bool {
-        self.balanced() && self.in_kernel == 0
     }
 }
 
@@ -194,32 +135,24 @@ pub struct KernelStats {
     pub tx_ring_empty_descs: u64,
 }
 
-/// What the worker does with a frame after the pipeline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Action {
-    /// Send it (from the frame's current head, with its current length).
-    Tx,
-    /// Back to the free list.
-    Recycle,
+impl KernelStats {
+    /// Adds another socket's counters into these (for a group's totals).
+    pub fn add(&mut self, o: &KernelStats) {
+        self.rx_dropped += o.rx_dropped;
+        self.rx_invalid_descs += o.rx_invalid_descs;
+        self.tx_invalid_descs += o.tx_invalid_descs;
+        self.rx_ring_full += o.rx_ring_full;
+        self.rx_fill_ring_empty_descs += o.rx_fill_ring_empty_descs;
+        self.tx_ring_empty_descs += o.tx_ring_empty_descs;
+    }
 }
 
-/// What one RX batch did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Batch {
-    /// Frames read from the RX ring.
-    pub rx: u32,
-    /// Frames put on the TX ring.
-    pub tx: u32,
-    /// Frames the pipeline wanted sent that found the TX ring full (recycled).
-    pub tx_full: u32,
-    /// RX descriptors outside the UMEM or their frame (skipped; a kernel bug).
-    pub invalid: u32,
-}
-
-/// One AF_XDP socket on one (interface, queue), its UMEM and its four rings.
+/// One AF_XDP socket on one (interface, queue) and its four rings, a member of a
+/// [`super::QueueGroup`] whose UMEM it uses.
 ///
-/// Single-threaded by design: the worker that owns it is the only user of its rings and
-/// frames. Field order is drop order: rings, then the socket, then the UMEM.
+/// Single-threaded by design: the worker that owns the group is the only user of its rings.
+/// Field order is drop order: rings, then the socket. The group drops its ports before the
+/// UMEM.
 #[derive(Debug)]
 pub struct Port {
     fill: Producer<u64>,
@@ -227,99 +160,161 @@ pub struct Port {
     rx: Consumer<libc::xdp_desc>,
     tx: Producer<libc::xdp_desc>,
     fd: OwnedFd,
-    umem: Umem,
     iface: String,
     queue: u32,
     table_port: u8,
-    mode: BindMode,
-    zero_copy_refused: Option<io::Error>,
-}
-
-/// The socket and rings of one bind attempt.
-struct Socket {
-    fill: Producer<u64>,
-    comp: Consumer<u64>,
-    rx: Consumer<libc::xdp_desc>,
-    tx: Producer<libc::xdp_desc>,
-    fd: OwnedFd,
+    /// TX descriptors written after the published ones and not yet submitted.
+    tx_staged: u32,
 }
 
 impl Port {
-    /// Creates the UMEM, the socket and its rings, binds to `cfg.iface` queue `cfg.queue`
-    /// (zero-copy first if the policy allows, then copy mode) and fills the fill ring.
+    /// Creates the socket and its four rings and binds it to `cfg.iface` queue `queue`.
     ///
-    /// The calling thread's network namespace is the one the interface is looked up in. The
-    /// socket receives nothing until an XDP program redirects to it
-    /// ([`super::SteerProgram::register`]).
-    ///
-    /// # Errors
-    /// [`XskError`] naming the failed call: no such interface, UMEM allocation or
-    /// registration, ring setup, or `bind` (queue busy or absent, mode refused).
-    pub fn open(cfg: &PortConfig) -> Result<Self, XskError> {
-        cfg.check()?;
-        let idx = ifindex(&cfg.iface)?;
-        let umem_err = |call, source| XskError::Umem {
+    /// With `shared: None` the socket registers `umem` (`XDP_UMEM_REG`) and binds in `mode`.
+    /// With `shared: Some(first)` it uses the UMEM `first` registered (`XDP_SHARED_UMEM`,
+    /// `sxdp_shared_umem_fd`); it still gets fill and completion rings of its own, which the
+    /// kernel requires for a socket on another device or queue (Linux 5.10 and later), and
+    /// inherits `first`'s mode and need-wakeup setting, since a shared bind may not name
+    /// them.
+    pub(crate) fn open(
+        cfg: &PortConfig,
+        queue: u32,
+        umem: &Umem,
+        mode: BindMode,
+        shared: Option<BorrowedFd<'_>>,
+    ) -> Result<Self, XskError> {
+        let ifindex = ifindex(&cfg.iface)?;
+        let err = |call, source| XskError::Socket {
             iface: cfg.iface.clone(),
-            queue: cfg.queue,
+            queue,
             call,
             source,
         };
-        let umem = Umem::new(cfg.frames).map_err(|e| umem_err("mmap", e))?;
-        let (sock, mode, zero_copy_refused) = match cfg.bind {
-            BindPolicy::CopyOnly => (
-                Socket::open(cfg, idx, &umem, BindMode::Copy)?,
-                BindMode::Copy,
-                None,
+        // SAFETY: plain socket(2); the result is checked before use.
+        let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return Err(err("socket(AF_XDP)", last_error()));
+        }
+        // SAFETY: `raw` is a new, valid descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+
+        if shared.is_none() {
+            let reg = libc::xdp_umem_reg {
+                addr: umem.addr(),
+                len: umem.len() as u64,
+                chunk_size: FRAME_SIZE,
+                headroom: HEADROOM as u32,
+                flags: 0,
+                tx_metadata_len: 0,
+            };
+            setsockopt(fd.as_fd(), libc::XDP_UMEM_REG, &reg).map_err(|source| XskError::Umem {
+                iface: cfg.iface.clone(),
+                queue,
+                call: "setsockopt(XDP_UMEM_REG)",
+                source,
+            })?;
+        }
+        let r = &cfg.rings;
+        for (opt, size, call) in [
+            (
+                libc::XDP_UMEM_FILL_RING,
+                r.fill,
+                "setsockopt(XDP_UMEM_FILL_RING)",
             ),
-            BindPolicy::ZeroCopyOnly => (
-                Socket::open(cfg, idx, &umem, BindMode::ZeroCopy)?,
-                BindMode::ZeroCopy,
-                None,
+            (
+                libc::XDP_UMEM_COMPLETION_RING,
+                r.comp,
+                "setsockopt(XDP_UMEM_COMPLETION_RING)",
             ),
-            BindPolicy::ZeroCopyOrCopy => match Socket::open(cfg, idx, &umem, BindMode::ZeroCopy) {
-                Ok(s) => (s, BindMode::ZeroCopy, None),
-                // Only a refused bind falls back; a socket that cannot even be created would
-                // fail the same way in copy mode.
-                Err(XskError::Bind { source, .. }) => (
-                    Socket::open(cfg, idx, &umem, BindMode::Copy)?,
-                    BindMode::Copy,
-                    Some(source),
-                ),
-                Err(e) => return Err(e),
-            },
+            (libc::XDP_RX_RING, r.rx, "setsockopt(XDP_RX_RING)"),
+            (libc::XDP_TX_RING, r.tx, "setsockopt(XDP_TX_RING)"),
+        ] {
+            setsockopt(fd.as_fd(), opt, &size).map_err(|e| err(call, e))?;
+        }
+        let zero = libc::xdp_ring_offset {
+            producer: 0,
+            consumer: 0,
+            desc: 0,
+            flags: 0,
         };
-        let Socket {
+        let mut off = libc::xdp_mmap_offsets {
+            rx: zero,
+            tx: zero,
+            fr: zero,
+            cr: zero,
+        };
+        getsockopt(fd.as_fd(), libc::XDP_MMAP_OFFSETS, &mut off)
+            .map_err(|e| err("getsockopt(XDP_MMAP_OFFSETS)", e))?;
+        // Before bind, the fill and completion offsets map this socket's own rings (the ones
+        // just sized), also for a socket that will share another's UMEM.
+        let fill = Producer::map(
+            fd.as_fd(),
+            &off.fr,
+            r.fill,
+            libc::XDP_UMEM_PGOFF_FILL_RING as libc::off_t,
+        )
+        .map_err(|e| err("mmap(fill ring)", e))?;
+        let comp = Consumer::map(
+            fd.as_fd(),
+            &off.cr,
+            r.comp,
+            libc::XDP_UMEM_PGOFF_COMPLETION_RING as libc::off_t,
+        )
+        .map_err(|e| err("mmap(completion ring)", e))?;
+        let rx = Consumer::map(fd.as_fd(), &off.rx, r.rx, libc::XDP_PGOFF_RX_RING)
+            .map_err(|e| err("mmap(RX ring)", e))?;
+        let tx = Producer::map(fd.as_fd(), &off.tx, r.tx, libc::XDP_PGOFF_TX_RING)
+            .map_err(|e| err("mmap(TX ring)", e))?;
+        debug_assert_eq!(fill.size(), r.fill);
+
+        let (flags, shared_fd) = match shared {
+            // The kernel refuses mode flags on a shared bind (EINVAL): the mode is the UMEM
+            // owner's.
+            Some(first) => (libc::XDP_SHARED_UMEM, first.as_raw_fd() as u32),
+            None => (
+                libc::XDP_USE_NEED_WAKEUP
+                    | match mode {
+                        BindMode::ZeroCopy => libc::XDP_ZEROCOPY,
+                        BindMode::Copy => libc::XDP_COPY,
+                    },
+                0,
+            ),
+        };
+        let sa = libc::sockaddr_xdp {
+            sxdp_family: libc::AF_XDP as u16,
+            sxdp_flags: flags,
+            sxdp_ifindex: ifindex,
+            sxdp_queue_id: queue,
+            sxdp_shared_umem_fd: shared_fd,
+        };
+        // SAFETY: `sa` is a valid sockaddr_xdp and the length passed is its size; bind only
+        // reads it.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_xdp).cast(),
+                size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(XskError::Bind {
+                iface: cfg.iface.clone(),
+                queue,
+                mode,
+                source: last_error(),
+            });
+        }
+        Ok(Self {
             fill,
             comp,
             rx,
             tx,
             fd,
-        } = sock;
-        let mut port = Self {
-            fill,
-            comp,
-            rx,
-            tx,
-            fd,
-            umem,
             iface: cfg.iface.clone(),
-            queue: cfg.queue,
+            queue,
             table_port: cfg.table_port,
-            mode,
-            zero_copy_refused,
-        };
-        port.refill();
-        Ok(port)
-    }
-
-    /// The mode the socket is bound in.
-    pub fn bind_mode(&self) -> BindMode {
-        self.mode
-    }
-
-    /// Why zero-copy was refused, when the policy fell back to copy mode.
-    pub fn zero_copy_refused(&self) -> Option<&io::Error> {
-        self.zero_copy_refused.as_ref()
+            tx_staged: 0,
+        })
     }
 
     /// Interface name.
@@ -337,27 +332,6 @@ impl Port {
         self.table_port
     }
 
-    /// Where every frame is; see [`Accounting`].
-    pub fn accounting(&self) -> Accounting {
-        let [free, fill_owned, worker, tx_owned] = self.umem.owners();
-        let fill = self.fill.pending();
-        let rx = self.rx.pending();
-        let tx = self.tx.pending();
-        let comp = self.comp.pending();
-        let in_kernel = (fill_owned as i64 - fill as i64 - rx as i64)
-            + (tx_owned as i64 - tx as i64 - comp as i64);
-        Accounting {
-            total: self.umem.count(),
-            held: self.umem.free_len() as u32 + worker,
-            fill,
-            rx,
-            tx,
-            comp,
-            in_kernel,
-            misplaced: free.abs_diff(self.umem.free_len() as u32) + worker,
-        }
-    }
-
     /// The kernel's counters for this socket.
     ///
     /// # Errors
@@ -371,14 +345,8 @@ impl Port {
             rx_fill_ring_empty_descs: 0,
             tx_ring_empty_descs: 0,
         };
-        getsockopt(self.fd.as_fd(), libc::XDP_STATISTICS, &mut s).map_err(|source| {
-            XskError::Io {
-                iface: self.iface.clone(),
-                queue: self.queue,
-                call: "getsockopt(XDP_STATISTICS)",
-                source,
-            }
-        })?;
+        getsockopt(self.fd.as_fd(), libc::XDP_STATISTICS, &mut s)
+            .map_err(|source| self.io_error("getsockopt(XDP_STATISTICS)", source))?;
         Ok(KernelStats {
             rx_dropped: s.rx_dropped,
             rx_invalid_descs: s.rx_invalid_descs,
@@ -389,14 +357,28 @@ impl Port {
         })
     }
 
-    /// Moves completed TX frames to the free list. Returns how many.
+    /// Descriptors on the rings as user space sees them: (fill, rx, tx, comp) published and
+    /// not yet taken by the other side.
+    pub(crate) fn ring_levels(&self) -> [u32; 4] {
+        [
+            self.fill.pending(),
+            self.rx.pending(),
+            self.tx.pending(),
+            self.comp.pending(),
+        ]
+    }
+
+    /// Moves this socket's completed TX frames to the free list. Returns how many.
     #[inline]
-    pub(crate) fn reap_completions(&mut self) -> u32 {
+    pub(crate) fn reap_completions(&mut self, umem: &mut Umem) -> u32 {
         let n = self.comp.peek(u32::MAX);
         for i in 0..n {
             let addr = self.comp.read(i);
-            match self.umem.frame_of(addr, 0) {
-                Some(idx) => self.umem.recycle(idx, Owner::Tx),
+            match umem.frame_of(addr, 0) {
+                // A frame not on a TX ring is left where it is (`recycle` checks).
+                Some(idx) => {
+                    umem.recycle(idx, Owner::Tx);
+                }
                 None => debug_assert!(false, "completion address {addr:#x} outside the UMEM"),
             }
         }
@@ -406,19 +388,19 @@ impl Port {
 
     /// Moves free frames to the fill ring, as many as fit. Returns how many.
     #[inline]
-    pub(crate) fn refill(&mut self) -> u32 {
-        let want = self.umem.free_len() as u32;
+    pub(crate) fn refill(&mut self, umem: &mut Umem) -> u32 {
+        let want = umem.free_len() as u32;
         if want == 0 {
             return 0;
         }
         let n = self.fill.free(want).min(want);
         for i in 0..n {
             // `n <= free_len`, so the list has a frame for every slot.
-            let Some(addr) = self.umem.pop_free() else {
+            let Some(addr) = umem.pop_free() else {
                 unreachable!("free list shorter than its length")
             };
             let idx = (addr / FRAME_SIZE as u64) as u32;
-            self.umem.hand_over(idx, Owner::Free, Owner::Fill);
+            umem.hand_over(idx, Owner::Free, Owner::Fill);
             self.fill.write(i, addr);
         }
         self.fill.submit(n);
@@ -431,59 +413,62 @@ impl Port {
         self.rx.peek(max)
     }
 
-    /// Reads up to `max` received frames, gives each to `f` as a [`Frame`] spanning its whole
-    /// UMEM chunk, and puts the ones `f` wants sent on the TX ring (from the frame's head
-    /// after `f`, so encapsulation in the headroom needs no copy); the others go back to the
-    /// free list. Does not kick the kernel; see [`Port::flush_tx`].
+    /// Reads up to `out.len()` received frames into `out`, handing each to the worker, and
+    /// gives the RX slots back. Returns (frames read, descriptors skipped): a descriptor that
+    /// leaves the UMEM or its frame, or names a frame that was not on a fill ring, is skipped
+    /// (a kernel bug if ever seen).
     #[inline]
-    pub(crate) fn rx_batch(
-        &mut self,
-        max: u32,
-        mut f: impl FnMut(&mut Frame<'_>) -> Action,
-    ) -> Batch {
-        let n = self.rx.peek(max);
-        let mut b = Batch {
-            rx: n,
-            ..Batch::default()
-        };
-        if n == 0 {
-            return b;
-        }
-        let room = self.tx.free(n).min(n);
+    pub(crate) fn read_rx(&mut self, umem: &mut Umem, out: &mut [Held]) -> (usize, u32) {
+        let n = self.rx.peek(out.len() as u32);
+        let mut got = 0;
+        let mut invalid = 0;
         for i in 0..n {
             let d = self.rx.read(i);
-            let Some(idx) = self.umem.frame_of(d.addr, d.len) else {
-                b.invalid += 1;
-                continue;
-            };
-            self.umem.hand_over(idx, Owner::Fill, Owner::Worker);
-            let head = (d.addr % FRAME_SIZE as u64) as usize;
-            let mut frame = Frame::new(self.umem.chunk_mut(idx), head, d.len as usize);
-            let action = f(&mut frame);
-            let (head, len) = (frame.head(), frame.len());
-            match action {
-                Action::Tx if b.tx < room => {
-                    self.umem.hand_over(idx, Owner::Worker, Owner::Tx);
-                    self.tx.write(
-                        b.tx,
-                        libc::xdp_desc {
-                            addr: idx as u64 * FRAME_SIZE as u64 + head as u64,
-                            len: len as u32,
-                            options: 0,
-                        },
-                    );
-                    b.tx += 1;
+            match umem.frame_of(d.addr, d.len) {
+                Some(idx) if umem.take(idx, Owner::Fill) => {
+                    out[got] = Held {
+                        idx,
+                        head: (d.addr % FRAME_SIZE as u64) as u32,
+                        len: d.len,
+                        ingress: self.table_port,
+                    };
+                    got += 1;
                 }
-                Action::Tx => {
-                    b.tx_full += 1;
-                    self.umem.recycle(idx, Owner::Worker);
-                }
-                Action::Recycle => self.umem.recycle(idx, Owner::Worker),
+                _ => invalid += 1,
             }
         }
         self.rx.release(n);
-        self.tx.submit(b.tx);
-        b
+        (got, invalid)
+    }
+
+    /// Writes `h` (a frame the worker holds) as the next TX descriptor, from the packet's
+    /// current head, and hands the frame to the kernel's TX side; published by
+    /// [`Port::submit_tx`]. Returns false (and keeps the frame) when the ring is full.
+    #[inline]
+    pub(crate) fn stage_tx(&mut self, umem: &mut Umem, h: &Held) -> bool {
+        if self.tx.free(self.tx_staged + 1) <= self.tx_staged {
+            return false;
+        }
+        umem.hand_over(h.idx, Owner::Worker, Owner::Tx);
+        self.tx.write(
+            self.tx_staged,
+            libc::xdp_desc {
+                addr: h.idx as u64 * FRAME_SIZE as u64 + h.head as u64,
+                len: h.len,
+                options: 0,
+            },
+        );
+        self.tx_staged += 1;
+        true
+    }
+
+    /// Publishes the staged TX descriptors. Returns how many.
+    #[inline]
+    pub(crate) fn submit_tx(&mut self) -> u32 {
+        let n = self.tx_staged;
+        self.tx.submit(n);
+        self.tx_staged = 0;
+        n
     }
 
     /// Asks the kernel to send what is on the TX ring, if there is anything and the kernel set
@@ -554,29 +539,7 @@ impl Port {
         Ok(true)
     }
 
-    /// Sleeps until the RX ring has a packet or `timeout_ms` passes (`poll(2)`; in copy mode
-    /// the poll also drives pending TX).
-    ///
-    /// # Errors
-    /// [`XskError::Io`] if `poll` fails other than by a signal.
-    pub(crate) fn wait_rx(&mut self, timeout_ms: i32) -> Result<(), XskError> {
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: `pfd` is one valid pollfd that lives across the call.
-        let r = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-        if r < 0 {
-            let e = last_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(self.io_error("poll", e));
-            }
-        }
-        Ok(())
-    }
-
-    fn io_error(&self, call: &'static str, source: io::Error) -> XskError {
+    pub(crate) fn io_error(&self, call: &'static str, source: io::Error) -> XskError {
         XskError::Io {
             iface: self.iface.clone(),
             queue: self.queue,
@@ -593,131 +556,11 @@ impl AsFd for Port {
     }
 }
 
-// SAFETY: a Port owns its socket, ring mappings and UMEM exclusively (none of their pointers
+// SAFETY: a Port owns its socket and ring mappings exclusively (none of their pointers
 // escape except through borrows of the Port), and nothing in them is tied to the thread that
 // created them, so moving the Port to a worker thread is sound. It is not Sync: the rings'
 // cached indices assume a single user.
 unsafe impl Send for Port {}
-
-impl Socket {
-    fn open(cfg: &PortConfig, ifindex: u32, umem: &Umem, mode: BindMode) -> Result<Self, XskError> {
-        let err = |call, source| XskError::Socket {
-            iface: cfg.iface.clone(),
-            queue: cfg.queue,
-            call,
-            source,
-        };
-        // SAFETY: plain socket(2); the result is checked before use.
-        let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-        if raw < 0 {
-            return Err(err("socket(AF_XDP)", last_error()));
-        }
-        // SAFETY: `raw` is a new, valid descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-
-        let reg = libc::xdp_umem_reg {
-            addr: umem.addr(),
-            len: umem.len() as u64,
-            chunk_size: FRAME_SIZE,
-            headroom: HEADROOM as u32,
-            flags: 0,
-            tx_metadata_len: 0,
-        };
-        setsockopt(fd.as_fd(), libc::XDP_UMEM_REG, &reg).map_err(|source| XskError::Umem {
-            iface: cfg.iface.clone(),
-            queue: cfg.queue,
-            call: "setsockopt(XDP_UMEM_REG)",
-            source,
-        })?;
-        let r = &cfg.rings;
-        for (opt, size, call) in [
-            (
-                libc::XDP_UMEM_FILL_RING,
-                r.fill,
-                "setsockopt(XDP_UMEM_FILL_RING)",
-            ),
-            (
-                libc::XDP_UMEM_COMPLETION_RING,
-                r.comp,
-                "setsockopt(XDP_UMEM_COMPLETION_RING)",
-            ),
-            (libc::XDP_RX_RING, r.rx, "setsockopt(XDP_RX_RING)"),
-            (libc::XDP_TX_RING, r.tx, "setsockopt(XDP_TX_RING)"),
-        ] {
-            setsockopt(fd.as_fd(), opt, &size).map_err(|e| err(call, e))?;
-        }
-        let zero = libc::xdp_ring_offset {
-            producer: 0,
-            consumer: 0,
-            desc: 0,
-            flags: 0,
-        };
-        let mut off = libc::xdp_mmap_offsets {
-            rx: zero,
-            tx: zero,
-            fr: zero,
-            cr: zero,
-        };
-        getsockopt(fd.as_fd(), libc::XDP_MMAP_OFFSETS, &mut off)
-            .map_err(|e| err("getsockopt(XDP_MMAP_OFFSETS)", e))?;
-        let fill = Producer::map(
-            fd.as_fd(),
-            &off.fr,
-            r.fill,
-            libc::XDP_UMEM_PGOFF_FILL_RING as libc::off_t,
-        )
-        .map_err(|e| err("mmap(fill ring)", e))?;
-        let comp = Consumer::map(
-            fd.as_fd(),
-            &off.cr,
-            r.comp,
-            libc::XDP_UMEM_PGOFF_COMPLETION_RING as libc::off_t,
-        )
-        .map_err(|e| err("mmap(completion ring)", e))?;
-        let rx = Consumer::map(fd.as_fd(), &off.rx, r.rx, libc::XDP_PGOFF_RX_RING)
-            .map_err(|e| err("mmap(RX ring)", e))?;
-        let tx = Producer::map(fd.as_fd(), &off.tx, r.tx, libc::XDP_PGOFF_TX_RING)
-            .map_err(|e| err("mmap(TX ring)", e))?;
-        debug_assert_eq!(fill.size(), r.fill);
-
-        let flags = libc::XDP_USE_NEED_WAKEUP
-            | match mode {
-                BindMode::ZeroCopy => libc::XDP_ZEROCOPY,
-                BindMode::Copy => libc::XDP_COPY,
-            };
-        let sa = libc::sockaddr_xdp {
-            sxdp_family: libc::AF_XDP as u16,
-            sxdp_flags: flags,
-            sxdp_ifindex: ifindex,
-            sxdp_queue_id: cfg.queue,
-            sxdp_shared_umem_fd: 0,
-        };
-        // SAFETY: `sa` is a valid sockaddr_xdp and the length passed is its size; bind only
-        // reads it.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_xdp).cast(),
-                size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(XskError::Bind {
-                iface: cfg.iface.clone(),
-                queue: cfg.queue,
-                mode,
-                source: last_error(),
-            });
-        }
-        Ok(Self {
-            fill,
-            comp,
-            rx,
-            tx,
-            fd,
-        })
-    }
-}
 
 /// `setsockopt(fd, SOL_XDP, opt, value)`.
 fn setsockopt<T>(fd: BorrowedFd<'_>, opt: libc::c_int, value: &T) -> io::Result<()> {
@@ -831,29 +674,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn config_is_checked_before_any_syscall() {
-        let bad = |f: fn(&mut PortConfig)| {
-            let mut c = PortConfig::new("strait-nope0", 0);
-            f(&mut c);
-            matches!(Port::open(&c), Err(XskError::Config(_)))
-        };
-        assert!(bad(|c| c.rings.fill = 1000));
-        assert!(bad(|c| c.rings.rx = 0));
-        assert!(bad(|c| {
-            c.rings.comp = 1024;
-            c.rings.tx = 2048;
-        }));
-        assert!(bad(|c| c.frames = 100));
-    }
-
-    #[test]
-    fn a_missing_interface_is_named() {
-        let e = Port::open(&PortConfig::new("strait-nope0", 0)).expect_err("no such interface");
-        assert!(matches!(e, XskError::NoInterface { .. }), "{e:?}");
-        assert!(e.to_string().contains("strait-nope0"), "{e}");
-    }
-
-    #[test]
     fn loopback_has_a_zero_mac() {
         let p = interface_port("lo").expect("lo exists in every namespace");
         assert_eq!(p.mac, [0; 6]);
@@ -861,30 +681,18 @@ mod tests {
     }
 
     #[test]
-    fn accounting_identities() {
-        let mut a = Accounting {
-            total: 8,
-            held: 2,
-            fill: 3,
-            rx: 1,
-            tx: 1,
-            comp: 0,
-            in_kernel: 1,
-            misplaced: 0,
+    fn kernel_stats_add_up() {
+        let one = KernelStats {
+            rx_dropped: 1,
+            rx_invalid_descs: 2,
+            tx_invalid_descs: 3,
+            rx_ring_full: 4,
+            rx_fill_ring_empty_descs: 5,
+            tx_ring_empty_descs: 6,
         };
-        assert!(a.balanced());
-        assert!(!a.at_rest(), "a frame is still in the kernel");
-        a.in_kernel = 0;
-        a.comp = 1;
-        assert!(a.at_rest());
-        a.misplaced = 1;
-        assert!(!a.balanced());
-        a.misplaced = 0;
-        a.held = 3;
-        a.in_kernel = -1;
-        assert!(
-            !a.balanced(),
-            "the rings cannot hold more than they were given"
-        );
+        let mut sum = one;
+        sum.add(&one);
+        assert_eq!(sum.rx_dropped + sum.tx_ring_empty_descs, 14);
+        assert_eq!(sum.rx_fill_ring_empty_descs, 10);
     }
 }

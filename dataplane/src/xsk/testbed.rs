@@ -1,5 +1,6 @@
 //! Helpers for namespace testbeds (tests, the `strait` testbed and traffic tools): entering a
-//! network namespace, and a raw packet socket to send and capture Ethernet frames.
+//! network namespace, pinning a thread to a CPU, and a raw packet socket to send and capture
+//! Ethernet frames.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -30,6 +31,40 @@ pub fn enter_netns(ns: &str) -> Result<(), XskError> {
     // the calling thread's namespace and touches no memory of ours.
     if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
         return Err(err("setns", last_error()));
+    }
+    Ok(())
+}
+
+/// Pins the calling thread to CPU `cpu` (`sched_setaffinity`).
+///
+/// With [`PacketSocket::bypass_qdisc`], a frame written by a thread pinned to CPU `c` leaves
+/// on TX queue `c % queues` of an interface without XPS (veth), and a veth delivers it on the
+/// peer's RX queue of the same index: how a test picks the queue a frame arrives on.
+///
+/// # Errors
+/// [`XskError::Io`] (call `sched_setaffinity`) when the CPU does not exist or is not allowed.
+pub fn pin_thread(cpu: usize) -> Result<(), XskError> {
+    let err = |source| XskError::Io {
+        iface: String::new(),
+        queue: 0,
+        call: "sched_setaffinity",
+        source,
+    };
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "CPU number beyond CPU_SETSIZE",
+        )));
+    }
+    // SAFETY: cpu_set_t is a plain bit array, for which all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET writes one bit of `set`, a valid cpu_set_t; `cpu < CPU_SETSIZE` (checked
+    // above) keeps the bit inside it.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t that lives across the call and its size is passed;
+    // pid 0 is the calling thread. The kernel only reads it.
+    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) } < 0 {
+        return Err(err(last_error()));
     }
     Ok(())
 }
@@ -112,6 +147,37 @@ impl PacketSocket {
         Ok(Self {
             file: File::from(fd),
         })
+    }
+}
+
+impl PacketSocket {
+    /// Sends written frames straight to the driver (`PACKET_QDISC_BYPASS`), which also makes
+    /// the TX queue the writing CPU's number modulo the queue count (see [`pin_thread`]).
+    ///
+    /// # Errors
+    /// [`XskError::Socket`] if `setsockopt(PACKET_QDISC_BYPASS)` fails.
+    pub fn bypass_qdisc(&self) -> Result<(), XskError> {
+        let one: libc::c_int = 1;
+        // SAFETY: `one` is a valid c_int that lives across the call, its size is passed, and
+        // the kernel only reads it.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.file.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_QDISC_BYPASS,
+                (&one as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(XskError::Socket {
+                iface: String::new(),
+                queue: 0,
+                call: "setsockopt(PACKET_QDISC_BYPASS)",
+                source: last_error(),
+            });
+        }
+        Ok(())
     }
 }
 

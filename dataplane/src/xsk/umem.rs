@@ -1,14 +1,27 @@
 //! The UMEM: the memory AF_XDP frames live in, and who owns each frame.
 //!
 //! A frame (chunk) is owned by exactly one of: user space (on the free list, or being
-//! processed by the worker), the kernel through the fill ring (until it comes back on the RX
-//! ring), or the kernel through the TX ring (until it comes back on the completion ring). The
+//! processed by the worker), the kernel through a fill ring (until it comes back on an RX
+//! ring), or the kernel through a TX ring (until it comes back on a completion ring). The
 //! owner of every frame is recorded in [`Umem::state`] at each hand-over; user space touches
 //! frame memory only while it owns the frame, which is what makes the `&mut [u8]` of
-//! [`Umem::chunk_mut`] sound while the kernel writes other frames.
+//! [`Umem::chunk_mut`] and [`Umem::lend`] sound while the kernel writes other frames.
+//!
+//! One UMEM serves a whole queue group (every socket of one queue index, one per interface,
+//! `XDP_SHARED_UMEM`), so a frame received on one interface can be put on another
+//! interface's TX ring as it is. The books do not say *which* socket's ring holds a frame:
+//! the identity that matters, `free + fill + rx + tx + comp + in kernel == total`, is per
+//! UMEM, summed over the group's rings ([`super::QueueGroup::accounting`]).
+//!
+//! The transitions that take a frame *from the kernel* (RX: `Fill` to `Worker`; completion:
+//! `Tx` to `Free`) are checked in release builds too, and refused when the frame is not where
+//! the kernel says: a kernel (or a bug of ours) that reported one frame twice must not make
+//! two `&mut` to the same memory, or put a frame on the free list twice.
 
 use std::io;
 use std::ptr::NonNull;
+
+use crate::rewrite::Frame;
 
 /// Bytes per UMEM frame: one 4 KiB page. Aligned mode needs a power of two; a page holds a
 /// 1500-byte MTU packet behind the 320 bytes of headroom (64 ours, 256 the kernel's XDP
@@ -16,10 +29,25 @@ use std::ptr::NonNull;
 /// require), and is what the kernel's own AF_XDP samples use.
 pub const FRAME_SIZE: u32 = 4096;
 
-/// Frames per port by default: 16 MiB of UMEM. Twice the fill ring, so the kernel can hold a
-/// full fill ring of empty frames while as many again are in the RX, TX and completion rings or
-/// with the worker; more only adds memory, fewer lets a burst of TX starve the fill ring.
+/// Frames per socket by default (a queue group's UMEM has this many per member socket):
+/// 16 MiB each. Twice the fill ring, so the kernel can hold a full fill ring of empty frames
+/// while as many again are in the RX, TX and completion rings or with the worker; more only
+/// adds memory, fewer lets a burst of TX starve the fill ring.
 pub const FRAME_COUNT: u32 = 4096;
+
+/// The kernel's own headroom in front of every received packet, after the UMEM's user
+/// headroom (`XDP_PACKET_HEADROOM`,
+/// [include/uapi/linux/bpf.h](https://github.com/torvalds/linux/blob/v6.12/include/uapi/linux/bpf.h), searched for `XDP_PACKET_HEADROOM`)).
+pub(crate) const KERNEL_HEADROOM: usize = 256;
+
+/// Where a received packet starts in its frame: our headroom plus the kernel's. Frames the
+/// worker fills itself (handed over by another core) start here too, so they have the same
+/// room for encapsulation.
+pub(crate) const RX_OFFSET: usize = crate::rewrite::HEADROOM + KERNEL_HEADROOM;
+
+/// The longest packet a frame holds behind the user and kernel headroom (64 + 256 bytes):
+/// 3776 bytes. Longer frames cannot be received, nor handed over between workers.
+pub const MAX_PACKET: usize = FRAME_SIZE as usize - RX_OFFSET;
 
 /// Who owns a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +61,23 @@ pub(crate) enum Owner {
     Worker,
     /// Given to the kernel on the TX ring; comes back on the completion ring.
     Tx,
+    /// Transient, inside [`Umem::lend`] only: marks the frames already lent, so that a frame
+    /// listed twice is caught before two `&mut` to it exist.
+    Lent,
+}
+
+/// A frame the worker holds: its index, where the packet is in it, and the table port it
+/// came in on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Held {
+    /// Frame index.
+    pub idx: u32,
+    /// Offset of the packet in the frame.
+    pub head: u32,
+    /// Packet length.
+    pub len: u32,
+    /// Ingress port (index in the service table's ports).
+    pub ingress: u8,
 }
 
 /// Frame memory plus the ownership books.
@@ -56,15 +101,17 @@ impl Umem {
     /// Maps `count` frames of anonymous memory, all on the free list.
     pub(crate) fn new(count: u32) -> io::Result<Self> {
         let len = count as usize * FRAME_SIZE as usize;
+        // MAP_POPULATE faults the pages in now rather than on the first packet. Miri, which
+        // checks the unit tests' unsafe code, knows only private anonymous mappings.
+        let populate = if cfg!(miri) { 0 } else { libc::MAP_POPULATE };
         // SAFETY: a fresh private anonymous mapping; no existing memory is affected, and the
-        // result is checked below. MAP_POPULATE faults the pages in now rather than on the
-        // first packet.
+        // result is checked below.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | populate,
                 -1,
                 0,
             )
@@ -138,18 +185,119 @@ impl Umem {
         unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr().add(off), FRAME_SIZE as usize) }
     }
 
+    /// Moves frame `idx` from `from` to the worker, if `from` owns it; returns whether it did.
+    /// Checked in release builds: this is how a frame reported by the kernel enters user
+    /// space, and a frame already in user space must not be handed out twice.
+    #[inline(always)]
+    pub(crate) fn take(&mut self, idx: u32, from: Owner) -> bool {
+        let s = &mut self.state[idx as usize];
+        if *s != from {
+            return false;
+        }
+        *s = Owner::Worker;
+        true
+    }
+
     /// Takes a free frame's base address.
     #[inline(always)]
     pub(crate) fn pop_free(&mut self) -> Option<u64> {
         self.free.pop()
     }
 
-    /// Returns frame `idx`, owned by `from`, to the free list.
+    /// Returns frame `idx`, owned by `from`, to the free list; returns whether it did. A frame
+    /// that `from` does not own is left alone (checked in release builds), so the free list
+    /// never holds a frame twice.
     #[inline(always)]
-    pub(crate) fn recycle(&mut self, idx: u32, from: Owner) {
-        self.hand_over(idx, from, Owner::Free);
+    pub(crate) fn recycle(&mut self, idx: u32, from: Owner) -> bool {
+        let s = &mut self.state[idx as usize];
+        if *s != from {
+            debug_assert!(false, "frame {idx} owned by {s:?}, recycled as {from:?}");
+            return false;
+        }
+        *s = Owner::Free;
         // Never grows past `count`: every frame is on the list at most once.
         self.free.push(idx as u64 * FRAME_SIZE as u64);
+        true
+    }
+
+    /// The packet bytes of a frame the worker holds.
+    ///
+    /// # Panics
+    /// If the worker does not own the frame, or `head + len` leaves it.
+    #[inline(always)]
+    pub(crate) fn packet(&self, h: &Held) -> &[u8] {
+        assert!(
+            self.state[h.idx as usize] == Owner::Worker,
+            "frame {} is not the worker's",
+            h.idx
+        );
+        let off = h.idx as usize * FRAME_SIZE as usize;
+        // SAFETY: `idx` indexed `state`, so the frame lies inside the mapping; the worker
+        // owns it (checked above), so the kernel does not write it, and no `&mut` to it
+        // exists while `&self` is borrowed.
+        let chunk =
+            unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(off), FRAME_SIZE as usize) };
+        &chunk[h.head as usize..(h.head + h.len) as usize]
+    }
+
+    /// Lends the frames of `batch` to the pipeline: `out[i]` becomes a [`Frame`] over the
+    /// whole chunk of `batch[i]`, with the packet at `batch[i].head`. The frames borrow the
+    /// UMEM, so no frame changes hands until they are gone.
+    ///
+    /// # Panics
+    /// If `out` is shorter than `batch`, if a frame is not the worker's, if a frame is listed
+    /// twice, or if a packet leaves its frame: each would be a bug of the worker, and the first
+    /// two would otherwise alias memory.
+    pub(crate) fn lend<'a>(&'a mut self, batch: &[Held], out: &mut [Frame<'a>]) {
+        assert!(out.len() >= batch.len(), "one frame slot per held frame");
+        // Mark every frame lent, so a second listing of one finds `Lent` and stops us; then
+        // give them back to the worker (nothing else can touch the states while the frames
+        // below borrow `self`).
+        for h in batch {
+            let s = &mut self.state[h.idx as usize];
+            assert!(
+                *s == Owner::Worker,
+                "frame {} is not the worker's ({s:?})",
+                h.idx
+            );
+            *s = Owner::Lent;
+        }
+        for h in batch {
+            self.state[h.idx as usize] = Owner::Worker;
+        }
+        let base = self.base.as_ptr();
+        for (h, f) in batch.iter().zip(out.iter_mut()) {
+            let off = h.idx as usize * FRAME_SIZE as usize;
+            // SAFETY: `idx` indexed `state` above, so the FRAME_SIZE bytes from `off` lie
+            // inside the mapping; the frames of `batch` are pairwise distinct (the marking
+            // pass above panics on a repeat), so these slices are disjoint; the worker owns
+            // each (checked above), so the kernel neither reads nor writes them until they
+            // are put on a ring again, which needs `&mut self` and so waits for the `'a`
+            // borrow these slices live in to end.
+            let chunk =
+                unsafe { std::slice::from_raw_parts_mut(base.add(off), FRAME_SIZE as usize) };
+            *f = Frame::new(chunk, h.head as usize, h.len as usize);
+        }
+    }
+
+    /// Takes a free frame, copies `packet` into it at [`RX_OFFSET`] and hands it to the
+    /// worker, as if received on `ingress`. `None` when no frame is free.
+    ///
+    /// # Panics
+    /// If `packet` is longer than [`MAX_PACKET`].
+    #[inline]
+    pub(crate) fn copy_in(&mut self, ingress: u8, packet: &[u8]) -> Option<Held> {
+        assert!(packet.len() <= MAX_PACKET, "packet larger than a frame");
+        let addr = self.pop_free()?;
+        let idx = (addr / FRAME_SIZE as u64) as u32;
+        self.hand_over(idx, Owner::Free, Owner::Worker);
+        self.chunk_mut(idx)[RX_OFFSET..RX_OFFSET + packet.len()].copy_from_slice(packet);
+        Some(Held {
+            idx,
+            head: RX_OFFSET as u32,
+            len: packet.len() as u32,
+            ingress,
+        })
     }
 
     /// Frames on the free list.
@@ -157,9 +305,9 @@ impl Umem {
         self.free.len()
     }
 
-    /// Frames per owner: (free, fill, worker, tx).
-    pub(crate) fn owners(&self) -> [u32; 4] {
-        let mut n = [0u32; 4];
+    /// Frames per owner: (free, fill, worker, tx, lent).
+    pub(crate) fn owners(&self) -> [u32; 5] {
+        let mut n = [0u32; 5];
         for s in &self.state {
             n[*s as usize] += 1;
         }
@@ -170,8 +318,8 @@ impl Umem {
 impl Drop for Umem {
     fn drop(&mut self) {
         // SAFETY: `base`/`len` are what mmap returned; the sockets that used this memory are
-        // closed first (Port drops its socket before its UMEM), and no slice handed out by
-        // `chunk_mut` outlives the `&mut self` borrow that made it.
+        // closed first (a QueueGroup drops its ports before its UMEM), and no slice handed out
+        // by `chunk_mut`, `packet` or `lend` outlives the borrow of `self` that made it.
         unsafe {
             libc::munmap(self.base.as_ptr().cast(), self.len);
         }
@@ -195,17 +343,96 @@ mod tests {
     #[test]
     fn ownership_is_tracked() {
         let mut u = Umem::new(3).expect("mmap");
-        assert_eq!(u.owners(), [3, 0, 0, 0]);
+        assert_eq!(u.owners(), [3, 0, 0, 0, 0]);
         let a = u.pop_free().expect("free frame");
         let i = u.frame_of(a, 0).expect("in range");
         u.hand_over(i, Owner::Free, Owner::Fill);
         u.hand_over(i, Owner::Fill, Owner::Worker);
         u.chunk_mut(i)[100] = 7;
         assert_eq!(u.chunk_mut(i)[100], 7);
-        assert_eq!(u.owners(), [2, 0, 1, 0]);
-        u.recycle(i, Owner::Worker);
-        assert_eq!(u.owners(), [3, 0, 0, 0]);
+        assert_eq!(u.owners(), [2, 0, 1, 0, 0]);
+        assert!(u.recycle(i, Owner::Worker));
+        assert_eq!(u.owners(), [3, 0, 0, 0, 0]);
         assert_eq!(u.free_len(), 3);
+    }
+
+    /// Takes frame `idx` off the free list and gives it to the kernel's fill ring, as far as
+    /// the books go.
+    fn to_fill(u: &mut Umem) -> u32 {
+        let a = u.pop_free().expect("free frame");
+        let i = u.frame_of(a, 0).expect("in range");
+        u.hand_over(i, Owner::Free, Owner::Fill);
+        i
+    }
+
+    #[test]
+    fn kernel_reports_are_checked_in_release_builds() {
+        let mut u = Umem::new(2).expect("mmap");
+        let i = to_fill(&mut u);
+        assert!(u.take(i, Owner::Fill));
+        assert!(!u.take(i, Owner::Fill), "a frame reported twice is refused");
+        let free = u.pop_free().expect("free");
+        let j = u.frame_of(free, 0).expect("in range");
+        assert!(
+            !u.take(j, Owner::Fill),
+            "a frame the kernel was never given is refused"
+        );
+    }
+
+    #[test]
+    fn lent_frames_are_disjoint_and_written_through() {
+        let mut u = Umem::new(4).expect("mmap");
+        let mut held = [Held::default(); 3];
+        for (k, h) in held.iter_mut().enumerate() {
+            let i = to_fill(&mut u);
+            assert!(u.take(i, Owner::Fill));
+            *h = Held {
+                idx: i,
+                head: RX_OFFSET as u32,
+                len: 60,
+                ingress: k as u8,
+            };
+        }
+        {
+            let mut frames: [Frame<'_>; 4] = std::array::from_fn(|_| Frame::new(&mut [], 0, 0));
+            u.lend(&held, &mut frames);
+            for (k, f) in frames[..3].iter_mut().enumerate() {
+                assert_eq!(f.len(), 60);
+                assert_eq!(f.headroom(), RX_OFFSET);
+                f.data_mut().fill(k as u8 + 1);
+            }
+        }
+        for (k, h) in held.iter().enumerate() {
+            assert!(u.packet(h).iter().all(|&b| b == k as u8 + 1));
+        }
+        assert_eq!(u.owners(), [1, 0, 3, 0, 0]);
+    }
+
+    #[test]
+    #[should_panic(expected = "is not the worker's (Lent)")]
+    fn a_frame_lent_twice_is_refused() {
+        let mut u = Umem::new(2).expect("mmap");
+        let i = to_fill(&mut u);
+        assert!(u.take(i, Owner::Fill));
+        let h = Held {
+            idx: i,
+            head: RX_OFFSET as u32,
+            len: 60,
+            ingress: 0,
+        };
+        let mut frames: [Frame<'_>; 2] = std::array::from_fn(|_| Frame::new(&mut [], 0, 0));
+        u.lend(&[h, h], &mut frames);
+    }
+
+    #[test]
+    fn copy_in_fills_a_free_frame() {
+        let mut u = Umem::new(1).expect("mmap");
+        let h = u.copy_in(3, &[7; 100]).expect("a free frame");
+        assert_eq!((h.head as usize, h.len, h.ingress), (RX_OFFSET, 100, 3));
+        assert_eq!(u.packet(&h), &[7; 100][..]);
+        assert!(u.copy_in(3, &[1]).is_none(), "no frame left");
+        assert!(u.recycle(h.idx, Owner::Worker));
+        assert_eq!(u.owners(), [1, 0, 0, 0, 0]);
     }
 
     #[test]

@@ -1,0 +1,181 @@
+//! `strait bench control`: how long an EndpointSlice change takes to become the table the
+//! workers forward with, at 10,000 Services of 10 endpoints each.
+//!
+//! ```text
+//! watch event (slice modified) ─► Controller::apply ─► reconcile (translate, validate)
+//!    ─► merge with the file's configuration ─► Builder::build ─► ArcSwap::store   (timed)
+//! ```
+//!
+//! Everything the gateway runs for a change, except the network: the events are made here
+//! as the API server would send them. Services are LoadBalancer Services in `nat` mode on
+//! IPv6 documentation addresses (10,000 VIPs do not fit in the IPv4 documentation ranges),
+//! already listed; each measured change replaces one endpoint of one Service's slice.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ::kube::api::DynamicObject;
+use ::kube::runtime::watcher::Event;
+use arc_swap::ArcSwap;
+use serde::Serialize;
+use serde_json::{json, Value};
+use strait_config::model::Mode;
+use strait_dataplane::table::{Builder, Port, ServiceTable};
+
+use crate::kube::stats::Kind;
+use crate::kube::watch::Controller;
+use crate::kube::Settings;
+
+#[derive(Debug, Serialize)]
+struct Report {
+    services: usize,
+    endpoints_per_service: usize,
+    changes: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+}
+
+fn service(i: usize) -> Value {
+    json!({
+        "kind": "Service", "apiVersion": "v1",
+        "metadata": { "name": format!("svc{i}"), "namespace": "bench",
+                      "creationTimestamp": "2026-01-01T00:00:00Z" },
+        "spec": {
+            "type": "LoadBalancer", "loadBalancerClass": crate::kube::settings::DEFAULT_CLASS,
+            "ipFamilies": ["IPv6"], "ipFamilyPolicy": "SingleStack",
+            "ports": [{ "name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080 }]
+        }
+    })
+}
+
+fn endpoint(i: usize, e: usize, gen: usize) -> String {
+    format!(
+        "2001:db8:2:{:x}:{:x}::{:x}",
+        i >> 16,
+        i & 0xffff,
+        e + 1 + gen * 100
+    )
+}
+
+fn slice(i: usize, endpoints: usize, gen: usize) -> Value {
+    let eps: Vec<Value> = (0..endpoints)
+        .map(|e| {
+            let g = if e == 0 { gen } else { 0 };
+            json!({ "addresses": [endpoint(i, e, g)], "conditions": { "ready": true } })
+        })
+        .collect();
+    json!({
+        "kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+        "metadata": { "name": format!("svc{i}-abc"), "namespace": "bench",
+                      "labels": { "kubernetes.io/service-name": format!("svc{i}") } },
+        "addressType": "IPv6",
+        "ports": [{ "name": "http", "port": 8080, "protocol": "TCP" }],
+        "endpoints": eps
+    })
+}
+
+fn dynamic(v: Value) -> DynamicObject {
+    serde_json::from_value(v).expect("a well-formed object")
+}
+
+fn list(ctl: &mut Controller, kind: Kind, objs: impl Iterator<Item = Value>) {
+    ctl.apply(kind, Event::Init);
+    for o in objs {
+        ctl.apply(kind, Event::InitApply(dynamic(o)));
+    }
+    ctl.apply(kind, Event::InitDone);
+}
+
+/// Runs the benchmark with `services` Services of `endpoints` endpoints and `changes`
+/// measured changes; prints a summary or JSON.
+///
+/// # Errors
+/// When a table does not build.
+pub fn run(
+    json_out: bool,
+    services: usize,
+    endpoints: usize,
+    changes: usize,
+) -> anyhow::Result<()> {
+    let file = strait_config::parse("[[gateway.interfaces]]\nname = \"bench0\"\nqueues = [0]\n")?;
+    let mut settings = Settings::new(file.gateway.clone());
+    settings.mode = Mode::Nat;
+    settings.pools = vec!["2001:db8:100::/104".parse()?];
+    let ports = [Port {
+        mac: [2, 0, 0, 0, 0, 1],
+        mtu: 1500,
+    }];
+
+    let setup = Instant::now();
+    let mut ctl = Controller::new(settings);
+    list(&mut ctl, Kind::Services, (0..services).map(service));
+    list(
+        &mut ctl,
+        Kind::EndpointSlices,
+        (0..services).map(|i| slice(i, endpoints, 0)),
+    );
+    list(&mut ctl, Kind::Nodes, std::iter::empty());
+    let round = ctl
+        .reconcile()
+        .ok_or_else(|| anyhow::anyhow!("controller not ready"))?;
+    anyhow::ensure!(
+        round.services.len() == services,
+        "{} of {services} services translated",
+        round.services.len()
+    );
+    let mut builder = Builder::new();
+    let (merged, _) = crate::kube::merge(&file, &round.services);
+    let swap: ArcSwap<ServiceTable> =
+        ArcSwap::from_pointee(builder.build(&merged, &ports, |_, _, _| false)?);
+    if !json_out {
+        println!(
+            "{services} services x {endpoints} endpoints listed and built in {:.1?}",
+            setup.elapsed()
+        );
+    }
+
+    let mut times = Vec::with_capacity(changes);
+    for c in 0..changes {
+        let i = (c * 7919) % services;
+        let obj = dynamic(slice(i, endpoints, c + 1));
+        let t0 = Instant::now();
+        ctl.apply(Kind::EndpointSlices, Event::Apply(obj));
+        let round = ctl
+            .reconcile()
+            .ok_or_else(|| anyhow::anyhow!("controller not ready"))?;
+        let (merged, _) = crate::kube::merge(&file, &round.services);
+        let table = builder.build(&merged, &ports, |_, _, _| false)?;
+        swap.store(Arc::new(table));
+        times.push(t0.elapsed());
+        anyhow::ensure!(round.changed, "change {c} did not change the list");
+    }
+    times.sort();
+    let ms = |d: Duration| (d.as_secs_f64() * 1e5).round() / 100.0;
+    let pct = |p: f64| times[((times.len() as f64 * p).ceil() as usize).clamp(1, times.len()) - 1];
+    let r = Report {
+        services,
+        endpoints_per_service: endpoints,
+        changes,
+        p50_ms: ms(pct(0.50)),
+        p99_ms: ms(pct(0.99)),
+        max_ms: ms(*times.last().unwrap_or(&Duration::ZERO)),
+    };
+    if json_out {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "EndpointSlice change to live table, {} changes: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            r.changes, r.p50_ms, r.p99_ms, r.max_ms
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn small_run_completes() {
+        super::run(true, 50, 3, 3).expect("bench runs");
+    }
+}
