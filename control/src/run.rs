@@ -104,6 +104,16 @@ pub fn interface_addrs(iface: &str) -> Vec<std::net::IpAddr> {
         .collect()
 }
 
+/// Every address of the configured interfaces, in key form, for [`ServiceTable::locals`].
+fn local_addrs(cfg: &Config) -> Vec<[u8; 16]> {
+    cfg.gateway
+        .interfaces
+        .iter()
+        .flat_map(|i| interface_addrs(&i.name))
+        .map(strait_dataplane::key::addr_bytes)
+        .collect()
+}
+
 /// The control loop's state.
 pub struct Control {
     source: Source,
@@ -204,7 +214,8 @@ impl Control {
         let mut checker = Checker::new(tx);
         checker.sync(&cfg);
         let mut builder = Builder::new();
-        let table = builder.build(&cfg, &ports, |s, a, p| checker.is_down(s, a, p))?;
+        let mut table = builder.build(&cfg, &ports, |s, a, p| checker.is_down(s, a, p))?;
+        table.locals = local_addrs(&cfg);
         log_table(&cfg, &table);
         let cores = workers::slots(&cfg);
         let shared = Arc::new(Shared::new(cfg, table, checker.states(), cores));
@@ -295,9 +306,10 @@ impl Control {
     fn republish(&mut self, why: &str) -> anyhow::Result<()> {
         let cfg = self.shared.config();
         let checker = &self.checker;
-        let table = self
+        let mut table = self
             .builder
             .build(&cfg, &self.ports, |s, a, p| checker.is_down(s, a, p))?;
+        table.locals = local_addrs(&cfg);
         info!(generation = table.generation, "table rebuilt: {why}");
         self.shared.table.store(Arc::new(table));
         if let Some(w) = &mut self.workers {

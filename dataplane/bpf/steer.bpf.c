@@ -8,7 +8,8 @@
 // traffic to the box's own addresses) passes untouched. Redirected are:
 //
 //   1. TCP/UDP to a service frontend                 (frontends: {vip, port, proto})
-//   2. TCP/UDP from a nat backend (nat replies)      (nat_backends: {addr, port, proto})
+//   2. TCP/UDP from a nat backend (nat replies)      (nat_backends: {addr, port, proto}),
+//      unless addressed to the gateway itself (locals: its health checks' replies)
 //   3. ICMP/ICMPv6 errors whose outer destination is a VIP: they quote a packet the VIP sent,
 //      and the pipeline forwards them to the backend that owns that flow  (vips: {addr})
 //   4. Non-first IP fragments of TCP/UDP to a VIP (they carry no ports) (vips)
@@ -110,6 +111,15 @@ struct {
 	__type(key, struct vip_key);
 	__type(value, __u32);
 } vips SEC(".maps");
+
+// The gateway's own addresses. A packet from a nat backend's service port to one of them is
+// the gateway's own traffic (a health check's reply), not a nat reply: the kernel's.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, struct vip_key);
+	__type(value, __u32);
+} locals SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -276,8 +286,14 @@ int strait_steer(struct xdp_md *ctx)
 			return redirect(ctx, STAT_FRONTEND);
 		__builtin_memcpy(k.addr, f.src, 16);
 		__builtin_memcpy(&k.port, ports, 2);
-		if (bpf_map_lookup_elem(&nat_backends, &k))
+		if (bpf_map_lookup_elem(&nat_backends, &k)) {
+			struct vip_key d;
+
+			__builtin_memcpy(d.addr, f.dst, 16);
+			if (bpf_map_lookup_elem(&locals, &d))
+				return pass();
 			return redirect(ctx, STAT_NAT_REPLY);
+		}
 		return pass();
 	}
 	if ((f.proto == IPPROTO_ICMP && !f.v6) || (f.proto == IPPROTO_ICMPV6 && f.v6)) {

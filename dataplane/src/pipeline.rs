@@ -443,7 +443,7 @@ impl Pipeline {
         p: &Parsed,
         fh: u64,
     ) -> Verdict {
-        if !t.is_nat_backend(&p.src, p.src_port, p.proto) {
+        if !t.is_nat_backend(&p.src, p.src_port, p.proto) || t.locals.contains(&p.dst) {
             return Verdict::Pass;
         }
         if p.frag != Frag::None {

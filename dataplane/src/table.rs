@@ -167,6 +167,10 @@ pub struct ServiceTable {
     pub gue_port: u16,
     /// Flow timeouts for the per-core tables.
     pub timeouts: Timeouts,
+    /// The gateway's own addresses (key form). Traffic to them is the kernel's even when it
+    /// comes from a nat backend's service port (the gateway's health checks). Filled by the
+    /// control plane, which knows the interfaces; empty in tests.
+    pub locals: Vec<[u8; 16]>,
     frontends: HashMap<Frontend, u32>,
     by_vip_proto: HashMap<([u8; 16], u8), VipProto>,
     nat_backends: HashMap<([u8; 16], u16, u8), ()>,
@@ -200,6 +204,7 @@ impl ServiceTable {
             tunnel_src_v6: [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
             gue_port: 6080,
             timeouts: Timeouts::default(),
+            locals: Vec::new(),
             frontends: HashMap::new(),
             by_vip_proto: HashMap::new(),
             nat_backends: HashMap::new(),

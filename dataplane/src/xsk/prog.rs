@@ -98,6 +98,7 @@ pub struct SteerProgram {
     frontends: Synced<EndpointKey>,
     nat_backends: Synced<EndpointKey>,
     vips: Synced<[u8; 16]>,
+    locals: Synced<[u8; 16]>,
     stats: MapHandle,
 }
 
@@ -197,6 +198,7 @@ impl SteerProgram {
             "delete nat_backends",
         );
         let vips = Synced::new(map("vips")?, "update vips", "delete vips");
+        let locals = Synced::new(map("locals")?, "update locals", "delete locals");
 
         let prog = obj
             .progs()
@@ -265,6 +267,7 @@ impl SteerProgram {
             frontends,
             nat_backends,
             vips,
+            locals,
             stats,
         })
     }
@@ -342,6 +345,8 @@ impl SteerProgram {
         self.frontends.sync(&self.iface, &frontends, &mut n)?;
         self.nat_backends.sync(&self.iface, &nat, &mut n)?;
         self.vips.sync(&self.iface, &vips, &mut n)?;
+        let locals: HashSet<[u8; 16]> = t.locals.iter().copied().collect();
+        self.locals.sync(&self.iface, &locals, &mut n)?;
         Ok(n)
     }
 
