@@ -291,6 +291,42 @@ impl Collector for Metrics {
             "Flows reclaimed after their idle timeout.",
             &per_core(|s| s.flows.expired),
         )?;
+        let worker_drops: Vec<_> = samples
+            .iter()
+            .flat_map(|(n, s)| {
+                let w = &s.worker;
+                [
+                    ("pass_unsent", w.pass_unsent),
+                    ("other_port", w.other_port),
+                    ("tx_ring_full", w.tx_ring_full),
+                    ("invalid_rx", w.invalid_rx),
+                    ("handoff_full", w.handoff_full),
+                    ("handoff_too_big", w.handoff_too_big),
+                    ("handoff_no_ring", w.handoff_no_ring),
+                    ("handoff_no_frame", w.handoff_no_frame),
+                    ("handoff_loop", w.handoff_loop),
+                ]
+                .map(|(cause, v)| (vec![("core", n.clone()), ("cause", cause.to_string())], v))
+            })
+            .collect();
+        counter(
+            &mut enc,
+            "worker_dropped_frames",
+            "Frames the AF_XDP worker could not send on after the pipeline's verdict, by cause.",
+            &worker_drops,
+        )?;
+        counter(
+            &mut enc,
+            "worker_handed_in_frames",
+            "Frames received from other cores' handoff rings.",
+            &per_core(|s| s.worker.handed_in),
+        )?;
+        counter(
+            &mut enc,
+            "worker_wakeups",
+            "Syscalls made to wake the kernel (TX and fill-ring kicks) and idle polls.",
+            &per_core(|s| s.worker.tx_kicks + s.worker.fill_kicks + s.worker.idle_polls),
+        )?;
         let occ: Vec<_> = samples
             .iter()
             .map(|(n, s)| (core(n), s.flows.occupancy as i64))
@@ -431,6 +467,12 @@ mod tests {
         ));
         assert!(m.contains("strait_backend_up{service=\"web\",backend=\"198.51.100.11:80\"} 1"));
         assert!(m.contains("strait_snapshot_generation 1"));
+        assert!(
+            m.contains(
+                "strait_worker_dropped_frames_total{core=\"veth-gw/0\",cause=\"tx_ring_full\"} 0"
+            ),
+            "{m}"
+        );
         assert_eq!(get(addr, "POST", "/reload"), (200, "reloaded\n".into()));
         assert_eq!(get(addr, "GET", "/reload").0, 405);
         assert_eq!(get(addr, "GET", "/nope").0, 404);

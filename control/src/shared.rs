@@ -26,6 +26,8 @@ pub struct CoreSample {
     pub flow_capacity: u64,
     /// New flows per backend id (index = id), trimmed to the ids in use.
     pub new_flows: Vec<u64>,
+    /// The AF_XDP worker's own numbers: frames it could not send on, ring wake-ups.
+    pub worker: strait_dataplane::xsk::WorkerStats,
 }
 
 /// A worker's slot for publishing its numbers.

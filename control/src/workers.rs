@@ -245,12 +245,13 @@ fn worker(
         None => info!(worker = %slot.name, "worker not pinned (no `cores` configured)"),
     }
     let capacity = pipe.flows.capacity() as u64;
-    let publish = |p: &Pipeline, _: &WorkerStats| {
+    let publish = |p: &Pipeline, w: &WorkerStats| {
         // Never wait for the admin API: skip this round if it is reading.
         if let Ok(mut s) = slot.sample.try_lock() {
             s.counters = p.counters;
             s.flows = p.flows.stats();
             s.flow_capacity = capacity;
+            s.worker = *w;
             let used = shared.table.load().backends.len().min(p.new_flows.len());
             s.new_flows.clear();
             s.new_flows.extend_from_slice(&p.new_flows[..used]);
