@@ -17,6 +17,7 @@ mod bench_maglev;
 mod bench_pipeline;
 mod health;
 mod kube;
+mod neigh;
 mod run;
 mod shared;
 mod status;

@@ -125,6 +125,10 @@ pub struct Control {
     changes: Receiver<health::Key>,
     vips: Option<Vips>,
     workers: Option<Workers>,
+    /// Next hops whose MAC the neighbour table did not have at the last build.
+    unresolved: Vec<std::net::IpAddr>,
+    /// When the unresolved next hops were last looked up again.
+    retried: std::time::Instant,
     /// The Kubernetes source's feed, when `--kube` is given.
     kube: Option<KubeFeed>,
 }
@@ -214,7 +218,15 @@ impl Control {
         let mut checker = Checker::new(tx);
         checker.sync(&cfg);
         let mut builder = Builder::new();
-        let mut table = builder.build(&cfg, &ports, |s, a, p| checker.is_down(s, a, p))?;
+        let mut table_cfg = cfg.clone();
+        let neighbours = crate::neigh::backend_iface(&cfg)
+            .map(|i| crate::neigh::table(&i))
+            .unwrap_or_default();
+        let unresolved = crate::neigh::fill(&mut table_cfg, &neighbours);
+        for &a in &unresolved {
+            crate::neigh::probe(a);
+        }
+        let mut table = builder.build(&table_cfg, &ports, |s, a, p| checker.is_down(s, a, p))?;
         table.locals = local_addrs(&cfg);
         log_table(&cfg, &table);
         let cores = workers::slots(&cfg);
@@ -228,6 +240,8 @@ impl Control {
             changes,
             vips: None,
             workers: None,
+            unresolved,
+            retried: std::time::Instant::now(),
             kube: None,
         })
     }
@@ -304,7 +318,7 @@ impl Control {
 
     /// Rebuilds the table from the current configuration and health, and publishes it.
     fn republish(&mut self, why: &str) -> anyhow::Result<()> {
-        let cfg = self.shared.config();
+        let cfg = self.table_config();
         let checker = &self.checker;
         let mut table = self
             .builder
@@ -326,6 +340,25 @@ impl Control {
             }
         }
         Ok(())
+    }
+
+    /// The configuration a table is built from: the current one, with next-hop MACs the
+    /// configuration leaves out filled from the kernel's neighbour table (see [`crate::neigh`]).
+    /// Unresolved next hops are probed and remembered, so [`Control::serve`] retries.
+    fn table_config(&mut self) -> Config {
+        let mut cfg = self.shared.config();
+        let neighbours = crate::neigh::backend_iface(&cfg)
+            .map(|i| crate::neigh::table(&i))
+            .unwrap_or_default();
+        let missing = crate::neigh::fill(&mut cfg, &neighbours);
+        for &a in &missing {
+            crate::neigh::probe(a);
+        }
+        if !missing.is_empty() && missing != self.unresolved {
+            info!(?missing, "next-hop MACs not resolved yet; probing");
+        }
+        self.unresolved = missing;
+        cfg
     }
 
     /// Re-reads the configuration; on success swaps in the new table atomically. A bad file
@@ -373,7 +406,24 @@ impl Control {
                         warn!("rebuild failed, keeping the previous table: {e:#}");
                     }
                 }
-                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    // Probed next hops: look again every second, rebuild once they resolve.
+                    if !self.unresolved.is_empty()
+                        && self.retried.elapsed() >= Duration::from_secs(1)
+                    {
+                        self.retried = std::time::Instant::now();
+                        let before = self.unresolved.clone();
+                        let mut cfg = self.shared.config();
+                        let neighbours = crate::neigh::backend_iface(&cfg)
+                            .map(|i| crate::neigh::table(&i))
+                            .unwrap_or_default();
+                        if crate::neigh::fill(&mut cfg, &neighbours) != before {
+                            if let Err(e) = self.republish("next-hop MACs resolved") {
+                                warn!("rebuild failed, keeping the previous table: {e:#}");
+                            }
+                        }
+                    }
+                }
                 Err(RecvTimeoutError::Disconnected) => return,
             }
             if hup.swap(false, Ordering::Relaxed) {

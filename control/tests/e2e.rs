@@ -869,3 +869,38 @@ fn b_nat_two_arm_translates_both_ways_and_keeps_the_client_address() {
     assert!(tx > 0 && rx >= tx, "rx {rx} tx {tx} handoff {handoff}");
     drop(gw);
 }
+
+#[test]
+fn j_backends_without_macs_are_reached_through_the_neighbour_table() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !privileged() {
+        return;
+    }
+    let bed = Bed::up("j", &["--backends", "3"]);
+    // As the Kubernetes source produces them: no MACs anywhere.
+    let cfg = write_config(&bed, |t| {
+        t.lines()
+            .filter(|l| !l.starts_with("mac = "))
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n"
+    });
+    assert!(!std::fs::read_to_string(&cfg).unwrap().contains("mac = "));
+    let gw = Gateway::start(&bed, &cfg);
+    // The health checks make the kernel resolve the backends; the gateway picks them up.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let answers = loop {
+        let a = bed.requests(30);
+        if a.iter().all(Option::is_some) || Instant::now() > deadline {
+            break a;
+        }
+        sleep(Duration::from_millis(300));
+    };
+    assert!(
+        answers.iter().all(Option::is_some),
+        "requests failed:\n{}",
+        gw.log_text()
+    );
+    assert_eq!(per_backend(&answers).len(), 3);
+    drop(gw);
+}

@@ -1,0 +1,133 @@
+//! Next-hop MACs from the kernel's neighbour table.
+//!
+//! A backend configured without a MAC (every node the Kubernetes source produces, and any
+//! static backend that leaves it out) is reached at the MAC the kernel's neighbour table holds
+//! for its address on the backend-facing interface: the same ARP/ND the kernel does for its
+//! own traffic, so nothing new speaks on the wire. An address not resolved yet is probed with
+//! one UDP datagram to its discard port, which makes the kernel resolve it; the control loop
+//! rebuilds the table when the answer arrives. Until then its frames are dropped and counted
+//! (`no_next_hop`); health checks, which the kernel sends, usually resolve it first.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::process::Command;
+
+use strait_config::model::{Config, MacAddr, Role};
+
+/// The resolved entries of `iface`'s neighbour table (`ip -j neigh show dev IFACE`).
+pub fn table(iface: &str) -> HashMap<IpAddr, [u8; 6]> {
+    let Ok(out) = Command::new("ip")
+        .args(["-j", "neigh", "show", "dev", iface])
+        .output()
+    else {
+        return HashMap::new();
+    };
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| {
+            let states = n["state"].as_array().cloned().unwrap_or_default();
+            !states.iter().any(|s| s == "FAILED" || s == "INCOMPLETE")
+        })
+        .filter_map(|n| {
+            let ip: IpAddr = n["dst"].as_str()?.parse().ok()?;
+            let mac: MacAddr = n["lladdr"].as_str()?.parse().ok()?;
+            Some((ip, mac.0))
+        })
+        .collect()
+}
+
+/// The interface facing the backends (role `backend` or `both`).
+pub fn backend_iface(cfg: &Config) -> Option<String> {
+    cfg.gateway
+        .interfaces
+        .iter()
+        .find(|i| matches!(i.role, Role::Backend | Role::Both))
+        .map(|i| i.name.clone())
+}
+
+/// Fills the MAC of every backend that has none from `neighbours`; returns the next-hop
+/// addresses still unknown. The next hop is the tunnel target in the tunnel modes, else the
+/// backend's address (backends are on the gateway's segment).
+pub fn fill(cfg: &mut Config, neighbours: &HashMap<IpAddr, [u8; 6]>) -> Vec<IpAddr> {
+    let mut missing = Vec::new();
+    for s in &mut cfg.services {
+        let tunnel = s.mode.is_tunnel();
+        for b in s.backends.iter_mut().filter(|b| b.mac.is_none()) {
+            let hop = if tunnel { b.tunnel_target() } else { b.address };
+            match neighbours.get(&hop) {
+                Some(m) => b.mac = Some(MacAddr(*m)),
+                None => missing.push(hop),
+            }
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    missing
+}
+
+/// Makes the kernel resolve `addr`: one empty datagram to its discard port (9).
+pub fn probe(addr: IpAddr) {
+    let local: SocketAddr = match addr {
+        IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        IpAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    if let Ok(s) = UdpSocket::bind(local) {
+        let _ = s.send_to(&[], SocketAddr::new(addr, 9));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fills_known_macs_and_lists_the_rest() {
+        let mut cfg = strait_config::parse(
+            r#"
+[[gateway.interfaces]]
+name = "eth0"
+queues = [0]
+[[services]]
+name = "web"
+vip = "203.0.113.10"
+port = 80
+backends = [{ address = "198.51.100.11", port = 80 }, { address = "198.51.100.12", port = 80 },
+            { address = "198.51.100.13", port = 80, mac = "02:00:00:00:01:13" }]
+[[services]]
+name = "tun"
+vip = "203.0.113.11"
+port = 80
+mode = "dsr-ipip"
+backends = [{ address = "198.51.100.14", port = 80, tunnel = "198.51.100.11" }]
+"#,
+        )
+        .unwrap();
+        let known: HashMap<IpAddr, [u8; 6]> =
+            [("198.51.100.11".parse().unwrap(), [2, 0, 0, 0, 1, 0x11])].into();
+        let missing = fill(&mut cfg, &known);
+        assert_eq!(missing, vec!["198.51.100.12".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            cfg.services[0].backends[0].mac,
+            Some(MacAddr([2, 0, 0, 0, 1, 0x11]))
+        );
+        assert_eq!(
+            cfg.services[0].backends[2].mac,
+            Some(MacAddr([2, 0, 0, 0, 1, 0x13])),
+            "configured MAC kept"
+        );
+        assert_eq!(
+            cfg.services[1].backends[0].mac,
+            Some(MacAddr([2, 0, 0, 0, 1, 0x11])),
+            "tunnel target's MAC"
+        );
+        assert_eq!(backend_iface(&cfg).as_deref(), Some("eth0"));
+    }
+
+    #[test]
+    fn reads_the_loopback_neighbour_table_without_failing() {
+        // `lo` has no neighbours; the point is that the JSON path works on this kernel.
+        assert!(table("lo").is_empty());
+    }
+}
