@@ -7,7 +7,8 @@
 set -euo pipefail
 
 packages=(clang llvm libelf-dev zlib1g-dev libpcap-dev libbpf-dev pkg-config m4 iproute2 tshark python3-scapy
-          tcpdump curl iputils-arping iputils-ping ethtool procps)
+          tcpdump curl iputils-arping iputils-ping ethtool procps
+          iptables nftables)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,6 +6,7 @@
 //! strait testbed up|down [...]       namespaces, veths and HTTP backends for trying it out
 //! strait check [--config FILE]        validate a configuration (default: the built-in example)
 //! strait bench pipeline [--json]      in-memory packet pipeline, one core, per mode
+//! strait bench rule-update [--json] [--services N]   endpoint change: Strait vs iptables/nft
 //! strait bench maglev [--json]        Maglev build time, balance and disruption
 //! ```
 #![forbid(unsafe_code)]
@@ -15,9 +16,11 @@ mod backend_server;
 mod bench_control;
 mod bench_maglev;
 mod bench_pipeline;
+mod bench_rules;
 mod health;
 mod kube;
 mod neigh;
+mod peers;
 mod run;
 mod shared;
 mod status;
@@ -101,6 +104,17 @@ enum Bench {
         #[arg(long, default_value_t = 20)]
         changes: usize,
     },
+    /// Rule-update latency: one endpoint change among N services (10 endpoints each), in
+    /// Strait (build + swap) and in kube-proxy's iptables and nftables rules (restored into
+    /// throwaway namespaces). Needs root, iptables and nftables.
+    RuleUpdate {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Number of services.
+        #[arg(long, default_value_t = bench_rules::DEFAULT_SERVICES)]
+        services: usize,
+    },
     /// Maglev table build time, balance and disruption with 1,000 backends.
     Maglev {
         /// Print JSON instead of a table.
@@ -129,6 +143,9 @@ fn main() -> ExitCode {
         Command::Bench {
             what: Bench::Maglev { json },
         } => bench_maglev::run(json),
+        Command::Bench {
+            what: Bench::RuleUpdate { json, services },
+        } => bench_rules::run(json, services),
         Command::Bench {
             what:
                 Bench::Control {
