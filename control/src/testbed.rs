@@ -735,7 +735,7 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = Topology::OneArm)]
         topology: Topology,
         /// Start of every namespace name.
-        #[arg(long, default_value = "strait")]
+        #[arg(long, visible_alias = "name", default_value = "strait")]
         prefix: String,
         /// Where to write the gateway configuration (default /run/strait/PREFIX/strait.toml).
         #[arg(long)]
@@ -747,7 +747,7 @@ pub enum Command {
     /// Remove the testbed: kill its servers, delete its namespaces and /run/strait/PREFIX.
     Down {
         /// The prefix given to `up`.
-        #[arg(long, default_value = "strait")]
+        #[arg(long, visible_alias = "name", default_value = "strait")]
         prefix: String,
     },
     /// Run a backend server (started by `up` inside each backend namespace).
