@@ -16,13 +16,17 @@ use strait_config::model::{Config, MacAddr, Role};
 
 /// The resolved entries of `iface`'s neighbour table (`ip -j neigh show dev IFACE`).
 pub fn table(iface: &str) -> HashMap<IpAddr, [u8; 6]> {
-    let Ok(out) = Command::new("ip")
+    Command::new("ip")
         .args(["-j", "neigh", "show", "dev", iface])
         .output()
-    else {
-        return HashMap::new();
-    };
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        .map(|out| parse(&out.stdout))
+        .unwrap_or_default()
+}
+
+/// The resolved entries of `ip -j neigh` output: those with a link-layer address and not
+/// `FAILED` or `INCOMPLETE`.
+fn parse(json: &[u8]) -> HashMap<IpAddr, [u8; 6]> {
+    let v: serde_json::Value = serde_json::from_slice(json).unwrap_or_default();
     v.as_array()
         .into_iter()
         .flatten()
@@ -126,8 +130,20 @@ backends = [{ address = "198.51.100.14", port = 80, tunnel = "198.51.100.11" }]
     }
 
     #[test]
-    fn reads_the_loopback_neighbour_table_without_failing() {
-        // `lo` has no neighbours; the point is that the JSON path works on this kernel.
-        assert!(table("lo").is_empty());
+    fn parses_ip_neigh_json_keeping_resolved_entries_only() {
+        // `ip -j neigh show dev eth0` as iproute2 6.1 prints it.
+        let json = br#"[{"dst":"198.51.100.11","lladdr":"02:00:00:00:01:11","state":["REACHABLE"]},
+            {"dst":"198.51.100.12","lladdr":"02:00:00:00:01:12","state":["STALE"]},
+            {"dst":"198.51.100.13","state":["FAILED"]},
+            {"dst":"198.51.100.14","state":["INCOMPLETE"]},
+            {"dst":"2001:db8:b::11","lladdr":"02:00:00:00:01:11","router":null,"state":["DELAY"]}]"#;
+        let t = parse(json);
+        assert_eq!(t.len(), 3, "{t:?}");
+        assert_eq!(
+            t[&"198.51.100.12".parse::<IpAddr>().unwrap()],
+            [2, 0, 0, 0, 1, 0x12]
+        );
+        assert!(t.contains_key(&"2001:db8:b::11".parse::<IpAddr>().unwrap()));
+        assert!(parse(b"not json").is_empty());
     }
 }

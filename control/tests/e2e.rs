@@ -19,26 +19,22 @@ const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
 const VIP: &str = "203.0.113.10";
 static SERIAL: Mutex<()> = Mutex::new(());
 
+#[path = "support/privileged.rs"]
+mod gate;
+
+/// Root and the tools these tests drive (see `support/privileged.rs`).
 fn privileged() -> bool {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
-    let xdp = Path::new("/proc/sys/net/core/bpf_jit_enable").exists();
-    if root && xdp {
-        return true;
-    }
-    let why = if root {
-        "this kernel lacks BPF/XDP"
-    } else {
-        "not root"
-    };
-    assert!(
-        std::env::var("STRAIT_SKIP_PRIVILEGED").as_deref() == Ok("1"),
-        "end-to-end tests need root and XDP ({why}); set STRAIT_SKIP_PRIVILEGED=1 to skip them"
-    );
-    eprintln!("**** SKIPPED end-to-end test: {why} and STRAIT_SKIP_PRIVILEGED=1 ****");
-    false
+    gate::privileged(
+        "end-to-end",
+        &[
+            ("ip", "-V", "iproute2"),
+            ("curl", "--version", "curl"),
+            ("ping", "-V", "iputils-ping"),
+            ("tcpdump", "--version", "tcpdump"),
+            ("tshark", "--version", "tshark"),
+            ("arping", "-V", "iputils-arping"),
+        ],
+    )
 }
 
 fn client_py() -> PathBuf {

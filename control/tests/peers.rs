@@ -17,7 +17,6 @@
 mod peers;
 
 use std::collections::{BTreeSet, HashSet};
-use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::Command;
 
@@ -420,49 +419,23 @@ fn an_empty_nat_table_is_recognised() {
     assert!(!peers::nat_table_is_empty(&with_chain));
 }
 
-/// Whether the privileged tests can run; panics (or, with `STRAIT_SKIP_PRIVILEGED=1`,
-/// prints SKIPPED and returns false) when they cannot.
+#[path = "support/privileged.rs"]
+mod gate;
+
+/// Root and the tools these tests drive (see `support/privileged.rs`).
 fn privileged(test: &str) -> bool {
-    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-    });
-    let mut missing = Vec::new();
-    if !root {
-        missing.push("root (effective uid 0)".to_owned());
-    }
-    for (tool, probe, package) in [
-        ("ip", "-V", "iproute2"),
-        ("sysctl", "--version", "procps"),
-        ("iptables-restore", "--version", "iptables"),
-        ("iptables-save", "--version", "iptables"),
-        ("nft", "--version", "nftables"),
-        ("ethtool", "--version", "ethtool"),
-        ("curl", "--version", "curl"),
-    ] {
-        if !Command::new(tool)
-            .arg(probe)
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            missing.push(format!("`{tool}` (apt-get install -y {package})"));
-        }
-    }
-    if missing.is_empty() {
-        return true;
-    }
-    let what = missing.join(", ");
-    if std::env::var("STRAIT_SKIP_PRIVILEGED").as_deref() == Ok("1") {
-        let _ = writeln!(
-            std::io::stderr(),
-            "\n**** SKIPPED {test}: needs {what} (STRAIT_SKIP_PRIVILEGED=1) ****\n"
-        );
-        return false;
-    }
-    panic!(
-        "{test} is a privileged test and needs {what}; run the tests as root with those \
-         installed (scripts/deps.sh), or set STRAIT_SKIP_PRIVILEGED=1 to skip it"
-    );
+    gate::privileged(
+        test,
+        &[
+            ("ip", "-V", "iproute2"),
+            ("sysctl", "--version", "procps"),
+            ("iptables-restore", "--version", "iptables"),
+            ("iptables-save", "--version", "iptables"),
+            ("nft", "--version", "nftables"),
+            ("ethtool", "--version", "ethtool"),
+            ("curl", "--version", "curl"),
+        ],
+    )
 }
 
 /// `program args` inside `ns`; panics with the failing command when it fails.

@@ -11,7 +11,6 @@
 //! holds a guard that runs `strait testbed down` on drop, also when an assertion fails.
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -19,48 +18,21 @@ use strait_config::{Mode, Protocol};
 
 const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
 
-/// Whether the privileged tests can run here; panics (or, with
-/// `STRAIT_SKIP_PRIVILEGED=1`, prints SKIPPED and returns false) when they cannot.
+#[path = "support/privileged.rs"]
+mod gate;
+
+/// Root and the tools these tests drive (see `support/privileged.rs`).
 fn privileged(test: &str) -> bool {
-    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-    });
-    let mut missing = Vec::new();
-    if !root {
-        missing.push("root (effective uid 0)".to_owned());
-    }
-    for (tool, probe, package) in [
-        ("ip", "-V", "iproute2"),
-        ("curl", "--version", "curl"),
-        ("ethtool", "--version", "ethtool"),
-        ("sysctl", "--version", "procps"),
-        ("bash", "--version", "bash"),
-    ] {
-        if !Command::new(tool)
-            .arg(probe)
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            missing.push(format!("`{tool}` (apt-get install -y {package})"));
-        }
-    }
-    if missing.is_empty() {
-        return true;
-    }
-    let what = missing.join(", ");
-    if std::env::var("STRAIT_SKIP_PRIVILEGED").as_deref() == Ok("1") {
-        // Straight to stderr, past the test harness's capture: a skip must be seen.
-        let _ = writeln!(
-            std::io::stderr(),
-            "\n**** SKIPPED {test}: needs {what} (STRAIT_SKIP_PRIVILEGED=1) ****\n"
-        );
-        return false;
-    }
-    panic!(
-        "{test} is a privileged end-to-end test and needs {what}; run the tests as root with \
-         those installed (scripts/deps.sh), or set STRAIT_SKIP_PRIVILEGED=1 to skip it"
-    );
+    gate::privileged(
+        test,
+        &[
+            ("ip", "-V", "iproute2"),
+            ("curl", "--version", "curl"),
+            ("ethtool", "--version", "ethtool"),
+            ("sysctl", "--version", "procps"),
+            ("bash", "--version", "bash"),
+        ],
+    )
 }
 
 fn prefix(tag: &str) -> String {
