@@ -1,5 +1,7 @@
-//! Compiles the XDP steering program `bpf/steer.bpf.c` with clang into `$OUT_DIR/steer.bpf.o`,
-//! which `xsk::prog` embeds with `include_bytes!`.
+//! Compiles the XDP programs `bpf/*.bpf.c` with clang into `$OUT_DIR/*.bpf.o`, which the `xsk`
+//! module embeds with `include_bytes!`: `steer` (the gateway's steering program, `xsk::prog`),
+//! `sink` (the benchmark's counter and probe reflector, `xsk::sink`) and `redirect` (the
+//! `limit` forwarder's redirect-everything program, `xsk::l2fwd`).
 //!
 //! Needs clang (any version that targets BPF, 11 or newer) and the libbpf and kernel UAPI
 //! headers (`apt-get install clang llvm libbpf-dev linux-libc-dev`). `CLANG` names another
@@ -9,17 +11,28 @@ use std::env;
 use std::path::PathBuf;
 use std::process::Command;
 
-const SOURCE: &str = "bpf/steer.bpf.c";
+const PROGRAMS: [&str; 3] = ["steer", "sink", "redirect"];
 
 fn main() {
-    println!("cargo:rerun-if-changed={SOURCE}");
+    for name in PROGRAMS {
+        println!("cargo:rerun-if-changed=bpf/{name}.bpf.c");
+    }
     println!("cargo:rerun-if-env-changed=CLANG");
     println!("cargo:rerun-if-env-changed=STRAIT_BPF_CFLAGS");
     if env::var_os("CARGO_FEATURE_XSK").is_none() {
         return;
     }
-    let out =
-        PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("steer.bpf.o");
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    for name in PROGRAMS {
+        compile(
+            &format!("bpf/{name}.bpf.c"),
+            &out_dir.join(format!("{name}.bpf.o")),
+        );
+    }
+}
+
+/// Compiles the BPF C file `source` into the object `out`, or panics saying what is missing.
+fn compile(source: &str, out: &std::path::Path) {
     let clang = env::var("CLANG").unwrap_or_else(|_| "clang".to_owned());
     // The UAPI headers include <asm/types.h>, which Debian keeps under the multiarch triple.
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
@@ -35,19 +48,19 @@ fn main() {
     if let Ok(extra) = env::var("STRAIT_BPF_CFLAGS") {
         cmd.args(extra.split_whitespace());
     }
-    cmd.arg("-c").arg(SOURCE).arg("-o").arg(&out);
+    cmd.arg("-c").arg(source).arg("-o").arg(out);
     let status = match cmd.status() {
         Ok(s) => s,
         Err(e) => panic!(
             "\n\nstrait-dataplane: cannot run `{clang}` ({e}).\n\
-             clang compiles the XDP steering program {SOURCE}.\n\
+             clang compiles the XDP program {source}.\n\
              Install it (Debian: `apt-get install clang llvm libbpf-dev`), set CLANG to a \
              clang that targets BPF, or build without the `xsk` feature.\n"
         ),
     };
     if !status.success() {
         panic!(
-            "\n\nstrait-dataplane: `{clang}` failed ({status}) compiling {SOURCE}; see its \
+            "\n\nstrait-dataplane: `{clang}` failed ({status}) compiling {source}; see its \
              messages above.\nMissing <bpf/bpf_helpers.h> means libbpf-dev is not installed; \
              missing <asm/types.h> means the kernel UAPI headers (linux-libc-dev) are not.\n"
         );

@@ -8,6 +8,8 @@
 //! strait bench pipeline [--json]      in-memory packet pipeline, one core, per mode
 //! strait bench rule-update [--json] [--services N]   endpoint change: Strait vs iptables/nft
 //! strait bench maglev [--json]        Maglev build time, balance and disruption
+//! strait sink --iface IFACE [...]     count (and reflect probes) with an XDP program
+//! strait l2fwd --rx A --tx B --dst-mac MAC [...]   plain AF_XDP forwarder (`limit`)
 //! ```
 #![forbid(unsafe_code)]
 
@@ -19,10 +21,12 @@ mod bench_pipeline;
 mod bench_rules;
 mod health;
 mod kube;
+mod l2fwd;
 mod neigh;
 mod peers;
 mod run;
 mod shared;
+mod sink;
 mod status;
 mod testbed;
 mod vip;
@@ -77,6 +81,11 @@ enum Command {
         #[command(subcommand)]
         what: Bench,
     },
+    /// Count the frames arriving on an interface with an XDP program (and reflect latency
+    /// probes): the line-rate benchmark's receiver.
+    Sink(sink::Args),
+    /// Plain AF_XDP forwarder that only rewrites MACs: the line-rate benchmark's `limit`.
+    L2fwd(l2fwd::Args),
 }
 
 #[derive(Debug, Subcommand)]
@@ -137,6 +146,8 @@ fn main() -> ExitCode {
             &kube,
         ),
         Command::Check { config } => return check(config),
+        Command::Sink(args) => sink::run(&args),
+        Command::L2fwd(args) => l2fwd::run(&args),
         Command::Bench {
             what: Bench::Pipeline { json },
         } => bench_pipeline::run(json),

@@ -55,10 +55,13 @@
 
 #![allow(unsafe_code)]
 
+mod attach;
 mod group;
 mod handoff;
+mod l2fwd;
 mod prog;
 mod ring;
+mod sink;
 mod socket;
 pub mod testbed;
 mod umem;
@@ -68,7 +71,9 @@ use std::io;
 
 pub use group::{Accounting, GroupConfig, QueueGroup, MAX_GROUP_PORTS};
 pub use handoff::{Handoff, HandoffConfig, HandoffError, HandoffRx, HandoffTx, HANDOFF_SLOTS};
+pub use l2fwd::{L2fwd, L2fwdConfig, L2fwdStats};
 pub use prog::{AttachMode, AttachPolicy, MapSync, SteerCounters, SteerProgram};
+pub use sink::{SinkCounters, SinkProgram, PROBE_MAGIC};
 pub use socket::{interface_port, BindMode, BindPolicy, KernelStats, Port, PortConfig, RingSizes};
 pub use umem::{FRAME_COUNT, FRAME_SIZE, MAX_PACKET};
 pub use worker::{run_worker, Clock, MonotonicClock, WorkerStats, BATCH};

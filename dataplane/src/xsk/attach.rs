@@ -1,0 +1,209 @@
+//! Loading an embedded XDP object, attaching its program to one interface through netlink, and
+//! taking it off again on drop: what the sink's and the `limit` forwarder's programs share
+//! ([`super::sink`], [`super::l2fwd`]). The same protocol as [`super::SteerProgram`]: a
+//! program left on the interface by an earlier run (netlink-attached programs outlive a
+//! crashed process) is removed first, and [`Drop`] detaches ours only if it is still the one
+//! on the interface.
+
+use std::os::fd::AsFd;
+
+use libbpf_rs::{MapCore, MapHandle, Object, ObjectBuilder, Xdp, XdpFlags};
+
+use super::{ifindex, AttachMode, AttachPolicy, XskError};
+
+/// An XDP program loaded from an embedded object, attached to one interface.
+#[derive(Debug)]
+pub(crate) struct XdpProgram {
+    obj: Object,
+    program: &'static str,
+    iface: String,
+    ifindex: i32,
+    prog_id: u32,
+    /// `None` until [`Self::attach`] succeeds.
+    mode: Option<AttachMode>,
+    replaced: Vec<u32>,
+}
+
+impl XdpProgram {
+    /// Loads `object` (an ELF file, 8-byte aligned) into the kernel for interface `iface` (looked
+    /// up in the calling thread's network namespace). Nothing is attached yet: set up the maps
+    /// ([`Self::map`]), then [`Self::attach`].
+    ///
+    /// # Errors
+    /// [`XskError::NoInterface`]; [`XskError::Bpf`] when opening or loading fails (the
+    /// verifier's log is on stderr) or the object has no program `program`.
+    pub(crate) fn load(
+        object: &[u8],
+        program: &'static str,
+        iface: &str,
+    ) -> Result<Self, XskError> {
+        let ifindex = ifindex(iface)? as i32;
+        let bpf = |call: &'static str| {
+            move |source| XskError::Bpf {
+                iface: iface.to_owned(),
+                call,
+                source,
+            }
+        };
+        let obj = ObjectBuilder::default()
+            .open_memory(object)
+            .map_err(bpf("bpf_object__open_mem"))?
+            .load()
+            .map_err(bpf("bpf_object__load"))?;
+        let prog_id = {
+            let prog = obj
+                .progs()
+                .find(|p| p.name() == program)
+                .ok_or_else(|| XskError::Bpf {
+                    iface: iface.to_owned(),
+                    call: "find program",
+                    source: std::io::Error::new(std::io::ErrorKind::NotFound, program).into(),
+                })?;
+            libbpf_rs::Program::id_from_fd(prog.as_fd()).map_err(bpf("prog id"))?
+        };
+        Ok(Self {
+            obj,
+            program,
+            iface: iface.to_owned(),
+            ifindex,
+            prog_id,
+            mode: None,
+            replaced: Vec::new(),
+        })
+    }
+
+    /// A handle on the object's map `name`.
+    ///
+    /// # Errors
+    /// [`XskError::Bpf`] when the object has no such map or its descriptor cannot be
+    /// duplicated.
+    pub(crate) fn map(&self, name: &'static str) -> Result<MapHandle, XskError> {
+        let m = self
+            .obj
+            .maps()
+            .find(|m| m.name() == name)
+            .ok_or_else(|| XskError::Bpf {
+                iface: self.iface.clone(),
+                call: "find map",
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, name).into(),
+            })?;
+        MapHandle::try_from(&m).map_err(|source| XskError::Bpf {
+            iface: self.iface.clone(),
+            call: "dup map fd",
+            source,
+        })
+    }
+
+    /// Removes whatever XDP program is on the interface (in either mode) and attaches ours as
+    /// `policy` allows.
+    ///
+    /// # Errors
+    /// [`XskError::Bpf`] when querying the interface or detaching the stale program fails;
+    /// [`XskError::Attach`] when no allowed mode attaches.
+    pub(crate) fn attach(&mut self, policy: AttachPolicy) -> Result<AttachMode, XskError> {
+        let iface = self.iface.as_str();
+        let bpf = |call: &'static str| {
+            move |source| XskError::Bpf {
+                iface: iface.to_owned(),
+                call,
+                source,
+            }
+        };
+        let prog = self
+            .obj
+            .progs()
+            .find(|p| p.name() == self.program)
+            .ok_or_else(|| XskError::Bpf {
+                iface: iface.to_owned(),
+                call: "find program",
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, self.program).into(),
+            })?;
+        let xdp = Xdp::new(prog.as_fd());
+        let q = xdp
+            .query(self.ifindex, XdpFlags::NONE)
+            .map_err(bpf("bpf_xdp_query"))?;
+        for (id, flags) in [
+            (q.drv_prog_id, XdpFlags::DRV_MODE),
+            (q.skb_prog_id, XdpFlags::SKB_MODE),
+        ] {
+            if id != 0 {
+                xdp.detach(self.ifindex, flags)
+                    .map_err(bpf("bpf_xdp_detach (stale program)"))?;
+                self.replaced.push(id);
+            }
+        }
+        let try_mode = |flags: XdpFlags| {
+            xdp.attach(self.ifindex, flags | XdpFlags::UPDATE_IF_NOEXIST)
+                .map_err(|e| e.to_string())
+        };
+        let not_tried = || "not tried".to_owned();
+        let native = match policy {
+            AttachPolicy::GenericOnly => Err(not_tried()),
+            _ => try_mode(XdpFlags::DRV_MODE),
+        };
+        let mode = match native {
+            Ok(()) => AttachMode::Native,
+            Err(native) if policy == AttachPolicy::NativeOnly => {
+                return Err(XskError::Attach {
+                    iface: iface.to_owned(),
+                    native,
+                    generic: not_tried(),
+                })
+            }
+            Err(native) => match try_mode(XdpFlags::SKB_MODE) {
+                Ok(()) => AttachMode::Generic,
+                Err(generic) => {
+                    return Err(XskError::Attach {
+                        iface: iface.to_owned(),
+                        native,
+                        generic,
+                    })
+                }
+            },
+        };
+        self.mode = Some(mode);
+        Ok(mode)
+    }
+
+    /// The mode the program is attached in (`None` before [`Self::attach`]).
+    pub(crate) fn mode(&self) -> Option<AttachMode> {
+        self.mode
+    }
+
+    /// Ids of the programs found on the interface and removed by [`Self::attach`].
+    pub(crate) fn replaced(&self) -> &[u32] {
+        &self.replaced
+    }
+
+    /// The kernel's id of our program.
+    pub(crate) fn id(&self) -> u32 {
+        self.prog_id
+    }
+
+    /// The interface name.
+    pub(crate) fn iface(&self) -> &str {
+        &self.iface
+    }
+}
+
+impl Drop for XdpProgram {
+    fn drop(&mut self) {
+        if self.mode.is_none() {
+            return;
+        }
+        let Some(prog) = self.obj.progs().find(|p| p.name() == self.program) else {
+            return;
+        };
+        let xdp = Xdp::new(prog.as_fd());
+        // Only our own program comes off; the interface may be gone already (its namespace
+        // deleted), which needs nothing.
+        if let Ok(q) = xdp.query(self.ifindex, XdpFlags::NONE) {
+            if q.drv_prog_id == self.prog_id {
+                let _ = xdp.detach(self.ifindex, XdpFlags::DRV_MODE);
+            }
+            if q.skb_prog_id == self.prog_id {
+                let _ = xdp.detach(self.ifindex, XdpFlags::SKB_MODE);
+            }
+        }
+    }
+}

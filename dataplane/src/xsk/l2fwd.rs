@@ -1,0 +1,310 @@
+//! The `limit` system of the line-rate benchmark (`strait l2fwd`): a plain AF_XDP forwarder
+//! that receives on one interface, rewrites the Ethernet addresses and sends on another. No
+//! parsing, no table, no flow state: the most any AF_XDP forwarder on this path can do, and so
+//! the yardstick the gateway is measured against.
+//!
+//! ```text
+//!   RX iface: strait_redirect (bpf/redirect.bpf.c): IPv4 TCP/UDP ─► xsks[queue], rest XDP_PASS
+//!             │
+//!   one QueueGroup (shared UMEM): socket 0 on RX iface ─► batch ─► dst/src MAC ─► socket 1 TX
+//!                                                                                on TX iface
+//! ```
+//!
+//! The loop keeps [`super::run_worker`]'s ring discipline: reap completions, refill, read up to
+//! [`super::BATCH`] frames, rewrite them in place, stage them on the TX socket, publish, and
+//! make a syscall only when the kernel set `XDP_RING_NEED_WAKEUP` on a ring (always on a TX
+//! ring in copy mode, which sends a bounded number of frames per `sendto`), or to sleep in
+//! `poll(2)` after [`IDLE_SPINS`] empty turns. Nothing in the loop allocates. A frame the TX
+//! ring has no room for is dropped and counted.
+
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use libbpf_rs::{MapCore, MapFlags};
+
+use super::attach::XdpProgram;
+use super::group::{GroupConfig, QueueGroup};
+use super::socket::{interface_port, BindMode, BindPolicy, PortConfig};
+use super::umem::Held;
+use super::worker::{IDLE_POLL_MS, IDLE_SPINS, PUBLISH_EVERY};
+use super::{AttachMode, AttachPolicy, XskError, BATCH};
+use crate::rewrite::Frame;
+
+/// The compiled program, 8-byte aligned for libelf.
+#[repr(C, align(8))]
+struct Aligned<T: ?Sized>(T);
+
+static OBJECT: &Aligned<[u8]> =
+    &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/redirect.bpf.o")));
+
+/// Name of the XDP function in `redirect.bpf.c`.
+const PROGRAM: &str = "strait_redirect";
+
+/// [`BATCH`] as an array length.
+const B: usize = BATCH as usize;
+
+/// The group's socket on the RX interface.
+const RX: usize = 0;
+/// The group's socket on the TX interface.
+const TX: usize = 1;
+
+/// Shortest frame forwarded: an Ethernet header.
+const ETH_HLEN: usize = 14;
+
+/// Longest the forwarder waits, once stopped, for frames on the TX ring to complete.
+const DRAIN: Duration = Duration::from_millis(200);
+
+/// What [`L2fwd::open`] sets up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct L2fwdConfig {
+    /// Interface frames arrive on (the redirect program goes here).
+    pub rx: String,
+    /// Interface frames leave from; its MAC becomes the source MAC.
+    pub tx: String,
+    /// Queue index, the same on both interfaces.
+    pub queue: u32,
+    /// Destination MAC written into every frame.
+    pub dst_mac: [u8; 6],
+    /// Zero-copy or copy (veth has copy only).
+    pub bind: BindPolicy,
+    /// Attach modes for the redirect program.
+    pub attach: AttachPolicy,
+}
+
+impl L2fwdConfig {
+    /// Queue `queue` from `rx` to `tx`, rewriting the destination to `dst_mac`; zero-copy
+    /// falling back to copy, native XDP falling back to generic.
+    pub fn new(rx: &str, tx: &str, queue: u32, dst_mac: [u8; 6]) -> Self {
+        Self {
+            rx: rx.to_owned(),
+            tx: tx.to_owned(),
+            queue,
+            dst_mac,
+            bind: BindPolicy::default(),
+            attach: AttachPolicy::default(),
+        }
+    }
+}
+
+/// What the forwarder did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct L2fwdStats {
+    /// Frames read from the RX ring.
+    pub rx: u64,
+    /// Frames put on the TX ring.
+    pub tx: u64,
+    /// Frames the kernel reported sent (completion ring): the forwarded count.
+    pub forwarded: u64,
+    /// Frames dropped because the TX ring was full.
+    pub tx_ring_full: u64,
+    /// Frames shorter than an Ethernet header, dropped.
+    pub runts: u64,
+    /// RX descriptors outside the UMEM or naming a frame not on a fill ring (a kernel bug if
+    /// ever non-zero).
+    pub invalid_rx: u64,
+    /// RX batches forwarded.
+    pub batches: u64,
+    /// `sendto` kicks made because the kernel asked for them.
+    pub tx_kicks: u64,
+    /// `recvfrom` kicks made because the driver asked for fill-ring wakeups.
+    pub fill_kicks: u64,
+    /// Sleeps in `poll(2)` after [`IDLE_SPINS`] empty turns.
+    pub idle_polls: u64,
+}
+
+/// The forwarder: its redirect program on the RX interface and one queue group over both
+/// interfaces. Not `Send` (the libbpf object): open it on the thread that runs it.
+///
+/// Field order is drop order: the program comes off the interface before the sockets close.
+#[derive(Debug)]
+pub struct L2fwd {
+    prog: XdpProgram,
+    group: QueueGroup,
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+}
+
+impl L2fwd {
+    /// Opens the queue group (a socket on each interface, one UMEM), loads the redirect
+    /// program, puts the RX socket into its XSKMAP at `cfg.queue` and attaches it to `cfg.rx`
+    /// (replacing a program an earlier run left there). Interfaces are looked up in the
+    /// calling thread's network namespace.
+    ///
+    /// # Errors
+    /// [`XskError::Config`] when `rx` and `tx` are the same interface; otherwise as
+    /// [`QueueGroup::open`], [`interface_port`] and the program's load/attach.
+    pub fn open(cfg: &L2fwdConfig) -> Result<Self, XskError> {
+        if cfg.rx == cfg.tx {
+            return Err(XskError::Config(format!(
+                "l2fwd needs two interfaces, got {} for both RX and TX",
+                cfg.rx
+            )));
+        }
+        let src_mac = interface_port(&cfg.tx)?.mac;
+        let group = QueueGroup::open(&GroupConfig {
+            bind: cfg.bind,
+            ..GroupConfig::new(
+                cfg.queue,
+                vec![PortConfig::new(&cfg.rx, 0), PortConfig::new(&cfg.tx, 1)],
+            )
+        })?;
+        let mut prog = XdpProgram::load(&OBJECT.0, PROGRAM, &cfg.rx)?;
+        let xsks = prog.map("xsks")?;
+        let fd = group.ports()[RX].as_fd().as_raw_fd() as u32;
+        xsks.update(&cfg.queue.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|source| XskError::Bpf {
+                iface: cfg.rx.clone(),
+                call: "update xsks",
+                source,
+            })?;
+        prog.attach(cfg.attach)?;
+        Ok(Self {
+            prog,
+            group,
+            src_mac,
+            dst_mac: cfg.dst_mac,
+        })
+    }
+
+    /// The mode the sockets are bound in.
+    pub fn bind_mode(&self) -> BindMode {
+        self.group.bind_mode()
+    }
+
+    /// The mode the redirect program is attached in.
+    pub fn attach_mode(&self) -> AttachMode {
+        self.prog.mode().unwrap_or(AttachMode::Native)
+    }
+
+    /// The source MAC written into every frame (the TX interface's).
+    pub fn src_mac(&self) -> [u8; 6] {
+        self.src_mac
+    }
+
+    /// The queue group, for its accounting and kernel statistics.
+    pub fn group(&self) -> &QueueGroup {
+        &self.group
+    }
+
+    /// Forwards until `stop` is set, then waits (at most 200 ms) for the frames on the TX ring
+    /// to complete, and returns the statistics. `publish` sees them when the loop turns idle
+    /// and every [`PUBLISH_EVERY`] batches while busy, to copy them where a reporter reads.
+    ///
+    /// # Errors
+    /// [`XskError::Io`] when a `sendto`, `recvfrom` or `poll` fails in a way retrying cannot
+    /// fix.
+    pub fn run<P: FnMut(&L2fwdStats)>(
+        &mut self,
+        stop: &AtomicBool,
+        mut publish: P,
+    ) -> Result<L2fwdStats, XskError> {
+        let mut st = L2fwdStats::default();
+        let mut held = [Held::default(); B];
+        let mut idle = 0u32;
+        let group = &mut self.group;
+        while !stop.load(Ordering::Relaxed) {
+            st.forwarded += group.reap_completions() as u64;
+            group.refill();
+            if !group.rx_ready() {
+                st.tx_kicks += group.flush_tx()? as u64;
+                st.fill_kicks += group.wake_fill()? as u64;
+                idle += 1;
+                if idle == 1 {
+                    publish(&st);
+                }
+                if idle >= IDLE_SPINS {
+                    idle = 0;
+                    st.idle_polls += 1;
+                    group.wait_rx(IDLE_POLL_MS)?;
+                }
+                continue;
+            }
+            idle = 0;
+            let (n, invalid) = group.read_rx(RX, &mut held);
+            st.invalid_rx += invalid as u64;
+            if n > 0 {
+                st.rx += n as u64;
+                st.batches += 1;
+                forward_batch(group, &held[..n], self.dst_mac, self.src_mac, &mut st);
+                if st.batches % PUBLISH_EVERY == 0 {
+                    publish(&st);
+                }
+            }
+            st.tx_kicks += group.flush_tx()? as u64;
+        }
+        let deadline = Instant::now() + DRAIN;
+        while st.forwarded < st.tx && Instant::now() < deadline {
+            st.tx_kicks += group.flush_tx()? as u64;
+            st.forwarded += group.reap_completions() as u64;
+            std::hint::spin_loop();
+        }
+        publish(&st);
+        Ok(st)
+    }
+}
+
+/// Rewrites the Ethernet addresses of the held frames `batch` and stages them on the TX
+/// socket; runts and frames the TX ring has no room for go back to the free list.
+#[inline]
+fn forward_batch(
+    group: &mut QueueGroup,
+    batch: &[Held],
+    dst: [u8; 6],
+    src: [u8; 6],
+    st: &mut L2fwdStats,
+) {
+    let n = batch.len();
+    debug_assert!(n <= B);
+    let mut ok = [false; B];
+    {
+        // Placeholders over an empty buffer (no allocation); `lend` replaces the first `n`.
+        let mut frames: [Frame<'_>; B] = std::array::from_fn(|_| Frame::new(&mut [], 0, 0));
+        group.lend(batch, &mut frames[..n]);
+        for (f, ok) in frames[..n].iter_mut().zip(&mut ok) {
+            let d = f.data_mut();
+            if d.len() >= ETH_HLEN {
+                d[..6].copy_from_slice(&dst);
+                d[6..12].copy_from_slice(&src);
+                *ok = true;
+            }
+        }
+    }
+    for (h, ok) in batch.iter().zip(&ok[..n]) {
+        if !ok {
+            st.runts += 1;
+        } else if group.stage_tx(TX, h) {
+            continue;
+        } else {
+            st.tx_ring_full += 1;
+        }
+        group.recycle(h);
+    }
+    st.tx += group.submit_tx() as u64;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_is_embedded() {
+        assert_eq!(&OBJECT.0[..4], b"\x7fELF");
+        assert_eq!(OBJECT.0.as_ptr() as usize % 8, 0);
+    }
+
+    #[test]
+    fn one_interface_for_both_directions_is_refused() {
+        let e = L2fwd::open(&L2fwdConfig::new("strait-nope0", "strait-nope0", 0, [2; 6]))
+            .expect_err("same interface");
+        assert!(matches!(e, XskError::Config(_)), "{e:?}");
+        assert!(e.to_string().contains("strait-nope0"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_interface_is_named() {
+        let e = L2fwd::open(&L2fwdConfig::new("strait-nope0", "strait-nope1", 0, [2; 6]))
+            .expect_err("no such interface");
+        assert!(e.to_string().contains("strait-nope1"), "{e}");
+    }
+}
