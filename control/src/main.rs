@@ -8,6 +8,7 @@
 //! strait bench pipeline [--json]      in-memory packet pipeline, one core, per mode
 //! strait bench rule-update [--json] [--services N]   endpoint change: Strait vs iptables/nft
 //! strait bench maglev [--json]        Maglev build time, balance and disruption
+//! strait gen --iface IF --dst-mac MAC --to VIP:PORT [...]   AF_XDP traffic generator
 //! strait sink --iface IFACE [...]     count (and reflect probes) with an XDP program
 //! strait l2fwd --rx A --tx B --dst-mac MAC [...]   plain AF_XDP forwarder (`limit`)
 //! ```
@@ -19,6 +20,7 @@ mod bench_control;
 mod bench_maglev;
 mod bench_pipeline;
 mod bench_rules;
+mod gen;
 mod health;
 mod kube;
 mod l2fwd;
@@ -76,6 +78,9 @@ enum Command {
         #[command(subcommand)]
         what: testbed::Command,
     },
+    /// AF_XDP traffic generator: UDP, TCP SYN or established TCP to VIPs, N flows or every
+    /// packet a new one, at a rate or as fast as possible, with latency probes.
+    Gen(Box<gen::Args>),
     /// Measure parts of the gateway on this machine.
     Bench {
         #[command(subcommand)]
@@ -140,6 +145,7 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Status { admin } => status::run(admin),
+        Command::Gen(args) => gen::run(&args),
         Command::Testbed { what } => testbed::run_command(what),
         Command::Run { config, kube } => run::run(
             config.map_or(run::Source::Builtin, run::Source::File),

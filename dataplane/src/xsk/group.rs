@@ -367,6 +367,21 @@ impl QueueGroup {
         self.umem.copy_in(ingress, packet)
     }
 
+    /// Takes a frame off the free list for user space to write and send (a generator's TX
+    /// frame), with its packet at `head`, `len` bytes; `None` when no frame is free.
+    #[inline]
+    pub(crate) fn take_free(&mut self, head: u32, len: u32) -> Option<Held> {
+        let addr = self.umem.pop_free()?;
+        let idx = (addr / super::FRAME_SIZE as u64) as u32;
+        self.umem.hand_over(idx, Owner::Free, Owner::Worker);
+        Some(Held {
+            idx,
+            head,
+            len,
+            ingress: 0,
+        })
+    }
+
     /// Returns a held frame to the free list.
     #[inline]
     pub(crate) fn recycle(&mut self, h: &Held) {

@@ -64,6 +64,7 @@ mod ring;
 mod sink;
 mod socket;
 pub mod testbed;
+mod tx;
 mod umem;
 pub mod worker;
 
@@ -73,8 +74,12 @@ pub use group::{Accounting, GroupConfig, QueueGroup, MAX_GROUP_PORTS};
 pub use handoff::{Handoff, HandoffConfig, HandoffError, HandoffRx, HandoffTx, HANDOFF_SLOTS};
 pub use l2fwd::{L2fwd, L2fwdConfig, L2fwdStats};
 pub use prog::{AttachMode, AttachPolicy, MapSync, SteerCounters, SteerProgram};
-pub use sink::{SinkCounters, SinkProgram, PROBE_MAGIC};
+pub use sink::{SinkCounters, SinkProgram};
 pub use socket::{interface_port, BindMode, BindPolicy, KernelStats, Port, PortConfig, RingSizes};
+pub use tx::{
+    monotonic_ns, Flows, GenConfig, GenCounters, GenStats, ProbeConfig, Traffic, TxGen, MIN_FRAME,
+    PROBE_FRAME, PROBE_MAGIC, PROBE_PAYLOAD,
+};
 pub use umem::{FRAME_COUNT, FRAME_SIZE, MAX_PACKET};
 pub use worker::{run_worker, Clock, MonotonicClock, WorkerStats, BATCH};
 

@@ -26,9 +26,6 @@ static OBJECT: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(env!("OUT_DIR")
 /// Name of the XDP function in `sink.bpf.c`.
 const PROGRAM: &str = "strait_sink";
 
-/// The payload prefix that marks a latency probe.
-pub const PROBE_MAGIC: &[u8; 8] = b"STRAITPR";
-
 /// The sink's counters, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SinkCounters {
