@@ -23,6 +23,10 @@ const PYTHON: &str = "/usr/bin/python3";
 const GEN_MAC: &str = "02:00:00:00:0a:01";
 const PEER_MAC: &str = "02:00:00:00:0a:fe";
 
+/// Traffic tests count exact packets and rates: one at a time, so they do not starve each
+/// other of the two cores.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[path = "support/privileged.rs"]
 mod gate;
 
@@ -288,6 +292,7 @@ fn udp_new_flows_every_packet_a_new_tuple_with_valid_checksums() {
     if !privileged("udp_new_flows_every_packet_a_new_tuple_with_valid_checksums") {
         return;
     }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let pair = Pair::new("u");
     let mut summary = Value::Null;
     let cap = pair.capture(|| {
@@ -328,6 +333,7 @@ fn established_tcp_flows_cycle_exactly_n_with_advancing_sequence_numbers() {
     if !privileged("established_tcp_flows_cycle_exactly_n_with_advancing_sequence_numbers") {
         return;
     }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let pair = Pair::new("t");
     let mut summary = Value::Null;
     let cap = pair.capture(|| {
@@ -378,6 +384,7 @@ fn syn_traffic_minimum_frames() {
     if !privileged("syn_traffic_minimum_frames") {
         return;
     }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let pair = Pair::new("s");
     let cap = pair.capture(|| {
         let (_, v) = pair.gen(&[
@@ -450,6 +457,7 @@ fn latency_probes_are_reflected_and_measured_under_load() {
     if !privileged("latency_probes_are_reflected_and_measured_under_load") {
         return;
     }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let pair = Pair::new("l");
     // The VIP is local in the peer namespace; replies go back over the veth to 192.0.2.1.
     sh(&[
@@ -507,6 +515,7 @@ fn sigterm_ends_the_run_with_the_summary() {
     if !privileged("sigterm_ends_the_run_with_the_summary") {
         return;
     }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let pair = Pair::new("k");
     let child = pair
         .gen_cmd(&["--to", "203.0.113.1:1000", "--rate", "1000"])
