@@ -105,6 +105,30 @@ struct State {
     events: Vec<Value>,
     requests: Vec<String>,
     watching: BTreeMap<Res, usize>,
+    /// Set by [`FakeApi::authorize`]: the bearer token and the rules it is granted.
+    auth: Option<(String, Vec<Rule>)>,
+    /// Requests refused with 401 or 403, as `METHOD path?query: why`.
+    denied: Vec<String>,
+    /// Next node port handed out by [`FakeApi::create`] (the API server's 30000-32767).
+    node_port: u16,
+    /// Next cluster IP handed out by [`FakeApi::create`].
+    cluster_ip: u8,
+}
+
+/// One rule of a ClusterRole: `apiGroups`, `resources` (`services/status` for a
+/// subresource), `verbs`; `*` matches anything.
+#[derive(Debug, Clone)]
+struct Rule {
+    groups: Vec<String>,
+    resources: Vec<String>,
+    verbs: Vec<String>,
+}
+
+impl Rule {
+    fn allows(&self, group: &str, resource: &str, verb: &str) -> bool {
+        let any = |v: &[String], x: &str| v.iter().any(|e| e == "*" || e == x);
+        any(&self.groups, group) && any(&self.resources, resource) && any(&self.verbs, verb)
+    }
 }
 
 #[derive(Debug)]
@@ -140,6 +164,22 @@ impl FakeApi {
     /// # Panics
     /// When no port can be bound or the runtime cannot start.
     pub fn start() -> Self {
+        Self::start_in(None)
+    }
+
+    /// Starts a server on a free port of 127.0.0.1 of network namespace `netns` (a name
+    /// under `/run/netns`, as `ip netns` makes them): the server's thread enters the
+    /// namespace before it binds, so a gateway in that namespace reaches the server on its
+    /// own loopback, and nothing of the server is reachable from anywhere else. Needs root.
+    ///
+    /// # Panics
+    /// When the namespace cannot be entered, no port can be bound or the runtime cannot
+    /// start.
+    pub fn start_in_netns(netns: &str) -> Self {
+        Self::start_in(Some(Path::new("/run/netns").join(netns)))
+    }
+
+    fn start_in(netns: Option<PathBuf>) -> Self {
         let (changed, _) = tokio::sync::watch::channel(0);
         let (up, _) = tokio::sync::watch::channel(true);
         let shared = Arc::new(Shared {
@@ -150,19 +190,52 @@ impl FakeApi {
             changed,
             up,
         });
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("fake API runtime");
-        let first = rt
-            .block_on(bind(None))
-            .expect("fake API: binding 127.0.0.1");
-        let addr = first.local_addr().expect("fake API address");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (ready, bound) = std::sync::mpsc::channel::<Result<SocketAddr, String>>();
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("fake-api".into())
             .spawn(move || {
+                // setns(CLONE_NEWNET) moves this thread only; every socket it opens from
+                // here on (the listener, and the listener again after `set_down`) lives
+                // in that namespace.
+                if let Some(path) = &netns {
+                    let entered = std::fs::File::open(path)
+                        .map_err(|e| format!("opening {}: {e}", path.display()))
+                        .and_then(|f| {
+                            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+                                .map_err(|e| format!("setns into {}: {e}", path.display()))
+                        });
+                    if let Err(e) = entered {
+                        let _ = ready.send(Err(e));
+                        return;
+                    }
+                }
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready.send(Err(format!("fake API runtime: {e}")));
+                        return;
+                    }
+                };
+                let first = match rt.block_on(bind(None)) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = ready.send(Err(format!("fake API: binding 127.0.0.1: {e}")));
+                        return;
+                    }
+                };
+                let addr = match first.local_addr() {
+                    Ok(a) => a,
+                    Err(e) => {
+                        let _ = ready.send(Err(format!("fake API address: {e}")));
+                        return;
+                    }
+                };
+                let _ = ready.send(Ok(addr));
                 rt.block_on(async move {
                     tokio::select! {
                         _ = serve(s, addr, Some(first)) => {}
@@ -172,6 +245,10 @@ impl FakeApi {
                 rt.shutdown_timeout(Duration::from_secs(1));
             })
             .expect("fake API thread");
+        let addr = bound
+            .recv()
+            .unwrap_or_else(|_| Err("the fake API thread died".to_owned()))
+            .unwrap_or_else(|e| panic!("{e}"));
         Self {
             shared,
             addr,
@@ -322,6 +399,115 @@ impl FakeApi {
     pub fn resource_version(&self) -> u64 {
         self.shared.lock().rv
     }
+
+    /// Creates an object as the real API server does on `kubectl apply` of a manifest:
+    /// a Service first gets the fields the server defaults and allocates (`clusterIP`,
+    /// `ipFamilies` / `ipFamilyPolicy`, `sessionAffinity`, port `protocol` and
+    /// `targetPort`, `nodePort`s for NodePort and LoadBalancer Services,
+    /// `externalTrafficPolicy` and, under `Local`, a `healthCheckNodePort`), then it is
+    /// stored as by [`FakeApi::apply`]. Other kinds are stored as they are.
+    ///
+    /// # Panics
+    /// As [`FakeApi::apply`].
+    pub fn create(&self, mut obj: Value) {
+        if obj["kind"] == "Service" {
+            let mut st = self.shared.lock();
+            default_service(&mut st, &mut obj);
+        }
+        self.apply(obj);
+    }
+
+    /// From now on every request must carry `Authorization: Bearer {token}` (else 401)
+    /// and be allowed by one of `cluster_role`'s rules (else 403), as the API server's
+    /// RBAC authorizer decides for a ServiceAccount bound to that ClusterRole. `GET
+    /// /version` stays open, as for `system:public-info-viewer`.
+    ///
+    /// # Panics
+    /// When `cluster_role` has no `rules` array.
+    pub fn authorize(&self, token: &str, cluster_role: &Value) {
+        let strings = |v: &Value| -> Vec<String> {
+            v.as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|s| s.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let rules = cluster_role["rules"]
+            .as_array()
+            .expect("a ClusterRole with rules")
+            .iter()
+            .map(|r| Rule {
+                groups: strings(&r["apiGroups"]),
+                resources: strings(&r["resources"]),
+                verbs: strings(&r["verbs"]),
+            })
+            .collect();
+        self.shared.lock().auth = Some((token.to_owned(), rules));
+    }
+
+    /// Requests refused so far (401 or 403), as `METHOD path?query: why`.
+    pub fn denied(&self) -> Vec<String> {
+        self.shared.lock().denied.clone()
+    }
+}
+
+/// The API server's defaulting and allocation for a Service being created.
+fn default_service(st: &mut State, obj: &mut Value) {
+    if st.node_port == 0 {
+        st.node_port = 30000;
+    }
+    let spec = &mut obj["spec"];
+    let ty = spec["type"].as_str().unwrap_or("ClusterIP").to_owned();
+    spec["type"] = json!(ty);
+    if ty == "ExternalName" {
+        return;
+    }
+    if spec["clusterIP"].is_null() {
+        st.cluster_ip = st.cluster_ip.wrapping_add(1).max(1);
+        // Never routed anywhere in the tests; from the documentation range all the same.
+        spec["clusterIP"] = json!(format!("192.0.2.{}", 128 + st.cluster_ip % 120));
+        spec["clusterIPs"] = json!([spec["clusterIP"].clone()]);
+    }
+    if spec["ipFamilies"].is_null() {
+        spec["ipFamilies"] = json!(["IPv4"]);
+    }
+    if spec["ipFamilyPolicy"].is_null() {
+        spec["ipFamilyPolicy"] = json!("SingleStack");
+    }
+    if spec["sessionAffinity"].is_null() {
+        spec["sessionAffinity"] = json!("None");
+    }
+    let external = ty == "NodePort" || ty == "LoadBalancer";
+    let node_ports =
+        ty == "NodePort" || spec["allocateLoadBalancerNodePorts"].as_bool() != Some(false);
+    if let Some(ports) = spec["ports"].as_array_mut() {
+        for p in ports {
+            if p["protocol"].is_null() {
+                p["protocol"] = json!("TCP");
+            }
+            if p["targetPort"].is_null() {
+                p["targetPort"] = p["port"].clone();
+            }
+            if external && node_ports && p["nodePort"].is_null() {
+                p["nodePort"] = json!(st.node_port);
+                st.node_port += 1;
+            }
+        }
+    }
+    if external {
+        if spec["externalTrafficPolicy"].is_null() {
+            spec["externalTrafficPolicy"] = json!("Cluster");
+        }
+        if ty == "LoadBalancer"
+            && spec["externalTrafficPolicy"] == "Local"
+            && spec["healthCheckNodePort"].is_null()
+        {
+            spec["healthCheckNodePort"] = json!(st.node_port);
+            st.node_port += 1;
+        }
+    }
 }
 
 impl Drop for FakeApi {
@@ -395,6 +581,7 @@ struct Request {
     path: String,
     query: BTreeMap<String, String>,
     body: Vec<u8>,
+    authorization: Option<String>,
 }
 
 enum Answer {
@@ -414,6 +601,7 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream) -> io::Result<()> {
         let method = parts.next().unwrap_or("").to_owned();
         let target = parts.next().unwrap_or("").to_owned();
         let mut length = 0usize;
+        let mut authorization = None;
         loop {
             let mut h = String::new();
             if rd.read_line(&mut h).await? == 0 {
@@ -426,6 +614,8 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream) -> io::Result<()> {
             if let Some((k, v)) = h.split_once(':') {
                 if k.trim().eq_ignore_ascii_case("content-length") {
                     length = v.trim().parse().unwrap_or(0);
+                } else if k.trim().eq_ignore_ascii_case("authorization") {
+                    authorization = Some(v.trim().to_owned());
                 }
             }
         }
@@ -441,8 +631,13 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream) -> io::Result<()> {
             path,
             query,
             body,
+            authorization,
         };
-        match route(&shared, &req) {
+        let answer = match check_access(&shared, &req) {
+            Some(refused) => refused,
+            None => route(&shared, &req),
+        };
+        match answer {
             Answer::Json(code, v) => {
                 let text = v.to_string();
                 let head = format!(
@@ -530,6 +725,8 @@ fn reason(code: u16) -> &'static str {
     match code {
         200 => "OK",
         201 => "Created",
+        401 => "Unauthorized",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         410 => "Gone",
@@ -575,6 +772,79 @@ fn resource_path(path: &str) -> Option<(Res, Option<String>, Vec<String>)> {
     };
     seg.remove(0);
     Some((res, ns, seg))
+}
+
+/// (API group, resource or `resource/subresource`, verb) of a request, as RBAC sees it.
+fn attributes(req: &Request) -> Option<(String, String, &'static str)> {
+    let m = req.method.as_str();
+    let verb_of = |collection: bool| match m {
+        "GET" if collection
+            && matches!(
+                req.query.get("watch").map(String::as_str),
+                Some("1" | "true")
+            ) =>
+        {
+            Some("watch")
+        }
+        "GET" if collection => Some("list"),
+        "GET" => Some("get"),
+        "POST" => Some("create"),
+        "PUT" => Some("update"),
+        "PATCH" => Some("patch"),
+        "DELETE" => Some("delete"),
+        _ => None,
+    };
+    if events_path(&req.path).is_some() {
+        let group = if req.path.starts_with("/apis/events.k8s.io/") {
+            "events.k8s.io"
+        } else {
+            ""
+        };
+        let collection = req.path.ends_with("/events");
+        return Some((group.to_owned(), "events".to_owned(), verb_of(collection)?));
+    }
+    let (res, _, rest) = resource_path(&req.path)?;
+    let group = if res == Res::EndpointSlices {
+        "discovery.k8s.io"
+    } else {
+        ""
+    };
+    let resource = match rest.as_slice() {
+        [_, sub] => format!("{}/{sub}", res.plural()),
+        _ => res.plural().to_owned(),
+    };
+    Some((group.to_owned(), resource, verb_of(rest.is_empty())?))
+}
+
+/// 401 or 403 when [`FakeApi::authorize`] is in force and the request is not allowed.
+fn check_access(shared: &Shared, req: &Request) -> Option<Answer> {
+    if req.path == "/version" {
+        return None;
+    }
+    let mut st = shared.lock();
+    let (token, rules) = st.auth.as_ref()?;
+    let refused = if req.authorization.as_deref() != Some(&format!("Bearer {token}")) {
+        Some((401, "Unauthorized", "no valid bearer token".to_owned()))
+    } else {
+        match attributes(req) {
+            Some((g, r, v)) if rules.iter().any(|rule| rule.allows(&g, &r, v)) => None,
+            Some((g, r, v)) => Some((
+                403,
+                "Forbidden",
+                format!("{v} on {r} in API group {g:?} is not allowed"),
+            )),
+            None => Some((403, "Forbidden", "not a request RBAC allows".to_owned())),
+        }
+    };
+    let (code, reason, why) = refused?;
+    let line = format!(
+        "{} {}{}: {why}",
+        req.method,
+        req.path,
+        if req.query.is_empty() { "" } else { "?.." }
+    );
+    st.denied.push(line);
+    Some(Answer::Json(code, status(code, reason, &why)))
 }
 
 fn route(shared: &Shared, req: &Request) -> Answer {

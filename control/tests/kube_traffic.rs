@@ -1,0 +1,948 @@
+//! The Kubernetes source with real traffic: `strait run --kube` in the testbed's gateway
+//! namespace, fed by the fake API server of `support/fake_api.rs`, with curl in the
+//! client namespace and `strait testbed serve` as pods and nodes. Needs root; fails with a
+//! clear message without it unless `STRAIT_SKIP_PRIVILEGED=1` (CI never sets it).
+//!
+//! ```text
+//!  test thread ── FakeApi (apply / delete / set_down) ──┐ its thread setns'd into {p}-gw,
+//!                                                        │ listening on 127.0.0.1 there
+//!  {p}-gw:  strait run --config gw.toml --kube --kubeconfig kubeconfig --kube-pool ...
+//!  {p}-client: curl http://<the address the Service's status shows>/
+//!  {p}-bN:  the nodes (dsr-l2: they hold the LoadBalancer address on lo, as kube-proxy
+//!           accepts it) or the pods (nat: 198.51.100.1N:8080)
+//! ```
+//!
+//! Each test brings up its own testbed under a unique prefix and removes it on drop (also
+//! when the test fails); processes a test starts are killed on drop. The tests run one
+//! at a time: each gateway runs a busy-polling worker.
+
+mod support {
+    #[path = "fake_api.rs"]
+    pub mod fake_api;
+    #[path = "privileged.rs"]
+    pub mod privileged;
+}
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{sleep, JoinHandle};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::fake_api::{FakeApi, Res};
+
+const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
+const CLASS: &str = "strait.dev/gateway";
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Root and the tools these tests drive (see `support/privileged.rs`).
+fn privileged() -> bool {
+    support::privileged::privileged(
+        "kubernetes traffic",
+        &[
+            ("ip", "-V", "iproute2"),
+            ("curl", "--version", "curl"),
+        ],
+    )
+}
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Polls `f` every 100 ms until it gives a value; panics naming `what` after `timeout`.
+fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        sleep(Duration::from_millis(100));
+    }
+}
+
+// ---- the testbed ---------------------------------------------------------------------
+
+/// A testbed and a scratch directory, both removed on drop.
+struct Bed {
+    prefix: String,
+    info: Value,
+    dir: PathBuf,
+}
+
+impl Bed {
+    fn up(tag: &str, args: &[&str]) -> Bed {
+        let prefix = format!("sk{}{tag}", std::process::id() % 100_000);
+        let out = run(Command::new(STRAIT)
+            .args(["testbed", "up", "--prefix", &prefix, "--json"])
+            .args(args));
+        assert!(
+            out.status.success(),
+            "testbed up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let info = serde_json::from_slice(&out.stdout).expect("testbed summary");
+        let dir = std::env::temp_dir().join(format!("{prefix}-kube"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch directory");
+        Bed { prefix, info, dir }
+    }
+
+    fn ns(&self, role: &str) -> String {
+        format!("{}-{role}", self.prefix)
+    }
+
+    /// Runs a command in a namespace of the testbed.
+    fn exec(&self, role: &str, args: &[&str]) -> Output {
+        run(Command::new("ip")
+            .args(["netns", "exec", &self.ns(role)])
+            .args(args))
+    }
+
+    fn curl(&self, url: &str) -> Option<String> {
+        let o = self.exec("client", &["curl", "-s", "--max-time", "3", url]);
+        o.status.success().then(|| text(&o).trim().to_owned())
+    }
+
+    /// `n` requests to `url`, each on a new connection.
+    fn requests(&self, url: &str, n: usize) -> Vec<Option<String>> {
+        (0..n).map(|_| self.curl(url)).collect()
+    }
+
+    /// The testbed's gateway settings (interfaces, admin address) without its services:
+    /// every service comes from Kubernetes.
+    fn gateway_config(&self) -> PathBuf {
+        let path = self.info["config"].as_str().expect("config path");
+        let full = std::fs::read_to_string(path).expect("testbed configuration");
+        let gateway = full.split("\n[[services]]").next().unwrap_or_default();
+        let out = self.dir.join("gateway.toml");
+        std::fs::write(&out, gateway).expect("writing the gateway configuration");
+        out
+    }
+
+    fn backend_ip(&self, name: &str) -> String {
+        self.backend(name)["ipv4"]
+            .as_str()
+            .expect("backend address")
+            .to_owned()
+    }
+
+    fn backend(&self, name: &str) -> &Value {
+        self.info["backends"]
+            .as_array()
+            .expect("backends")
+            .iter()
+            .find(|b| b["name"] == name)
+            .unwrap_or_else(|| panic!("no backend {name}"))
+    }
+
+    /// Adds `addr` to `lo` of every backend: what kube-proxy's rules do for a
+    /// LoadBalancer address on a node (accept it locally). Backends keep
+    /// `arp_ignore=1`, so they do not answer ARP for it.
+    fn nodes_accept(&self, addr: &str) {
+        for b in self.info["backends"].as_array().expect("backends") {
+            let ns = b["namespace"].as_str().expect("namespace");
+            let o = run(Command::new("ip").args([
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{addr}/32"),
+                "dev",
+                "lo",
+            ]));
+            assert!(
+                o.status.success() || String::from_utf8_lossy(&o.stderr).contains("exists"),
+                "adding {addr} on {ns}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
+
+    /// Stops the backend servers `testbed up` started (the tests that model pods and
+    /// kube-proxy health ports start their own).
+    fn stop_testbed_servers(&self) {
+        for b in self.info["backends"].as_array().expect("backends") {
+            if let Some(pid) = b["pid"].as_i64() {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+        }
+        sleep(Duration::from_millis(200));
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        let _ = Command::new(STRAIT)
+            .args(["testbed", "down", "--prefix", &self.prefix])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A process the test started (a pod, a health port), killed on drop.
+struct Proc(Child);
+
+impl Proc {
+    /// `strait testbed serve --name NAME --tcp [::]:PORT` in backend namespace `backend`,
+    /// once it answers on `port` from the gateway namespace.
+    fn serve(bed: &Bed, backend: &str, name: &str, port: u16) -> Proc {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &bed.ns(backend), STRAIT])
+            .args(["testbed", "serve", "--name", name, "--tcp"])
+            .arg(format!("[::]:{port}"))
+            // No UDP echo: only one process per namespace could bind its port.
+            .args(["--udp", "127.0.0.1:0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("strait testbed serve");
+        let p = Proc(child);
+        let url = format!("http://{}:{port}/healthz", bed.backend_ip(backend));
+        wait_for(
+            &format!("{name} answering on {url}"),
+            Duration::from_secs(5),
+            || {
+                let o = bed.exec("gw", &["curl", "-s", "--max-time", "1", &url]);
+                o.status.success().then_some(())
+            },
+        );
+        p
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+// ---- the gateway ---------------------------------------------------------------------
+
+/// `strait run --kube` in the gateway namespace, stopped (SIGTERM) on drop.
+struct Gateway<'b> {
+    bed: &'b Bed,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl<'b> Gateway<'b> {
+    /// Starts `strait run --config CONFIG --kube --kubeconfig KUBECONFIG ARGS..` and waits
+    /// for the admin API's /healthz.
+    fn start(bed: &'b Bed, config: &Path, kubeconfig: &Path, args: &[&str]) -> Gateway<'b> {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &bed.ns("gw"), STRAIT, "run", "--config"])
+            .arg(config)
+            .args(["--kube", "--kubeconfig"])
+            .arg(kubeconfig)
+            .args(args);
+        Self::spawn(bed, cmd)
+    }
+
+    fn spawn(bed: &'b Bed, mut cmd: Command) -> Gateway<'b> {
+        let log = bed.dir.join("gateway.log");
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("gateway log"))
+            .spawn()
+            .expect("strait run");
+        let mut g = Gateway {
+            bed,
+            child: Some(child),
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = g.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("gateway exited ({s}):\n{}", g.log_text());
+            }
+            if g.admin("/healthz") == "ok\n" {
+                return g;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "gateway not ready in 20 s:\n{}",
+                g.log_text()
+            );
+            sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn admin(&self, path: &str) -> String {
+        let url = format!("http://127.0.0.1:9900{path}");
+        text(&self.bed.exec("gw", &["curl", "-s", "--max-time", "5", &url]))
+    }
+
+    fn services(&self) -> Value {
+        serde_json::from_str(&self.admin("/services")).unwrap_or(Value::Null)
+    }
+
+    /// The service serving `vip:port`.
+    fn service(&self, vip: &str, port: u16) -> Option<Value> {
+        self.services()["services"]
+            .as_array()?
+            .iter()
+            .find(|s| s["vip"] == vip && s["port"] == port)
+            .cloned()
+    }
+
+    /// `address -> state` of the backends of the service on `vip:port`.
+    fn backends(&self, vip: &str, port: u16) -> BTreeMap<String, String> {
+        self.service(vip, port)
+            .and_then(|s| s["backends"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .map(|b| {
+                (
+                    b["address"].as_str().unwrap_or("").to_owned(),
+                    b["state"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// Sum of the samples of metric family `name` (with or without `_total`).
+    fn metric(&self, name: &str) -> Option<f64> {
+        let metrics = self.admin("/metrics");
+        let values: Vec<f64> = metrics
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| {
+                let family = l.split(['{', ' ']).next().unwrap_or("");
+                family == name || family.strip_suffix("_total") == Some(name)
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .collect();
+        (!values.is_empty()).then(|| values.iter().sum())
+    }
+}
+
+impl Drop for Gateway<'_> {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if child.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+// ---- a client loop -------------------------------------------------------------------
+
+/// One request of a [`Load`].
+#[derive(Debug, Clone)]
+struct Sample {
+    /// When curl was started.
+    at: Instant,
+    /// The body (`backend=NAME client=...`), or curl's error.
+    answer: Result<String, String>,
+}
+
+impl Sample {
+    fn backend(&self) -> Option<&str> {
+        let a = self.answer.as_ref().ok()?;
+        a.split_whitespace().next()?.strip_prefix("backend=")
+    }
+}
+
+/// curl in the client namespace in a loop, a new connection each time, until finished.
+struct Load {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Vec<Sample>>>,
+}
+
+impl Load {
+    fn start(bed: &Bed, url: &str) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ns, url, flag) = (bed.ns("client"), url.to_owned(), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                let at = Instant::now();
+                let o = Command::new("ip")
+                    .args(["netns", "exec", &ns, "curl", "-sS", "--max-time", "4", &url])
+                    .output();
+                let answer = match o {
+                    Ok(o) if o.status.success() => Ok(text(&o).trim().to_owned()),
+                    Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_owned()),
+                    Err(e) => Err(e.to_string()),
+                };
+                out.push(Sample { at, answer });
+            }
+            out
+        });
+        Load {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> Vec<Sample> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn failures(samples: &[Sample]) -> Vec<String> {
+    samples
+        .iter()
+        .filter_map(|s| s.answer.as_ref().err().cloned())
+        .collect()
+}
+
+/// Answers per backend among `samples` started in `[from, to)`.
+fn per_backend(samples: &[Sample], from: Instant, to: Instant) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for s in samples.iter().filter(|s| s.at >= from && s.at < to) {
+        if let Some(b) = s.backend() {
+            *m.entry(b.to_owned()).or_default() += 1;
+        }
+    }
+    m
+}
+
+fn count(answers: &[Option<String>]) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for a in answers.iter().flatten() {
+        let b = a.split_whitespace().next().unwrap_or("");
+        *m.entry(b.trim_start_matches("backend=").to_owned())
+            .or_default() += 1;
+    }
+    m
+}
+
+// ---- objects -------------------------------------------------------------------------
+
+fn node(name: &str, ip: &str) -> Value {
+    json!({
+        "kind": "Node", "apiVersion": "v1",
+        "metadata": { "name": name },
+        "status": {
+            "addresses": [
+                { "type": "InternalIP", "address": ip },
+                { "type": "Hostname", "address": name }
+            ],
+            "conditions": [{ "type": "Ready", "status": "True" }]
+        }
+    })
+}
+
+/// The testbed's backends b1..bN as Nodes n1..nN.
+fn nodes(fake: &FakeApi, bed: &Bed, n: usize) {
+    for i in 1..=n {
+        fake.apply(node(&format!("n{i}"), &bed.backend_ip(&format!("b{i}"))));
+    }
+}
+
+/// A LoadBalancer Service of our class, `http` 80 -> 8080, created through the fake
+/// server's defaulting (node ports, and a health-check node port under `Local`).
+fn web(local: bool) -> Value {
+    json!({
+        "kind": "Service", "apiVersion": "v1",
+        "metadata": { "name": "web", "namespace": "default" },
+        "spec": {
+            "type": "LoadBalancer",
+            "loadBalancerClass": CLASS,
+            "externalTrafficPolicy": if local { "Local" } else { "Cluster" },
+            "selector": { "app": "web" },
+            "ports": [{ "name": "http", "port": 80, "targetPort": 8080 }]
+        }
+    })
+}
+
+/// Endpoint conditions: a ready pod, or one terminating (still serving).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Pod {
+    Ready,
+    Starting,
+    Terminating,
+}
+
+/// EndpointSlice `web-1` of `web` with port `http` 8080: `(pod address, node, state)`.
+fn web_slice(endpoints: &[(&str, &str, Pod)]) -> Value {
+    let eps: Vec<Value> = endpoints
+        .iter()
+        .map(|(addr, node, pod)| {
+            let (ready, serving, terminating) = match pod {
+                Pod::Ready => (true, true, false),
+                Pod::Starting => (false, false, false),
+                Pod::Terminating => (false, true, true),
+            };
+            json!({
+                "addresses": [addr], "nodeName": node,
+                "conditions": { "ready": ready, "serving": serving, "terminating": terminating }
+            })
+        })
+        .collect();
+    json!({
+        "kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+        "metadata": {
+            "name": "web-1", "namespace": "default",
+            "labels": { "kubernetes.io/service-name": "web" }
+        },
+        "addressType": "IPv4",
+        "ports": [{ "name": "http", "port": 8080, "protocol": "TCP" }],
+        "endpoints": eps
+    })
+}
+
+/// Waits for the fake server's stored `web` to carry a LoadBalancer address; returns it.
+fn written_address(fake: &FakeApi) -> String {
+    wait_for(
+        "status.loadBalancer.ingress of default/web",
+        Duration::from_secs(10),
+        || {
+            let svc = fake.get(Res::Services, "default", "web")?;
+            svc["status"]["loadBalancer"]["ingress"][0]["ip"]
+                .as_str()
+                .map(str::to_owned)
+        },
+    )
+}
+
+fn in_pool(addr: &str, pool: &str) -> bool {
+    let net: ipnet::IpNet = pool.parse().expect("pool");
+    addr.parse::<IpAddr>().is_ok_and(|a| net.contains(&a))
+}
+
+// ---- 1. a Service gets an address, its status and traffic ----------------------------
+
+#[test]
+fn a_dsr_service_gets_a_pool_address_its_status_and_traffic_over_every_node() {
+    let _s = serial();
+    if !privileged() {
+        return;
+    }
+    let bed = Bed::up("a", &["--backends", "3"]);
+    let fake = FakeApi::start_in_netns(&bed.ns("gw"));
+    nodes(&fake, &bed, 3);
+    let pool = "203.0.113.16/28";
+    let gw = Gateway::start(
+        &bed,
+        &bed.gateway_config(),
+        &fake.kubeconfig(&bed.dir),
+        &["--kube-mode", "dsr-l2", "--kube-pool", pool],
+    );
+    fake.create(web(false));
+    let vip = written_address(&fake);
+    assert!(in_pool(&vip, pool), "{vip} is not from the pool {pool}");
+    assert_eq!(
+        vip, "203.0.113.17",
+        "the lowest free host of {pool} is handed out first"
+    );
+    // The gateway serves it with the three nodes as backends, at the Service port.
+    let backends = wait_for("the service in /services", Duration::from_secs(5), || {
+        let b = gw.backends(&vip, 80);
+        (b.len() == 3).then_some(b)
+    });
+    let want: Vec<String> = (1..=3).map(|i| bed.backend_ip(&format!("b{i}"))).collect();
+    assert_eq!(backends.keys().cloned().collect::<Vec<_>>(), want);
+    bed.nodes_accept(&vip);
+    let answers = bed.requests(&format!("http://{vip}/"), 60);
+    let failed = answers.iter().filter(|a| a.is_none()).count();
+    assert_eq!(failed, 0, "{failed} of 60 requests failed:\n{}", gw.log_text());
+    for a in answers.iter().flatten() {
+        assert!(
+            a.contains("client=192.0.2.2:"),
+            "the node did not see the client's address: {a}"
+        );
+    }
+    let per = count(&answers);
+    assert_eq!(
+        per.keys().cloned().collect::<Vec<_>>(),
+        ["b1", "b2", "b3"],
+        "{per:?}"
+    );
+}
+
+#[test]
+fn b_a_nat_service_gets_a_pool_address_its_status_and_traffic_to_its_endpoints() {
+    let _s = serial();
+    if !privileged() {
+        return;
+    }
+    let bed = Bed::up("b", &["--topology", "two-arm", "--backends", "3"]);
+    let fake = FakeApi::start_in_netns(&bed.ns("gw"));
+    nodes(&fake, &bed, 3);
+    let pool = "203.0.113.40/29";
+    let gw = Gateway::start(
+        &bed,
+        &bed.gateway_config(),
+        &fake.kubeconfig(&bed.dir),
+        &["--kube-mode", "nat", "--kube-pool", pool],
+    );
+    // Pods on b1 and b2 only; b3 runs the same server but is no endpoint of `web`.
+    let (b1, b2) = (bed.backend_ip("b1"), bed.backend_ip("b2"));
+    fake.apply(web_slice(&[
+        (&b1, "n1", Pod::Ready),
+        (&b2, "n2", Pod::Ready),
+    ]));
+    fake.create(web(false));
+    let vip = written_address(&fake);
+    assert!(in_pool(&vip, pool), "{vip} is not from the pool {pool}");
+    let backends = wait_for("the service in /services", Duration::from_secs(5), || {
+        let b = gw.backends(&vip, 80);
+        (!b.is_empty()).then_some(b)
+    });
+    assert_eq!(
+        backends.keys().cloned().collect::<Vec<_>>(),
+        [b1.clone(), b2.clone()]
+    );
+    let answers = bed.requests(&format!("http://{vip}/"), 60);
+    let failed = answers.iter().filter(|a| a.is_none()).count();
+    assert_eq!(failed, 0, "{failed} of 60 requests failed:\n{}", gw.log_text());
+    for a in answers.iter().flatten() {
+        assert!(
+            a.contains("client=192.0.2.2:"),
+            "the pod did not see the client's address: {a}"
+        );
+    }
+    let per = count(&answers);
+    assert_eq!(per.keys().cloned().collect::<Vec<_>>(), ["b1", "b2"], "{per:?}");
+    // The status write is a real subresource write: only status changed in the store.
+    let stored = fake.get(Res::Services, "default", "web").expect("web");
+    assert_eq!(stored["spec"]["loadBalancerClass"], CLASS);
+    assert!(fake
+        .requests()
+        .iter()
+        .any(|r| r.starts_with("PATCH /api/v1/namespaces/default/services/web/status")));
+}
+
+// ---- 2. endpoints scale up and down while requests run --------------------------------
+
+#[test]
+fn c_nat_endpoints_scale_up_and_down_while_requests_run() {
+    let _s = serial();
+    if !privileged() {
+        return;
+    }
+    let bed = Bed::up("c", &["--topology", "two-arm", "--backends", "4"]);
+    let fake = FakeApi::start_in_netns(&bed.ns("gw"));
+    nodes(&fake, &bed, 4);
+    let gw = Gateway::start(
+        &bed,
+        &bed.gateway_config(),
+        &fake.kubeconfig(&bed.dir),
+        &["--kube-mode", "nat", "--kube-pool", "203.0.113.40/29"],
+    );
+    let ip: Vec<String> = (1..=4).map(|i| bed.backend_ip(&format!("b{i}"))).collect();
+    let pod = |i: usize, p: Pod| (ip[i - 1].as_str(), ["n1", "n2", "n3", "n4"][i - 1], p);
+    fake.apply(web_slice(&[pod(1, Pod::Ready), pod(2, Pod::Ready)]));
+    fake.create(web(false));
+    let vip = written_address(&fake);
+    wait_for("web with two endpoints", Duration::from_secs(5), || {
+        (gw.backends(&vip, 80).len() == 2).then_some(())
+    });
+    // How long a change may take from the API server to new flows: generous against a
+    // loaded CI machine, far below what a person would notice.
+    let settle = Duration::from_secs(1);
+    let load = Load::start(&bed, &format!("http://{vip}/"));
+    sleep(Duration::from_secs(2));
+    let up = Instant::now();
+    fake.apply(web_slice(&[
+        pod(1, Pod::Ready),
+        pod(2, Pod::Ready),
+        pod(3, Pod::Ready),
+        pod(4, Pod::Ready),
+    ]));
+    sleep(Duration::from_secs(4));
+    // Scale down the way Kubernetes does it: b1 and b2 terminate (serving, not ready),
+    // then leave the slice.
+    let terminating = Instant::now();
+    fake.apply(web_slice(&[
+        pod(1, Pod::Terminating),
+        pod(2, Pod::Terminating),
+        pod(3, Pod::Ready),
+        pod(4, Pod::Ready),
+    ]));
+    sleep(Duration::from_secs(2));
+    let removed = Instant::now();
+    fake.apply(web_slice(&[pod(3, Pod::Ready), pod(4, Pod::Ready)]));
+    sleep(Duration::from_secs(2));
+    let end = Instant::now();
+    let samples = load.finish();
+    let failed = failures(&samples);
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {failed:?}\n{}",
+        failed.len(),
+        samples.len(),
+        gw.log_text()
+    );
+    let start = samples.first().map_or(up, |s| s.at);
+    let before = per_backend(&samples, start, up);
+    assert_eq!(
+        before.keys().cloned().collect::<Vec<_>>(),
+        ["b1", "b2"],
+        "before scaling up: {before:?}"
+    );
+    let scaled = per_backend(&samples, up + settle, terminating);
+    assert_eq!(
+        scaled.keys().cloned().collect::<Vec<_>>(),
+        ["b1", "b2", "b3", "b4"],
+        "after scaling up to four endpoints, every one takes new flows: {scaled:?}"
+    );
+    let draining = per_backend(&samples, terminating + settle, end);
+    assert_eq!(
+        draining.keys().cloned().collect::<Vec<_>>(),
+        ["b3", "b4"],
+        "terminating and removed endpoints take no new flows: {draining:?}"
+    );
+    assert!(
+        per_backend(&samples, removed, end).values().sum::<usize>() >= 10,
+        "too few requests after the scale-down to tell anything: {}",
+        samples.len()
+    );
+    let last = gw.backends(&vip, 80);
+    assert_eq!(last.keys().cloned().collect::<Vec<_>>(), [ip[2].clone(), ip[3].clone()]);
+}
+
+// ---- 3. a rolling update under externalTrafficPolicy: Local ---------------------------
+
+/// One node of the rolling update: its pod (the HTTP server on port 80) and its kube-proxy
+/// health-check node port (200 on /healthz while it runs; the real one answers 503 when
+/// the node has no ready endpoint, refused is as unhealthy to the gateway).
+#[derive(Default)]
+struct NodeProcs {
+    pod: Option<Proc>,
+    health: Option<Proc>,
+}
+
+#[test]
+fn d_a_rolling_update_under_local_fails_no_request() {
+    let _s = serial();
+    if !privileged() {
+        return;
+    }
+    let bed = Bed::up("d", &["--backends", "4"]);
+    bed.stop_testbed_servers();
+    let fake = FakeApi::start_in_netns(&bed.ns("gw"));
+    nodes(&fake, &bed, 4);
+    let gw = Gateway::start(
+        &bed,
+        &bed.gateway_config(),
+        &fake.kubeconfig(&bed.dir),
+        &["--kube-mode", "dsr-l2", "--kube-pool", "203.0.113.16/28"],
+    );
+    fake.create(web(true));
+    let vip = written_address(&fake);
+    let svc = fake.get(Res::Services, "default", "web").expect("web");
+    let hc = u16::try_from(svc["spec"]["healthCheckNodePort"].as_u64().expect("allocated"))
+        .expect("a port");
+    bed.nodes_accept(&vip);
+
+    // Pod addresses are never dialled in DSR (the nodes' kube-proxy would): any will do.
+    let pod_ip = |node: usize, version: usize| format!("203.0.113.{}", 100 + 10 * version + node);
+    let mut procs: Vec<NodeProcs> = (0..=4).map(|_| NodeProcs::default()).collect();
+    let mut endpoints: BTreeMap<usize, (String, Pod)> = BTreeMap::new();
+    let publish = |endpoints: &BTreeMap<usize, (String, Pod)>| {
+        let names: Vec<String> = endpoints.keys().map(|n| format!("n{n}")).collect();
+        let list: Vec<(&str, &str, Pod)> = endpoints
+            .iter()
+            .zip(&names)
+            .map(|((_, (ip, p)), n)| (ip.as_str(), n.as_str(), *p))
+            .collect();
+        fake.apply(web_slice(&list));
+    };
+    // v1 on n1 and n2.
+    for n in [1, 2] {
+        let b = format!("b{n}");
+        procs[n].pod = Some(Proc::serve(&bed, &b, &format!("{b}-v1"), 80));
+        procs[n].health = Some(Proc::serve(&bed, &b, "kube-proxy", hc));
+        endpoints.insert(n, (pod_ip(n, 1), Pod::Ready));
+    }
+    publish(&endpoints);
+    wait_for("web on n1 and n2", Duration::from_secs(5), || {
+        (gw.backends(&vip, 80).len() == 2).then_some(())
+    });
+    let load = Load::start(&bed, &format!("http://{vip}/"));
+    sleep(Duration::from_secs(2));
+
+    // maxSurge 1, maxUnavailable 0: v2 on n3 comes up, then v1 on n1 goes; the same for
+    // n4 and n2.
+    let grace = Duration::from_secs(2);
+    for (new, old) in [(3, 1), (4, 2)] {
+        let b = format!("b{new}");
+        procs[new].pod = Some(Proc::serve(&bed, &b, &format!("{b}-v2"), 80));
+        endpoints.insert(new, (pod_ip(new, 2), Pod::Starting));
+        publish(&endpoints);
+        sleep(Duration::from_millis(500));
+        // Ready: kube-proxy on the node now has a local endpoint and answers 200.
+        procs[new].health = Some(Proc::serve(&bed, &b, "kube-proxy", hc));
+        endpoints.insert(new, (pod_ip(new, 2), Pod::Ready));
+        publish(&endpoints);
+        sleep(Duration::from_secs(1));
+        // The old pod terminates: not ready, still serving for its grace period; its
+        // node's health port turns unhealthy (no ready local endpoint).
+        endpoints.insert(old, (pod_ip(old, 1), Pod::Terminating));
+        publish(&endpoints);
+        procs[old].health = None;
+        sleep(grace);
+        procs[old].pod = None;
+        endpoints.remove(&old);
+        publish(&endpoints);
+        sleep(Duration::from_secs(1));
+    }
+    sleep(Duration::from_secs(1));
+    let end = Instant::now();
+    let samples = load.finish();
+    let failed = failures(&samples);
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed during the rolling update: {failed:?}\n{}",
+        failed.len(),
+        samples.len(),
+        gw.log_text()
+    );
+    assert!(
+        samples.len() >= 50,
+        "only {} requests ran during the update",
+        samples.len()
+    );
+    let all = per_backend(&samples, samples[0].at, end);
+    for pod in ["b1-v1", "b2-v1", "b3-v2", "b4-v2"] {
+        assert!(all.contains_key(pod), "{pod} answered nothing: {all:?}");
+    }
+    let last = gw.backends(&vip, 80);
+    assert_eq!(
+        last.keys().cloned().collect::<Vec<_>>(),
+        [bed.backend_ip("b3"), bed.backend_ip("b4")],
+        "after the update web is served by the nodes of the new pods only"
+    );
+    drop(procs);
+}
+
+// ---- 4. the API server is down for 30 s ----------------------------------------------
+
+#[test]
+fn e_the_api_server_is_down_for_30_s_and_traffic_goes_on() {
+    let _s = serial();
+    if !privileged() {
+        return;
+    }
+    let bed = Bed::up("e", &["--topology", "two-arm", "--backends", "3"]);
+    let fake = FakeApi::start_in_netns(&bed.ns("gw"));
+    nodes(&fake, &bed, 3);
+    let gw = Gateway::start(
+        &bed,
+        &bed.gateway_config(),
+        &fake.kubeconfig(&bed.dir),
+        &["--kube-mode", "nat", "--kube-pool", "203.0.113.40/29"],
+    );
+    let ip: Vec<String> = (1..=3).map(|i| bed.backend_ip(&format!("b{i}"))).collect();
+    let ready = |i: usize| (ip[i - 1].as_str(), ["n1", "n2", "n3"][i - 1], Pod::Ready);
+    fake.apply(web_slice(&[ready(1), ready(2)]));
+    fake.create(web(false));
+    let vip = written_address(&fake);
+    wait_for("web with two endpoints", Duration::from_secs(5), || {
+        (gw.backends(&vip, 80).len() == 2).then_some(())
+    });
+    assert_eq!(gw.metric("strait_kube_connected"), Some(1.0));
+    let disconnects = gw.metric("strait_kube_disconnects").unwrap_or(0.0);
+
+    let load = Load::start(&bed, &format!("http://{vip}/"));
+    sleep(Duration::from_secs(1));
+    let down = Instant::now();
+    fake.set_down(true);
+    wait_for(
+        "/metrics showing the disconnect",
+        Duration::from_secs(10),
+        || {
+            (gw.metric("strait_kube_connected") == Some(0.0)
+                && gw.metric("strait_kube_disconnects").unwrap_or(0.0) > disconnects)
+                .then_some(())
+        },
+    );
+    let noticed = down.elapsed();
+    sleep(Duration::from_secs(30).saturating_sub(down.elapsed()));
+    // Still forwarding on the last good table, same backends.
+    assert_eq!(gw.backends(&vip, 80).len(), 2);
+    fake.set_down(false);
+    let back = Instant::now();
+    let during = load.finish();
+    let failed = failures(&during);
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed while the API server was down: {failed:?}",
+        failed.len(),
+        during.len()
+    );
+    let in_outage = during.iter().filter(|s| s.at >= down).count();
+    assert!(
+        in_outage >= 100,
+        "only {in_outage} requests ran during the outage"
+    );
+    let seen = per_backend(&during, down, back);
+    assert_eq!(seen.keys().cloned().collect::<Vec<_>>(), ["b1", "b2"], "{seen:?}");
+
+    // Back: a change made now is picked up (reconnecting waits out kube-rs' back-off,
+    // at most 30 s).
+    fake.apply(web_slice(&[ready(1), ready(2), ready(3)]));
+    let load = Load::start(&bed, &format!("http://{vip}/"));
+    wait_for(
+        "the new endpoint b3 after the API server came back",
+        Duration::from_secs(45),
+        || (gw.backends(&vip, 80).len() == 3).then_some(()),
+    );
+    let picked = back.elapsed();
+    sleep(Duration::from_secs(2));
+    let after = load.finish();
+    let failed = failures(&after);
+    assert!(failed.is_empty(), "requests failed after reconnecting: {failed:?}");
+    let last = after.last().map_or(Instant::now(), |s| s.at);
+    let fresh = per_backend(&after, last - Duration::from_secs(2), last + Duration::from_secs(1));
+    assert!(
+        fresh.contains_key("b3"),
+        "the endpoint added after the outage takes no new flows: {fresh:?}"
+    );
+    assert_eq!(gw.metric("strait_kube_connected"), Some(1.0));
+    let log = gw.log_text();
+    eprintln!(
+        "disconnect seen after {noticed:?}; change picked up {picked:?} after the server came back"
+    );
+    assert!(
+        log.to_lowercase().contains("kubernetes"),
+        "the log says nothing about the API server:\n{log}"
+    );
+}
