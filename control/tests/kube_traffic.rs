@@ -819,10 +819,14 @@ fn d_a_rolling_update_under_local_fails_no_request() {
         publish(&endpoints);
         procs[old].health = None;
         sleep(grace);
+        // The grace period is over: the container is killed, and the endpoint leaves the
+        // slice a moment later (when the pod object is deleted). A gateway that sent new
+        // flows to a terminating endpoint's node would see them refused now.
         procs[old].pod = None;
+        sleep(Duration::from_secs(1));
         endpoints.remove(&old);
         publish(&endpoints);
-        sleep(Duration::from_secs(1));
+        sleep(Duration::from_millis(500));
     }
     sleep(Duration::from_secs(1));
     let end = Instant::now();
