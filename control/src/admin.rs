@@ -48,14 +48,7 @@ pub fn start(
     let local = listener.local_addr()?;
     let mut registry = Registry::with_prefix("strait");
     registry.register_collector(Box::new(Metrics(Arc::clone(&shared))));
-    let kube = shared
-        .kube
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
-    if let Some(stats) = kube {
-        registry.register_collector(Box::new(crate::kube::Metrics(stats)));
-    }
+    registry.register_collector(Box::new(KubeMetrics(Arc::clone(&shared))));
     thread::Builder::new().name("admin".into()).spawn(move || {
         for conn in listener.incoming().flatten() {
             let _ = serve(conn, &shared, &registry, &reload);
@@ -188,6 +181,26 @@ pub fn services_json(shared: &Shared) -> String {
 /// Reads the shared state on each scrape.
 #[derive(Debug)]
 struct Metrics(Arc<Shared>);
+
+/// The Kubernetes source's numbers (`strait_kube_*`), looked up on each scrape: `run`
+/// starts the source after this endpoint, so they cannot be registered at start.
+#[derive(Debug)]
+struct KubeMetrics(Arc<Shared>);
+
+impl Collector for KubeMetrics {
+    fn encode(&self, encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let stats = self
+            .0
+            .kube
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match stats {
+            Some(stats) => crate::kube::Metrics(stats).encode(encoder),
+            None => Ok(()),
+        }
+    }
+}
 
 fn counter(
     enc: &mut DescriptorEncoder<'_>,

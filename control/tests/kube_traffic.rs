@@ -882,7 +882,12 @@ fn e_the_api_server_is_down_for_30_s_and_traffic_goes_on() {
     wait_for("web with two endpoints", Duration::from_secs(5), || {
         (gw.backends(&vip, 80).len() == 2).then_some(())
     });
-    assert_eq!(gw.metric("strait_kube_connected"), Some(1.0));
+    assert_eq!(
+        gw.metric("strait_kube_connected"),
+        Some(1.0),
+        "{}",
+        gw.admin("/metrics")
+    );
     let disconnects = gw.metric("strait_kube_disconnects").unwrap_or(0.0);
 
     let load = Load::start(&bed, &format!("http://{vip}/"));
