@@ -43,10 +43,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 fn privileged() -> bool {
     support::privileged::privileged(
         "kubernetes traffic",
-        &[
-            ("ip", "-V", "iproute2"),
-            ("curl", "--version", "curl"),
-        ],
+        &[("ip", "-V", "iproute2"), ("curl", "--version", "curl")],
     )
 }
 
@@ -290,7 +287,11 @@ impl<'b> Gateway<'b> {
 
     fn admin(&self, path: &str) -> String {
         let url = format!("http://127.0.0.1:9900{path}");
-        text(&self.bed.exec("gw", &["curl", "-s", "--max-time", "5", &url]))
+        text(
+            &self
+                .bed
+                .exec("gw", &["curl", "-s", "--max-time", "5", &url]),
+        )
     }
 
     fn services(&self) -> Value {
@@ -581,7 +582,12 @@ fn a_dsr_service_gets_a_pool_address_its_status_and_traffic_over_every_node() {
     bed.nodes_accept(&vip);
     let answers = bed.requests(&format!("http://{vip}/"), 60);
     let failed = answers.iter().filter(|a| a.is_none()).count();
-    assert_eq!(failed, 0, "{failed} of 60 requests failed:\n{}", gw.log_text());
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of 60 requests failed:\n{}",
+        gw.log_text()
+    );
     for a in answers.iter().flatten() {
         assert!(
             a.contains("client=192.0.2.2:"),
@@ -631,7 +637,12 @@ fn b_a_nat_service_gets_a_pool_address_its_status_and_traffic_to_its_endpoints()
     );
     let answers = bed.requests(&format!("http://{vip}/"), 60);
     let failed = answers.iter().filter(|a| a.is_none()).count();
-    assert_eq!(failed, 0, "{failed} of 60 requests failed:\n{}", gw.log_text());
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of 60 requests failed:\n{}",
+        gw.log_text()
+    );
     for a in answers.iter().flatten() {
         assert!(
             a.contains("client=192.0.2.2:"),
@@ -639,7 +650,11 @@ fn b_a_nat_service_gets_a_pool_address_its_status_and_traffic_to_its_endpoints()
         );
     }
     let per = count(&answers);
-    assert_eq!(per.keys().cloned().collect::<Vec<_>>(), ["b1", "b2"], "{per:?}");
+    assert_eq!(
+        per.keys().cloned().collect::<Vec<_>>(),
+        ["b1", "b2"],
+        "{per:?}"
+    );
     // The status write is a real subresource write: only status changed in the store.
     let stored = fake.get(Res::Services, "default", "web").expect("web");
     assert_eq!(stored["spec"]["loadBalancerClass"], CLASS);
@@ -735,7 +750,10 @@ fn c_nat_endpoints_scale_up_and_down_while_requests_run() {
         samples.len()
     );
     let last = gw.backends(&vip, 80);
-    assert_eq!(last.keys().cloned().collect::<Vec<_>>(), [ip[2].clone(), ip[3].clone()]);
+    assert_eq!(
+        last.keys().cloned().collect::<Vec<_>>(),
+        [ip[2].clone(), ip[3].clone()]
+    );
 }
 
 // ---- 3. a rolling update under externalTrafficPolicy: Local ---------------------------
@@ -768,8 +786,12 @@ fn d_a_rolling_update_under_local_fails_no_request() {
     fake.create(web(true));
     let vip = written_address(&fake);
     let svc = fake.get(Res::Services, "default", "web").expect("web");
-    let hc = u16::try_from(svc["spec"]["healthCheckNodePort"].as_u64().expect("allocated"))
-        .expect("a port");
+    let hc = u16::try_from(
+        svc["spec"]["healthCheckNodePort"]
+            .as_u64()
+            .expect("allocated"),
+    )
+    .expect("a port");
     bed.nodes_accept(&vip);
 
     // Pod addresses are never dialled in DSR (the nodes' kube-proxy would): any will do.
@@ -923,7 +945,11 @@ fn e_the_api_server_is_down_for_30_s_and_traffic_goes_on() {
         "only {in_outage} requests ran during the outage"
     );
     let seen = per_backend(&during, down, back);
-    assert_eq!(seen.keys().cloned().collect::<Vec<_>>(), ["b1", "b2"], "{seen:?}");
+    assert_eq!(
+        seen.keys().cloned().collect::<Vec<_>>(),
+        ["b1", "b2"],
+        "{seen:?}"
+    );
 
     // Back: a change made now is picked up (reconnecting waits out kube-rs' back-off,
     // at most 30 s).
@@ -938,9 +964,16 @@ fn e_the_api_server_is_down_for_30_s_and_traffic_goes_on() {
     sleep(Duration::from_secs(2));
     let after = load.finish();
     let failed = failures(&after);
-    assert!(failed.is_empty(), "requests failed after reconnecting: {failed:?}");
+    assert!(
+        failed.is_empty(),
+        "requests failed after reconnecting: {failed:?}"
+    );
     let last = after.last().map_or(Instant::now(), |s| s.at);
-    let fresh = per_backend(&after, last - Duration::from_secs(2), last + Duration::from_secs(1));
+    let fresh = per_backend(
+        &after,
+        last - Duration::from_secs(2),
+        last + Duration::from_secs(1),
+    );
     assert!(
         fresh.contains_key("b3"),
         "the endpoint added after the outage takes no new flows: {fresh:?}"
@@ -954,4 +987,332 @@ fn e_the_api_server_is_down_for_30_s_and_traffic_goes_on() {
         log.to_lowercase().contains("kubernetes"),
         "the log says nothing about the API server:\n{log}"
     );
+}
+
+// ---- 5. the README's cluster section, step by step -----------------------------------
+
+/// The README's "Put Strait in front of your cluster" section, up to the NAT part.
+fn readme_cluster_section() -> String {
+    let readme = include_str!("../../README.md");
+    let start = readme
+        .find("### Put Strait in front of your cluster")
+        .expect("README: the section \"Put Strait in front of your cluster\"");
+    let rest = &readme[start..];
+    let end = rest.find("#### 3b.").unwrap_or(rest.len());
+    rest[..end].to_owned()
+}
+
+/// The fenced code blocks of `text` (language tag, body), in order.
+fn code_blocks(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut lines = text.lines();
+    while let Some(l) = lines.next() {
+        let Some(lang) = l.trim_start().strip_prefix("```") else {
+            continue;
+        };
+        let indent = l.len() - l.trim_start().len();
+        let mut body = String::new();
+        for b in lines.by_ref() {
+            if b.trim_start().starts_with("```") {
+                break;
+            }
+            body.push_str(b.get(indent..).unwrap_or(b.trim_start()));
+            body.push('\n');
+        }
+        out.push((lang.trim().to_owned(), body));
+    }
+    out
+}
+
+/// The one block of `blocks` containing `needle`.
+fn block<'a>(blocks: &'a [(String, String)], needle: &str) -> &'a str {
+    let found: Vec<&(String, String)> = blocks.iter().filter(|(_, b)| b.contains(needle)).collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "README's cluster section: expected one code block with {needle:?}"
+    );
+    &found[0].1
+}
+
+/// The text between the first `before` after `from` and the next `after`.
+fn between<'a>(text: &'a str, before: &str, after: &str) -> &'a str {
+    let i = text
+        .find(before)
+        .unwrap_or_else(|| panic!("README: no {before:?}"))
+        + before.len();
+    let j = text[i..]
+        .find(after)
+        .unwrap_or_else(|| panic!("README: nothing ends {before:?}"));
+    &text[i..i + j]
+}
+
+/// deploy/rbac.yaml as JSON documents.
+fn manifests(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|d| {
+            let v: serde_yaml::Value = serde::Deserialize::deserialize(d).expect("YAML");
+            serde_json::to_value(v).expect("YAML as JSON")
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+#[test]
+fn f_the_readme_cluster_section_followed_step_by_step() {
+    let _s = serial();
+    if !privileged() {
+        return;
+    }
+    let section = readme_cluster_section();
+    let blocks = code_blocks(&section);
+    // The prose with its line breaks and indentation as single spaces.
+    let prose = section.split_whitespace().collect::<Vec<_>>().join(" ");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+
+    // The example: nodes 198.51.100.11-13 on one segment with the gateway (the testbed's
+    // one-arm b1-b3), clients on 192.0.2.0/24.
+    let bed = Bed::up("f", &["--backends", "3"]);
+    let etc = bed.dir.join("etc-strait");
+    std::fs::create_dir_all(&etc).expect("scratch /etc/strait");
+    let fake = FakeApi::start_in_netns(&bed.ns("gw"));
+    for i in 1..=3 {
+        fake.apply(node(&format!("n{i}"), &format!("198.51.100.1{i}")));
+    }
+
+    // 1. Permissions: `kubectl apply -f deploy/rbac.yaml`. The fake server enforces the
+    //    ClusterRole bound to the ServiceAccount, with the token of the Secret made for it.
+    let apply = block(&blocks, "kubectl apply -f");
+    let rbac_file = apply
+        .split_whitespace()
+        .skip_while(|w| *w != "-f")
+        .nth(1)
+        .expect("kubectl apply -f FILE");
+    let docs = manifests(
+        &std::fs::read_to_string(repo.join(rbac_file))
+            .unwrap_or_else(|e| panic!("{rbac_file}: {e}")),
+    );
+    let of_kind = |k: &'static str| docs.iter().filter(move |d| d["kind"] == k);
+    let account = of_kind("ServiceAccount").next().expect("a ServiceAccount");
+    let (sa_ns, sa_name) = (
+        account["metadata"]["namespace"]
+            .as_str()
+            .expect("namespace"),
+        account["metadata"]["name"].as_str().expect("name"),
+    );
+    let binding = of_kind("ClusterRoleBinding")
+        .find(|b| {
+            b["subjects"].as_array().is_some_and(|s| {
+                s.iter().any(|s| {
+                    s["kind"] == "ServiceAccount" && s["name"] == sa_name && s["namespace"] == sa_ns
+                })
+            })
+        })
+        .expect("a ClusterRoleBinding of the ServiceAccount");
+    let role = of_kind("ClusterRole")
+        .find(|r| r["metadata"]["name"] == binding["roleRef"]["name"])
+        .expect("the bound ClusterRole");
+    let token = format!("strait-walkthrough-{}", std::process::id());
+    fake.authorize(&token, role);
+
+    // 2. A kubeconfig: the README's script, with what its three kubectl queries return
+    //    from this cluster (the server, the CA and the token of the Secret it names).
+    let script = block(&blocks, "cat > kubeconfig");
+    let secret_name = between(script, "get secret ", " ").to_owned();
+    let secret = of_kind("Secret")
+        .find(|s| s["metadata"]["name"] == secret_name.as_str())
+        .unwrap_or_else(|| panic!("{rbac_file} has no Secret {secret_name}"));
+    assert_eq!(secret["type"], "kubernetes.io/service-account-token");
+    assert_eq!(
+        secret["metadata"]["annotations"]["kubernetes.io/service-account.name"],
+        sa_name
+    );
+    let ca = bed.dir.join("ca.crt");
+    let key = bed.dir.join("ca.key");
+    let o = run(Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+        .args(["-subj", "/CN=fake-kubernetes-ca", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&ca));
+    assert!(
+        o.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let ca_data = run(Command::new("base64").arg("-w0").arg(&ca));
+    let kept: Vec<&str> = script
+        .lines()
+        .filter(|l| {
+            !["SERVER=$(", "CA=$(", "TOKEN=$("]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .collect();
+    assert_eq!(
+        script.lines().count() - kept.len(),
+        3,
+        "the script asks kubectl for SERVER, CA and TOKEN"
+    );
+    let script = kept
+        .join("\n")
+        .replace("/etc/strait", &etc.to_string_lossy());
+    let o = run(Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(&bed.dir)
+        .env("SERVER", fake.url())
+        .env("CA", text(&ca_data).trim())
+        .env("TOKEN", &token));
+    assert!(
+        o.status.success(),
+        "the README's kubeconfig script: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let kubeconfig = etc.join("kubeconfig");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&kubeconfig)
+            .expect("installed kubeconfig")
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+
+    // 3a.1-3: the gateway on the nodes' segment (dsr-l2), the pools routed to it.
+    let route = text(&bed.exec("client", &["ip", "route", "get", "203.0.113.33"]));
+    assert!(route.contains("via 192.0.2.1"), "{route}");
+
+    // 3a.4: the configuration is deploy/strait-3node.toml with this machine's interface
+    //    ("replace them with yours"), then the README's command line.
+    let example = std::fs::read_to_string(repo.join("deploy/strait-3node.toml"))
+        .expect("deploy/strait-3node.toml");
+    assert!(example.contains("name = \"eth1\"\nqueues = [0, 1, 2, 3]\ncores = [2, 3, 4, 5]\n"));
+    let mine = example.replace(
+        "name = \"eth1\"\nqueues = [0, 1, 2, 3]\ncores = [2, 3, 4, 5]\n",
+        "name = \"veth-gw\"\nqueues = [0]\n",
+    );
+    std::fs::write(etc.join("strait.toml"), mine).expect("strait.toml");
+    let start = block(&blocks, "strait run ");
+    let line = start
+        .replace("\\\n", " ")
+        .replace("/etc/strait", &etc.to_string_lossy());
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words.first(), Some(&"strait"), "{line}");
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &bed.ns("gw"), STRAIT])
+        .args(&words[1..]);
+    let gw = Gateway::spawn(&bed, cmd);
+
+    // 3a.5: the Service manifest, as the API server stores it on `kubectl apply`.
+    let manifest = block(&blocks, "kind: Service");
+    let svc: serde_yaml::Value = serde_yaml::from_str(manifest).expect("the Service manifest");
+    let svc = serde_json::to_value(svc).expect("as JSON");
+    let (ns, name) = (
+        svc["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned(),
+        svc["metadata"]["name"].as_str().expect("a name").to_owned(),
+    );
+    let local = svc["spec"]["externalTrafficPolicy"] == "Local";
+    let port = svc["spec"]["ports"][0]["port"].as_u64().expect("a port");
+    let target = svc["spec"]["ports"][0]["targetPort"]
+        .as_u64()
+        .expect("a targetPort");
+    fake.create(svc);
+    let stored = fake.get(Res::Services, &ns, &name).expect("stored");
+    // The endpoints controller's part: pods of the selector on n1 and n2; kube-proxy on
+    // those nodes answers on the health-check node port.
+    let hc = stored["spec"]["healthCheckNodePort"].as_u64();
+    let mut health = Vec::new();
+    if local {
+        let hc = u16::try_from(hc.expect("a healthCheckNodePort under Local")).expect("port");
+        for b in ["b1", "b2"] {
+            health.push(Proc::serve(&bed, b, "kube-proxy", hc));
+        }
+    }
+    let mut slice = web_slice(&[
+        ("203.0.113.201", "n1", Pod::Ready),
+        ("203.0.113.202", "n2", Pod::Ready),
+    ]);
+    slice["metadata"]["name"] = json!(format!("{name}-abcde"));
+    slice["metadata"]["namespace"] = json!(ns);
+    slice["metadata"]["labels"]["kubernetes.io/service-name"] = json!(name);
+    slice["ports"][0]["port"] = json!(target);
+    fake.apply(slice);
+
+    // "`kubectl get svc web` shows `EXTERNAL-IP 203.0.113.33`"
+    let shown = between(&prose, "EXTERNAL-IP ", "`").to_owned();
+    let ip = wait_for(
+        "the Service's LoadBalancer address",
+        Duration::from_secs(10),
+        || {
+            let s = fake.get(Res::Services, &ns, &name)?;
+            s["status"]["loadBalancer"]["ingress"][0]["ip"]
+                .as_str()
+                .map(str::to_owned)
+        },
+    );
+    assert_eq!(ip, shown, "the README promises {shown}");
+    // kube-proxy on the nodes accepts the address (step 3a.2).
+    bed.nodes_accept(&ip);
+
+    // "`strait status` shows `default/web/http/203.0.113.33` with ... under `Local`, the
+    // nodes with a pod, health-checked on the Service's `healthCheckNodePort`"
+    let status_name = between(&prose, "`strait status` shows `", "`").to_owned();
+    let rows = |t: &str| -> String {
+        t.lines()
+            .skip_while(|l| !l.starts_with(&status_name))
+            .take_while(|l| l.starts_with(&status_name) || l.starts_with(' '))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let status = wait_for(
+        "strait status listing the Service",
+        Duration::from_secs(10),
+        || {
+            let t = text(&bed.exec("gw", &[STRAIT, "status"]));
+            rows(&t).contains("198.51.100.11").then_some(t)
+        },
+    );
+    let web_rows = rows(&status);
+    assert!(web_rows.contains("198.51.100.12"), "{status}");
+    if local {
+        assert!(
+            !web_rows.contains("198.51.100.13"),
+            "n3 has no pod:\n{status}"
+        );
+    }
+    if local {
+        let json = gw
+            .service(&ip, u16::try_from(port).expect("port"))
+            .expect("served");
+        let addrs: Vec<&str> = json["backends"]
+            .as_array()
+            .expect("backends")
+            .iter()
+            .filter_map(|b| b["address"].as_str())
+            .collect();
+        assert_eq!(addrs, ["198.51.100.11", "198.51.100.12"], "{json}");
+    }
+
+    // "and `curl http://203.0.113.33/` from a client answers"
+    let url = between(&prose, "`curl ", "`").to_owned();
+    assert_eq!(url, format!("http://{ip}/"));
+    let answers = bed.requests(&url, 30);
+    assert!(
+        answers.iter().all(Option::is_some),
+        "curl {url} failed: {answers:?}\n{}",
+        gw.log_text()
+    );
+    let per = count(&answers);
+    assert!(
+        per.keys().all(|b| b == "b1" || b == "b2") && per.len() == 2,
+        "answers from the nodes with a pod only: {per:?}"
+    );
+    assert_eq!(
+        fake.denied(),
+        Vec::<String>::new(),
+        "requests the RBAC rules refused"
+    );
+    drop(health);
 }

@@ -778,11 +778,12 @@ fn resource_path(path: &str) -> Option<(Res, Option<String>, Vec<String>)> {
 fn attributes(req: &Request) -> Option<(String, String, &'static str)> {
     let m = req.method.as_str();
     let verb_of = |collection: bool| match m {
-        "GET" if collection
-            && matches!(
-                req.query.get("watch").map(String::as_str),
-                Some("1" | "true")
-            ) =>
+        "GET"
+            if collection
+                && matches!(
+                    req.query.get("watch").map(String::as_str),
+                    Some("1" | "true")
+                ) =>
         {
             Some("watch")
         }
