@@ -1073,8 +1073,8 @@ fn f_the_readme_cluster_section_followed_step_by_step() {
     // The example: nodes 198.51.100.11-13 on one segment with the gateway (the testbed's
     // one-arm b1-b3), clients on 192.0.2.0/24.
     let bed = Bed::up("f", &["--backends", "3"]);
+    // The README's /etc/strait, made by its own `install -D` steps.
     let etc = bed.dir.join("etc-strait");
-    std::fs::create_dir_all(&etc).expect("scratch /etc/strait");
     let fake = FakeApi::start_in_netns(&bed.ns("gw"));
     for i in 1..=3 {
         fake.apply(node(&format!("n{i}"), &format!("198.51.100.1{i}")));
@@ -1181,22 +1181,38 @@ fn f_the_readme_cluster_section_followed_step_by_step() {
     let route = text(&bed.exec("client", &["ip", "route", "get", "203.0.113.33"]));
     assert!(route.contains("via 192.0.2.1"), "{route}");
 
-    // 3a.4: the configuration is deploy/strait-3node.toml with this machine's interface
-    //    ("replace them with yours"), then the README's command line.
-    let example = std::fs::read_to_string(repo.join("deploy/strait-3node.toml"))
-        .expect("deploy/strait-3node.toml");
-    assert!(example.contains("name = \"eth1\"\nqueues = [0, 1, 2, 3]\ncores = [2, 3, 4, 5]\n"));
-    let mine = example.replace(
-        "name = \"eth1\"\nqueues = [0, 1, 2, 3]\ncores = [2, 3, 4, 5]\n",
-        "name = \"veth-gw\"\nqueues = [0]\n",
-    );
-    std::fs::write(etc.join("strait.toml"), mine).expect("strait.toml");
+    // 3a.4: install the example configuration (the README's own `install` line, run from
+    //    the repository), set its interface to this machine's NIC, then the command line.
     let start = block(&blocks, "strait run ");
-    let line = start
+    let joined = start
         .replace("\\\n", " ")
         .replace("/etc/strait", &etc.to_string_lossy());
-    let words: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(words.first(), Some(&"strait"), "{line}");
+    let (installs, runs): (Vec<&str>, Vec<&str>) = joined
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .partition(|l| l.starts_with("install "));
+    assert_eq!(runs.len(), 1, "one command starts the gateway: {runs:?}");
+    for line in &installs {
+        let o = run(Command::new("bash")
+            .args(["-euo", "pipefail", "-c", line])
+            .current_dir(&repo));
+        assert!(
+            o.status.success(),
+            "{line}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let installed = etc.join("strait.toml");
+    let example = std::fs::read_to_string(&installed).expect("the installed configuration");
+    let theirs = "name = \"eth1\"\nqueues = [0, 1, 2, 3]\ncores = [2, 3, 4, 5]\n";
+    assert!(
+        example.contains(theirs),
+        "the example's interface:\n{example}"
+    );
+    let mine = example.replace(theirs, "name = \"veth-gw\"\nqueues = [0]\n");
+    std::fs::write(&installed, mine).expect("editing strait.toml");
+    let words: Vec<&str> = runs[0].split_whitespace().collect();
+    assert_eq!(words.first(), Some(&"strait"), "{}", runs[0]);
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", &bed.ns("gw"), STRAIT])
         .args(&words[1..]);
@@ -1309,10 +1325,24 @@ fn f_the_readme_cluster_section_followed_step_by_step() {
         per.keys().all(|b| b == "b1" || b == "b2") && per.len() == 2,
         "answers from the nodes with a pod only: {per:?}"
     );
+    // Every request of the gateway was allowed by the rules of deploy/rbac.yaml ...
     assert_eq!(
         fake.denied(),
         Vec::<String>::new(),
         "requests the RBAC rules refused"
     );
+    // ... and they are enforced: no token, or a verb the role lacks, is refused.
+    let api = |args: &[&str]| -> String {
+        let mut a = vec!["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}"];
+        a.extend_from_slice(args);
+        text(&bed.exec("gw", &a))
+    };
+    let services = format!("{}/api/v1/namespaces/{ns}/services", fake.url());
+    assert_eq!(api(&[&services]), "401");
+    let bearer = format!("Authorization: Bearer {token}");
+    assert_eq!(api(&["-H", &bearer, &services]), "200");
+    let one = format!("{services}/{name}");
+    assert_eq!(api(&["-H", &bearer, "-X", "DELETE", &one]), "403");
+    assert_eq!(fake.denied().len(), 2, "{:?}", fake.denied());
     drop(health);
 }
