@@ -1058,31 +1058,42 @@ fn manifests(yaml: &str) -> Vec<Value> {
         .collect()
 }
 
-#[test]
-fn f_the_readme_cluster_section_followed_step_by_step() {
-    let _s = serial();
-    if !privileged() {
-        return;
-    }
-    let section = readme_cluster_section();
-    let blocks = code_blocks(&section);
-    // The prose with its line breaks and indentation as single spaces.
-    let prose = section.split_whitespace().collect::<Vec<_>>().join(" ");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+/// The README's cluster section, read once per test.
+struct Readme {
+    /// The section, as written.
+    blocks: Vec<(String, String)>,
+    /// Its prose with line breaks and indentation as single spaces.
+    prose: String,
+    /// The repository root (the README's commands run from there).
+    repo: PathBuf,
+}
 
-    // The example: nodes 198.51.100.11-13 on one segment with the gateway (the testbed's
-    // one-arm b1-b3), clients on 192.0.2.0/24.
-    let bed = Bed::up("f", &["--backends", "3"]);
+impl Readme {
+    fn load() -> Readme {
+        let section = readme_cluster_section();
+        Readme {
+            blocks: code_blocks(&section),
+            prose: section.split_whitespace().collect::<Vec<_>>().join(" "),
+            repo: Path::new(env!("CARGO_MANIFEST_DIR")).join(".."),
+        }
+    }
+}
+
+/// Steps 1 (permissions), 2 (a kubeconfig) and 4 (install the configuration and start),
+/// with `start` applied to the README's command line (the NAT part changes the mode).
+/// Returns the gateway and the ServiceAccount's token.
+fn steps_1_2_and_4<'b>(
+    readme: &Readme,
+    bed: &'b Bed,
+    fake: &FakeApi,
+    start: &dyn Fn(&str) -> String,
+) -> (Gateway<'b>, String) {
+    let (blocks, repo) = (&readme.blocks, &readme.repo);
     // The README's /etc/strait, made by its own `install -D` steps.
     let etc = bed.dir.join("etc-strait");
-    let fake = FakeApi::start_in_netns(&bed.ns("gw"));
-    for i in 1..=3 {
-        fake.apply(node(&format!("n{i}"), &format!("198.51.100.1{i}")));
-    }
-
     // 1. Permissions: `kubectl apply -f deploy/rbac.yaml`. The fake server enforces the
     //    ClusterRole bound to the ServiceAccount, with the token of the Secret made for it.
-    let apply = block(&blocks, "kubectl apply -f");
+    let apply = block(blocks, "kubectl apply -f");
     let rbac_file = apply
         .split_whitespace()
         .skip_while(|w| *w != "-f")
@@ -1117,7 +1128,7 @@ fn f_the_readme_cluster_section_followed_step_by_step() {
 
     // 2. A kubeconfig: the README's script, with what its three kubectl queries return
     //    from this cluster (the server, the CA and the token of the Secret it names).
-    let script = block(&blocks, "cat > kubeconfig");
+    let script = block(blocks, "cat > kubeconfig");
     let secret_name = between(script, "get secret ", " ").to_owned();
     let secret = of_kind("Secret")
         .find(|s| s["metadata"]["name"] == secret_name.as_str())
@@ -1177,14 +1188,9 @@ fn f_the_readme_cluster_section_followed_step_by_step() {
     );
     assert_eq!(mode & 0o777, 0o600);
 
-    // 3a.1-3: the gateway on the nodes' segment (dsr-l2), the pools routed to it.
-    let route = text(&bed.exec("client", &["ip", "route", "get", "203.0.113.33"]));
-    assert!(route.contains("via 192.0.2.1"), "{route}");
-
     // 3a.4: install the example configuration (the README's own `install` line, run from
     //    the repository), set its interface to this machine's NIC, then the command line.
-    let start = block(&blocks, "strait run ");
-    let joined = start
+    let joined = start(block(blocks, "strait run "))
         .replace("\\\n", " ")
         .replace("/etc/strait", &etc.to_string_lossy());
     let (installs, runs): (Vec<&str>, Vec<&str>) = joined
@@ -1195,7 +1201,7 @@ fn f_the_readme_cluster_section_followed_step_by_step() {
     for line in &installs {
         let o = run(Command::new("bash")
             .args(["-euo", "pipefail", "-c", line])
-            .current_dir(&repo));
+            .current_dir(repo));
         assert!(
             o.status.success(),
             "{line}: {}",
@@ -1216,65 +1222,119 @@ fn f_the_readme_cluster_section_followed_step_by_step() {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", &bed.ns("gw"), STRAIT])
         .args(&words[1..]);
-    let gw = Gateway::spawn(&bed, cmd);
 
-    // 3a.5: the Service manifest, as the API server stores it on `kubectl apply`.
-    let manifest = block(&blocks, "kind: Service");
+    (Gateway::spawn(bed, cmd), token)
+}
+
+/// The Service of step 5 as created, and what the test needs of it.
+struct Created {
+    ns: String,
+    name: String,
+    local: bool,
+    port: u16,
+    target: u16,
+    /// `spec.healthCheckNodePort`, allocated by the API server under `Local`.
+    health_port: Option<u16>,
+}
+
+/// Step 5: the README's Service manifest, created as the API server does on `kubectl
+/// apply`.
+fn step_5(readme: &Readme, fake: &FakeApi) -> Created {
+    let manifest = block(&readme.blocks, "kind: Service");
     let svc: serde_yaml::Value = serde_yaml::from_str(manifest).expect("the Service manifest");
     let svc = serde_json::to_value(svc).expect("as JSON");
-    let (ns, name) = (
-        svc["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("default")
-            .to_owned(),
-        svc["metadata"]["name"].as_str().expect("a name").to_owned(),
-    );
-    let local = svc["spec"]["externalTrafficPolicy"] == "Local";
-    let port = svc["spec"]["ports"][0]["port"].as_u64().expect("a port");
-    let target = svc["spec"]["ports"][0]["targetPort"]
-        .as_u64()
-        .expect("a targetPort");
+    let ns = svc["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default")
+        .to_owned();
+    let name = svc["metadata"]["name"].as_str().expect("a name").to_owned();
+    let port = |v: &Value| v.as_u64().and_then(|p| u16::try_from(p).ok());
+    let c = Created {
+        local: svc["spec"]["externalTrafficPolicy"] == "Local",
+        port: port(&svc["spec"]["ports"][0]["port"]).expect("a port"),
+        target: port(&svc["spec"]["ports"][0]["targetPort"]).expect("a targetPort"),
+        health_port: None,
+        ns,
+        name,
+    };
     fake.create(svc);
-    let stored = fake.get(Res::Services, &ns, &name).expect("stored");
-    // The endpoints controller's part: pods of the selector on n1 and n2; kube-proxy on
-    // those nodes answers on the health-check node port.
-    let hc = stored["spec"]["healthCheckNodePort"].as_u64();
-    let mut health = Vec::new();
-    if local {
-        let hc = u16::try_from(hc.expect("a healthCheckNodePort under Local")).expect("port");
-        for b in ["b1", "b2"] {
-            health.push(Proc::serve(&bed, b, "kube-proxy", hc));
-        }
+    let stored = fake.get(Res::Services, &c.ns, &c.name).expect("stored");
+    Created {
+        health_port: port(&stored["spec"]["healthCheckNodePort"]),
+        ..c
     }
-    let mut slice = web_slice(&[
-        ("203.0.113.201", "n1", Pod::Ready),
-        ("203.0.113.202", "n2", Pod::Ready),
-    ]);
-    slice["metadata"]["name"] = json!(format!("{name}-abcde"));
-    slice["metadata"]["namespace"] = json!(ns);
-    slice["metadata"]["labels"]["kubernetes.io/service-name"] = json!(name);
-    slice["ports"][0]["port"] = json!(target);
-    fake.apply(slice);
+}
 
-    // "`kubectl get svc web` shows `EXTERNAL-IP 203.0.113.33`"
-    let shown = between(&prose, "EXTERNAL-IP ", "`").to_owned();
+/// The endpoints controller's part: the Service's EndpointSlice with ready pods
+/// `(address, node)`.
+fn pods(fake: &FakeApi, svc: &Created, pods: &[(&str, &str)]) {
+    let eps: Vec<(&str, &str, Pod)> = pods.iter().map(|(a, n)| (*a, *n, Pod::Ready)).collect();
+    let mut slice = web_slice(&eps);
+    slice["metadata"]["name"] = json!(format!("{}-abcde", svc.name));
+    slice["metadata"]["namespace"] = json!(svc.ns);
+    slice["metadata"]["labels"]["kubernetes.io/service-name"] = json!(svc.name);
+    slice["ports"][0]["port"] = json!(svc.target);
+    fake.apply(slice);
+}
+
+/// "`kubectl get svc web` shows `EXTERNAL-IP 203.0.113.33`": the address written to the
+/// Service's status, which must be the README's.
+fn external_ip(readme: &Readme, fake: &FakeApi, svc: &Created) -> String {
+    let shown = between(&readme.prose, "EXTERNAL-IP ", "`").to_owned();
     let ip = wait_for(
         "the Service's LoadBalancer address",
         Duration::from_secs(10),
         || {
-            let s = fake.get(Res::Services, &ns, &name)?;
+            let s = fake.get(Res::Services, &svc.ns, &svc.name)?;
             s["status"]["loadBalancer"]["ingress"][0]["ip"]
                 .as_str()
                 .map(str::to_owned)
         },
     );
     assert_eq!(ip, shown, "the README promises {shown}");
+    ip
+}
+
+#[test]
+fn f_the_readme_cluster_section_followed_step_by_step() {
+    let _s = serial();
+    if !privileged() {
+        return;
+    }
+    let readme = Readme::load();
+    // The example: nodes 198.51.100.11-13 on one segment with the gateway (the testbed's
+    // one-arm b1-b3), clients on 192.0.2.0/24.
+    let bed = Bed::up("f", &["--backends", "3"]);
+    let fake = FakeApi::start_in_netns(&bed.ns("gw"));
+    for i in 1..=3 {
+        fake.apply(node(&format!("n{i}"), &format!("198.51.100.1{i}")));
+    }
+    // 3a.1-3: the gateway on the nodes' segment (dsr-l2), the pools routed to it.
+    let route = text(&bed.exec("client", &["ip", "route", "get", "203.0.113.33"]));
+    assert!(route.contains("via 192.0.2.1"), "{route}");
+    let (gw, token) = steps_1_2_and_4(&readme, &bed, &fake, &|s| s.to_owned());
+    let svc = step_5(&readme, &fake);
+    // Pods on n1 and n2; under `Local` kube-proxy there answers on the health-check port.
+    let mut health = Vec::new();
+    if svc.local {
+        let hc = svc.health_port.expect("a healthCheckNodePort under Local");
+        for b in ["b1", "b2"] {
+            health.push(Proc::serve(&bed, b, "kube-proxy", hc));
+        }
+    }
+    pods(
+        &fake,
+        &svc,
+        &[("203.0.113.201", "n1"), ("203.0.113.202", "n2")],
+    );
+    let ip = external_ip(&readme, &fake, &svc);
     // kube-proxy on the nodes accepts the address (step 3a.2).
     bed.nodes_accept(&ip);
+    let (prose, ns, name, local, port) = (&readme.prose, &svc.ns, &svc.name, svc.local, svc.port);
 
     // "`strait status` shows `default/web/http/203.0.113.33` with ... under `Local`, the
     // nodes with a pod, health-checked on the Service's `healthCheckNodePort`"
-    let status_name = between(&prose, "`strait status` shows `", "`").to_owned();
+    let status_name = between(prose, "`strait status` shows `", "`").to_owned();
     let rows = |t: &str| -> String {
         t.lines()
             .skip_while(|l| !l.starts_with(&status_name))
@@ -1299,9 +1359,7 @@ fn f_the_readme_cluster_section_followed_step_by_step() {
         );
     }
     if local {
-        let json = gw
-            .service(&ip, u16::try_from(port).expect("port"))
-            .expect("served");
+        let json = gw.service(&ip, port).expect("served");
         let addrs: Vec<&str> = json["backends"]
             .as_array()
             .expect("backends")
@@ -1312,7 +1370,7 @@ fn f_the_readme_cluster_section_followed_step_by_step() {
     }
 
     // "and `curl http://203.0.113.33/` from a client answers"
-    let url = between(&prose, "`curl ", "`").to_owned();
+    let url = between(prose, "`curl ", "`").to_owned();
     assert_eq!(url, format!("http://{ip}/"));
     let answers = bed.requests(&url, 30);
     assert!(
