@@ -7,20 +7,80 @@
 //! one UDP datagram to its discard port, which makes the kernel resolve it; the control loop
 //! rebuilds the table when the answer arrives. Until then its frames are dropped and counted
 //! (`no_next_hop`); health checks, which the kernel sends, usually resolve it first.
+//!
+//! A backend behind a router (a pod address routed via its node, `ip route add <podCIDR>
+//! via <node>`) is reached at the router's MAC: the next hop is the gateway of the most
+//! specific route of the interface that covers the address, as the kernel would choose.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::process::Command;
 
+use ipnet::IpNet;
 use strait_config::model::{Config, MacAddr, Role};
 
-/// The resolved entries of `iface`'s neighbour table (`ip -j neigh show dev IFACE`).
-pub fn table(iface: &str) -> HashMap<IpAddr, [u8; 6]> {
-    Command::new("ip")
-        .args(["-j", "neigh", "show", "dev", iface])
-        .output()
-        .map(|out| parse(&out.stdout))
-        .unwrap_or_default()
+/// What the kernel knows about reaching hosts through one interface.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Neighbours {
+    /// Resolved neighbour entries: address to MAC.
+    pub macs: HashMap<IpAddr, [u8; 6]>,
+    /// The interface's routes: destination and gateway (`None`: on-link).
+    pub routes: Vec<(IpNet, Option<IpAddr>)>,
+}
+
+impl Neighbours {
+    /// The next hop towards `addr`: the gateway of the most specific route that covers
+    /// it, else `addr` itself (on-link, or no route known).
+    pub fn next_hop(&self, addr: IpAddr) -> IpAddr {
+        self.routes
+            .iter()
+            .filter(|(net, _)| net.contains(&addr))
+            .max_by_key(|(net, _)| net.prefix_len())
+            .and_then(|(_, via)| *via)
+            .unwrap_or(addr)
+    }
+}
+
+/// `iface`'s resolved neighbours (`ip -j neigh show dev IFACE`) and routes (`ip -j -4|-6
+/// route show dev IFACE`).
+pub fn table(iface: &str) -> Neighbours {
+    let run = |args: &[&str]| {
+        Command::new("ip")
+            .args(args)
+            .output()
+            .map(|out| out.stdout)
+            .unwrap_or_default()
+    };
+    let mut routes = parse_routes(&run(&["-j", "-4", "route", "show", "dev", iface]), false);
+    routes.extend(parse_routes(
+        &run(&["-j", "-6", "route", "show", "dev", iface]),
+        true,
+    ));
+    Neighbours {
+        macs: parse(&run(&["-j", "neigh", "show", "dev", iface])),
+        routes,
+    }
+}
+
+/// Routes of `ip -j route show` output: `dst` (`default`, a prefix, or a host) and the
+/// `gateway` if any.
+fn parse_routes(json: &[u8], v6: bool) -> Vec<(IpNet, Option<IpAddr>)> {
+    let v: serde_json::Value = serde_json::from_slice(json).unwrap_or_default();
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let dst = r["dst"].as_str()?;
+            let net: IpNet = match dst {
+                "default" if v6 => "::/0".parse().ok()?,
+                "default" => "0.0.0.0/0".parse().ok()?,
+                d if d.contains('/') => d.parse().ok()?,
+                d => IpNet::from(d.parse::<IpAddr>().ok()?),
+            };
+            let via = r["gateway"].as_str().and_then(|g| g.parse().ok());
+            Some((net, via))
+        })
+        .collect()
 }
 
 /// The resolved entries of `ip -j neigh` output: those with a link-layer address and not
@@ -52,15 +112,15 @@ pub fn backend_iface(cfg: &Config) -> Option<String> {
 }
 
 /// Fills the MAC of every backend that has none from `neighbours`; returns the next-hop
-/// addresses still unknown. The next hop is the tunnel target in the tunnel modes, else the
-/// backend's address (backends are on the gateway's segment).
-pub fn fill(cfg: &mut Config, neighbours: &HashMap<IpAddr, [u8; 6]>) -> Vec<IpAddr> {
+/// addresses still unknown. The next hop is the route's gateway towards the tunnel target
+/// in the tunnel modes, else towards the backend's address; on-link, the address itself.
+pub fn fill(cfg: &mut Config, neighbours: &Neighbours) -> Vec<IpAddr> {
     let mut missing = Vec::new();
     for s in &mut cfg.services {
         let tunnel = s.mode.is_tunnel();
         for b in s.backends.iter_mut().filter(|b| b.mac.is_none()) {
-            let hop = if tunnel { b.tunnel_target() } else { b.address };
-            match neighbours.get(&hop) {
+            let hop = neighbours.next_hop(if tunnel { b.tunnel_target() } else { b.address });
+            match neighbours.macs.get(&hop) {
                 Some(m) => b.mac = Some(MacAddr(*m)),
                 None => missing.push(hop),
             }
@@ -108,8 +168,10 @@ backends = [{ address = "198.51.100.14", port = 80, tunnel = "198.51.100.11" }]
 "#,
         )
         .unwrap();
-        let known: HashMap<IpAddr, [u8; 6]> =
-            [("198.51.100.11".parse().unwrap(), [2, 0, 0, 0, 1, 0x11])].into();
+        let known = Neighbours {
+            macs: [("198.51.100.11".parse().unwrap(), [2, 0, 0, 0, 1, 0x11])].into(),
+            routes: Vec::new(),
+        };
         let missing = fill(&mut cfg, &known);
         assert_eq!(missing, vec!["198.51.100.12".parse::<IpAddr>().unwrap()]);
         assert_eq!(
@@ -145,5 +207,51 @@ backends = [{ address = "198.51.100.14", port = 80, tunnel = "198.51.100.11" }]
         );
         assert!(t.contains_key(&"2001:db8:b::11".parse::<IpAddr>().unwrap()));
         assert!(parse(b"not json").is_empty());
+    }
+
+    #[test]
+    fn routed_backends_are_reached_through_their_gateway() {
+        // `ip -j -4 route show dev eth0` as iproute2 6.1 prints it, with a pod CIDR routed
+        // via its node.
+        let json = br#"[{"dst":"default","gateway":"198.51.100.254","flags":[]},
+            {"dst":"198.51.100.0/24","protocol":"kernel","scope":"link","prefsrc":"198.51.100.1","flags":[]},
+            {"dst":"203.0.113.64/28","gateway":"198.51.100.11","flags":[]},
+            {"dst":"203.0.113.99","gateway":"198.51.100.12","flags":[]}]"#;
+        let n = Neighbours {
+            macs: [("198.51.100.11".parse().unwrap(), [2, 0, 0, 0, 1, 0x11])].into(),
+            routes: parse_routes(json, false),
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(n.routes.len(), 4);
+        assert_eq!(n.next_hop(ip("203.0.113.65")), ip("198.51.100.11"));
+        assert_eq!(n.next_hop(ip("203.0.113.99")), ip("198.51.100.12"));
+        assert_eq!(
+            n.next_hop(ip("198.51.100.13")),
+            ip("198.51.100.13"),
+            "on-link"
+        );
+        assert_eq!(n.next_hop(ip("192.0.2.7")), ip("198.51.100.254"), "default");
+        assert_eq!(n.next_hop(ip("2001:db8::1")), ip("2001:db8::1"), "no route");
+        let mut cfg = strait_config::parse(
+            r#"
+[[gateway.interfaces]]
+name = "eth0"
+queues = [0]
+[[services]]
+name = "pods"
+vip = "203.0.113.10"
+port = 80
+mode = "nat"
+backends = [{ address = "203.0.113.65", port = 8080 }, { address = "203.0.113.99", port = 8080 }]
+"#,
+        )
+        .unwrap();
+        assert_eq!(fill(&mut cfg, &n), vec![ip("198.51.100.12")]);
+        assert_eq!(
+            cfg.services[0].backends[0].mac,
+            Some(MacAddr([2, 0, 0, 0, 1, 0x11])),
+            "the pod behind n1 is reached at n1's MAC"
+        );
+        assert!(parse_routes(b"not json", false).is_empty());
     }
 }

@@ -991,15 +991,17 @@ fn e_the_api_server_is_down_for_30_s_and_traffic_goes_on() {
 
 // ---- 5. the README's cluster section, step by step -----------------------------------
 
-/// The README's "Put Strait in front of your cluster" section, up to the NAT part.
-fn readme_cluster_section() -> String {
+/// The README's "Put Strait in front of your cluster" section: up to its NAT part, and
+/// the NAT part.
+fn readme_cluster_section() -> (String, String) {
     let readme = include_str!("../../README.md");
     let start = readme
         .find("### Put Strait in front of your cluster")
         .expect("README: the section \"Put Strait in front of your cluster\"");
     let rest = &readme[start..];
-    let end = rest.find("#### 3b.").unwrap_or(rest.len());
-    rest[..end].to_owned()
+    let end = rest.find("\n## ").unwrap_or(rest.len());
+    let nat = rest.find("#### 3b.").expect("README: the NAT part, 3b.");
+    (rest[..nat].to_owned(), rest[nat..end].to_owned())
 }
 
 /// The fenced code blocks of `text` (language tag, body), in order.
@@ -1060,20 +1062,24 @@ fn manifests(yaml: &str) -> Vec<Value> {
 
 /// The README's cluster section, read once per test.
 struct Readme {
-    /// The section, as written.
+    /// The code blocks up to the NAT part.
     blocks: Vec<(String, String)>,
-    /// Its prose with line breaks and indentation as single spaces.
+    /// Its prose up to the NAT part, line breaks and indentation as single spaces.
     prose: String,
+    /// The NAT part (3b), the same way.
+    nat: String,
     /// The repository root (the README's commands run from there).
     repo: PathBuf,
 }
 
 impl Readme {
     fn load() -> Readme {
-        let section = readme_cluster_section();
+        let (section, nat) = readme_cluster_section();
+        let flat = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
         Readme {
             blocks: code_blocks(&section),
-            prose: section.split_whitespace().collect::<Vec<_>>().join(" "),
+            prose: flat(&section),
+            nat: flat(&nat),
             repo: Path::new(env!("CARGO_MANIFEST_DIR")).join(".."),
         }
     }
@@ -1403,4 +1409,126 @@ fn f_the_readme_cluster_section_followed_step_by_step() {
     assert_eq!(api(&["-H", &bearer, "-X", "DELETE", &one]), "403");
     assert_eq!(fake.denied().len(), 2, "{:?}", fake.denied());
     drop(health);
+}
+
+#[test]
+fn g_the_readme_nat_steps_with_pods_behind_their_nodes() {
+    let _s = serial();
+    if !privileged() {
+        return;
+    }
+    let readme = Readme::load();
+    let prose = &readme.prose;
+    let bed = Bed::up("g", &["--backends", "3"]);
+    // The example's gateway address on the node segment (the testbed's gateway has .1).
+    let o = bed.exec(
+        "gw",
+        &["ip", "addr", "add", "198.51.100.2/24", "dev", "veth-gw"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let fake = FakeApi::start_in_netns(&bed.ns("gw"));
+    // Each node routes a pod CIDR of its own; a pod is an address on the node (what a
+    // pod's veth and the node's route to it amount to, seen from the gateway), served
+    // by the node's `strait testbed serve` on 8080.
+    let cidrs = ["203.0.113.64/28", "203.0.113.80/28", "203.0.113.96/28"];
+    let pod_ips = ["203.0.113.65", "203.0.113.81", "203.0.113.97"];
+    for i in 1..=3 {
+        let mut n = node(&format!("n{i}"), &format!("198.51.100.1{i}"));
+        n["spec"] = json!({ "podCIDR": cidrs[i - 1], "podCIDRs": [cidrs[i - 1]] });
+        fake.apply(n);
+        let o = bed.exec(
+            &format!("b{i}"),
+            &[
+                "ip",
+                "addr",
+                "add",
+                &format!("{}/32", pod_ips[i - 1]),
+                "dev",
+                "lo",
+            ],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+
+    // 3b.1: "`ip route add <podCIDR> via <node InternalIP>` on the gateway", for each
+    //    node's `.spec.podCIDR`.
+    let template = between(&readme.nat, "then `", "` on the gateway").to_owned();
+    assert!(template.contains("<podCIDR>") && template.contains("<node InternalIP>"));
+    for i in 1..=3 {
+        let node = fake.get(Res::Nodes, "", &format!("n{i}")).expect("node");
+        let cidr = node["spec"]["podCIDR"].as_str().expect("podCIDR");
+        let internal = node["status"]["addresses"][0]["address"]
+            .as_str()
+            .expect("InternalIP");
+        let cmd = template
+            .replace("<podCIDR>", cidr)
+            .replace("<node InternalIP>", internal);
+        let words: Vec<&str> = cmd.split_whitespace().collect();
+        let o = bed.exec("gw", &words);
+        assert!(
+            o.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // 3b.2: "make the gateway the nodes' route to the client networks (`ip route add
+    //    192.0.2.0/24 via 198.51.100.2` on each node)". The testbed's flat segment gave
+    //    them an on-link route to the clients; it goes first.
+    let node_route = between(&readme.nat, "client networks (`", "` on each node").to_owned();
+    for i in 1..=3 {
+        let b = format!("b{i}");
+        let o = bed.exec(&b, &["ip", "route", "del", "192.0.2.0/24"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let words: Vec<&str> = node_route.split_whitespace().collect();
+        let o = bed.exec(&b, &words);
+        assert!(
+            o.status.success(),
+            "{node_route}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // 3b.3: "Start it with `--kube-mode nat` ... and create LoadBalancer Services as above".
+    let mode = between(&readme.nat, "Start it with `", "`").to_owned();
+    assert_eq!(mode, "--kube-mode nat");
+    let (gw, _token) = steps_1_2_and_4(&readme, &bed, &fake, &|s| {
+        s.replace("--kube-mode dsr-l2", &mode)
+    });
+    let svc = step_5(&readme, &fake);
+    pods(&fake, &svc, &[(pod_ips[0], "n1"), (pod_ips[1], "n2")]);
+    let ip = external_ip(&readme, &fake, &svc);
+    let backends = wait_for("the pods as backends", Duration::from_secs(10), || {
+        let b = gw.backends(&ip, svc.port);
+        (b.len() == 2).then_some(b)
+    });
+    assert_eq!(
+        backends.keys().cloned().collect::<Vec<_>>(),
+        [pod_ips[0], pod_ips[1]]
+    );
+    let url = between(prose, "`curl ", "`").to_owned();
+    // The first request may find a next hop unresolved (the gateway probes it, and
+    // looks again every second).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while bed.curl(&url).is_none() && Instant::now() < deadline {
+        sleep(Duration::from_millis(200));
+    }
+    let answers = bed.requests(&url, 20);
+    assert!(
+        answers.iter().all(Option::is_some),
+        "curl {url} failed: {answers:?}\n{}\n{}",
+        gw.admin("/metrics")
+            .lines()
+            .filter(|l| l.contains("no_next_hop") || l.contains("strait_tx_packets"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        gw.log_text()
+    );
+    for a in answers.iter().flatten() {
+        assert!(a.contains("client=192.0.2.2:"), "client address lost: {a}");
+    }
+    let per = count(&answers);
+    assert_eq!(
+        per.keys().cloned().collect::<Vec<_>>(),
+        ["b1", "b2"],
+        "{per:?}"
+    );
 }
