@@ -43,7 +43,12 @@ static SERIAL: Mutex<()> = Mutex::new(());
 fn privileged() -> bool {
     support::privileged::privileged(
         "kubernetes traffic",
-        &[("ip", "-V", "iproute2"), ("curl", "--version", "curl")],
+        &[
+            ("ip", "-V", "iproute2"),
+            ("curl", "--version", "curl"),
+            // The README walkthrough's kubeconfig needs a CA certificate.
+            ("openssl", "version", "openssl"),
+        ],
     )
 }
 
