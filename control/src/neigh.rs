@@ -17,7 +17,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::process::Command;
 
 use ipnet::IpNet;
-use strait_config::model::{Config, MacAddr, Role};
+use strait_config::model::{Config, MacAddr, Mode, Role};
 
 /// What the kernel knows about reaching hosts through one interface.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -113,13 +113,22 @@ pub fn backend_iface(cfg: &Config) -> Option<String> {
 
 /// Fills the MAC of every backend that has none from `neighbours`; returns the next-hop
 /// addresses still unknown. The next hop is the route's gateway towards the tunnel target
-/// in the tunnel modes, else towards the backend's address; on-link, the address itself.
+/// in the tunnel modes, towards the backend's address in `nat`; on-link, the address
+/// itself. `dsr-l2` backends are always their own next hop (the frame keeps the VIP as
+/// destination, so a router on the way could not deliver it).
 pub fn fill(cfg: &mut Config, neighbours: &Neighbours) -> Vec<IpAddr> {
     let mut missing = Vec::new();
     for s in &mut cfg.services {
         let tunnel = s.mode.is_tunnel();
+        // dsr-l2 keeps the VIP as destination: only a backend on the segment can take it.
+        let routed = s.mode != Mode::DsrL2;
         for b in s.backends.iter_mut().filter(|b| b.mac.is_none()) {
-            let hop = neighbours.next_hop(if tunnel { b.tunnel_target() } else { b.address });
+            let target = if tunnel { b.tunnel_target() } else { b.address };
+            let hop = if routed {
+                neighbours.next_hop(target)
+            } else {
+                target
+            };
             match neighbours.macs.get(&hop) {
                 Some(m) => b.mac = Some(MacAddr(*m)),
                 None => missing.push(hop),
@@ -251,6 +260,13 @@ backends = [{ address = "203.0.113.65", port = 8080 }, { address = "203.0.113.99
             cfg.services[0].backends[0].mac,
             Some(MacAddr([2, 0, 0, 0, 1, 0x11])),
             "the pod behind n1 is reached at n1's MAC"
+        );
+        // dsr-l2 frames keep the VIP: a routed backend is not reached through the router.
+        cfg.services[0].mode = Mode::DsrL2;
+        cfg.services[0].backends[0].mac = None;
+        assert_eq!(
+            fill(&mut cfg, &n),
+            vec![ip("203.0.113.65"), ip("203.0.113.99")]
         );
         assert!(parse_routes(b"not json", false).is_empty());
     }
