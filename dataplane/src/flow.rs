@@ -40,15 +40,22 @@
 //!
 //! Per bucket, a 32-byte array of eight 32-bit hash tags (aligned to 32 bytes, so two
 //! buckets' tags share one 64-byte cache line and none straddles two), and separately the
-//! eight entries (a 38-byte key and a 46-byte value, 88 bytes with padding). A lookup loads
-//! the tag array, compares all 8 tags at once (the compiler turns the loop into a SIMD
-//! compare), and reads a full key only where a tag matches: a hit usually touches one line
-//! of tags and the one or two lines of its entry; a miss usually touches only the tags (a
-//! false tag match is a 2^-32 event per way). The tag is the upper 32 bits of the flow hash,
-//! independent of the bucket index taken from the low bits; tag 0 marks an empty way, so a
-//! hash whose tag would be 0 uses 1.
+//! eight entries, each exactly one 64-byte, line-aligned cache line: a 38-byte key and a
+//! 24-byte value. A lookup loads the tag array, compares all 8 tags at once (the compiler
+//! turns the loop into a SIMD compare), and reads a full key only where a tag matches: a hit
+//! touches one line of tags and the one line of its entry; a miss usually touches only the
+//! tags (a false tag match is a 2^-32 event per way). The tag is the upper 32 bits of the
+//! flow hash, independent of the bucket index taken from the low bits; tag 0 marks an empty
+//! way, so a hash whose tag would be 0 uses 1.
 //!
-//! Memory is 92 bytes per way: a table of 1M ways (131072 buckets) takes 92 MiB per core.
+//! The value is kept to 24 bytes so that the entry fits its line: the backend is named by
+//! [`BackendId`] and incarnation rather than by its 16-byte address (the snapshot has the
+//! address; the incarnation catches reused ids), and the last-seen time is 40 bits of
+//! milliseconds, so idle times and timeouts are counted in whole milliseconds. At 170 ns a
+//! DRAM miss, with a table far larger than the caches, the lines a packet touches are most of
+//! its cost: the earlier 88-byte entry spanned two or three lines.
+//!
+//! Memory is 68 bytes per way: a table of 1M ways (131072 buckets) takes 68 MiB per core.
 //! All of it is allocated and written in [`FlowTable::new`], so the packet path never
 //! allocates and never takes a first-touch page fault.
 //!
@@ -64,7 +71,7 @@
 //! | refused `Full` | 0.01 % | 0.1 % | 0.9 % | 3.3 % | 8.7 % | 18 % | 32 % |
 //!
 //! So configure a capacity of about 3-4 times the concurrent flows a core is expected to
-//! hold (for 1M flows, 4M ways, 368 MiB per core) to keep refusals near 0.1 %. Refusals
+//! hold (for 1M flows, 4M ways, 272 MiB per core) to keep refusals near 0.1 %. Refusals
 //! are safe (Maglev forwards the flow statelessly) and counted in [`FlowStats::full`].
 //!
 //! # Expiry
@@ -99,11 +106,13 @@ use crate::key::{BackendId, FlowKey};
 /// more tag lines per lookup and more entries examined per insert.
 pub const WAYS: usize = 8;
 
-/// The largest capacity [`FlowTable::new`] accepts: 2^28 ways, 23 GiB. Anything larger is
+/// The largest capacity [`FlowTable::new`] accepts: 2^28 ways, 17 GiB. Anything larger is
 /// a configuration mistake, not a table size.
 pub const MAX_CAPACITY: usize = 1 << 28;
 
 const NANOS_PER_SEC: u64 = 1_000_000_000;
+const NANOS_PER_MS: u64 = 1_000_000;
+const MS_PER_SEC: u64 = 1_000;
 
 /// TCP header flag bits (RFC 9293 section 3.1), as [`FlowState::on_tcp_flags`] takes them:
 /// the low byte of the TCP header's flags field (byte 13).
@@ -118,18 +127,6 @@ pub mod tcp_flags {
     pub const PSH: u8 = 0x08;
     /// The acknowledgment field is significant: every segment after the first SYN has it.
     pub const ACK: u8 = 0x10;
-}
-
-/// The rewrite target a flow entry remembers.
-///
-/// For a forward entry, the backend's address and port (the packet's new destination); for a
-/// reverse-NAT entry, the VIP and service port (the reply's new source).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
-pub struct Target {
-    /// Address, 16 bytes, IPv4-mapped for IPv4 (as in [`FlowKey`]).
-    pub addr: [u8; 16],
-    /// Port, host byte order.
-    pub port: u16,
 }
 
 /// A flow's connection state, which picks its idle timeout.
@@ -189,34 +186,66 @@ impl FlowState {
     }
 }
 
-/// What the table stores for a key.
+/// What the table stores for a key: 24 bytes, so that key and value fill one cache line.
+///
+/// The value names its backend by [`BackendId`] and [`FlowValue::incarnation`] rather than by
+/// address: ids are reused after a backend leaves, and the incarnation (the table's
+/// [`Backend::incarnation`](crate::table::Backend::incarnation)) tells a reused id from the
+/// backend the flow was sent to, so a stale entry is recognised and never followed. A
+/// reverse-NAT entry (reply 5-tuple) names the same backend, whose service gives the VIP and
+/// port the reply is translated back to.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct FlowValue {
     /// The backend chosen for the flow; checked against the current snapshot on every packet.
     pub backend: BackendId,
-    /// The rewrite target (backend address/port, or VIP/port for reverse-NAT entries).
-    pub target: Target,
-    /// Connection state, which picks the idle timeout.
-    pub state: FlowState,
-    /// When the flow last saw a packet, in nanoseconds of the caller's monotonic clock.
-    pub last_seen: u64,
+    /// The backend's incarnation when the entry was made; an entry is followed only while the
+    /// snapshot's backend of that id has the same incarnation.
+    pub incarnation: u32,
     /// Idle timeout in seconds that replaces the state's; 0 means use the state's. Session
     /// affinity entries carry their service's `sessionAffinityConfig.clientIP.timeoutSeconds`.
     pub timeout_override: u32,
-    /// Opaque to the table; the pipeline stores, for example, the service index.
-    pub aux: u32,
     /// For reverse-NAT entries: the MAC the client's packets came from (the next hop back to
     /// the client). Zero elsewhere.
     pub peer_mac: [u8; 6],
-    /// For reverse-NAT entries: the port replies leave by. Zero elsewhere.
-    pub peer_port: u8,
+    /// When the flow last saw a packet: milliseconds of the caller's monotonic clock, 40 bits
+    /// little-endian (the clock must stay below 2^40 ms, 34 years, as a clock since boot
+    /// does). See [`FlowValue::last_seen_ms`].
+    last_seen: [u8; 5],
+    /// Connection state, which picks the idle timeout.
+    pub state: FlowState,
 }
 
 impl FlowValue {
-    /// Records a packet at `now`, which restarts the idle timeout.
+    /// A value for `backend` of incarnation `incarnation` in `state`, last seen at `now`
+    /// (nanoseconds), with no timeout override and no peer MAC.
+    #[inline]
+    pub fn new(backend: BackendId, incarnation: u32, state: FlowState, now: u64) -> Self {
+        let mut v = Self {
+            backend,
+            incarnation,
+            timeout_override: 0,
+            peer_mac: [0; 6],
+            last_seen: [0; 5],
+            state,
+        };
+        v.touch(now);
+        v
+    }
+
+    /// Records a packet at `now` (nanoseconds), which restarts the idle timeout.
     #[inline]
     pub fn touch(&mut self, now: u64) {
-        self.last_seen = now;
+        let ms = (now / NANOS_PER_MS).to_le_bytes();
+        self.last_seen.copy_from_slice(&ms[..5]);
+    }
+
+    /// When the flow last saw a packet, in whole milliseconds of the caller's clock (`now /
+    /// 1_000_000` of the latest [`FlowValue::touch`]). Idle time is measured in these units.
+    #[inline]
+    pub fn last_seen_ms(&self) -> u64 {
+        let mut b = [0u8; 8];
+        b[..5].copy_from_slice(&self.last_seen);
+        u64::from_le_bytes(b)
     }
 }
 
@@ -331,7 +360,9 @@ pub struct FlowStats {
 #[repr(align(32))]
 struct Tags([u32; WAYS]);
 
+/// One way: key (38 bytes) and value (24 bytes, 4-aligned), one cache line.
 #[derive(Clone, Copy)]
+#[repr(C, align(64))]
 struct Entry {
     key: FlowKey,
     value: FlowValue,
@@ -349,16 +380,11 @@ impl Entry {
         },
         value: FlowValue {
             backend: BackendId(0),
-            target: Target {
-                addr: [0; 16],
-                port: 0,
-            },
-            state: FlowState::Other,
-            last_seen: 0,
+            incarnation: 0,
             timeout_override: 0,
-            aux: 0,
             peer_mac: [0; 6],
-            peer_port: 0,
+            last_seen: [0; 5],
+            state: FlowState::Other,
         },
     };
 }
@@ -430,6 +456,8 @@ pub struct FlowTable {
     mask: usize,
     len: usize,
     timeouts: Timeouts,
+    /// `timeouts` in milliseconds (rounded up), indexed by `FlowState as usize`.
+    timeout_ms: [u64; 5],
     limiter: RateLimiter,
     /// Next bucket [`FlowTable::sweep`] visits.
     cursor: usize,
@@ -453,7 +481,7 @@ impl FlowTable {
     /// buckets of [`WAYS`] ways, with the given idle timeouts and a cap of
     /// `new_flows_per_sec` new entries per second (0 for no cap).
     ///
-    /// Allocates and writes the whole table (92 bytes per way) now, so that nothing later
+    /// Allocates and writes the whole table (68 bytes per way) now, so that nothing later
     /// allocates or page-faults.
     ///
     /// # Panics
@@ -472,6 +500,14 @@ impl FlowTable {
             mask: buckets - 1,
             len: 0,
             timeouts,
+            timeout_ms: [
+                FlowState::TcpSyn,
+                FlowState::TcpEstablished,
+                FlowState::TcpClosing,
+                FlowState::Udp,
+                FlowState::Other,
+            ]
+            .map(|st| timeouts.of(st).div_ceil(NANOS_PER_MS)),
             limiter: RateLimiter::new(new_flows_per_sec),
             cursor: 0,
             stats: FlowStats::default(),
@@ -590,9 +626,9 @@ impl FlowTable {
                 self.stats.expired += 1;
                 reclaimed.get_or_insert(w);
             } else if v.state == FlowState::TcpSyn
-                && oldest_syn.is_none_or(|(_, seen)| v.last_seen < seen)
+                && oldest_syn.is_none_or(|(_, seen)| v.last_seen_ms() < seen)
             {
-                oldest_syn = Some((w, v.last_seen));
+                oldest_syn = Some((w, v.last_seen_ms()));
             }
         }
         if let Some(w) = reclaimed {
@@ -669,21 +705,29 @@ impl FlowTable {
         }
     }
 
-    /// The idle timeout of `v` in nanoseconds: its override if set, else its state's.
+    /// The idle timeout of `v` in nanoseconds: its override if set, else its state's, rounded
+    /// up to whole milliseconds.
     #[inline]
     pub fn timeout_of(&self, v: &FlowValue) -> u64 {
+        self.timeout_ms(v) * NANOS_PER_MS
+    }
+
+    #[inline(always)]
+    fn timeout_ms(&self, v: &FlowValue) -> u64 {
         if v.timeout_override != 0 {
-            u64::from(v.timeout_override) * NANOS_PER_SEC
+            u64::from(v.timeout_override) * MS_PER_SEC
         } else {
-            self.timeouts.of(v.state)
+            self.timeout_ms[v.state as usize]
         }
     }
 
-    /// Whether `v` is live at `now`: idle for less than its timeout. An entry expires exactly
-    /// at `last_seen + timeout`; a `now` before `last_seen` counts as no idle time.
+    /// Whether `v` is live at `now` (nanoseconds): idle for less than its timeout, idle time
+    /// counted in whole milliseconds (`now / 1_000_000 - v.last_seen_ms()`). An entry touched
+    /// at a whole millisecond `t` expires exactly at `t + timeout`; a `now` before the last
+    /// touch counts as no idle time.
     #[inline]
     pub fn is_live(&self, v: &FlowValue, now: u64) -> bool {
-        now.saturating_sub(v.last_seen) < self.timeout_of(v)
+        (now / NANOS_PER_MS).saturating_sub(v.last_seen_ms()) < self.timeout_ms(v)
     }
 
     /// Every entry held, live or expired but not yet reclaimed (filter with
@@ -712,15 +756,13 @@ impl FlowTable {
     }
 
     /// Starts loading the entry whose tag matches `hash` (the bucket's tags should already be
-    /// cached, see [`FlowTable::prefetch_bucket`]): both cache lines an entry may span. Does
-    /// nothing when no tag matches (a new flow).
+    /// cached, see [`FlowTable::prefetch_bucket`]): one cache line. Does nothing when no tag
+    /// matches (a new flow).
     #[inline(always)]
     pub fn prefetch_entry(&self, hash: u64) {
         let (b, tag) = self.split(hash);
         if let Some(w) = self.tags[b].0.iter().position(|&t| t == tag) {
-            let e = &self.entries[b][w];
-            crate::hint::prefetch(e);
-            crate::hint::prefetch(&e.value.peer_port);
+            crate::hint::prefetch(&self.entries[b][w]);
         }
     }
 
@@ -796,19 +838,9 @@ mod tests {
     }
 
     fn val(backend: u32, state: FlowState, now: u64) -> FlowValue {
-        FlowValue {
-            backend: BackendId(backend),
-            target: Target {
-                addr: v4_mapped([198, 51, 100, backend as u8]),
-                port: 8080,
-            },
-            state,
-            last_seen: now,
-            timeout_override: 0,
-            aux: backend * 10,
-            peer_mac: [2, 0, 0, 0, 0, backend as u8],
-            peer_port: backend as u8,
-        }
+        let mut v = FlowValue::new(BackendId(backend), backend * 10, state, now);
+        v.peer_mac = [2, 0, 0, 0, 0, backend as u8];
+        v
     }
 
     fn table(capacity: usize) -> FlowTable {
@@ -825,11 +857,12 @@ mod tests {
     }
 
     #[test]
-    fn entry_is_88_bytes_and_a_way_92() {
+    fn entry_is_one_cache_line_and_a_way_68_bytes() {
         // The module docs quote these numbers for the memory cost.
         assert_eq!(core::mem::size_of::<FlowKey>(), 38);
-        assert_eq!(core::mem::size_of::<FlowValue>(), 48);
-        assert_eq!(core::mem::size_of::<Entry>(), 88);
+        assert_eq!(core::mem::size_of::<FlowValue>(), 24);
+        assert_eq!(core::mem::size_of::<Entry>(), 64);
+        assert_eq!(core::mem::align_of::<Entry>(), 64);
         assert_eq!(core::mem::size_of::<Tags>(), 32);
         assert_eq!(core::mem::align_of::<Tags>(), 32);
     }
@@ -879,8 +912,8 @@ mod tests {
         e.state = e.state.on_tcp_flags(ACK);
         let got = *t.lookup(&k4, 2 * S).unwrap();
         assert_eq!(
-            (got.last_seen, got.state),
-            (2 * S, FlowState::TcpEstablished)
+            (got.last_seen_ms(), got.state),
+            (2_000, FlowState::TcpEstablished)
         );
 
         assert_eq!(t.remove(&k4), Some(got));
@@ -926,10 +959,8 @@ mod tests {
             let mut t = table(64);
             let start = 1_000 * S;
             let k = key(3);
-            let v = FlowValue {
-                timeout_override: over,
-                ..val(1, state, start)
-            };
+            let mut v = val(1, state, start);
+            v.timeout_override = over;
             assert_eq!(t.timeout_of(&v), timeout);
             t.insert(k, v, start).unwrap();
             assert!(

@@ -17,7 +17,7 @@
 //! services share both. Fragmented nat replies are dropped (`fragmented_reply`): their ports
 //! are only in the first fragment and the gateway does not reassemble.
 
-use crate::flow::{FlowState, FlowTable, FlowValue, InsertError, Target, Timeouts};
+use crate::flow::{FlowState, FlowTable, FlowValue, InsertError, Timeouts};
 use crate::hash::{hash_words, mix64, SEED_FLOW, SEED_MAGLEV};
 use crate::key::{is_v4, proto, FlowKey};
 use crate::rewrite::{self, Encap, EncapError, Frame, Macs, Outer};
@@ -292,9 +292,7 @@ impl Pipeline {
         let mut stale = None;
         if let Some(v) = self.flows.lookup_hashed(key, fh, now) {
             match t.backend(v.backend) {
-                Some(b)
-                    if b.keeps_flows() && b.addr == v.target.addr && b.port == v.target.port =>
-                {
+                Some(b) if b.keeps_flows() && b.incarnation == v.incarnation => {
                     v.touch(now);
                     if tcp {
                         v.state = v.state.on_tcp_flags(p.tcp_flags);
@@ -317,23 +315,23 @@ impl Pipeline {
             self.counters.rst_without_flow += 1;
             return Ok(b);
         }
+        let mut reply = None;
         if s.mode == Mode::Nat {
-            if let Some(old) = stale {
-                self.flows.remove(&reply_key(key, &old.target));
+            if let Some(old) = stale.and_then(|old| current(t, &old)) {
+                self.flows.remove(&reply_key(key, old));
             }
-            let rkey = reply_key(
-                key,
-                &Target {
-                    addr: b.addr,
-                    port: b.port,
-                },
-            );
-            if let Some(r) = self.flows.lookup(&rkey, now) {
-                if r.target.addr != key.dst || r.target.port != key.dst_port {
-                    // The backend's reply tuple already belongs to a flow to another VIP.
+            let rkey = reply_key(key, b);
+            let rh = rkey.hash(SEED_FLOW);
+            if let Some(r) = self.flows.lookup_hashed(&rkey, rh, now) {
+                // The reply tuple names the backend's address and port, so a live reply entry
+                // for it is this flow's (same backend id and incarnation) or belongs to a flow
+                // to another service with a backend at the same address and port. One whose
+                // backend has left can never be followed again and is overwritten.
+                if current(t, r).is_some_and(|rb| rb.id != b.id) {
                     return Err(Verdict::Drop(DropReason::NatCollision));
                 }
             }
+            reply = Some((rkey, rh));
         }
         self.new_flows[b.id.0 as usize % NEW_FLOW_SLOTS] += 1;
         let state = if tcp {
@@ -341,36 +339,14 @@ impl Pipeline {
         } else {
             FlowState::Udp
         };
-        let value = FlowValue {
-            backend: b.id,
-            target: Target {
-                addr: b.addr,
-                port: b.port,
-            },
-            state,
-            last_seen: now,
-            timeout_override: 0,
-            aux: 0,
-            peer_mac: [0; 6],
-            peer_port: 0,
-        };
+        let value = FlowValue::new(b.id, b.incarnation, state, now);
         match self.flows.insert_hashed(*key, fh, value, now) {
             Ok(_) => {
                 self.counters.flows_created += 1;
-                if s.mode == Mode::Nat {
-                    let mut src_mac = [0u8; 6];
-                    src_mac.copy_from_slice(&frame.data()[6..12]);
-                    let reply = FlowValue {
-                        target: Target {
-                            addr: key.dst,
-                            port: key.dst_port,
-                        },
-                        peer_mac: src_mac,
-                        peer_port: t.client_port,
-                        ..value
-                    };
-                    let rkey = reply_key(key, &value.target);
-                    if self.flows.insert(rkey, reply, now).is_err() {
+                if let Some((rkey, rh)) = reply {
+                    let mut reply = value;
+                    reply.peer_mac.copy_from_slice(&frame.data()[6..12]);
+                    if self.flows.insert_hashed(rkey, rh, reply, now).is_err() {
                         // Replies will not be translated: undo the forward entry so the state
                         // stays symmetric, and count the flow as stateless.
                         self.flows.remove(key);
@@ -407,27 +383,16 @@ impl Pipeline {
         };
         let ah = akey.hash(SEED_FLOW);
         if let Some(v) = self.flows.lookup_hashed(&akey, ah, now) {
-            if let Some(b) = t.backend(v.backend) {
-                if b.health == Health::Up && b.addr == v.target.addr && b.port == v.target.port {
+            if let Some(b) = current(t, v) {
+                if b.health == Health::Up {
                     v.touch(now);
                     return Some(b);
                 }
             }
         }
         let b = pick(t, s, maglev_hash(ah))?;
-        let value = FlowValue {
-            backend: b.id,
-            target: Target {
-                addr: b.addr,
-                port: b.port,
-            },
-            state: FlowState::Other,
-            last_seen: now,
-            timeout_override: s.affinity_secs,
-            aux: 0,
-            peer_mac: [0; 6],
-            peer_port: 0,
-        };
+        let mut value = FlowValue::new(b.id, b.incarnation, FlowState::Other, now);
+        value.timeout_override = s.affinity_secs;
         let _ = self.flows.insert_hashed(akey, ah, value, now);
         Some(b)
     }
@@ -458,28 +423,36 @@ impl Pipeline {
         let Some(v) = self.flows.lookup_hashed(&p.key(), fh, now) else {
             return Verdict::Drop(DropReason::ReplyNoFlow);
         };
+        // The reply goes back as from the frontend of the flow's backend. A backend that has
+        // left the snapshot (or whose id now names another backend) leaves no frontend to
+        // translate to: its flows are being re-hashed and its replies are not answered.
+        let Some(s) = current(t, v).and_then(|b| t.services.get(b.service as usize)) else {
+            return Verdict::Drop(DropReason::ReplyNoFlow);
+        };
         v.touch(now);
         if p.proto == proto::TCP {
             v.state = v.state.on_tcp_flags(p.tcp_flags);
         }
-        let v = *v;
+        let peer_mac = v.peer_mac;
         if p.ttl <= 1 {
             return Verdict::Drop(DropReason::TtlExceeded);
         }
-        let Some(port) = t.ports.get(v.peer_port as usize) else {
+        let Some(port) = t.ports.get(t.client_port as usize) else {
             return Verdict::Drop(DropReason::NoEgress);
         };
         rewrite::nat_reply(
             frame,
             p,
-            &v.target.addr,
-            v.target.port,
+            &s.frontend.vip,
+            s.frontend.port,
             Macs {
                 src: port.mac,
-                dst: v.peer_mac,
+                dst: peer_mac,
             },
         );
-        Verdict::Tx { port: v.peer_port }
+        Verdict::Tx {
+            port: t.client_port,
+        }
     }
 
     /// An ICMP error about a packet a VIP sent (its embedded source is the VIP): forwarded to
@@ -510,7 +483,7 @@ impl Pipeline {
         }
         let fh = k.hash(SEED_FLOW);
         let from_flow = self.flows.lookup_hashed(&k, fh, now).map(|v| *v);
-        let b = match from_flow.and_then(|v| t.backend(v.backend).filter(|b| b.keeps_flows())) {
+        let b = match from_flow.and_then(|v| current(t, &v).filter(|b| b.keeps_flows())) {
             Some(b) => b,
             // No state (DSR flows may live on another gateway or have been stateless): the
             // Maglev choice the flow itself would get.
@@ -538,16 +511,24 @@ impl Pipeline {
     }
 }
 
-/// The reply tuple of a nat flow to `target`: backend:port to client:port.
+/// The reply tuple of a nat flow to backend `b`: backend:port to client:port.
 #[inline(always)]
-fn reply_key(k: &FlowKey, target: &Target) -> FlowKey {
+fn reply_key(k: &FlowKey, b: &Backend) -> FlowKey {
     FlowKey {
-        src: target.addr,
+        src: b.addr,
         dst: k.src,
-        src_port: target.port,
+        src_port: b.port,
         dst_port: k.src_port,
         proto: k.proto,
     }
+}
+
+/// The backend a flow entry names, if the snapshot still has it: same id and incarnation (an
+/// id reused for another backend has another incarnation).
+#[inline(always)]
+fn current<'t>(t: &'t ServiceTable, v: &FlowValue) -> Option<&'t Backend> {
+    t.backend(v.backend)
+        .filter(|b| b.incarnation == v.incarnation)
 }
 
 /// The Maglev choice for hash `h` among the service's members.

@@ -80,6 +80,9 @@ pub enum Health {
 pub struct Backend {
     /// Stable id.
     pub id: BackendId,
+    /// Changes whenever `id` is given to a new (service, address, port), so that a flow entry
+    /// holding (id, incarnation) never follows a reused id to another backend.
+    pub incarnation: u32,
     /// Index of its service in [`ServiceTable::services`].
     pub service: u32,
     /// Backend address (key form): the nat rewrite target.
@@ -286,6 +289,9 @@ pub struct Builder {
     ids: HashMap<BackendKey, BackendId>,
     free: Vec<BackendId>,
     next: u32,
+    /// Incarnation of each id in use, by id; bumped from `allocations` when an id is handed out.
+    incarnations: Vec<u32>,
+    allocations: u32,
     generation: u64,
     maglev: HashMap<MaglevInput, Arc<maglev::Table>>,
 }
@@ -376,6 +382,7 @@ impl Builder {
                 backends.push(id);
                 let entry = Backend {
                     id,
+                    incarnation: self.incarnations[id.0 as usize],
                     service: si as u32,
                     addr: key.1,
                     port: b.port,
@@ -460,6 +467,11 @@ impl Builder {
             BackendId(self.next - 1)
         });
         self.ids.insert(key, id);
+        self.allocations = self.allocations.wrapping_add(1);
+        if self.incarnations.len() <= id.0 as usize {
+            self.incarnations.resize(id.0 as usize + 1, 0);
+        }
+        self.incarnations[id.0 as usize] = self.allocations;
         id
     }
 }

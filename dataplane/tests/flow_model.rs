@@ -31,7 +31,8 @@ fn timeouts() -> Timeouts {
 }
 
 /// The model's own liveness rule, written from the documented contract rather than the
-/// table's code: idle time strictly below the override (seconds) or the state's timeout.
+/// table's code: idle time, in whole milliseconds since the last touch, strictly below the
+/// override (seconds) or the state's timeout.
 fn model_live(v: &FlowValue, now: u64) -> bool {
     let to = timeouts();
     let timeout = if v.timeout_override != 0 {
@@ -45,7 +46,7 @@ fn model_live(v: &FlowValue, now: u64) -> bool {
             FlowState::Other => to.other,
         }
     };
-    now.saturating_sub(v.last_seen) < timeout
+    (now / MS).saturating_sub(v.last_seen_ms()) * MS < timeout
 }
 
 /// Key `i` of a small key space mixing IPv4 and IPv6, TCP and UDP.
@@ -77,7 +78,7 @@ enum Op {
         backend: u32,
         state: FlowState,
         timeout_override: u32,
-        aux: u32,
+        incarnation: u32,
     },
     Lookup {
         k: u8,
@@ -118,8 +119,8 @@ fn op(keys: u8) -> impl Strategy<Value = Op> {
             prop_oneof![3 => Just(0u32), 1 => 1..20u32],
             any::<u32>(),
         )
-            .prop_map(|(k, backend, state, timeout_override, aux)| Op::Insert {
-                k, backend, state, timeout_override, aux
+            .prop_map(|(k, backend, state, timeout_override, incarnation)| Op::Insert {
+                k, backend, state, timeout_override, incarnation
             }),
         4 => k.clone().prop_map(|k| Op::Lookup { k }),
         2 => (k.clone(), any::<u8>()).prop_map(|(k, flags)| Op::Touch { k, flags }),
@@ -133,20 +134,17 @@ fn op(keys: u8) -> impl Strategy<Value = Op> {
     ]
 }
 
-fn value(backend: u32, state: FlowState, timeout_override: u32, aux: u32, now: u64) -> FlowValue {
-    FlowValue {
-        backend: BackendId(backend),
-        target: Target {
-            addr: v4_mapped([198, 51, 100, backend as u8]),
-            port: 8000 + backend as u16,
-        },
-        state,
-        last_seen: now,
-        timeout_override,
-        aux,
-        peer_mac: [2, 0, 0, 0, (aux >> 8) as u8, aux as u8],
-        peer_port: backend as u8,
-    }
+fn value(
+    backend: u32,
+    state: FlowState,
+    timeout_override: u32,
+    incarnation: u32,
+    now: u64,
+) -> FlowValue {
+    let mut v = FlowValue::new(BackendId(backend), incarnation, state, now);
+    v.timeout_override = timeout_override;
+    v.peer_mac = [2, 0, 0, 0, (incarnation >> 8) as u8, incarnation as u8];
+    v
 }
 
 /// What the pipeline does to a hit: restart its idle timer and advance its TCP state.
@@ -182,8 +180,8 @@ proptest! {
         let mut now = 1_000 * S;
         for op in ops {
             match op {
-                Op::Insert { k, backend, state, timeout_override, aux } => {
-                    let v = value(backend, state, timeout_override, aux, now);
+                Op::Insert { k, backend, state, timeout_override, incarnation } => {
+                    let v = value(backend, state, timeout_override, incarnation, now);
                     let got = t.insert(key(k), v, now).map(|e| *e);
                     prop_assert_eq!(got, Ok(v));
                     model.insert(key(k), v);
@@ -251,8 +249,8 @@ proptest! {
         let mut now = 0;
         for op in ops {
             match op {
-                Op::Insert { k, backend, state, timeout_override, aux } => {
-                    let v = value(backend, state, timeout_override, aux, now);
+                Op::Insert { k, backend, state, timeout_override, incarnation } => {
+                    let v = value(backend, state, timeout_override, incarnation, now);
                     match t.insert(key(k), v, now) {
                         Ok(got) => {
                             prop_assert_eq!(*got, v);
