@@ -756,14 +756,19 @@ impl FlowTable {
     }
 
     /// Starts loading the entry whose tag matches `hash` (the bucket's tags should already be
-    /// cached, see [`FlowTable::prefetch_bucket`]): one cache line. Does nothing when no tag
-    /// matches (a new flow).
+    /// cached, see [`FlowTable::prefetch_bucket`]): one cache line. When no tag matches (a new
+    /// flow, most likely), starts loading the way an insert would take instead, the first
+    /// empty one, so that writing the new entry does not wait for memory; and returns false.
     #[inline(always)]
-    pub fn prefetch_entry(&self, hash: u64) {
+    pub fn prefetch_entry(&self, hash: u64) -> bool {
         let (b, tag) = self.split(hash);
-        if let Some(w) = self.tags[b].0.iter().position(|&t| t == tag) {
-            crate::hint::prefetch(&self.entries[b][w]);
-        }
+        let tags = &self.tags[b].0;
+        let (w, hit) = match tags.iter().position(|&t| t == tag) {
+            Some(w) => (w, true),
+            None => (tags.iter().position(|&t| t == 0).unwrap_or(0), false),
+        };
+        crate::hint::prefetch(&self.entries[b][w]);
+        hit
     }
 
     /// Bucket index (low bits) and tag (high 32 bits, never 0) of a hash.

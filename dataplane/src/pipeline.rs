@@ -91,6 +91,8 @@ pub struct Pipeline {
     core: u16,
     cores: u16,
     staged: [Staged; BATCH],
+    /// Per frame of the batch: the flow-table hash of a new nat flow's reply tuple, 0 if none.
+    reply_hashes: [u64; BATCH],
 }
 
 /// Backend ids with a new-flow counter of their own; larger ids share slots. Allocated once
@@ -129,6 +131,7 @@ impl Pipeline {
             core,
             cores,
             staged: [(Ok(None), 0); BATCH],
+            reply_hashes: [0; BATCH],
         }
     }
 
@@ -159,9 +162,22 @@ impl Pipeline {
                 }
                 *st = (parsed, h);
             }
-            for st in &self.staged[..frames.len()] {
-                if st.1 != 0 {
-                    self.flows.prefetch_entry(st.1);
+            let mut replies = false;
+            for ((parsed, h), rh) in self.staged[..frames.len()]
+                .iter()
+                .zip(self.reply_hashes.iter_mut())
+            {
+                *rh = 0;
+                if *h != 0 && !self.flows.prefetch_entry(*h) {
+                    *rh = warm_new_flow(t, &self.flows, parsed, *h);
+                    replies |= *rh != 0;
+                }
+            }
+            if replies {
+                for &rh in &self.reply_hashes[..frames.len()] {
+                    if rh != 0 {
+                        self.flows.prefetch_entry(rh);
+                    }
                 }
             }
             for (i, (f, v)) in frames.iter_mut().zip(verdicts.iter_mut()).enumerate() {
@@ -509,6 +525,44 @@ impl Pipeline {
         rewrite::nat_icmp_error(frame, p, &b.addr, b.port, Macs { src, dst: mac });
         Verdict::Tx { port: b.egress }
     }
+}
+
+/// Loads, ahead of deciding, what a new flow's packet will read: its service, its Maglev slot
+/// and backend, and in nat mode the bucket of its reply tuple (probably in DRAM, and looked up
+/// only after the Maglev choice, so otherwise a serial miss per new flow). Returns the reply
+/// tuple's hash in nat mode (so that the caller can prefetch its entry once the bucket is in),
+/// else 0. Pure reads: the decision itself is made later, in order, by [`Pipeline::step`].
+#[inline(always)]
+fn warm_new_flow(
+    t: &ServiceTable,
+    flows: &FlowTable,
+    parsed: &Result<Option<Parsed>, DropReason>,
+    fh: u64,
+) -> u64 {
+    let Ok(Some(p)) = parsed else { return 0 };
+    let Some(s) = t
+        .service_for(&Frontend {
+            vip: p.dst,
+            port: p.dst_port,
+            proto: p.proto,
+        })
+        .and_then(|si| t.services.get(si as usize))
+    else {
+        return 0;
+    };
+    if s.affinity_secs != 0 {
+        return 0;
+    }
+    let Some(b) = pick(t, s, maglev_hash(fh)) else {
+        return 0;
+    };
+    if s.mode != Mode::Nat {
+        core::hint::black_box(b);
+        return 0;
+    }
+    let rh = reply_key(&p.key(), b).hash(SEED_FLOW);
+    flows.prefetch_bucket(rh);
+    rh
 }
 
 /// The reply tuple of a nat flow to backend `b`: backend:port to client:port.
