@@ -75,8 +75,9 @@ fn maglev_hash(flow_hash: u64) -> u64 {
 /// results stay in L1 (32 x ~128 bytes). Equal to the AF_XDP RX batch.
 pub const BATCH: usize = 32;
 
-/// A frame's parse result and flow hash, computed in the first pass over a batch.
-type Staged = (Result<Option<Parsed>, DropReason>, u64);
+/// A frame's parse result, flow hash and, for frames with a flow hash, the result of looking
+/// up their frontend (`None`: not looked up), computed in the first pass over a batch.
+type Staged = (Result<Option<Parsed>, DropReason>, u64, Option<Option<u32>>);
 
 /// One core's packet pipeline.
 #[derive(Debug)]
@@ -130,17 +131,27 @@ impl Pipeline {
             new_flows: vec![0; NEW_FLOW_SLOTS].into_boxed_slice(),
             core,
             cores,
-            staged: [(Ok(None), 0); BATCH],
+            staged: [(Ok(None), 0, None); BATCH],
             reply_hashes: [0; BATCH],
         }
     }
 
     /// Runs a batch of frames, writing each one's verdict to `verdicts` (same length).
     ///
-    /// Equivalent to calling [`Pipeline::process`] on each frame in order, but done in three
-    /// passes so that the flow-table cache misses of the whole batch overlap: parse and hash
-    /// every frame and prefetch its bucket's tags; then prefetch each matching entry; then
-    /// decide. With a table larger than the caches this is most of the per-packet cost.
+    /// Equivalent to calling [`Pipeline::process`] on each frame in order, but done in passes
+    /// so that the cache misses of the whole batch overlap instead of following one another:
+    ///
+    /// 1. parse and hash every frame, prefetch its flow bucket's tags, look up its frontend and
+    ///    prefetch the service record;
+    /// 2. prefetch each frame's matching entry; for a frame whose flow misses (a new flow,
+    ///    most likely), prefetch the way its insert will take and read its Maglev slot and
+    ///    backend, and in nat mode prefetch the bucket of its reply tuple;
+    /// 3. in nat mode, prefetch those reply tuples' entries (or insert ways);
+    /// 4. decide, in order.
+    ///
+    /// Passes 1-3 only read; every decision is made in pass 4, so the verdicts are those of
+    /// [`Pipeline::process`]. With a table larger than the caches, memory latency is most of
+    /// the per-packet cost, and a batch waits for it about once per pass, not once per frame.
     ///
     /// # Panics
     /// If `verdicts` is shorter than `frames`.
@@ -157,20 +168,34 @@ impl Pipeline {
             for (f, st) in frames.iter().zip(self.staged.iter_mut()) {
                 let parsed = parse(f.data());
                 let h = flow_hash(&parsed);
-                if h != 0 {
+                let mut svc = None;
+                if let (Ok(Some(p)), true) = (&parsed, h != 0) {
                     self.flows.prefetch_bucket(h);
+                    let si = t.service_for(&Frontend {
+                        vip: p.dst,
+                        port: p.dst_port,
+                        proto: p.proto,
+                    });
+                    if let Some(s) = si.and_then(|si| t.services.get(si as usize)) {
+                        crate::hint::prefetch(&s.acl);
+                        crate::hint::prefetch(&s.mode);
+                        crate::hint::prefetch(&s.affinity_secs);
+                    }
+                    svc = Some(si);
                 }
-                *st = (parsed, h);
+                *st = (parsed, h, svc);
             }
             let mut replies = false;
-            for ((parsed, h), rh) in self.staged[..frames.len()]
+            for ((parsed, h, svc), rh) in self.staged[..frames.len()]
                 .iter()
                 .zip(self.reply_hashes.iter_mut())
             {
                 *rh = 0;
                 if *h != 0 && !self.flows.prefetch_entry(*h) {
-                    *rh = warm_new_flow(t, &self.flows, parsed, *h);
-                    replies |= *rh != 0;
+                    if let Some(Some(si)) = svc {
+                        *rh = warm_new_flow(t, &self.flows, parsed, *h, *si);
+                        replies |= *rh != 0;
+                    }
                 }
             }
             if replies {
@@ -181,8 +206,8 @@ impl Pipeline {
                 }
             }
             for (i, (f, v)) in frames.iter_mut().zip(verdicts.iter_mut()).enumerate() {
-                let (parsed, h) = self.staged[i];
-                *v = self.finish(t, now, ingress, f, parsed, h);
+                let (parsed, h, svc) = self.staged[i];
+                *v = self.finish(t, now, ingress, f, parsed, h, svc);
             }
         }
     }
@@ -199,11 +224,13 @@ impl Pipeline {
     ) -> Verdict {
         let parsed = parse(frame.data());
         let h = flow_hash(&parsed);
-        self.finish(t, now, ingress, frame, parsed, h)
+        self.finish(t, now, ingress, frame, parsed, h, None)
     }
 
-    /// Decides on a parsed frame and counts the outcome.
+    /// Decides on a parsed frame and counts the outcome. `svc` is the frame's frontend lookup
+    /// if already done.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn finish(
         &mut self,
         t: &ServiceTable,
@@ -212,9 +239,10 @@ impl Pipeline {
         frame: &mut Frame<'_>,
         parsed: Result<Option<Parsed>, DropReason>,
         fh: u64,
+        svc: Option<Option<u32>>,
     ) -> Verdict {
         self.counters.rx += 1;
-        let v = self.step(t, now, ingress, frame, parsed, fh);
+        let v = self.step(t, now, ingress, frame, parsed, fh, svc);
         match v {
             Verdict::Tx { .. } => self.counters.tx += 1,
             Verdict::Pass => self.counters.pass += 1,
@@ -225,6 +253,7 @@ impl Pipeline {
     }
 
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn step(
         &mut self,
         t: &ServiceTable,
@@ -233,6 +262,7 @@ impl Pipeline {
         frame: &mut Frame<'_>,
         parsed: Result<Option<Parsed>, DropReason>,
         fh: u64,
+        svc: Option<Option<u32>>,
     ) -> Verdict {
         let p = match parsed {
             Ok(Some(p)) => p,
@@ -254,10 +284,12 @@ impl Pipeline {
                 None => None,
             }
         } else {
-            t.service_for(&Frontend {
-                vip: p.dst,
-                port: p.dst_port,
-                proto: p.proto,
+            svc.unwrap_or_else(|| {
+                t.service_for(&Frontend {
+                    vip: p.dst,
+                    port: p.dst_port,
+                    proto: p.proto,
+                })
             })
         };
         let Some(si) = si else {
@@ -538,16 +570,9 @@ fn warm_new_flow(
     flows: &FlowTable,
     parsed: &Result<Option<Parsed>, DropReason>,
     fh: u64,
+    si: u32,
 ) -> u64 {
-    let Ok(Some(p)) = parsed else { return 0 };
-    let Some(s) = t
-        .service_for(&Frontend {
-            vip: p.dst,
-            port: p.dst_port,
-            proto: p.proto,
-        })
-        .and_then(|si| t.services.get(si as usize))
-    else {
+    let (Ok(Some(p)), Some(s)) = (parsed, t.services.get(si as usize)) else {
         return 0;
     };
     if s.affinity_secs != 0 {
