@@ -681,3 +681,185 @@ fn forward(
         Err(EncapError::NoHeadroom) => Verdict::Drop(DropReason::NoHeadroom),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Flows across table rebuilds: what a flow entry's backend id and incarnation protect.
+
+    use super::*;
+    use crate::rewrite::HEADROOM;
+    use crate::table::{Builder, Port};
+
+    const GW_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
+    const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xc1];
+    const SEC: u64 = 1_000_000_000;
+
+    /// Service `a` (dsr-l2 or nat) on 203.0.113.10:80 with backends at `a`, service `b` on
+    /// 203.0.113.20:80 with backends at `b`; `(address, last byte of its MAC)`, port 80 (8080
+    /// in nat).
+    fn config(mode: &str, a: &[(&str, u8)], b: &[(&str, u8)]) -> strait_config::model::Config {
+        let port = if mode == "nat" { 8080 } else { 80 };
+        let list = |bs: &[(&str, u8)]| {
+            bs.iter()
+                .map(|(addr, m)| {
+                    format!(
+                        r#"{{ address = "{addr}", port = {port}, mac = "02:00:00:00:01:{m:02x}" }}"#
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        strait_config::parse(&format!(
+            r#"
+[[gateway.interfaces]]
+name = "eth0"
+queues = [0]
+[[services]]
+name = "a"
+vip = "203.0.113.10"
+port = 80
+mode = "{mode}"
+maglev_table_size = 251
+backends = [{}]
+[[services]]
+name = "b"
+vip = "203.0.113.20"
+port = 80
+mode = "{mode}"
+maglev_table_size = 251
+backends = [{}]
+"#,
+            list(a),
+            list(b)
+        ))
+        .expect("test config")
+    }
+
+    fn build(b: &mut Builder, cfg: &strait_config::model::Config) -> ServiceTable {
+        let ports = [Port {
+            mac: GW_MAC,
+            mtu: 1500,
+        }];
+        b.build(cfg, &ports, |_, _, _| false).expect("table builds")
+    }
+
+    /// An Ethernet/IPv4/TCP frame from `src` to `dst` with `flags`.
+    fn tcp(src: ([u8; 4], u16), dst: ([u8; 4], u16), syn: bool) -> Vec<u8> {
+        let t = etherparse::PacketBuilder::ethernet2(CLIENT_MAC, GW_MAC)
+            .ipv4(src.0, dst.0, 64)
+            .tcp(src.1, dst.1, 1, 65535);
+        let t = if syn { t.syn() } else { t.ack(1) };
+        let mut out = Vec::new();
+        t.write(&mut out, &[]).expect("frame");
+        out
+    }
+
+    fn run(pipe: &mut Pipeline, t: &ServiceTable, now: u64, frame: &[u8]) -> (Verdict, Vec<u8>) {
+        let mut buf = vec![0u8; HEADROOM + frame.len() + 64];
+        buf[HEADROOM..HEADROOM + frame.len()].copy_from_slice(frame);
+        let mut f = Frame::new(&mut buf, HEADROOM, frame.len());
+        let v = pipe.process(t, now, 0, &mut f);
+        (v, f.data().to_vec())
+    }
+
+    const CLIENT: ([u8; 4], u16) = ([192, 0, 2, 7], 40000);
+    const VIP_A: ([u8; 4], u16) = ([203, 0, 113, 10], 80);
+
+    fn backend_by_mac(t: &ServiceTable, mac: &[u8]) -> Backend {
+        t.backends
+            .iter()
+            .flatten()
+            .find(|b| b.mac.is_some_and(|m| m == mac))
+            .cloned()
+            .expect("a backend with that MAC")
+    }
+
+    #[test]
+    fn a_reused_backend_id_never_captures_a_flow() {
+        let (x, y) = (("198.51.100.11", 0x11), ("198.51.100.12", 0x12));
+        let mut builder = Builder::new();
+        let t1 = build(&mut builder, &config("dsr-l2", &[x, y], &[]));
+        let mut pipe = Pipeline::new(0, 1, 1024, Timeouts::default(), 0);
+        let (v, out) = run(&mut pipe, &t1, SEC, &tcp(CLIENT, VIP_A, true));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        let first = backend_by_mac(&t1, &out[0..6]);
+        let (gone, kept) = if first.mac == Some([2, 0, 0, 0, 1, 0x11]) {
+            (x, y)
+        } else {
+            (y, x)
+        };
+        // The flow's backend leaves service a; a build later, service b gets a backend at the
+        // same address and port, which takes the freed id (with another MAC).
+        let _t2 = build(&mut builder, &config("dsr-l2", &[kept], &[]));
+        let t3 = build(&mut builder, &config("dsr-l2", &[kept], &[(gone.0, 0x99)]));
+        let usurper = backend_by_mac(&t3, &[2, 0, 0, 0, 1, 0x99]);
+        assert_eq!(usurper.id, first.id, "the freed id is reused");
+        assert_eq!((usurper.addr, usurper.port), (first.addr, first.port));
+        assert_ne!(usurper.incarnation, first.incarnation);
+
+        let (v, out) = run(&mut pipe, &t3, 2 * SEC, &tcp(CLIENT, VIP_A, false));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        assert_eq!(
+            &out[0..6],
+            &[2, 0, 0, 0, 1, kept.1],
+            "the flow moves to its service's remaining backend, not to the id's new holder"
+        );
+        assert_eq!(pipe.counters.flows_rehashed, 1);
+        // And stays there.
+        let (_, out) = run(&mut pipe, &t3, 3 * SEC, &tcp(CLIENT, VIP_A, false));
+        assert_eq!(&out[0..6], &[2, 0, 0, 0, 1, kept.1]);
+        assert_eq!(pipe.counters.flows_rehashed, 1);
+    }
+
+    #[test]
+    fn nat_replies_follow_the_flows_backend_across_rebuilds() {
+        let (x, y) = (("198.51.100.21", 0x21), ("198.51.100.22", 0x22));
+        let mut builder = Builder::new();
+        let t1 = build(&mut builder, &config("nat", &[x, y], &[]));
+        let mut pipe = Pipeline::new(0, 1, 1024, Timeouts::default(), 0);
+        let (v, out) = run(&mut pipe, &t1, SEC, &tcp(CLIENT, VIP_A, true));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        let first = backend_by_mac(&t1, &out[0..6]);
+        let first_addr: [u8; 4] = first.addr[12..].try_into().unwrap();
+        let reply = tcp((first_addr, 8080), CLIENT, false);
+        let (v, out) = run(&mut pipe, &t1, SEC, &reply);
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        assert_eq!(&out[26..30], &VIP_A.0, "reply leaves from the VIP");
+        assert_eq!(&out[0..6], &CLIENT_MAC, "back to the client's next hop");
+
+        // A rebuild that keeps the backend keeps translating its replies.
+        let (gone, kept) = if first.mac == Some([2, 0, 0, 0, 1, 0x21]) {
+            (x, y)
+        } else {
+            (y, x)
+        };
+        let t2 = build(&mut builder, &config("nat", &[x, y], &[]));
+        let (_, out) = run(&mut pipe, &t2, 2 * SEC, &reply);
+        assert_eq!(&out[26..30], &VIP_A.0);
+
+        // The backend leaves service a and reappears, at the same address and port, in
+        // service b (with the freed id): its replies to this client are no longer this
+        // flow's, and the flow's next packet moves to the remaining backend.
+        let _t3 = build(&mut builder, &config("nat", &[kept], &[]));
+        let t4 = build(&mut builder, &config("nat", &[kept], &[(gone.0, 0x99)]));
+        assert_eq!(backend_by_mac(&t4, &[2, 0, 0, 0, 1, 0x99]).id, first.id);
+        let (v, _) = run(&mut pipe, &t4, 3 * SEC, &reply);
+        assert_eq!(v, Verdict::Drop(DropReason::ReplyNoFlow));
+        let (v, out) = run(&mut pipe, &t4, 3 * SEC, &tcp(CLIENT, VIP_A, false));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        assert_eq!(&out[0..6], &[2, 0, 0, 0, 1, kept.1]);
+        let kept_addr: [u8; 4] = kept.0.parse::<core::net::Ipv4Addr>().unwrap().octets();
+        let (v, out) = run(
+            &mut pipe,
+            &t4,
+            3 * SEC,
+            &tcp((kept_addr, 8080), CLIENT, false),
+        );
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        assert_eq!(
+            &out[26..30],
+            &VIP_A.0,
+            "the new backend's replies are translated"
+        );
+    }
+}
