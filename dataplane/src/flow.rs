@@ -1,10 +1,11 @@
-//! The per-core flow table: 5-tuple to chosen backend and rewrite target.
+//! The per-core flow table: 5-tuple to chosen backend.
 //!
 //! Every worker core owns one [`FlowTable`]. The first packet of a flow picks a backend by
 //! Maglev and records the choice here; later packets find it here, so a flow stays on its
 //! backend when the backend set changes under it. The table also holds reverse-NAT entries
-//! (reply 5-tuple to VIP/port) and `sessionAffinity: ClientIP` entries; to the table they
-//! are all just keys and [`FlowValue`]s.
+//! (reply 5-tuple to the flow's backend, whose service gives the VIP and port) and
+//! `sessionAffinity: ClientIP` entries; to the table they are all just keys and
+//! [`FlowValue`]s.
 //!
 //! # Why one table per core
 //!
