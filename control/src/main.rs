@@ -8,6 +8,8 @@
 //! strait bench pipeline [--json]      in-memory packet pipeline, one core, per mode
 //! strait bench rule-update [--json] [--services N]   endpoint change: Strait vs iptables/nft
 //! strait bench maglev [--json]        Maglev build time, balance and disruption
+//! strait bench line-rate [--quick] [--json FILE] [--plot FILE]   Mpps through one core:
+//!                                     Strait vs kube-proxy's iptables/nftables vs limit
 //! strait gen --iface IF --dst-mac MAC --to VIP:PORT [...]   AF_XDP traffic generator
 //! strait sink --iface IFACE [...]     count (and reflect probes) with an XDP program
 //! strait l2fwd --rx A --tx B --dst-mac MAC [...]   plain AF_XDP forwarder (`limit`)
@@ -17,6 +19,7 @@
 mod admin;
 mod backend_server;
 mod bench_control;
+mod bench_line;
 mod bench_maglev;
 mod bench_pipeline;
 mod bench_rules;
@@ -135,6 +138,37 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// Line rate through one forwarding core on a three-namespace veth testbed: Strait
+    /// (dsr-l2, nat), kube-proxy's iptables and nftables rules (10, 1,000, 10,000
+    /// services) and a bare AF_XDP forwarder (limit), new-flow and established UDP traffic.
+    /// Needs root, iptables, nftables and curl.
+    LineRate {
+        /// Fewer scales (10 and 1,000 services) and 3 s per point: under three minutes.
+        #[arg(long)]
+        quick: bool,
+        /// Also write the report as JSON to this file.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+        /// Also draw a PNG chart to this file.
+        #[arg(long, value_name = "FILE")]
+        plot: Option<PathBuf>,
+        /// Service counts to run instead (comma-separated).
+        #[arg(long, value_delimiter = ',', value_name = "N,...")]
+        services: Vec<usize>,
+        /// Seconds of traffic per point instead.
+        #[arg(long, value_name = "SECS")]
+        seconds: Option<f64>,
+        /// Only these systems (comma-separated; default all).
+        #[arg(long, value_delimiter = ',', value_name = "SYSTEM,...")]
+        systems: Vec<bench_line::System>,
+        /// Bring each system up and check it (topology, rules, gateway healthy), then tear
+        /// it down; no traffic.
+        #[arg(long, hide = true)]
+        setup_only: bool,
+        /// Namespace prefix (default lr<pid>).
+        #[arg(long, hide = true)]
+        prefix: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -163,6 +197,28 @@ fn main() -> ExitCode {
         Command::Bench {
             what: Bench::RuleUpdate { json, services },
         } => bench_rules::run(json, services),
+        Command::Bench {
+            what:
+                Bench::LineRate {
+                    quick,
+                    json,
+                    plot,
+                    services,
+                    seconds,
+                    systems,
+                    setup_only,
+                    prefix,
+                },
+        } => bench_line::run(&bench_line::Options {
+            quick,
+            json,
+            plot,
+            services,
+            seconds,
+            systems,
+            setup_only,
+            prefix,
+        }),
         Command::Bench {
             what:
                 Bench::Control {
