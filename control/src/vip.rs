@@ -25,6 +25,9 @@ use anyhow::{bail, Context};
 use strait_config::model::{Config, Role};
 use tracing::{info, warn};
 
+/// Gratuitous-ARP processes run at the same time when many VIPs appear at once.
+const ANNOUNCE_AT_ONCE: usize = 64;
+
 /// The VIPs the gateway has added, and where.
 #[derive(Debug)]
 pub struct Vips {
@@ -63,15 +66,58 @@ impl Vips {
         for vip in gone {
             self.remove(vip);
         }
+        let mut announce = Vec::new();
         for &vip in &want {
-            if !self.added.contains(&vip) {
-                self.add(vip)?;
+            if !self.added.contains(&vip) && self.add(vip)? && vip.is_ipv4() {
+                announce.push(vip);
             }
         }
+        self.announce(&announce);
         Ok(())
     }
 
-    fn add(&mut self, vip: IpAddr) -> anyhow::Result<()> {
+    /// Sends gratuitous ARP for `vips`, [`ANNOUNCE_AT_ONCE`] `arping`s at a time: each takes
+    /// about 2 s (two announcements a second apart), so one after another a gateway with 250
+    /// VIPs would need 8 minutes to become ready.
+    fn announce(&self, vips: &[IpAddr]) {
+        for chunk in vips.chunks(ANNOUNCE_AT_ONCE) {
+            let running: Vec<_> = chunk
+                .iter()
+                .map(|vip| {
+                    let args = [
+                        "-U",
+                        "-c",
+                        "2",
+                        "-w",
+                        "2",
+                        "-I",
+                        &self.iface,
+                        &vip.to_string(),
+                    ]
+                    .map(String::from);
+                    (vip, spawn_captured(self.command("arping", &args)))
+                })
+                .collect();
+            for (vip, child) in running {
+                match child.and_then(|c| c.wait_with_output().context("waiting for arping")) {
+                    Ok(o) if o.status.success() || o.status.code() == Some(1) => {
+                        info!(%vip, iface = %self.iface, "VIP added, gratuitous ARP sent")
+                    }
+                    Ok(o) => warn!(
+                        %vip,
+                        "gratuitous ARP failed: {}",
+                        String::from_utf8_lossy(&o.stderr).trim()
+                    ),
+                    Err(e) => {
+                        warn!(%vip, "gratuitous ARP not sent: {e:#} (install iputils-arping)")
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds `vip` to the gateway; true when this call added it (and it should be announced).
+    fn add(&mut self, vip: IpAddr) -> anyhow::Result<bool> {
         let out = match vip {
             IpAddr::V4(_) => self.ip(&["addr", "add", &format!("{vip}/32"), "dev", "lo"])?,
             IpAddr::V6(_) => {
@@ -93,29 +139,15 @@ impl Vips {
             let err = String::from_utf8_lossy(&out.stderr);
             if err.contains("File exists") || err.contains("already assigned") {
                 info!(%vip, "VIP already configured on the gateway; left as it is");
-                return Ok(());
+                return Ok(false);
             }
             bail!("adding VIP {vip}: ip: {}", err.trim());
         }
         self.added.insert(vip);
-        if vip.is_ipv4() {
-            let iface = self.iface.clone();
-            match self.exec(
-                "arping",
-                &["-U", "-c", "2", "-w", "2", "-I", &iface, &vip.to_string()],
-            ) {
-                Ok(o) if o.status.success() || o.status.code() == Some(1) => {
-                    info!(%vip, iface = %self.iface, "VIP added, gratuitous ARP sent")
-                }
-                Ok(o) => {
-                    warn!(%vip, "gratuitous ARP failed: {}", String::from_utf8_lossy(&o.stderr).trim())
-                }
-                Err(e) => warn!(%vip, "gratuitous ARP not sent: {e:#} (install iputils-arping)"),
-            }
-        } else {
+        if vip.is_ipv6() {
             info!(%vip, iface = %self.iface, "VIP added; the kernel announces it after DAD");
         }
-        Ok(())
+        Ok(true)
     }
 
     fn remove(&mut self, vip: IpAddr) {
@@ -145,6 +177,13 @@ impl Vips {
     }
 
     fn exec(&self, prog: &str, args: &[&str]) -> anyhow::Result<std::process::Output> {
+        self.command(prog, args)
+            .output()
+            .with_context(|| format!("running {prog}"))
+    }
+
+    /// `prog args`, inside `self.netns` when one is set.
+    fn command<S: AsRef<std::ffi::OsStr>>(&self, prog: &str, args: &[S]) -> Command {
         let mut c = match &self.netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
@@ -153,10 +192,19 @@ impl Vips {
             }
             None => Command::new(prog),
         };
-        c.args(args)
-            .output()
-            .with_context(|| format!("running {prog}"))
+        c.args(args);
+        c
     }
+}
+
+/// Starts `c` with its output captured, to be collected with `wait_with_output`.
+fn spawn_captured(mut c: Command) -> anyhow::Result<std::process::Child> {
+    use std::process::Stdio;
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running arping")
 }
 
 impl Drop for Vips {
