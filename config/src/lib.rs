@@ -101,6 +101,23 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
     validate::validate(&raw).map_err(ConfigError::Invalid)
 }
 
+/// Checks one service of a configuration with `gateway` against every rule that concerns
+/// a service on its own (the same rules, paths and messages as [`parse`], with the
+/// service at `services[index]`), without writing and parsing TOML: what a source that
+/// makes services by the thousand (Kubernetes) uses. Returns the service as [`parse`]
+/// would give it. Names and frontends unique across services are the caller's to check.
+///
+/// # Errors
+///
+/// Every problem found, with paths starting `services[index]`.
+pub fn check_service(
+    gateway: &Gateway,
+    service: &Service,
+    index: usize,
+) -> Result<Service, Vec<Problem>> {
+    validate::validate_service(gateway, &raw::raw_service(service), index)
+}
+
 /// The configuration of [`EXAMPLE`].
 ///
 /// # Panics
@@ -130,6 +147,40 @@ mod tests {
         let config = example();
         assert_eq!(config.services.len(), 2);
         assert_eq!(config.gateway.interfaces[0].name, "veth-gw");
+    }
+
+    #[test]
+    fn one_service_is_checked_as_parse_checks_it() {
+        let config = example();
+        for (i, s) in config.services.iter().enumerate() {
+            assert_eq!(check_service(&config.gateway, s, i).as_ref(), Ok(s));
+        }
+        // A bad service: the same problems as a whole configuration holding it.
+        let mut bad = config.clone();
+        bad.services[1].maglev_table_size = 100;
+        bad.services[1].backends[0].port = 1;
+        bad.services[1].mode = Mode::DsrL2;
+        let want: Vec<String> = parse(&to_toml(&bad))
+            .unwrap_err()
+            .problems()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let got: Vec<String> = check_service(&bad.gateway, &bad.services[1], 1)
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert!(!got.is_empty());
+        assert_eq!(got, want);
+        // The IPv6 MTU rule, which a whole configuration checks across services.
+        let mut small = config.clone();
+        small.gateway.mtu = 576;
+        small.services[0].vip = "2001:db8::10".parse().unwrap();
+        small.services[0].backends.truncate(0);
+        let e = check_service(&small.gateway, &small.services[0], 0).unwrap_err();
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].path, "gateway.mtu");
     }
 
     #[test]

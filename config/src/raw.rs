@@ -370,7 +370,7 @@ impl From<&Config> for RawConfig {
     }
 }
 
-fn raw_service(s: &crate::model::Service) -> RawService {
+pub(crate) fn raw_service(s: &crate::model::Service) -> RawService {
     RawService {
         name: Some(s.name.clone()),
         vip: Some(s.vip.to_string()),

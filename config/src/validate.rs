@@ -66,6 +66,33 @@ pub(crate) fn validate(raw: &RawConfig) -> Result<Config, Vec<Problem>> {
     }
 }
 
+/// Checks one service on its own, as [`validate`] checks `services[index]` of a
+/// configuration with `gateway`: every rule of a single service, and the IPv6 minimum MTU
+/// rule. The rules across services (unique names and frontends) are the caller's.
+pub(crate) fn validate_service(
+    gateway: &Gateway,
+    raw: &RawService,
+    index: usize,
+) -> Result<Service, Vec<Problem>> {
+    let mut c = Checker::default();
+    let service = c.service(&format!("services[{index}]"), raw, Some(gateway.default_mode));
+    if let Some(s) = &service {
+        c.mtu_fits_ipv6_at(gateway, s, index);
+    }
+    match service {
+        Some(s) if c.problems.is_empty() => Ok(s),
+        _ => {
+            if c.problems.is_empty() {
+                c.problems.push(Problem::new(
+                    format!("services[{index}]"),
+                    "invalid service (internal error: no problem recorded)",
+                ));
+            }
+            Err(c.problems)
+        }
+    }
+}
+
 #[derive(Default)]
 struct Checker {
     problems: Vec<Problem>,
@@ -934,15 +961,25 @@ impl Checker {
             .iter()
             .position(|s| s.as_ref().is_some_and(|s| s.vip.is_ipv6()));
         if let Some(i) = v6 {
-            self.problem(
-                "gateway.mtu",
-                format!(
-                    "{} is below {}, the IPv6 minimum link MTU (RFC 8200), and services[{i}] has an IPv6 vip",
-                    gateway.mtu,
-                    Gateway::MIN_MTU_IPV6
-                ),
-            );
+            self.mtu_problem(gateway, i);
         }
+    }
+
+    fn mtu_fits_ipv6_at(&mut self, gateway: &Gateway, service: &Service, index: usize) {
+        if gateway.mtu < Gateway::MIN_MTU_IPV6 && service.vip.is_ipv6() {
+            self.mtu_problem(gateway, index);
+        }
+    }
+
+    fn mtu_problem(&mut self, gateway: &Gateway, i: usize) {
+        self.problem(
+            "gateway.mtu",
+            format!(
+                "{} is below {}, the IPv6 minimum link MTU (RFC 8200), and services[{i}] has an IPv6 vip",
+                gateway.mtu,
+                Gateway::MIN_MTU_IPV6
+            ),
+        );
     }
 }
 
