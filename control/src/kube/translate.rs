@@ -19,9 +19,10 @@
 //! sends. When two Services claim one frontend the older one keeps it, so a newcomer
 //! cannot take over a running Service's traffic.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -191,36 +192,434 @@ pub fn by_age(services: &BTreeMap<String, Service>) -> Vec<(&String, &Service)> 
 }
 
 /// Translates the cluster. `lb` holds the LoadBalancer addresses of each owned Service
-/// (from [`super::pool::plan`]).
+/// (from [`super::pool::plan`]). The same as an [`Incremental`] fed everything at once.
 pub fn translate(
     settings: &Settings,
     cluster: Cluster<'_>,
     lb: &BTreeMap<String, Vec<IpAddr>>,
 ) -> Translation {
-    let mut t = Translator {
+    let mut inc = Incremental::default();
+    inc.set_nodes(cluster.nodes);
+    inc.reset_slices(cluster.slices);
+    inc.update(
         settings,
-        warnings: Vec::new(),
-        nodes: BTreeMap::new(),
-        slices: HashMap::new(),
-        frontends: HashMap::new(),
-        out: Vec::new(),
-    };
-    t.index_nodes(cluster.nodes);
-    t.index_slices(cluster.slices);
-    for (key, svc) in by_age(cluster.services) {
-        let vips = lb.get(key).map(Vec::as_slice).unwrap_or(&[]);
-        t.service(key, svc, vips);
+        cluster,
+        lb,
+        cluster.services.keys().cloned().collect(),
+    );
+    Translation {
+        services: inc.services().map(|s| (**s).clone()).collect(),
+        warnings: inc.warnings(),
     }
-    let Translator {
-        mut warnings,
-        mut out,
-        ..
-    } = t;
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    let services = validate(&settings.gateway, out, &mut warnings);
-    warnings.sort();
-    warnings.dedup();
-    Translation { services, warnings }
+}
+
+/// A frontend (address, port, protocol), ordered for the sets below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Front(IpAddr, u16, Protocol);
+
+impl Ord for Front {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.0, self.1, self.2.number()).cmp(&(o.0, o.1, o.2.number()))
+    }
+}
+
+impl PartialOrd for Front {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+/// The order in which Services get contested frontends and names: oldest first, then by
+/// key (see [`by_age`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Age {
+    unknown: bool,
+    created: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    key: String,
+}
+
+impl Age {
+    fn of(key: &str, svc: &Service) -> Self {
+        let created = svc.metadata.creation_timestamp.clone();
+        Self {
+            unknown: created.is_none(),
+            created,
+            key: key.to_owned(),
+        }
+    }
+}
+
+/// One Strait service a Service asks for, before frontends are given out: valid by the
+/// configuration's rules on its own, or the rules it breaks.
+#[derive(Debug, Clone)]
+struct Candidate {
+    front: Front,
+    checked: Result<Arc<model::Service>, Vec<Warning>>,
+}
+
+/// What one Service translates to on its own.
+#[derive(Debug)]
+struct Entry {
+    age: Age,
+    candidates: Vec<Candidate>,
+    warnings: Vec<Warning>,
+    /// Whether its backends are nodes (a `dsr-*` Service), so Node changes touch it.
+    uses_nodes: bool,
+}
+
+impl Entry {
+    fn candidate(&self, f: Front) -> Option<&Candidate> {
+        self.candidates.iter().find(|c| c.front == f)
+    }
+}
+
+/// Which Service holds a frontend, and the name of its service if that is valid.
+#[derive(Debug, Clone)]
+struct Won {
+    age: Age,
+    name: Option<String>,
+}
+
+/// One change to the translated list: a service (by name) set or gone.
+pub type Change = (String, Option<Arc<model::Service>>);
+
+/// The translation kept between rounds, so that a change re-translates only the Services
+/// it touches.
+///
+/// ```text
+/// Service key ─► Entry (candidates, each checked on its own; warnings)   re-made when dirty
+/// frontend    ─► contenders by age ─► the oldest wins                     re-decided when a
+/// name        ─► valid winners by age ─► the oldest is published          contender changes
+/// ```
+///
+/// The caller says which Services are dirty: a Service that changed, the Services named
+/// by a changed EndpointSlice ([`Incremental::set_slice`]), the `dsr-*` Services when
+/// Nodes change ([`Incremental::set_nodes`]), those whose addresses changed. Fed every
+/// Service at once it gives what [`translate`] gives (which is made that way).
+#[derive(Debug, Default)]
+pub struct Incremental {
+    nodes: BTreeMap<String, NodeInfo>,
+    node_warnings: Vec<Warning>,
+    /// Usable slice key -> key of the Service it is labelled for.
+    slice_owner: HashMap<String, String>,
+    /// Service key -> its usable slices.
+    slices_of: HashMap<String, BTreeSet<String>>,
+    slice_warnings: BTreeMap<String, Warning>,
+    entries: HashMap<String, Entry>,
+    /// Entries with warnings.
+    warned: BTreeSet<String>,
+    claims: HashMap<Front, BTreeSet<Age>>,
+    /// Frontends with more than one contender.
+    contested: BTreeSet<Front>,
+    won: HashMap<Front, Won>,
+    /// Won frontends whose service is invalid: the rules it breaks.
+    invalid: HashMap<Front, Vec<Warning>>,
+    names: HashMap<String, BTreeSet<(Age, Front)>>,
+    /// Names with more than one valid contender.
+    doubled: BTreeSet<String>,
+    out: BTreeMap<String, Arc<model::Service>>,
+}
+
+impl Incremental {
+    /// The translated services, sorted by name.
+    pub fn services(&self) -> impl ExactSizeIterator<Item = &Arc<model::Service>> {
+        self.out.values()
+    }
+
+    /// Everything left out, sorted, each once.
+    pub fn warnings(&self) -> Vec<Warning> {
+        let mut w: Vec<Warning> = self.node_warnings.clone();
+        w.extend(self.slice_warnings.values().cloned());
+        for key in &self.warned {
+            if let Some(e) = self.entries.get(key) {
+                w.extend(e.warnings.iter().cloned());
+            }
+        }
+        for f in &self.contested {
+            let Some(set) = self.claims.get(f) else {
+                continue;
+            };
+            let mut it = set.iter();
+            let Some(winner) = it.next() else { continue };
+            for loser in it {
+                w.push(Warning {
+                    kind: WarningKind::FrontendConflict,
+                    object: format!("service {}", loser.key),
+                    message: format!(
+                        "{} {} is already served for {}",
+                        std::net::SocketAddr::new(f.0, f.1),
+                        f.2,
+                        winner.key
+                    ),
+                });
+            }
+        }
+        for v in self.invalid.values() {
+            w.extend(v.iter().cloned());
+        }
+        for name in &self.doubled {
+            let Some(set) = self.names.get(name) else {
+                continue;
+            };
+            let mut it = set.iter();
+            let Some((first, _)) = it.next() else {
+                continue;
+            };
+            for (age, _) in it {
+                w.push(Warning {
+                    kind: WarningKind::Invalid,
+                    object: format!("service {name}"),
+                    message: format!(
+                        "name {name:?} of service {} is already used by a service of {}",
+                        age.key, first.key
+                    ),
+                });
+            }
+        }
+        w.sort();
+        w.dedup();
+        w
+    }
+
+    /// Takes the Nodes as they are now; returns the keys of the Services whose backends
+    /// are nodes (to mark dirty).
+    pub fn set_nodes(&mut self, nodes: &BTreeMap<String, Node>) -> Vec<String> {
+        let (index, warnings) = index_nodes(nodes);
+        self.nodes = index;
+        self.node_warnings = warnings;
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.uses_nodes)
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Takes EndpointSlice `key` as it is now (`None`: deleted or unparsable); returns the
+    /// keys of the Services it was and is labelled for (to mark dirty).
+    pub fn set_slice(&mut self, key: &str, slice: Option<&EndpointSlice>) -> Vec<String> {
+        let mut touched = Vec::new();
+        if let Some(old) = self.slice_owner.remove(key) {
+            if let Some(set) = self.slices_of.get_mut(&old) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.slices_of.remove(&old);
+                }
+            }
+            touched.push(old);
+        }
+        self.slice_warnings.remove(key);
+        if let Some(slice) = slice {
+            match slice_use(key, slice) {
+                SliceUse::Unlabelled => {}
+                SliceUse::Unusable(w) => {
+                    self.slice_warnings.insert(key.to_owned(), w);
+                }
+                SliceUse::For(owner) => {
+                    self.slices_of
+                        .entry(owner.clone())
+                        .or_default()
+                        .insert(key.to_owned());
+                    self.slice_owner.insert(key.to_owned(), owner.clone());
+                    touched.push(owner);
+                }
+            }
+        }
+        touched
+    }
+
+    /// Takes every EndpointSlice anew (after a relist).
+    pub fn reset_slices(&mut self, slices: &BTreeMap<String, EndpointSlice>) {
+        self.slice_owner.clear();
+        self.slices_of.clear();
+        self.slice_warnings.clear();
+        for (key, slice) in slices {
+            self.set_slice(key, Some(slice));
+        }
+    }
+
+    /// Keys of every Service translated (those that made a service or a warning).
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.entries.keys()
+    }
+
+    /// Re-translates the Services `dirty` (keys; those not in `cluster` are dropped) and
+    /// re-decides the frontends and names they contend for. Returns the changes to the
+    /// list of [`Incremental::services`], by name.
+    pub fn update(
+        &mut self,
+        settings: &Settings,
+        cluster: Cluster<'_>,
+        lb: &BTreeMap<String, Vec<IpAddr>>,
+        dirty: BTreeSet<String>,
+    ) -> Vec<Change> {
+        let mut fronts: BTreeSet<Front> = BTreeSet::new();
+        for key in dirty {
+            if let Some(old) = self.entries.remove(&key) {
+                for c in &old.candidates {
+                    if let Some(set) = self.claims.get_mut(&c.front) {
+                        set.remove(&old.age);
+                        if set.is_empty() {
+                            self.claims.remove(&c.front);
+                        }
+                    }
+                    fronts.insert(c.front);
+                }
+                self.warned.remove(&key);
+            }
+            let Some(svc) = cluster.services.get(&key) else {
+                continue;
+            };
+            let vips = lb.get(&key).map(Vec::as_slice).unwrap_or(&[]);
+            let entry = self.translate_one(settings, cluster.slices, &key, svc, vips);
+            if entry.candidates.is_empty() && entry.warnings.is_empty() && !entry.uses_nodes {
+                continue;
+            }
+            for c in &entry.candidates {
+                self.claims
+                    .entry(c.front)
+                    .or_default()
+                    .insert(entry.age.clone());
+                fronts.insert(c.front);
+            }
+            if !entry.warnings.is_empty() {
+                self.warned.insert(key.clone());
+            }
+            self.entries.insert(key, entry);
+        }
+        // Who holds each touched frontend now.
+        let mut names: BTreeSet<String> = BTreeSet::new();
+        for f in fronts {
+            let contenders = self.claims.get(&f).map_or(0, BTreeSet::len);
+            if contenders > 1 {
+                self.contested.insert(f);
+            } else {
+                self.contested.remove(&f);
+            }
+            if let Some(Won {
+                age,
+                name: Some(name),
+            }) = self.won.remove(&f)
+            {
+                if let Some(set) = self.names.get_mut(&name) {
+                    set.remove(&(age, f));
+                }
+                names.insert(name);
+            }
+            self.invalid.remove(&f);
+            let winner = self.claims.get(&f).and_then(|s| s.first()).and_then(|age| {
+                let c = self.entries.get(&age.key)?.candidate(f)?;
+                Some((age.clone(), c.checked.clone()))
+            });
+            let Some((age, checked)) = winner else {
+                continue;
+            };
+            match checked {
+                Ok(s) => {
+                    self.names
+                        .entry(s.name.clone())
+                        .or_default()
+                        .insert((age.clone(), f));
+                    names.insert(s.name.clone());
+                    self.won.insert(
+                        f,
+                        Won {
+                            age,
+                            name: Some(s.name.clone()),
+                        },
+                    );
+                }
+                Err(w) => {
+                    self.invalid.insert(f, w);
+                    self.won.insert(f, Won { age, name: None });
+                }
+            }
+        }
+        // Which service each touched name publishes now.
+        let mut changes = Vec::new();
+        for name in names {
+            let first = self.names.get(&name).and_then(|s| {
+                if s.len() > 1 {
+                    self.doubled.insert(name.clone());
+                } else {
+                    self.doubled.remove(&name);
+                }
+                s.first().cloned()
+            });
+            if first.is_none() {
+                self.names.remove(&name);
+            }
+            let new = first.and_then(|(age, f)| {
+                let c = self.entries.get(&age.key)?.candidate(f)?;
+                c.checked.as_ref().ok().cloned()
+            });
+            match (self.out.get(&name), new) {
+                (Some(o), Some(n)) if **o == *n => {}
+                (None, None) => {}
+                (_, Some(n)) => {
+                    self.out.insert(name.clone(), Arc::clone(&n));
+                    changes.push((name, Some(n)));
+                }
+                (Some(_), None) => {
+                    self.out.remove(&name);
+                    changes.push((name, None));
+                }
+            }
+        }
+        changes
+    }
+
+    fn translate_one(
+        &self,
+        settings: &Settings,
+        slices: &BTreeMap<String, EndpointSlice>,
+        key: &str,
+        svc: &Service,
+        vips: &[IpAddr],
+    ) -> Entry {
+        let ns = svc.metadata.namespace.as_deref().unwrap_or("");
+        let name = svc.metadata.name.as_deref().unwrap_or("");
+        let mut t = Translator {
+            settings,
+            warnings: Vec::new(),
+            nodes: &self.nodes,
+            slices: HashMap::new(),
+            seen: HashSet::new(),
+            out: Vec::new(),
+            uses_nodes: false,
+        };
+        let list: Vec<(&str, &EndpointSlice)> = self
+            .slices_of
+            .get(&owner_key(ns, name))
+            .into_iter()
+            .flatten()
+            .filter_map(|k| slices.get_key_value(k).map(|(k, s)| (k.as_str(), s)))
+            .collect();
+        if !list.is_empty() {
+            t.slices.insert((ns, name), list);
+        }
+        t.service(key, svc, vips);
+        let Translator {
+            warnings,
+            out,
+            uses_nodes,
+            ..
+        } = t;
+        Entry {
+            age: Age::of(key, svc),
+            candidates: out,
+            warnings,
+            uses_nodes,
+        }
+    }
+}
+
+/// The key of the Service `name` in namespace `ns` (as [`super::object_key`] makes it).
+fn owner_key(ns: &str, name: &str) -> String {
+    if ns.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{ns}/{name}")
+    }
 }
 
 /// What translation needs of a Node.
@@ -248,15 +647,121 @@ enum Kind {
     NodePort,
 }
 
+/// Translates one Service.
 struct Translator<'a> {
     settings: &'a Settings,
     warnings: Vec<Warning>,
-    nodes: BTreeMap<&'a str, NodeInfo>,
+    nodes: &'a BTreeMap<String, NodeInfo>,
     /// Usable slices by (namespace, service name).
     slices: HashMap<(&'a str, &'a str), Vec<(&'a str, &'a EndpointSlice)>>,
-    /// Frontends given out so far, and to whom.
-    frontends: HashMap<(IpAddr, u16, Protocol), String>,
-    out: Vec<model::Service>,
+    /// Frontends this Service asked for so far (a second ask is left out silently).
+    seen: HashSet<Front>,
+    out: Vec<Candidate>,
+    uses_nodes: bool,
+}
+
+/// The usable Nodes by name, and warnings for the others.
+fn index_nodes(nodes: &BTreeMap<String, Node>) -> (BTreeMap<String, NodeInfo>, Vec<Warning>) {
+    let mut index = BTreeMap::new();
+    let mut warnings = Vec::new();
+    for (name, node) in nodes {
+        let excluded = node
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(EXCLUDE_LABEL));
+        if excluded {
+            continue;
+        }
+        let status = node.status.as_ref();
+        let mut info = NodeInfo {
+            v4: None,
+            v6: None,
+            ready: status
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                .is_none_or(|c| c.status == "True"),
+        };
+        let internal = status
+            .and_then(|s| s.addresses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|a| a.type_ == "InternalIP");
+        for a in internal {
+            match a.address.trim().parse::<IpAddr>() {
+                Ok(ip @ IpAddr::V4(_)) => {
+                    info.v4.get_or_insert(ip);
+                }
+                Ok(ip @ IpAddr::V6(_)) => {
+                    info.v6.get_or_insert(ip);
+                }
+                Err(_) => warnings.push(Warning {
+                    kind: WarningKind::BadAddress,
+                    object: format!("node {name}"),
+                    message: format!("InternalIP {:?} is not an IP address", a.address),
+                }),
+            }
+        }
+        if info.v4.is_none() && info.v6.is_none() {
+            warnings.push(Warning {
+                kind: WarningKind::NodeWithoutAddress,
+                object: format!("node {name}"),
+                message: "no InternalIP; not a backend".to_owned(),
+            });
+            continue;
+        }
+        index.insert(name.clone(), info);
+    }
+    (index, warnings)
+}
+
+/// What an EndpointSlice is to translation.
+enum SliceUse {
+    /// Not managed for a Service: nothing reads it.
+    Unlabelled,
+    /// Left out whole, for this reason.
+    Unusable(Warning),
+    /// Usable, for the Service of this key.
+    For(String),
+}
+
+fn slice_use(key: &str, slice: &EndpointSlice) -> SliceUse {
+    let Some(svc) = slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SERVICE_NAME_LABEL))
+    else {
+        return SliceUse::Unlabelled;
+    };
+    let object = format!("endpointslice {key}");
+    let warn = |kind, message: String| {
+        SliceUse::Unusable(Warning {
+            kind,
+            object: object.clone(),
+            message,
+        })
+    };
+    if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
+        return warn(
+            WarningKind::UnsupportedSlice,
+            format!("addressType {:?} is not served", slice.address_type),
+        );
+    }
+    if slice.endpoints.len() > MAX_SLICE_ENDPOINTS {
+        return warn(
+            WarningKind::HugeSlice,
+            format!(
+                "{} endpoints, more than the API's {MAX_SLICE_ENDPOINTS}; left out",
+                slice.endpoints.len()
+            ),
+        );
+    }
+    if slice.ports.as_ref().is_none_or(Vec::is_empty) {
+        return warn(WarningKind::SliceWithoutPorts, "no ports; left out".to_owned());
+    }
+    let ns = slice.metadata.namespace.as_deref().unwrap_or("");
+    SliceUse::For(owner_key(ns, svc))
 }
 
 impl<'a> Translator<'a> {
@@ -266,100 +771,6 @@ impl<'a> Translator<'a> {
             object: object.into(),
             message: message.into(),
         });
-    }
-
-    fn index_nodes(&mut self, nodes: &'a BTreeMap<String, Node>) {
-        for (name, node) in nodes {
-            let excluded = node
-                .metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.contains_key(EXCLUDE_LABEL));
-            if excluded {
-                continue;
-            }
-            let status = node.status.as_ref();
-            let mut info = NodeInfo {
-                v4: None,
-                v6: None,
-                ready: status
-                    .and_then(|s| s.conditions.as_ref())
-                    .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-                    .is_none_or(|c| c.status == "True"),
-            };
-            let internal = status
-                .and_then(|s| s.addresses.as_ref())
-                .into_iter()
-                .flatten()
-                .filter(|a| a.type_ == "InternalIP");
-            for a in internal {
-                match a.address.trim().parse::<IpAddr>() {
-                    Ok(ip @ IpAddr::V4(_)) => {
-                        info.v4.get_or_insert(ip);
-                    }
-                    Ok(ip @ IpAddr::V6(_)) => {
-                        info.v6.get_or_insert(ip);
-                    }
-                    Err(_) => self.warn(
-                        WarningKind::BadAddress,
-                        format!("node {name}"),
-                        format!("InternalIP {:?} is not an IP address", a.address),
-                    ),
-                }
-            }
-            if info.v4.is_none() && info.v6.is_none() {
-                self.warn(
-                    WarningKind::NodeWithoutAddress,
-                    format!("node {name}"),
-                    "no InternalIP; not a backend",
-                );
-                continue;
-            }
-            self.nodes.insert(name.as_str(), info);
-        }
-    }
-
-    fn index_slices(&mut self, slices: &'a BTreeMap<String, EndpointSlice>) {
-        for (key, slice) in slices {
-            let Some(svc) = slice
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(SERVICE_NAME_LABEL))
-            else {
-                // Not managed for a Service: nothing here reads it.
-                continue;
-            };
-            let object = format!("endpointslice {key}");
-            if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
-                self.warn(
-                    WarningKind::UnsupportedSlice,
-                    object,
-                    format!("addressType {:?} is not served", slice.address_type),
-                );
-                continue;
-            }
-            if slice.endpoints.len() > MAX_SLICE_ENDPOINTS {
-                self.warn(
-                    WarningKind::HugeSlice,
-                    object,
-                    format!(
-                        "{} endpoints, more than the API's {MAX_SLICE_ENDPOINTS}; left out",
-                        slice.endpoints.len()
-                    ),
-                );
-                continue;
-            }
-            if slice.ports.as_ref().is_none_or(Vec::is_empty) {
-                self.warn(WarningKind::SliceWithoutPorts, object, "no ports; left out");
-                continue;
-            }
-            let ns = slice.metadata.namespace.as_deref().unwrap_or("");
-            self.slices
-                .entry((ns, svc.as_str()))
-                .or_default()
-                .push((key.as_str(), slice));
-        }
     }
 
     /// The endpoints of one Service port across its slices, each `(address, port)` once
@@ -500,6 +911,7 @@ impl<'a> Translator<'a> {
                 self.settings.mode
             }),
         };
+        self.uses_nodes = mode.is_dsr();
         let local = spec.external_traffic_policy.as_deref() == Some("Local");
         let publish_not_ready = spec.publish_not_ready_addresses == Some(true);
         let affinity = self.affinity(&object, spec);
@@ -606,26 +1018,16 @@ impl<'a> Translator<'a> {
                     );
                     continue;
                 };
-                let fkey = (vip, fport, protocol);
-                if let Some(other) = self.frontends.get(&fkey) {
-                    if other != key {
-                        self.warn(
-                            WarningKind::FrontendConflict,
-                            &object,
-                            format!(
-                                "{} {protocol} is already served for {other}",
-                                std::net::SocketAddr::new(vip, fport)
-                            ),
-                        );
-                    }
+                // Frontends other Services also ask for are given out later, by age.
+                let front = Front(vip, fport, protocol);
+                if !self.seen.insert(front) {
                     continue;
                 }
-                self.frontends.insert(fkey, key.to_owned());
                 let suffix = match kind {
                     Kind::NodePort => "node-port".to_owned(),
                     Kind::LoadBalancer | Kind::External => vip.to_string(),
                 };
-                self.out.push(model::Service {
+                let service = model::Service {
                     name: sanitise(&format!("{ns}/{name}/{pname}/{suffix}")),
                     vip,
                     port: fport,
@@ -636,6 +1038,10 @@ impl<'a> Translator<'a> {
                     session_affinity: affinity,
                     health_check,
                     backends,
+                };
+                self.out.push(Candidate {
+                    front,
+                    checked: check(&self.settings.gateway, service),
                 });
             }
         }
@@ -884,73 +1290,35 @@ pub fn sanitise(name: &str) -> String {
     }
 }
 
-/// Runs `services` through the configuration crate's validation (with `gateway`, whose
-/// MTU and tunnel rules apply) and keeps those it accepts; each refusal becomes a
-/// [`WarningKind::Invalid`] warning naming the rule.
-pub fn validate(
+/// Checks one service by the configuration crate's rules for a service (with `gateway`,
+/// whose MTU rule applies), without a TOML round trip. Each rule broken becomes a
+/// [`WarningKind::Invalid`] warning naming it (paths relative to the service).
+pub fn check(
     gateway: &model::Gateway,
-    services: Vec<model::Service>,
-    warnings: &mut Vec<Warning>,
-) -> Vec<model::Service> {
-    let check = |services: Vec<model::Service>| {
-        let cfg = model::Config {
-            gateway: gateway.clone(),
-            services,
-        };
-        strait_config::parse(&strait_config::to_toml(&cfg)).map(|c| c.services)
-    };
-    let mut services = services;
-    // Each round drops the services a problem names; a second round catches problems that
-    // only the first round's survivors reveal. Problems that name no service fall back to
-    // checking each service alone.
-    for _ in 0..3 {
-        let problems = match check(services.clone()) {
-            Ok(valid) => return valid,
-            Err(e) => e.problems().to_vec(),
-        };
-        let mut bad: HashSet<usize> = HashSet::new();
-        let mut unplaced = false;
-        for p in &problems {
-            match service_index(&p.path) {
-                Some(i) if i < services.len() => {
-                    bad.insert(i);
-                    warnings.push(Warning {
-                        kind: WarningKind::Invalid,
-                        object: format!("service {}", services[i].name),
-                        message: p.to_string(),
-                    });
+    service: model::Service,
+) -> Result<Arc<model::Service>, Vec<Warning>> {
+    match strait_config::check_service(gateway, &service, 0) {
+        Ok(s) => Ok(Arc::new(s)),
+        Err(problems) => Err(problems
+            .iter()
+            .map(|p| {
+                let path = p
+                    .path
+                    .strip_prefix("services[0]")
+                    .map(|r| r.trim_start_matches('.'))
+                    .unwrap_or(&p.path);
+                Warning {
+                    kind: WarningKind::Invalid,
+                    object: format!("service {}", service.name),
+                    message: if path.is_empty() {
+                        p.message.clone()
+                    } else {
+                        format!("{path}: {}", p.message)
+                    },
                 }
-                _ => unplaced = true,
-            }
-        }
-        if unplaced || bad.is_empty() {
-            let mut kept = Vec::new();
-            for s in services {
-                match check(vec![s.clone()]) {
-                    Ok(mut v) => kept.append(&mut v),
-                    Err(e) => warnings.push(Warning {
-                        kind: WarningKind::Invalid,
-                        object: format!("service {}", s.name),
-                        message: e.to_string().replace('\n', "; "),
-                    }),
-                }
-            }
-            return check(kept.clone()).unwrap_or_default();
-        }
-        services = services
-            .into_iter()
-            .enumerate()
-            .filter(|(i, _)| !bad.contains(i))
-            .map(|(_, s)| s)
-            .collect();
+            })
+            .collect()),
     }
-    check(services).unwrap_or_default()
-}
-
-/// `services[12].backends[0].port` -> 12.
-fn service_index(path: &str) -> Option<usize> {
-    let rest = path.strip_prefix("services[")?;
-    rest[..rest.find(']')?].parse().ok()
 }
 
 #[cfg(test)]
@@ -965,13 +1333,6 @@ mod tests {
         );
         assert_eq!(sanitise("NS/Web Port"), "ns/web-port");
         assert_eq!(sanitise(""), "-");
-    }
-
-    #[test]
-    fn service_index_from_problem_paths() {
-        assert_eq!(service_index("services[12].backends[0].port"), Some(12));
-        assert_eq!(service_index("services[3]"), Some(3));
-        assert_eq!(service_index("gateway.mtu"), None);
     }
 
     #[test]
