@@ -2,14 +2,25 @@
 //! workers forward with, at 10,000 Services of 10 endpoints each.
 //!
 //! ```text
-//! watch event (slice modified) ─► Controller::apply ─► reconcile (translate, validate)
-//!    ─► merge with the file's configuration ─► Builder::build ─► ArcSwap::store   (timed)
+//! watch event (slice modified) ─► Controller::apply ─► reconcile: re-translate and
+//!    validate the Service the slice is labelled for ─► its changes, less what the file's
+//!    services override (kube::merge_changes) ─► Builder::update from the live table
+//!    ─► ArcSwap::swap                                                         (timed)
+//!    ─► the replaced table freed                                              (not timed)
 //! ```
 //!
 //! Everything the gateway runs for a change, except the network: the events are made here
 //! as the API server would send them. Services are LoadBalancer Services in `nat` mode on
 //! IPv6 documentation addresses (10,000 VIPs do not fit in the IPv4 documentation ranges),
 //! already listed; each measured change replaces one endpoint of one Service's slice.
+//! After the changes, the run checks that the incremental path ended where a full one
+//! would: the controller's list against a translation from scratch, and the live table
+//! against a full build of that list.
+//!
+//! Measured (release, 2-core VM, 10,000 x 10, 200 changes): p50 0.55 ms, p99 1.0 ms; it
+//! was 542 / 579 ms when every change re-translated, re-validated (through TOML) and
+//! rebuilt every Service. What is left is mostly copying the table's flat parts (the
+//! backend vector and two indexes, see `strait bench rule-update`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,7 +31,7 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use serde_json::{json, Value};
 use strait_config::model::Mode;
-use strait_dataplane::table::{Builder, Port, ServiceTable};
+use strait_dataplane::table::{Builder, Change, Port, ServiceTable};
 
 use crate::kube::stats::Kind;
 use crate::kube::watch::Controller;
@@ -126,7 +137,7 @@ pub fn run(
     );
     let mut builder = Builder::new();
     let (merged, _) = crate::kube::merge(&file, &round.services);
-    let swap: ArcSwap<ServiceTable> =
+    let live: ArcSwap<ServiceTable> =
         ArcSwap::from_pointee(builder.build(&merged, &ports, |_, _, _| false)?);
     if !json_out {
         println!(
@@ -136,6 +147,7 @@ pub fn run(
     }
 
     let mut times = Vec::with_capacity(changes);
+    let mut last = round.services;
     for c in 0..changes {
         let i = (c * 7919) % services;
         let obj = dynamic(slice(i, endpoints, c + 1));
@@ -144,12 +156,21 @@ pub fn run(
         let round = ctl
             .reconcile()
             .ok_or_else(|| anyhow::anyhow!("controller not ready"))?;
-        let (merged, _) = crate::kube::merge(&file, &round.services);
-        let table = builder.build(&merged, &ports, |_, _, _| false)?;
-        swap.store(Arc::new(table));
+        let list: Vec<Change<'_>> = crate::kube::merge_changes(&file, &round.changes)
+            .map(|(name, s)| s.map_or(Change::Remove(name), Change::Set))
+            .collect();
+        let table = builder.update(&live.load(), &list, |_, _, _| false)?;
+        let old = live.swap(Arc::new(table));
         times.push(t0.elapsed());
-        anyhow::ensure!(round.changed, "change {c} did not change the list");
+        drop(old);
+        anyhow::ensure!(
+            round.changes.len() == 1,
+            "change {c}: {} services changed, not 1",
+            round.changes.len()
+        );
+        last = round.services;
     }
+    check(&ctl, &last, &file, &ports, &live.load())?;
     times.sort();
     let ms = |d: Duration| (d.as_secs_f64() * 1e5).round() / 100.0;
     let pct = |p: f64| times[((times.len() as f64 * p).ceil() as usize).clamp(1, times.len()) - 1];
@@ -169,6 +190,52 @@ pub fn run(
             r.changes, r.p50_ms, r.p99_ms, r.max_ms
         );
     }
+    Ok(())
+}
+
+/// The incremental path ended where a full one would: `list` (the controller's last) is a
+/// translation from scratch, and `table` a full build of it, service by service.
+fn check(
+    ctl: &Controller,
+    list: &[Arc<strait_config::model::Service>],
+    file: &strait_config::model::Config,
+    ports: &[Port],
+    table: &ServiceTable,
+) -> anyhow::Result<()> {
+    let full = ctl.translate_all();
+    anyhow::ensure!(
+        full.services.len() == list.len()
+            && full.services.iter().zip(list).all(|(a, b)| a == &**b),
+        "the incremental translation differs from a full one"
+    );
+    let (merged, _) = crate::kube::merge(file, list);
+    let want = Builder::new().build(&merged, ports, |_, _, _| false)?;
+    let view = |t: &ServiceTable| {
+        let mut v: Vec<_> = t
+            .services
+            .iter()
+            .map(|s| {
+                let resolve = |ids: &[strait_dataplane::key::BackendId]| {
+                    ids.iter()
+                        .map(|&id| t.backend(id).map(|b| (b.addr, b.port, b.health)))
+                        .collect::<Vec<_>>()
+                };
+                (
+                    s.name.clone(),
+                    s.frontend,
+                    resolve(&s.backends),
+                    resolve(&s.members),
+                    s.maglev.size(),
+                )
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    anyhow::ensure!(
+        view(table) == view(&want),
+        "the incrementally built table differs from a full build"
+    );
     Ok(())
 }
 

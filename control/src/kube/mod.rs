@@ -49,7 +49,8 @@ use tracing::{error, info};
 
 pub use settings::{Args, Settings};
 pub use stats::{Metrics, Stats};
-pub use watch::run_source;
+pub use translate::Change;
+pub use watch::{run_source, Publication};
 
 /// What can go wrong starting or running the Kubernetes source.
 #[derive(Debug, thiserror::Error)]
@@ -171,10 +172,28 @@ impl Drop for Source {
 pub fn spawn<F>(
     kubeconfig: Option<&Path>,
     settings: Settings,
-    publish: F,
+    mut publish: F,
 ) -> Result<Source, KubeError>
 where
     F: FnMut(Vec<model::Service>) + Send + 'static,
+{
+    spawn_feed(kubeconfig, settings, move |p: Publication| {
+        publish(p.services.iter().map(|s| (**s).clone()).collect());
+    })
+}
+
+/// As [`spawn`], but `publish` gets each [`Publication`]: the list (shared, not copied)
+/// and what changed, for a control loop that rebuilds only the changed services.
+///
+/// # Errors
+/// As [`spawn`].
+pub fn spawn_feed<F>(
+    kubeconfig: Option<&Path>,
+    settings: Settings,
+    publish: F,
+) -> Result<Source, KubeError>
+where
+    F: FnMut(Publication) + Send + 'static,
 {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -216,10 +235,13 @@ where
 /// service whose name or frontend (address, port, protocol) a file service already has is
 /// left out: the file is the operator's word. Returns the merged configuration and one
 /// message per service left out.
-pub fn merge(config: &model::Config, kube: &[model::Service]) -> (model::Config, Vec<String>) {
+pub fn merge<S: std::borrow::Borrow<model::Service>>(
+    config: &model::Config,
+    kube: &[S],
+) -> (model::Config, Vec<String>) {
     let mut merged = config.clone();
     let mut dropped = Vec::new();
-    for s in kube {
+    for s in kube.iter().map(std::borrow::Borrow::borrow) {
         let clash = config.services.iter().find(|f| {
             f.name == s.name || (f.vip, f.port, f.protocol) == (s.vip, s.port, s.protocol)
         });
@@ -235,4 +257,26 @@ pub fn merge(config: &model::Config, kube: &[model::Service]) -> (model::Config,
         }
     }
     (merged, dropped)
+}
+
+/// `changes` as they apply to [`merge`]'s result with `config`: the change of a name a
+/// file service has is left out (that service is the file's), and a service whose
+/// frontend a file service has becomes a removal (merge leaves it out). Each item is a
+/// name and its service, `None` for a removal.
+pub fn merge_changes<'a>(
+    config: &'a model::Config,
+    changes: &'a [Change],
+) -> impl Iterator<Item = (&'a str, Option<&'a model::Service>)> + 'a {
+    changes.iter().filter_map(move |(name, s)| {
+        if config.services.iter().any(|f| &f.name == name) {
+            return None;
+        }
+        let s = s.as_deref().filter(|s| {
+            !config
+                .services
+                .iter()
+                .any(|f| (f.vip, f.port, f.protocol) == (s.vip, s.port, s.protocol))
+        });
+        Some((name.as_str(), s))
+    })
 }

@@ -42,7 +42,7 @@ use super::events::{Deduper, Emitter, Notice};
 use super::pool::{self, Allocator, StatusUpdate};
 use super::settings::Settings;
 use super::stats::{Kind, Stats};
-use super::translate::{self, Cluster, Translation, Warning, WarningKind};
+use super::translate::{self, Change, Cluster, Incremental, Translation, Warning, WarningKind};
 use super::{object_key, KubeError};
 
 /// How long one status write or Event may take before it counts as failed (and is
@@ -135,10 +135,13 @@ impl<T: DeserializeOwned + kube::Resource> Store<T> {
 /// What one reconcile round decided.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Round {
-    /// The complete service list.
-    pub services: Vec<model::Service>,
+    /// The complete service list, sorted by name (services that did not change are the
+    /// same `Arc`s as in the previous round).
+    pub services: Vec<Arc<model::Service>>,
     /// Whether it differs from the list of the previous round (or is the first).
     pub changed: bool,
+    /// What changed since the previous round, by name (everything in the first round).
+    pub changes: Vec<Change>,
     /// Status writes to make.
     pub status: Vec<StatusUpdate>,
     /// Notices not given before (to become Events).
@@ -162,8 +165,15 @@ impl Round {
     }
 }
 
-/// The source's state between watch events: the three stores, the allocator, and what
-/// was last published. Pure: feed it watcher events, ask it for rounds.
+/// The source's state between watch events: the three stores, the allocator, the
+/// translation so far and what was last published. Pure: feed it watcher events, ask it
+/// for rounds.
+///
+/// A round re-translates only the Services the events since the last round touched (see
+/// [`Incremental`]): a Service event its Service, an EndpointSlice event the Services it
+/// was and is labelled for, a Node event the `dsr-*` Services, and a Service event the
+/// Services whose LoadBalancer addresses the address plan then changes. A completed
+/// (re)list of any kind re-translates everything.
 #[derive(Debug)]
 pub struct Controller {
     settings: Settings,
@@ -172,7 +182,20 @@ pub struct Controller {
     nodes: Store<Node>,
     alloc: Allocator,
     dedup: Deduper,
-    last: Option<Vec<model::Service>>,
+    translation: Incremental,
+    /// Service keys to translate again.
+    dirty: BTreeSet<String>,
+    /// Everything to translate again (no round yet, or a relist completed).
+    full: bool,
+    /// Nodes changed since the last round.
+    nodes_dirty: bool,
+    /// Services changed since the last round: the address plan is made again.
+    plan_dirty: bool,
+    /// The last address plan's addresses and status writes.
+    lb: BTreeMap<String, Vec<IpAddr>>,
+    plan_status: Vec<StatusUpdate>,
+    /// Services in the last published list; `None` before the first round.
+    published: Option<usize>,
     last_warnings: BTreeSet<Warning>,
     /// Status writes made whose echo the Services watch has not brought back yet: not
     /// written again meanwhile.
@@ -189,7 +212,14 @@ impl Controller {
             slices: Store::default(),
             nodes: Store::default(),
             dedup: Deduper::default(),
-            last: None,
+            translation: Incremental::default(),
+            dirty: BTreeSet::new(),
+            full: true,
+            nodes_dirty: true,
+            plan_dirty: true,
+            lb: BTreeMap::new(),
+            plan_status: Vec::new(),
+            published: None,
             last_warnings: BTreeSet::new(),
             written: BTreeMap::new(),
         }
@@ -197,11 +227,31 @@ impl Controller {
 
     /// Applies a watcher event of `kind`; returns whether the live view changed.
     pub fn apply(&mut self, kind: Kind, event: watcher::Event<DynamicObject>) -> bool {
-        match kind {
+        let key = match &event {
+            watcher::Event::Apply(o) | watcher::Event::Delete(o) => Some(object_key(&o.metadata)),
+            _ => None,
+        };
+        let listed = matches!(event, watcher::Event::InitDone);
+        let changed = match kind {
             Kind::Services => self.services.apply(event),
             Kind::EndpointSlices => self.slices.apply(event),
             Kind::Nodes => self.nodes.apply(event),
+        };
+        self.full |= listed;
+        match (kind, key) {
+            (Kind::Services, Some(key)) => {
+                self.dirty.insert(key);
+                self.plan_dirty = true;
+            }
+            (Kind::EndpointSlices, Some(key)) => {
+                let now = self.slices.live.get(&key);
+                self.dirty
+                    .extend(self.translation.set_slice(&key, now));
+            }
+            (Kind::Nodes, Some(_)) => self.nodes_dirty = true,
+            _ => {}
         }
+        changed
     }
 
     /// Whether every kind has been listed completely at least once: before that, no list
@@ -219,45 +269,79 @@ impl Controller {
         }
     }
 
-    /// The last list handed out by [`Controller::reconcile`].
-    pub fn last(&self) -> Option<&[model::Service]> {
-        self.last.as_deref()
+    /// The number of services in the last list handed out by [`Controller::reconcile`].
+    pub fn published(&self) -> Option<usize> {
+        self.published
     }
 
-    /// One round: address plan, translation, validation. `None` until [`Self::ready`].
+    /// One round: address plan, translation, validation of what changed since the last
+    /// round. `None` until [`Self::ready`].
     pub fn reconcile(&mut self) -> Option<Round> {
         if !self.ready() {
             return None;
         }
-        let owned: Vec<&Service> = translate::by_age(&self.services.live)
-            .into_iter()
-            .map(|(_, s)| s)
-            .filter(|s| translate::owns(&self.settings, s))
-            .collect();
-        let plan = pool::plan(&mut self.alloc, &owned);
-        let lb: BTreeMap<String, Vec<IpAddr>> = plan.assigned;
+        if std::mem::take(&mut self.full) {
+            self.translation.reset_slices(&self.slices.live);
+            self.nodes_dirty = true;
+            self.plan_dirty = true;
+            let keys: Vec<String> = self
+                .services
+                .live
+                .keys()
+                .chain(self.translation.keys())
+                .cloned()
+                .collect();
+            self.dirty.extend(keys);
+        }
+        if std::mem::take(&mut self.nodes_dirty) {
+            let users = self.translation.set_nodes(&self.nodes.live);
+            self.dirty.extend(users);
+        }
+        let mut notices = Vec::new();
+        if std::mem::take(&mut self.plan_dirty) {
+            let owned: Vec<&Service> = translate::by_age(&self.services.live)
+                .into_iter()
+                .map(|(_, s)| s)
+                .filter(|s| translate::owns(&self.settings, s))
+                .collect();
+            let plan = pool::plan(&mut self.alloc, &owned);
+            // Services whose addresses changed are translated again.
+            for (key, addrs) in &plan.assigned {
+                if self.lb.get(key) != Some(addrs) {
+                    self.dirty.insert(key.clone());
+                }
+            }
+            for key in self.lb.keys() {
+                if !plan.assigned.contains_key(key) {
+                    self.dirty.insert(key.clone());
+                }
+            }
+            self.lb = plan.assigned;
+            self.plan_status = plan.status;
+            notices = self.dedup.fresh(plan.notices);
+        }
         let live = &self.services.live;
         self.written.retain(|key, addrs| {
             live.get(key)
                 .is_some_and(|s| pool::status_addresses(s) != *addrs)
         });
-        let status: Vec<StatusUpdate> = plan
-            .status
-            .into_iter()
+        let status: Vec<StatusUpdate> = self
+            .plan_status
+            .iter()
             .filter(|u| self.written.get(&u.key()) != Some(&u.addresses))
+            .cloned()
             .collect();
-        let Translation {
-            services,
-            mut warnings,
-        } = translate::translate(
+        let changes = self.translation.update(
             &self.settings,
             Cluster {
                 services: &self.services.live,
                 slices: &self.slices.live,
                 nodes: &self.nodes.live,
             },
-            &lb,
+            &self.lb,
+            std::mem::take(&mut self.dirty),
         );
+        let mut warnings = self.translation.warnings();
         for (kind, store) in [
             ("service", &self.services.bad),
             ("endpointslice", &self.slices.bad),
@@ -274,13 +358,16 @@ impl Controller {
         let now: BTreeSet<Warning> = warnings.iter().cloned().collect();
         let new_warnings = now.difference(&self.last_warnings).cloned().collect();
         self.last_warnings = now;
-        let changed = self.last.as_ref() != Some(&services);
-        self.last = Some(services.clone());
+        let services: Vec<Arc<model::Service>> =
+            self.translation.services().cloned().collect();
+        let changed = self.published.is_none() || !changes.is_empty();
+        self.published = Some(services.len());
         Some(Round {
             services,
             changed,
+            changes,
             status,
-            notices: self.dedup.fresh(plan.notices),
+            notices,
             warnings,
             new_warnings,
             addresses: self.alloc.count(),
@@ -289,11 +376,37 @@ impl Controller {
 }
 
 impl Controller {
+    /// Translates the whole live view from scratch, with the last address plan's
+    /// addresses: what [`Controller::reconcile`]'s incremental translation must equal
+    /// (benchmarks and tests check it).
+    pub fn translate_all(&self) -> Translation {
+        translate::translate(
+            &self.settings,
+            Cluster {
+                services: &self.services.live,
+                slices: &self.slices.live,
+                nodes: &self.nodes.live,
+            },
+            &self.lb,
+        )
+    }
+
     /// Records a successful status write, so it is not repeated before the watch brings
     /// the updated Service back.
     pub fn status_written(&mut self, update: &StatusUpdate) {
         self.written.insert(update.key(), update.addresses.clone());
     }
+}
+
+/// What the source hands the control loop each time the service list changes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Publication {
+    /// The complete list, sorted by name.
+    pub services: Vec<Arc<model::Service>>,
+    /// What changed since the previous publication, by name (the first publication lists
+    /// every service). A consumer that skips publications applies the changes of each, in
+    /// order (a later change of a name replaces an earlier one).
+    pub changes: Vec<Change>,
 }
 
 /// Exponential back-off with jitter between reconnection attempts (kube-rs' watcher
@@ -335,7 +448,7 @@ impl KubeBackoff for Backoff {
 }
 
 /// Watches Services, EndpointSlices and Nodes through `client` and calls `publish` with
-/// the complete service list each time it changes, never before all three kinds are
+/// the complete service list and its changes each time it changes, never before all three kinds are
 /// listed. Writes LoadBalancer status and Events on the way. Runs until the future is
 /// dropped.
 ///
@@ -348,7 +461,7 @@ pub async fn run_source<F>(
     mut publish: F,
 ) -> Result<(), KubeError>
 where
-    F: FnMut(Vec<model::Service>) + Send,
+    F: FnMut(Publication) + Send,
 {
     let stream = |kind: Kind, ar: ApiResource| {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
@@ -442,7 +555,7 @@ fn handle(
                     "kubernetes: resource version expired (410 Gone), relisting"
                 );
             } else if stats.set_connected(false) {
-                let kept = ctl.last().map_or(0, <[_]>::len);
+                let kept = ctl.published().unwrap_or(0);
                 warn!(
                     kind = kind.as_str(),
                     "kubernetes: lost the API server, keeping the last published list \
@@ -475,7 +588,7 @@ async fn round<F>(
     publish: &mut F,
 ) -> bool
 where
-    F: FnMut(Vec<model::Service>) + Send,
+    F: FnMut(Publication) + Send,
 {
     let Some(r) = ctl.reconcile() else {
         return false;
@@ -497,7 +610,10 @@ where
             "kubernetes: publishing the service list"
         );
         stats.published(r.services.len());
-        publish(r.services);
+        publish(Publication {
+            services: r.services,
+            changes: r.changes,
+        });
     }
     let mut failed = false;
     for up in &r.status {
