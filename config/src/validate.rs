@@ -75,7 +75,11 @@ pub(crate) fn validate_service(
     index: usize,
 ) -> Result<Service, Vec<Problem>> {
     let mut c = Checker::default();
-    let service = c.service(&format!("services[{index}]"), raw, Some(gateway.default_mode));
+    let service = c.service(
+        &format!("services[{index}]"),
+        raw,
+        Some(gateway.default_mode),
+    );
     if let Some(s) = &service {
         c.mtu_fits_ipv6_at(gateway, s, index);
     }

@@ -204,8 +204,7 @@ fn check(
 ) -> anyhow::Result<()> {
     let full = ctl.translate_all();
     anyhow::ensure!(
-        full.services.len() == list.len()
-            && full.services.iter().zip(list).all(|(a, b)| a == &**b),
+        full.services.len() == list.len() && full.services.iter().zip(list).all(|(a, b)| a == &**b),
         "the incremental translation differs from a full one"
     );
     let (merged, _) = crate::kube::merge(file, list);

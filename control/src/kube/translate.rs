@@ -758,7 +758,10 @@ fn slice_use(key: &str, slice: &EndpointSlice) -> SliceUse {
         );
     }
     if slice.ports.as_ref().is_none_or(Vec::is_empty) {
-        return warn(WarningKind::SliceWithoutPorts, "no ports; left out".to_owned());
+        return warn(
+            WarningKind::SliceWithoutPorts,
+            "no ports; left out".to_owned(),
+        );
     }
     let ns = slice.metadata.namespace.as_deref().unwrap_or("");
     SliceUse::For(owner_key(ns, svc))

@@ -245,8 +245,7 @@ impl Controller {
             }
             (Kind::EndpointSlices, Some(key)) => {
                 let now = self.slices.live.get(&key);
-                self.dirty
-                    .extend(self.translation.set_slice(&key, now));
+                self.dirty.extend(self.translation.set_slice(&key, now));
             }
             (Kind::Nodes, Some(_)) => self.nodes_dirty = true,
             _ => {}
@@ -358,8 +357,7 @@ impl Controller {
         let now: BTreeSet<Warning> = warnings.iter().cloned().collect();
         let new_warnings = now.difference(&self.last_warnings).cloned().collect();
         self.last_warnings = now;
-        let services: Vec<Arc<model::Service>> =
-            self.translation.services().cloned().collect();
+        let services: Vec<Arc<model::Service>> = self.translation.services().cloned().collect();
         let changed = self.published.is_none() || !changes.is_empty();
         self.published = Some(services.len());
         Some(Round {
@@ -678,6 +676,214 @@ async fn write_status(client: &Client, up: &StatusUpdate) -> bool {
                 up.namespace, up.name
             );
             false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::{json, Value};
+    use strait_config::model::Mode;
+
+    use super::*;
+
+    fn dynamic(v: Value) -> DynamicObject {
+        serde_json::from_value(v).expect("a well-formed object")
+    }
+
+    /// A random Service among six: LoadBalancer or NodePort, external IPs from a set of
+    /// two (so frontends are contested), a mode annotation (valid or not), a policy, one
+    /// to three ports, a creation time from a few (so ages tie).
+    fn service(rng: &mut fastrand::Rng, i: usize) -> Value {
+        let mut ports =
+            vec![json!({ "name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080 + i })];
+        if rng.bool() {
+            ports.push(
+                json!({ "name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053 + i }),
+            );
+        }
+        if rng.u8(..4) == 0 {
+            ports.push(json!({ "name": "sctp", "port": 99, "protocol": "SCTP" }));
+        }
+        let ext: Vec<&str> = ["203.0.113.100", "203.0.113.101"]
+            .into_iter()
+            .filter(|_| rng.bool())
+            .collect();
+        let mut annotations = serde_json::Map::new();
+        match rng.u8(..4) {
+            0 => {
+                annotations.insert(
+                    super::super::settings::MODE_ANNOTATION.into(),
+                    json!("dsr-l2"),
+                );
+            }
+            1 => {
+                annotations.insert(
+                    super::super::settings::MODE_ANNOTATION.into(),
+                    json!("bogus"),
+                );
+            }
+            _ => {}
+        }
+        json!({
+            "kind": "Service", "apiVersion": "v1",
+            "metadata": {
+                "name": format!("s{i}"), "namespace": "default",
+                "creationTimestamp": format!("2024-01-01T00:00:0{}Z", rng.u8(..3)),
+                "annotations": annotations
+            },
+            "spec": {
+                "type": if rng.u8(..3) == 0 { "NodePort" } else { "LoadBalancer" },
+                "loadBalancerClass": super::super::settings::DEFAULT_CLASS,
+                "externalIPs": ext,
+                "externalTrafficPolicy": if rng.bool() { "Local" } else { "Cluster" },
+                "healthCheckNodePort": 32000,
+                "ports": ports
+            }
+        })
+    }
+
+    fn slice(rng: &mut fastrand::Rng, i: usize) -> Value {
+        let hosts: Vec<u8> = (10..15).filter(|_| rng.bool()).collect();
+        let eps: Vec<Value> = hosts
+            .into_iter()
+            .map(|h| {
+                json!({
+                    "addresses": [format!("198.51.100.{h}")],
+                    "nodeName": format!("n{}", rng.u8(..3)),
+                    "conditions": { "ready": rng.u8(..4) != 0, "serving": true, "terminating": rng.bool() }
+                })
+            })
+            .collect();
+        let mut labels = serde_json::Map::new();
+        if rng.u8(..6) != 0 {
+            labels.insert(
+                "kubernetes.io/service-name".into(),
+                json!(format!("s{}", rng.usize(..6))),
+            );
+        }
+        json!({
+            "kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+            "metadata": { "name": format!("e{i}"), "namespace": "default", "labels": labels },
+            "addressType": if rng.u8(..8) == 0 { "FQDN" } else { "IPv4" },
+            "ports": [
+                { "name": "http", "port": 8080, "protocol": "TCP" },
+                { "name": "dns", "port": 5353, "protocol": "UDP" }
+            ],
+            "endpoints": eps
+        })
+    }
+
+    fn node(rng: &mut fastrand::Rng, i: usize) -> Value {
+        let mut labels = serde_json::Map::new();
+        if rng.u8(..5) == 0 {
+            labels.insert(
+                "node.kubernetes.io/exclude-from-external-load-balancers".into(),
+                json!(""),
+            );
+        }
+        json!({
+            "kind": "Node", "apiVersion": "v1",
+            "metadata": { "name": format!("n{i}"), "labels": labels },
+            "status": {
+                "addresses": [{ "type": "InternalIP", "address": format!("198.51.100.{}", i + 1) }],
+                "conditions": [{ "type": "Ready", "status": if rng.u8(..4) == 0 { "False" } else { "True" } }]
+            }
+        })
+    }
+
+    fn make(rng: &mut fastrand::Rng, kind: Kind, i: usize) -> Value {
+        match kind {
+            Kind::Services => service(rng, i),
+            Kind::EndpointSlices => slice(rng, i),
+            Kind::Nodes => node(rng, i),
+        }
+    }
+
+    const COUNTS: [(Kind, usize); 3] = [
+        (Kind::Services, 6),
+        (Kind::EndpointSlices, 8),
+        (Kind::Nodes, 3),
+    ];
+
+    #[test]
+    fn incremental_rounds_equal_a_full_translation() {
+        for seed in 0..40 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut st = Settings::new(
+                strait_config::parse("[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n")
+                    .unwrap()
+                    .gateway,
+            );
+            st.mode = Mode::Nat;
+            st.pools = vec!["203.0.113.16/29".parse().unwrap()];
+            st.node_port_address = Some("203.0.113.50".parse().unwrap());
+            let mut ctl = Controller::new(st);
+            // What the API server holds.
+            let mut cluster: BTreeMap<(u8, usize), Value> = BTreeMap::new();
+            for (k, (kind, n)) in COUNTS.iter().enumerate() {
+                ctl.apply(*kind, watcher::Event::Init);
+                for i in 0..*n {
+                    if rng.bool() {
+                        let o = make(&mut rng, *kind, i);
+                        cluster.insert((k as u8, i), o.clone());
+                        ctl.apply(*kind, watcher::Event::InitApply(dynamic(o)));
+                    }
+                }
+                ctl.apply(*kind, watcher::Event::InitDone);
+            }
+            let mut list: BTreeMap<String, Arc<model::Service>> = BTreeMap::new();
+            for step in 0..60 {
+                for _ in 0..rng.usize(1..4) {
+                    let k = rng.usize(..3);
+                    let (kind, n) = COUNTS[k];
+                    let i = rng.usize(..n);
+                    if rng.u8(..12) == 0 {
+                        // A relist of this kind.
+                        ctl.apply(kind, watcher::Event::Init);
+                        for ((kk, _), o) in cluster.range((k as u8, 0)..(k as u8 + 1, 0)) {
+                            debug_assert_eq!(*kk, k as u8);
+                            ctl.apply(kind, watcher::Event::InitApply(dynamic(o.clone())));
+                        }
+                        ctl.apply(kind, watcher::Event::InitDone);
+                    } else if rng.u8(..4) == 0 {
+                        if let Some(o) = cluster.remove(&(k as u8, i)) {
+                            ctl.apply(kind, watcher::Event::Delete(dynamic(o)));
+                        }
+                    } else {
+                        let o = make(&mut rng, kind, i);
+                        cluster.insert((k as u8, i), o.clone());
+                        ctl.apply(kind, watcher::Event::Apply(dynamic(o)));
+                    }
+                }
+                let r = ctl.reconcile().expect("listed");
+                let full = ctl.translate_all();
+                let got: Vec<model::Service> = r.services.iter().map(|s| (**s).clone()).collect();
+                assert_eq!(got, full.services, "seed {seed} step {step}: services");
+                let warnings: Vec<Warning> = r
+                    .warnings
+                    .iter()
+                    .filter(|w| w.kind != WarningKind::Malformed)
+                    .cloned()
+                    .collect();
+                assert_eq!(warnings, full.warnings, "seed {seed} step {step}: warnings");
+                // The changes turn the previous list into this one.
+                for (name, s) in &r.changes {
+                    match s {
+                        Some(s) => {
+                            list.insert(name.clone(), Arc::clone(s));
+                        }
+                        None => {
+                            list.remove(name);
+                        }
+                    }
+                }
+                let listed: Vec<model::Service> = list.values().map(|s| (**s).clone()).collect();
+                assert_eq!(listed, got, "seed {seed} step {step}: changes");
+                assert_eq!(r.changed, step == 0 || !r.changes.is_empty());
+            }
         }
     }
 }
