@@ -436,9 +436,10 @@ pub fn plan(alloc: &mut Allocator, owned: &[&Service]) -> AddressPlan {
     let keys: Vec<String> = owned.iter().map(|s| object_key(&s.metadata)).collect();
 
     // 1. Services that left (deleted, no longer LoadBalancer, another class) release.
+    let present: std::collections::HashSet<&str> = keys.iter().map(String::as_str).collect();
     let gone: Vec<String> = alloc
         .owners()
-        .filter(|o| !keys.iter().any(|k| k == o))
+        .filter(|o| !present.contains(o))
         .map(str::to_owned)
         .collect();
     for g in gone {
