@@ -135,6 +135,35 @@ pub fn run(
         "{} of {services} services translated",
         round.services.len()
     );
+    // The gateway writes the addresses to the Services' status, and the watch brings each
+    // Service back with it, before anything is measured.
+    for up in &round.status {
+        ctl.status_written(up);
+    }
+    for up in &round.status {
+        let i: usize = up
+            .name
+            .strip_prefix("svc")
+            .and_then(|i| i.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("status for an unknown service {}", up.name))?;
+        let mut v = service(i);
+        let ingress: Vec<Value> = up
+            .addresses
+            .iter()
+            .map(|a| json!({ "ip": a.to_string() }))
+            .collect();
+        v["status"] = json!({ "loadBalancer": { "ingress": ingress } });
+        ctl.apply(Kind::Services, Event::Apply(dynamic(v)));
+    }
+    let round = ctl
+        .reconcile()
+        .ok_or_else(|| anyhow::anyhow!("controller not ready"))?;
+    anyhow::ensure!(
+        round.status.is_empty() && round.changes.is_empty(),
+        "{} status writes and {} changes left after the echoes",
+        round.status.len(),
+        round.changes.len()
+    );
     let mut builder = Builder::new();
     let (merged, _) = crate::kube::merge(&file, &round.services);
     let live: ArcSwap<ServiceTable> =

@@ -194,6 +194,9 @@ pub struct Controller {
     /// The last address plan's addresses and status writes.
     lb: BTreeMap<String, Vec<IpAddr>>,
     plan_status: Vec<StatusUpdate>,
+    /// The plan's status writes not made yet; `None` when the plan or the writes made
+    /// changed since it was worked out.
+    status: Option<Vec<StatusUpdate>>,
     /// Services in the last published list; `None` before the first round.
     published: Option<usize>,
     last_warnings: BTreeSet<Warning>,
@@ -219,6 +222,7 @@ impl Controller {
             plan_dirty: true,
             lb: BTreeMap::new(),
             plan_status: Vec::new(),
+            status: None,
             published: None,
             last_warnings: BTreeSet::new(),
             written: BTreeMap::new(),
@@ -318,18 +322,27 @@ impl Controller {
             self.lb = plan.assigned;
             self.plan_status = plan.status;
             notices = self.dedup.fresh(plan.notices);
+            // A write is remembered until the watch brings the Service back with it; only
+            // Service events do that, and they re-make the plan.
+            let live = &self.services.live;
+            self.written.retain(|key, addrs| {
+                live.get(key)
+                    .is_some_and(|s| pool::status_addresses(s) != *addrs)
+            });
+            self.status = None;
         }
-        let live = &self.services.live;
-        self.written.retain(|key, addrs| {
-            live.get(key)
-                .is_some_and(|s| pool::status_addresses(s) != *addrs)
-        });
-        let status: Vec<StatusUpdate> = self
-            .plan_status
-            .iter()
-            .filter(|u| self.written.get(&u.key()) != Some(&u.addresses))
-            .cloned()
-            .collect();
+        let written = &self.written;
+        let plan_status = &self.plan_status;
+        let status = self
+            .status
+            .get_or_insert_with(|| {
+                plan_status
+                    .iter()
+                    .filter(|u| written.get(&u.key()) != Some(&u.addresses))
+                    .cloned()
+                    .collect()
+            })
+            .clone();
         let changes = self.translation.update(
             &self.settings,
             Cluster {
@@ -393,6 +406,7 @@ impl Controller {
     /// the updated Service back.
     pub fn status_written(&mut self, update: &StatusUpdate) {
         self.written.insert(update.key(), update.addresses.clone());
+        self.status = None;
     }
 }
 
