@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use strait_config::model::{Config, Service};
-use strait_dataplane::table::{Builder, Port, ServiceTable};
+use strait_dataplane::table::{Builder, Change, Port, ServiceTable};
 use tracing::{info, warn};
 
 use crate::admin::{self, Reload};
@@ -136,8 +136,8 @@ pub struct Control {
 /// Service lists from the Kubernetes source, the last one received, and the file's own
 /// configuration they are merged into.
 struct KubeFeed {
-    lists: Receiver<Vec<Service>>,
-    services: Vec<Service>,
+    lists: Receiver<crate::kube::Publication>,
+    services: Vec<Arc<Service>>,
     file: Config,
 }
 
@@ -276,7 +276,7 @@ impl Control {
     }
 
     /// Takes Kubernetes service lists from `lists` from now on (see [`crate::kube`]).
-    pub fn follow_kube(&mut self, lists: Receiver<Vec<Service>>) {
+    pub fn follow_kube(&mut self, lists: Receiver<crate::kube::Publication>) {
         self.kube = Some(KubeFeed {
             lists,
             services: Vec::new(),
@@ -296,12 +296,21 @@ impl Control {
         merged
     }
 
-    /// Swaps in a new Kubernetes service list: the file's services plus these.
-    fn apply_kube(&mut self, services: Vec<Service>) -> anyhow::Result<()> {
+    /// Swaps in a new Kubernetes service list: the file's services plus these. The table
+    /// is updated for the changed services only (see `Builder::update`).
+    fn apply_kube(&mut self, publications: Vec<crate::kube::Publication>) -> anyhow::Result<()> {
         let Some(k) = &mut self.kube else {
             return Ok(());
         };
-        k.services = services;
+        let Some(last) = publications.last() else {
+            return Ok(());
+        };
+        k.services = last.services.clone();
+        let changes: Vec<crate::kube::Change> =
+            publications.into_iter().flat_map(|p| p.changes).collect();
+        let changed: Vec<String> = crate::kube::merge_changes(&k.file, &changes)
+            .map(|(name, _)| name.to_owned())
+            .collect();
         let file = k.file.clone();
         let cfg = self.with_kube(&file);
         self.checker.sync(&cfg);
@@ -313,7 +322,42 @@ impl Control {
             .config
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = cfg;
-        self.republish("kubernetes services changed")
+        self.republish_changed("kubernetes services changed", &changed)
+    }
+
+    /// As [`Control::republish`] after only the services named in `changed` were set or
+    /// removed: the new table is made from the live one ([`Builder::update`]), or fully
+    /// when that is refused.
+    fn republish_changed(&mut self, why: &str, changed: &[String]) -> anyhow::Result<()> {
+        let cfg = self.table_config();
+        let by_name: std::collections::HashMap<&str, &Service> =
+            cfg.services.iter().map(|s| (s.name.as_str(), s)).collect();
+        let changes: Vec<Change<'_>> = changed
+            .iter()
+            .map(|n| match by_name.get(n.as_str()) {
+                Some(s) => Change::Set(s),
+                None => Change::Remove(n),
+            })
+            .collect();
+        let checker = &self.checker;
+        let live = self.shared.table.load_full();
+        match self
+            .builder
+            .update(&live, &changes, |s, a, p| checker.is_down(s, a, p))
+        {
+            Ok(table) => {
+                info!(
+                    generation = table.generation,
+                    services = changes.len(),
+                    "table updated: {why}"
+                );
+                self.publish(table)
+            }
+            Err(e) => {
+                info!("table update refused ({e}); rebuilding it whole");
+                self.republish(why)
+            }
+        }
     }
 
     /// Rebuilds the table from the current configuration and health, and publishes it.
@@ -325,6 +369,11 @@ impl Control {
             .build(&cfg, &self.ports, |s, a, p| checker.is_down(s, a, p))?;
         table.locals = local_addrs(&cfg);
         info!(generation = table.generation, "table rebuilt: {why}");
+        self.publish(table)
+    }
+
+    /// Makes `table` the one the workers use, and brings the steering maps in line.
+    fn publish(&mut self, table: ServiceTable) -> anyhow::Result<()> {
         self.shared.table.store(Arc::new(table));
         if let Some(w) = &mut self.workers {
             let table = self.shared.table.load();
@@ -432,8 +481,13 @@ impl Control {
                     Err(e) => warn!("SIGHUP: reload refused, keeping the running table:\n{e:#}"),
                 }
             }
-            if let Some(list) = self.kube.as_ref().and_then(|k| k.lists.try_iter().last()) {
-                if let Err(e) = self.apply_kube(list) {
+            let lists: Vec<crate::kube::Publication> = self
+                .kube
+                .as_ref()
+                .map(|k| k.lists.try_iter().collect())
+                .unwrap_or_default();
+            if !lists.is_empty() {
+                if let Err(e) = self.apply_kube(lists) {
                     warn!("kubernetes: rebuild refused, keeping the running table:\n{e:#}");
                 }
             }
@@ -497,8 +551,8 @@ pub fn run(source: Source, kube: &crate::kube::Args) -> anyhow::Result<()> {
     let _kube_source = if kube.kube {
         let (tx, rx) = mpsc::channel();
         let settings = kube.settings(&control.shared.config().gateway);
-        let src = crate::kube::spawn(kube.kubeconfig.as_deref(), settings, move |list| {
-            let _ = tx.send(list);
+        let src = crate::kube::spawn_feed(kube.kubeconfig.as_deref(), settings, move |p| {
+            let _ = tx.send(p);
         })?;
         control.follow_kube(rx);
         *control
@@ -574,6 +628,85 @@ backends = [{}]
             "a refused reload keeps the table"
         );
         assert_eq!(c.shared.config().services[0].backends.len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn kubernetes_changes_update_the_table_in_place() {
+        use crate::kube::Publication;
+        let dir = std::env::temp_dir().join(format!("strait-run-kube-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("strait.toml");
+        std::fs::write(&path, config(&["198.51.100.11"])).unwrap();
+        let mut c = Control::start(Source::File(path)).unwrap();
+        let (_tx, rx) = mpsc::channel();
+        c.follow_kube(rx);
+        let web = c.shared.config().services[0].clone();
+        let kube = |name: &str, vip: &str, backends: &[&str]| {
+            let mut s = web.clone();
+            s.name = name.to_owned();
+            s.vip = vip.parse().unwrap();
+            s.backends = backends
+                .iter()
+                .map(|a| {
+                    let mut b = web.backends[0].clone();
+                    b.address = a.parse().unwrap();
+                    b
+                })
+                .collect();
+            Arc::new(s)
+        };
+        let set = |s: &Arc<Service>| (s.name.clone(), Some(Arc::clone(s)));
+        let a = kube("default/a", "203.0.113.20", &["198.51.100.21"]);
+        // Left out by the merge: web's frontend, and web's name.
+        let b = kube("default/b", "203.0.113.10", &["198.51.100.31"]);
+        let w = kube("web", "203.0.113.30", &["198.51.100.41"]);
+        let first = vec![Arc::clone(&a), Arc::clone(&b), Arc::clone(&w)];
+        c.apply_kube(vec![Publication {
+            services: first.clone(),
+            changes: first.iter().map(set).collect(),
+        }])
+        .unwrap();
+        let t1 = c.shared.table.load_full();
+        let names = |t: &ServiceTable| {
+            let mut v: Vec<String> = t.services.iter().map(|s| s.name.clone()).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(&t1), ["default/a", "web"]);
+        assert_eq!(t1.generation, 2);
+        let web_backend = |t: &ServiceTable| {
+            let s = t.services.iter().find(|s| s.name == "web").unwrap();
+            t.backend(s.backends[0]).unwrap().addr
+        };
+        assert_eq!(
+            web_backend(&t1),
+            strait_dataplane::key::addr_bytes("198.51.100.11".parse().unwrap()),
+            "the file's web stays"
+        );
+        // Two publications before the loop looks: both apply, in order.
+        let a2 = kube("default/a", "203.0.113.20", &["198.51.100.22"]);
+        let d = kube("default/d", "203.0.113.21", &["198.51.100.23"]);
+        c.apply_kube(vec![
+            Publication {
+                services: vec![Arc::clone(&a2)],
+                changes: vec![set(&a2)],
+            },
+            Publication {
+                services: vec![Arc::clone(&d)],
+                changes: vec![("default/a".into(), None), set(&d)],
+            },
+        ])
+        .unwrap();
+        let t2 = c.shared.table.load_full();
+        assert_eq!(names(&t2), ["default/d", "web"]);
+        assert_eq!(t2.generation, 3, "one update for both publications");
+        // Updated in place: the unchanged service is shared, not rebuilt.
+        let svc = |t: &ServiceTable, n: &str| {
+            Arc::clone(t.services.iter().find(|s| s.name == n).unwrap())
+        };
+        assert!(Arc::ptr_eq(&svc(&t1, "web"), &svc(&t2, "web")));
+        assert_eq!(c.shared.config().services.len(), 2);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -169,6 +169,9 @@ impl Drop for Source {
 /// # Errors
 /// A kubeconfig that cannot be read, no configuration at all, a client that cannot be
 /// built, or a runtime or thread that cannot be started.
+// The integration tests' entry point (control/tests/kube.rs); `strait run` uses
+// `spawn_feed`, which does not copy the list.
+#[allow(dead_code)]
 pub fn spawn<F>(
     kubeconfig: Option<&Path>,
     settings: Settings,
