@@ -6,7 +6,7 @@
 //!    validate the Service the slice is labelled for ─► its changes, less what the file's
 //!    services override (kube::merge_changes) ─► Builder::update from the live table
 //!    ─► ArcSwap::swap                                                         (timed)
-//!    ─► the replaced table freed                                              (not timed)
+//!    ─► the replaced table back to the builder (Builder::recycle)             (not timed)
 //! ```
 //!
 //! Everything the gateway runs for a change, except the network: the events are made here
@@ -191,7 +191,7 @@ pub fn run(
         let table = builder.update(&live.load(), &list, |_, _, _| false)?;
         let old = live.swap(Arc::new(table));
         times.push(t0.elapsed());
-        drop(old);
+        builder.recycle(old);
         anyhow::ensure!(
             round.changes.len() == 1,
             "change {c}: {} services changed, not 1",

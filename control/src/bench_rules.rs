@@ -6,7 +6,7 @@
 //!
 //! Strait     changed Service ──Builder::update(live table)──► ServiceTable
 //!                                   ──ArcSwap::swap──► visible                        (timed)
-//!                                   old table freed                                   (timed apart)
+//!                                   old table back to the builder (Builder::recycle) (timed apart)
 //!            for comparison: new Config ──Builder::build──► ServiceTable (full build)   (timed)
 //! iptables   throwaway netns: iptables-restore of the full ruleset (empty nat table)  (timed)
 //!            then per change: kube-proxy's partial sync, --noflush                    (timed)
@@ -159,7 +159,8 @@ pub struct Report {
     pub strait_swap_ms: Quantiles,
     /// Strait: `Builder::update` alone.
     pub strait_build_ms: Quantiles,
-    /// Strait: freeing the replaced table after the swap (off the latency path).
+    /// Strait: handing the replaced table back to the builder after the swap
+    /// (`Builder::recycle`, off the latency path).
     pub strait_drop_old_ms: Quantiles,
     /// Strait: where the build time goes.
     pub strait_profile: StraitProfile,
@@ -406,7 +407,7 @@ fn measure_strait(specs: &[SvcSpec], changes: usize) -> Result<StraitResult> {
         let old = live.swap(Arc::new(table));
         let visible = start.elapsed();
         let start = Instant::now();
-        drop(old);
+        builder.recycle(old);
         drop_old.push(start.elapsed());
         build.push(built);
         swap.push(visible);
@@ -647,7 +648,7 @@ pub fn table(r: &Report) -> String {
         Some(r.strait_build_ms.p99),
     );
     row(
-        "strait: free the old table (after)",
+        "strait: recycle the old table (after)",
         r.strait_drop_old_ms.p50,
         Some(r.strait_drop_old_ms.p99),
     );

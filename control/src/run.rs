@@ -374,7 +374,8 @@ impl Control {
 
     /// Makes `table` the one the workers use, and brings the steering maps in line.
     fn publish(&mut self, table: ServiceTable) -> anyhow::Result<()> {
-        self.shared.table.store(Arc::new(table));
+        let old = self.shared.table.swap(Arc::new(table));
+        self.builder.recycle(old);
         if let Some(w) = &mut self.workers {
             let table = self.shared.table.load();
             for prog in &mut w.progs {

@@ -373,6 +373,9 @@ pub struct Builder {
     /// Whether the builder's state describes the last table it made (false before the first
     /// build and after a failed update): [`Builder::update`] needs it.
     synced: bool,
+    /// A replaced table handed back ([`Builder::recycle`]): the next update copies into
+    /// its allocations, whose pages are already mapped.
+    spare: Option<ServiceTable>,
 }
 
 impl Builder {
@@ -500,20 +503,37 @@ impl Builder {
                 order.push(c.name());
             }
         }
-        let mut t = ServiceTable {
-            generation: 0,
-            services: prev.services.clone(),
-            backends: prev.backends.clone(),
-            ports: prev.ports.clone(),
-            client_port: prev.client_port,
-            tunnel_src_v4: prev.tunnel_src_v4,
-            tunnel_src_v6: prev.tunnel_src_v6,
-            gue_port: prev.gue_port,
-            timeouts: prev.timeouts,
-            locals: prev.locals.clone(),
-            frontends: prev.frontends.clone(),
-            by_vip_proto: prev.by_vip_proto.clone(),
-            nat_backends: prev.nat_backends.clone(),
+        let mut t = match self.spare.take() {
+            Some(mut t) => {
+                t.services.clone_from(&prev.services);
+                t.backends.clone_from(&prev.backends);
+                t.ports.clone_from(&prev.ports);
+                t.locals.clone_from(&prev.locals);
+                t.frontends.clone_from(&prev.frontends);
+                t.by_vip_proto.clone_from(&prev.by_vip_proto);
+                t.nat_backends.clone_from(&prev.nat_backends);
+                t.client_port = prev.client_port;
+                t.tunnel_src_v4 = prev.tunnel_src_v4;
+                t.tunnel_src_v6 = prev.tunnel_src_v6;
+                t.gue_port = prev.gue_port;
+                t.timeouts = prev.timeouts;
+                t
+            }
+            None => ServiceTable {
+                generation: 0,
+                services: prev.services.clone(),
+                backends: prev.backends.clone(),
+                ports: prev.ports.clone(),
+                client_port: prev.client_port,
+                tunnel_src_v4: prev.tunnel_src_v4,
+                tunnel_src_v6: prev.tunnel_src_v6,
+                gue_port: prev.gue_port,
+                timeouts: prev.timeouts,
+                locals: prev.locals.clone(),
+                frontends: prev.frontends.clone(),
+                by_vip_proto: prev.by_vip_proto.clone(),
+                nat_backends: prev.nat_backends.clone(),
+            },
         };
         let mut touched: Vec<([u8; 16], u8)> = Vec::new();
         let mut left: Vec<BackendKey> = Vec::new();
@@ -603,6 +623,17 @@ impl Builder {
         t.generation = self.generation;
         self.synced = true;
         Ok(t)
+    }
+
+    /// Hands back a table that was replaced, for the next [`Builder::update`] to copy into
+    /// (its backend vector and indexes are the size of the next table's, and their pages
+    /// are mapped: a copy into them costs no page faults). Kept only when nobody else holds
+    /// it any more; otherwise it is just dropped. Call it after the swap, off the latency
+    /// path: it may free the table's replaced parts.
+    pub fn recycle(&mut self, old: Arc<ServiceTable>) {
+        if let Ok(t) = Arc::try_unwrap(old) {
+            self.spare = Some(t);
+        }
     }
 
     /// Makes service `s` as index `si` of `t`: allocates its backend ids and fills its
@@ -1150,7 +1181,12 @@ backends = [{}]
                             prop_assert!(Arc::ptr_eq(old, s), "{} unchanged but rebuilt", s.name);
                         }
                     }
-                    table = next;
+                    // Every other replaced table goes back to the builder, so updates
+                    // copy both into fresh allocations and into recycled ones.
+                    let old = std::mem::replace(&mut table, next);
+                    if table.generation % 2 == 0 {
+                        inc.recycle(Arc::new(old));
+                    }
                 }
             }
         }
