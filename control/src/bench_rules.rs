@@ -391,9 +391,26 @@ fn measure_strait(specs: &[SvcSpec], changes: usize) -> Result<StraitResult> {
     let mut full = Builder::new();
     full.build(&cfg, &ports, |_, _, _| false)
         .context("building the first table")?;
+    // The changed service's backends, as a table has them and as configured.
+    let backends = |t: &ServiceTable, name: &str| -> Option<Vec<(IpAddr, u16)>> {
+        let s = t.services.iter().find(|s| s.name == name)?;
+        let mut v: Vec<(IpAddr, u16)> = s
+            .backends
+            .iter()
+            .filter_map(|&id| t.backend(id))
+            .map(|b| (strait_dataplane::key::bytes_addr(b.addr), b.port))
+            .collect();
+        v.sort();
+        Some(v)
+    };
+    let want = |svc: &Service| -> Option<Vec<(IpAddr, u16)>> {
+        let mut v: Vec<(IpAddr, u16)> = svc.backends.iter().map(|b| (b.address, b.port)).collect();
+        v.sort();
+        Some(v)
+    };
+    // The incremental path alone, change after change, as the control loop runs it.
     let mut state = specs.to_vec();
-    let (mut swap, mut build, mut drop_old, mut full_build) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut swap, mut build, mut drop_old) = (Vec::new(), Vec::new(), Vec::new());
     for k in 0..changes {
         // The changed service is what the controller hands the control loop: made before
         // the clock starts.
@@ -411,37 +428,38 @@ fn measure_strait(specs: &[SvcSpec], changes: usize) -> Result<StraitResult> {
         drop_old.push(start.elapsed());
         build.push(built);
         swap.push(visible);
-
+        anyhow::ensure!(
+            backends(&live.load(), &svc.name) == want(&svc),
+            "change {k}: {} has the wrong backends",
+            svc.name
+        );
+    }
+    // The same changes through full builds, for comparison.
+    let mut state = specs.to_vec();
+    let mut full_build = Vec::new();
+    let mut last = None;
+    for k in 0..changes {
+        let at = change(&mut state, k);
         cfg = config(&state);
         let start = Instant::now();
         let t = full
             .build(&cfg, &ports, |_, _, _| false)
             .context("rebuilding the table")?;
         full_build.push(start.elapsed());
-        // Both paths give the changed service the same backends.
-        let backends = |t: &ServiceTable| -> Option<Vec<(IpAddr, u16)>> {
-            let s = t.services.iter().find(|s| s.name == svc.name)?;
-            let mut v: Vec<(IpAddr, u16)> = s
-                .backends
-                .iter()
-                .filter_map(|&id| t.backend(id))
-                .map(|b| (strait_dataplane::key::bytes_addr(b.addr), b.port))
-                .collect();
-            v.sort();
-            Some(v)
-        };
-        let want: Vec<(IpAddr, u16)> = {
-            let mut v: Vec<(IpAddr, u16)> =
-                svc.backends.iter().map(|b| (b.address, b.port)).collect();
-            v.sort();
-            v
-        };
+        let name = &cfg.services[at].name;
         anyhow::ensure!(
-            backends(&live.load()).as_ref() == Some(&want) && backends(&t).as_ref() == Some(&want),
-            "change {k}: {} has the wrong backends",
-            svc.name
+            backends(&t, name) == want(&cfg.services[at]),
+            "change {k}: {name} has the wrong backends in the full build"
         );
-        anyhow::ensure!(live.load().services.len() == t.services.len());
+        last = Some(t);
+    }
+    if let Some(t) = last {
+        anyhow::ensure!(
+            t.services.len() == live.load().services.len()
+                && t.backends.iter().flatten().count()
+                    == live.load().backends.iter().flatten().count(),
+            "the incremental and the full table differ in size"
+        );
     }
     let full_q = Quantiles::of(&full_build);
     let mut profile = profile(&cfg, &ports, &live.load(), full_q.p50)?;
