@@ -3,7 +3,14 @@
 //! The control thread builds a complete [`ServiceTable`] off the packet path (services,
 //! backends, Maglev tables, next-hop MACs, ACLs) and publishes it with an atomic pointer swap;
 //! workers load it once per RX batch and only read it. Nothing in here is ever mutated after
-//! [`Builder::build`] returns, so a half-built table can never be seen.
+//! [`Builder::build`] or [`Builder::update`] returns, so a half-built table can never be seen.
+//!
+//! [`Builder::build`] makes a table from a whole configuration (start, reload, health
+//! changes); [`Builder::update`] makes the next one from the live table and the services
+//! that changed (the Kubernetes source's path): unchanged services are shared between the
+//! two snapshots (`Arc<Service>`), so a one-endpoint change among 10,000 services costs the
+//! copy of the flat parts (backend vector, indexes: about 0.5 ms) plus the changed
+//! service, not a walk over every service and endpoint (about 40 ms).
 //!
 //! Backends are stored by [`BackendId`] in a dense vector. [`Builder`] keeps ids stable across
 //! rebuilds for as long as a (service, address, port) exists, so a flow entry's stored id still
@@ -463,6 +470,11 @@ impl Builder {
         self.generation += 1;
         t.generation = self.generation;
         self.synced = true;
+        // The first update after a full build copies into this rather than into fresh
+        // allocations: their page faults are paid here, off the change path.
+        if self.spare.is_none() {
+            self.spare = Some(copy(&t));
+        }
         Ok(t)
     }
 
@@ -519,21 +531,7 @@ impl Builder {
                 t.timeouts = prev.timeouts;
                 t
             }
-            None => ServiceTable {
-                generation: 0,
-                services: prev.services.clone(),
-                backends: prev.backends.clone(),
-                ports: prev.ports.clone(),
-                client_port: prev.client_port,
-                tunnel_src_v4: prev.tunnel_src_v4,
-                tunnel_src_v6: prev.tunnel_src_v6,
-                gue_port: prev.gue_port,
-                timeouts: prev.timeouts,
-                locals: prev.locals.clone(),
-                frontends: prev.frontends.clone(),
-                by_vip_proto: prev.by_vip_proto.clone(),
-                nat_backends: prev.nat_backends.clone(),
-            },
+            None => copy(prev),
         };
         let mut touched: Vec<([u8; 16], u8)> = Vec::new();
         let mut left: Vec<BackendKey> = Vec::new();
@@ -812,6 +810,25 @@ impl Builder {
         }
         self.incarnations[id.0 as usize] = self.allocations;
         id
+    }
+}
+
+/// A copy of `t` (its services shared).
+fn copy(t: &ServiceTable) -> ServiceTable {
+    ServiceTable {
+        generation: t.generation,
+        services: t.services.clone(),
+        backends: t.backends.clone(),
+        ports: t.ports.clone(),
+        client_port: t.client_port,
+        tunnel_src_v4: t.tunnel_src_v4,
+        tunnel_src_v6: t.tunnel_src_v6,
+        gue_port: t.gue_port,
+        timeouts: t.timeouts,
+        locals: t.locals.clone(),
+        frontends: t.frontends.clone(),
+        by_vip_proto: t.by_vip_proto.clone(),
+        nat_backends: t.nat_backends.clone(),
     }
 }
 

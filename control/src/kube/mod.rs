@@ -7,15 +7,18 @@
 //!   thread "kube" ─ watch::run_source ─ Controller ─────────┘ runtime of its own
 //!        │  pool::plan (addresses) ─ translate (pure) ─ validate (config rules)
 //!        ▼
-//!   publish(Vec<Service>)  ──► control loop (std mpsc) ──► Builder ──► ArcSwap ◄── workers
+//!   publish(Publication)   ──► control loop (std mpsc) ──► Builder::update ──► ArcSwap ◄── workers
+//!   (list + changed names)
 //! ```
 //!
 //! tokio lives on this module's thread only: the control loop receives plain
-//! `Vec<strait_config::model::Service>` lists, and the dataplane never sees tokio or kube.
+//! [`Publication`]s (shared `strait_config::model::Service`s and the names that changed),
+//! and the dataplane never sees tokio or kube.
 //! A list is published only once Services, EndpointSlices and Nodes have all been listed
 //! completely, so a starting gateway never forwards on half a cluster and never drops a
-//! backend whose slice it has not seen yet; afterwards each change publishes the whole
-//! list again (the control loop swaps tables atomically).
+//! backend whose slice it has not seen yet; afterwards each change re-translates only the
+//! Services it touches and publishes the list with what changed, and the control loop
+//! updates its table for those services only (and swaps it in atomically).
 //!
 //! | file | part |
 //! |---|---|

@@ -7,9 +7,10 @@
 //!        (kube-rs, back-off on errors)
 //!                               │ every kind listed once?  no ─► publish nothing yet
 //!                               ▼
-//!        Controller::reconcile: address plan ─► translate ─► validate
-//!                               │
-//!                               ├─► publish(Vec<Service>) when the list changed
+//!        Controller::reconcile: address plan (when Services changed)
+//!                               ─► translate + validate the Services the events touched
+//!                               │  (translate::Incremental keeps the rest)
+//!                               ├─► publish(Publication: list + changes) when it changed
 //!                               ├─► PATCH services/{name}/status (merge patch)
 //!                               └─► Events (new notices only)
 //! ```
