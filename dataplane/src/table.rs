@@ -1201,7 +1201,7 @@ backends = [{}]
                     // Every other replaced table goes back to the builder, so updates
                     // copy both into fresh allocations and into recycled ones.
                     let old = std::mem::replace(&mut table, next);
-                    if table.generation % 2 == 0 {
+                    if table.generation.is_multiple_of(2) {
                         inc.recycle(Arc::new(old));
                     }
                 }
