@@ -1091,7 +1091,10 @@ backends = [{}]
                 let backends = backends
                     .into_iter()
                     .map(|b| Backend {
+                        // Ids and incarnations number a builder's own history, which
+                        // differs between the incremental and the full builder.
                         id: BackendId(0),
+                        incarnation: 0,
                         service: 0,
                         ..b
                     })
