@@ -228,6 +228,18 @@ impl Table {
         }
     }
 
+    /// Starts loading the slot [`lookup`](Self::lookup) reads for `hash` into the cache,
+    /// without waiting for it. A hint only, for a packet path that will look `hash` up a little
+    /// later: the slot array (2 bytes a slot, 128 KiB at the default size) is read at random
+    /// and is often not in L1 or L2 when a new flow's packet needs it.
+    #[inline]
+    pub fn prefetch(&self, hash: u64) {
+        let slot = (hash % self.slots.len() as u64) as usize;
+        if let Some(s) = self.slots.get(slot) {
+            crate::hint::prefetch(s);
+        }
+    }
+
     /// The number of slots, `M`.
     #[must_use]
     pub fn size(&self) -> u32 {

@@ -180,6 +180,13 @@ impl Pipeline {
                         crate::hint::prefetch(&s.acl);
                         crate::hint::prefetch(&s.mode);
                         crate::hint::prefetch(&s.affinity_secs);
+                        if p.proto == proto::TCP
+                            && p.tcp_flags & (flags::SYN | flags::ACK) == flags::SYN
+                        {
+                            // A connection's first segment: its flow is almost surely new,
+                            // and will need its Maglev slot in pass 2.
+                            s.maglev.prefetch(maglev_hash(h));
+                        }
                     }
                     svc = Some(si);
                 }
