@@ -25,8 +25,9 @@
 //! leaves the headers in cache. Only `Pipeline::process_batch` is inside the clock.
 //!
 //! The flow table gets 2^21 entries (2^22 in nat, two entries a flow), so the million flows
-//! fill half of it; the `stateless` column counts the flows that found their 8-way bucket full
-//! anyway and are forwarded by Maglev alone, paying a failed insert on every packet.
+//! fill half of it; the `stateless` column counts the flows that found their bucket and its
+//! group (32 ways) full anyway and are forwarded by Maglev alone, paying a failed insert on
+//! every packet.
 //!
 //! # How the figures are computed
 //!
@@ -82,7 +83,7 @@ struct Row {
     mpps: f64,
     /// Median over the batches of each batch's nanoseconds per packet.
     ns_per_packet: f64,
-    /// Flows the table could not store (a full 8-way bucket); their packets are forwarded
+    /// Flows the table could not store (a full bucket and group); their packets are forwarded
     /// by Maglev alone.
     stateless_flows: u64,
     /// 10th percentile of the per-batch nanoseconds per packet.
@@ -181,8 +182,8 @@ fn measure(p: &Params) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
     for mode in Mode::ALL {
         // 2^21 entries per entry a flow takes: half full with the established flows. Even so
-        // about 0.7 % of them find their 8-way bucket full (1.3 % in nat, which needs room for
-        // two entries) and are forwarded statelessly; the report counts them.
+        // a few (about 1 in 100,000) find their bucket and its group full and are forwarded
+        // statelessly; the report counts them.
         let capacity = ((p.flows * entries_per_flow(mode)).max(1) * 2)
             .next_power_of_two()
             .max(1 << 21);
