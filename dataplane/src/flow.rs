@@ -823,10 +823,17 @@ impl FlowTable {
     /// The first way with tag `tag` in the buckets of `b`'s group other than `b`.
     #[inline(always)]
     fn tag_elsewhere(&self, b: usize, tag: Tag) -> Option<(usize, usize)> {
-        let (g, line) = self.group(b);
+        let (_, line) = self.group(b);
         if !line_has(line, tag) {
             return None;
         }
+        self.tag_elsewhere_slow(b, tag)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn tag_elsewhere_slow(&self, b: usize, tag: Tag) -> Option<(usize, usize)> {
+        let (g, line) = self.group(b);
         (g..g + line.len()).filter(|&o| o != b).find_map(|o| {
             let m = tag_mask(self.tags(o), tag);
             (m != 0).then(|| (o, m.trailing_zeros() as usize))
@@ -901,11 +908,18 @@ impl FlowTable {
     /// [`FlowTable::find`] in the buckets of `b`'s group other than `b`.
     #[inline(always)]
     fn find_elsewhere(&self, b: usize, tag: Tag, key: &FlowKey) -> Option<(usize, usize)> {
-        let (g, line) = self.group(b);
+        let (_, line) = self.group(b);
         if !line_has(line, tag) {
             // The usual outcome for a new flow: one branch-free screen of the whole line.
             return None;
         }
+        self.find_elsewhere_slow(b, tag, key)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn find_elsewhere_slow(&self, b: usize, tag: Tag, key: &FlowKey) -> Option<(usize, usize)> {
+        let (g, line) = self.group(b);
         (g..g + line.len())
             .filter(|&o| o != b)
             .find_map(|o| Some((o, self.find_in(o, tag, key)?)))
