@@ -48,9 +48,9 @@ fn bench_pipeline(c: &mut Criterion) {
             let c = &bench.pipe.counters;
             assert_eq!(bench.not_tx, 0, "{mode} {name}: frames not sent: {c:?}");
             if c.stateless_full > 0 {
-                // A bucket of 8 live entries refuses a ninth flow even in a mostly empty
-                // table; that flow's packets are forwarded by Maglev alone (and pay a failed
-                // insert each). Reported, not hidden.
+                // A bucket and its group full of live entries refuse a new flow even in a
+                // mostly empty table; that flow's packets are forwarded by Maglev alone (and
+                // pay a failed insert each). Reported, not hidden.
                 eprintln!(
                     "pipeline/{mode}/{name}: {} packets forwarded statelessly (bucket full)",
                     c.stateless_full
