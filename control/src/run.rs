@@ -214,6 +214,16 @@ impl Control {
             .iter()
             .map(|i| port_of(&i.name))
             .collect::<anyhow::Result<Vec<_>>>()?;
+        Self::with_ports(source, cfg, ports)
+    }
+
+    /// The state [`Control::start`] makes once the interfaces are known: the checker, the
+    /// builder, the first table and the shared state, with no workers and no VIPs. Also what
+    /// `strait bench control` drives, so that it measures the gateway's own per-change path.
+    ///
+    /// # Errors
+    /// When the first table does not build.
+    pub(crate) fn with_ports(source: Source, cfg: Config, ports: Vec<Port>) -> anyhow::Result<Self> {
         let (tx, changes) = mpsc::channel();
         let mut checker = Checker::new(tx);
         checker.sync(&cfg);
@@ -298,7 +308,7 @@ impl Control {
 
     /// Swaps in a new Kubernetes service list: the file's services plus these. The table
     /// is updated for the changed services only (see `Builder::update`).
-    fn apply_kube(&mut self, publications: Vec<crate::kube::Publication>) -> anyhow::Result<()> {
+    pub(crate) fn apply_kube(&mut self, publications: Vec<crate::kube::Publication>) -> anyhow::Result<()> {
         let Some(k) = &mut self.kube else {
             return Ok(());
         };
