@@ -17,7 +17,7 @@ use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 
-use strait_config::model::{Config, HealthCheck, HealthKind};
+use strait_config::model::{Config, HealthCheck, HealthKind, Service};
 
 /// A backend, as health checks know it: (service name, address, backend port).
 pub type Key = (String, IpAddr, u16);
@@ -99,8 +99,28 @@ impl Checker {
     /// Starts checks for backends new in `cfg` (or whose check changed) and stops those of
     /// backends that left. A backend whose check did not change keeps its thread and state.
     pub fn sync(&mut self, cfg: &Config) {
+        self.sync_scoped(&cfg.services, |_| true);
+    }
+
+    /// As [`Checker::sync`] for the services named in `names` only, whose current versions
+    /// are `services` (a name without one was removed): the checks of other services are
+    /// left as they are.
+    pub fn sync_named<'a>(
+        &mut self,
+        services: impl IntoIterator<Item = &'a Service>,
+        names: &std::collections::HashSet<&str>,
+    ) {
+        self.sync_scoped(services, |n| names.contains(n));
+    }
+
+    /// Makes the checks of the services `in_scope` says are covered those of `services`.
+    fn sync_scoped<'a>(
+        &mut self,
+        services: impl IntoIterator<Item = &'a Service>,
+        in_scope: impl Fn(&str) -> bool,
+    ) {
         let mut want: HashMap<Key, HealthCheck> = HashMap::new();
-        for s in &cfg.services {
+        for s in services {
             if let Some(hc) = &s.health_check {
                 for b in &s.backends {
                     want.insert((s.name.clone(), b.address, b.port), hc.clone());
@@ -110,7 +130,7 @@ impl Checker {
         let stale: Vec<Key> = self
             .workers
             .iter()
-            .filter(|(k, w)| want.get(*k) != Some(&w.check))
+            .filter(|(k, w)| in_scope(&k.0) && want.get(*k) != Some(&w.check))
             .map(|(k, _)| k.clone())
             .collect();
         for k in stale {

@@ -17,7 +17,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::process::Command;
 
 use ipnet::IpNet;
-use strait_config::model::{Config, MacAddr, Mode, Role};
+use strait_config::model::{Config, MacAddr, Mode, Role, Service};
 
 /// What the kernel knows about reaching hosts through one interface.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -117,8 +117,13 @@ pub fn backend_iface(cfg: &Config) -> Option<String> {
 /// itself. `dsr-l2` backends are always their own next hop (the frame keeps the VIP as
 /// destination, so a router on the way could not deliver it).
 pub fn fill(cfg: &mut Config, neighbours: &Neighbours) -> Vec<IpAddr> {
+    fill_services(&mut cfg.services, neighbours)
+}
+
+/// As [`fill`] for some services.
+pub fn fill_services(services: &mut [Service], neighbours: &Neighbours) -> Vec<IpAddr> {
     let mut missing = Vec::new();
-    for s in &mut cfg.services {
+    for s in services {
         let tunnel = s.mode.is_tunnel();
         // dsr-l2 keeps the VIP as destination: only a backend on the segment can take it.
         let routed = s.mode != Mode::DsrL2;

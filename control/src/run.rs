@@ -11,6 +11,7 @@
 //! builds a complete new table and publishes it with one atomic swap; a configuration that
 //! does not validate is refused and the running table stays.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -127,6 +128,8 @@ pub struct Control {
     workers: Option<Workers>,
     /// Next hops whose MAC the neighbour table did not have at the last build.
     unresolved: Vec<std::net::IpAddr>,
+    /// The same, by the service whose backends lack them.
+    unresolved_by: std::collections::HashMap<String, Vec<std::net::IpAddr>>,
     /// When the unresolved next hops were last looked up again.
     retried: std::time::Instant,
     /// The Kubernetes source's feed, when `--kube` is given.
@@ -223,7 +226,11 @@ impl Control {
     ///
     /// # Errors
     /// When the first table does not build.
-    pub(crate) fn with_ports(source: Source, cfg: Config, ports: Vec<Port>) -> anyhow::Result<Self> {
+    pub(crate) fn with_ports(
+        source: Source,
+        cfg: Config,
+        ports: Vec<Port>,
+    ) -> anyhow::Result<Self> {
         let (tx, changes) = mpsc::channel();
         let mut checker = Checker::new(tx);
         checker.sync(&cfg);
@@ -232,10 +239,20 @@ impl Control {
         let neighbours = crate::neigh::backend_iface(&cfg)
             .map(|i| crate::neigh::table(&i))
             .unwrap_or_default();
-        let unresolved = crate::neigh::fill(&mut table_cfg, &neighbours);
-        for &a in &unresolved {
-            crate::neigh::probe(a);
+        let mut unresolved_by = std::collections::HashMap::new();
+        for s in &mut table_cfg.services {
+            let missing = crate::neigh::fill_services(std::slice::from_mut(s), &neighbours);
+            for &a in &missing {
+                crate::neigh::probe(a);
+            }
+            if !missing.is_empty() {
+                unresolved_by.insert(s.name.clone(), missing);
+            }
         }
+        let mut unresolved: Vec<std::net::IpAddr> =
+            unresolved_by.values().flatten().copied().collect();
+        unresolved.sort();
+        unresolved.dedup();
         let mut table = builder.build(&table_cfg, &ports, |s, a, p| checker.is_down(s, a, p))?;
         table.locals = local_addrs(&cfg);
         log_table(&cfg, &table);
@@ -251,6 +268,7 @@ impl Control {
             vips: None,
             workers: None,
             unresolved,
+            unresolved_by,
             retried: std::time::Instant::now(),
             kube: None,
         })
@@ -306,9 +324,18 @@ impl Control {
         merged
     }
 
-    /// Swaps in a new Kubernetes service list: the file's services plus these. The table
-    /// is updated for the changed services only (see `Builder::update`).
-    pub(crate) fn apply_kube(&mut self, publications: Vec<crate::kube::Publication>) -> anyhow::Result<()> {
+    /// Swaps in a new Kubernetes service list: the file's services plus these. The work is
+    /// proportional to the change, not to the number of services: the merged configuration
+    /// is edited in place, health checks and VIPs are brought in line for the changed
+    /// services, and the table is updated for them only (see `Builder::update`).
+    ///
+    /// The merged configuration is the file's services, then the Kubernetes ones in the
+    /// list's order (by name), less those [`crate::kube::merge`] leaves out: what a merge
+    /// from scratch gives. A large change (the first list, a relist) is merged from scratch.
+    pub(crate) fn apply_kube(
+        &mut self,
+        publications: Vec<crate::kube::Publication>,
+    ) -> anyhow::Result<()> {
         let Some(k) = &mut self.kube else {
             return Ok(());
         };
@@ -318,30 +345,126 @@ impl Control {
         k.services = last.services.clone();
         let changes: Vec<crate::kube::Change> =
             publications.into_iter().flat_map(|p| p.changes).collect();
-        let changed: Vec<String> = crate::kube::merge_changes(&k.file, &changes)
-            .map(|(name, _)| name.to_owned())
-            .collect();
-        let file = k.file.clone();
-        let cfg = self.with_kube(&file);
-        self.checker.sync(&cfg);
-        if let Some(v) = &mut self.vips {
-            v.sync(&cfg)?;
+        let merged: Vec<(&str, Option<&Service>)> =
+            crate::kube::merge_changes(&k.file, &changes).collect();
+        let changed: Vec<String> = merged.iter().map(|(n, _)| (*n).to_owned()).collect();
+        let names: std::collections::HashSet<&str> = changed.iter().map(String::as_str).collect();
+        let sorted = k.services.windows(2).all(|w| w[0].name < w[1].name);
+        let file_len = k.file.services.len();
+        let (mut before, mut after) = (BTreeSet::new(), BTreeSet::new());
+        {
+            let mut cfg = self
+                .shared
+                .config
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let bulk = !sorted || changes.len() > BULK.max(k.services.len() / 8);
+            if bulk {
+                let (whole, dropped) = crate::kube::merge(&k.file, &k.services);
+                for d in dropped {
+                    warn!("{d}");
+                }
+                *cfg = whole;
+            } else {
+                // The warnings a merge from scratch gives for the changed services.
+                let set: Vec<&Service> = changes.iter().filter_map(|(_, s)| s.as_deref()).collect();
+                let (_, dropped) = crate::kube::merge(&k.file, &set);
+                for d in dropped {
+                    warn!("{d}");
+                }
+                for name in &names {
+                    if let Some(s) = find(&cfg, file_len, name) {
+                        before.insert(s.vip);
+                    }
+                }
+                for (name, s) in &merged {
+                    let at = cfg.services[file_len..]
+                        .binary_search_by(|x| x.name.as_str().cmp(name))
+                        .map(|i| i + file_len)
+                        .map_err(|i| i + file_len);
+                    match (at, s) {
+                        (Ok(i), Some(s)) => cfg.services[i] = (*s).clone(),
+                        (Err(i), Some(s)) => cfg.services.insert(i, (*s).clone()),
+                        (Ok(i), None) => {
+                            cfg.services.remove(i);
+                        }
+                        (Err(_), None) => {}
+                    }
+                }
+                for name in &names {
+                    if let Some(s) = find(&cfg, file_len, name) {
+                        after.insert(s.vip);
+                    }
+                }
+            }
+            if bulk {
+                self.checker.sync(&cfg);
+                if let Some(v) = &mut self.vips {
+                    v.sync(&cfg)?;
+                }
+            } else {
+                let current = names.iter().filter_map(|n| find(&cfg, file_len, n));
+                self.checker.sync_named(current, &names);
+                if let Some(v) = &mut self.vips {
+                    v.sync_changed(&cfg, &before, &after)?;
+                }
+            }
         }
-        *self
-            .shared
-            .config
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = cfg;
         self.republish_changed("kubernetes services changed", &changed)
     }
 
     /// As [`Control::republish`] after only the services named in `changed` were set or
     /// removed: the new table is made from the live one ([`Builder::update`]), or fully
-    /// when that is refused.
+    /// when that is refused. Next-hop MACs are filled for the changed services only, and
+    /// the neighbour table read only when one of them lacks some.
     fn republish_changed(&mut self, why: &str, changed: &[String]) -> anyhow::Result<()> {
-        let cfg = self.table_config();
+        let file_len = self.kube.as_ref().map_or(0, |k| k.file.services.len());
+        let mut set: Vec<Service> = {
+            let cfg = self
+                .shared
+                .config
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let mut names: Vec<&str> = changed.iter().map(String::as_str).collect();
+            names.sort_unstable();
+            names.dedup();
+            names
+                .into_iter()
+                .filter_map(|n| find(&cfg, file_len, n).cloned())
+                .collect()
+        };
+        let lacks = set
+            .iter()
+            .any(|s| s.backends.iter().any(|b| b.mac.is_none()));
+        for s in &set {
+            self.unresolved_by.remove(&s.name);
+        }
+        for n in changed {
+            self.unresolved_by.remove(n);
+        }
+        if lacks {
+            let neighbours = crate::neigh::backend_iface(
+                &self
+                    .shared
+                    .config
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner),
+            )
+            .map(|i| crate::neigh::table(&i))
+            .unwrap_or_default();
+            for s in &mut set {
+                let missing = crate::neigh::fill_services(std::slice::from_mut(s), &neighbours);
+                for &a in &missing {
+                    crate::neigh::probe(a);
+                }
+                if !missing.is_empty() {
+                    self.unresolved_by.insert(s.name.clone(), missing);
+                }
+            }
+        }
+        self.note_unresolved();
         let by_name: std::collections::HashMap<&str, &Service> =
-            cfg.services.iter().map(|s| (s.name.as_str(), s)).collect();
+            set.iter().map(|s| (s.name.as_str(), s)).collect();
         let changes: Vec<Change<'_>> = changed
             .iter()
             .map(|n| match by_name.get(n.as_str()) {
@@ -410,15 +533,31 @@ impl Control {
         let neighbours = crate::neigh::backend_iface(&cfg)
             .map(|i| crate::neigh::table(&i))
             .unwrap_or_default();
-        let missing = crate::neigh::fill(&mut cfg, &neighbours);
-        for &a in &missing {
-            crate::neigh::probe(a);
+        self.unresolved_by.clear();
+        for s in &mut cfg.services {
+            let missing = crate::neigh::fill_services(std::slice::from_mut(s), &neighbours);
+            for &a in &missing {
+                crate::neigh::probe(a);
+            }
+            if !missing.is_empty() {
+                self.unresolved_by.insert(s.name.clone(), missing);
+            }
         }
+        self.note_unresolved();
+        cfg
+    }
+
+    /// Sets [`Control::unresolved`] from the next hops each service lacks, and says so when
+    /// that changed.
+    fn note_unresolved(&mut self) {
+        let mut missing: Vec<std::net::IpAddr> =
+            self.unresolved_by.values().flatten().copied().collect();
+        missing.sort();
+        missing.dedup();
         if !missing.is_empty() && missing != self.unresolved {
             info!(?missing, "next-hop MACs not resolved yet; probing");
         }
         self.unresolved = missing;
-        cfg
     }
 
     /// Re-reads the configuration; on success swaps in the new table atomically. A bad file
@@ -512,6 +651,23 @@ impl Control {
             }
         }
     }
+}
+
+/// Kubernetes changes up to this many (or an eighth of the services, when more) edit the
+/// merged configuration in place; larger ones merge it from scratch.
+const BULK: usize = 64;
+
+/// The service named `name` in a merged configuration whose first `file_len` services are
+/// the file's and the rest Kubernetes services sorted by name.
+fn find<'a>(cfg: &'a Config, file_len: usize, name: &str) -> Option<&'a Service> {
+    let (file, kube) = cfg.services.split_at(file_len.min(cfg.services.len()));
+    file.iter().find(|s| s.name == name).or_else(|| {
+        kube.binary_search_by(|s| s.name.as_str().cmp(name))
+            .map(|i| &kube[i])
+            .ok()
+            // A list out of order (merged from scratch, see `apply_kube`).
+            .or_else(|| kube.iter().find(|s| s.name == name))
+    })
 }
 
 fn log_table(cfg: &Config, table: &ServiceTable) {

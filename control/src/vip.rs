@@ -34,6 +34,8 @@ pub struct Vips {
     iface: String,
     netns: Option<String>,
     added: BTreeSet<IpAddr>,
+    /// Whether the last [`Vips::sync`] succeeded (`added` is then exactly what it wanted).
+    synced: bool,
 }
 
 impl Vips {
@@ -53,6 +55,7 @@ impl Vips {
             iface,
             netns,
             added: BTreeSet::new(),
+            synced: false,
         }
     }
 
@@ -61,6 +64,7 @@ impl Vips {
     /// # Errors
     /// When `ip` fails for a reason other than the address already existing.
     pub fn sync(&mut self, cfg: &Config) -> anyhow::Result<()> {
+        self.synced = false;
         let want: BTreeSet<IpAddr> = cfg.services.iter().map(|s| s.vip).collect();
         let gone: Vec<IpAddr> = self.added.difference(&want).copied().collect();
         for vip in gone {
@@ -73,7 +77,26 @@ impl Vips {
             }
         }
         self.announce(&announce);
+        self.synced = true;
         Ok(())
+    }
+
+    /// As [`Vips::sync`] after some services changed, whose VIPs were `before` and are now
+    /// `after`: when those are the same set and the last sync succeeded, the VIPs `cfg`
+    /// wants are the ones added already, and nothing is looked at.
+    ///
+    /// # Errors
+    /// As [`Vips::sync`].
+    pub fn sync_changed(
+        &mut self,
+        cfg: &Config,
+        before: &BTreeSet<IpAddr>,
+        after: &BTreeSet<IpAddr>,
+    ) -> anyhow::Result<()> {
+        if self.synced && before == after {
+            return Ok(());
+        }
+        self.sync(cfg)
     }
 
     /// Sends gratuitous ARP for `vips`, [`ANNOUNCE_AT_ONCE`] `arping`s at a time: each takes
