@@ -841,6 +841,12 @@ backends = [{}]
             v
         };
         assert_eq!(names(&t1), ["default/a", "web"]);
+        let file = c.kube.as_ref().unwrap().file.clone();
+        assert_eq!(
+            c.shared.config(),
+            crate::kube::merge(&file, &first).0,
+            "edited in place, the configuration is what a merge from scratch gives"
+        );
         assert_eq!(t1.generation, 2);
         let web_backend = |t: &ServiceTable| {
             let s = t.services.iter().find(|s| s.name == "web").unwrap();
@@ -873,7 +879,7 @@ backends = [{}]
             Arc::clone(t.services.iter().find(|s| s.name == n).unwrap())
         };
         assert!(Arc::ptr_eq(&svc(&t1, "web"), &svc(&t2, "web")));
-        assert_eq!(c.shared.config().services.len(), 2);
+        assert_eq!(c.shared.config(), crate::kube::merge(&file, &[d]).0);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
