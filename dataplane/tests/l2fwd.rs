@@ -16,11 +16,9 @@
 
 #![cfg(feature = "xsk")]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::io::{ErrorKind, Read, Write};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -29,56 +27,9 @@ use etherparse::PacketBuilder;
 use strait_dataplane::xsk::testbed::{enter_netns, PacketSocket};
 use strait_dataplane::xsk::{Accounting, L2fwd, L2fwdConfig, L2fwdStats};
 
-/// Allocations, reallocations and frees made by the forwarding thread inside its loop.
-static LOOP_ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    /// Whether this thread's allocations are counted. Const-initialised and without a
-    /// destructor, so reading it from inside the allocator never allocates.
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-fn note() {
-    if COUNTING.try_with(Cell::get).unwrap_or(false) {
-        LOOP_ALLOCS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// `System`, counting the forwarding thread's allocations: the loop must make none.
-struct Counting;
-
-// SAFETY: every method forwards its arguments unchanged to `System`, which implements
-// `GlobalAlloc` correctly; the bookkeeping around it neither allocates nor panics.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which is `System`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: as for `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: the caller guarantees `ptr` came from this allocator (hence from `System`)
-        // with `layout`, and that `new_size` is valid for it.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        note();
-        // SAFETY: the caller guarantees `ptr` came from this allocator with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+#[path = "support/counting_alloc.rs"]
+mod counting;
+use counting::{ALLOCS, COUNTING};
 
 const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x01];
 const MAC_F0: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0xfe];
@@ -261,11 +212,11 @@ fn forwards_udp_and_tcp_with_new_macs_without_allocating() {
                 }
             };
             let _ = ready_tx.send(Ok(l2.src_mac()));
-            let before = LOOP_ALLOCS.load(Ordering::Relaxed);
+            let before = ALLOCS.load(Ordering::Relaxed);
             COUNTING.set(true);
             let run = l2.run(&stop, |st| live_rx.store(st.rx, Ordering::Relaxed));
             COUNTING.set(false);
-            let allocs = LOOP_ALLOCS.load(Ordering::Relaxed) - before;
+            let allocs = ALLOCS.load(Ordering::Relaxed) - before;
             let stats = run.map_err(|e| e.to_string())?;
             Ok(Report {
                 stats,

@@ -51,10 +51,6 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::AtomicUsize;
-
 use etherparse::{Icmpv4Type, IpNumber, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use strait_dataplane::flow::Timeouts;
 use strait_dataplane::key::addr_bytes;
@@ -68,58 +64,9 @@ use strait_dataplane::xsk::{
     SteerCounters, SteerProgram, WorkerStats,
 };
 
-/// Allocations, reallocations and frees made by worker threads while they run the loop.
-static WORKER_ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    /// Whether this thread's allocations are counted. Const-initialised and without a
-    /// destructor, so reading it from inside the allocator never allocates.
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-fn note() {
-    if COUNTING.try_with(Cell::get).unwrap_or(false) {
-        WORKER_ALLOCS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// `System`, counting the worker threads' allocations: the loop must make none.
-struct Counting;
-
-// SAFETY: every method forwards its arguments unchanged to `System`, which implements
-// `GlobalAlloc` correctly; the bookkeeping around it neither allocates nor panics.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract (non-zero size), which is
-        // `System::alloc`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: as for `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: the caller guarantees `ptr` came from this allocator (hence from `System`)
-        // with `layout`, and that `new_size` is valid for it.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        note();
-        // SAFETY: the caller guarantees `ptr` came from this allocator (hence from `System`)
-        // with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+#[path = "support/counting_alloc.rs"]
+mod counting;
+use counting::{ALLOCS, COUNTING};
 
 const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x02];
 const MAC_G: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x01];
@@ -867,7 +814,7 @@ fn round_trip(case: &str, policy: AttachPolicy, want: AttachMode) {
     );
 
     assert_eq!(
-        WORKER_ALLOCS.load(Ordering::Relaxed),
+        ALLOCS.load(Ordering::Relaxed),
         0,
         "the worker loop allocated"
     );
@@ -1571,7 +1518,7 @@ fn check_books(r: &ArmReport) {
     let handed_in: u64 = r.workers.iter().map(|w| w.stats.handed_in).sum();
     assert!(handed_in >= handed_out, "every frame handed out arrives");
     assert_eq!(
-        WORKER_ALLOCS.load(Ordering::Relaxed),
+        ALLOCS.load(Ordering::Relaxed),
         0,
         "the worker loop allocated"
     );

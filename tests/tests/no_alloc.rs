@@ -10,9 +10,7 @@
 //! and the idle-time sweep. Frames are built (that allocates) before the allocator is armed;
 //! the counted loop copies each into one preallocated buffer and calls `Pipeline::process`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use etherparse::{icmpv4, Icmpv4Type, PacketBuilder};
 use strait_dataplane::pipeline::{Pipeline, Verdict};
@@ -21,58 +19,9 @@ use strait_dataplane::stats::Counters;
 use strait_dataplane::table::ServiceTable;
 use strait_tests::{tcp, udp, Bed, CLIENT_MAC, GW_MAC, SEC};
 
-/// Allocations, reallocations and frees made on a thread while its counting flag is on.
-static EVENTS: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    /// Whether this thread's allocations are counted. Const-initialised and without a
-    /// destructor, so reading it from inside the allocator never allocates.
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-fn note() {
-    if COUNTING.try_with(Cell::get).unwrap_or(false) {
-        EVENTS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// `System`, counting.
-struct Counting;
-
-// SAFETY: every method forwards its arguments unchanged to `System`, which implements
-// `GlobalAlloc` correctly; the bookkeeping around it neither allocates nor panics.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract (non-zero size), which is
-        // `System::alloc`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: as for `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: the caller guarantees `ptr` came from this allocator (hence from `System`)
-        // with `layout`, and that `new_size` is valid for it.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        note();
-        // SAFETY: the caller guarantees `ptr` came from this allocator (hence from `System`)
-        // with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+#[path = "../../dataplane/tests/support/counting_alloc.rs"]
+mod counting;
+use counting::{ALLOCS, COUNTING};
 
 use strait_tests::ALL_MODES as CONFIG;
 
@@ -322,7 +271,7 @@ fn the_packet_path_does_not_allocate() {
     drop(std::hint::black_box(Box::new(7u64)));
     COUNTING.with(|c| c.set(false));
     assert_eq!(
-        EVENTS.swap(0, Ordering::Relaxed),
+        ALLOCS.swap(0, Ordering::Relaxed),
         2,
         "the allocator does not count"
     );
@@ -341,7 +290,7 @@ fn the_packet_path_does_not_allocate() {
         100_000,
     );
     COUNTING.with(|c| c.set(false));
-    let events = EVENTS.load(Ordering::Relaxed);
+    let events = ALLOCS.load(Ordering::Relaxed);
 
     let after = bed.pipe.counters;
     let flows_after = bed.pipe.flows.stats();
