@@ -1,9 +1,9 @@
 //! Loading an embedded XDP object, attaching its program to one interface through netlink, and
-//! taking it off again on drop: what the sink's and the `limit` forwarder's programs share
-//! ([`super::sink`], [`super::l2fwd`]). The same protocol as [`super::SteerProgram`]: a
-//! program left on the interface by an earlier run (netlink-attached programs outlive a
-//! crashed process) is removed first, and [`Drop`] detaches ours only if it is still the one
-//! on the interface.
+//! taking it off again on drop: what every program of this crate shares (the steering
+//! program, [`super::SteerProgram`]; the sink's, [`super::sink`]; the `limit` forwarder's,
+//! [`super::l2fwd`]). A program left on the interface by an earlier run (netlink-attached
+//! programs outlive a crashed process) is removed first, and [`Drop`] detaches ours only if
+//! it is still the one on the interface.
 
 use std::os::fd::AsFd;
 

@@ -12,10 +12,11 @@ use std::collections::HashSet;
 use std::hash::Hash;
 use std::os::fd::{AsFd, AsRawFd};
 
-use libbpf_rs::{MapCore, MapFlags, MapHandle, Object, ObjectBuilder, Xdp, XdpFlags};
+use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use strait_config::model::Mode;
 
-use super::{ifindex, Port, XskError};
+use super::attach::XdpProgram;
+use super::{Port, XskError};
 use crate::table::ServiceTable;
 
 /// The compiled program, 8-byte aligned for libelf.
@@ -88,12 +89,10 @@ pub struct SteerCounters {
 /// The loaded, attached steering program of one interface.
 #[derive(Debug)]
 pub struct SteerProgram {
-    obj: Object,
-    iface: String,
-    ifindex: i32,
-    prog_id: u32,
+    /// The loaded and attached program; detaches itself on drop.
+    prog: XdpProgram,
     mode: AttachMode,
-    replaced: Vec<u32>,
+    iface: String,
     xsks: MapHandle,
     frontends: Synced<EndpointKey>,
     nat_backends: Synced<EndpointKey>,
@@ -165,104 +164,28 @@ impl SteerProgram {
     /// stderr) or detaching the stale program fails; [`XskError::Attach`] when no allowed
     /// mode attaches.
     pub fn attach(iface: &str, policy: AttachPolicy) -> Result<Self, XskError> {
-        let ifindex = ifindex(iface)? as i32;
-        let bpf = |call: &'static str| {
-            move |source| XskError::Bpf {
-                iface: iface.to_owned(),
-                call,
-                source,
-            }
-        };
-        let obj = ObjectBuilder::default()
-            .open_memory(&OBJECT.0)
-            .map_err(bpf("bpf_object__open_mem"))?
-            .load()
-            .map_err(bpf("bpf_object__load"))?;
-        let map = |name: &'static str| -> Result<MapHandle, XskError> {
-            let m = obj
-                .maps()
-                .find(|m| m.name() == name)
-                .ok_or_else(|| XskError::Bpf {
-                    iface: iface.to_owned(),
-                    call: "find map",
-                    source: std::io::Error::new(std::io::ErrorKind::NotFound, name).into(),
-                })?;
-            MapHandle::try_from(&m).map_err(bpf("dup map fd"))
-        };
-        let xsks = map("xsks")?;
-        let stats = map("stats")?;
-        let frontends = Synced::new(map("frontends")?, "update frontends", "delete frontends");
+        let mut prog = XdpProgram::load(&OBJECT.0, PROGRAM, iface)?;
+        let xsks = prog.map("xsks")?;
+        let stats = prog.map("stats")?;
+        let frontends = Synced::new(
+            prog.map("frontends")?,
+            "update frontends",
+            "delete frontends",
+        );
         let nat_backends = Synced::new(
-            map("nat_backends")?,
+            prog.map("nat_backends")?,
             "update nat_backends",
             "delete nat_backends",
         );
-        let vips = Synced::new(map("vips")?, "update vips", "delete vips");
-        let locals = Synced::new(map("locals")?, "update locals", "delete locals");
-
-        let prog = obj
-            .progs()
-            .find(|p| p.name() == PROGRAM)
-            .ok_or_else(|| XskError::Bpf {
-                iface: iface.to_owned(),
-                call: "find program",
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, PROGRAM).into(),
-            })?;
-        let prog_id = libbpf_rs::Program::id_from_fd(prog.as_fd()).map_err(bpf("prog id"))?;
-        let xdp = Xdp::new(prog.as_fd());
-
-        // A program left by an earlier run (or anyone else) in either mode blocks ours.
-        let q = xdp
-            .query(ifindex, XdpFlags::NONE)
-            .map_err(bpf("bpf_xdp_query"))?;
-        let mut replaced = Vec::new();
-        for (id, flags) in [
-            (q.drv_prog_id, XdpFlags::DRV_MODE),
-            (q.skb_prog_id, XdpFlags::SKB_MODE),
-        ] {
-            if id != 0 {
-                xdp.detach(ifindex, flags)
-                    .map_err(bpf("bpf_xdp_detach (stale program)"))?;
-                replaced.push(id);
-            }
-        }
-
-        let try_mode = |flags: XdpFlags| {
-            xdp.attach(ifindex, flags | XdpFlags::UPDATE_IF_NOEXIST)
-                .map_err(|e| e.to_string())
-        };
-        let not_tried = || "not tried".to_owned();
-        let native = match policy {
-            AttachPolicy::GenericOnly => Err(not_tried()),
-            _ => try_mode(XdpFlags::DRV_MODE),
-        };
-        let mode = match native {
-            Ok(()) => AttachMode::Native,
-            Err(native) if policy == AttachPolicy::NativeOnly => {
-                return Err(XskError::Attach {
-                    iface: iface.to_owned(),
-                    native,
-                    generic: not_tried(),
-                })
-            }
-            Err(native) => match try_mode(XdpFlags::SKB_MODE) {
-                Ok(()) => AttachMode::Generic,
-                Err(generic) => {
-                    return Err(XskError::Attach {
-                        iface: iface.to_owned(),
-                        native,
-                        generic,
-                    })
-                }
-            },
-        };
+        let vips = Synced::new(prog.map("vips")?, "update vips", "delete vips");
+        let locals = Synced::new(prog.map("locals")?, "update locals", "delete locals");
+        // A program left by an earlier run (or anyone else) in either mode blocks ours:
+        // `attach` removes it first.
+        let mode = prog.attach(policy)?;
         Ok(Self {
-            obj,
-            iface: iface.to_owned(),
-            ifindex,
-            prog_id,
+            prog,
             mode,
-            replaced,
+            iface: iface.to_owned(),
             xsks,
             frontends,
             nat_backends,
@@ -279,12 +202,12 @@ impl SteerProgram {
 
     /// Ids of the programs found on the interface and removed by [`Self::attach`].
     pub fn replaced_programs(&self) -> &[u32] {
-        &self.replaced
+        self.prog.replaced()
     }
 
     /// The kernel's id of our program.
     pub fn program_id(&self) -> u32 {
-        self.prog_id
+        self.prog.id()
     }
 
     /// Directs the interface's queue `queue` to `port`'s socket.
@@ -379,25 +302,6 @@ impl SteerProgram {
             icmp_error: v[3],
             fragment: v[4],
         })
-    }
-}
-
-impl Drop for SteerProgram {
-    fn drop(&mut self) {
-        let Some(prog) = self.obj.progs().find(|p| p.name() == PROGRAM) else {
-            return;
-        };
-        let xdp = Xdp::new(prog.as_fd());
-        // Only our own program comes off; the interface may also be gone already (its
-        // namespace deleted), which needs nothing.
-        if let Ok(q) = xdp.query(self.ifindex, XdpFlags::NONE) {
-            if q.drv_prog_id == self.prog_id {
-                let _ = xdp.detach(self.ifindex, XdpFlags::DRV_MODE);
-            }
-            if q.skb_prog_id == self.prog_id {
-                let _ = xdp.detach(self.ifindex, XdpFlags::SKB_MODE);
-            }
-        }
     }
 }
 
