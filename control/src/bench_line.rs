@@ -106,11 +106,10 @@ pub const MAX_SERVICES: usize = 50_000;
 /// First service port on each VIP.
 const FIRST_SERVICE_PORT: u16 = 1000;
 /// Services per VIP (ports 1000 to 1999). Few VIPs rather than one per service because
-/// `strait run` announces each new IPv4 VIP with `arping -U -c 2 -w 2`, one after the
-/// other, before `/healthz` turns 200: 2 s per VIP, so 250 VIPs would take eight minutes to
-/// start. The rules walked per packet do not depend on it: kube-proxy's iptables rules
-/// test address and port in every `KUBE-SERVICES` rule, nftables and Strait look the pair
-/// up in one map.
+/// `strait run` announces each new IPv4 VIP with `arping -U -c 2 -w 2` (2 s, 64 at a time)
+/// before `/healthz` turns 200, and the kernel peers need an address per VIP too. The rules
+/// walked per packet do not depend on it: kube-proxy's iptables rules test address and port
+/// in every `KUBE-SERVICES` rule, nftables and Strait look the pair up in one map.
 const SERVICES_PER_VIP: usize = 1000;
 /// First endpoint port of the nat and kernel systems (dsr-l2 endpoints use the service
 /// port, as DSR requires).
