@@ -11,6 +11,30 @@ use libbpf_rs::{MapCore, MapHandle, Object, ObjectBuilder, Xdp, XdpFlags};
 
 use super::{ifindex, AttachMode, AttachPolicy, XskError};
 
+/// Bytes aligned to 8, as libelf wants an object in memory.
+#[repr(C, align(8))]
+pub(crate) struct Aligned<T: ?Sized>(pub(crate) T);
+
+/// The object `bpf/NAME.bpf.c` that build.rs compiled, embedded as `&Aligned<[u8]>`.
+macro_rules! embedded_object {
+    ($name:literal) => {
+        &$crate::xsk::attach::Aligned(*include_bytes!(concat!(
+            env!("OUT_DIR"),
+            "/",
+            $name,
+            ".bpf.o"
+        )))
+    };
+}
+pub(crate) use embedded_object;
+
+/// Checks an embedded object: an ELF file, 8-byte aligned.
+#[cfg(test)]
+pub(crate) fn assert_embedded(object: &[u8]) {
+    assert_eq!(&object[..4], b"\x7fELF");
+    assert_eq!(object.as_ptr() as usize % 8, 0);
+}
+
 /// An XDP program loaded from an embedded object, attached to one interface.
 #[derive(Debug)]
 pub(crate) struct XdpProgram {

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use libbpf_rs::{MapCore, MapFlags};
 
-use super::attach::XdpProgram;
+use super::attach::{embedded_object, Aligned, XdpProgram};
 use super::group::{GroupConfig, QueueGroup};
 use super::socket::{interface_port, BindMode, BindPolicy, PortConfig};
 use super::umem::Held;
@@ -32,12 +32,8 @@ use super::worker::{IDLE_POLL_MS, IDLE_SPINS, PUBLISH_EVERY};
 use super::{AttachMode, AttachPolicy, XskError, BATCH};
 use crate::rewrite::Frame;
 
-/// The compiled program, 8-byte aligned for libelf.
-#[repr(C, align(8))]
-struct Aligned<T: ?Sized>(T);
-
-static OBJECT: &Aligned<[u8]> =
-    &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/redirect.bpf.o")));
+/// The compiled program, `bpf/redirect.bpf.c`.
+static OBJECT: &Aligned<[u8]> = embedded_object!("redirect");
 
 /// Name of the XDP function in `redirect.bpf.c`.
 const PROGRAM: &str = "strait_redirect";
@@ -305,8 +301,7 @@ mod tests {
 
     #[test]
     fn object_is_embedded() {
-        assert_eq!(&OBJECT.0[..4], b"\x7fELF");
-        assert_eq!(OBJECT.0.as_ptr() as usize % 8, 0);
+        super::super::attach::assert_embedded(&OBJECT.0);
     }
 
     #[test]

@@ -15,15 +15,12 @@ use std::os::fd::{AsFd, AsRawFd};
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use strait_config::model::Mode;
 
-use super::attach::XdpProgram;
+use super::attach::{embedded_object, Aligned, XdpProgram};
 use super::{Port, XskError};
 use crate::table::ServiceTable;
 
-/// The compiled program, 8-byte aligned for libelf.
-#[repr(C, align(8))]
-struct Aligned<T: ?Sized>(T);
-
-static OBJECT: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/steer.bpf.o")));
+/// The compiled program, `bpf/steer.bpf.c`.
+static OBJECT: &Aligned<[u8]> = embedded_object!("steer");
 
 /// Name of the XDP function in `steer.bpf.c`.
 const PROGRAM: &str = "strait_steer";
@@ -324,7 +321,6 @@ mod tests {
 
     #[test]
     fn object_is_embedded() {
-        assert_eq!(&OBJECT.0[..4], b"\x7fELF");
-        assert_eq!(OBJECT.0.as_ptr() as usize % 8, 0);
+        super::super::attach::assert_embedded(&OBJECT.0);
     }
 }

@@ -14,14 +14,11 @@
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 
-use super::attach::XdpProgram;
+use super::attach::{embedded_object, Aligned, XdpProgram};
 use super::{AttachMode, AttachPolicy, XskError};
 
-/// The compiled program, 8-byte aligned for libelf.
-#[repr(C, align(8))]
-struct Aligned<T: ?Sized>(T);
-
-static OBJECT: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/sink.bpf.o")));
+/// The compiled program, `bpf/sink.bpf.c`.
+static OBJECT: &Aligned<[u8]> = embedded_object!("sink");
 
 /// Name of the XDP function in `sink.bpf.c`.
 const PROGRAM: &str = "strait_sink";
@@ -137,8 +134,7 @@ mod tests {
 
     #[test]
     fn object_is_embedded() {
-        assert_eq!(&OBJECT.0[..4], b"\x7fELF");
-        assert_eq!(OBJECT.0.as_ptr() as usize % 8, 0);
+        super::super::attach::assert_embedded(&OBJECT.0);
     }
 
     #[test]
