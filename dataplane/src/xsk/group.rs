@@ -36,6 +36,11 @@ pub const MAX_GROUP_PORTS: usize = 8;
 /// "No socket" in the table-port lookup.
 const NO_PORT: u8 = u8::MAX;
 
+/// Most TX kick rounds per [`QueueGroup::drain_tx`]: a turn stages up to a batch per socket
+/// plus handed-in frames, at 32 frames per copy-mode `sendto`, with room for a kick that finds
+/// the kernel busy.
+const TX_KICKS: u32 = 4;
+
 /// What a [`QueueGroup`] binds to and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupConfig {
@@ -409,6 +414,28 @@ impl QueueGroup {
         let mut n = 0;
         for p in &mut self.ports {
             n += p.flush_tx()? as u32;
+        }
+        Ok(n)
+    }
+
+    /// Kicks TX until every socket's ring is empty, at most [`TX_KICKS`] rounds: in copy
+    /// mode one `sendto` sends at most 32 frames (the kernel's TX_BATCH_SIZE), fewer than a
+    /// turn can stage, and frames left waiting let the RX ring overflow under load, so the
+    /// excess is better dropped by the kernel there, before any work was spent on it.
+    /// [`Self::flush_tx`] makes no syscall once the rings are empty or the kernel does not
+    /// ask for one. Returns the syscalls made.
+    ///
+    /// # Errors
+    /// As [`Port::flush_tx`].
+    #[inline]
+    pub(crate) fn drain_tx(&mut self) -> Result<u32, XskError> {
+        let mut n = 0;
+        for _ in 0..TX_KICKS {
+            let k = self.flush_tx()?;
+            n += k;
+            if k == 0 {
+                break;
+            }
         }
         Ok(n)
     }

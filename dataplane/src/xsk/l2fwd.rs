@@ -14,7 +14,7 @@
 //! [`super::BATCH`] frames, rewrite them in place, stage them on the TX socket, publish, and
 //! make a syscall only when the kernel set `XDP_RING_NEED_WAKEUP` on a ring (always on a TX
 //! ring in copy mode, which sends at most 32 frames per `sendto`, so a turn kicks until its
-//! TX ring is empty, at most [`TX_KICKS`] times), or to sleep in
+//! TX ring is empty, `QueueGroup::drain_tx`), or to sleep in
 //! `poll(2)` after [`IDLE_SPINS`] empty turns. Nothing in the loop allocates. A frame the TX
 //! ring has no room for is dropped and counted.
 
@@ -48,10 +48,6 @@ const TX: usize = 1;
 
 /// Shortest frame forwarded: an Ethernet header.
 const ETH_HLEN: usize = 14;
-
-/// Most TX kicks per turn: enough for a [`BATCH`] of 64 at 32 frames per `sendto` with
-/// room for a kick that finds the kernel busy.
-const TX_KICKS: u32 = 4;
 
 /// Longest the forwarder waits, once stopped, for frames on the TX ring to complete.
 const DRAIN: Duration = Duration::from_millis(200);
@@ -232,18 +228,7 @@ impl L2fwd {
                     publish(&st);
                 }
             }
-            // In copy mode one `sendto` sends at most 32 frames (the kernel's TX_BATCH_SIZE),
-            // fewer than a batch: kick until the ring is empty, so under overload the excess
-            // is dropped by the kernel at the full RX ring, before any work was spent on it,
-            // rather than here after reading and rewriting it. `flush_tx` makes no syscall
-            // once the ring is empty or the kernel does not ask for one.
-            for _ in 0..TX_KICKS {
-                let k = group.flush_tx()?;
-                st.tx_kicks += k as u64;
-                if k == 0 {
-                    break;
-                }
-            }
+            st.tx_kicks += group.drain_tx()? as u64;
         }
         let deadline = Instant::now() + DRAIN;
         while st.forwarded < st.tx && Instant::now() < deadline {

@@ -59,10 +59,6 @@ pub const BATCH: u32 = 64;
 /// [`BATCH`] as an array length.
 const B: usize = BATCH as usize;
 
-/// Most TX kicks per turn: a turn stages up to [`BATCH`] frames per socket plus handed-in
-/// ones, at 32 frames per copy-mode `sendto`, with room for a kick that finds the kernel busy.
-const TX_KICKS: u32 = 4;
-
 /// Empty turns before the worker sleeps in `poll(2)`. About 1024 × 50 ns ≈ 50 µs of spinning:
 /// long enough to not sleep between the packets of a busy link, short enough that an idle
 /// worker gives its core back almost at once.
@@ -266,18 +262,7 @@ where
             );
         }
         drop(table);
-        // In copy mode one `sendto` sends at most 32 frames (the kernel's TX_BATCH_SIZE),
-        // fewer than a turn can stage: kick until the rings are empty, so under overload the
-        // excess is dropped by the kernel at the full RX ring, before any work was spent on
-        // it, rather than after the pipeline. `flush_tx` makes no syscall once the rings are
-        // empty or the kernel does not ask for one.
-        for _ in 0..TX_KICKS {
-            let k = group.flush_tx()?;
-            st.tx_kicks += k as u64;
-            if k == 0 {
-                break;
-            }
-        }
+        st.tx_kicks += group.drain_tx()? as u64;
         if st.batches / PUBLISH_EVERY != batches / PUBLISH_EVERY {
             publish(pipe, &st);
         }
