@@ -1032,8 +1032,8 @@ fn start(
         .try_init();
     let kc = api.kubeconfig(&dir.0);
     let (tx, rx) = mpsc::channel();
-    let src = kube::spawn(Some(&kc), st, move |l| {
-        let _ = tx.send(l);
+    let src = kube::spawn_feed(Some(&kc), st, move |p: kube::Publication| {
+        let _ = tx.send(p.services.iter().map(|s| (**s).clone()).collect());
     })
     .unwrap();
     (src, rx)
@@ -1337,7 +1337,7 @@ fn a_restarted_source_keeps_addresses_and_allocates_around_them() {
 
 #[test]
 fn a_bad_kubeconfig_is_named() {
-    let e = kube::spawn(
+    let e = kube::spawn_feed(
         Some(std::path::Path::new("/nonexistent/kubeconfig")),
         settings(Mode::Nat),
         |_| {},

@@ -167,32 +167,13 @@ impl Drop for Source {
 
 /// Starts the source on a thread of its own with a current-thread tokio runtime, and
 /// returns once the client is built (configuration errors show here, not later).
-/// `publish` is called on that thread with each complete service list.
+/// `publish` is called on that thread with each [`Publication`]: the complete service list
+/// (shared, not copied) and what changed, for a control loop that rebuilds only the changed
+/// services.
 ///
 /// # Errors
 /// A kubeconfig that cannot be read, no configuration at all, a client that cannot be
 /// built, or a runtime or thread that cannot be started.
-// The integration tests' entry point (control/tests/kube.rs); `strait run` uses
-// `spawn_feed`, which does not copy the list.
-#[allow(dead_code)]
-pub fn spawn<F>(
-    kubeconfig: Option<&Path>,
-    settings: Settings,
-    mut publish: F,
-) -> Result<Source, KubeError>
-where
-    F: FnMut(Vec<model::Service>) + Send + 'static,
-{
-    spawn_feed(kubeconfig, settings, move |p: Publication| {
-        publish(p.services.iter().map(|s| (**s).clone()).collect());
-    })
-}
-
-/// As [`spawn`], but `publish` gets each [`Publication`]: the list (shared, not copied)
-/// and what changed, for a control loop that rebuilds only the changed services.
-///
-/// # Errors
-/// As [`spawn`].
 pub fn spawn_feed<F>(
     kubeconfig: Option<&Path>,
     settings: Settings,
