@@ -250,7 +250,7 @@ fn nat_endpoints_by_condition_with_the_slice_port() {
         ]
     );
     assert!(s.backends.iter().all(|b| b.mac.is_none()));
-    assert_eq!(s.maglev_table_size, 65_537);
+    assert_eq!(s.maglev_table_size, 2_039, "sized from 3 backends");
     assert_eq!(s.session_affinity, None);
     assert!(t.warnings.is_empty(), "{:?}", t.warnings);
 }
@@ -998,6 +998,23 @@ fn flags_give_settings() {
     assert!(Cli::try_parse_from(["strait", "--kube", "--kube-mode", "dsr-foo"]).is_err());
     let plain = Cli::try_parse_from(["strait"]).unwrap();
     assert!(!plain.kube.kube);
+    assert_eq!(
+        plain.kube.settings(&gateway()).maglev_min_table_size,
+        2_039,
+        "tables sized from their backends by default"
+    );
+    let fixed =
+        Cli::try_parse_from(["strait", "--kube", "--kube-maglev-min-table-size", "65537"]).unwrap();
+    assert_eq!(
+        fixed.kube.settings(&gateway()).maglev_min_table_size,
+        65_537
+    );
+    for bad in ["65536", "3", "1310719", "x"] {
+        let e = Cli::try_parse_from(["strait", "--kube", "--kube-maglev-min-table-size", bad])
+            .expect_err(bad)
+            .to_string();
+        assert!(e.contains("--kube-maglev-min-table-size"), "{bad}: {e}");
+    }
 }
 
 // ---- against the fake API server ----------------------------------------------------

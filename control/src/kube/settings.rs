@@ -39,6 +39,11 @@ pub struct Settings {
     pub backoff: (Duration, Duration),
     /// Name under which Events are reported (`reportingController`).
     pub reporter: String,
+    /// Smallest Maglev table of a Service, a prime: Services get the smallest of this and
+    /// [`super::translate::TABLE_SIZES`] that holds 100 slots per backend. The default
+    /// (the smallest of those sizes) sizes each table from its backend count; 65537 gives
+    /// every Service at least Katran's fixed size.
+    pub maglev_min_table_size: u32,
 }
 
 /// Default `loadBalancerClass` of the Services Strait owns.
@@ -75,13 +80,14 @@ impl Settings {
             cluster_node_check: None,
             backoff: (Self::DEFAULT_BACKOFF_MIN, Self::DEFAULT_BACKOFF_MAX),
             reporter: "strait".to_owned(),
+            maglev_min_table_size: super::translate::TABLE_SIZES[0],
         }
     }
 }
 
 /// Command-line flags of `strait run` for the Kubernetes source (flatten into the `run`
 /// subcommand with `#[command(flatten)]`).
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// Take services from the Kubernetes API (Services, EndpointSlices, Nodes) in addition
     /// to the configuration file's.
@@ -122,6 +128,35 @@ pub struct Args {
         requires = "kube"
     )]
     pub kube_proxy_health_port: Option<u16>,
+    /// Smallest Maglev table size of a Kubernetes Service, a prime; larger Services get
+    /// larger tables (100 slots per backend).
+    #[arg(
+        long = "kube-maglev-min-table-size",
+        value_name = "PRIME",
+        default_value_t = super::translate::TABLE_SIZES[0],
+        value_parser = parse_table_size,
+        requires = "kube"
+    )]
+    pub maglev_min_table_size: u32,
+}
+
+/// A `--kube-maglev-min-table-size`: a prime within the sizes a service may have.
+fn parse_table_size(s: &str) -> Result<u32, String> {
+    use strait_config::model::{is_prime, Service};
+    let n: u32 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    let (min, max) = (
+        Service::MIN_MAGLEV_TABLE_SIZE,
+        super::translate::LARGE_TABLE,
+    );
+    if !(min..=max).contains(&n) {
+        Err(format!("{n} is outside {min}..={max}"))
+    } else if !is_prime(n) {
+        Err(format!(
+            "{n} is not a prime number (Maglev needs a prime table size, such as 2039 or 65537)"
+        ))
+    } else {
+        Ok(n)
+    }
 }
 
 impl Args {
@@ -136,6 +171,7 @@ impl Args {
             s.mode = mode;
         }
         s.all_external_ips = self.all_external_ips;
+        s.maglev_min_table_size = self.maglev_min_table_size;
         s.cluster_node_check = self
             .kube_proxy_health_port
             .filter(|&p| p != 0)
