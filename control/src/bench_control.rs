@@ -4,32 +4,27 @@
 //! ```text
 //! watch event (slice modified) ─► Controller::apply ─► reconcile: re-translate and
 //!    validate the Service the slice is labelled for                          (timed)
-//! ─► a publication, the changed Service given backend MACs               (not timed)
+//! ─► a publication                                                       (not timed)
 //! ─► Control::apply_kube, the gateway's own code: the merged configuration edited for
-//!    the changed Services, their health checks, next-hop MACs (the neighbour table is
-//!    read only when a changed backend lacks one), Builder::update from the live table,
-//!    ArcSwap::swap, the replaced table back to the builder                   (timed)
+//!    the changed Services, their health checks, next-hop MACs from the kernel's
+//!    neighbour table and routes, Builder::update from the live table, ArcSwap::swap,
+//!    the XDP steering maps brought in line, the replaced table back to the builder (timed)
 //! ```
 //!
-//! Everything `strait run --kube` runs for a change, except the network, the VIPs on an
-//! interface and the steering maps (no workers here): the events are made here as the API
-//! server would send them. Services are LoadBalancer Services in `nat` mode on IPv6
-//! documentation addresses (10,000 VIPs do not fit in the IPv4 documentation ranges),
-//! already listed; each measured change replaces one endpoint of one Service's slice. Their
-//! backends carry MACs, so the neighbour table is not read per change; what one read of it
-//! costs (`ip -j neigh`, a process) is printed separately. After the changes, the run
-//! checks that the incremental path ended where a full one would: the controller's list
-//! against a translation from scratch, and the live table against a full build of that
-//! list.
+//! Everything `strait run --kube` runs for a change, except the network and the VIPs on an
+//! interface: the events are made here as the API server would send them. By default (root)
+//! the gateway runs with its AF_XDP worker and steering program on a veth in a network
+//! namespace of the bench's own, and the backends (pod addresses) are routed via a router
+//! whose MAC is in the neighbour table, so every change reads the table and the routes as in
+//! a cluster. `--no-workers` measures the control path alone: no worker, no steering maps,
+//! and backends that arrive with MACs.
 //!
-//! Measured (release, 2-core VM shared with a CI run; 10,000 x 10, 20 changes): p50
-//! 2.41 ms, p99 6.82 ms. Before `apply_kube` was made proportional to the change it was
-//! p50 12.24 ms, p99 21.58 ms: every change deep-copied the merged configuration twice,
-//! synced health checks and VIPs over all Services, and read the neighbour table (about
-//! 7 ms under that load). The controller and `Builder::update` alone measured p50
-//! 1.7 ms, p99 2.4 ms: the changed Service's Maglev table (65,537 slots, about 0.9 ms),
-//! copying the table's flat parts (about 0.5 ms, see `strait bench rule-update`), and
-//! the round itself.
+//! Services are LoadBalancer Services in `nat` mode on IPv6 documentation addresses (10,000
+//! VIPs do not fit in the IPv4 documentation ranges), already listed; each measured change
+//! replaces one endpoint of one Service's slice. After the changes, the run checks that the
+//! incremental path ended where a full one would: the controller's list against a
+//! translation from scratch, and the live table against a full build of that list; and that
+//! every backend got its next-hop MAC.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,6 +42,9 @@ use crate::kube::Settings;
 
 #[derive(Debug, Serialize)]
 struct Report {
+    /// Whether the changes went through an AF_XDP worker's steering maps and the kernel's
+    /// neighbour table ([`Target::Workers`]).
+    workers: bool,
     services: usize,
     endpoints_per_service: usize,
     changes: usize,
@@ -112,29 +110,124 @@ fn list(ctl: &mut Controller, kind: Kind, objs: impl Iterator<Item = Value>) {
     ctl.apply(kind, Event::InitDone);
 }
 
+/// Where the measured changes go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A gateway with its AF_XDP worker and XDP steering program on a veth in a network
+    /// namespace of its own (root): each change also updates the steering maps and reads
+    /// the kernel's neighbour table for next-hop MACs, as in a cluster.
+    Workers,
+    /// The control path only (no root needed): no workers, no steering maps, and backends
+    /// that arrive with MACs, so the neighbour table is not read.
+    ControlOnly,
+}
+
+/// The bench's namespace: `bench0` (the gateway's interface, worker on queue 0) and its
+/// veth peer `bench1`; the backends' prefix 2001:db8:2::/48 is routed via a router
+/// 2001:db8:1::1 whose MAC is a permanent neighbour entry, as pod addresses are routed via
+/// their node. Deleted on drop.
+struct Netns(String);
+
+impl Netns {
+    fn up() -> anyhow::Result<Self> {
+        let name = format!("strait-bc-{}", std::process::id());
+        ip(&["netns", "add", &name])?;
+        let ns = Self(name);
+        for cmd in [
+            "link add bench0 type veth peer name bench1",
+            "link set lo up",
+            "link set bench0 up",
+            "link set bench1 up",
+            "addr add 2001:db8:1::2/64 dev bench0 nodad",
+            "neigh add 2001:db8:1::1 lladdr 02:00:00:00:01:01 dev bench0 nud permanent",
+            "route add 2001:db8:2::/48 via 2001:db8:1::1 dev bench0",
+        ] {
+            let mut args = vec!["-n", &ns.0];
+            args.extend(cmd.split(' '));
+            ip(&args)?;
+        }
+        Ok(ns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.0]);
+    }
+}
+
+fn ip(args: &[&str]) -> anyhow::Result<()> {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| anyhow::anyhow!("ip {}: {e}", args.join(" ")))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
 /// Runs the benchmark with `services` Services of `endpoints` endpoints and `changes`
-/// measured changes; prints a summary or JSON.
+/// measured changes against `target`; prints a summary or JSON.
 ///
 /// # Errors
-/// When a table does not build.
+/// When a table does not build, or (for [`Target::Workers`]) the namespace, the worker or
+/// the steering program cannot be set up (not root).
 pub fn run(
     json_out: bool,
     services: usize,
     endpoints: usize,
     changes: usize,
+    target: Target,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
         services > 0 && changes > 0,
         "--services and --changes must be at least 1"
     );
+    if target == Target::ControlOnly {
+        return measure(json_out, services, endpoints, changes, target);
+    }
+    let ns = Netns::up().map_err(|e| {
+        anyhow::anyhow!("{e:#}\n(the bench with workers needs root; --no-workers measures the control path alone)")
+    })?;
+    let path = format!("/run/netns/{}", ns.0);
+    // A thread enters the namespace; the worker threads it starts are born in it, and the
+    // namespace is deleted once they are stopped.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let f = std::fs::File::open(&path).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+            nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| anyhow::anyhow!("entering {path}: {e}"))?;
+            measure(json_out, services, endpoints, changes, target)
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the bench thread panicked"))?
+    })
+}
+
+fn measure(
+    json_out: bool,
+    services: usize,
+    endpoints: usize,
+    changes: usize,
+    target: Target,
+) -> anyhow::Result<()> {
+    let workers = target == Target::Workers;
     let file = strait_config::parse("[[gateway.interfaces]]\nname = \"bench0\"\nqueues = [0]\n")?;
     let mut settings = Settings::new(file.gateway.clone());
     settings.mode = Mode::Nat;
     settings.pools = vec!["2001:db8:100::/104".parse()?];
-    let ports = [Port {
-        mac: [2, 0, 0, 0, 0, 1],
-        mtu: 1500,
-    }];
+    let ports = if workers {
+        vec![crate::run::port_of("bench0")?]
+    } else {
+        vec![Port {
+            mac: [2, 0, 0, 0, 0, 1],
+            mtu: 1500,
+        }]
+    };
 
     let setup = Instant::now();
     let mut ctl = Controller::new(settings);
@@ -182,34 +275,54 @@ pub fn run(
         round.status.len(),
         round.changes.len()
     );
-    // The gateway itself, as `strait run --kube` has it once the interfaces are known: no
-    // workers (so no steering maps to write) and no VIPs on an interface.
+    // The gateway itself, as `strait run --kube` has it once the interfaces are known: with
+    // its worker and steering program (Target::Workers), no VIPs on an interface.
     let mut control =
         crate::run::Control::with_ports(crate::run::Source::Builtin, file.clone(), ports.to_vec())?;
+    if workers {
+        control.start_workers()?;
+    }
     let (_feed, lists) = std::sync::mpsc::channel();
     control.follow_kube(lists);
-    // Next-hop MACs: a `nat` gateway fills them from the kernel's neighbour table; here
-    // every backend has one already, so the fill finds nothing missing and probes nothing
-    // (the table is still read, as the gateway reads it).
+    // Next-hop MACs: a `nat` gateway fills them from the kernel's neighbour table. With
+    // workers, backends arrive without MACs, as the controller makes them, and every change
+    // reads the table (the router's entry resolves them all). Without, every backend has one
+    // already, so the table is not read.
     let mut macs = Macs::default();
+    let mut publication = |services: &[Arc<Service>], changes: &[crate::kube::Change]| {
+        if workers {
+            crate::kube::Publication {
+                services: services.to_vec(),
+                changes: changes.to_vec(),
+            }
+        } else {
+            macs.publication(services, changes)
+        }
+    };
     let all: Vec<crate::kube::Change> = round
         .services
         .iter()
         .map(|s| (s.name.clone(), Some(Arc::clone(s))))
         .collect();
-    control.apply_kube(vec![macs.publication(&round.services, &all)])?;
+    control.apply_kube(vec![publication(&round.services, &all)])?;
     if !json_out {
         println!(
-            "{services} services x {endpoints} endpoints listed and built in {:.1?}",
-            setup.elapsed()
+            "{services} services x {endpoints} endpoints listed and built in {:.1?}{}",
+            setup.elapsed(),
+            if workers {
+                ", with an AF_XDP worker and the XDP steering program on a veth"
+            } else {
+                " (--no-workers: control path only)"
+            }
         );
+        let iface = if workers { "bench0" } else { "lo" };
         let t = Instant::now();
         let n = 20;
         for _ in 0..n {
-            let _ = crate::neigh::table("lo");
+            let _ = crate::neigh::table(iface);
         }
         println!(
-            "reading the neighbour table (`ip -j neigh`, lo): {:.2} ms each",
+            "reading the neighbour table and routes ({iface}): {:.3} ms each",
             t.elapsed().as_secs_f64() * 1e3 / f64::from(n)
         );
     }
@@ -227,10 +340,10 @@ pub fn run(
             .reconcile()
             .ok_or_else(|| anyhow::anyhow!("controller not ready"))?;
         let controller = t0.elapsed();
-        // Not timed: giving the changed services MACs.
-        let publication = macs.publication(&round.services, &round.changes);
+        // Not timed: the publication (without workers, giving the changed services MACs).
+        let p = publication(&round.services, &round.changes);
         let t1 = Instant::now();
-        control.apply_kube(vec![publication])?;
+        control.apply_kube(vec![p])?;
         let took = controller + t1.elapsed();
         let wait = crate::bench_rules::run_queue_wait()
             .zip(waited)
@@ -247,6 +360,11 @@ pub fn run(
     }
     let live = control.shared.table.load_full();
     check(&ctl, &last, &file, &ports, &live)?;
+    anyhow::ensure!(
+        live.backends.iter().flatten().all(|b| b.mac.is_some()),
+        "backends left without a next-hop MAC: the bench measured probing, not forwarding"
+    );
+    control.stop_workers();
     times.sort();
     on_cpu.sort();
     let ms = |d: Duration| (d.as_secs_f64() * 1e5).round() / 100.0;
@@ -254,6 +372,7 @@ pub fn run(
         |v: &[Duration], p: f64| v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1];
     let pct = |p: f64| at(&times, p);
     let r = Report {
+        workers,
         services,
         endpoints_per_service: endpoints,
         changes,
@@ -362,7 +481,19 @@ fn check(
 #[cfg(test)]
 mod tests {
     #[test]
-    fn small_run_completes() {
-        super::run(true, 50, 3, 3).expect("bench runs");
+    fn small_run_without_workers() {
+        super::run(true, 50, 3, 3, super::Target::ControlOnly).expect("bench runs");
+    }
+
+    #[test]
+    fn small_run_with_a_worker() {
+        let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+        });
+        if !root && std::env::var("STRAIT_SKIP_PRIVILEGED").as_deref() == Ok("1") {
+            return;
+        }
+        super::run(true, 50, 3, 3, super::Target::Workers).expect("bench runs (needs root)");
     }
 }

@@ -120,6 +120,10 @@ enum Bench {
         /// Changes measured.
         #[arg(long, default_value_t = 20)]
         changes: usize,
+        /// Measure the control path alone: no AF_XDP worker, steering program or
+        /// neighbour reads (runs without root).
+        #[arg(long)]
+        no_workers: bool,
     },
     /// Rule-update latency: one endpoint change among N services (10 endpoints each), in
     /// Strait (build + swap) and in kube-proxy's iptables and nftables rules (restored into
@@ -226,8 +230,19 @@ fn main() -> ExitCode {
                     services,
                     endpoints,
                     changes,
+                    no_workers,
                 },
-        } => bench_control::run(json, services, endpoints, changes),
+        } => bench_control::run(
+            json,
+            services,
+            endpoints,
+            changes,
+            if no_workers {
+                bench_control::Target::ControlOnly
+            } else {
+                bench_control::Target::Workers
+            },
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

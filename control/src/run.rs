@@ -12,7 +12,7 @@
 //! does not validate is refused and the running table stays.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, PoisonError};
@@ -51,38 +51,40 @@ impl Source {
     }
 }
 
-/// Reads an interface's MAC and MTU from sysfs.
+/// Reads an interface's MAC and MTU (`ip -j link show dev NAME`). Asks the kernel over
+/// netlink rather than sysfs, whose view belongs to the mount namespace: a thread that
+/// entered a network namespace with `setns` still sees the old namespace's `/sys/class/net`.
 ///
 /// # Errors
 /// When the interface does not exist in this network namespace.
 pub fn port_of(name: &str) -> anyhow::Result<Port> {
-    let dir = Path::new("/sys/class/net").join(name);
-    if !dir.exists() {
+    let out = std::process::Command::new("ip")
+        .args(["-j", "link", "show", "dev", name])
+        .output()
+        .context("running `ip -j link show` (iproute2)")?;
+    if !out.status.success() {
         bail!(
             "interface {name} not found in this network namespace (the testbed's gateway runs \
-             inside it: `ip netns exec strait-gw strait run ...`)"
+             inside it: `ip netns exec strait-gw strait run ...`): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    let mac_text = std::fs::read_to_string(dir.join("address"))
-        .with_context(|| format!("reading the MAC of {name}"))?;
-    let mut mac = [0u8; 6];
-    let parts: Vec<_> = mac_text.trim().split(':').collect();
-    if parts.len() != 6 {
-        bail!("interface {name}: unexpected MAC address {mac_text:?}");
-    }
-    for (m, p) in mac.iter_mut().zip(parts) {
-        *m = u8::from_str_radix(p, 16)
-            .with_context(|| format!("interface {name}: MAC {mac_text:?}"))?;
-    }
-    let mtu: u32 = std::fs::read_to_string(dir.join("mtu"))
-        .with_context(|| format!("reading the MTU of {name}"))?
-        .trim()
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("interface {name}: `ip -j link` output"))?;
+    let link = &v[0];
+    let mac_text = link["address"]
+        .as_str()
+        .with_context(|| format!("interface {name} has no link-layer address"))?;
+    let mac: strait_config::model::MacAddr = mac_text
         .parse()
-        .with_context(|| format!("interface {name}: MTU"))?;
+        .map_err(|e| anyhow::anyhow!("interface {name}: MAC {mac_text:?}: {e}"))?;
+    let mtu = link["mtu"]
+        .as_u64()
+        .with_context(|| format!("interface {name}: no MTU"))?;
     // Loopback's 65536 does not fit; no Ethernet frame comes near it anyway.
     Ok(Port {
-        mac,
-        mtu: mtu.min(u16::MAX as u32) as u16,
+        mac: mac.0,
+        mtu: mtu.min(u64::from(u16::MAX)) as u16,
     })
 }
 
