@@ -11,13 +11,31 @@
 //! A backend behind a router (a pod address routed via its node, `ip route add <podCIDR>
 //! via <node>`) is reached at the router's MAC: the next hop is the gateway of the most
 //! specific route of the interface that covers the address, as the kernel would choose.
+//!
+//! Both are read with rtnetlink dumps (`RTM_GETNEIGH`, `RTM_GETROUTE` for IPv4 and IPv6) on
+//! a socket opened in the calling thread's network namespace: tens of microseconds, where
+//! the three `ip -j` processes this replaced took milliseconds on every Kubernetes change.
 
 use std::collections::HashMap;
+use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
-use std::process::Command;
+use std::sync::{Mutex, PoisonError};
 
 use ipnet::IpNet;
+use netlink_packet_core::{
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST,
+};
+use netlink_packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage,
+};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteNextHopFlags,
+    RouteVia,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket};
 use strait_config::model::{Config, MacAddr, Mode, Role, Service};
+use tracing::warn;
 
 /// What the kernel knows about reaching hosts through one interface.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -41,65 +59,323 @@ impl Neighbours {
     }
 }
 
-/// `iface`'s resolved neighbours (`ip -j neigh show dev IFACE`) and routes (`ip -j -4|-6
-/// route show dev IFACE`).
-pub fn table(iface: &str) -> Neighbours {
-    let run = |args: &[&str]| {
-        Command::new("ip")
-            .args(args)
-            .output()
-            .map(|out| out.stdout)
-            .unwrap_or_default()
+/// Why the neighbours or routes of an interface could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("reading the neighbours and routes of interface {iface:?}: {call}: {source}")]
+pub struct Error {
+    /// The interface.
+    pub iface: String,
+    /// What failed: `if_nametoindex`, opening the netlink socket, or one of the dumps.
+    pub call: &'static str,
+    /// Why.
+    pub source: io::Error,
+}
+
+/// `iface`'s resolved neighbours and its routes in the main table, IPv4 and IPv6, as the
+/// calling thread's network namespace has them.
+///
+/// - Neighbours: the entries `ip neigh show dev IFACE` lists (`NOARP` ones, the multicast
+///   mappings, are not) that have a 6-byte link-layer address and are not `FAILED` or
+///   `INCOMPLETE`.
+/// - Routes: those `ip -4|-6 route show dev IFACE` lists (table main, cached clones left
+///   out; a route without destination is the default one, `0.0.0.0/0` or `::/0`), with
+///   their gateway: `RTA_GATEWAY`, or an `RTA_VIA` of the other family (`via inet6
+///   fe80::1`, which iproute2's JSON shows as `via`, not `gateway`).
+/// - Multipath routes, which iproute2 6.1 leaves out of `show dev` altogether (its own
+///   filter wants an `RTA_OIF`, which they lack): one with a live (not `dead`) next hop on
+///   `iface` is listed with the gateway of the first such next hop. Any of them forwards
+///   (the kernel spreads flows over all); listing none would make the route's addresses
+///   look on-link and be resolved on the segment, where they are not. One without a next
+///   hop on `iface` is left out. Routes that only name a nexthop object (`nhid`, with
+///   `net.ipv4.nexthop_compat_mode=0`) are left out too.
+///
+/// # Errors
+/// No such interface (`if_nametoindex`), no netlink socket, or a dump failing or
+/// unreadable, or interrupted by changes [`DUMP_ATTEMPTS`] times in a row.
+pub fn table(iface: &str) -> Result<Neighbours, Error> {
+    read(iface, true)
+}
+
+/// [`table`], with the kernel filtering the dumps by interface and table (`kernel_filter`;
+/// routes only where it can) or not (the tests check that both agree, as on a kernel before
+/// 4.20).
+fn read(iface: &str, kernel_filter: bool) -> Result<Neighbours, Error> {
+    let fail = |call: &'static str| {
+        move |source: io::Error| Error {
+            iface: iface.to_owned(),
+            call,
+            source,
+        }
     };
-    let mut routes = parse_routes(&run(&["-j", "-4", "route", "show", "dev", iface]), false);
-    routes.extend(parse_routes(
-        &run(&["-j", "-6", "route", "show", "dev", iface]),
-        true,
-    ));
-    Neighbours {
-        macs: parse(&run(&["-j", "neigh", "show", "dev", iface])),
-        routes,
+    let index =
+        nix::net::if_::if_nametoindex(iface).map_err(|e| fail("if_nametoindex")(e.into()))?;
+    let mut rtnl = Rtnl::open(kernel_filter).map_err(fail("socket(NETLINK_ROUTE)"))?;
+    for _ in 0..DUMP_ATTEMPTS {
+        let mut n = Neighbours::default();
+        let mut whole = rtnl
+            .dump(neighbours_request(index, kernel_filter), |m| {
+                if let RouteNetlinkMessage::NewNeighbour(m) = m {
+                    n.macs.extend(resolved(&m, index));
+                }
+            })
+            .map_err(fail("RTM_GETNEIGH dump"))?;
+        for (family, call) in [
+            (AddressFamily::Inet, "RTM_GETROUTE dump (IPv4)"),
+            (AddressFamily::Inet6, "RTM_GETROUTE dump (IPv6)"),
+        ] {
+            whole &= rtnl
+                .dump(routes_request(family, index), |m| {
+                    if let RouteNetlinkMessage::NewRoute(m) = m {
+                        n.routes.extend(route(&m, index));
+                    }
+                })
+                .map_err(fail(call))?;
+        }
+        if whole {
+            return Ok(n);
+        }
+    }
+    Err(fail("dumps")(io::Error::other(format!(
+        "interrupted by concurrent changes {DUMP_ATTEMPTS} times in a row (NLM_F_DUMP_INTR)"
+    ))))
+}
+
+/// How often [`table`] reads again when the kernel flags a dump as interrupted by a change
+/// (`NLM_F_DUMP_INTR`: entries may be missing or doubled). A change is a rare event next to
+/// a dump of tens of microseconds, so a third interrupted read in a row means something is
+/// rewriting the tables continuously, which is worth an error.
+pub const DUMP_ATTEMPTS: usize = 3;
+
+/// The neighbours and routes of the backend interface of `cfg` ([`backend_iface`]), none
+/// when it has none. When they cannot be read, the error is logged, once until it changes or
+/// a read succeeds, and the table is empty: every backend without a MAC stays unresolved
+/// (probed, its frames dropped and counted) until a later read succeeds.
+pub fn backend_table(cfg: &Config) -> Neighbours {
+    /// The error logged last, so that a lasting failure is not logged on every change.
+    static LOGGED: Mutex<Option<String>> = Mutex::new(None);
+    let Some(iface) = backend_iface(cfg) else {
+        return Neighbours::default();
+    };
+    let read = table(&iface);
+    let mut logged = LOGGED.lock().unwrap_or_else(PoisonError::into_inner);
+    match read {
+        Ok(n) => {
+            *logged = None;
+            n
+        }
+        Err(e) => {
+            let e = e.to_string();
+            if logged.as_deref() != Some(e.as_str()) {
+                warn!("{e}; backends without a MAC stay unresolved until it can be read");
+                *logged = Some(e);
+            }
+            Neighbours::default()
+        }
     }
 }
 
-/// Routes of `ip -j route show` output: `dst` (`default`, a prefix, or a host) and the
-/// `gateway` if any.
-fn parse_routes(json: &[u8], v6: bool) -> Vec<(IpNet, Option<IpAddr>)> {
-    let v: serde_json::Value = serde_json::from_slice(json).unwrap_or_default();
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|r| {
-            let dst = r["dst"].as_str()?;
-            let net: IpNet = match dst {
-                "default" if v6 => "::/0".parse().ok()?,
-                "default" => "0.0.0.0/0".parse().ok()?,
-                d if d.contains('/') => d.parse().ok()?,
-                d => IpNet::from(d.parse::<IpAddr>().ok()?),
-            };
-            let via = r["gateway"].as_str().and_then(|g| g.parse().ok());
-            Some((net, via))
-        })
-        .collect()
+/// The main routing table's id (`RT_TABLE_MAIN`).
+const MAIN: u32 = RouteHeader::RT_TABLE_MAIN as u32;
+
+/// `RTM_GETNEIGH` dump, of interface `index` only if `filter` (`NDA_IFINDEX`, which the
+/// kernel honours; [`resolved`] filters again).
+fn neighbours_request(index: u32, filter: bool) -> RouteNetlinkMessage {
+    let mut m = NeighbourMessage::default();
+    if filter {
+        m.attributes.push(NeighbourAttribute::IfIndex(index));
+    }
+    RouteNetlinkMessage::GetNeighbour(m)
 }
 
-/// The resolved entries of `ip -j neigh` output: those with a link-layer address and not
-/// `FAILED` or `INCOMPLETE`.
-fn parse(json: &[u8]) -> HashMap<IpAddr, [u8; 6]> {
-    let v: serde_json::Value = serde_json::from_slice(json).unwrap_or_default();
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .filter(|n| {
-            let states = n["state"].as_array().cloned().unwrap_or_default();
-            !states.iter().any(|s| s == "FAILED" || s == "INCOMPLETE")
+/// `RTM_GETROUTE` dump of `family`'s main table, routes through interface `index`. With
+/// strict checking the kernel filters on both (Linux 4.20+); [`route`] filters again.
+fn routes_request(family: AddressFamily, index: u32) -> RouteNetlinkMessage {
+    let mut m = RouteMessage::default();
+    m.header.address_family = family;
+    m.header.table = RouteHeader::RT_TABLE_MAIN;
+    m.attributes.push(RouteAttribute::Oif(index));
+    RouteNetlinkMessage::GetRoute(m)
+}
+
+/// The address and MAC of neighbour entry `m` if it is on interface `index` and resolved:
+/// listed by `ip neigh show` (a state other than `NOARP` and `NONE`, or learned externally)
+/// with a 6-byte link-layer address and not `FAILED` or `INCOMPLETE`.
+fn resolved(m: &NeighbourMessage, index: u32) -> Option<(IpAddr, [u8; 6])> {
+    /// `NUD_INCOMPLETE | NUD_FAILED`: no usable link-layer address.
+    const UNRESOLVED: u16 = 0x01 | 0x20;
+    /// `NUD_REACHABLE | NUD_STALE | NUD_DELAY | NUD_PROBE | NUD_PERMANENT`: the states
+    /// `ip neigh show` lists besides the unresolved ones.
+    const LISTED: u16 = 0x02 | 0x04 | 0x08 | 0x10 | 0x80;
+    let state = u16::from(m.header.state);
+    let listed = state & LISTED != 0 || m.header.flags.contains(NeighbourFlags::ExtLearned);
+    if m.header.ifindex != index || state & UNRESOLVED != 0 || !listed {
+        return None;
+    }
+    let mut addr = None;
+    let mut mac = None;
+    for a in &m.attributes {
+        match a {
+            NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => {
+                addr = Some(IpAddr::V4(*ip));
+            }
+            NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => {
+                addr = Some(IpAddr::V6(*ip));
+            }
+            NeighbourAttribute::LinkLayerAddress(l) => mac = <[u8; 6]>::try_from(&l[..]).ok(),
+            _ => {}
+        }
+    }
+    Some((addr?, mac?))
+}
+
+/// Route `m` as destination and gateway if it is in the main table and leaves through
+/// interface `index`: its own output interface, or, for a multipath route, the first live
+/// next hop on that interface (see [`table`]).
+fn route(m: &RouteMessage, index: u32) -> Option<(IpNet, Option<IpAddr>)> {
+    if m.header.flags.contains(RouteFlags::Cloned) {
+        return None;
+    }
+    let mut table = u32::from(m.header.table);
+    let mut dst = None;
+    let mut oif = None;
+    let mut hops = None;
+    for a in &m.attributes {
+        match a {
+            RouteAttribute::Table(t) => table = *t,
+            RouteAttribute::Destination(d) => dst = Some(ip_of(d)?),
+            RouteAttribute::Oif(i) => oif = Some(*i),
+            RouteAttribute::MultiPath(h) => hops = Some(h),
+            _ => {}
+        }
+    }
+    if table != MAIN {
+        return None;
+    }
+    let via = if oif == Some(index) {
+        gateway(&m.attributes)
+    } else {
+        let hop = hops?
+            .iter()
+            .find(|h| h.interface_index == index && !h.flags.contains(RouteNextHopFlags::Dead))?;
+        gateway(&hop.attributes)
+    };
+    let dst = match (dst, &m.header.address_family) {
+        (Some(d), _) => d,
+        (None, AddressFamily::Inet) => Ipv4Addr::UNSPECIFIED.into(),
+        (None, AddressFamily::Inet6) => Ipv6Addr::UNSPECIFIED.into(),
+        (None, _) => return None,
+    };
+    let net = IpNet::new(dst, m.header.destination_prefix_length).ok()?;
+    Some((net, via))
+}
+
+/// The gateway among route or next-hop attributes `attrs`: `RTA_GATEWAY`, or `RTA_VIA` (a
+/// gateway of the other family).
+fn gateway(attrs: &[RouteAttribute]) -> Option<IpAddr> {
+    attrs.iter().find_map(|a| match a {
+        RouteAttribute::Gateway(g) => ip_of(g),
+        RouteAttribute::Via(RouteVia::Inet(ip)) => Some(IpAddr::V4(*ip)),
+        RouteAttribute::Via(RouteVia::Inet6(ip)) => Some(IpAddr::V6(*ip)),
+        _ => None,
+    })
+}
+
+/// An IPv4 or IPv6 route address as an [`IpAddr`] (not MPLS labels or other families).
+fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(ip) => Some(IpAddr::V4(*ip)),
+        RouteAddress::Inet6(ip) => Some(IpAddr::V6(*ip)),
+        _ => None,
+    }
+}
+
+/// A route netlink socket of the calling thread's network namespace, for dumps.
+struct Rtnl {
+    socket: Socket,
+    /// The sequence number of the last request.
+    seq: u32,
+    /// Receive buffer. The kernel sizes a dump's datagrams after the reader's buffer, capped
+    /// at 32 KiB (`netlink_recvmsg`'s `max_recvmsg_len`), so this size is never truncated and
+    /// takes a dump of a few hundred routes in a datagram or two.
+    buf: Vec<u8>,
+}
+
+impl Rtnl {
+    /// Opens, binds and connects the socket; with `strict` checking of dump requests, so
+    /// the kernel filters routes by table and interface. A kernel without it (before 4.20)
+    /// dumps everything; the callers filter again.
+    fn open(strict: bool) -> io::Result<Self> {
+        let mut socket = Socket::new(NETLINK_ROUTE)?;
+        socket.bind_auto()?;
+        socket.connect(&netlink_sys::SocketAddr::new(0, 0))?;
+        if strict {
+            // Not fatal: the filtering is repeated on our side.
+            let _ = socket.set_netlink_get_strict_chk(true);
+        }
+        Ok(Self {
+            socket,
+            seq: 0,
+            buf: vec![0; 32 * 1024],
         })
-        .filter_map(|n| {
-            let ip: IpAddr = n["dst"].as_str()?.parse().ok()?;
-            let mac: MacAddr = n["lladdr"].as_str()?.parse().ok()?;
-            Some((ip, mac.0))
-        })
-        .collect()
+    }
+
+    /// Sends dump request `req` and passes each message of the answer to `each`. Whether
+    /// the dump is whole: false when the kernel flagged it as interrupted by a change
+    /// (`NLM_F_DUMP_INTR`).
+    fn dump(
+        &mut self,
+        req: RouteNetlinkMessage,
+        mut each: impl FnMut(RouteNetlinkMessage),
+    ) -> io::Result<bool> {
+        let bad = |e: String| io::Error::new(io::ErrorKind::InvalidData, e);
+        self.seq += 1;
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        header.sequence_number = self.seq;
+        let mut req = NetlinkMessage::new(header, NetlinkPayload::from(req));
+        req.finalize();
+        let mut out = vec![0; req.buffer_len()];
+        req.serialize(&mut out);
+        self.socket.send(&out, 0)?;
+        let mut whole = true;
+        loop {
+            let n = match self
+                .socket
+                .recv(&mut &mut self.buf[..], nix::libc::MSG_TRUNC)
+            {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => r?,
+            };
+            if n > self.buf.len() {
+                return Err(bad(format!(
+                    "a {n}-byte datagram does not fit the {}-byte buffer",
+                    self.buf.len()
+                )));
+            }
+            let mut at = 0;
+            while at < n {
+                let m = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&self.buf[at..n])
+                    .map_err(|e| bad(format!("malformed reply: {e}")))?;
+                // At least a header long (`deserialize` checks), so this advances.
+                // NLMSG_ALIGN: messages start at multiples of 4.
+                at += (m.header.length as usize).next_multiple_of(4);
+                if m.header.sequence_number != self.seq {
+                    continue;
+                }
+                whole &= m.header.flags & NLM_F_DUMP_INTR == 0;
+                match m.payload {
+                    NetlinkPayload::InnerMessage(m) => each(m),
+                    NetlinkPayload::Done(d) if d.code < 0 => {
+                        return Err(io::Error::from_raw_os_error(-d.code))
+                    }
+                    NetlinkPayload::Done(_) => return Ok(whole),
+                    NetlinkPayload::Error(e) if e.code.is_some() => return Err(e.to_io()),
+                    NetlinkPayload::Error(_) => return Ok(whole),
+                    _ => {}
+                }
+            }
+        }
+    }
 }
 
 /// The interface facing the backends (role `backend` or `both`).
@@ -156,9 +432,273 @@ pub fn probe(addr: IpAddr) {
     }
 }
 
+/// The gate of the privileged tests, shared with the integration tests.
+#[cfg(test)]
+#[path = "../tests/support/privileged.rs"]
+mod gate;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::Command;
+    use std::time::Instant;
+
+    use crate::peers::Netns;
+
+    /// Root and iproute2 (see `tests/support/privileged.rs`).
+    fn privileged(test: &str) -> bool {
+        super::gate::privileged(test, &[("ip", "-V", "iproute2")])
+    }
+
+    /// What this module read before netlink, kept as the oracle the netlink read is checked
+    /// against: iproute2's `ip -j neigh show dev IFACE` and `ip -j -4|-6 route show dev
+    /// IFACE`, run in the calling thread's network namespace.
+    fn ip_table(iface: &str) -> Neighbours {
+        let run = |args: &[&str]| {
+            let out = Command::new("ip").args(args).output().expect("run ip");
+            assert!(
+                out.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            out.stdout
+        };
+        let mut routes = parse_routes(&run(&["-j", "-4", "route", "show", "dev", iface]), false);
+        routes.extend(parse_routes(
+            &run(&["-j", "-6", "route", "show", "dev", iface]),
+            true,
+        ));
+        Neighbours {
+            macs: parse(&run(&["-j", "neigh", "show", "dev", iface])),
+            routes,
+        }
+    }
+
+    /// Routes of `ip -j route show` output: `dst` (`default`, a prefix, or a host) and the
+    /// `gateway` if any.
+    fn parse_routes(json: &[u8], v6: bool) -> Vec<(IpNet, Option<IpAddr>)> {
+        let v: serde_json::Value = serde_json::from_slice(json).unwrap_or_default();
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| {
+                let dst = r["dst"].as_str()?;
+                let net: IpNet = match dst {
+                    "default" if v6 => "::/0".parse().ok()?,
+                    "default" => "0.0.0.0/0".parse().ok()?,
+                    d if d.contains('/') => d.parse().ok()?,
+                    d => IpNet::from(d.parse::<IpAddr>().ok()?),
+                };
+                let via = r["gateway"].as_str().and_then(|g| g.parse().ok());
+                Some((net, via))
+            })
+            .collect()
+    }
+
+    /// The resolved entries of `ip -j neigh` output: those with a link-layer address and
+    /// not `FAILED` or `INCOMPLETE`.
+    fn parse(json: &[u8]) -> HashMap<IpAddr, [u8; 6]> {
+        let v: serde_json::Value = serde_json::from_slice(json).unwrap_or_default();
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| {
+                let states = n["state"].as_array().cloned().unwrap_or_default();
+                !states.iter().any(|s| s == "FAILED" || s == "INCOMPLETE")
+            })
+            .filter_map(|n| {
+                let ip: IpAddr = n["dst"].as_str()?.parse().ok()?;
+                let mac: MacAddr = n["lladdr"].as_str()?.parse().ok()?;
+                Some((ip, mac.0))
+            })
+            .collect()
+    }
+
+    /// A namespace of its own (deleted on drop, also when the test fails) with veth pair
+    /// `v0`/`v1`, both ends up: `v0` with 198.51.100.1/24 and 2001:db8:1::1/64, `v1` with
+    /// 192.0.2.1/25 and 2001:db8:9::1/64.
+    fn bed(tag: &str) -> Netns {
+        let ns = Netns::create(&format!("strait-{tag}-{}", std::process::id())).unwrap();
+        for cmd in [
+            "link add v0 type veth peer name v1",
+            "link set v0 up",
+            "link set v1 up",
+            "addr add 198.51.100.1/24 dev v0",
+            "addr add 2001:db8:1::1/64 dev v0 nodad",
+            "addr add 192.0.2.1/25 dev v1",
+            "addr add 2001:db8:9::1/64 dev v1 nodad",
+        ] {
+            ip(&ns, cmd);
+        }
+        ns
+    }
+
+    /// `ip -n NS CMD`, which must succeed.
+    fn ip(ns: &Netns, cmd: &str) {
+        let out = Command::new("ip")
+            .args(["-n", ns.name()])
+            .args(cmd.split_whitespace())
+            .output()
+            .expect("run ip");
+        assert!(
+            out.status.success(),
+            "ip -n {} {cmd}: {}",
+            ns.name(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Runs `f` on a thread that entered `ns`'s network namespace.
+    fn inside<T: Send>(ns: &Netns, f: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let file = std::fs::File::open(format!("/run/netns/{}", ns.name())).unwrap();
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                f()
+            })
+            .join()
+            .unwrap()
+        })
+    }
+
+    fn sorted(mut routes: Vec<(IpNet, Option<IpAddr>)>) -> Vec<(IpNet, Option<IpAddr>)> {
+        routes.sort();
+        routes
+    }
+
+    #[test]
+    fn reads_neighbours_and_routes_as_iproute2_lists_them() {
+        if !privileged("neigh::reads_neighbours_and_routes_as_iproute2_lists_them") {
+            return;
+        }
+        let ns = bed("nb");
+        for cmd in [
+            // Resolved on v0: listed.
+            "neigh add 198.51.100.11 lladdr 02:00:00:00:01:11 dev v0 nud permanent",
+            "neigh add 198.51.100.12 lladdr 02:00:00:00:01:12 dev v0 nud reachable",
+            "neigh add 198.51.100.13 lladdr 02:00:00:00:01:13 dev v0 nud stale",
+            "neigh add 2001:db8:1::11 lladdr 02:00:00:00:01:21 dev v0 nud permanent",
+            "neigh add 2001:db8:1::12 lladdr 02:00:00:00:01:22 dev v0 router nud reachable",
+            "neigh add fe80::1 lladdr 02:00:00:00:01:fe dev v0 nud permanent",
+            // Unresolved, or not listed by ip (NOARP), or on v1: left out.
+            "neigh add 198.51.100.14 dev v0 nud failed",
+            "neigh add 198.51.100.15 dev v0 nud incomplete",
+            "neigh add 198.51.100.16 lladdr 02:00:00:00:01:16 dev v0 nud noarp",
+            "neigh add 2001:db8:1::14 dev v0 nud failed",
+            "neigh add 192.0.2.11 lladdr 02:00:00:00:02:11 dev v1 nud permanent",
+            "neigh add 2001:db8:9::11 lladdr 02:00:00:00:02:21 dev v1 nud permanent",
+            // Routes of v0 in the main table: listed.
+            "route add default via 198.51.100.254 dev v0",
+            "route add 203.0.113.64/28 via 198.51.100.11",
+            "route add 203.0.113.99/32 via 198.51.100.12",
+            "route add 203.0.113.100/32 dev v0",
+            "-6 route add default via 2001:db8:1::fe dev v0",
+            "-6 route add 2001:db8:2::/48 via 2001:db8:1::11",
+            "-6 route add 2001:db8:3::1/128 via fe80::1 dev v0",
+            "-6 route add 2001:db8:4::/48 dev v0",
+            // Listed too, unlike ip's JSON: an IPv4 route via an IPv6 gateway, multipath
+            // routes with a next hop on v0.
+            "route add 203.0.113.200/32 via inet6 fe80::1 dev v0",
+            "route add 203.0.113.0/27 nexthop via 192.0.2.12 dev v1 nexthop via 198.51.100.13 dev v0",
+            "-6 route add 2001:db8:5::/48 nexthop via 2001:db8:9::12 dev v1 nexthop via 2001:db8:1::13 dev v0",
+            // Another table, another interface, multipath without v0: left out.
+            "route add 203.0.113.128/26 via 198.51.100.11 table 100",
+            "-6 route add 2001:db8:6::/48 via 2001:db8:1::11 table 100",
+            "route add 203.0.113.192/26 via 192.0.2.11",
+            "-6 route add 2001:db8:8::/48 via 2001:db8:9::11",
+            "route add 203.0.113.32/27 nexthop via 192.0.2.12 dev v1 nexthop via 192.0.2.13 dev v1",
+        ] {
+            ip(&ns, cmd);
+        }
+        let (read, unfiltered, oracle, on_v1) = inside(&ns, || {
+            (
+                table("v0"),
+                super::read("v0", false),
+                ip_table("v0"),
+                table("v1"),
+            )
+        });
+        let read = read.unwrap();
+        let unfiltered = unfiltered.unwrap();
+
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
+        let mac = |last: u8| [2, 0, 0, 0, 1, last];
+        let macs: HashMap<IpAddr, [u8; 6]> = [
+            (ip("198.51.100.11"), mac(0x11)),
+            (ip("198.51.100.12"), mac(0x12)),
+            (ip("198.51.100.13"), mac(0x13)),
+            (ip("2001:db8:1::11"), mac(0x21)),
+            (ip("2001:db8:1::12"), mac(0x22)),
+            (ip("fe80::1"), mac(0xfe)),
+        ]
+        .into();
+        let listed_by_ip = vec![
+            (net("0.0.0.0/0"), Some(ip("198.51.100.254"))),
+            (net("198.51.100.0/24"), None),
+            (net("203.0.113.64/28"), Some(ip("198.51.100.11"))),
+            (net("203.0.113.99/32"), Some(ip("198.51.100.12"))),
+            (net("203.0.113.100/32"), None),
+            (net("::/0"), Some(ip("2001:db8:1::fe"))),
+            (net("2001:db8:1::/64"), None),
+            (net("fe80::/64"), None),
+            (net("2001:db8:2::/48"), Some(ip("2001:db8:1::11"))),
+            (net("2001:db8:3::1/128"), Some(ip("fe80::1"))),
+            (net("2001:db8:4::/48"), None),
+        ];
+        let mut routes = listed_by_ip.clone();
+        routes.extend([
+            (net("203.0.113.200/32"), Some(ip("fe80::1"))),
+            (net("203.0.113.0/27"), Some(ip("198.51.100.13"))),
+            (net("2001:db8:5::/48"), Some(ip("2001:db8:1::13"))),
+        ]);
+        assert_eq!(read.macs, macs);
+        assert_eq!(sorted(read.routes.clone()), sorted(routes));
+        assert_eq!(unfiltered.macs, read.macs, "without the kernel's filtering");
+        assert_eq!(
+            sorted(unfiltered.routes),
+            sorted(read.routes.clone()),
+            "without the kernel's filtering"
+        );
+
+        // iproute2 agrees, but for the differences `table` documents: it drops the multipath
+        // routes and its JSON has no `gateway` for a `via inet6` route.
+        assert_eq!(oracle.macs, read.macs, "neighbours as iproute2 lists them");
+        let mut ip_view = listed_by_ip;
+        ip_view.push((net("203.0.113.200/32"), None));
+        assert_eq!(
+            sorted(oracle.routes),
+            sorted(ip_view),
+            "routes as iproute2 lists them"
+        );
+
+        // The other interface has its own.
+        let on_v1 = on_v1.unwrap();
+        assert_eq!(
+            on_v1.macs,
+            [
+                (ip("192.0.2.11"), [2, 0, 0, 0, 2, 0x11]),
+                (ip("2001:db8:9::11"), [2, 0, 0, 0, 2, 0x21])
+            ]
+            .into()
+        );
+        assert!(on_v1
+            .routes
+            .contains(&(net("203.0.113.32/27"), Some(ip("192.0.2.12")))));
+        assert!(on_v1
+            .routes
+            .contains(&(net("203.0.113.0/27"), Some(ip("192.0.2.12")))));
+        assert!(!on_v1
+            .routes
+            .iter()
+            .any(|(n, _)| *n == net("203.0.113.64/28")));
+
+        // And the next hops follow: through the multipath route's v0 router, the IPv6 one.
+        assert_eq!(read.next_hop(ip("203.0.113.5")), ip("198.51.100.13"));
+        assert_eq!(read.next_hop(ip("203.0.113.200")), ip("fe80::1"));
+        assert_eq!(read.next_hop(ip("2001:db8:2::7")), ip("2001:db8:1::11"));
+        assert_eq!(read.next_hop(ip("2001:db8:1::7")), ip("2001:db8:1::7"));
+    }
 
     #[test]
     fn fills_known_macs_and_lists_the_rest() {
@@ -274,5 +814,97 @@ backends = [{ address = "203.0.113.65", port = 8080 }, { address = "203.0.113.99
             vec![ip("203.0.113.65"), ip("203.0.113.99")]
         );
         assert!(parse_routes(b"not json", false).is_empty());
+    }
+
+    #[test]
+    fn netlink_read_of_a_hundred_neighbours_agrees_with_ip_and_is_timed() {
+        if !privileged("neigh::netlink_read_of_a_hundred_neighbours_agrees_with_ip_and_is_timed") {
+            return;
+        }
+        let ns = bed("nm");
+        let mut batch: Vec<String> = (0..90)
+            .map(|i| {
+                format!(
+                    "neigh add 198.51.100.{} lladdr 02:00:00:00:02:{i:02x} dev v0 nud permanent",
+                    10 + i
+                )
+            })
+            .collect();
+        batch.extend((0..10).map(|i| {
+            format!(
+                "neigh add 2001:db8:1::{:x} lladdr 02:00:00:00:03:{i:02x} dev v0 nud permanent",
+                0x10 + i
+            )
+        }));
+        batch.extend((0..10).map(|i| {
+            format!(
+                "route add 203.0.113.{}/32 via 198.51.100.{} dev v0",
+                i,
+                10 + i
+            )
+        }));
+        let mut child = Command::new("ip")
+            .args(["-n", ns.name(), "-batch", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), batch.join("\n").as_bytes())
+            .unwrap();
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success(), "ip -batch");
+
+        let reads = 100;
+        let (read, oracle, netlink, iproute2) = inside(&ns, || {
+            let read = table("v0").unwrap();
+            let oracle = ip_table("v0");
+            let t = Instant::now();
+            for _ in 0..reads {
+                assert_eq!(table("v0").unwrap().macs.len(), read.macs.len());
+            }
+            let netlink = t.elapsed();
+            let t = Instant::now();
+            for _ in 0..reads {
+                assert_eq!(ip_table("v0").macs.len(), read.macs.len());
+            }
+            (read, oracle, netlink, t.elapsed())
+        });
+        assert_eq!(read.macs.len(), 100);
+        assert_eq!(read.macs, oracle.macs);
+        assert_eq!(sorted(read.routes.clone()), sorted(oracle.routes));
+        assert_eq!(
+            read.routes.len(),
+            10 + 1 + 2,
+            "the 10 host routes, the subnet, fe80::/64, 2001:db8:1::/64"
+        );
+        eprintln!(
+            "neighbour table of 100 entries and {} routes, {reads} reads each: netlink {:.1} us, \
+             ip -j {:.2} ms per read",
+            read.routes.len(),
+            netlink.as_secs_f64() * 1e6 / f64::from(reads),
+            iproute2.as_secs_f64() * 1e3 / f64::from(reads),
+        );
+    }
+
+    #[test]
+    fn an_unknown_interface_is_an_error_naming_it_and_reads_as_empty() {
+        let e = table("strait-nope0").unwrap_err();
+        assert_eq!(
+            (e.iface.as_str(), e.call),
+            ("strait-nope0", "if_nametoindex")
+        );
+        let shown = e.to_string();
+        assert!(
+            shown.contains("\"strait-nope0\"") && shown.contains("if_nametoindex"),
+            "{shown}"
+        );
+        let cfg = strait_config::parse(
+            r#"
+[[gateway.interfaces]]
+name = "strait-nope0"
+queues = [0]
+"#,
+        )
+        .unwrap();
+        assert_eq!(backend_table(&cfg), Neighbours::default());
     }
 }

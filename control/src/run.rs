@@ -238,9 +238,7 @@ impl Control {
         checker.sync(&cfg);
         let mut builder = Builder::new();
         let mut table_cfg = cfg.clone();
-        let neighbours = crate::neigh::backend_iface(&cfg)
-            .map(|i| crate::neigh::table(&i))
-            .unwrap_or_default();
+        let neighbours = crate::neigh::backend_table(&cfg);
         let mut unresolved_by = std::collections::HashMap::new();
         for s in &mut table_cfg.services {
             let missing = crate::neigh::fill_services(std::slice::from_mut(s), &neighbours);
@@ -445,15 +443,13 @@ impl Control {
             self.unresolved_by.remove(n);
         }
         if lacks {
-            let neighbours = crate::neigh::backend_iface(
+            let neighbours = crate::neigh::backend_table(
                 &self
                     .shared
                     .config
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner),
-            )
-            .map(|i| crate::neigh::table(&i))
-            .unwrap_or_default();
+            );
             for s in &mut set {
                 let missing = crate::neigh::fill_services(std::slice::from_mut(s), &neighbours);
                 for &a in &missing {
@@ -532,9 +528,7 @@ impl Control {
     /// Unresolved next hops are probed and remembered, so [`Control::serve`] retries.
     fn table_config(&mut self) -> Config {
         let mut cfg = self.shared.config();
-        let neighbours = crate::neigh::backend_iface(&cfg)
-            .map(|i| crate::neigh::table(&i))
-            .unwrap_or_default();
+        let neighbours = crate::neigh::backend_table(&cfg);
         self.unresolved_by.clear();
         for s in &mut cfg.services {
             let missing = crate::neigh::fill_services(std::slice::from_mut(s), &neighbours);
@@ -615,9 +609,7 @@ impl Control {
                         self.retried = std::time::Instant::now();
                         let before = self.unresolved.clone();
                         let mut cfg = self.shared.config();
-                        let neighbours = crate::neigh::backend_iface(&cfg)
-                            .map(|i| crate::neigh::table(&i))
-                            .unwrap_or_default();
+                        let neighbours = crate::neigh::backend_table(&cfg);
                         if crate::neigh::fill(&mut cfg, &neighbours) != before {
                             if let Err(e) = self.republish("next-hop MACs resolved") {
                                 warn!("rebuild failed, keeping the previous table: {e:#}");
