@@ -504,23 +504,31 @@ impl Control {
     }
 
     /// Makes `table` the one the workers use, and brings the steering maps in line.
+    ///
+    /// Every program's maps are updated even when one fails (its failed keys are retried on
+    /// the next publish); the first error is returned. The old table goes back to the builder
+    /// last: each program holds the table it follows until given the new one, and
+    /// [`Builder::recycle`] keeps only a table nobody holds.
     fn publish(&mut self, table: ServiceTable) -> anyhow::Result<()> {
-        let old = self.shared.table.swap(Arc::new(table));
-        self.builder.recycle(old);
+        let table = Arc::new(table);
+        let old = self.shared.table.swap(Arc::clone(&table));
+        let mut result = Ok(());
         if let Some(w) = &mut self.workers {
-            let table = self.shared.table.load();
             for prog in &mut w.progs {
-                let sync = prog.update_maps(&table)?;
-                if sync.added + sync.removed > 0 {
-                    info!(
+                match prog.update_maps(&table) {
+                    Ok(sync) if sync.added + sync.removed > 0 => info!(
                         added = sync.added,
                         removed = sync.removed,
                         "steering maps updated"
-                    );
+                    ),
+                    Ok(_) => {}
+                    Err(e) if result.is_ok() => result = Err(e.into()),
+                    Err(e) => warn!("steering maps: {e}"),
                 }
             }
         }
-        Ok(())
+        self.builder.recycle(old);
+        result
     }
 
     /// The configuration a table is built from: the current one, with next-hop MACs the

@@ -43,6 +43,7 @@
 
 #![cfg(feature = "xsk")]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::process::Command;
@@ -52,11 +53,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use etherparse::{Icmpv4Type, IpNumber, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
+use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
+use libbpf_rs::{MapCore, MapHandle};
+use strait_config::model::{self, Mode};
 use strait_dataplane::flow::Timeouts;
 use strait_dataplane::key::addr_bytes;
 use strait_dataplane::pipeline::{owner_core, Pipeline};
 use strait_dataplane::stats::{Counters, DropReason};
-use strait_dataplane::table::{Builder, ServiceTable};
+use strait_dataplane::table::{Builder, Change, ServiceTable};
 use strait_dataplane::xsk::testbed::{enter_netns, pin_thread, PacketSocket};
 use strait_dataplane::xsk::{
     interface_port, run_worker, Accounting, AttachMode, AttachPolicy, BindMode, GroupConfig,
@@ -342,7 +346,7 @@ struct Ready {
 /// Commands to the gateway thread.
 enum Cmd {
     /// Make the maps follow this table; answer with the change.
-    Follow(Box<ServiceTable>, mpsc::Sender<Result<MapSync, String>>),
+    Follow(Arc<ServiceTable>, mpsc::Sender<Result<MapSync, String>>),
     /// Stop the worker and report.
     Stop,
 }
@@ -373,9 +377,11 @@ fn gateway(
         if link.mac != MAC_G {
             return Err(format!("veth-g MAC read as {:02x?}", link.mac));
         }
-        let table = Builder::new()
-            .build(&cfg, &[link], |_, _, _| false)
-            .map_err(|e| e.to_string())?;
+        let table = Arc::new(
+            Builder::new()
+                .build(&cfg, &[link], |_, _, _| false)
+                .map_err(|e| e.to_string())?,
+        );
         let mut prog = SteerProgram::attach("veth-g", policy).map_err(|e| e.to_string())?;
         let port =
             QueueGroup::open(&GroupConfig::single("veth-g", 0)).map_err(|e| e.to_string())?;
@@ -404,7 +410,6 @@ fn gateway(
         let stop = stop.clone();
         thread::spawn(move || {
             let mut pipe = Pipeline::new(0, 1, 4096, Timeouts::default(), 0);
-            let table = Arc::new(table);
             let clock = MonotonicClock::new();
             COUNTING.with(|c| c.set(true));
             let mut handoff = Handoff::none();
@@ -717,7 +722,7 @@ fn round_trip(case: &str, policy: AttachPolicy, want: AttachMode) {
         mtu: 1500,
     }]);
     cmd_tx
-        .send(Cmd::Follow(Box::new(empty), answer_tx))
+        .send(Cmd::Follow(Arc::new(empty), answer_tx))
         .expect("gateway alive");
     let sync = answer_rx
         .recv_timeout(Duration::from_secs(5))
@@ -1115,9 +1120,11 @@ fn two_arm_gateway(
         if links[0].mac != MAC_GC || links[1].mac != MAC_GB {
             return Err(format!("gateway MACs read as {links:02x?}"));
         }
-        let table = Builder::new()
-            .build(&cfg, &links, |_, _, _| false)
-            .map_err(|e| e.to_string())?;
+        let table = Arc::new(
+            Builder::new()
+                .build(&cfg, &links, |_, _, _| false)
+                .map_err(|e| e.to_string())?,
+        );
         let mut progs = Vec::new();
         for iface in ["veth-c", "veth-b"] {
             progs.push(
@@ -1155,7 +1162,6 @@ fn two_arm_gateway(
     if let Some(tx) = extra_end {
         let _ = tx.send(ends.pop().expect("the extra end"));
     }
-    let table = Arc::new(table);
     let halt = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
     for (core, (mut group, mut handoff)) in groups.into_iter().zip(ends).enumerate() {
@@ -1722,4 +1728,719 @@ fn nat_handoff_between_two_workers() {
     drop(bed);
     assert_gone(&names);
     eprintln!("xsk[handoff]: took {:?}", started.elapsed());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The steering maps follow table changes: every step checked against the kernel's maps.
+// ---------------------------------------------------------------------------------------------
+
+/// The keys of the steering program's lookup maps, as bytes.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SteerKeys {
+    frontends: BTreeSet<Vec<u8>>,
+    nat_backends: BTreeSet<Vec<u8>>,
+    vips: BTreeSet<Vec<u8>>,
+    locals: BTreeSet<Vec<u8>>,
+}
+
+impl SteerKeys {
+    fn sets(&self) -> [&BTreeSet<Vec<u8>>; 4] {
+        [
+            &self.frontends,
+            &self.nat_backends,
+            &self.vips,
+            &self.locals,
+        ]
+    }
+
+    /// Keys in `self` and not in `other`, over the four maps.
+    fn count_missing_from(&self, other: &SteerKeys) -> u32 {
+        self.sets()
+            .iter()
+            .zip(other.sets())
+            .map(|(a, b)| a.difference(b).count() as u32)
+            .sum()
+    }
+}
+
+/// A key of the maps for people: `addr port/proto` for endpoint keys, the address for VIPs.
+fn key_text(k: &[u8]) -> String {
+    let addr = |b: &[u8]| -> String {
+        let a: [u8; 16] = b.try_into().unwrap_or([0; 16]);
+        let v6 = std::net::Ipv6Addr::from(a);
+        v6.to_ipv4_mapped()
+            .map_or_else(|| v6.to_string(), |v4| v4.to_string())
+    };
+    match k.len() {
+        20 => format!(
+            "{} {}/{}",
+            addr(&k[..16]),
+            u16::from_be_bytes([k[16], k[17]]),
+            k[18]
+        ),
+        16 => addr(k),
+        _ => format!("{k:02x?}"),
+    }
+}
+
+/// What `got` lacks and has too many of, against `want`, map by map; empty when equal.
+fn keys_diff(got: &SteerKeys, want: &SteerKeys) -> String {
+    let names = ["frontends", "nat_backends", "vips", "locals"];
+    let mut out = String::new();
+    for ((name, g), w) in names.iter().zip(got.sets()).zip(want.sets()) {
+        let missing: Vec<String> = w.difference(g).map(|k| key_text(k)).collect();
+        let extra: Vec<String> = g.difference(w).map(|k| key_text(k)).collect();
+        if !missing.is_empty() || !extra.is_empty() {
+            out += &format!("{name}: missing {missing:?}, extra {extra:?}; ");
+        }
+    }
+    out
+}
+
+/// `struct endpoint_key` of steer.bpf.c, written out here from the C struct.
+fn endpoint_key_bytes(addr: &[u8; 16], port: u16, proto: u8) -> Vec<u8> {
+    let mut k = addr.to_vec();
+    k.extend_from_slice(&port.to_be_bytes());
+    k.extend_from_slice(&[proto, 0]);
+    k
+}
+
+/// What the maps must hold for `t`, counted from scratch: a frontend per service, every VIP,
+/// every backend entry of the table whose service is nat (draining and down ones too), and
+/// the gateway's own addresses.
+fn wanted_keys(t: &ServiceTable) -> SteerKeys {
+    let mut k = SteerKeys::default();
+    for s in &t.services {
+        let f = &s.frontend;
+        k.frontends
+            .insert(endpoint_key_bytes(&f.vip, f.port, f.proto));
+        k.vips.insert(f.vip.to_vec());
+    }
+    for b in t.backends.iter().flatten() {
+        let s = &t.services[b.service as usize];
+        if s.mode == Mode::Nat {
+            k.nat_backends
+                .insert(endpoint_key_bytes(&b.addr, b.port, s.frontend.proto));
+        }
+    }
+    k.locals = t.locals.iter().map(|a| a.to_vec()).collect();
+    k
+}
+
+/// The lookup maps of a loaded program, opened from the kernel by id (not through the
+/// program's own handles): what the kernel holds.
+struct KernelMaps {
+    frontends: MapHandle,
+    nat_backends: MapHandle,
+    vips: MapHandle,
+    locals: MapHandle,
+}
+
+impl KernelMaps {
+    fn of(prog_id: u32) -> Result<Self, String> {
+        let info =
+            ProgInfoIter::with_query_opts(ProgInfoQueryOptions::default().include_map_ids(true))
+                .find(|p| p.id == prog_id)
+                .ok_or_else(|| format!("program {prog_id} not found"))?;
+        let mut maps: Vec<MapHandle> = Vec::new();
+        for id in info.map_ids {
+            maps.push(MapHandle::from_map_id(id).map_err(|e| format!("map {id}: {e}"))?);
+        }
+        let mut take = |name: &str| {
+            let i = maps
+                .iter()
+                .position(|m| m.name() == name)
+                .ok_or_else(|| format!("program {prog_id} has no map {name}"))?;
+            Ok::<_, String>(maps.swap_remove(i))
+        };
+        Ok(Self {
+            frontends: take("frontends")?,
+            nat_backends: take("nat_backends")?,
+            vips: take("vips")?,
+            locals: take("locals")?,
+        })
+    }
+
+    fn read(&self) -> SteerKeys {
+        let keys = |m: &MapHandle| m.keys().collect::<BTreeSet<Vec<u8>>>();
+        SteerKeys {
+            frontends: keys(&self.frontends),
+            nat_backends: keys(&self.nat_backends),
+            vips: keys(&self.vips),
+            locals: keys(&self.locals),
+        }
+    }
+}
+
+/// Runs `f` in a thread inside the gateway namespace of a fresh testbed tagged `case`, with a
+/// steering program attached to veth-g. `None` after a loud skip.
+fn with_steer_program(case: &str, f: impl FnOnce(&mut SteerProgram, &KernelMaps) + Send) {
+    if let Some(why) = missing_privileges() {
+        skip_or_fail(&why);
+        return;
+    }
+    let bed = match Testbed::new(case) {
+        Ok(b) => b,
+        Err(e) => {
+            skip_or_fail(&format!("cannot build the veth testbed: {e}"));
+            return;
+        }
+    };
+    let g = bed.g.clone();
+    thread::scope(|s| {
+        s.spawn(|| {
+            enter_netns(&g).expect("enter gateway namespace");
+            let mut prog = SteerProgram::attach("veth-g", AttachPolicy::NativeOrGeneric)
+                .expect("the steering program attaches");
+            let maps = KernelMaps::of(prog.program_id()).expect("the program's maps");
+            f(&mut prog, &maps);
+        })
+        .join()
+        .expect("map checks");
+    });
+    drop(bed);
+    assert_namespaces_gone(case);
+}
+
+/// The gateway part of the map tests' configurations: veth-g, queue 0.
+fn map_test_config(services: Vec<model::Service>) -> model::Config {
+    let gateway = strait_config::parse("[[gateway.interfaces]]\nname = \"veth-g\"\nqueues = [0]\n")
+        .expect("gateway config")
+        .gateway;
+    model::Config { gateway, services }
+}
+
+const MAP_TEST_PORTS: [strait_dataplane::table::Port; 1] = [strait_dataplane::table::Port {
+    mac: MAC_G,
+    mtu: 1500,
+}];
+
+/// Services drawn from small pools of VIPs, ports and backends, so that VIPs are shared
+/// between services, nat backends too, and frontends move from one name to another.
+mod draw {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    use proptest::prelude::*;
+    use strait_config::model::{self, BackendState, MacAddr, Mode, Protocol};
+
+    /// Service names svc0..svc{NAMES-1}.
+    pub const NAMES: usize = 12;
+
+    /// One service: (vip, port, udp, nat, backends as (host, port, draining)).
+    pub type Service = (u8, u8, bool, bool, Vec<(u8, u8, bool)>);
+
+    /// One step: services set (`Some`) or removed (`None`) by name, and maybe new locals.
+    pub type Step = (Vec<(usize, Option<Service>)>, Option<Vec<u8>>);
+
+    /// VIP `i` of the pool: three IPv4 and one IPv6.
+    fn vip(i: u8) -> IpAddr {
+        match i % 4 {
+            3 => IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0x10, 0, 0, 0, 0, 0x10)),
+            n => IpAddr::V4(Ipv4Addr::new(203, 0, 113, 10 + n)),
+        }
+    }
+
+    /// Backend host `h` of the VIP's family; host 7 is down (see [`down`]).
+    fn host(v6: bool, h: u8) -> IpAddr {
+        if v6 {
+            IpAddr::V6(Ipv6Addr::new(
+                0x2001,
+                0xdb8,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0x100 + u16::from(h % 8),
+            ))
+        } else {
+            IpAddr::V4(Ipv4Addr::new(198, 51, 100, 10 + h % 8))
+        }
+    }
+
+    /// Health: host 7 of either family failed its check.
+    pub fn down(_: &str, a: IpAddr, _: u16) -> bool {
+        a == host(false, 7) || a == host(true, 7)
+    }
+
+    pub fn service(name: usize, d: &Service) -> model::Service {
+        let (v, port, udp, nat, backends) = d;
+        let vip = vip(*v);
+        let mut bs: Vec<model::Backend> = Vec::new();
+        for &(h, p, draining) in backends {
+            let address = host(vip.is_ipv6(), h);
+            let port = if *nat { 8000 + u16::from(p % 2) } else { 80 };
+            if bs.iter().any(|b| b.address == address && b.port == port) {
+                continue;
+            }
+            bs.push(model::Backend {
+                address,
+                port,
+                weight: 1,
+                mac: Some(MacAddr([2, 0, 0, 0, 1, h])),
+                tunnel: None,
+                state: if draining {
+                    BackendState::Draining
+                } else {
+                    BackendState::Active
+                },
+            });
+        }
+        model::Service {
+            name: format!("svc{name}"),
+            vip,
+            port: 80 + u16::from(port % 3),
+            protocol: if *udp { Protocol::Udp } else { Protocol::Tcp },
+            mode: if *nat { Mode::Nat } else { Mode::DsrL2 },
+            maglev_table_size: 13,
+            source_ranges: Vec::new(),
+            session_affinity: None,
+            health_check: None,
+            backends: bs,
+        }
+    }
+
+    /// The gateway's own addresses: a subset of four.
+    pub fn locals(pick: &[u8]) -> Vec<[u8; 16]> {
+        let pool = [
+            IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
+            IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1)),
+            IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1)),
+            IpAddr::V4(Ipv4Addr::new(203, 0, 113, 10)),
+        ];
+        pick.iter()
+            .map(|&i| strait_dataplane::key::addr_bytes(pool[usize::from(i % 4)]))
+            .collect()
+    }
+
+    pub fn one() -> impl Strategy<Value = Service> {
+        (
+            any::<u8>(),
+            any::<u8>(),
+            any::<bool>(),
+            proptest::bool::weighted(0.7),
+            proptest::collection::vec((any::<u8>(), any::<u8>(), any::<bool>()), 0..5),
+        )
+    }
+
+    pub fn step() -> impl Strategy<Value = Step> {
+        (
+            proptest::collection::vec((0..NAMES, proptest::option::weighted(0.7, one())), 1..4),
+            proptest::option::weighted(0.2, proptest::collection::vec(any::<u8>(), 0..3)),
+        )
+    }
+}
+
+/// Random change sequences: a full build, then [`Builder::update`] steps (services set,
+/// changed and removed, so the last service moves into a removed one's index; VIPs and nat
+/// backends shared between services; locals changed). After every step the kernel's maps
+/// hold exactly what a count from scratch over the table says, [`MapSync`] counts exactly the
+/// keys that came and went, the same table again changes nothing, and the program no longer
+/// holds the replaced table (so [`Builder::recycle`] can reuse it). Every case starts with a
+/// full build on the program the previous case left: all services new, the whole diff.
+#[test]
+fn steering_maps_follow_random_updates() {
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+    with_steer_program("-mrand", |prog, maps| {
+        // The runner wants a `Fn`; the cases run one after the other.
+        let prog = std::cell::RefCell::new(prog);
+        let seen = std::cell::Cell::new(Exercised::default());
+        let mut runner = TestRunner::new(Config {
+            cases: 96,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let strategy = (
+            proptest::collection::vec(proptest::option::of(draw::one()), draw::NAMES),
+            proptest::collection::vec(draw::step(), 1..16),
+        );
+        let outcome = runner.run(&strategy, |(first, steps)| {
+            // Services by name; a service whose frontend another name has is not set.
+            let mut state: BTreeMap<usize, model::Service> = BTreeMap::new();
+            let fits = |state: &BTreeMap<usize, model::Service>, s: &model::Service| {
+                !state.values().any(|o| {
+                    o.name != s.name && (o.vip, o.port, o.protocol) == (s.vip, s.port, s.protocol)
+                })
+            };
+            for (n, d) in first.iter().enumerate() {
+                if let Some(d) = d {
+                    let s = draw::service(n, d);
+                    if fits(&state, &s) {
+                        state.insert(n, s);
+                    }
+                }
+            }
+            let mut builder = Builder::new();
+            let mut t = builder
+                .build(
+                    &map_test_config(state.values().cloned().collect()),
+                    &MAP_TEST_PORTS,
+                    draw::down,
+                )
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            t.locals = draw::locals(&[0, 2]);
+            let mut table = Arc::new(t);
+            let mut before = maps.read();
+            follow(&mut prog.borrow_mut(), maps, &table, &before)?;
+            before = maps.read();
+            for (i, (changes, locals)) in steps.into_iter().enumerate() {
+                let mut set: Vec<model::Service> = Vec::new();
+                let mut removed: Vec<String> = Vec::new();
+                for (n, d) in changes {
+                    match d {
+                        Some(d) => {
+                            let s = draw::service(n, &d);
+                            if fits(&state, &s) {
+                                state.insert(n, s.clone());
+                                set.push(s);
+                            }
+                        }
+                        None => {
+                            state.remove(&n);
+                            removed.push(format!("svc{n}"));
+                        }
+                    }
+                }
+                let list: Vec<Change<'_>> = set
+                    .iter()
+                    .map(Change::Set)
+                    .chain(removed.iter().map(|n| Change::Remove(n)))
+                    .collect();
+                let mut next = builder
+                    .update(&table, &list, draw::down)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                if let Some(pick) = locals {
+                    next.locals = draw::locals(&pick);
+                }
+                let old = std::mem::replace(&mut table, Arc::new(next));
+                seen.set(seen.get().note(&old, &table));
+                follow(&mut prog.borrow_mut(), maps, &table, &before)?;
+                before = maps.read();
+                proptest::prop_assert_eq!(
+                    Arc::strong_count(&old),
+                    1,
+                    "the program let go of the replaced table"
+                );
+                if i % 2 == 0 {
+                    builder.recycle(old);
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = outcome {
+            panic!("{e}");
+        }
+        let seen = seen.get();
+        eprintln!("steering maps: steps exercised {seen:?}");
+        assert!(
+            seen.moved > 0 && seen.nat_shared > 0 && seen.vip_shared > 0 && seen.nat_kept > 0,
+            "the draws no longer exercise the sharing and moving cases: {seen:?}"
+        );
+    });
+}
+
+/// How many steps of the random test had each case the counting must get right.
+#[derive(Clone, Copy, Debug, Default)]
+struct Exercised {
+    /// A service kept its `Arc` but moved to another index (the last into a removed one's).
+    moved: u32,
+    /// A nat backend (address, port, protocol) of two or more services.
+    nat_shared: u32,
+    /// A VIP of two or more services.
+    vip_shared: u32,
+    /// A nat backend that a changed or removed service had and another service kept.
+    nat_kept: u32,
+}
+
+impl Exercised {
+    fn note(mut self, old: &ServiceTable, new: &ServiceTable) -> Self {
+        let at = |t: &ServiceTable, s: &Arc<strait_dataplane::table::Service>| {
+            t.services.iter().position(|o| Arc::ptr_eq(o, s))
+        };
+        let moved = new
+            .services
+            .iter()
+            .enumerate()
+            .any(|(i, s)| at(old, s).is_some_and(|j| j != i));
+        // nat keys by the services that have them.
+        let nat = |t: &ServiceTable| {
+            let mut by: BTreeMap<Vec<u8>, Vec<*const strait_dataplane::table::Service>> =
+                BTreeMap::new();
+            for s in t.services.iter().filter(|s| s.mode == Mode::Nat) {
+                for b in s.backends.iter().filter_map(|&id| t.backend(id)) {
+                    by.entry(endpoint_key_bytes(&b.addr, b.port, s.frontend.proto))
+                        .or_default()
+                        .push(Arc::as_ptr(s));
+                }
+            }
+            by
+        };
+        let (was, is) = (nat(old), nat(new));
+        let nat_kept = was.iter().any(|(k, svcs)| {
+            is.get(k)
+                .is_some_and(|now| svcs.iter().any(|s| !now.contains(s)))
+        });
+        let mut vips: BTreeMap<[u8; 16], u32> = BTreeMap::new();
+        for s in &new.services {
+            *vips.entry(s.frontend.vip).or_default() += 1;
+        }
+        self.moved += u32::from(moved);
+        self.nat_shared += u32::from(is.values().any(|v| v.len() > 1));
+        self.vip_shared += u32::from(vips.values().any(|&n| n > 1));
+        self.nat_kept += u32::from(nat_kept);
+        self
+    }
+}
+
+/// Makes `prog` follow `t` and checks the kernel's maps against a count from scratch;
+/// `before` is what they held.
+fn follow(
+    prog: &mut SteerProgram,
+    maps: &KernelMaps,
+    t: &Arc<ServiceTable>,
+    before: &SteerKeys,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    use proptest::prop_assert_eq;
+    let sync = prog
+        .update_maps(t)
+        .map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+    let after = maps.read();
+    let want = wanted_keys(t);
+    proptest::prop_assert!(
+        after == want,
+        "kernel maps after generation {}: {}",
+        t.generation,
+        keys_diff(&after, &want)
+    );
+    prop_assert_eq!(
+        sync,
+        MapSync {
+            added: after.count_missing_from(before),
+            removed: before.count_missing_from(&after),
+        },
+        "map calls made"
+    );
+    let again = prog
+        .update_maps(t)
+        .map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+    prop_assert_eq!(again, MapSync::default(), "the same table again");
+    Ok(())
+}
+
+/// A full map. The frontends map is filled to its kernel capacity; then (1) a table that
+/// replaces one service by another still fits, because the refused insert is tried again
+/// after the deletes made room; (2) one service more is refused with an error naming the
+/// map, the maps hold everything else the table wants and nothing else, and asking again
+/// with the same table changes nothing; (3) the next table that frees room brings the
+/// refused key in by itself, with no full recount.
+#[test]
+fn steering_maps_recover_from_a_full_map() {
+    with_steer_program("-mfull", |prog, maps| {
+        let cap = maps.frontends.max_entries() as usize;
+        // Frontends on two VIPs of ports 1..=cap/2 fill the map; extras go on a third VIP.
+        let half = cap.div_ceil(2);
+        let service = |name: String, vip: u8, port: usize| model::Service {
+            name,
+            vip: std::net::IpAddr::V4(std::net::Ipv4Addr::new(203, 0, 113, vip)),
+            port: u16::try_from(port).expect("port"),
+            protocol: model::Protocol::Tcp,
+            mode: Mode::DsrL2,
+            maglev_table_size: 7,
+            source_ranges: Vec::new(),
+            session_affinity: None,
+            health_check: None,
+            backends: Vec::new(),
+        };
+        let all: Vec<model::Service> = (0..cap)
+            .map(|i| service(format!("f{i}"), 20 + (i / half) as u8, 1 + i % half))
+            .collect();
+        let mut builder = Builder::new();
+        let full = Arc::new(
+            builder
+                .build(&map_test_config(all), &MAP_TEST_PORTS, |_, _, _| false)
+                .expect("full table"),
+        );
+        let none = SteerKeys::default();
+        follow(prog, maps, &full, &none).expect("a full map takes all it holds");
+        assert_eq!(maps.read().frontends.len(), cap);
+
+        // (1) One out, one in: the insert is refused, the delete makes room, the retry fits.
+        let x0 = service("x0".into(), 30, 1);
+        let before = maps.read();
+        let swapped = Arc::new(
+            builder
+                .update(
+                    &full,
+                    &[Change::Remove("f0"), Change::Set(&x0)],
+                    |_, _, _| false,
+                )
+                .expect("swap table"),
+        );
+        follow(prog, maps, &swapped, &before).expect("a replacement fits a full map");
+        assert_eq!(maps.read().frontends.len(), cap);
+
+        // (2) One more: refused, reported, nothing else off.
+        let x1 = service("x1".into(), 30, 2);
+        let before = maps.read();
+        let over = Arc::new(
+            builder
+                .update(&swapped, &[Change::Set(&x1)], |_, _, _| false)
+                .expect("over-capacity table"),
+        );
+        let refused = endpoint_key_bytes(&strait_dataplane::key::addr_bytes(x1.vip), x1.port, 6);
+        for attempt in ["first", "again"] {
+            let e = prog
+                .update_maps(&over)
+                .expect_err("one frontend more than the map holds");
+            assert!(
+                e.to_string().contains("update frontends"),
+                "{attempt}: the error names the map: {e}"
+            );
+            let mut want = wanted_keys(&over);
+            assert!(want.frontends.remove(&refused));
+            let got = maps.read();
+            assert!(got == want, "{attempt}: {}", keys_diff(&got, &want));
+            // x1's VIP came with x0: the refused frontend is x1's only new key.
+            assert!(got == before, "{attempt}: {}", keys_diff(&got, &before));
+        }
+
+        // (3) Two out: the pending insert goes in with them.
+        let before = maps.read();
+        let freed = Arc::new(
+            builder
+                .update(
+                    &over,
+                    &[Change::Remove("f1"), Change::Remove("f2")],
+                    |_, _, _| false,
+                )
+                .expect("freeing table"),
+        );
+        follow(prog, maps, &freed, &before).expect("the refused key goes in once there is room");
+        assert_eq!(maps.read().frontends.len(), cap - 1);
+    });
+}
+
+/// A measurement, not a check: [`SteerProgram::update_maps`] at 10,000 nat services of 10
+/// backends each (100,000 nat keys), first the full sync, then one service changed at a time
+/// (one backend replaced), as the Kubernetes source does per EndpointSlice change. Run it
+/// release-built:
+/// `cargo test --release -p strait-dataplane --test xsk -- --ignored --nocapture steering_map_update_cost`
+#[test]
+#[ignore = "a measurement; run it release-built (see its doc comment)"]
+fn steering_map_update_cost_at_scale() {
+    const SERVICES: usize = 10_000;
+    const BACKENDS: usize = 10;
+    const ROUNDS: usize = 200;
+    with_steer_program("-mcost", |prog, maps| {
+        // Service i: VIP 203.0.113.(1 + i/100), port 1 + i%100; its backends on
+        // 198.51.100.(1 + i%250), ports unique per service; in round r, backend 0 moves to
+        // port 30000 + r.
+        let service = |i: usize, round: Option<usize>| model::Service {
+            name: format!("s{i}"),
+            vip: std::net::IpAddr::V4(std::net::Ipv4Addr::new(203, 0, 113, 1 + (i / 100) as u8)),
+            port: 1 + (i % 100) as u16,
+            protocol: model::Protocol::Tcp,
+            mode: Mode::Nat,
+            maglev_table_size: 251,
+            source_ranges: Vec::new(),
+            session_affinity: None,
+            health_check: None,
+            backends: (0..BACKENDS)
+                .map(|k| model::Backend {
+                    address: std::net::IpAddr::V4(std::net::Ipv4Addr::new(
+                        198,
+                        51,
+                        100,
+                        1 + (i % 250) as u8,
+                    )),
+                    port: match (k, round) {
+                        (0, Some(r)) => 30_000 + r as u16,
+                        _ => 10_000 + ((i / 250) * BACKENDS + k) as u16,
+                    },
+                    weight: 100,
+                    mac: Some(model::MacAddr([2, 0, 0, 0, 1, 1])),
+                    tunnel: None,
+                    state: model::BackendState::Active,
+                })
+                .collect(),
+        };
+        let mut builder = Builder::new();
+        let mut table = Arc::new(
+            builder
+                .build(
+                    &map_test_config((0..SERVICES).map(|i| service(i, None)).collect()),
+                    &MAP_TEST_PORTS,
+                    |_, _, _| false,
+                )
+                .expect("table"),
+        );
+        let started = Instant::now();
+        let sync = prog.update_maps(&table).expect("full sync");
+        let full = started.elapsed();
+        let mut build = Vec::with_capacity(ROUNDS);
+        let mut sync_times = Vec::with_capacity(ROUNDS);
+        for r in 0..ROUNDS {
+            let changed = service((r * 7919) % SERVICES, Some(r));
+            let started = Instant::now();
+            let next = builder
+                .update(&table, &[Change::Set(&changed)], |_, _, _| false)
+                .expect("update");
+            build.push(started.elapsed());
+            let old = std::mem::replace(&mut table, Arc::new(next));
+            let started = Instant::now();
+            let s = prog.update_maps(&table).expect("one change");
+            sync_times.push(started.elapsed());
+            assert!(
+                s.added <= 1 && s.removed <= 1,
+                "one backend replaced: {s:?}"
+            );
+            builder.recycle(old);
+        }
+        // A full build of the same services (a reload, a health change): every `Arc` new,
+        // no key changes.
+        let all: Vec<model::Service> = (0..SERVICES)
+            .map(|i| {
+                let r = (0..ROUNDS).rev().find(|r| (r * 7919) % SERVICES == i);
+                service(i, r)
+            })
+            .collect();
+        let rebuilt = Arc::new(
+            builder
+                .build(&map_test_config(all), &MAP_TEST_PORTS, |_, _, _| false)
+                .expect("rebuilt table"),
+        );
+        let old = std::mem::replace(&mut table, rebuilt);
+        let started = Instant::now();
+        let s = prog.update_maps(&table).expect("rebuilt");
+        let rebuild = started.elapsed();
+        assert_eq!(s, MapSync::default(), "the same services rebuilt");
+        drop(old);
+        let got = maps.read();
+        let want = wanted_keys(&table);
+        assert!(got == want, "{}", keys_diff(&got, &want));
+        let stats = |v: &mut Vec<Duration>| {
+            v.sort();
+            format!(
+                "min {:?}, median {:?}, p90 {:?}, max {:?}",
+                v[0],
+                v[v.len() / 2],
+                v[v.len() * 9 / 10],
+                v[v.len() - 1]
+            )
+        };
+        let _ = std::io::stderr().write_all(
+            format!(
+                "\nsteering maps at {SERVICES} nat services x {BACKENDS} backends \
+                 ({} keys):\n  full sync: {full:?}\n  update_maps, one service changed \
+                 ({ROUNDS} rounds): {}\n  (Builder::update of that change: {})\n  \
+                 full rebuild of the same services (Builder::build, all Arcs new): \
+                 {rebuild:?}\n",
+                sync.added,
+                stats(&mut sync_times),
+                stats(&mut build)
+            )
+            .as_bytes(),
+        );
+    });
 }

@@ -7,17 +7,35 @@
 //! left on the interface; such a leftover is harmless meanwhile, because its redirects fall back
 //! to `XDP_PASS` once the sockets in its XSKMAP are closed. [`Drop`] detaches the program if it
 //! is still the one on the interface.
+//!
+//! The maps follow the table by its changes, not by a recount. [`SteerProgram::update_maps`]
+//! keeps the table it last followed and compares the next one with it by service identity:
+//! [`Builder::update`](crate::table::Builder::update) shares every unchanged service's `Arc`
+//! between two snapshots, so only the services whose `Arc` came or went are looked at. A change
+//! to one service of 10,000 then costs a walk over the service pointers plus that service's
+//! keys (microseconds), where recounting every frontend and nat backend cost milliseconds, on
+//! every EndpointSlice change. Keys are shared (services on one VIP, a nat backend in several
+//! services), so each key has a count of the services that want it and is in its map while
+//! the count is above zero. A full [`Builder::build`](crate::table::Builder::build) makes every
+//! `Arc` new; when most services differ, the counts are made again from the new table alone,
+//! which is then cheaper than counting every service out and in.
+//!
+//! The counts follow each table in memory before any map call is made, and whether each key
+//! is in its kernel map is booked apart: a map call that fails (a full map) leaves its key
+//! pending, to be retried by the next call, and nothing diverged that would need a recount.
 
-use std::collections::HashSet;
+use std::fmt;
 use std::hash::Hash;
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
 
+use hashbrown::{HashMap, HashSet};
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use strait_config::model::Mode;
 
 use super::attach::{embedded_object, Aligned, XdpProgram};
 use super::{Port, XskError};
-use crate::table::ServiceTable;
+use crate::table::{Service, ServiceTable};
 
 /// The compiled program, `bpf/steer.bpf.c`.
 static OBJECT: &Aligned<[u8]> = embedded_object!("steer");
@@ -59,7 +77,7 @@ pub enum AttachPolicy {
     GenericOnly,
 }
 
-/// What [`SteerProgram::update_maps`] changed, over the three lookup maps.
+/// What [`SteerProgram::update_maps`] changed, over the lookup maps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MapSync {
     /// Keys inserted.
@@ -83,8 +101,7 @@ pub struct SteerCounters {
     pub fragment: u64,
 }
 
-/// The loaded, attached steering program of one interface.
-#[derive(Debug)]
+/// The loaded, attached steering program of one interface, and the table its maps follow.
 pub struct SteerProgram {
     /// The loaded and attached program; detaches itself on drop.
     prog: XdpProgram,
@@ -96,56 +113,218 @@ pub struct SteerProgram {
     vips: Synced<[u8; 16]>,
     locals: Synced<[u8; 16]>,
     stats: MapHandle,
+    /// The table the counts of the lookup maps describe: the last one given to
+    /// [`SteerProgram::update_maps`]. Holding it keeps its services alive, so a service
+    /// pointer seen again in the next table is the same service, not a reused address.
+    table: Option<Arc<ServiceTable>>,
 }
 
-/// A hash map and the keys we put in it.
-#[derive(Debug)]
+impl fmt::Debug for SteerProgram {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SteerProgram")
+            .field("iface", &self.iface)
+            .field("mode", &self.mode)
+            .field("program_id", &self.prog.id())
+            .field("frontends", &self.frontends)
+            .field("nat_backends", &self.nat_backends)
+            .field("vips", &self.vips)
+            .field("locals", &self.locals)
+            .field("generation", &self.table.as_ref().map(|t| t.generation))
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a key is counted.
+#[derive(Clone, Copy, Debug)]
+enum Count {
+    /// One more service wants it; pending if that makes it wanted.
+    In,
+    /// One service fewer wants it; pending if that leaves it unwanted.
+    Out,
+    /// Counted during a recount ([`Synced::begin_recount`]), which finds the pending keys
+    /// at its end.
+    Tally,
+}
+
+/// One key's books.
+#[derive(Clone, Copy, Debug, Default)]
+struct KeyState {
+    /// Services of the followed table that want the key.
+    refs: u32,
+    /// Whether the key is in the kernel map (its last insert succeeded, no delete since).
+    in_map: bool,
+}
+
+/// A hash map of the program and our books on it.
+///
+/// The counts always describe the followed table: they change in memory, which cannot fail,
+/// before any map call is made. Whether each key is in the kernel map is recorded apart, and
+/// every key whose two may disagree is `pending`. So a failed map call (a full map) leaves
+/// nothing diverged: its key stays pending, and every later [`Synced::apply`] (with the next
+/// table, or the same one again) tries it again, at the cost of the pending keys only.
 struct Synced<K> {
     map: MapHandle,
-    keys: HashSet<K>,
+    /// Every key the followed table wants or the kernel map still holds.
+    keys: HashMap<K, KeyState>,
+    /// Keys whose count crossed zero, or whose map call failed, since they last agreed with
+    /// the kernel map: the only keys [`Synced::apply`] looks at.
+    pending: HashSet<K>,
     update: &'static str,
     delete: &'static str,
+}
+
+impl<K> fmt::Debug for Synced<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Synced")
+            .field("map", &self.update.trim_start_matches("update "))
+            .field("keys", &self.keys.len())
+            .field("pending", &self.pending.len())
+            .finish()
+    }
 }
 
 impl<K: AsRef<[u8]> + Eq + Hash + Copy> Synced<K> {
     fn new(map: MapHandle, update: &'static str, delete: &'static str) -> Self {
         Self {
             map,
-            keys: HashSet::new(),
+            keys: HashMap::new(),
+            pending: HashSet::new(),
             update,
             delete,
         }
     }
 
-    /// Makes the map hold exactly `want`: inserts first, then deletes, so a key present in
-    /// both the old and the new table never disappears.
-    fn sync(&mut self, iface: &str, want: &HashSet<K>, n: &mut MapSync) -> Result<(), XskError> {
-        let one = 1u32.to_ne_bytes();
-        let new: Vec<K> = want.difference(&self.keys).copied().collect();
-        for k in new {
-            self.map
-                .update(k.as_ref(), &one, MapFlags::ANY)
-                .map_err(|source| XskError::Bpf {
-                    iface: iface.to_owned(),
-                    call: self.update,
-                    source,
-                })?;
-            self.keys.insert(k);
-            n.added += 1;
+    /// Counts `k` once more or once less.
+    fn count(&mut self, k: K, c: Count) {
+        match c {
+            Count::In => {
+                let st = self.keys.entry(k).or_default();
+                st.refs += 1;
+                if st.refs == 1 {
+                    self.pending.insert(k);
+                }
+            }
+            // A key nobody counted is left alone (a table whose service names a backend id
+            // it lacks; `Builder` makes none).
+            Count::Out => {
+                if let Some(st) = self.keys.get_mut(&k) {
+                    if st.refs > 0 {
+                        st.refs -= 1;
+                        if st.refs == 0 {
+                            self.pending.insert(k);
+                        }
+                    }
+                }
+            }
+            Count::Tally => self.keys.entry(k).or_default().refs += 1,
         }
-        let gone: Vec<K> = self.keys.difference(want).copied().collect();
-        for k in gone {
-            self.map
-                .delete(k.as_ref())
-                .map_err(|source| XskError::Bpf {
-                    iface: iface.to_owned(),
-                    call: self.delete,
-                    source,
-                })?;
-            self.keys.remove(&k);
-            n.removed += 1;
+    }
+
+    /// Starts a recount: every count to zero, then [`Count::Tally`] the wanted keys, then
+    /// [`Synced::end_recount`].
+    fn begin_recount(&mut self) {
+        for st in self.keys.values_mut() {
+            st.refs = 0;
         }
-        Ok(())
+    }
+
+    /// Ends a recount: makes pending every key whose count and map disagree, and forgets the
+    /// keys neither wanted nor in the map. One pass over the keys.
+    fn end_recount(&mut self) {
+        let pending = &mut self.pending;
+        self.keys.retain(|k, st| {
+            if (st.refs > 0) != st.in_map {
+                pending.insert(*k);
+            }
+            st.refs > 0 || st.in_map
+        });
+    }
+
+    /// Brings the kernel map in line with the counts for the pending keys: inserts first,
+    /// then deletes, so the program never steers less than the followed table wants. When an
+    /// insert is refused (a full map), the deletes still run, and the refused inserts are
+    /// tried once more after them if the deletes made room. Keys whose call failed stay
+    /// pending; the first error is returned.
+    fn apply(&mut self, iface: &str, n: &mut MapSync) -> Result<(), XskError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let Self {
+            map,
+            keys,
+            pending,
+            update,
+            delete,
+        } = self;
+        let insert =
+            |map: &MapHandle, k: &K| map.update(k.as_ref(), &1u32.to_ne_bytes(), MapFlags::ANY);
+        let mut refused: Vec<(K, libbpf_rs::Error)> = Vec::new();
+        for k in pending.iter() {
+            let Some(st) = keys.get_mut(k) else { continue };
+            if st.refs > 0 && !st.in_map {
+                match insert(map, k) {
+                    Ok(()) => {
+                        st.in_map = true;
+                        n.added += 1;
+                    }
+                    Err(e) => refused.push((*k, e)),
+                }
+            }
+        }
+        let mut delete_error = None;
+        let mut freed = false;
+        for k in pending.iter() {
+            let Some(st) = keys.get_mut(k) else { continue };
+            if st.refs == 0 && st.in_map {
+                match map.delete(k.as_ref()) {
+                    Ok(()) => {
+                        st.in_map = false;
+                        n.removed += 1;
+                        freed = true;
+                    }
+                    // Someone else took it out: it is gone, as wanted.
+                    Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => st.in_map = false,
+                    Err(e) => {
+                        delete_error.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        if freed {
+            refused.retain_mut(|(k, e)| match insert(map, k) {
+                Ok(()) => {
+                    if let Some(st) = keys.get_mut(k) {
+                        st.in_map = true;
+                    }
+                    n.added += 1;
+                    false
+                }
+                Err(again) => {
+                    *e = again;
+                    true
+                }
+            });
+        }
+        pending.retain(|k| match keys.get(k).copied() {
+            Some(st) if st.refs == 0 && !st.in_map => {
+                keys.remove(k);
+                false
+            }
+            Some(st) => (st.refs > 0) != st.in_map,
+            None => false,
+        });
+        let bpf = |call: &'static str| {
+            move |source| XskError::Bpf {
+                iface: iface.to_owned(),
+                call,
+                source,
+            }
+        };
+        match (refused.into_iter().next(), delete_error) {
+            (Some((_, e)), _) => Err(bpf(update)(e)),
+            (None, Some(e)) => Err(bpf(delete)(e)),
+            (None, None) => Ok(()),
+        }
     }
 }
 
@@ -189,6 +368,7 @@ impl SteerProgram {
             vips,
             locals,
             stats,
+            table: None,
         })
     }
 
@@ -237,37 +417,124 @@ impl SteerProgram {
     }
 
     /// Makes the lookup maps follow `t`: frontends of every service, (address, port,
-    /// protocol) of every backend of a nat service, and every VIP. New keys are inserted
-    /// before gone ones are deleted.
+    /// protocol) of every backend of a nat service (draining and down ones too: their flows
+    /// still get replies), every VIP, and the gateway's own addresses (`locals`).
+    ///
+    /// Only what changed since the last call is looked at: the services whose `Arc` is not
+    /// at the same index in both tables, found with a walk over the two service lists, then
+    /// cancelled out where the same `Arc` only moved (the last service into a removed one's
+    /// index). A service that left has its keys resolved in the old table, one that came in
+    /// `t`. Every key in goes before any out, and map inserts before deletes, so a key both
+    /// tables want never leaves its map. When most services differ (a full build), `t` is
+    /// counted from scratch instead. Map calls are made for the keys that came or went
+    /// only; the same table again costs nothing but the retries of earlier failures.
+    ///
+    /// Two tables are assumed to agree on a service they share (the same `Arc`): the same
+    /// backend ids, naming the same addresses and ports, as [`crate::table::Builder`]'s
+    /// tables do.
+    ///
+    /// `t` is kept until the next call. [`Builder::recycle`](crate::table::Builder::recycle)
+    /// reuses a replaced table only when nobody else holds it, so call this with the new
+    /// table before recycling the old one.
     ///
     /// # Errors
-    /// [`XskError::Bpf`] on a failed map update (e.g. a map full); the maps then hold the
-    /// new keys added so far and all old keys not yet deleted, and a later call completes
-    /// the change.
-    pub fn update_maps(&mut self, t: &ServiceTable) -> Result<MapSync, XskError> {
-        let mut frontends = HashSet::new();
-        let mut nat = HashSet::new();
-        let mut vips = HashSet::new();
-        for s in &t.services {
-            let f = &s.frontend;
-            frontends.insert(endpoint_key(&f.vip, f.port, f.proto));
-            vips.insert(f.vip);
+    /// [`XskError::Bpf`] on a failed map call (e.g. a full map). The counts then still follow
+    /// `t`, the keys whose calls failed stay pending, and every later call (with `t` again or
+    /// a newer table) retries them; the maps meanwhile hold the keys whose calls succeeded.
+    /// The other maps are brought in line regardless; the first error is returned.
+    pub fn update_maps(&mut self, t: &Arc<ServiceTable>) -> Result<MapSync, XskError> {
+        let prev = self.table.replace(Arc::clone(t));
+        match &prev {
+            Some(p) if Arc::ptr_eq(p, t) => {}
+            Some(p) => self.count_changes(p, t),
+            None => self.recount(t),
         }
-        for b in t.backends.iter().flatten() {
-            let Some(s) = t.services.get(b.service as usize) else {
-                continue;
-            };
-            if s.mode == Mode::Nat {
-                nat.insert(endpoint_key(&b.addr, b.port, s.frontend.proto));
+        // The old table's services are not needed any more: let go of it before the map
+        // calls, so the caller can recycle it right after.
+        drop(prev);
+        self.locals.begin_recount();
+        for &a in &t.locals {
+            self.locals.count(a, Count::Tally);
+        }
+        self.locals.end_recount();
+        let mut n = MapSync::default();
+        let results = [
+            self.frontends.apply(&self.iface, &mut n),
+            self.nat_backends.apply(&self.iface, &mut n),
+            self.vips.apply(&self.iface, &mut n),
+            self.locals.apply(&self.iface, &mut n),
+        ];
+        match results.into_iter().find_map(Result::err) {
+            Some(e) => Err(e),
+            None => Ok(n),
+        }
+    }
+
+    /// Counts the services of `t` that `prev` lacks in, and those of `prev` that `t` lacks
+    /// out; or, when most services differ (a full build), recounts `t` from scratch, which
+    /// is then cheaper than counting every service out and in again.
+    fn count_changes(&mut self, prev: &ServiceTable, t: &ServiceTable) {
+        // +1 for `t`'s service and -1 for `prev`'s at every index where the two differ: a
+        // service that only moved nets zero. A service has one index per table, so each net
+        // is -1, 0 or +1; the counting below does not rely on it.
+        let mut net: HashMap<*const Service, (&Service, i32)> = HashMap::new();
+        let (old, new) = (&prev.services, &t.services);
+        for i in 0..old.len().max(new.len()) {
+            let (a, b) = (old.get(i), new.get(i));
+            if let (Some(a), Some(b)) = (a, b) {
+                if Arc::ptr_eq(a, b) {
+                    continue;
+                }
+            }
+            if let Some(a) = a {
+                net.entry(Arc::as_ptr(a)).or_insert((a, 0)).1 -= 1;
+            }
+            if let Some(b) = b {
+                net.entry(Arc::as_ptr(b)).or_insert((b, 0)).1 += 1;
             }
         }
-        let mut n = MapSync::default();
-        self.frontends.sync(&self.iface, &frontends, &mut n)?;
-        self.nat_backends.sync(&self.iface, &nat, &mut n)?;
-        self.vips.sync(&self.iface, &vips, &mut n)?;
-        let locals: HashSet<[u8; 16]> = t.locals.iter().copied().collect();
-        self.locals.sync(&self.iface, &locals, &mut n)?;
-        Ok(n)
+        if net.len() > new.len() {
+            self.recount(t);
+            return;
+        }
+        for &(s, d) in net.values() {
+            for _ in 0..d.max(0) {
+                self.count(t, s, Count::In);
+            }
+        }
+        for &(s, d) in net.values() {
+            for _ in 0..(-d).max(0) {
+                self.count(prev, s, Count::Out);
+            }
+        }
+    }
+
+    /// Sets the counts of the service maps to those of `t` alone.
+    fn recount(&mut self, t: &ServiceTable) {
+        self.frontends.begin_recount();
+        self.nat_backends.begin_recount();
+        self.vips.begin_recount();
+        for s in &t.services {
+            self.count(t, s, Count::Tally);
+        }
+        self.frontends.end_recount();
+        self.nat_backends.end_recount();
+        self.vips.end_recount();
+    }
+
+    /// Counts the keys of service `s` as `c` says, its backend ids resolved in `t`.
+    fn count(&mut self, t: &ServiceTable, s: &Service, c: Count) {
+        let f = &s.frontend;
+        self.frontends
+            .count(endpoint_key(&f.vip, f.port, f.proto), c);
+        self.vips.count(f.vip, c);
+        if s.mode != Mode::Nat {
+            return;
+        }
+        for b in s.backends.iter().filter_map(|&id| t.backend(id)) {
+            self.nat_backends
+                .count(endpoint_key(&b.addr, b.port, f.proto), c);
+        }
     }
 
     /// The program's counters, summed over CPUs.
