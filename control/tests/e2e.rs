@@ -6,227 +6,92 @@
 //! when the test fails). The tests run one at a time: each gateway runs a busy-polling worker,
 //! and two of them on a two-core machine would measure each other.
 
+mod support;
+
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
-use std::sync::Mutex;
+use std::process::{ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::MutexGuard;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::bed::{assert_client_seen, tally, Bed, Gateway, CLIENT};
+use support::harness::{
+    in_ns, namespaces, serial_if, sh, text, wait_for, while_capturing, Capture, Proc, PYTHON,
+};
+use support::privileged as gate;
 
-const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
 const VIP: &str = "203.0.113.10";
-static SERIAL: Mutex<()> = Mutex::new(());
-
-#[path = "support/privileged.rs"]
-mod gate;
 
 /// Root and the tools these tests drive (see `support/privileged.rs`).
 fn privileged() -> bool {
     gate::privileged(
         "end-to-end",
         &[
-            ("ip", "-V", "iproute2"),
-            ("curl", "--version", "curl"),
-            ("ping", "-V", "iputils-ping"),
-            ("tcpdump", "--version", "tcpdump"),
-            ("tshark", "--version", "tshark"),
-            ("arping", "-V", "iputils-arping"),
+            gate::IP,
+            gate::CURL,
+            gate::PING,
+            gate::TCPDUMP,
+            gate::TSHARK,
+            gate::ARPING,
+            gate::PYTHON,
         ],
     )
 }
 
-fn client_py() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/client.py")
+/// A test's testbed (`se{pid}{tag}`) with the serial lock, which goes after the testbed.
+struct Scenario {
+    bed: Bed,
+    _serial: MutexGuard<'static, ()>,
 }
 
-fn python() -> &'static str {
-    if Path::new("/usr/bin/python3").exists() {
-        "/usr/bin/python3"
-    } else {
-        "python3"
+impl Deref for Scenario {
+    type Target = Bed;
+
+    fn deref(&self) -> &Bed {
+        &self.bed
     }
 }
 
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    out
+/// The serial lock and a testbed of `strait testbed up ARGS..`, if the tests may run.
+fn scenario(tag: &str, args: &[&str]) -> Option<Scenario> {
+    let serial = serial_if(privileged)?;
+    let bed = Bed::up(&format!("se{}{tag}", std::process::id() % 100_000), args);
+    Some(Scenario {
+        bed,
+        _serial: serial,
+    })
 }
 
-fn text(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// A testbed, torn down on drop.
-struct Bed {
-    prefix: String,
-    info: Value,
+/// `strait run --config CONFIG` in the gateway namespace, ready when its admin API answers
+/// and every backend is up.
+fn start(bed: &Bed, config: &Path) -> Gateway {
+    Gateway::spawn(bed, Gateway::command(bed, config), |g| {
+        g.healthy() && g.services().is_some_and(|v| all_up(&v))
+    })
 }
 
 impl Bed {
-    fn up(tag: &str, args: &[&str]) -> Bed {
-        let prefix = format!("se{}{tag}", std::process::id() % 100_000);
-        let out = run(Command::new(STRAIT)
-            .args(["testbed", "up", "--prefix", &prefix, "--json"])
-            .args(args));
-        assert!(
-            out.status.success(),
-            "testbed up: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let info = serde_json::from_slice(&out.stdout).expect("testbed summary");
-        Bed { prefix, info }
-    }
-
-    fn ns(&self, role: &str) -> String {
-        format!("{}-{role}", self.prefix)
-    }
-
-    fn config(&self) -> PathBuf {
-        PathBuf::from(self.info["config"].as_str().expect("config path"))
-    }
-
-    /// Runs a command in a namespace of the testbed.
-    fn exec(&self, role: &str, args: &[&str]) -> Output {
-        run(Command::new("ip")
-            .args(["netns", "exec", &self.ns(role)])
-            .args(args))
-    }
-
-    fn curl(&self, url: &str) -> Option<String> {
-        let o = self.exec("client", &["curl", "-s", "--max-time", "3", url]);
-        o.status.success().then(|| text(&o).trim().to_string())
-    }
-
     /// `n` HTTP requests to the VIP, each a new connection; the answers.
-    fn requests(&self, n: usize) -> Vec<Option<String>> {
-        (0..n)
-            .map(|_| self.curl(&format!("http://{VIP}/")))
-            .collect()
+    fn vip_requests(&self, n: usize) -> Vec<Option<String>> {
+        self.requests(&format!("http://{VIP}/"), n)
     }
 
-    fn backend_pid(&self, name: &str) -> i32 {
-        self.info["backends"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|b| b["name"] == name)
-            .and_then(|b| b["pid"].as_i64())
-            .expect("backend pid") as i32
-    }
-
+    /// `tests/e2e/client.py ARGS..` in the client namespace.
     fn python(&self, args: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns("client"), python()])
-            .arg(client_py())
-            .args(args);
+        let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/client.py");
+        let mut c = in_ns(&self.ns("client"), [PYTHON]);
+        c.arg(client).args(args);
         c
     }
 }
 
-impl Drop for Bed {
-    fn drop(&mut self) {
-        let _ = Command::new(STRAIT)
-            .args(["testbed", "down", "--prefix", &self.prefix])
-            .output();
-    }
-}
-
-/// A gateway process in the testbed's gateway namespace, stopped (SIGTERM) on drop.
-struct Gateway<'b> {
-    bed: &'b Bed,
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl<'b> Gateway<'b> {
-    fn start(bed: &'b Bed, config: &Path) -> Gateway<'b> {
-        let log = std::env::temp_dir().join(format!("{}-gw.log", bed.prefix));
-        let child = Command::new("ip")
-            .args(["netns", "exec", &bed.ns("gw"), STRAIT, "run", "--config"])
-            .arg(config)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("strait run");
-        let mut g = Gateway {
-            bed,
-            child: Some(child),
-            log,
-        };
-        // Ready when the workers publish counters and every backend is up.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(s) = g.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("gateway exited ({s}):\n{}", g.log_text());
-            }
-            let ok = g.admin("GET", "/healthz") == "ok\n"
-                && g.services().map(|v| all_up(&v)).unwrap_or(false);
-            if ok {
-                return g;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "gateway not ready in 20 s:\n{}",
-                g.log_text()
-            );
-            sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn admin(&self, method: &str, path: &str) -> String {
-        let o = self.bed.exec(
-            "gw",
-            &[
-                "curl",
-                "-s",
-                "--max-time",
-                "5",
-                "-X",
-                method,
-                &format!("http://127.0.0.1:9900{path}"),
-            ],
-        );
-        text(&o)
-    }
-
-    fn metrics(&self) -> String {
-        self.admin("GET", "/metrics")
-    }
-
-    fn services(&self) -> Option<Value> {
-        serde_json::from_str(&self.admin("GET", "/services")).ok()
-    }
-
-    fn metric(&self, name: &str) -> u64 {
-        self.metrics()
-            .lines()
-            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
-    }
-
-    /// Sends SIGTERM and waits; the exit status.
-    fn stop(&mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().expect("running");
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-        child.wait().expect("wait")
-    }
-}
-
-impl Drop for Gateway<'_> {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            let _ = self.stop();
-        }
-    }
+/// A counter of the gateway's `/metrics` (0 when it has no samples).
+fn counter(gw: &Gateway, name: &str) -> u64 {
+    gw.metric(name).map_or(0, |v| v as u64)
 }
 
 /// Every backend up, or without a health check.
@@ -258,147 +123,111 @@ fn health_of(v: &Value, service: &str, addr: &str) -> String {
 }
 
 /// Counts answers per backend name (`backend=bN client=...`), and checks the client address.
-fn per_backend(answers: &[Option<String>]) -> std::collections::BTreeMap<String, usize> {
-    let mut m = std::collections::BTreeMap::new();
-    for a in answers.iter().flatten() {
-        let name = a
-            .split_whitespace()
-            .next()
-            .unwrap_or("")
-            .trim_start_matches("backend=")
-            .to_string();
-        assert!(
-            a.contains("client=192.0.2.2:"),
-            "the backend did not see the client's address: {a}"
-        );
-        *m.entry(name).or_default() += 1;
-    }
-    m
+fn per_backend(answers: &[Option<String>]) -> BTreeMap<String, usize> {
+    assert_client_seen(answers, "backend");
+    tally(answers)
 }
 
+/// 300 requests to the VIP: none fails, all `backends` answer, each within half to double
+/// its fair share, and every one saw the client's address.
+fn assert_spread(bed: &Bed, gw: &Gateway, backends: usize) {
+    let answers = bed.vip_requests(300);
+    let failed = answers.iter().filter(|a| a.is_none()).count();
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of 300 requests failed:\n{}",
+        gw.log_text()
+    );
+    let per = per_backend(&answers);
+    assert_eq!(per.len(), backends, "{per:?}");
+    let fair = 300 / backends;
+    for (b, n) in &per {
+        assert!(
+            (fair.div_ceil(2)..=2 * fair).contains(n),
+            "{b} got {n} of 300: outside half to double its fair share ({fair})"
+        );
+    }
+}
+
+/// The testbed's configuration edited by `edit`, in the scratch directory.
 fn write_config(bed: &Bed, edit: impl Fn(&str) -> String) -> PathBuf {
     let text = std::fs::read_to_string(bed.config()).unwrap();
-    let path = std::env::temp_dir().join(format!("{}-edited.toml", bed.prefix));
+    let path = bed.dir.join("edited.toml");
     std::fs::write(&path, edit(&text)).unwrap();
     path
 }
 
 #[test]
 fn a_dsr_l2_http_reaches_every_backend_with_the_client_address_and_i_leaves_nothing() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !privileged() {
+    let Some(s) = scenario("a", &["--backends", "4"]) else {
         return;
-    }
-    let bed = Bed::up("a", &["--backends", "4"]);
-    let mut gw = Gateway::start(&bed, &bed.config());
-    let answers = bed.requests(300);
-    let failed = answers.iter().filter(|a| a.is_none()).count();
-    assert_eq!(failed, 0, "{failed} of 300 requests failed");
-    let per = per_backend(&answers);
-    assert_eq!(per.len(), 4, "{per:?}");
-    for (b, n) in &per {
-        assert!(
-            (38..=150).contains(n),
-            "{b} got {n} of 300: outside half to double its fair share (75)"
-        );
-    }
+    };
+    let mut gw = start(&s, &s.config());
+    assert_spread(&s, &gw, 4);
     // i. SIGTERM: exit 0, no XDP program left on the interface.
     let status = gw.stop();
     assert!(status.success(), "exit {status}:\n{}", gw.log_text());
-    let link = text(&bed.exec("gw", &["ip", "link", "show", "veth-gw"]));
+    let link = s.must("gw", &["ip", "link", "show", "veth-gw"]);
     assert!(
         !link.contains("xdp"),
         "an XDP program is still attached:\n{link}"
     );
-    let prefix = bed.prefix.clone();
+    let prefix = s.prefix.clone();
     drop(gw);
-    drop(bed);
-    let left = text(&run(Command::new("ip").args(["netns", "list"])));
-    assert!(!left.contains(&prefix), "namespaces left behind:\n{left}");
+    drop(s);
+    let left = namespaces(&prefix);
+    assert!(left.is_empty(), "namespaces left behind:\n{left:?}");
 }
 
 #[test]
 fn d_the_kernel_still_owns_everything_else() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !privileged() {
+    let Some(s) = scenario("d", &["--backends", "2"]) else {
         return;
-    }
-    let bed = Bed::up("d", &["--backends", "2"]);
-    let gw = Gateway::start(&bed, &bed.config());
+    };
+    let _gw = start(&s, &s.config());
     // A TCP server on a non-service port of the gateway itself.
-    let mut server = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &bed.ns("gw"),
-            STRAIT,
-            "testbed",
-            "serve",
-            "--name",
-            "gw",
-            "--tcp",
-            "192.0.2.1:2222",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let server = s.serve("gw", "gw", &["--tcp", "192.0.2.1:2222"]);
     sleep(Duration::from_millis(300));
-    let ping = bed.exec("client", &["ping", "-c", "2", "-W", "2", "192.0.2.1"]);
-    let tcp = bed.curl("http://192.0.2.1:2222/");
-    let _ = server.kill();
-    let _ = server.wait();
+    let ping = s.exec("client", &["ping", "-c", "2", "-W", "2", "192.0.2.1"]);
+    let tcp = s.curl("http://192.0.2.1:2222/");
+    drop(server);
     assert!(
         ping.status.success(),
         "ping to the gateway failed: {}",
-        text(&ping)
+        text(&ping.stdout)
     );
     assert_eq!(
         tcp.as_deref()
-            .map(|t| t.starts_with("backend=gw client=192.0.2.2:")),
-        Some(true),
+            .map(|t| t.starts_with(&format!("backend=gw client={CLIENT}:"))),
+        Ok(true),
         "{tcp:?}"
     );
     // And service traffic still flows meanwhile.
-    assert!(bed.curl(&format!("http://{VIP}/")).is_some());
-    drop(gw);
+    assert!(s.curl(&format!("http://{VIP}/")).is_ok());
 }
 
 #[test]
 fn e_a_dead_backend_is_taken_out_fast_and_others_streams_do_not_notice() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !privileged() {
+    let Some(s) = scenario("e", &["--backends", "3"]) else {
         return;
-    }
-    let bed = Bed::up("e", &["--backends", "3"]);
-    let gw = Gateway::start(&bed, &bed.config());
+    };
+    let gw = start(&s, &s.config());
     // Long-lived streams, opened before the failure, on several backends.
-    let streams = bed
-        .python(&["stream", VIP, "12", "6"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let streams = Proc::spawn(s.python(&["stream", VIP, "12", "6"]).stdout(Stdio::piped()));
     sleep(Duration::from_millis(1500));
-    let pid = bed.backend_pid("b1");
-    assert!(Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap()
-        .success());
+    sh(&["kill", "-KILL", &s.backend_pid("b1").to_string()]);
     let killed = Instant::now();
-    loop {
-        let v = gw.services().expect("services");
-        if health_of(&v, "web", "198.51.100.11") == "down" {
-            break;
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(3),
-            "backend not marked down within 3 s"
-        );
-        sleep(Duration::from_millis(50));
-    }
+    wait_for(
+        "the dead backend marked down",
+        Duration::from_secs(3),
+        || {
+            let v = gw.services().expect("services");
+            (health_of(&v, "web", "198.51.100.11") == "down").then_some(())
+        },
+    );
     let down_after = killed.elapsed();
-    let answers = bed.requests(60);
+    let answers = s.vip_requests(60);
     assert!(
         answers.iter().all(Option::is_some),
         "requests failed after the backend was marked down"
@@ -407,8 +236,7 @@ fn e_a_dead_backend_is_taken_out_fast_and_others_streams_do_not_notice() {
         !per_backend(&answers).contains_key("b1"),
         "new flows still went to the dead backend"
     );
-    let out = streams.wait_with_output().unwrap();
-    let report = String::from_utf8_lossy(&out.stdout).to_string();
+    let report = text(&streams.wait().stdout);
     let mut on_others = 0;
     for line in report.lines() {
         if line.starts_with("backend=b1") {
@@ -438,61 +266,38 @@ fn e_a_dead_backend_is_taken_out_fast_and_others_streams_do_not_notice() {
         "no stream landed on a live backend:\n{report}"
     );
     // It comes back: a new server on b1; it turns up and takes new flows again.
-    let mut revived = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &bed.ns("b1"),
-            STRAIT,
-            "testbed",
-            "serve",
-            "--name",
-            "b1",
-            "--tcp",
-            "[::]:80",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let back = Instant::now();
-    while health_of(&gw.services().unwrap(), "web", "198.51.100.11") != "up" {
-        assert!(
-            back.elapsed() < Duration::from_secs(5),
-            "revived backend not up in 5 s"
-        );
-        sleep(Duration::from_millis(50));
-    }
-    let again = per_backend(&bed.requests(60));
-    let _ = revived.kill();
-    let _ = revived.wait();
+    let revived = s.serve("b1", "b1", &["--tcp", "[::]:80"]);
+    wait_for("the revived backend up", Duration::from_secs(5), || {
+        let v = gw.services().expect("services");
+        (health_of(&v, "web", "198.51.100.11") == "up").then_some(())
+    });
+    let again = per_backend(&s.vip_requests(60));
+    drop(revived);
     assert!(
         again.get("b1").copied().unwrap_or(0) > 0,
         "the revived backend takes no new flows: {again:?}"
     );
     eprintln!("backend marked down {down_after:?} after its server died");
-    drop(gw);
 }
 
 /// Opens keep-alive connections through the gateway; `round()` sends one more request on each.
 struct KeepAlive {
-    child: Child,
+    client: Proc,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
 }
 
 impl KeepAlive {
     fn open(bed: &Bed, n: usize) -> (KeepAlive, Vec<String>) {
-        let mut child = bed
-            .python(&["keepalive", VIP, &n.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut client = Proc::spawn(
+            bed.python(&["keepalive", VIP, &n.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped()),
+        );
+        let stdin = client.child().stdin.take().unwrap();
+        let stdout = BufReader::new(client.child().stdout.take().unwrap());
         let mut k = KeepAlive {
-            child,
+            client,
             stdin,
             stdout,
         };
@@ -506,7 +311,8 @@ impl KeepAlive {
             let mut line = String::new();
             assert!(
                 self.stdout.read_line(&mut line).unwrap() > 0,
-                "client exited"
+                "client exited: {}",
+                self.client.what()
             );
             let line = line.trim().to_string();
             if line == "END" {
@@ -523,14 +329,7 @@ impl KeepAlive {
     }
 }
 
-impl Drop for KeepAlive {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn reload(gw: &Gateway<'_>, bed: &Bed, config: &Path) {
+fn reload(gw: &Gateway, bed: &Bed, config: &Path) {
     std::fs::copy(config, bed.config()).unwrap();
     let answer = gw.admin("POST", "/reload");
     assert!(answer.starts_with("reloaded"), "reload refused: {answer}");
@@ -538,49 +337,43 @@ fn reload(gw: &Gateway<'_>, bed: &Bed, config: &Path) {
 
 #[test]
 fn f_draining_keeps_existing_connections_and_takes_no_new_ones() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !privileged() {
+    let Some(s) = scenario("f", &["--backends", "3"]) else {
         return;
-    }
-    let bed = Bed::up("f", &["--backends", "3"]);
-    let gw = Gateway::start(&bed, &bed.config());
-    let (mut conns, first) = KeepAlive::open(&bed, 24);
+    };
+    let gw = start(&s, &s.config());
+    let (mut conns, first) = KeepAlive::open(&s, 24);
     assert!(
         first.iter().any(|a| a.starts_with("backend=b2 ")),
         "no connection landed on b2: {first:?}"
     );
     // Drain b2 (its first service `web`): weight 0 via a reload.
-    let drained = write_config(&bed, |t| {
+    let drained = write_config(&s, |t| {
         t.replacen(
             "address = \"198.51.100.12\"\nport = 80\n",
             "address = \"198.51.100.12\"\nport = 80\nweight = 0\n",
             1,
         )
     });
-    reload(&gw, &bed, &drained);
+    reload(&gw, &s, &drained);
     let second = conns.round();
     assert_eq!(
         second, first,
         "existing connections moved or broke after draining"
     );
-    let fresh = per_backend(&bed.requests(60));
+    let fresh = per_backend(&s.vip_requests(60));
     assert!(
         !fresh.contains_key("b2"),
         "a draining backend took new flows: {fresh:?}"
     );
-    drop(conns);
-    drop(gw);
 }
 
 #[test]
 fn g_a_reload_adding_a_backend_breaks_nothing_and_it_takes_new_flows() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !privileged() {
+    let Some(s) = scenario("g", &["--backends", "3"]) else {
         return;
-    }
-    let bed = Bed::up("g", &["--backends", "3"]);
+    };
     // Start with b3 absent from `web`.
-    let without = write_config(&bed, |t| {
+    let without = write_config(&s, |t| {
         let start = t
             .find("[[services.backends]]\naddress = \"198.51.100.13\"\nport = 80\n")
             .expect("b3 in web");
@@ -589,55 +382,51 @@ fn g_a_reload_adding_a_backend_breaks_nothing_and_it_takes_new_flows() {
             .map_or(t.len(), |e| start + 10 + e);
         format!("{}{}", &t[..start], &t[end..])
     });
-    let full = std::env::temp_dir().join(format!("{}-full.toml", bed.prefix));
-    std::fs::copy(bed.config(), &full).unwrap();
-    std::fs::copy(&without, bed.config()).unwrap();
-    let gw = Gateway::start(&bed, &bed.config());
-    let (mut conns, first) = KeepAlive::open(&bed, 24);
+    let full = s.dir.join("full.toml");
+    std::fs::copy(s.config(), &full).unwrap();
+    std::fs::copy(&without, s.config()).unwrap();
+    let gw = start(&s, &s.config());
+    let (mut conns, first) = KeepAlive::open(&s, 24);
     assert!(
         !first.iter().any(|a| a.starts_with("backend=b3 ")),
         "b3 answered before it was configured"
     );
-    reload(&gw, &bed, &full);
+    reload(&gw, &s, &full);
     assert_eq!(
         conns.round(),
         first,
         "an established connection moved or broke on reload"
     );
-    let fresh = per_backend(&bed.requests(90));
+    let fresh = per_backend(&s.vip_requests(90));
     assert!(
         fresh.get("b3").copied().unwrap_or(0) > 0,
         "the added backend took no new flows: {fresh:?}"
     );
-    drop(conns);
-    drop(gw);
 }
 
 #[test]
 fn h_ten_thousand_udp_flows_are_all_delivered_and_the_books_balance() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !privileged() {
+    let Some(s) = scenario("h", &["--backends", "4"]) else {
         return;
-    }
-    let bed = Bed::up("h", &["--backends", "4"]);
-    let gw = Gateway::start(&bed, &bed.config());
-    let out = bed
+    };
+    let gw = start(&s, &s.config());
+    let out = s
         .python(&["udp", VIP, "5353", "20000", "10000"])
         .output()
         .unwrap();
-    let report = text(&out);
+    let report = text(&out.stdout);
     assert!(
         report.contains("sent=10000 answered=10000"),
         "{report}{}",
-        String::from_utf8_lossy(&out.stderr)
+        text(&out.stderr)
     );
     // The workers publish when idle; give them a moment, then the identity must hold exactly.
     sleep(Duration::from_millis(500));
-    let rx = gw.metric("strait_rx_packets_total");
-    let tx = gw.metric("strait_tx_packets_total");
-    let pass = gw.metric("strait_pass_packets_total");
-    let handoff = gw.metric("strait_handoff_packets_total");
-    let drops = gw.metric("strait_dropped_packets_total");
+    let rx = counter(&gw, "strait_rx_packets_total");
+    let tx = counter(&gw, "strait_tx_packets_total");
+    let pass = counter(&gw, "strait_pass_packets_total");
+    let handoff = counter(&gw, "strait_handoff_packets_total");
+    let drops = counter(&gw, "strait_dropped_packets_total");
     assert!(rx >= 10_000, "rx {rx}");
     assert_eq!(
         rx,
@@ -645,116 +434,48 @@ fn h_ten_thousand_udp_flows_are_all_delivered_and_the_books_balance() {
         "rx {rx} != tx {tx} + pass {pass} + handoff {handoff} + drops {drops}"
     );
     let created =
-        gw.metric("strait_flows_created_total") + gw.metric("strait_flows_stateless_total");
+        counter(&gw, "strait_flows_created_total") + counter(&gw, "strait_flows_stateless_total");
     assert!(
         created >= 10_000,
         "10,000 distinct 5-tuples made {created} flows"
     );
-    drop(gw);
-}
-
-/// Captures on the interfaces of `backends` while `traffic` runs; one pcap per backend.
-fn capture(bed: &Bed, backends: &[&str], filter: &str, traffic: impl FnOnce()) -> Vec<PathBuf> {
-    let mut running = Vec::new();
-    for b in backends {
-        let pcap = std::env::temp_dir().join(format!("{}-{b}.pcap", bed.prefix));
-        let tcpdump = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &bed.ns(b),
-                "tcpdump",
-                "-U",
-                "-n",
-                "-i",
-                "eth0",
-                "-w",
-            ])
-            .arg(&pcap)
-            .arg(filter)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tcpdump");
-        running.push((pcap, tcpdump));
-    }
-    sleep(Duration::from_millis(800));
-    traffic();
-    sleep(Duration::from_millis(500));
-    running
-        .into_iter()
-        .map(|(pcap, mut t)| {
-            let _ = Command::new("kill")
-                .args(["-INT", &t.id().to_string()])
-                .status();
-            let _ = t.wait();
-            pcap
-        })
-        .collect()
-}
-
-/// tshark's reading of a capture, one line per packet, tab-separated `fields`, with every
-/// checksum verified.
-fn tshark(pcap: &Path, fields: &[&str], decode_as: Option<&str>) -> Vec<String> {
-    let mut c = Command::new("tshark");
-    c.arg("-r").arg(pcap).args([
-        "-o",
-        "ip.check_checksum:TRUE",
-        "-o",
-        "tcp.check_checksum:TRUE",
-        "-o",
-        "udp.check_checksum:TRUE",
-        "-T",
-        "fields",
-        "-E",
-        "separator=/t",
-    ]);
-    if let Some(d) = decode_as {
-        c.args(["-d", d]);
-    }
-    for f in fields {
-        c.args(["-e", f]);
-    }
-    let out = run(&mut c);
-    assert!(
-        out.status.success(),
-        "tshark: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text(&out).lines().map(str::to_string).collect()
 }
 
 #[test]
 fn c_ipip_and_gue_leave_encapsulated_with_valid_checksums() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !privileged() {
+    let Some(s) = scenario("c", &["--backends", "2"]) else {
         return;
-    }
-    let bed = Bed::up("c", &["--backends", "2"]);
+    };
     // `web` becomes dsr-ipip on port 80; a second service, dsr-gue on port 81, over the same
     // backends (no server listens on 81: this kernel cannot decapsulate either, so only the
     // packets on the wire are checked). No tunnel source is configured: the gateway takes its
     // own address on the backend-facing interface.
-    let cfg = write_config(&bed, |t| {
+    let cfg = write_config(&s, |t| {
         let t = t.replacen("mode = \"dsr-l2\"", "mode = \"dsr-ipip\"", 1);
         format!(
             "{t}\n[[services]]\nname = \"gue\"\nvip = \"{VIP}\"\nport = 81\nmode = \"dsr-gue\"\n\
              backends = [{{ address = \"198.51.100.11\", port = 81, mac = \"02:00:00:00:01:11\" }}]\n"
         )
     });
-    let gw = Gateway::start(&bed, &cfg);
-    let pcaps = capture(&bed, &["b1", "b2"], "ip proto 4 or udp port 6080", || {
+    let _gw = start(&s, &cfg);
+    // One capture per backend, on its interface.
+    let mut pcaps: Vec<Capture> = ["b1", "b2"]
+        .iter()
+        .map(|b| {
+            let pcap = s.dir.join(&format!("{b}.pcap"));
+            Capture::start(
+                &s.ns(b),
+                "eth0",
+                pcap,
+                &[],
+                &["ip proto 4 or udp port 6080"],
+            )
+        })
+        .collect();
+    while_capturing(&mut pcaps, Duration::from_millis(800), || {
         for port in [80, 81, 80, 81] {
-            let _ = bed.exec(
-                "client",
-                &[
-                    "curl",
-                    "-s",
-                    "--max-time",
-                    "1",
-                    &format!("http://{VIP}:{port}/"),
-                ],
-            );
+            let url = format!("http://{VIP}:{port}/");
+            let _ = s.exec("client", &["curl", "-s", "--max-time", "1", &url]);
         }
     });
     let fields = [
@@ -771,7 +492,8 @@ fn c_ipip_and_gue_leave_encapsulated_with_valid_checksums() {
     ];
     let lines: Vec<String> = pcaps
         .iter()
-        .flat_map(|p| tshark(p, &fields, Some("udp.port==6080,ip")))
+        .flat_map(|p| p.fields(&fields, Some("udp.port==6080,ip")))
+        .map(|f| f.join("\t"))
         .collect();
     let (mut ipip, mut gue) = (0, 0);
     for l in &lines {
@@ -794,11 +516,7 @@ fn c_ipip_and_gue_leave_encapsulated_with_valid_checksums() {
             src[0].starts_with("192.0.2."),
             "outer source from the tunnel source /24: {l}"
         );
-        assert_eq!(
-            src.last(),
-            Some(&"192.0.2.2"),
-            "inner source is the client: {l}"
-        );
+        assert_eq!(src.last(), Some(&CLIENT), "inner source is the client: {l}");
         assert_eq!(dst.last(), Some(&VIP), "inner destination is the VIP: {l}");
         match protos[0] {
             "4" => {
@@ -817,64 +535,37 @@ fn c_ipip_and_gue_leave_encapsulated_with_valid_checksums() {
         ipip >= 2 && gue >= 2,
         "ipip {ipip}, gue {gue} packets captured:\n{lines:#?}"
     );
-    for p in pcaps {
-        let _ = std::fs::remove_file(p);
-    }
-    drop(gw);
 }
 
 #[test]
 fn b_nat_two_arm_translates_both_ways_and_keeps_the_client_address() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !privileged() {
+    let Some(s) = scenario("b", &["--topology", "two-arm", "--backends", "4"]) else {
         return;
-    }
-    let bed = Bed::up("b", &["--topology", "two-arm", "--backends", "4"]);
+    };
     // Ready means every backend passed its health check through the gateway's own kernel
     // path: the replies from backend:8080 to the gateway must not be taken for nat replies.
-    let gw = Gateway::start(&bed, &bed.config());
-    let answers = bed.requests(300);
-    let failed = answers.iter().filter(|a| a.is_none()).count();
-    assert_eq!(
-        failed,
-        0,
-        "{failed} of 300 requests failed:\n{}",
-        gw.log_text()
-    );
-    let per = per_backend(&answers);
-    assert_eq!(per.len(), 4, "{per:?}");
-    for (b, n) in &per {
-        assert!(
-            (38..=150).contains(n),
-            "{b} got {n} of 300: outside half to double its fair share (75)"
-        );
-    }
+    let gw = start(&s, &s.config());
+    assert_spread(&s, &gw, 4);
     // UDP through nat: 53 on the VIP to 5353 on a backend, and back from the VIP.
-    let out = bed
+    let out = s
         .python(&["udp", VIP, "53", "31000", "200"])
         .output()
         .unwrap();
-    assert!(
-        text(&out).contains("sent=200 answered=200"),
-        "{}",
-        text(&out)
-    );
-    let handoff = gw.metric("strait_handoff_packets_total");
-    let rx = gw.metric("strait_rx_packets_total");
-    let tx = gw.metric("strait_tx_packets_total");
+    let report = text(&out.stdout);
+    assert!(report.contains("sent=200 answered=200"), "{report}");
+    let handoff = counter(&gw, "strait_handoff_packets_total");
+    let rx = counter(&gw, "strait_rx_packets_total");
+    let tx = counter(&gw, "strait_tx_packets_total");
     assert!(tx > 0 && rx >= tx, "rx {rx} tx {tx} handoff {handoff}");
-    drop(gw);
 }
 
 #[test]
 fn j_backends_without_macs_are_reached_through_the_neighbour_table() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !privileged() {
+    let Some(s) = scenario("j", &["--backends", "3"]) else {
         return;
-    }
-    let bed = Bed::up("j", &["--backends", "3"]);
+    };
     // As the Kubernetes source produces them: no MACs anywhere.
-    let cfg = write_config(&bed, |t| {
+    let cfg = write_config(&s, |t| {
         t.lines()
             .filter(|l| !l.starts_with("mac = "))
             .collect::<Vec<_>>()
@@ -882,11 +573,11 @@ fn j_backends_without_macs_are_reached_through_the_neighbour_table() {
             + "\n"
     });
     assert!(!std::fs::read_to_string(&cfg).unwrap().contains("mac = "));
-    let gw = Gateway::start(&bed, &cfg);
+    let gw = start(&s, &cfg);
     // The health checks make the kernel resolve the backends; the gateway picks them up.
     let deadline = Instant::now() + Duration::from_secs(5);
     let answers = loop {
-        let a = bed.requests(30);
+        let a = s.vip_requests(30);
         if a.iter().all(Option::is_some) || Instant::now() > deadline {
             break a;
         }
@@ -898,5 +589,4 @@ fn j_backends_without_macs_are_reached_through_the_neighbour_table() {
         gw.log_text()
     );
     assert_eq!(per_backend(&answers).len(), 3);
-    drop(gw);
 }

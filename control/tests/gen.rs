@@ -9,61 +9,38 @@
 //! Each test uses its own names (`g{pid}{tag}`) and a guard that deletes its namespaces (and
 //! with them the veth) on drop, also when an assertion fails.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::io::BufRead;
+use std::process::{Command, Output, Stdio};
+use std::sync::MutexGuard;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::harness::{
+    in_ns, serial_if, sh, text, veth, while_capturing, Capture, End, Netns, Proc, PYTHON, STRAIT,
+};
+use support::privileged as gate;
 
-const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
-/// Debian's Python (the one on PATH may be another).
-const PYTHON: &str = "/usr/bin/python3";
 const GEN_MAC: &str = "02:00:00:00:0a:01";
 const PEER_MAC: &str = "02:00:00:00:0a:fe";
 
-/// Traffic tests count exact packets and rates: one at a time, so they do not starve each
-/// other of the two cores.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-#[path = "support/privileged.rs"]
-mod gate;
-
-fn privileged(test: &str) -> bool {
-    gate::privileged(
-        test,
-        &[
-            ("ip", "-V", "iproute2"),
-            ("tcpdump", "--version", "tcpdump"),
-            ("tshark", "--version", "tshark"),
-            (PYTHON, "--version", "python3"),
-        ],
-    )
+/// The serial lock (traffic tests count exact packets and rates: one at a time, so they do
+/// not starve each other of the two cores) and a fresh [`Pair`], if test `test` may run.
+fn new_pair(test: &str, tag: &str) -> Option<(MutexGuard<'static, ()>, Pair)> {
+    let serial = serial_if(|| {
+        gate::privileged(test, &[gate::IP, gate::TCPDUMP, gate::TSHARK, gate::PYTHON])
+    })?;
+    Some((serial, Pair::new(tag)))
 }
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect("spawn");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-}
-
-/// Two namespaces joined by a veth: `gen` (192.0.2.1, MAC [`GEN_MAC`]) and `peer`
-/// (192.0.2.254, MAC [`PEER_MAC`]); IPv6 off so nothing else is on the wire. Deleted on drop.
+/// Two quiet namespaces joined by a veth: `gen` (192.0.2.1, MAC [`GEN_MAC`]) and `peer`
+/// (192.0.2.254, MAC [`PEER_MAC`]). Deleted on drop.
 struct Pair {
-    gen_ns: String,
-    peer_ns: String,
+    gen_ns: Netns,
+    peer_ns: Netns,
     gen_if: String,
     peer_if: String,
 }
@@ -72,47 +49,25 @@ impl Pair {
     fn new(tag: &str) -> Pair {
         let base = format!("g{}{tag}", std::process::id());
         let p = Pair {
-            gen_ns: format!("{base}-g"),
-            peer_ns: format!("{base}-p"),
+            gen_ns: Netns::quiet(&format!("{base}-g")),
+            peer_ns: Netns::quiet(&format!("{base}-p")),
             gen_if: format!("{base}g"),
             peer_if: format!("{base}p"),
         };
-        assert!(p.gen_if.len() <= 15, "interface name {} too long", p.gen_if);
-        // The guard exists before anything is made, so a failure half-way cleans up.
-        sh(&["ip", "netns", "add", &p.gen_ns]);
-        sh(&["ip", "netns", "add", &p.peer_ns]);
-        for ns in [&p.gen_ns, &p.peer_ns] {
-            sh(&[
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "sysctl",
-                "-qw",
-                "net.ipv6.conf.all.disable_ipv6=1",
-            ]);
-            sh(&[
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "sysctl",
-                "-qw",
-                "net.ipv6.conf.default.disable_ipv6=1",
-            ]);
-            sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
-        }
-        sh(&[
-            "ip", "link", "add", &p.gen_if, "netns", &p.gen_ns, "type", "veth", "peer", "name",
-            &p.peer_if, "netns", &p.peer_ns,
-        ]);
-        for (ns, ifc, mac, addr) in [
-            (&p.gen_ns, &p.gen_if, GEN_MAC, "192.0.2.1/24"),
-            (&p.peer_ns, &p.peer_if, PEER_MAC, "192.0.2.254/24"),
-        ] {
-            sh(&["ip", "-n", ns, "link", "set", ifc, "address", mac, "up"]);
-            sh(&["ip", "-n", ns, "addr", "add", addr, "dev", ifc]);
-        }
+        veth(
+            End {
+                ns: p.gen_ns.name(),
+                name: &p.gen_if,
+                mac: GEN_MAC,
+                addr: "192.0.2.1/24",
+            },
+            End {
+                ns: p.peer_ns.name(),
+                name: &p.peer_if,
+                mac: PEER_MAC,
+                addr: "192.0.2.254/24",
+            },
+        );
         p
     }
 
@@ -131,58 +86,26 @@ impl Pair {
     }
 
     fn gen_cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.gen_ns, STRAIT, "gen", "--iface"])
-            .arg(&self.gen_if)
-            .args(["--dst-mac", PEER_MAC, "--json"])
-            .args(args);
+        let mut c = in_ns(self.gen_ns.name(), [STRAIT, "gen", "--iface", &self.gen_if]);
+        c.args(["--dst-mac", PEER_MAC, "--json"]).args(args);
         c
     }
 
-    /// Captures IPv4 to 203.0.113.0/24 on the peer side while `traffic` runs.
-    fn capture(&self, traffic: impl FnOnce()) -> Capture {
-        let pcap = std::env::temp_dir().join(format!("{}.pcap", self.peer_ns));
-        let child = Command::new("ip")
+    /// [`Pair::gen`] while capturing IPv4 to 203.0.113.0/24 on the peer side: its summary
+    /// and the packets that arrived.
+    fn gen_captured(&self, args: &[&str]) -> (Value, Vec<Pkt>) {
+        let pcap = std::env::temp_dir().join(format!("{}.pcap", self.peer_ns.name()));
+        let mut cap = [Capture::start(
+            self.peer_ns.name(),
+            &self.peer_if,
+            pcap,
             // A 32 MiB buffer: the default 2 MiB drops packets of a burst at 20 kpps.
-            .args(["netns", "exec", &self.peer_ns, "tcpdump", "-B", "32768"])
-            .args(["--immediate-mode", "-U", "-n"])
-            .args(["-i", &self.peer_if, "-w"])
-            .arg(&pcap)
-            .args(["ip", "and", "dst", "net", "203.0.113.0/24"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tcpdump");
-        let mut cap = Capture { pcap, child };
-        sleep(Duration::from_millis(1000));
-        traffic();
-        sleep(Duration::from_millis(500));
-        let _ = Command::new("kill")
-            .args(["-INT", &cap.child.id().to_string()])
-            .status();
-        let _ = cap.child.wait();
-        cap
-    }
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        for ns in [&self.gen_ns, &self.peer_ns] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
-}
-
-/// A finished capture; its file is removed on drop.
-struct Capture {
-    pcap: PathBuf,
-    child: Child,
-}
-
-impl Drop for Capture {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = std::fs::remove_file(&self.pcap);
+            &["-B", "32768", "--immediate-mode"],
+            &["ip", "and", "dst", "net", "203.0.113.0/24"],
+        )];
+        let (_, summary) =
+            while_capturing(&mut cap, Duration::from_millis(1000), || self.gen(args));
+        (summary, packets(&cap[0]))
     }
 }
 
@@ -213,62 +136,42 @@ impl Pkt {
     }
 }
 
-impl Capture {
-    fn packets(&self) -> Vec<Pkt> {
-        let fields = [
-            "ip.src",
-            "udp.srcport",
-            "tcp.srcport",
-            "ip.dst",
-            "udp.dstport",
-            "tcp.dstport",
-            "frame.len",
-            "ip.proto",
-            "ip.checksum.status",
-            "udp.checksum.status",
-            "tcp.checksum.status",
-            "tcp.flags",
-            "tcp.seq_raw",
-        ];
-        let mut c = Command::new("tshark");
-        c.arg("-r").arg(&self.pcap).args([
-            "-o",
-            "ip.check_checksum:TRUE",
-            "-o",
-            "udp.check_checksum:TRUE",
-            "-o",
-            "tcp.check_checksum:TRUE",
-            "-T",
-            "fields",
-            "-E",
-            "separator=/t",
-        ]);
-        for f in fields {
-            c.args(["-e", f]);
-        }
-        let out = c.output().expect("tshark");
-        assert!(out.status.success(), "tshark: {}", text(&out.stderr));
-        text(&out.stdout)
-            .lines()
-            .map(|l| {
-                let f: Vec<&str> = l.split('\t').collect();
-                assert_eq!(f.len(), fields.len(), "tshark line {l:?}");
-                let tcp = f[7] == "6";
-                let num = |s: &str| s.parse::<u64>().unwrap_or(0);
-                Pkt {
-                    src: f[0].into(),
-                    sport: num(if tcp { f[2] } else { f[1] }) as u16,
-                    dst: f[3].into(),
-                    dport: num(if tcp { f[5] } else { f[4] }) as u16,
-                    len: num(f[6]) as usize,
-                    proto: f[7].into(),
-                    csum: (f[8].into(), if tcp { f[10] } else { f[9] }.into()),
-                    tcp_flags: f[11].into(),
-                    seq: num(f[12]),
-                }
-            })
-            .collect()
-    }
+/// The packets of `cap`, decoded by tshark.
+fn packets(cap: &Capture) -> Vec<Pkt> {
+    let fields = [
+        "ip.src",
+        "udp.srcport",
+        "tcp.srcport",
+        "ip.dst",
+        "udp.dstport",
+        "tcp.dstport",
+        "frame.len",
+        "ip.proto",
+        "ip.checksum.status",
+        "udp.checksum.status",
+        "tcp.checksum.status",
+        "tcp.flags",
+        "tcp.seq_raw",
+    ];
+    cap.fields(&fields, None)
+        .iter()
+        .map(|f| {
+            assert_eq!(f.len(), fields.len(), "tshark line {f:?}");
+            let tcp = f[7] == "6";
+            let num = |s: &str| s.parse::<u64>().unwrap_or(0);
+            Pkt {
+                src: f[0].clone(),
+                sport: num(if tcp { &f[2] } else { &f[1] }) as u16,
+                dst: f[3].clone(),
+                dport: num(if tcp { &f[5] } else { &f[4] }) as u16,
+                len: num(&f[6]) as usize,
+                proto: f[7].clone(),
+                csum: (f[8].clone(), if tcp { &f[10] } else { &f[9] }.clone()),
+                tcp_flags: f[11].clone(),
+                seq: num(&f[12]),
+            }
+        })
+        .collect()
 }
 
 /// Every packet: IPv4 and L4 checksums verified good by tshark, `len` bytes, protocol
@@ -289,25 +192,21 @@ fn check_all(pkts: &[Pkt], len: usize, proto: &str) {
 
 #[test]
 fn udp_new_flows_every_packet_a_new_tuple_with_valid_checksums() {
-    if !privileged("udp_new_flows_every_packet_a_new_tuple_with_valid_checksums") {
+    let Some((_serial, pair)) = new_pair(
+        "udp_new_flows_every_packet_a_new_tuple_with_valid_checksums",
+        "u",
+    ) else {
         return;
-    }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let pair = Pair::new("u");
-    let mut summary = Value::Null;
-    let cap = pair.capture(|| {
-        summary = pair
-            .gen(&[
-                "--to",
-                "203.0.113.1:1000,203.0.113.2:2000",
-                "--new-flows",
-                "--rate",
-                "20000",
-                "--count",
-                "3000",
-            ])
-            .1;
-    });
+    };
+    let (summary, pkts) = pair.gen_captured(&[
+        "--to",
+        "203.0.113.1:1000,203.0.113.2:2000",
+        "--new-flows",
+        "--rate",
+        "20000",
+        "--count",
+        "3000",
+    ]);
     assert_eq!(summary["sent"], 3000, "{summary}");
     assert_eq!(summary["tx_errors"], 0, "{summary}");
     assert!(summary["probes"].is_null(), "{summary}");
@@ -316,7 +215,6 @@ fn udp_new_flows_every_packet_a_new_tuple_with_valid_checksums() {
         (10_000.0..=21_000.0).contains(&pps),
         "rate 20000 asked: {summary}"
     );
-    let pkts = cap.packets();
     assert_eq!(pkts.len(), 3000, "every packet sent arrives on a veth");
     check_all(&pkts, 64, "17");
     let tuples: BTreeSet<_> = pkts.iter().map(Pkt::tuple).collect();
@@ -330,34 +228,29 @@ fn udp_new_flows_every_packet_a_new_tuple_with_valid_checksums() {
 
 #[test]
 fn established_tcp_flows_cycle_exactly_n_with_advancing_sequence_numbers() {
-    if !privileged("established_tcp_flows_cycle_exactly_n_with_advancing_sequence_numbers") {
+    let Some((_serial, pair)) = new_pair(
+        "established_tcp_flows_cycle_exactly_n_with_advancing_sequence_numbers",
+        "t",
+    ) else {
         return;
-    }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let pair = Pair::new("t");
-    let mut summary = Value::Null;
-    let cap = pair.capture(|| {
-        summary = pair
-            .gen(&[
-                "--to",
-                "203.0.113.7:80",
-                "--traffic",
-                "tcp",
-                "--flows",
-                "100",
-                "--size",
-                "128",
-                "--src-range",
-                "192.0.2.16-192.0.2.20",
-                "--rate",
-                "20000",
-                "--count",
-                "2000",
-            ])
-            .1;
-    });
+    };
+    let (summary, pkts) = pair.gen_captured(&[
+        "--to",
+        "203.0.113.7:80",
+        "--traffic",
+        "tcp",
+        "--flows",
+        "100",
+        "--size",
+        "128",
+        "--src-range",
+        "192.0.2.16-192.0.2.20",
+        "--rate",
+        "20000",
+        "--count",
+        "2000",
+    ]);
     assert_eq!(summary["sent"], 2000, "{summary}");
-    let pkts = cap.packets();
     assert_eq!(pkts.len(), 2000);
     check_all(&pkts, 128, "6");
     let mut flows: BTreeMap<_, Vec<u64>> = BTreeMap::new();
@@ -381,29 +274,24 @@ fn established_tcp_flows_cycle_exactly_n_with_advancing_sequence_numbers() {
 
 #[test]
 fn syn_traffic_minimum_frames() {
-    if !privileged("syn_traffic_minimum_frames") {
+    let Some((_serial, pair)) = new_pair("syn_traffic_minimum_frames", "s") else {
         return;
-    }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let pair = Pair::new("s");
-    let cap = pair.capture(|| {
-        let (_, v) = pair.gen(&[
-            "--to",
-            "203.0.113.9:443",
-            "--traffic",
-            "syn",
-            "--flows",
-            "7",
-            "--size",
-            "60",
-            "--rate",
-            "10000",
-            "--count",
-            "700",
-        ]);
-        assert_eq!(v["sent"], 700, "{v}");
-    });
-    let pkts = cap.packets();
+    };
+    let (v, pkts) = pair.gen_captured(&[
+        "--to",
+        "203.0.113.9:443",
+        "--traffic",
+        "syn",
+        "--flows",
+        "7",
+        "--size",
+        "60",
+        "--rate",
+        "10000",
+        "--count",
+        "700",
+    ]);
+    assert_eq!(v["sent"], 700, "{v}");
     assert_eq!(pkts.len(), 700);
     check_all(&pkts, 60, "6");
     assert!(pkts.iter().all(|p| p.tcp_flags == "0x0002"), "all SYN");
@@ -415,62 +303,46 @@ fn syn_traffic_minimum_frames() {
 
 /// A UDP echo server for probes in the peer namespace: answers datagrams that start with
 /// the probe magic, ignores the load. Killed on drop.
-struct Echo(Child);
-
-impl Echo {
-    fn start(pair: &Pair, addr: &str, port: u16) -> Echo {
-        let script = format!(
-            "import socket,sys\n\
-             s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
-             s.setsockopt(socket.SOL_SOCKET,socket.SO_RCVBUF,4<<20)\n\
-             s.bind(('{addr}',{port}))\n\
-             print('ready',flush=True)\n\
-             while True:\n\
-             \x20 d,a=s.recvfrom(2048)\n\
-             \x20 if d[:8]==b'STRAITPR': s.sendto(d,a)\n"
-        );
-        let mut c = Command::new("ip")
-            .args(["netns", "exec", &pair.peer_ns, PYTHON, "-c", &script])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("python echo");
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(c.stdout.take().expect("stdout")),
-            &mut line,
-        )
+fn echo(pair: &Pair, addr: &str, port: u16) -> Proc {
+    let script = format!(
+        "import socket,sys\n\
+         s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+         s.setsockopt(socket.SOL_SOCKET,socket.SO_RCVBUF,4<<20)\n\
+         s.bind(('{addr}',{port}))\n\
+         print('ready',flush=True)\n\
+         while True:\n\
+         \x20 d,a=s.recvfrom(2048)\n\
+         \x20 if d[:8]==b'STRAITPR': s.sendto(d,a)\n"
+    );
+    let mut p =
+        Proc::spawn(in_ns(pair.peer_ns.name(), [PYTHON, "-c", &script]).stdout(Stdio::piped()));
+    let mut line = String::new();
+    std::io::BufReader::new(p.child().stdout.take().expect("stdout"))
+        .read_line(&mut line)
         .expect("echo ready");
-        assert_eq!(line.trim(), "ready");
-        Echo(c)
-    }
-}
-
-impl Drop for Echo {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    assert_eq!(line.trim(), "ready");
+    p
 }
 
 #[test]
 fn latency_probes_are_reflected_and_measured_under_load() {
-    if !privileged("latency_probes_are_reflected_and_measured_under_load") {
+    let Some((_serial, pair)) =
+        new_pair("latency_probes_are_reflected_and_measured_under_load", "l")
+    else {
         return;
-    }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let pair = Pair::new("l");
+    };
     // The VIP is local in the peer namespace; replies go back over the veth to 192.0.2.1.
     sh(&[
         "ip",
         "-n",
-        &pair.peer_ns,
+        pair.peer_ns.name(),
         "addr",
         "add",
         "203.0.113.5/32",
         "dev",
         "lo",
     ]);
-    let _echo = Echo::start(&pair, "203.0.113.5", 7000);
+    let _echo = echo(&pair, "203.0.113.5", 7000);
     let (out, v) = pair.gen(&[
         "--to",
         "203.0.113.5:7000",
@@ -512,22 +384,19 @@ fn latency_probes_are_reflected_and_measured_under_load() {
 
 #[test]
 fn sigterm_ends_the_run_with_the_summary() {
-    if !privileged("sigterm_ends_the_run_with_the_summary") {
+    let Some((_serial, pair)) = new_pair("sigterm_ends_the_run_with_the_summary", "k") else {
         return;
-    }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let pair = Pair::new("k");
-    let child = pair
-        .gen_cmd(&["--to", "203.0.113.1:1000", "--rate", "1000"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("strait gen");
+    };
+    let gen = Proc::spawn(
+        pair.gen_cmd(&["--to", "203.0.113.1:1000", "--rate", "1000"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
     let t0 = Instant::now();
     sleep(Duration::from_millis(2500));
     // `ip netns exec` execs strait, so the child's pid is strait's.
-    sh(&["kill", "-TERM", &child.id().to_string()]);
-    let out = child.wait_with_output().expect("wait");
+    gen.signal("TERM");
+    let out = gen.wait();
     assert!(t0.elapsed() < Duration::from_secs(5));
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");

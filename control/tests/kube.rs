@@ -10,10 +10,7 @@
 #[path = "../src/kube/mod.rs"]
 mod kube;
 
-mod support {
-    #[path = "fake_api.rs"]
-    pub mod fake_api;
-}
+mod support;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -34,10 +31,10 @@ use kube::stats::Kind;
 use kube::translate::{self, Cluster, Translation, WarningKind};
 use kube::watch::Controller;
 use support::fake_api::{FakeApi, Res};
+use support::harness::Scratch;
+use support::objects::{node, CLASS};
 
 // ---- objects ------------------------------------------------------------------------
-
-const CLASS: &str = "strait.dev/gateway";
 
 fn gateway() -> model::Gateway {
     strait_config::parse("[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n")
@@ -51,20 +48,6 @@ fn settings(mode: Mode) -> Settings {
     s.pools = vec!["203.0.113.16/29".parse().unwrap()];
     s.backoff = (Duration::from_millis(100), Duration::from_millis(800));
     s
-}
-
-fn node(name: &str, ip: &str) -> Value {
-    json!({
-        "kind": "Node", "apiVersion": "v1",
-        "metadata": { "name": name },
-        "status": {
-            "addresses": [
-                { "type": "InternalIP", "address": ip },
-                { "type": "Hostname", "address": name }
-            ],
-            "conditions": [{ "type": "Ready", "status": "True" }]
-        }
-    })
 }
 
 fn node_v6(name: &str, ip4: &str, ip6: &str) -> Value {
@@ -141,6 +124,9 @@ fn three_nodes() -> Vec<Value> {
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
+
+/// The LoadBalancer address of most translations: 203.0.113.17 for `default/web`.
+const WEB_17: &[(&str, &[&str])] = &[("default/web", &["203.0.113.17"])];
 
 /// Translates `objects` with LoadBalancer addresses `lb`.
 fn tr(settings: &Settings, objects: &[Value], lb: &[(&str, &[&str])]) -> Translation {
@@ -230,11 +216,7 @@ fn nat_endpoints_by_condition_with_the_slice_port() {
             ep("192.0.2.15", "n3", Some(false), Some(false), None),       // not ready
         ],
     ));
-    let t = tr(
-        &settings(Mode::Nat),
-        &objs,
-        &[("default/web", &["203.0.113.17"])],
-    );
+    let t = tr(&settings(Mode::Nat), &objs, WEB_17);
     assert_eq!(names(&t.services), ["default/web/http/203.0.113.17"]);
     let s = &t.services[0];
     assert_eq!(
@@ -273,11 +255,7 @@ fn an_endpoint_in_two_slices_counts_once_and_not_ready_ones_publish_when_asked()
         vec![ready("192.0.2.11", "n1"), ready("192.0.2.12", "n2")],
     ));
     objs.push(svc.clone());
-    let t = tr(
-        &settings(Mode::Nat),
-        &objs,
-        &[("default/web", &["203.0.113.17"])],
-    );
+    let t = tr(&settings(Mode::Nat), &objs, WEB_17);
     assert_eq!(
         backends(&t.services[0]),
         [
@@ -299,11 +277,7 @@ fn an_endpoint_in_two_slices_counts_once_and_not_ready_ones_publish_when_asked()
             ],
         ),
     ];
-    let t = tr(
-        &settings(Mode::Nat),
-        &objs,
-        &[("default/web", &["203.0.113.17"])],
-    );
+    let t = tr(&settings(Mode::Nat), &objs, WEB_17);
     assert_eq!(
         backends(&t.services[0]),
         [
@@ -325,11 +299,7 @@ fn dsr_cluster_policy_balances_over_ready_nodes() {
     );
     objs.push(lb("web"));
     objs.push(slice("web-a", "web", vec![ready("192.0.2.11", "n1")]));
-    let t = tr(
-        &settings(Mode::DsrL2),
-        &objs,
-        &[("default/web", &["203.0.113.17"])],
-    );
+    let t = tr(&settings(Mode::DsrL2), &objs, WEB_17);
     let s = find(&t, "default/web/http/203.0.113.17");
     assert_eq!(s.mode, Mode::DsrL2);
     assert_eq!(
@@ -345,7 +315,7 @@ fn dsr_cluster_policy_balances_over_ready_nodes() {
 
     let mut st = settings(Mode::DsrGue);
     st.cluster_node_check = Some((10256, "/livez".into()));
-    let t = tr(&st, &objs, &[("default/web", &["203.0.113.17"])]);
+    let t = tr(&st, &objs, WEB_17);
     let hc = t.services[0].health_check.as_ref().unwrap();
     assert_eq!(
         (hc.port, &hc.kind),
@@ -376,11 +346,7 @@ fn dsr_local_policy_uses_nodes_with_endpoints_checked_on_the_health_node_port() 
             ready("192.0.2.15", "gone-node"),
         ],
     ));
-    let t = tr(
-        &settings(Mode::DsrIpip),
-        &objs,
-        &[("default/web", &["203.0.113.17"])],
-    );
+    let t = tr(&settings(Mode::DsrIpip), &objs, WEB_17);
     let s = &t.services[0];
     assert_eq!(
         backends(s),
@@ -409,23 +375,17 @@ fn only_our_class_unless_classless_is_taken() {
         .unwrap()
         .remove("loadBalancerClass");
     let svcs = [lb("web"), other.clone(), classless.clone()];
-    let st = settings(Mode::Nat);
-    let owned: Vec<String> = svcs
-        .iter()
-        .map(|v| serde_json::from_value::<Service>(v.clone()).unwrap())
-        .filter(|s| translate::owns(&st, s))
-        .map(|s| s.metadata.name.unwrap())
-        .collect();
-    assert_eq!(owned, ["web"]);
-    let mut st = st;
+    let owned = |st: &Settings| -> Vec<String> {
+        svcs.iter()
+            .map(|v| serde_json::from_value::<Service>(v.clone()).unwrap())
+            .filter(|s| translate::owns(st, s))
+            .map(|s| s.metadata.name.unwrap())
+            .collect()
+    };
+    let mut st = settings(Mode::Nat);
+    assert_eq!(owned(&st), ["web"]);
     st.classless = true;
-    let owned: Vec<String> = svcs
-        .iter()
-        .map(|v| serde_json::from_value::<Service>(v.clone()).unwrap())
-        .filter(|s| translate::owns(&st, s))
-        .map(|s| s.metadata.name.unwrap())
-        .collect();
-    assert_eq!(owned, ["web", "plain"]);
+    assert_eq!(owned(&st), ["web", "plain"]);
 }
 
 #[test]
@@ -494,11 +454,7 @@ fn affinity_source_ranges_and_mode_annotation() {
     svc["metadata"]["annotations"] = json!({ "strait.dev/mode": "dsr-gue" });
     let mut objs = three_nodes();
     objs.push(svc.clone());
-    let t = tr(
-        &settings(Mode::Nat),
-        &objs,
-        &[("default/web", &["203.0.113.17"])],
-    );
+    let t = tr(&settings(Mode::Nat), &objs, WEB_17);
     let s = &t.services[0];
     assert_eq!(s.session_affinity, Some(Duration::from_secs(10_800)));
     assert_eq!(
@@ -518,11 +474,7 @@ fn affinity_source_ranges_and_mode_annotation() {
     svc["spec"]["loadBalancerSourceRanges"] = json!(["2001:db8::/32"]);
     let mut objs = three_nodes();
     objs.push(svc);
-    let t = tr(
-        &settings(Mode::Nat),
-        &objs,
-        &[("default/web", &["203.0.113.17"])],
-    );
+    let t = tr(&settings(Mode::Nat), &objs, WEB_17);
     assert!(t.services.is_empty());
     assert_eq!(count(&t, WarningKind::BadSourceRange), 1);
     assert_eq!(count(&t, WarningKind::BadValue), 1, "unknown mode");
@@ -851,11 +803,17 @@ fn dynamic(v: Value) -> DynamicObject {
     serde_json::from_value(v).unwrap()
 }
 
-fn list(ctl: &mut Controller, kind: Kind, objs: Vec<Value>) {
+/// Begins a (re)list of `kind`: `Init`, then every object; not done yet.
+fn begin_list(ctl: &mut Controller, kind: Kind, objs: Vec<Value>) {
     ctl.apply(kind, Event::Init);
     for o in objs {
         ctl.apply(kind, Event::InitApply(dynamic(o)));
     }
+}
+
+/// A whole list of `kind`.
+fn list(ctl: &mut Controller, kind: Kind, objs: Vec<Value>) {
+    begin_list(ctl, kind, objs);
     ctl.apply(kind, Event::InitDone);
 }
 
@@ -865,15 +823,8 @@ fn nothing_is_published_before_every_kind_is_listed() {
     list(&mut ctl, Kind::Services, vec![lb("web")]);
     list(&mut ctl, Kind::Nodes, three_nodes());
     assert!(ctl.reconcile().is_none(), "slices not listed yet");
-    ctl.apply(Kind::EndpointSlices, Event::Init);
-    ctl.apply(
-        Kind::EndpointSlices,
-        Event::InitApply(dynamic(slice(
-            "web-a",
-            "web",
-            vec![ready("192.0.2.11", "n1")],
-        ))),
-    );
+    let web_a = slice("web-a", "web", vec![ready("192.0.2.11", "n1")]);
+    begin_list(&mut ctl, Kind::EndpointSlices, vec![web_a]);
     assert!(ctl.reconcile().is_none(), "slice list not complete");
     ctl.apply(Kind::EndpointSlices, Event::InitDone);
     let r = ctl.reconcile().unwrap();
@@ -918,15 +869,8 @@ fn a_relist_replaces_the_view_only_when_complete() {
     let first = ctl.reconcile().unwrap().services;
     assert_eq!(first.len(), 2);
     // A relist of slices starts (after a 410): until InitDone nothing changes.
-    ctl.apply(Kind::EndpointSlices, Event::Init);
-    ctl.apply(
-        Kind::EndpointSlices,
-        Event::InitApply(dynamic(slice(
-            "web-a",
-            "web",
-            vec![ready("192.0.2.11", "n1")],
-        ))),
-    );
+    let web_a = slice("web-a", "web", vec![ready("192.0.2.11", "n1")]);
+    begin_list(&mut ctl, Kind::EndpointSlices, vec![web_a]);
     assert_eq!(ctl.reconcile().unwrap().services, first);
     ctl.apply(Kind::EndpointSlices, Event::InitDone);
     let after = ctl.reconcile().unwrap().services;
@@ -1019,35 +963,44 @@ fn flags_give_settings() {
 
 // ---- against the fake API server ----------------------------------------------------
 
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("strait-kube-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
+/// A fake API server holding nodes n1-n3, and a scratch directory (`strait-kube-{pid}-{tag}`)
+/// for kubeconfigs.
+fn fake(tag: &str) -> (FakeApi, Scratch) {
+    let api = FakeApi::start();
+    for n in three_nodes() {
+        api.apply(n);
     }
+    (api, temp_dir(tag))
 }
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+fn temp_dir(tag: &str) -> Scratch {
+    Scratch::new(&format!("strait-kube-{}-{tag}", std::process::id()))
+}
+
+/// Whether the stored Service `default/name` shows LoadBalancer address `ip`.
+fn has_status(api: &FakeApi, name: &str, ip: &str) -> bool {
+    api.get(Res::Services, "default", name)
+        .is_some_and(|s| s["status"]["loadBalancer"]["ingress"][0]["ip"] == ip)
+}
+
+/// Whether an event with `reason` about `name` was posted.
+fn has_event(api: &FakeApi, reason: &str, name: &str) -> bool {
+    api.events()
+        .iter()
+        .any(|e| e["reason"] == reason && e["regarding"]["name"] == name)
 }
 
 /// The source against `api`, publishing into a channel.
 fn start(
     api: &FakeApi,
-    dir: &TempDir,
+    dir: &Scratch,
     st: Settings,
 ) -> (kube::Source, Receiver<Vec<model::Service>>) {
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
         .with_max_level(tracing::Level::INFO)
         .try_init();
-    let kc = api.kubeconfig(&dir.0);
+    let kc = api.kubeconfig(dir.path());
     let (tx, rx) = mpsc::channel();
     let src = kube::spawn_feed(Some(&kc), st, move |p: kube::Publication| {
         let _ = tx.send(p.services.iter().map(|s| (**s).clone()).collect());
@@ -1097,17 +1050,9 @@ fn backend_count(l: &[model::Service], prefix: &str) -> Option<usize> {
         .map(|s| s.backends.len())
 }
 
-fn populate(api: &FakeApi) {
-    for n in three_nodes() {
-        api.apply(n);
-    }
-}
-
 #[test]
 fn a_load_balancer_gets_an_address_status_and_backends_and_follows_scaling() {
-    let api = FakeApi::start();
-    let dir = TempDir::new("lb");
-    populate(&api);
+    let (api, dir) = fake("lb");
     api.apply(lb("web"));
     api.apply(slice(
         "web-a",
@@ -1121,13 +1066,10 @@ fn a_load_balancer_gets_an_address_status_and_backends_and_follows_scaling() {
     });
     assert_eq!(names(&l), ["default/web/http/203.0.113.17"]);
     eventually(10, "status written", || {
-        api.get(Res::Services, "default", "web")
-            .is_some_and(|s| s["status"]["loadBalancer"]["ingress"][0]["ip"] == "203.0.113.17")
+        has_status(&api, "web", "203.0.113.17")
     });
     eventually(10, "an AddressAssigned event", || {
-        api.events()
-            .iter()
-            .any(|e| e["reason"] == "AddressAssigned" && e["regarding"]["name"] == "web")
+        has_event(&api, "AddressAssigned", "web")
     });
 
     // Scale up: a second slice with two more endpoints.
@@ -1176,9 +1118,7 @@ fn a_load_balancer_gets_an_address_status_and_backends_and_follows_scaling() {
 
 #[test]
 fn a_410_relist_converges_and_drops_what_was_deleted_meanwhile() {
-    let api = FakeApi::start();
-    let dir = TempDir::new("gone");
-    populate(&api);
+    let (api, dir) = fake("gone");
     api.apply(lb("web"));
     api.apply(lb("old"));
     api.apply(slice(
@@ -1239,9 +1179,7 @@ fn a_410_relist_converges_and_drops_what_was_deleted_meanwhile() {
 
 #[test]
 fn an_api_outage_keeps_the_last_list_and_reconnects() {
-    let api = FakeApi::start();
-    let dir = TempDir::new("down");
-    populate(&api);
+    let (api, dir) = fake("down");
     api.apply(lb("web"));
     api.apply(slice("web-a", "web", vec![ready("192.0.2.11", "n1")]));
     let (src, rx) = start(&api, &dir, settings(Mode::DsrL2));
@@ -1272,9 +1210,7 @@ fn an_api_outage_keeps_the_last_list_and_reconnects() {
 
 #[test]
 fn an_exhausted_pool_gives_an_event_and_a_freed_address_is_reused() {
-    let api = FakeApi::start();
-    let dir = TempDir::new("exhausted");
-    populate(&api);
+    let (api, dir) = fake("exhausted");
     for n in ["a", "b", "c"] {
         api.apply(lb(n));
     }
@@ -1309,25 +1245,19 @@ fn an_exhausted_pool_gives_an_event_and_a_freed_address_is_reused() {
         names(l).contains(&"default/c/http/203.0.113.17")
     });
     assert_eq!(l.len(), 2);
-    eventually(10, "c's status", || {
-        api.get(Res::Services, "default", "c")
-            .is_some_and(|s| s["status"]["loadBalancer"]["ingress"][0]["ip"] == "203.0.113.17")
-    });
+    eventually(10, "c's status", || has_status(&api, "c", "203.0.113.17"));
     assert!(src.stats().events() >= 3);
 }
 
 #[test]
 fn a_restarted_source_keeps_addresses_and_allocates_around_them() {
-    let api = FakeApi::start();
-    let dir = TempDir::new("restart");
-    populate(&api);
+    let (api, dir) = fake("restart");
     api.apply(lb("first"));
     {
         let (_src, rx) = start(&api, &dir, settings(Mode::DsrL2));
         until(&rx, 20, "first", |l| l.len() == 1);
         eventually(10, "first's status", || {
-            api.get(Res::Services, "default", "first")
-                .is_some_and(|s| s["status"]["loadBalancer"]["ingress"][0]["ip"] == "203.0.113.17")
+            has_status(&api, "first", "203.0.113.17")
         });
     } // stopped
       // While no gateway runs: a Service that asks for nothing, and one that asks for
@@ -1346,9 +1276,7 @@ fn a_restarted_source_keeps_addresses_and_allocates_around_them() {
         ]
     );
     eventually(10, "an AddressInUse event for third", || {
-        api.events()
-            .iter()
-            .any(|e| e["reason"] == "AddressInUse" && e["regarding"]["name"] == "third")
+        has_event(&api, "AddressInUse", "third")
     });
 }
 
@@ -1372,8 +1300,8 @@ const TEST_CA: &str = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUJpRENDQVMrZ0F3S
 fn an_https_kubeconfig_builds_a_tls_client_without_connecting() {
     // rustls needs exactly one crypto provider compiled in (ring here); this would panic
     // at client construction if the feature set were wrong.
-    let dir = TempDir::new("https");
-    let path = dir.0.join("kubeconfig");
+    let dir = temp_dir("https");
+    let path = dir.join("kubeconfig");
     std::fs::write(
         &path,
         format!(
@@ -1518,14 +1446,12 @@ fn metrics_encode() {
 fn the_fake_api_speaks_the_wire_format_kube_rs_expects() {
     use ::kube::api::{Api, ListParams, WatchEvent, WatchParams};
     use futures::StreamExt;
-    let api = FakeApi::start();
-    let dir = TempDir::new("fake");
-    populate(&api);
+    let (api, dir) = fake("fake");
     api.apply(lb("web"));
     let mut other = lb("db");
     other["metadata"]["namespace"] = json!("prod");
     api.apply(other);
-    let kc = api.kubeconfig(&dir.0);
+    let kc = api.kubeconfig(dir.path());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

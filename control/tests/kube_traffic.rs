@@ -16,146 +16,60 @@
 //! when the test fails); processes a test starts are killed on drop. The tests run one
 //! at a time: each gateway runs a busy-polling worker.
 
-mod support {
-    #[path = "fake_api.rs"]
-    pub mod fake_api;
-    #[path = "privileged.rs"]
-    pub mod privileged;
-}
+mod support;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, MutexGuard};
 use std::thread::{sleep, JoinHandle};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use support::bed::{assert_client_seen, tally, Bed, Gateway};
 use support::fake_api::{FakeApi, Res};
-
-const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
-const CLASS: &str = "strait.dev/gateway";
-static SERIAL: Mutex<()> = Mutex::new(());
+use support::harness::{in_ns, run, serial_if, text, wait_for, Proc, STRAIT};
+use support::objects::{node, CLASS};
+use support::privileged as gate;
 
 /// Root and the tools these tests drive (see `support/privileged.rs`).
 fn privileged() -> bool {
-    support::privileged::privileged(
+    gate::privileged(
         "kubernetes traffic",
         &[
-            ("ip", "-V", "iproute2"),
-            ("curl", "--version", "curl"),
+            gate::IP,
+            gate::CURL,
             // The README walkthrough's kubeconfig needs a CA certificate.
-            ("openssl", "version", "openssl"),
+            gate::OPENSSL,
         ],
     )
 }
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
-}
-
-fn text(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// Polls `f` every 100 ms until it gives a value; panics naming `what` after `timeout`.
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        sleep(Duration::from_millis(100));
-    }
+/// The testbed prefix of test `tag`.
+fn prefix(tag: &str) -> String {
+    format!("sk{}{tag}", std::process::id() % 100_000)
 }
 
 // ---- the testbed ---------------------------------------------------------------------
 
-/// A testbed and a scratch directory, both removed on drop.
-struct Bed {
-    prefix: String,
-    info: Value,
-    dir: PathBuf,
-}
-
 impl Bed {
-    fn up(tag: &str, args: &[&str]) -> Bed {
-        let prefix = format!("sk{}{tag}", std::process::id() % 100_000);
-        let out = run(Command::new(STRAIT)
-            .args(["testbed", "up", "--prefix", &prefix, "--json"])
-            .args(args));
-        assert!(
-            out.status.success(),
-            "testbed up: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let info = serde_json::from_slice(&out.stdout).expect("testbed summary");
-        let dir = std::env::temp_dir().join(format!("{prefix}-kube"));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch directory");
-        Bed { prefix, info, dir }
-    }
-
-    fn ns(&self, role: &str) -> String {
-        format!("{}-{role}", self.prefix)
-    }
-
-    /// Runs a command in a namespace of the testbed.
-    fn exec(&self, role: &str, args: &[&str]) -> Output {
-        run(Command::new("ip")
-            .args(["netns", "exec", &self.ns(role)])
-            .args(args))
-    }
-
-    fn curl(&self, url: &str) -> Option<String> {
-        let o = self.exec("client", &["curl", "-s", "--max-time", "3", url]);
-        o.status.success().then(|| text(&o).trim().to_owned())
-    }
-
-    /// `n` requests to `url`, each on a new connection.
-    fn requests(&self, url: &str, n: usize) -> Vec<Option<String>> {
-        (0..n).map(|_| self.curl(url)).collect()
-    }
-
     /// The testbed's gateway settings (interfaces, admin address) without its services:
     /// every service comes from Kubernetes.
     fn gateway_config(&self) -> PathBuf {
-        let path = self.info["config"].as_str().expect("config path");
-        let full = std::fs::read_to_string(path).expect("testbed configuration");
+        let full = std::fs::read_to_string(self.config()).expect("testbed configuration");
         let gateway = full.split("\n[[services]]").next().unwrap_or_default();
         let out = self.dir.join("gateway.toml");
         std::fs::write(&out, gateway).expect("writing the gateway configuration");
         out
     }
 
-    fn backend_ip(&self, name: &str) -> String {
-        self.backend(name)["ipv4"]
-            .as_str()
-            .expect("backend address")
-            .to_owned()
-    }
-
-    fn backend(&self, name: &str) -> &Value {
-        self.info["backends"]
-            .as_array()
-            .expect("backends")
-            .iter()
-            .find(|b| b["name"] == name)
-            .unwrap_or_else(|| panic!("no backend {name}"))
-    }
-
     /// Adds `addr` to `lo` of every backend: what kube-proxy's rules do for a
     /// LoadBalancer address on a node (accept it locally). Backends keep
     /// `arp_ignore=1`, so they do not answer ARP for it.
     fn nodes_accept(&self, addr: &str) {
-        for b in self.info["backends"].as_array().expect("backends") {
+        for b in self.backends() {
             let ns = b["namespace"].as_str().expect("namespace");
             let o = run(Command::new("ip").args([
                 "-n",
@@ -167,9 +81,9 @@ impl Bed {
                 "lo",
             ]));
             assert!(
-                o.status.success() || String::from_utf8_lossy(&o.stderr).contains("exists"),
+                o.status.success() || text(&o.stderr).contains("exists"),
                 "adding {addr} on {ns}: {}",
-                String::from_utf8_lossy(&o.stderr)
+                text(&o.stderr)
             );
         }
     }
@@ -177,7 +91,7 @@ impl Bed {
     /// Stops the backend servers `testbed up` started (the tests that model pods and
     /// kube-proxy health ports start their own).
     fn stop_testbed_servers(&self) {
-        for b in self.info["backends"].as_array().expect("backends") {
+        for b in self.backends() {
             if let Some(pid) = b["pid"].as_i64() {
                 let _ = Command::new("kill")
                     .args(["-KILL", &pid.to_string()])
@@ -188,124 +102,30 @@ impl Bed {
     }
 }
 
-impl Drop for Bed {
-    fn drop(&mut self) {
-        let _ = Command::new(STRAIT)
-            .args(["testbed", "down", "--prefix", &self.prefix])
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A process the test started (a pod, a health port), killed on drop.
-struct Proc(Child);
-
-impl Proc {
-    /// `strait testbed serve --name NAME --tcp [::]:PORT` in backend namespace `backend`,
-    /// once it answers on `port` from the gateway namespace.
-    fn serve(bed: &Bed, backend: &str, name: &str, port: u16) -> Proc {
-        let child = Command::new("ip")
-            .args(["netns", "exec", &bed.ns(backend), STRAIT])
-            .args(["testbed", "serve", "--name", name, "--tcp"])
-            .arg(format!("[::]:{port}"))
-            // No UDP echo: only one process per namespace could bind its port.
-            .args(["--udp", "127.0.0.1:0"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("strait testbed serve");
-        let p = Proc(child);
-        let url = format!("http://{}:{port}/healthz", bed.backend_ip(backend));
-        wait_for(
-            &format!("{name} answering on {url}"),
-            Duration::from_secs(5),
-            || {
-                let o = bed.exec("gw", &["curl", "-s", "--max-time", "1", &url]);
-                o.status.success().then_some(())
-            },
-        );
-        p
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// `strait testbed serve --name NAME --tcp [::]:PORT` in backend namespace `backend` (a pod,
+/// a health port), once it answers on `port` from the gateway namespace; killed on drop.
+fn serve(bed: &Bed, backend: &str, name: &str, port: u16) -> Proc {
+    let tcp = format!("[::]:{port}");
+    // No UDP echo: only one process per namespace could bind its port.
+    let p = bed.serve(backend, name, &["--tcp", &tcp, "--udp", "127.0.0.1:0"]);
+    let url = format!("http://{}:{port}/healthz", bed.backend_ip(backend));
+    wait_for(
+        &format!("{name} answering on {url}"),
+        Duration::from_secs(5),
+        || {
+            let o = bed.exec("gw", &["curl", "-s", "--max-time", "1", &url]);
+            o.status.success().then_some(())
+        },
+    );
+    p
 }
 
 // ---- the gateway ---------------------------------------------------------------------
 
-/// `strait run --kube` in the gateway namespace, stopped (SIGTERM) on drop.
-struct Gateway<'b> {
-    bed: &'b Bed,
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl<'b> Gateway<'b> {
-    /// Starts `strait run --config CONFIG --kube --kubeconfig KUBECONFIG ARGS..` and waits
-    /// for the admin API's /healthz.
-    fn start(bed: &'b Bed, config: &Path, kubeconfig: &Path, args: &[&str]) -> Gateway<'b> {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &bed.ns("gw"), STRAIT, "run", "--config"])
-            .arg(config)
-            .args(["--kube", "--kubeconfig"])
-            .arg(kubeconfig)
-            .args(args);
-        Self::spawn(bed, cmd)
-    }
-
-    fn spawn(bed: &'b Bed, mut cmd: Command) -> Gateway<'b> {
-        let log = bed.dir.join("gateway.log");
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("gateway log"))
-            .spawn()
-            .expect("strait run");
-        let mut g = Gateway {
-            bed,
-            child: Some(child),
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(s) = g.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!("gateway exited ({s}):\n{}", g.log_text());
-            }
-            if g.admin("/healthz") == "ok\n" {
-                return g;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "gateway not ready in 20 s:\n{}",
-                g.log_text()
-            );
-            sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn admin(&self, path: &str) -> String {
-        let url = format!("http://127.0.0.1:9900{path}");
-        text(
-            &self
-                .bed
-                .exec("gw", &["curl", "-s", "--max-time", "5", &url]),
-        )
-    }
-
-    fn services(&self) -> Value {
-        serde_json::from_str(&self.admin("/services")).unwrap_or(Value::Null)
-    }
-
+impl Gateway {
     /// The service serving `vip:port`.
     fn service(&self, vip: &str, port: u16) -> Option<Value> {
-        self.services()["services"]
+        self.services()?["services"]
             .as_array()?
             .iter()
             .find(|s| s["vip"] == vip && s["port"] == port)
@@ -327,39 +147,87 @@ impl<'b> Gateway<'b> {
             .collect()
     }
 
-    /// Sum of the samples of metric family `name` (with or without `_total`).
-    fn metric(&self, name: &str) -> Option<f64> {
-        let metrics = self.admin("/metrics");
-        let values: Vec<f64> = metrics
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter(|l| {
-                let family = l.split(['{', ' ']).next().unwrap_or("");
-                family == name || family.strip_suffix("_total") == Some(name)
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .collect();
-        (!values.is_empty()).then(|| values.iter().sum())
+    /// Waits up to `timeout` for the service on `vip:port` to have `n` backends; they.
+    fn wait_backends(
+        &self,
+        vip: &str,
+        port: u16,
+        n: usize,
+        timeout: Duration,
+    ) -> BTreeMap<String, String> {
+        wait_for(
+            &format!("{n} backends of {vip}:{port} in /services"),
+            timeout,
+            || {
+                let b = self.backends(vip, port);
+                (b.len() == n).then_some(b)
+            },
+        )
     }
 }
 
-impl Drop for Gateway<'_> {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if child.try_wait().ok().flatten().is_some() {
-                    return;
-                }
-                sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+/// A test's world: a testbed, the fake API server in its gateway namespace with the
+/// testbed's backends b1..bN as Nodes n1..nN, and `strait run --kube` in the gateway
+/// namespace. Dropped in that order reversed, then the serial lock goes.
+struct Cluster {
+    gw: Gateway,
+    fake: FakeApi,
+    bed: Bed,
+    _serial: MutexGuard<'static, ()>,
+}
+
+/// The [`Cluster`] of test `tag` on a `topology` testbed with `backends` backends, the
+/// gateway started with `--kube-mode MODE --kube-pool POOL`; `None` if the tests may not
+/// run.
+fn cluster(tag: &str, topology: &str, backends: usize, mode: &str, pool: &str) -> Option<Cluster> {
+    let serial = serial_if(privileged)?;
+    let n = backends.to_string();
+    let bed = Bed::up(&prefix(tag), &["--topology", topology, "--backends", &n]);
+    let fake = FakeApi::start_in_netns(&bed.ns("gw"));
+    for i in 1..=backends {
+        fake.apply(node(&format!("n{i}"), &bed.backend_ip(&format!("b{i}"))));
     }
+    let mut cmd = Gateway::command(&bed, &bed.gateway_config());
+    cmd.args(["--kube", "--kubeconfig"])
+        .arg(fake.kubeconfig(bed.dir.path()))
+        .args(["--kube-mode", mode, "--kube-pool", pool]);
+    let gw = Gateway::spawn(&bed, cmd, Gateway::healthy);
+    Some(Cluster {
+        gw,
+        fake,
+        bed,
+        _serial: serial,
+    })
+}
+
+/// The forwarding counters of `/metrics` that tell why requests fail.
+fn forwarding_metrics(gw: &Gateway) -> String {
+    gw.get("/metrics")
+        .lines()
+        .filter(|l| l.contains("no_next_hop") || l.contains("strait_tx_packets"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `n` requests to `url`: every one answered, by the backends `want` exactly, and every
+/// answer shows the client's address: the backends (`who`: the node, the pod) saw it.
+fn assert_answered(bed: &Bed, gw: &Gateway, url: &str, n: usize, who: &str, want: &[&str]) {
+    let answers = bed.requests(url, n);
+    let failed = answers.iter().filter(|a| a.is_none()).count();
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of {n} requests to {url} failed: {answers:?}\n{}\n{}",
+        forwarding_metrics(gw),
+        gw.log_text()
+    );
+    assert_client_seen(&answers, who);
+    let per = tally(&answers);
+    assert_eq!(
+        per.keys().map(String::as_str).collect::<Vec<_>>(),
+        want,
+        "{per:?}"
+    );
 }
 
 // ---- a client loop -------------------------------------------------------------------
@@ -375,8 +243,7 @@ struct Sample {
 
 impl Sample {
     fn backend(&self) -> Option<&str> {
-        let a = self.answer.as_ref().ok()?;
-        a.split_whitespace().next()?.strip_prefix("backend=")
+        support::bed::backend_of(self.answer.as_ref().ok()?)
     }
 }
 
@@ -394,12 +261,10 @@ impl Load {
             let mut out = Vec::new();
             while !flag.load(Ordering::Relaxed) {
                 let at = Instant::now();
-                let o = Command::new("ip")
-                    .args(["netns", "exec", &ns, "curl", "-sS", "--max-time", "4", &url])
-                    .output();
+                let o = in_ns(&ns, ["curl", "-sS", "--max-time", "4", &url]).output();
                 let answer = match o {
-                    Ok(o) if o.status.success() => Ok(text(&o).trim().to_owned()),
-                    Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_owned()),
+                    Ok(o) if o.status.success() => Ok(text(&o.stdout).trim().to_owned()),
+                    Ok(o) => Err(text(&o.stderr).trim().to_owned()),
                     Err(e) => Err(e.to_string()),
                 };
                 out.push(Sample { at, answer });
@@ -448,38 +313,7 @@ fn per_backend(samples: &[Sample], from: Instant, to: Instant) -> BTreeMap<Strin
     m
 }
 
-fn count(answers: &[Option<String>]) -> BTreeMap<String, usize> {
-    let mut m = BTreeMap::new();
-    for a in answers.iter().flatten() {
-        let b = a.split_whitespace().next().unwrap_or("");
-        *m.entry(b.trim_start_matches("backend=").to_owned())
-            .or_default() += 1;
-    }
-    m
-}
-
 // ---- objects -------------------------------------------------------------------------
-
-fn node(name: &str, ip: &str) -> Value {
-    json!({
-        "kind": "Node", "apiVersion": "v1",
-        "metadata": { "name": name },
-        "status": {
-            "addresses": [
-                { "type": "InternalIP", "address": ip },
-                { "type": "Hostname", "address": name }
-            ],
-            "conditions": [{ "type": "Ready", "status": "True" }]
-        }
-    })
-}
-
-/// The testbed's backends b1..bN as Nodes n1..nN.
-fn nodes(fake: &FakeApi, bed: &Bed, n: usize) {
-    for i in 1..=n {
-        fake.apply(node(&format!("n{i}"), &bed.backend_ip(&format!("b{i}"))));
-    }
-}
 
 /// A LoadBalancer Service of our class, `http` 80 -> 8080, created through the fake
 /// server's defaulting (node ports, and a health-check node port under `Local`).
@@ -533,13 +367,14 @@ fn web_slice(endpoints: &[(&str, &str, Pod)]) -> Value {
     })
 }
 
-/// Waits for the fake server's stored `web` to carry a LoadBalancer address; returns it.
-fn written_address(fake: &FakeApi) -> String {
+/// Waits for the fake server's stored Service `ns/name` to carry a LoadBalancer address;
+/// returns it.
+fn written_address(fake: &FakeApi, ns: &str, name: &str) -> String {
     wait_for(
-        "status.loadBalancer.ingress of default/web",
+        &format!("status.loadBalancer.ingress of {ns}/{name}"),
         Duration::from_secs(10),
         || {
-            let svc = fake.get(Res::Services, "default", "web")?;
+            let svc = fake.get(Res::Services, ns, name)?;
             svc["status"]["loadBalancer"]["ingress"][0]["ip"]
                 .as_str()
                 .map(str::to_owned)
@@ -556,73 +391,34 @@ fn in_pool(addr: &str, pool: &str) -> bool {
 
 #[test]
 fn a_dsr_service_gets_a_pool_address_its_status_and_traffic_over_every_node() {
-    let _s = serial();
-    if !privileged() {
-        return;
-    }
-    let bed = Bed::up("a", &["--backends", "3"]);
-    let fake = FakeApi::start_in_netns(&bed.ns("gw"));
-    nodes(&fake, &bed, 3);
     let pool = "203.0.113.16/28";
-    let gw = Gateway::start(
-        &bed,
-        &bed.gateway_config(),
-        &fake.kubeconfig(&bed.dir),
-        &["--kube-mode", "dsr-l2", "--kube-pool", pool],
-    );
+    let Some(c) = cluster("a", "one-arm", 3, "dsr-l2", pool) else {
+        return;
+    };
+    let (bed, fake, gw) = (&c.bed, &c.fake, &c.gw);
     fake.create(web(false));
-    let vip = written_address(&fake);
+    let vip = written_address(fake, "default", "web");
     assert!(in_pool(&vip, pool), "{vip} is not from the pool {pool}");
     assert_eq!(
         vip, "203.0.113.17",
         "the lowest free host of {pool} is handed out first"
     );
     // The gateway serves it with the three nodes as backends, at the Service port.
-    let backends = wait_for("the service in /services", Duration::from_secs(5), || {
-        let b = gw.backends(&vip, 80);
-        (b.len() == 3).then_some(b)
-    });
+    let backends = gw.wait_backends(&vip, 80, 3, Duration::from_secs(5));
     let want: Vec<String> = (1..=3).map(|i| bed.backend_ip(&format!("b{i}"))).collect();
     assert_eq!(backends.keys().cloned().collect::<Vec<_>>(), want);
     bed.nodes_accept(&vip);
-    let answers = bed.requests(&format!("http://{vip}/"), 60);
-    let failed = answers.iter().filter(|a| a.is_none()).count();
-    assert_eq!(
-        failed,
-        0,
-        "{failed} of 60 requests failed:\n{}",
-        gw.log_text()
-    );
-    for a in answers.iter().flatten() {
-        assert!(
-            a.contains("client=192.0.2.2:"),
-            "the node did not see the client's address: {a}"
-        );
-    }
-    let per = count(&answers);
-    assert_eq!(
-        per.keys().cloned().collect::<Vec<_>>(),
-        ["b1", "b2", "b3"],
-        "{per:?}"
-    );
+    let url = format!("http://{vip}/");
+    assert_answered(bed, gw, &url, 60, "node", &["b1", "b2", "b3"]);
 }
 
 #[test]
 fn b_a_nat_service_gets_a_pool_address_its_status_and_traffic_to_its_endpoints() {
-    let _s = serial();
-    if !privileged() {
-        return;
-    }
-    let bed = Bed::up("b", &["--topology", "two-arm", "--backends", "3"]);
-    let fake = FakeApi::start_in_netns(&bed.ns("gw"));
-    nodes(&fake, &bed, 3);
     let pool = "203.0.113.40/29";
-    let gw = Gateway::start(
-        &bed,
-        &bed.gateway_config(),
-        &fake.kubeconfig(&bed.dir),
-        &["--kube-mode", "nat", "--kube-pool", pool],
-    );
+    let Some(c) = cluster("b", "two-arm", 3, "nat", pool) else {
+        return;
+    };
+    let (bed, fake, gw) = (&c.bed, &c.fake, &c.gw);
     // Pods on b1 and b2 only; b3 runs the same server but is no endpoint of `web`.
     let (b1, b2) = (bed.backend_ip("b1"), bed.backend_ip("b2"));
     fake.apply(web_slice(&[
@@ -630,7 +426,7 @@ fn b_a_nat_service_gets_a_pool_address_its_status_and_traffic_to_its_endpoints()
         (&b2, "n2", Pod::Ready),
     ]));
     fake.create(web(false));
-    let vip = written_address(&fake);
+    let vip = written_address(fake, "default", "web");
     assert!(in_pool(&vip, pool), "{vip} is not from the pool {pool}");
     let backends = wait_for("the service in /services", Duration::from_secs(5), || {
         let b = gw.backends(&vip, 80);
@@ -640,26 +436,8 @@ fn b_a_nat_service_gets_a_pool_address_its_status_and_traffic_to_its_endpoints()
         backends.keys().cloned().collect::<Vec<_>>(),
         [b1.clone(), b2.clone()]
     );
-    let answers = bed.requests(&format!("http://{vip}/"), 60);
-    let failed = answers.iter().filter(|a| a.is_none()).count();
-    assert_eq!(
-        failed,
-        0,
-        "{failed} of 60 requests failed:\n{}",
-        gw.log_text()
-    );
-    for a in answers.iter().flatten() {
-        assert!(
-            a.contains("client=192.0.2.2:"),
-            "the pod did not see the client's address: {a}"
-        );
-    }
-    let per = count(&answers);
-    assert_eq!(
-        per.keys().cloned().collect::<Vec<_>>(),
-        ["b1", "b2"],
-        "{per:?}"
-    );
+    let url = format!("http://{vip}/");
+    assert_answered(bed, gw, &url, 60, "pod", &["b1", "b2"]);
     // The status write is a real subresource write: only status changed in the store.
     let stored = fake.get(Res::Services, "default", "web").expect("web");
     assert_eq!(stored["spec"]["loadBalancerClass"], CLASS);
@@ -673,31 +451,20 @@ fn b_a_nat_service_gets_a_pool_address_its_status_and_traffic_to_its_endpoints()
 
 #[test]
 fn c_nat_endpoints_scale_up_and_down_while_requests_run() {
-    let _s = serial();
-    if !privileged() {
+    let Some(c) = cluster("c", "two-arm", 4, "nat", "203.0.113.40/29") else {
         return;
-    }
-    let bed = Bed::up("c", &["--topology", "two-arm", "--backends", "4"]);
-    let fake = FakeApi::start_in_netns(&bed.ns("gw"));
-    nodes(&fake, &bed, 4);
-    let gw = Gateway::start(
-        &bed,
-        &bed.gateway_config(),
-        &fake.kubeconfig(&bed.dir),
-        &["--kube-mode", "nat", "--kube-pool", "203.0.113.40/29"],
-    );
+    };
+    let (bed, fake, gw) = (&c.bed, &c.fake, &c.gw);
     let ip: Vec<String> = (1..=4).map(|i| bed.backend_ip(&format!("b{i}"))).collect();
     let pod = |i: usize, p: Pod| (ip[i - 1].as_str(), ["n1", "n2", "n3", "n4"][i - 1], p);
     fake.apply(web_slice(&[pod(1, Pod::Ready), pod(2, Pod::Ready)]));
     fake.create(web(false));
-    let vip = written_address(&fake);
-    wait_for("web with two endpoints", Duration::from_secs(5), || {
-        (gw.backends(&vip, 80).len() == 2).then_some(())
-    });
+    let vip = written_address(fake, "default", "web");
+    gw.wait_backends(&vip, 80, 2, Duration::from_secs(5));
     // How long a change may take from the API server to new flows: generous against a
     // loaded CI machine, far below what a person would notice.
     let settle = Duration::from_secs(1);
-    let load = Load::start(&bed, &format!("http://{vip}/"));
+    let load = Load::start(bed, &format!("http://{vip}/"));
     sleep(Duration::from_secs(2));
     let up = Instant::now();
     fake.apply(web_slice(&[
@@ -774,22 +541,13 @@ struct NodeProcs {
 
 #[test]
 fn d_a_rolling_update_under_local_fails_no_request() {
-    let _s = serial();
-    if !privileged() {
+    let Some(c) = cluster("d", "one-arm", 4, "dsr-l2", "203.0.113.16/28") else {
         return;
-    }
-    let bed = Bed::up("d", &["--backends", "4"]);
+    };
+    let (bed, fake, gw) = (&c.bed, &c.fake, &c.gw);
     bed.stop_testbed_servers();
-    let fake = FakeApi::start_in_netns(&bed.ns("gw"));
-    nodes(&fake, &bed, 4);
-    let gw = Gateway::start(
-        &bed,
-        &bed.gateway_config(),
-        &fake.kubeconfig(&bed.dir),
-        &["--kube-mode", "dsr-l2", "--kube-pool", "203.0.113.16/28"],
-    );
     fake.create(web(true));
-    let vip = written_address(&fake);
+    let vip = written_address(fake, "default", "web");
     let svc = fake.get(Res::Services, "default", "web").expect("web");
     let hc = u16::try_from(
         svc["spec"]["healthCheckNodePort"]
@@ -815,15 +573,13 @@ fn d_a_rolling_update_under_local_fails_no_request() {
     // v1 on n1 and n2.
     for n in [1, 2] {
         let b = format!("b{n}");
-        procs[n].pod = Some(Proc::serve(&bed, &b, &format!("{b}-v1"), 80));
-        procs[n].health = Some(Proc::serve(&bed, &b, "kube-proxy", hc));
+        procs[n].pod = Some(serve(bed, &b, &format!("{b}-v1"), 80));
+        procs[n].health = Some(serve(bed, &b, "kube-proxy", hc));
         endpoints.insert(n, (pod_ip(n, 1), Pod::Ready));
     }
     publish(&endpoints);
-    wait_for("web on n1 and n2", Duration::from_secs(5), || {
-        (gw.backends(&vip, 80).len() == 2).then_some(())
-    });
-    let load = Load::start(&bed, &format!("http://{vip}/"));
+    gw.wait_backends(&vip, 80, 2, Duration::from_secs(5));
+    let load = Load::start(bed, &format!("http://{vip}/"));
     sleep(Duration::from_secs(2));
 
     // maxSurge 1, maxUnavailable 0: v2 on n3 comes up, then v1 on n1 goes; the same for
@@ -831,12 +587,12 @@ fn d_a_rolling_update_under_local_fails_no_request() {
     let grace = Duration::from_secs(2);
     for (new, old) in [(3, 1), (4, 2)] {
         let b = format!("b{new}");
-        procs[new].pod = Some(Proc::serve(&bed, &b, &format!("{b}-v2"), 80));
+        procs[new].pod = Some(serve(bed, &b, &format!("{b}-v2"), 80));
         endpoints.insert(new, (pod_ip(new, 2), Pod::Starting));
         publish(&endpoints);
         sleep(Duration::from_millis(500));
         // Ready: kube-proxy on the node now has a local endpoint and answers 200.
-        procs[new].health = Some(Proc::serve(&bed, &b, "kube-proxy", hc));
+        procs[new].health = Some(serve(bed, &b, "kube-proxy", hc));
         endpoints.insert(new, (pod_ip(new, 2), Pod::Ready));
         publish(&endpoints);
         sleep(Duration::from_secs(1));
@@ -888,36 +644,25 @@ fn d_a_rolling_update_under_local_fails_no_request() {
 
 #[test]
 fn e_the_api_server_is_down_for_30_s_and_traffic_goes_on() {
-    let _s = serial();
-    if !privileged() {
+    let Some(c) = cluster("e", "two-arm", 3, "nat", "203.0.113.40/29") else {
         return;
-    }
-    let bed = Bed::up("e", &["--topology", "two-arm", "--backends", "3"]);
-    let fake = FakeApi::start_in_netns(&bed.ns("gw"));
-    nodes(&fake, &bed, 3);
-    let gw = Gateway::start(
-        &bed,
-        &bed.gateway_config(),
-        &fake.kubeconfig(&bed.dir),
-        &["--kube-mode", "nat", "--kube-pool", "203.0.113.40/29"],
-    );
+    };
+    let (bed, fake, gw) = (&c.bed, &c.fake, &c.gw);
     let ip: Vec<String> = (1..=3).map(|i| bed.backend_ip(&format!("b{i}"))).collect();
     let ready = |i: usize| (ip[i - 1].as_str(), ["n1", "n2", "n3"][i - 1], Pod::Ready);
     fake.apply(web_slice(&[ready(1), ready(2)]));
     fake.create(web(false));
-    let vip = written_address(&fake);
-    wait_for("web with two endpoints", Duration::from_secs(5), || {
-        (gw.backends(&vip, 80).len() == 2).then_some(())
-    });
+    let vip = written_address(fake, "default", "web");
+    gw.wait_backends(&vip, 80, 2, Duration::from_secs(5));
     assert_eq!(
         gw.metric("strait_kube_connected"),
         Some(1.0),
         "{}",
-        gw.admin("/metrics")
+        gw.get("/metrics")
     );
     let disconnects = gw.metric("strait_kube_disconnects").unwrap_or(0.0);
 
-    let load = Load::start(&bed, &format!("http://{vip}/"));
+    let load = Load::start(bed, &format!("http://{vip}/"));
     sleep(Duration::from_secs(1));
     let down = Instant::now();
     fake.set_down(true);
@@ -959,12 +704,8 @@ fn e_the_api_server_is_down_for_30_s_and_traffic_goes_on() {
     // Back: a change made now is picked up (reconnecting waits out kube-rs' back-off,
     // at most 30 s).
     fake.apply(web_slice(&[ready(1), ready(2), ready(3)]));
-    let load = Load::start(&bed, &format!("http://{vip}/"));
-    wait_for(
-        "the new endpoint b3 after the API server came back",
-        Duration::from_secs(45),
-        || (gw.backends(&vip, 80).len() == 3).then_some(()),
-    );
+    let load = Load::start(bed, &format!("http://{vip}/"));
+    gw.wait_backends(&vip, 80, 3, Duration::from_secs(45));
     let picked = back.elapsed();
     sleep(Duration::from_secs(2));
     let after = load.finish();
@@ -1094,12 +835,12 @@ impl Readme {
 /// Steps 1 (permissions), 2 (a kubeconfig) and 4 (install the configuration and start),
 /// with `start` applied to the README's command line (the NAT part changes the mode).
 /// Returns the gateway and the ServiceAccount's token.
-fn steps_1_2_and_4<'b>(
+fn steps_1_2_and_4(
     readme: &Readme,
-    bed: &'b Bed,
+    bed: &Bed,
     fake: &FakeApi,
     start: &dyn Fn(&str) -> String,
-) -> (Gateway<'b>, String) {
+) -> (Gateway, String) {
     let (blocks, repo) = (&readme.blocks, &readme.repo);
     // The README's /etc/strait, made by its own `install -D` steps.
     let etc = bed.dir.join("etc-strait");
@@ -1159,11 +900,7 @@ fn steps_1_2_and_4<'b>(
         .arg(&key)
         .arg("-out")
         .arg(&ca));
-    assert!(
-        o.status.success(),
-        "openssl: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "openssl: {}", text(&o.stderr));
     let ca_data = run(Command::new("base64").arg("-w0").arg(&ca));
     let kept: Vec<&str> = script
         .lines()
@@ -1183,14 +920,14 @@ fn steps_1_2_and_4<'b>(
         .replace("/etc/strait", &etc.to_string_lossy());
     let o = run(Command::new("bash")
         .args(["-euo", "pipefail", "-c", &script])
-        .current_dir(&bed.dir)
+        .current_dir(bed.dir.path())
         .env("SERVER", fake.url())
-        .env("CA", text(&ca_data).trim())
+        .env("CA", text(&ca_data.stdout).trim())
         .env("TOKEN", &token));
     assert!(
         o.status.success(),
         "the README's kubeconfig script: {}",
-        String::from_utf8_lossy(&o.stderr)
+        text(&o.stderr)
     );
     let kubeconfig = etc.join("kubeconfig");
     let mode = std::os::unix::fs::PermissionsExt::mode(
@@ -1214,11 +951,7 @@ fn steps_1_2_and_4<'b>(
         let o = run(Command::new("bash")
             .args(["-euo", "pipefail", "-c", line])
             .current_dir(repo));
-        assert!(
-            o.status.success(),
-            "{line}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        assert!(o.status.success(), "{line}: {}", text(&o.stderr));
     }
     let installed = etc.join("strait.toml");
     let example = std::fs::read_to_string(&installed).expect("the installed configuration");
@@ -1231,11 +964,10 @@ fn steps_1_2_and_4<'b>(
     std::fs::write(&installed, mine).expect("editing strait.toml");
     let words: Vec<&str> = runs[0].split_whitespace().collect();
     assert_eq!(words.first(), Some(&"strait"), "{}", runs[0]);
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &bed.ns("gw"), STRAIT])
-        .args(&words[1..]);
+    let mut cmd = in_ns(&bed.ns("gw"), [STRAIT]);
+    cmd.args(&words[1..]);
 
-    (Gateway::spawn(bed, cmd), token)
+    (Gateway::spawn(bed, cmd, Gateway::healthy), token)
 }
 
 /// The Service of step 5 as created, and what the test needs of it.
@@ -1293,36 +1025,26 @@ fn pods(fake: &FakeApi, svc: &Created, pods: &[(&str, &str)]) {
 /// Service's status, which must be the README's.
 fn external_ip(readme: &Readme, fake: &FakeApi, svc: &Created) -> String {
     let shown = between(&readme.prose, "EXTERNAL-IP ", "`").to_owned();
-    let ip = wait_for(
-        "the Service's LoadBalancer address",
-        Duration::from_secs(10),
-        || {
-            let s = fake.get(Res::Services, &svc.ns, &svc.name)?;
-            s["status"]["loadBalancer"]["ingress"][0]["ip"]
-                .as_str()
-                .map(str::to_owned)
-        },
-    );
+    let ip = written_address(fake, &svc.ns, &svc.name);
     assert_eq!(ip, shown, "the README promises {shown}");
     ip
 }
 
 #[test]
 fn f_the_readme_cluster_section_followed_step_by_step() {
-    let _s = serial();
-    if !privileged() {
+    let Some(_serial) = serial_if(privileged) else {
         return;
-    }
+    };
     let readme = Readme::load();
     // The example: nodes 198.51.100.11-13 on one segment with the gateway (the testbed's
     // one-arm b1-b3), clients on 192.0.2.0/24.
-    let bed = Bed::up("f", &["--backends", "3"]);
+    let bed = Bed::up(&prefix("f"), &["--backends", "3"]);
     let fake = FakeApi::start_in_netns(&bed.ns("gw"));
     for i in 1..=3 {
         fake.apply(node(&format!("n{i}"), &format!("198.51.100.1{i}")));
     }
     // 3a.1-3: the gateway on the nodes' segment (dsr-l2), the pools routed to it.
-    let route = text(&bed.exec("client", &["ip", "route", "get", "203.0.113.33"]));
+    let route = bed.must("client", &["ip", "route", "get", "203.0.113.33"]);
     assert!(route.contains("via 192.0.2.1"), "{route}");
     let (gw, token) = steps_1_2_and_4(&readme, &bed, &fake, &|s| s.to_owned());
     let svc = step_5(&readme, &fake);
@@ -1331,7 +1053,7 @@ fn f_the_readme_cluster_section_followed_step_by_step() {
     if svc.local {
         let hc = svc.health_port.expect("a healthCheckNodePort under Local");
         for b in ["b1", "b2"] {
-            health.push(Proc::serve(&bed, b, "kube-proxy", hc));
+            health.push(serve(&bed, b, "kube-proxy", hc));
         }
     }
     pods(
@@ -1358,7 +1080,7 @@ fn f_the_readme_cluster_section_followed_step_by_step() {
         "strait status listing the Service",
         Duration::from_secs(10),
         || {
-            let t = text(&bed.exec("gw", &[STRAIT, "status"]));
+            let t = text(&bed.exec("gw", &[STRAIT, "status"]).stdout);
             rows(&t).contains("198.51.100.11").then_some(t)
         },
     );
@@ -1384,17 +1106,8 @@ fn f_the_readme_cluster_section_followed_step_by_step() {
     // "and `curl http://203.0.113.33/` from a client answers"
     let url = between(prose, "`curl ", "`").to_owned();
     assert_eq!(url, format!("http://{ip}/"));
-    let answers = bed.requests(&url, 30);
-    assert!(
-        answers.iter().all(Option::is_some),
-        "curl {url} failed: {answers:?}\n{}",
-        gw.log_text()
-    );
-    let per = count(&answers);
-    assert!(
-        per.keys().all(|b| b == "b1" || b == "b2") && per.len() == 2,
-        "answers from the nodes with a pod only: {per:?}"
-    );
+    // Answers from the nodes with a pod only.
+    assert_answered(&bed, &gw, &url, 30, "node", &["b1", "b2"]);
     // Every request of the gateway was allowed by the rules of deploy/rbac.yaml ...
     assert_eq!(
         fake.denied(),
@@ -1405,7 +1118,7 @@ fn f_the_readme_cluster_section_followed_step_by_step() {
     let api = |args: &[&str]| -> String {
         let mut a = vec!["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}"];
         a.extend_from_slice(args);
-        text(&bed.exec("gw", &a))
+        text(&bed.exec("gw", &a).stdout)
     };
     let services = format!("{}/api/v1/namespaces/{ns}/services", fake.url());
     assert_eq!(api(&[&services]), "401");
@@ -1419,19 +1132,17 @@ fn f_the_readme_cluster_section_followed_step_by_step() {
 
 #[test]
 fn g_the_readme_nat_steps_with_pods_behind_their_nodes() {
-    let _s = serial();
-    if !privileged() {
+    let Some(_serial) = serial_if(privileged) else {
         return;
-    }
+    };
     let readme = Readme::load();
     let prose = &readme.prose;
-    let bed = Bed::up("g", &["--backends", "3"]);
+    let bed = Bed::up(&prefix("g"), &["--backends", "3"]);
     // The example's gateway address on the node segment (the testbed's gateway has .1).
-    let o = bed.exec(
+    bed.must(
         "gw",
         &["ip", "addr", "add", "198.51.100.2/24", "dev", "veth-gw"],
     );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let fake = FakeApi::start_in_netns(&bed.ns("gw"));
     // Each node routes a pod CIDR of its own; a pod is an address on the node (what a
     // pod's veth and the node's route to it amount to, seen from the gateway), served
@@ -1442,18 +1153,8 @@ fn g_the_readme_nat_steps_with_pods_behind_their_nodes() {
         let mut n = node(&format!("n{i}"), &format!("198.51.100.1{i}"));
         n["spec"] = json!({ "podCIDR": cidrs[i - 1], "podCIDRs": [cidrs[i - 1]] });
         fake.apply(n);
-        let o = bed.exec(
-            &format!("b{i}"),
-            &[
-                "ip",
-                "addr",
-                "add",
-                &format!("{}/32", pod_ips[i - 1]),
-                "dev",
-                "lo",
-            ],
-        );
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let pod = format!("{}/32", pod_ips[i - 1]);
+        bed.must(&format!("b{i}"), &["ip", "addr", "add", &pod, "dev", "lo"]);
     }
 
     // 3b.1: "`ip route add <podCIDR> via <node InternalIP>` on the gateway", for each
@@ -1470,12 +1171,7 @@ fn g_the_readme_nat_steps_with_pods_behind_their_nodes() {
             .replace("<podCIDR>", cidr)
             .replace("<node InternalIP>", internal);
         let words: Vec<&str> = cmd.split_whitespace().collect();
-        let o = bed.exec("gw", &words);
-        assert!(
-            o.status.success(),
-            "{cmd}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        bed.must("gw", &words);
     }
     // 3b.2: "make the gateway the nodes' route to the client networks (`ip route add
     //    192.0.2.0/24 via 198.51.100.2` on each node)". The testbed's flat segment gave
@@ -1483,15 +1179,9 @@ fn g_the_readme_nat_steps_with_pods_behind_their_nodes() {
     let node_route = between(&readme.nat, "client networks (`", "` on each node").to_owned();
     for i in 1..=3 {
         let b = format!("b{i}");
-        let o = bed.exec(&b, &["ip", "route", "del", "192.0.2.0/24"]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        bed.must(&b, &["ip", "route", "del", "192.0.2.0/24"]);
         let words: Vec<&str> = node_route.split_whitespace().collect();
-        let o = bed.exec(&b, &words);
-        assert!(
-            o.status.success(),
-            "{node_route}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        bed.must(&b, &words);
     }
     // 3b.3: "Start it with `--kube-mode nat` ... and create LoadBalancer Services as above".
     let mode = between(&readme.nat, "Start it with `", "`").to_owned();
@@ -1502,10 +1192,7 @@ fn g_the_readme_nat_steps_with_pods_behind_their_nodes() {
     let svc = step_5(&readme, &fake);
     pods(&fake, &svc, &[(pod_ips[0], "n1"), (pod_ips[1], "n2")]);
     let ip = external_ip(&readme, &fake, &svc);
-    let backends = wait_for("the pods as backends", Duration::from_secs(10), || {
-        let b = gw.backends(&ip, svc.port);
-        (b.len() == 2).then_some(b)
-    });
+    let backends = gw.wait_backends(&ip, svc.port, 2, Duration::from_secs(10));
     assert_eq!(
         backends.keys().cloned().collect::<Vec<_>>(),
         [pod_ips[0], pod_ips[1]]
@@ -1514,27 +1201,8 @@ fn g_the_readme_nat_steps_with_pods_behind_their_nodes() {
     // The first request may find a next hop unresolved (the gateway probes it, and
     // looks again every second).
     let deadline = Instant::now() + Duration::from_secs(5);
-    while bed.curl(&url).is_none() && Instant::now() < deadline {
+    while bed.curl(&url).is_err() && Instant::now() < deadline {
         sleep(Duration::from_millis(200));
     }
-    let answers = bed.requests(&url, 20);
-    assert!(
-        answers.iter().all(Option::is_some),
-        "curl {url} failed: {answers:?}\n{}\n{}",
-        gw.admin("/metrics")
-            .lines()
-            .filter(|l| l.contains("no_next_hop") || l.contains("strait_tx_packets"))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        gw.log_text()
-    );
-    for a in answers.iter().flatten() {
-        assert!(a.contains("client=192.0.2.2:"), "client address lost: {a}");
-    }
-    let per = count(&answers);
-    assert_eq!(
-        per.keys().cloned().collect::<Vec<_>>(),
-        ["b1", "b2"],
-        "{per:?}"
-    );
+    assert_answered(&bed, &gw, &url, 20, "pod", &["b1", "b2"]);
 }

@@ -6,29 +6,31 @@
 //! The tests run one at a time: each one's forwarders busy-poll, and two runs on a
 //! two-core machine would measure each other.
 
+mod support;
+
+use std::collections::BTreeSet;
 use std::process::{Command, Output};
-use std::sync::Mutex;
+use std::sync::MutexGuard;
 
 use serde_json::Value;
+use support::harness::{namespaces, serial_if, text, Scratch, STRAIT};
+use support::privileged as gate;
 
-const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
-static SERIAL: Mutex<()> = Mutex::new(());
-
-#[path = "support/privileged.rs"]
-mod gate;
-
-fn privileged(test: &str) -> bool {
-    gate::privileged(
-        test,
-        &[
-            ("ip", "-V", "iproute2"),
-            ("ethtool", "--version", "ethtool"),
-            ("iptables-restore", "--version", "iptables"),
-            ("nft", "--version", "nftables"),
-            ("curl", "--version", "curl"),
-            ("bash", "--version", "bash"),
-        ],
-    )
+/// The serial lock, if test `test` may run (root and the tools the benchmark drives).
+fn privileged(test: &str) -> Option<MutexGuard<'static, ()>> {
+    serial_if(|| {
+        gate::privileged(
+            test,
+            &[
+                gate::IP,
+                gate::ETHTOOL,
+                gate::IPTABLES_RESTORE,
+                gate::NFT,
+                gate::CURL,
+                gate::BASH,
+            ],
+        )
+    })
 }
 
 fn bench(args: &[&str]) -> Output {
@@ -39,26 +41,12 @@ fn bench(args: &[&str]) -> Output {
         .expect("running strait bench line-rate")
 }
 
-/// Namespaces whose name starts with `prefix-`.
-fn namespaces(prefix: &str) -> Vec<String> {
-    let out = Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .expect("ip netns list");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with(&format!("{prefix}-")))
-        .map(str::to_owned)
-        .collect()
-}
-
 fn explain(o: &Output) -> String {
     format!(
         "status {}\nstdout:\n{}\nstderr:\n{}",
         o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
+        text(&o.stdout),
+        text(&o.stderr)
     )
 }
 
@@ -67,14 +55,13 @@ fn explain(o: &Output) -> String {
 /// through each forwarder; afterwards no namespace is left.
 #[test]
 fn every_system_comes_up_and_forwards() {
-    if !privileged("line-rate set-up") {
+    let Some(_serial) = privileged("line-rate set-up") else {
         return;
-    }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let prefix = format!("lrs{}", std::process::id() % 100_000);
     let out = bench(&["--setup-only", "--services", "10,300", "--prefix", &prefix]);
     assert!(out.status.success(), "{}", explain(&out));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = text(&out.stderr);
     let checked = err.matches("set up and checked").count();
     assert_eq!(checked, 1 + 4 * 2, "{}", explain(&out));
     // 10 services: each once, 5 datagrams each; 300: 16 targets.
@@ -85,20 +72,18 @@ fn every_system_comes_up_and_forwards() {
             assert!(err.contains(&line), "no {line:?} in\n{}", explain(&out));
         }
     }
-    assert_eq!(namespaces(&prefix), Vec::<String>::new());
+    assert_eq!(namespaces(&prefix), BTreeSet::new());
 }
 
 /// A tiny run: one scale, 1 s per point, every system and both traffic types; the JSON
 /// has the shape, every point delivered packets, and the chart is a PNG.
 #[test]
 fn a_tiny_run_measures_every_system() {
-    if !privileged("line-rate smoke run") {
+    let Some(_serial) = privileged("line-rate smoke run") else {
         return;
-    }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let prefix = format!("lrq{}", std::process::id() % 100_000);
-    let dir = std::env::temp_dir().join(format!("strait-line-rate-test-{prefix}"));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new(&format!("strait-line-rate-test-{prefix}"));
     let json = dir.join("line-rate.json");
     let png = dir.join("line-rate.png");
     let out = bench(&[
@@ -113,15 +98,14 @@ fn a_tiny_run_measures_every_system() {
         "--plot",
         png.to_str().unwrap(),
     ]);
-    assert_eq!(namespaces(&prefix), Vec::<String>::new());
+    assert_eq!(namespaces(&prefix), BTreeSet::new());
     assert!(out.status.success(), "{}", explain(&out));
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     check_report(&report, &out);
     let bytes = std::fs::read(&png).unwrap();
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
-    let table = String::from_utf8_lossy(&out.stdout);
+    let table = text(&out.stdout);
     assert!(table.contains("ipvs: kube-proxy's ipvs mode"), "{table}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn check_report(r: &Value, out: &Output) {

@@ -15,6 +15,7 @@
 #[path = "../src/peers.rs"]
 #[allow(dead_code, reason = "the benchmark uses parts the tests do not")]
 mod peers;
+mod support;
 
 use std::collections::{BTreeSet, HashSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -22,8 +23,9 @@ use std::process::Command;
 
 use peers::{KernelGateway, Netns, PeerKind, SvcSpec};
 use strait_config::model::Protocol;
-
-const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
+use support::bed::{backend_of, Bed, CLIENT};
+use support::harness::{sh, STRAIT};
+use support::privileged as gate;
 
 fn ep(a: [u8; 4], port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(Ipv4Addr::from(a), port)
@@ -41,31 +43,18 @@ fn svc(name: &str, port_name: &str, vip: [u8; 4], port: u16, eps: &[SocketAddrV4
     }
 }
 
-/// Two services of three endpoints each, on documentation addresses.
+/// Two services of three endpoints each, on documentation addresses: `web` (`http`,
+/// 203.0.113.1:80 to 198.51.100.11-13:8080) and `api` (unnamed port, 203.0.113.2:443 to
+/// 198.51.100.21-23:8443).
 fn two_services() -> Vec<SvcSpec> {
+    let three = |first: u8, port: u16| -> Vec<SocketAddrV4> {
+        (first..first + 3)
+            .map(|i| ep([198, 51, 100, i], port))
+            .collect()
+    };
     vec![
-        svc(
-            "web",
-            "http",
-            [203, 0, 113, 1],
-            80,
-            &[
-                ep([198, 51, 100, 11], 8080),
-                ep([198, 51, 100, 12], 8080),
-                ep([198, 51, 100, 13], 8080),
-            ],
-        ),
-        svc(
-            "api",
-            "",
-            [203, 0, 113, 2],
-            443,
-            &[
-                ep([198, 51, 100, 21], 8443),
-                ep([198, 51, 100, 22], 8443),
-                ep([198, 51, 100, 23], 8443),
-            ],
-        ),
+        svc("web", "http", [203, 0, 113, 1], 80, &three(11, 8080)),
+        svc("api", "", [203, 0, 113, 2], 443, &three(21, 8443)),
     ]
 }
 
@@ -419,21 +408,18 @@ fn an_empty_nat_table_is_recognised() {
     assert!(!peers::nat_table_is_empty(&with_chain));
 }
 
-#[path = "support/privileged.rs"]
-mod gate;
-
 /// Root and the tools these tests drive (see `support/privileged.rs`).
 fn privileged(test: &str) -> bool {
     gate::privileged(
         test,
         &[
-            ("ip", "-V", "iproute2"),
-            ("sysctl", "--version", "procps"),
-            ("iptables-restore", "--version", "iptables"),
-            ("iptables-save", "--version", "iptables"),
-            ("nft", "--version", "nftables"),
-            ("ethtool", "--version", "ethtool"),
-            ("curl", "--version", "curl"),
+            gate::IP,
+            gate::SYSCTL,
+            gate::IPTABLES_RESTORE,
+            gate::IPTABLES_SAVE,
+            gate::NFT,
+            gate::ETHTOOL,
+            gate::CURL,
         ],
     )
 }
@@ -529,85 +515,14 @@ fn both_rulesets_load_update_and_unload_in_a_throwaway_namespace() {
     assert_eq!(exec(ns.name(), "nft", &["list", "tables"]).trim(), "");
 }
 
-/// A two-arm testbed made through the `strait` binary; removed through it on drop.
-struct Testbed {
-    prefix: String,
-}
-
-impl Testbed {
-    fn up(prefix: &str, backends: usize) -> Testbed {
-        let tb = Testbed {
-            prefix: prefix.to_owned(),
-        };
-        let out = Command::new(STRAIT)
-            .args(["testbed", "up", "--topology", "two-arm", "--prefix", prefix])
-            .args(["--backends", &backends.to_string()])
-            .output()
-            .expect("run strait testbed up");
-        assert!(
-            out.status.success(),
-            "strait testbed up failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        tb
-    }
-
-    fn ns(&self, role: &str) -> String {
-        format!("{}-{role}", self.prefix)
-    }
-
-    /// `curl` from the client: the body on success, the exit status otherwise.
-    fn curl(&self, url: &str) -> Result<String, String> {
-        let client = self.ns("client");
-        let out = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &client,
-                "curl",
-                "-s",
-                "--max-time",
-                "3",
-                url,
-            ])
-            .output()
-            .expect("run curl");
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(out.status.to_string())
-        }
-    }
-}
-
-impl Drop for Testbed {
-    fn drop(&mut self) {
-        let out = Command::new(STRAIT)
-            .args(["testbed", "down", "--prefix", &self.prefix])
-            .output();
-        match out {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => eprintln!(
-                "testbed down {}: {}",
-                self.prefix,
-                String::from_utf8_lossy(&o.stderr)
-            ),
-            Err(e) => eprintln!("testbed down {}: {e}", self.prefix),
-        }
-    }
-}
-
-/// The backend name in an answer `backend=b2 client=192.0.2.2:40000`, after checking that
+/// The backend named in an answer `backend=b2 client=192.0.2.2:40000`, after checking that
 /// the client's address reached the backend unchanged.
-fn backend_of(answer: &str) -> String {
+fn backend_name(answer: &str) -> String {
     assert!(
-        answer.contains(" client=192.0.2.2:"),
+        answer.contains(&format!(" client={CLIENT}:")),
         "the client address did not survive: {answer:?}"
     );
-    answer
-        .split_whitespace()
-        .next()
-        .and_then(|w| w.strip_prefix("backend="))
+    backend_of(answer)
         .unwrap_or_else(|| panic!("not a backend answer: {answer:?}"))
         .to_owned()
 }
@@ -617,7 +532,10 @@ fn the_kernel_peers_really_dnat_through_a_two_arm_testbed() {
     if !privileged("the_kernel_peers_really_dnat_through_a_two_arm_testbed") {
         return;
     }
-    let tb = Testbed::up(&format!("sp{}dnat", std::process::id()), 3);
+    let tb = Bed::up(
+        &format!("sp{}dnat", std::process::id()),
+        &["--topology", "two-arm", "--backends", "3"],
+    );
     let gw_ns = tb.ns("gw");
     let b = |i: u8, port: u16| ep([198, 51, 100, 10 + i], port);
     let services = vec![
@@ -643,7 +561,7 @@ fn the_kernel_peers_really_dnat_through_a_two_arm_testbed() {
             let answer = tb
                 .curl(url)
                 .unwrap_or_else(|e| panic!("{kind:?}: curl {url}: {e}"));
-            backend_of(&answer)
+            backend_name(&answer)
         };
         assert_eq!(got("http://203.0.113.21/"), "b1", "{kind:?}");
         assert_eq!(got("http://203.0.113.20:81/"), "b2", "{kind:?}");
@@ -709,8 +627,7 @@ fn bench_rule_update_smoke() {
         assert!(v > 0.0, "{k} = {v}");
     }
     // Its namespaces (`sp{its pid}-rules-...`) are gone.
-    let list = Command::new("ip").args(["netns", "list"]).output().unwrap();
-    let left: Vec<String> = String::from_utf8_lossy(&list.stdout)
+    let left: Vec<String> = sh(&["ip", "netns", "list"])
         .lines()
         .filter(|l| l.contains("-rules-"))
         .map(str::to_owned)

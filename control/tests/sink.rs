@@ -15,140 +15,105 @@
 //! its own namespaces (`sk{pid}{tag}-...`), removed on drop also when it fails. They run one
 //! at a time: l2fwd busy-polls a core.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, ChildStderr, Command, Output, Stdio};
-use std::sync::Mutex;
+use std::path::Path;
+use std::process::{ChildStderr, Command, Stdio};
+use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::harness::{
+    in_ns, must, serial_if, text, tshark_fields, veth, End, Netns, Proc, Scratch, PYTHON, STRAIT,
+};
+use support::privileged as gate;
 
-const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
-const PY: &str = "/usr/bin/python3";
-static SERIAL: Mutex<()> = Mutex::new(());
-
-#[path = "support/privileged.rs"]
-mod gate;
-
-fn privileged(test: &str) -> bool {
-    gate::privileged(
-        test,
-        &[
-            ("ip", "-V", "iproute2"),
-            ("tshark", "--version", "tshark"),
-            ("ethtool", "--version", "ethtool"),
-            ("ping", "-V", "iputils-ping"),
-            (PY, "--version", "python3"),
-        ],
-    ) && scapy_present(test)
+/// The serial lock, if test `test` may run: root, the tools, and scapy for the Python that
+/// sends the frames.
+fn privileged(test: &str) -> Option<MutexGuard<'static, ()>> {
+    serial_if(|| {
+        gate::privileged(
+            test,
+            &[
+                gate::IP,
+                gate::TSHARK,
+                gate::ETHTOOL,
+                gate::PING,
+                gate::PYTHON,
+            ],
+        ) && gate::python_module(test, "scapy.all", "python3-scapy")
+    })
 }
 
-/// `python3 -c` with no script succeeds without scapy; ask for it.
-fn scapy_present(test: &str) -> bool {
-    let ok = Command::new(PY)
-        .args(["-c", "import scapy.all"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        if std::env::var("STRAIT_SKIP_PRIVILEGED").as_deref() == Ok("1") {
-            eprintln!("\n**** SKIPPED {test}: needs scapy (apt-get install python3-scapy) ****\n");
-            return false;
-        }
-        panic!("{test} needs scapy for {PY} (apt-get install -y python3-scapy)");
-    }
-    true
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
-}
-
-fn must(cmd: &mut Command) -> String {
-    let out = run(cmd);
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Network namespaces made for one test; deleted on drop (their veths go with them).
+/// The namespaces of one test (`sk{pid}{tag}-{role}`) and a scratch directory for its
+/// captures; all removed on drop (the veths go with the namespaces).
 struct Namespaces {
     prefix: String,
-    made: Vec<String>,
+    made: Vec<Netns>,
+    scratch: Scratch,
 }
 
 impl Namespaces {
     fn new(tag: &str) -> Self {
+        let prefix = format!("sk{}{tag}", std::process::id() % 100_000);
         Self {
-            prefix: format!("sk{}{tag}", std::process::id() % 100_000),
+            scratch: Scratch::new(&format!("strait-sink-{prefix}")),
+            prefix,
             made: Vec::new(),
         }
     }
 
-    /// Makes namespace `{prefix}-{role}` with lo up, IPv6 off (so the kernel sends nothing
-    /// on its own: no DAD, MLD or router solicitations) and reverse-path filtering off.
+    /// Makes the quiet namespace `{prefix}-{role}` (see [`Netns::quiet`]).
     fn add(&mut self, role: &str) -> String {
-        let ns = format!("{}-{role}", self.prefix);
-        must(Command::new("ip").args(["netns", "add", &ns]));
-        self.made.push(ns.clone());
-        for (k, v) in [
-            ("net.ipv6.conf.all.disable_ipv6", "1"),
-            ("net.ipv6.conf.default.disable_ipv6", "1"),
-            ("net.ipv4.conf.all.rp_filter", "0"),
-            ("net.ipv4.conf.default.rp_filter", "0"),
-        ] {
-            must(Command::new("ip").args([
-                "netns",
-                "exec",
-                &ns,
-                "sysctl",
-                "-qw",
-                &format!("{k}={v}"),
-            ]));
-        }
-        must(Command::new("ip").args(["-n", &ns, "link", "set", "lo", "up"]));
-        ns
+        let ns = Netns::quiet(&format!("{}-{role}", self.prefix));
+        let name = ns.name().to_owned();
+        self.made.push(ns);
+        name
     }
 
-    /// A veth from `a` (interface `ia`, MAC `ma`, address `addr_a`) to `b` (`ib`, `mb`,
-    /// `addr_b`), both up.
-    #[allow(clippy::too_many_arguments)]
-    fn veth(
-        &self,
-        a: &str,
-        ia: &str,
-        ma: &str,
-        addr_a: &str,
-        b: &str,
-        ib: &str,
-        mb: &str,
-        addr_b: &str,
-    ) {
-        must(Command::new("ip").args([
-            "link", "add", ia, "netns", a, "address", ma, "type", "veth", "peer", "name", ib,
-            "netns", b, "address", mb,
-        ]));
-        for (ns, i, addr) in [(a, ia, addr_a), (b, ib, addr_b)] {
-            must(Command::new("ip").args(["-n", ns, "addr", "add", addr, "dev", i]));
-            must(Command::new("ip").args(["-n", ns, "link", "set", i, "up"]));
-        }
+    /// A capture file in the scratch directory.
+    fn pcap(&self, tag: &str) -> String {
+        let p = self.scratch.join(&format!("{tag}.pcap"));
+        p.to_str().expect("utf-8 temp path").to_owned()
     }
 }
 
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for ns in &self.made {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-        }
-    }
+/// Namespaces `a` and `b` joined by a veth, `{prefix}-x` (MAC [`GEN_MAC`], 192.0.2.1) to
+/// `{prefix}-y` ([`SINK_MAC`], 192.0.2.2).
+struct Link {
+    nss: Namespaces,
+    a: String,
+    b: String,
+    ia: String,
+    ib: String,
 }
 
-/// A background process, killed (by pid) on drop unless it was waited for.
+fn link(tag: &str) -> Link {
+    let mut nss = Namespaces::new(tag);
+    let (a, b) = (nss.add("a"), nss.add("b"));
+    let (ia, ib) = (format!("{}-x", nss.prefix), format!("{}-y", nss.prefix));
+    veth(
+        End {
+            ns: &a,
+            name: &ia,
+            mac: GEN_MAC,
+            addr: "192.0.2.1/24",
+        },
+        End {
+            ns: &b,
+            name: &ib,
+            mac: SINK_MAC,
+            addr: "192.0.2.2/24",
+        },
+    );
+    Link { nss, a, b, ia, ib }
+}
+
+/// A background process with its stderr read line by line, killed (by pid) on drop unless
+/// it was waited for.
 struct Bg {
-    child: Option<Child>,
+    proc: Option<Proc>,
     stderr: Option<BufReader<ChildStderr>>,
     what: String,
 }
@@ -156,16 +121,14 @@ struct Bg {
 impl Bg {
     /// Starts `args` in namespace `ns` with stdout and stderr piped.
     fn start(ns: &str, args: &[&str]) -> Self {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", ns])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {args:?}: {e}"));
-        let stderr = child.stderr.take().map(BufReader::new);
+        let mut proc = Proc::spawn(
+            in_ns(ns, args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped()),
+        );
+        let stderr = proc.child().stderr.take().map(BufReader::new);
         Self {
-            child: Some(child),
+            proc: Some(proc),
             stderr,
             what: args.join(" "),
         }
@@ -197,38 +160,21 @@ impl Bg {
         }
     }
 
-    fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
-    }
-
     /// Sends SIGTERM (by pid) and waits; returns (exit success, stdout, rest of stderr).
     fn terminate(&mut self) -> (bool, String, String) {
-        must(Command::new("kill").args(["-TERM", &self.pid().to_string()]));
+        self.proc.as_ref().expect("running").signal("TERM");
         self.wait()
     }
 
     /// Waits for the process to end; returns (exit success, stdout, rest of stderr).
     fn wait(&mut self) -> (bool, String, String) {
-        let child = self.child.take().expect("running");
+        let proc = self.proc.take().expect("running");
         let mut rest = String::new();
         if let Some(mut r) = self.stderr.take() {
             let _ = std::io::Read::read_to_string(&mut r, &mut rest);
         }
-        let out = child.wait_with_output().expect("wait");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            rest,
-        )
-    }
-}
-
-impl Drop for Bg {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        let out = proc.wait();
+        (out.status.success(), text(&out.stdout), rest)
     }
 }
 
@@ -249,45 +195,16 @@ pkts = [Ether(src=smac, dst=dmac) / IP(src="192.0.2.1", dst=dst) /
         for i in range(n)]
 sendp(pkts, iface=iface, verbose=0)
 "#;
-    must(Command::new("ip").args([
-        "netns",
-        "exec",
+    let n = n.to_string();
+    must(&mut in_ns(
         ns,
-        PY,
-        "-c",
-        script,
-        iface,
-        src_mac,
-        dst_mac,
-        dst_ip,
-        &n.to_string(),
-    ]));
-}
-
-/// A temporary file path, removed on drop.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("strait-sink-{}-{tag}.pcap", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        Self(p)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().expect("utf-8 temp path")
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+        [PYTHON, "-c", script, iface, src_mac, dst_mac, dst_ip, &n],
+    ));
 }
 
 /// Starts tshark on `iface` in `ns` writing frames matching `filter` to `file`, until `count`
 /// frames or 20 s; returns once it captures.
-fn capture(ns: &str, iface: &str, filter: &str, count: usize, file: &TempFile) -> Bg {
+fn capture(ns: &str, iface: &str, filter: &str, count: usize, file: &str) -> Bg {
     let mut t = Bg::start(
         ns,
         &[
@@ -302,36 +219,24 @@ fn capture(ns: &str, iface: &str, filter: &str, count: usize, file: &TempFile) -
             "-a",
             "duration:20",
             "-w",
-            file.path(),
+            file,
         ],
     );
     t.wait_for("Capturing on", Duration::from_secs(20));
     t
 }
 
-/// The captured frames of `file` as rows of the tshark `fields`, with IPv4 and UDP checksum
-/// validation on.
-fn read_capture(file: &TempFile, fields: &[&str]) -> Vec<Vec<String>> {
-    let mut cmd = Command::new("tshark");
-    cmd.args([
-        "-r",
-        file.path(),
-        "-o",
-        "ip.check_checksum:TRUE",
-        "-o",
-        "udp.check_checksum:TRUE",
-        "-T",
-        "fields",
-        "-E",
-        "separator=/t",
-    ]);
-    for f in fields {
-        cmd.args(["-e", f]);
-    }
-    must(&mut cmd)
-        .lines()
-        .map(|l| l.split('\t').map(str::to_owned).collect())
-        .collect()
+/// Waits for the capture `tshark` (of [`capture`]) to end; the frames of `file` as rows of
+/// the tshark `fields`, checksums verified, and what tshark printed.
+fn captured(mut tshark: Bg, file: &str, fields: &[&str]) -> (Vec<Vec<String>>, String) {
+    let (ok, stdout, stderr) = tshark.wait();
+    assert!(ok, "tshark: {stderr}");
+    (tshark_fields(Path::new(file), fields, None), stdout)
+}
+
+/// The JSON a tool printed on stdout.
+fn summary(stdout: &str) -> Value {
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
 
 const GEN_MAC: &str = "02:00:00:00:0a:01";
@@ -341,23 +246,16 @@ const SINK_MAC: &str = "02:00:00:00:0b:01";
 
 #[test]
 fn sink_counts_exactly_the_frames_sent_and_detaches_on_sigterm() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !privileged("sink counts") {
+    let Some(_serial) = privileged("sink counts") else {
         return;
-    }
-    let mut nss = Namespaces::new("c");
-    let (a, b) = (nss.add("a"), nss.add("b"));
-    let (ia, ib) = (format!("{}-x", nss.prefix), format!("{}-y", nss.prefix));
-    nss.veth(
-        &a,
-        &ia,
-        GEN_MAC,
-        "192.0.2.1/24",
-        &b,
-        &ib,
-        SINK_MAC,
-        "192.0.2.2/24",
-    );
+    };
+    let Link {
+        nss: _nss,
+        a,
+        b,
+        ia,
+        ib,
+    } = link("c");
     // Let the links settle before counting starts: nothing else may arrive during the count.
     std::thread::sleep(Duration::from_millis(300));
 
@@ -383,7 +281,7 @@ fn sink_counts_exactly_the_frames_sent_and_detaches_on_sigterm() {
     sink.wait_for(" pps ", Duration::from_secs(5));
     let (ok, stdout, stderr) = sink.terminate();
     assert!(ok, "sink exits 0 on SIGTERM; stderr:\n{stderr}");
-    let s: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let s = summary(&stdout);
     assert_eq!(s["received"], N as u64, "{s}");
     assert_eq!(s["reflected"], 0, "{s}");
     let secs = s["seconds"].as_f64().expect("seconds");
@@ -402,26 +300,13 @@ fn sink_counts_exactly_the_frames_sent_and_detaches_on_sigterm() {
 
 #[test]
 fn sink_reflects_probes_with_swapped_addresses_and_valid_checksums() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !privileged("sink reflects probes") {
+    let Some(_serial) = privileged("sink reflects probes") else {
         return;
-    }
-    let mut nss = Namespaces::new("r");
-    let (a, b) = (nss.add("a"), nss.add("b"));
-    let (ia, ib) = (format!("{}-x", nss.prefix), format!("{}-y", nss.prefix));
-    nss.veth(
-        &a,
-        &ia,
-        GEN_MAC,
-        "192.0.2.1/24",
-        &b,
-        &ib,
-        SINK_MAC,
-        "192.0.2.2/24",
-    );
+    };
+    let Link { nss, a, b, ia, ib } = link("r");
     // The sink's reflection (a redirect to its own veth) reaches the peer only if the peer
     // has NAPI: GRO on (or an XDP program), as the benchmark's forwarder interface must.
-    must(Command::new("ip").args(["netns", "exec", &a, "ethtool", "-K", &ia, "gro", "on"]));
+    must(&mut in_ns(&a, ["ethtool", "-K", &ia, "gro", "on"]));
     std::thread::sleep(Duration::from_millis(300));
 
     const PORT: &str = "7777";
@@ -443,9 +328,9 @@ fn sink_reflects_probes_with_swapped_addresses_and_valid_checksums() {
         "reflecting probes from UDP port 7777",
         Duration::from_secs(10),
     );
-    let pcap = TempFile::new("reflect");
+    let pcap = nss.pcap("reflect");
     // Only what comes back from the sink's side.
-    let mut tshark = capture(&a, &ia, &format!("ether src {SINK_MAC}"), 3, &pcap);
+    let tshark = capture(&a, &ia, &format!("ether src {SINK_MAC}"), 3, &pcap);
 
     // Three probes, and four frames that only look like one: wrong magic, the reflect port as
     // destination instead of source, a payload shorter than the magic, and TCP.
@@ -476,10 +361,11 @@ except socket.timeout:
     pass
 print(json.dumps({"sent": [p.hex() for p in probes], "received": got}))
 "#;
-    let out = must(Command::new("ip").args([
-        "netns", "exec", &a, PY, "-c", script, &ia, GEN_MAC, SINK_MAC, PORT,
-    ]));
-    let r: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let out = must(&mut in_ns(
+        &a,
+        [PYTHON, "-c", script, &ia, GEN_MAC, SINK_MAC, PORT],
+    ));
+    let r = summary(&out);
     let sent = r["sent"].as_array().expect("sent");
     let got = r["received"].as_array().expect("received");
     // The sender's kernel drops a UDP datagram whose IPv4 or UDP checksum is wrong, so each
@@ -490,9 +376,8 @@ print(json.dumps({"sent": [p.hex() for p in probes], "received": got}))
         assert_eq!(g["payload"], *p, "payload untouched: {r}");
     }
 
-    let (ok, stdout, stderr) = tshark.wait();
-    assert!(ok, "tshark: {stderr}");
-    let rows = read_capture(
+    let (rows, stdout) = captured(
+        tshark,
         &pcap,
         &[
             "eth.src",
@@ -526,7 +411,7 @@ print(json.dumps({"sent": [p.hex() for p in probes], "received": got}))
 
     let (ok, stdout, stderr) = sink.wait();
     assert!(ok, "sink: {stderr}");
-    let s: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let s = summary(&stdout);
     assert_eq!(s["reflected"], 3, "{s}");
     assert_eq!(s["received"], 7, "three probes and four look-alikes: {s}");
     assert!(!has_xdp(&b, &ib), "the sink took its program off {ib}");
@@ -534,10 +419,9 @@ print(json.dumps({"sent": [p.hex() for p in probes], "received": got}))
 
 #[test]
 fn l2fwd_forwards_with_the_new_macs_and_leaves_arp_to_the_kernel() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !privileged("l2fwd") {
+    let Some(_serial) = privileged("l2fwd") else {
         return;
-    }
+    };
     let mut nss = Namespaces::new("l");
     let (g, f, s) = (nss.add("gen"), nss.add("fwd"), nss.add("sink"));
     let p = nss.prefix.clone();
@@ -547,25 +431,33 @@ fn l2fwd_forwards_with_the_new_macs_and_leaves_arp_to_the_kernel() {
         format!("{p}-f1"),
         format!("{p}-s0"),
     );
-    nss.veth(
-        &g,
-        &gen0,
-        GEN_MAC,
-        "192.0.2.1/24",
-        &f,
-        &fwd0,
-        FWD0_MAC,
-        "192.0.2.254/24",
+    veth(
+        End {
+            ns: &g,
+            name: &gen0,
+            mac: GEN_MAC,
+            addr: "192.0.2.1/24",
+        },
+        End {
+            ns: &f,
+            name: &fwd0,
+            mac: FWD0_MAC,
+            addr: "192.0.2.254/24",
+        },
     );
-    nss.veth(
-        &f,
-        &fwd1,
-        FWD1_MAC,
-        "198.51.100.254/24",
-        &s,
-        &sink0,
-        SINK_MAC,
-        "198.51.100.2/24",
+    veth(
+        End {
+            ns: &f,
+            name: &fwd1,
+            mac: FWD1_MAC,
+            addr: "198.51.100.254/24",
+        },
+        End {
+            ns: &s,
+            name: &sink0,
+            mac: SINK_MAC,
+            addr: "198.51.100.2/24",
+        },
     );
     std::thread::sleep(Duration::from_millis(300));
 
@@ -573,7 +465,7 @@ fn l2fwd_forwards_with_the_new_macs_and_leaves_arp_to_the_kernel() {
     // program drops frames before tshark could see them).
     const N: usize = 1000;
     for check_macs in [false, true] {
-        let pcap = TempFile::new(if check_macs { "l2fwd-macs" } else { "l2fwd" });
+        let pcap = nss.pcap(if check_macs { "l2fwd-macs" } else { "l2fwd" });
         let mut sink = None;
         let mut tshark = None;
         if check_macs {
@@ -625,8 +517,7 @@ fn l2fwd_forwards_with_the_new_macs_and_leaves_arp_to_the_kernel() {
         std::thread::sleep(Duration::from_millis(500));
         let (ok, stdout, stderr) = fwd.terminate();
         assert!(ok, "l2fwd exits 0 on SIGTERM: {stderr}");
-        let j: Value =
-            serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        let j = summary(&stdout);
         assert_eq!(j["forwarded"], N as u64, "{j}\n{stderr}");
         assert!(j["seconds"].as_f64().is_some_and(|x| x > 0.0), "{j}");
         assert!(j["pps"].as_f64().is_some(), "{j}");
@@ -636,17 +527,15 @@ fn l2fwd_forwards_with_the_new_macs_and_leaves_arp_to_the_kernel() {
         if let Some(mut k) = sink {
             let (ok, stdout, stderr) = k.terminate();
             assert!(ok, "sink: {stderr}");
-            let c: Value =
-                serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+            let c = summary(&stdout);
             assert_eq!(
                 c["received"], N as u64,
                 "the sink saw every forwarded frame: {c}"
             );
         }
-        if let Some(mut t) = tshark {
-            let (ok, _, stderr) = t.wait();
-            assert!(ok, "tshark: {stderr}");
-            let rows = read_capture(
+        if let Some(t) = tshark {
+            let (rows, _) = captured(
+                t,
                 &pcap,
                 &[
                     "eth.src",

@@ -10,27 +10,27 @@
 //! Every test works under its own prefix (`st{pid}{tag}`) so tests run in parallel, and
 //! holds a guard that runs `strait testbed down` on drop, also when an assertion fails.
 
+mod support;
+
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use strait_config::{Mode, Protocol};
-
-const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
-
-#[path = "support/privileged.rs"]
-mod gate;
+use support::bed::{Bed, CLIENT};
+use support::harness::{namespaces, text, Netns, STRAIT};
+use support::privileged as gate;
 
 /// Root and the tools these tests drive (see `support/privileged.rs`).
 fn privileged(test: &str) -> bool {
     gate::privileged(
         test,
         &[
-            ("ip", "-V", "iproute2"),
-            ("curl", "--version", "curl"),
-            ("ethtool", "--version", "ethtool"),
-            ("sysctl", "--version", "procps"),
-            ("bash", "--version", "bash"),
+            gate::IP,
+            gate::CURL,
+            gate::ETHTOOL,
+            gate::SYSCTL,
+            gate::BASH,
         ],
     )
 }
@@ -46,22 +46,6 @@ fn strait(args: &[&str]) -> Output {
         .expect("run the strait binary")
 }
 
-fn text(out: &[u8]) -> String {
-    String::from_utf8_lossy(out).into_owned()
-}
-
-/// The namespaces named `{prefix}-...` that exist now, from `ip netns list`.
-fn namespaces(prefix: &str) -> BTreeSet<String> {
-    let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
-    assert!(out.status.success(), "ip netns list: {}", text(&out.stderr));
-    text(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with(&format!("{prefix}-")))
-        .map(str::to_owned)
-        .collect()
-}
-
 /// Whether `pid` runs (exists and is not a zombie).
 fn alive(pid: u64) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
@@ -71,79 +55,26 @@ fn alive(pid: u64) -> bool {
     })
 }
 
-/// A testbed brought up through the CLI; removed through the CLI on drop.
-struct Testbed {
-    prefix: String,
-    summary: serde_json::Value,
+/// A testbed brought up through the CLI (`st{pid}{tag}`); removed through the CLI on drop.
+fn up(tag: &str, topology: &str, backends: usize) -> Bed {
+    let n = backends.to_string();
+    Bed::up(&prefix(tag), &["--topology", topology, "--backends", &n])
 }
 
-impl Testbed {
-    fn up(tag: &str, topology: &str, backends: usize) -> Testbed {
-        let mut tb = Testbed {
-            prefix: prefix(tag),
-            summary: serde_json::Value::Null,
-        };
-        let n = backends.to_string();
-        let out = strait(&[
-            "testbed",
-            "up",
-            "--json",
-            "--prefix",
-            &tb.prefix,
-            "--topology",
-            topology,
-            "--backends",
-            &n,
-        ]);
-        assert!(
-            out.status.success(),
-            "strait testbed up failed:\n{}",
-            text(&out.stderr)
-        );
-        tb.summary = serde_json::from_slice(&out.stdout).expect("up --json prints JSON");
-        tb
-    }
-
-    fn ns(&self, role: &str) -> String {
-        format!("{}-{role}", self.prefix)
-    }
-
+impl Bed {
     fn pids(&self) -> Vec<u64> {
-        self.summary["backends"]
-            .as_array()
-            .unwrap()
+        self.backends()
             .iter()
             .map(|b| b["pid"].as_u64().unwrap())
             .collect()
     }
 
-    fn config(&self) -> PathBuf {
-        PathBuf::from(self.summary["config"].as_str().unwrap())
-    }
-
-    /// Runs `args` in namespace `{prefix}-{role}`; panics with its stderr if it fails.
-    fn exec(&self, role: &str, args: &[&str]) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.ns(role)])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?} in {} failed ({}): {}",
-            self.ns(role),
-            out.status,
-            text(&out.stderr)
-        );
-        text(&out.stdout)
-    }
-
     /// `curl` from the client namespace, response body only (or head and body with `-i`).
-    fn curl(&self, extra: &[&str], url: &str) -> String {
+    fn fetch(&self, extra: &[&str], url: &str) -> String {
         let mut args = vec!["curl", "-s", "-g", "--max-time", "5"];
         args.extend(extra);
         args.push(url);
-        self.exec("client", &args)
+        self.must("client", &args)
     }
 
     /// One UDP datagram from the client to `host`:`port`, and the answer.
@@ -152,7 +83,7 @@ impl Testbed {
         let script = format!(
             "exec 3<>/dev/udp/{host}/{port}; echo hi >&3; dd bs=2048 count=1 status=none <&3"
         );
-        self.exec("client", &["timeout", "5", "bash", "-c", &script])
+        self.must("client", &["timeout", "5", "bash", "-c", &script])
     }
 
     /// Makes the client send traffic for the gateway's IPv4 address to backend `mac`
@@ -168,21 +99,17 @@ impl Testbed {
             "dev",
             "eth0",
         ];
-        self.exec("client", &args);
+        self.must("client", &args);
     }
 }
 
-impl Drop for Testbed {
-    fn drop(&mut self) {
-        let out = strait(&["testbed", "down", "--prefix", &self.prefix]);
-        if !out.status.success() {
-            eprintln!(
-                "strait testbed down --prefix {} failed: {}",
-                self.prefix,
-                text(&out.stderr)
-            );
-        }
-    }
+/// Asserts that `answer` comes from `backend` and shows the client's `address` (its IPv4
+/// address, or `[IPv6]`) with a port.
+fn assert_from(answer: &str, backend: &str, address: &str) {
+    assert!(
+        answer.starts_with(&format!("backend={backend} client={address}:")),
+        "{answer}"
+    );
 }
 
 /// Asserts that testbed `prefix` is completely gone.
@@ -204,7 +131,7 @@ fn one_arm_backends_answer_directly_and_on_the_vip() {
     if !privileged("one_arm_backends_answer_directly_and_on_the_vip") {
         return;
     }
-    let tb = Testbed::up("a", "one-arm", 2);
+    let tb = up("a", "one-arm", 2);
     let p = tb.prefix.clone();
     let expected: BTreeSet<String> = ["b1", "b2", "client", "gw", "sw"]
         .iter()
@@ -214,33 +141,20 @@ fn one_arm_backends_answer_directly_and_on_the_vip() {
 
     // Straight to each backend over the bridge, no gateway involved.
     for (i, b) in ["b1", "b2"].iter().enumerate() {
-        let body = tb.curl(&[], &format!("http://198.51.100.1{}/", i + 1));
-        assert!(
-            body.starts_with(&format!("backend={b} client=192.0.2.2:")),
-            "{body}"
-        );
-        let body = tb.curl(&[], &format!("http://198.51.100.1{}:8080/", i + 1));
-        assert!(
-            body.starts_with(&format!("backend={b} client=192.0.2.2:")),
-            "{body}"
-        );
+        let body = tb.fetch(&[], &format!("http://198.51.100.1{}/", i + 1));
+        assert_from(&body, b, CLIENT);
+        let body = tb.fetch(&[], &format!("http://198.51.100.1{}:8080/", i + 1));
+        assert_from(&body, b, CLIENT);
     }
-    assert_eq!(tb.curl(&[], "http://198.51.100.12/healthz"), "ok\n");
-    let body = tb.curl(&[], "http://[2001:db8:b::12]/");
-    assert!(
-        body.starts_with("backend=b2 client=[2001:db8:c::2]:"),
-        "{body}"
-    );
-    let answer = tb.udp("198.51.100.11", 5353);
-    assert!(
-        answer.starts_with("backend=b1 client=192.0.2.2:"),
-        "{answer}"
-    );
+    assert_eq!(tb.fetch(&[], "http://198.51.100.12/healthz"), "ok\n");
+    let body = tb.fetch(&[], "http://[2001:db8:b::12]/");
+    assert_from(&body, "b2", "[2001:db8:c::2]");
+    assert_from(&tb.udp("198.51.100.11", 5353), "b1", CLIENT);
 
     // What a dsr-l2 gateway does: VIP packets to a backend's MAC. The backend accepts them
     // on the VIP held on lo and answers the client directly, from the VIP.
     tb.steer_client_to("02:00:00:00:01:12");
-    let response = tb.curl(&["-i"], "http://203.0.113.10/");
+    let response = tb.fetch(&["-i"], "http://203.0.113.10/");
     assert!(
         response.contains("X-Strait-Local: 203.0.113.10:80\r\n"),
         "{response}"
@@ -249,21 +163,17 @@ fn one_arm_backends_answer_directly_and_on_the_vip() {
         response.contains("\r\n\r\nbackend=b2 client=192.0.2.2:"),
         "{response}"
     );
-    let answer = tb.udp("203.0.113.10", 5353);
-    assert!(
-        answer.starts_with("backend=b2 client=192.0.2.2:"),
-        "{answer}"
-    );
+    assert_from(&tb.udp("203.0.113.10", 5353), "b2", CLIENT);
     // The backends keep quiet about the VIP: nobody answered ARP for it.
-    let neigh = tb.exec("client", &["ip", "neigh", "show", "203.0.113.10"]);
+    let neigh = tb.must("client", &["ip", "neigh", "show", "203.0.113.10"]);
     assert_eq!(neigh.trim(), "");
-    let arp = tb.exec("b1", &["sysctl", "-n", "net.ipv4.conf.all.arp_ignore"]);
+    let arp = tb.must("b1", &["sysctl", "-n", "net.ipv4.conf.all.arp_ignore"]);
     assert_eq!(arp.trim(), "1");
 
     // Deterministic MACs.
-    let link = tb.exec("gw", &["ip", "link", "show", "veth-gw"]);
+    let link = tb.must("gw", &["ip", "link", "show", "veth-gw"]);
     assert!(link.contains("link/ether 02:00:00:00:00:01 "), "{link}");
-    let link = tb.exec("b2", &["ip", "link", "show", "eth0"]);
+    let link = tb.must("b2", &["ip", "link", "show", "eth0"]);
     assert!(link.contains("link/ether 02:00:00:00:01:12 "), "{link}");
 
     // The generated configuration parses and names the backends with their MACs.
@@ -291,29 +201,20 @@ fn two_arm_kernel_path_through_the_gateway() {
     if !privileged("two_arm_kernel_path_through_the_gateway") {
         return;
     }
-    let tb = Testbed::up("b", "two-arm", 2);
+    let tb = up("b", "two-arm", 2);
     let p = tb.prefix.clone();
     assert_eq!(namespaces(&p).len(), 5);
 
     // Client -> gateway (kernel forwarding) -> backend and back: client address preserved.
-    let body = tb.curl(&[], "http://198.51.100.11/");
-    assert!(body.starts_with("backend=b1 client=192.0.2.2:"), "{body}");
-    let body = tb.curl(&[], "http://198.51.100.12:8080/");
-    assert!(body.starts_with("backend=b2 client=192.0.2.2:"), "{body}");
-    let body = tb.curl(&[], "http://[2001:db8:b::11]:8080/");
-    assert!(
-        body.starts_with("backend=b1 client=[2001:db8:c::2]:"),
-        "{body}"
-    );
-    let answer = tb.udp("198.51.100.12", 5353);
-    assert!(
-        answer.starts_with("backend=b2 client=192.0.2.2:"),
-        "{answer}"
-    );
-    let fwd = tb.exec("gw", &["sysctl", "-n", "net.ipv4.ip_forward"]);
+    assert_from(&tb.fetch(&[], "http://198.51.100.11/"), "b1", CLIENT);
+    assert_from(&tb.fetch(&[], "http://198.51.100.12:8080/"), "b2", CLIENT);
+    let body = tb.fetch(&[], "http://[2001:db8:b::11]:8080/");
+    assert_from(&body, "b1", "[2001:db8:c::2]");
+    assert_from(&tb.udp("198.51.100.12", 5353), "b2", CLIENT);
+    let fwd = tb.must("gw", &["sysctl", "-n", "net.ipv4.ip_forward"]);
     assert_eq!(fwd.trim(), "1");
     // The backends do not hold the VIP in nat mode.
-    let lo = tb.exec("b1", &["ip", "addr", "show", "dev", "lo"]);
+    let lo = tb.must("b1", &["ip", "addr", "show", "dev", "lo"]);
     assert!(!lo.contains("203.0.113.10"), "{lo}");
 
     let config = strait_config::load(tb.config()).expect("generated config is valid");
@@ -343,7 +244,7 @@ fn guard_cleans_up_when_a_test_panics() {
     }
     let (tx, rx) = std::sync::mpsc::channel();
     let result = std::thread::spawn(move || {
-        let tb = Testbed::up("c", "one-arm", 1);
+        let tb = up("c", "one-arm", 1);
         tx.send((tb.prefix.clone(), tb.pids())).unwrap();
         panic!("deliberate failure with a testbed up");
     })
@@ -381,10 +282,7 @@ fn a_failed_up_removes_what_it_made() {
         .output()
         .unwrap();
     let _ = std::fs::remove_dir_all(&stub);
-    let _guard = Testbed {
-        prefix: p.clone(),
-        summary: serde_json::Value::Null,
-    };
+    let _guard = Bed::guard(&p);
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(
@@ -406,28 +304,13 @@ fn down_removes_only_its_own_and_up_refuses_to_clobber() {
         format!("{p}x-gw"),
         format!("{p}-other"),
     ];
-    struct Foreign<'a>(&'a [String]);
-    impl Drop for Foreign<'_> {
-        fn drop(&mut self) {
-            for ns in self.0 {
-                let _ = Command::new("ip").args(["netns", "del", ns]).output();
-            }
-        }
-    }
-    let _foreign = Foreign(&foreign);
-    for ns in &foreign {
-        let out = Command::new("ip")
-            .args(["netns", "add", ns])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", text(&out.stderr));
-    }
+    let _foreign: Vec<Netns> = foreign.iter().map(|ns| Netns::add(ns)).collect();
 
     let down = strait(&["testbed", "down", "--prefix", &p]);
     assert!(down.status.success(), "{}", text(&down.stderr));
     assert!(text(&down.stdout).contains("removed 0 namespaces"));
 
-    let tb = Testbed::up("e", "one-arm", 1);
+    let tb = up("e", "one-arm", 1);
     let again = strait(&["testbed", "up", "--prefix", &p]);
     assert!(!again.status.success());
     assert!(

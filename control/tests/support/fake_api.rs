@@ -139,6 +139,22 @@ struct Shared {
     up: tokio::sync::watch::Sender<bool>,
 }
 
+impl State {
+    /// The next resource version: stamped on `obj` and recorded in the history as a
+    /// `type_` change of `res` in `namespace`.
+    fn record(&mut self, res: Res, namespace: String, type_: &'static str, obj: &mut Value) {
+        self.rv += 1;
+        obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        self.history.push(Change {
+            rv: self.rv,
+            res,
+            namespace,
+            type_,
+            object: obj.clone(),
+        });
+    }
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
@@ -303,8 +319,6 @@ impl FakeApi {
             obj["metadata"]["namespace"] = json!(ns);
         }
         let mut st = self.shared.lock();
-        st.rv += 1;
-        let rv = st.rv;
         let key = (res, ns.clone(), name);
         let type_ = match st.objects.get(&key) {
             Some(old) => {
@@ -319,15 +333,8 @@ impl FakeApi {
                 "ADDED"
             }
         };
-        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-        st.objects.insert(key, obj.clone());
-        st.history.push(Change {
-            rv,
-            res,
-            namespace: ns,
-            type_,
-            object: obj,
-        });
+        st.record(res, ns, type_, &mut obj);
+        st.objects.insert(key, obj);
         drop(st);
         self.shared.wake();
     }
@@ -339,16 +346,7 @@ impl FakeApi {
         let Some(mut obj) = st.objects.remove(&(res, ns.to_owned(), name.to_owned())) else {
             return false;
         };
-        st.rv += 1;
-        let rv = st.rv;
-        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-        st.history.push(Change {
-            rv,
-            res,
-            namespace: ns.to_owned(),
-            type_: "DELETED",
-            object: obj,
-        });
+        st.record(res, ns.to_owned(), "DELETED", &mut obj);
         drop(st);
         self.shared.wake();
         true
@@ -980,17 +978,8 @@ fn patch_status(shared: &Shared, res: Res, ns: String, name: &str, body: &[u8]) 
     if let Some(s) = patch.get("status") {
         merge(&mut obj["status"], s);
     }
-    st.rv += 1;
-    let rv = st.rv;
-    obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+    st.record(res, ns, "MODIFIED", &mut obj);
     st.objects.insert(key, obj.clone());
-    st.history.push(Change {
-        rv,
-        res,
-        namespace: ns,
-        type_: "MODIFIED",
-        object: obj.clone(),
-    });
     drop(st);
     shared.wake();
     Answer::Json(200, obj)
