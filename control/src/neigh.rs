@@ -12,6 +12,9 @@
 //! via <node>`) is reached at the router's MAC: the next hop is the gateway of the most
 //! specific route of the interface that covers the address, as the kernel would choose.
 //!
+//! The MACs are followed afterwards ([`NextHops`]): the control loop reads the table again
+//! every second and rebuilds when a probed next hop resolved or a used one changed its MAC.
+//!
 //! Both are read with rtnetlink dumps (`RTM_GETNEIGH`, `RTM_GETROUTE` for IPv4 and IPv6) on
 //! a socket opened in the calling thread's network namespace: tens of microseconds, where
 //! the three `ip -j` processes this replaced took milliseconds on every Kubernetes change.
@@ -387,38 +390,154 @@ pub fn backend_iface(cfg: &Config) -> Option<String> {
         .map(|i| i.name.clone())
 }
 
-/// Fills the MAC of every backend that has none from `neighbours`; returns the next-hop
-/// addresses still unknown. The next hop is the route's gateway towards the tunnel target
-/// in the tunnel modes, towards the backend's address in `nat`; on-link, the address
-/// itself. `dsr-l2` backends are always their own next hop (the frame keeps the VIP as
-/// destination, so a router on the way could not deliver it).
-pub fn fill(cfg: &mut Config, neighbours: &Neighbours) -> Vec<IpAddr> {
-    fill_services(&mut cfg.services, neighbours)
-}
-
-/// As [`fill`] for some services.
-pub fn fill_services(services: &mut [Service], neighbours: &Neighbours) -> Vec<IpAddr> {
+/// Fills the MAC of every backend of `s` that has none from `neighbours`; returns the
+/// next-hop addresses still unknown, and tells `used` every next hop given a MAC. The next
+/// hop is the route's gateway towards the tunnel target in the tunnel modes, towards the
+/// backend's address in `nat`; on-link, the address itself. `dsr-l2` backends are always
+/// their own next hop (the frame keeps the VIP as destination, so a router on the way could
+/// not deliver it).
+fn fill_one(
+    s: &mut Service,
+    neighbours: &Neighbours,
+    mut used: impl FnMut(IpAddr, [u8; 6]),
+) -> Vec<IpAddr> {
     let mut missing = Vec::new();
-    for s in services {
-        let tunnel = s.mode.is_tunnel();
-        // dsr-l2 keeps the VIP as destination: only a backend on the segment can take it.
-        let routed = s.mode != Mode::DsrL2;
-        for b in s.backends.iter_mut().filter(|b| b.mac.is_none()) {
-            let target = if tunnel { b.tunnel_target() } else { b.address };
-            let hop = if routed {
-                neighbours.next_hop(target)
-            } else {
-                target
-            };
-            match neighbours.macs.get(&hop) {
-                Some(m) => b.mac = Some(MacAddr(*m)),
-                None => missing.push(hop),
+    let tunnel = s.mode.is_tunnel();
+    // dsr-l2 keeps the VIP as destination: only a backend on the segment can take it.
+    let routed = s.mode != Mode::DsrL2;
+    for b in s.backends.iter_mut().filter(|b| b.mac.is_none()) {
+        let target = if tunnel { b.tunnel_target() } else { b.address };
+        let hop = if routed {
+            neighbours.next_hop(target)
+        } else {
+            target
+        };
+        match neighbours.macs.get(&hop) {
+            Some(m) => {
+                b.mac = Some(MacAddr(*m));
+                used(hop, *m);
             }
+            None => missing.push(hop),
         }
     }
     missing.sort();
     missing.dedup();
     missing
+}
+
+/// The next hops the table takes from the kernel, for backends without a configured MAC: the
+/// ones not resolved yet (probed, and looked at again), and the MAC each resolved one was
+/// given. The kernel keeps its entries true (ARP/ND, gratuitous ARP from a host whose MAC
+/// changed or a router that failed over, its own traffic such as the health checks), so
+/// [`NextHops::recheck`] against a fresh read tells when the table needs the new MAC.
+#[derive(Debug)]
+pub struct NextHops {
+    /// Per service, the next hops its backends lack.
+    unresolved_by: HashMap<String, Vec<IpAddr>>,
+    /// All of those, sorted, as last noted.
+    unresolved: Vec<IpAddr>,
+    /// The MAC each resolved next hop was given.
+    used: HashMap<IpAddr, [u8; 6]>,
+    /// A next hop was given two MACs by fills at different times: the services filled
+    /// first hold the old one until a full refill.
+    split: bool,
+    /// Makes the kernel resolve an address ([`probe`]; the unit tests record instead).
+    probe: fn(IpAddr),
+}
+
+impl Default for NextHops {
+    fn default() -> Self {
+        Self {
+            unresolved_by: HashMap::new(),
+            unresolved: Vec::new(),
+            used: HashMap::new(),
+            split: false,
+            probe,
+        }
+    }
+}
+
+impl NextHops {
+    /// Fills the missing MACs of `services` from `neighbours` (see [`fill_services`]),
+    /// probes the next hops still unknown and remembers them per service, replacing what
+    /// was remembered for these services.
+    pub fn fill(&mut self, services: &mut [Service], neighbours: &Neighbours) {
+        for s in services {
+            let missing = fill_one(s, neighbours, |hop, mac| {
+                if let Some(old) = self.used.insert(hop, mac) {
+                    self.split |= old != mac;
+                }
+            });
+            for &a in &missing {
+                (self.probe)(a);
+            }
+            if missing.is_empty() {
+                self.unresolved_by.remove(&s.name);
+            } else {
+                self.unresolved_by.insert(s.name.clone(), missing);
+            }
+        }
+        self.note();
+    }
+
+    /// Forgets what was remembered for service `name` (removed, or about to be refilled).
+    pub fn forget(&mut self, name: &str) {
+        self.unresolved_by.remove(name);
+    }
+
+    /// Forgets everything, before a fill of every service.
+    pub fn clear(&mut self) {
+        self.unresolved_by.clear();
+        self.used.clear();
+        self.split = false;
+    }
+
+    /// Whether a fresh read of the kernel's table can call for a rebuild: some next hop is
+    /// unresolved or was taken from it.
+    pub fn watching(&self) -> bool {
+        !self.unresolved.is_empty() || !self.used.is_empty() || self.split
+    }
+
+    /// Why the table should be refilled, given a fresh read of the kernel's table: an
+    /// unresolved next hop resolved, or a resolved one now has another MAC. `None` when the
+    /// table is up to date. An entry the kernel dropped (garbage-collected while only the
+    /// workers used it) is no reason: its MAC is kept.
+    pub fn recheck(&self, neighbours: &Neighbours) -> Option<String> {
+        if self.split {
+            return Some("a next hop's MAC changed between fills".to_owned());
+        }
+        let resolved: Vec<IpAddr> = self
+            .unresolved
+            .iter()
+            .copied()
+            .filter(|a| neighbours.macs.contains_key(a))
+            .collect();
+        if !resolved.is_empty() {
+            return Some(format!("next-hop MACs resolved: {resolved:?}"));
+        }
+        let mut moved: Vec<String> = self
+            .used
+            .iter()
+            .filter_map(|(hop, old)| {
+                let new = neighbours.macs.get(hop)?;
+                (new != old).then(|| format!("{hop} {} -> {}", MacAddr(*old), MacAddr(*new)))
+            })
+            .collect();
+        moved.sort();
+        (!moved.is_empty()).then(|| format!("next-hop MACs changed: {}", moved.join(", ")))
+    }
+
+    /// Sets [`NextHops::unresolved`] from the per-service lists, and says so when that
+    /// changed.
+    fn note(&mut self) {
+        let mut missing: Vec<IpAddr> = self.unresolved_by.values().flatten().copied().collect();
+        missing.sort();
+        missing.dedup();
+        if !missing.is_empty() && missing != self.unresolved {
+            tracing::info!(?missing, "next-hop MACs not resolved yet; probing");
+        }
+        self.unresolved = missing;
+    }
 }
 
 /// Makes the kernel resolve `addr`: one empty datagram to its discard port (9).
@@ -440,6 +559,116 @@ mod gate;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        static PROBED: std::cell::RefCell<Vec<IpAddr>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// A [`NextHops`] that records its probes instead of sending them.
+    fn recording() -> NextHops {
+        NextHops {
+            probe: |a| PROBED.with(|p| p.borrow_mut().push(a)),
+            ..NextHops::default()
+        }
+    }
+
+    fn web(backends: &[(&str, Option<&str>)]) -> Service {
+        let list: Vec<String> = backends
+            .iter()
+            .map(|(a, mac)| match mac {
+                Some(m) => format!("{{ address = \"{a}\", port = 80, mac = \"{m}\" }}"),
+                None => format!("{{ address = \"{a}\", port = 80 }}"),
+            })
+            .collect();
+        let cfg = strait_config::parse(&format!(
+            "[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n[[services]]\nname = \"web\"\n\
+             vip = \"203.0.113.10\"\nport = 80\nbackends = [{}]\n",
+            list.join(", ")
+        ))
+        .unwrap();
+        cfg.services.into_iter().next().unwrap()
+    }
+
+    fn macs(entries: &[(&str, u8)]) -> Neighbours {
+        Neighbours {
+            macs: entries
+                .iter()
+                .map(|(a, m)| (a.parse().unwrap(), [2, 0, 0, 0, 1, *m]))
+                .collect(),
+            routes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn next_hops_ask_for_a_rebuild_when_a_mac_changes_or_a_probe_resolves() {
+        let b = "198.51.100.11";
+        let c = "198.51.100.12";
+        let mut hops = recording();
+        assert!(!hops.watching(), "nothing taken from the kernel yet");
+        let mut svc = [web(&[(b, None), (c, None)])];
+        hops.fill(&mut svc, &macs(&[(b, 0x11)]));
+        assert_eq!(svc[0].backends[0].mac, Some(MacAddr([2, 0, 0, 0, 1, 0x11])));
+        assert_eq!(svc[0].backends[1].mac, None);
+        assert_eq!(
+            PROBED.with(|p| p.take()),
+            vec![c.parse::<IpAddr>().unwrap()],
+            "the unknown one is probed"
+        );
+        assert!(hops.watching());
+        // Nothing new: no rebuild.
+        assert_eq!(hops.recheck(&macs(&[(b, 0x11)])), None);
+        // The probe answered.
+        let why = hops.recheck(&macs(&[(b, 0x11), (c, 0x12)])).unwrap();
+        assert!(why.contains("resolved") && why.contains(c), "{why}");
+        let mut svc = [web(&[(b, None), (c, None)])];
+        hops.forget("web");
+        hops.fill(&mut svc, &macs(&[(b, 0x11), (c, 0x12)]));
+        assert!(PROBED.with(|p| p.take()).is_empty());
+        assert_eq!(hops.recheck(&macs(&[(b, 0x11), (c, 0x12)])), None);
+        // A backend's MAC changed (a new NIC; its gratuitous ARP updated the kernel's entry).
+        let why = hops.recheck(&macs(&[(b, 0x11), (c, 0x99)])).unwrap();
+        assert!(
+            why.contains("changed") && why.contains("02:00:00:00:01:12 -> 02:00:00:00:01:99"),
+            "{why}"
+        );
+        // An entry the kernel dropped keeps its MAC: no rebuild.
+        assert_eq!(hops.recheck(&macs(&[(b, 0x11)])), None);
+        // A configured MAC is never the kernel's business.
+        let mut fixed = recording();
+        let mut svc = [web(&[(b, Some("02:00:00:00:02:11"))])];
+        fixed.fill(&mut svc, &macs(&[(b, 0x11)]));
+        assert_eq!(svc[0].backends[0].mac, Some(MacAddr([2, 0, 0, 0, 2, 0x11])));
+        assert!(!fixed.watching());
+    }
+
+    #[test]
+    fn a_next_hop_filled_with_two_macs_asks_for_a_full_refill() {
+        let b = "198.51.100.11";
+        let mut hops = recording();
+        let mut first = [web(&[(b, None)])];
+        hops.fill(&mut first, &macs(&[(b, 0x11)]));
+        // Another service filled later, after the kernel learnt a new MAC: the first still
+        // holds the old one, though the recorded MAC is the kernel's.
+        let mut second = [web(&[(b, None)])];
+        second[0].name = "api".to_owned();
+        hops.fill(&mut second, &macs(&[(b, 0x22)]));
+        assert!(hops.recheck(&macs(&[(b, 0x22)])).is_some());
+        hops.clear();
+        hops.fill(&mut first, &macs(&[(b, 0x22)]));
+        assert_eq!(hops.recheck(&macs(&[(b, 0x22)])), None);
+    }
+
+    /// Fills every service of `cfg`; the next hops still unknown, sorted.
+    fn fill(cfg: &mut Config, neighbours: &Neighbours) -> Vec<IpAddr> {
+        let mut missing: Vec<IpAddr> = cfg
+            .services
+            .iter_mut()
+            .flat_map(|s| fill_one(s, neighbours, |_, _| {}))
+            .collect();
+        missing.sort();
+        missing.dedup();
+        missing
+    }
     use std::process::Command;
     use std::time::Instant;
 

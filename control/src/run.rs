@@ -128,12 +128,11 @@ pub struct Control {
     changes: Receiver<health::Key>,
     vips: Option<Vips>,
     workers: Option<Workers>,
-    /// Next hops whose MAC the neighbour table did not have at the last build.
-    unresolved: Vec<std::net::IpAddr>,
-    /// The same, by the service whose backends lack them.
-    unresolved_by: std::collections::HashMap<String, Vec<std::net::IpAddr>>,
-    /// When the unresolved next hops were last looked up again.
-    retried: std::time::Instant,
+    /// Next hops taken from the kernel's neighbour table: unresolved ones, and the MACs
+    /// the table holds for the others.
+    hops: crate::neigh::NextHops,
+    /// When the kernel's neighbour table was last looked at again.
+    rechecked: std::time::Instant,
     /// The Kubernetes source's feed, when `--kube` is given.
     kube: Option<KubeFeed>,
 }
@@ -238,21 +237,8 @@ impl Control {
         checker.sync(&cfg);
         let mut builder = Builder::new();
         let mut table_cfg = cfg.clone();
-        let neighbours = crate::neigh::backend_table(&cfg);
-        let mut unresolved_by = std::collections::HashMap::new();
-        for s in &mut table_cfg.services {
-            let missing = crate::neigh::fill_services(std::slice::from_mut(s), &neighbours);
-            for &a in &missing {
-                crate::neigh::probe(a);
-            }
-            if !missing.is_empty() {
-                unresolved_by.insert(s.name.clone(), missing);
-            }
-        }
-        let mut unresolved: Vec<std::net::IpAddr> =
-            unresolved_by.values().flatten().copied().collect();
-        unresolved.sort();
-        unresolved.dedup();
+        let mut hops = crate::neigh::NextHops::default();
+        hops.fill(&mut table_cfg.services, &crate::neigh::backend_table(&cfg));
         let mut table = builder.build(&table_cfg, &ports, |s, a, p| checker.is_down(s, a, p))?;
         table.locals = local_addrs(&cfg);
         log_table(&cfg, &table);
@@ -267,9 +253,8 @@ impl Control {
             changes,
             vips: None,
             workers: None,
-            unresolved,
-            unresolved_by,
-            retried: std::time::Instant::now(),
+            hops,
+            rechecked: std::time::Instant::now(),
             kube: None,
         })
     }
@@ -436,31 +421,21 @@ impl Control {
         let lacks = set
             .iter()
             .any(|s| s.backends.iter().any(|b| b.mac.is_none()));
-        for s in &set {
-            self.unresolved_by.remove(&s.name);
-        }
         for n in changed {
-            self.unresolved_by.remove(n);
+            self.hops.forget(n);
         }
-        if lacks {
-            let neighbours = crate::neigh::backend_table(
+        let neighbours = if lacks {
+            crate::neigh::backend_table(
                 &self
                     .shared
                     .config
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner),
-            );
-            for s in &mut set {
-                let missing = crate::neigh::fill_services(std::slice::from_mut(s), &neighbours);
-                for &a in &missing {
-                    crate::neigh::probe(a);
-                }
-                if !missing.is_empty() {
-                    self.unresolved_by.insert(s.name.clone(), missing);
-                }
-            }
-        }
-        self.note_unresolved();
+            )
+        } else {
+            crate::neigh::Neighbours::default()
+        };
+        self.hops.fill(&mut set, &neighbours);
         let by_name: std::collections::HashMap<&str, &Service> =
             set.iter().map(|s| (s.name.as_str(), s)).collect();
         let changes: Vec<Change<'_>> = changed
@@ -537,31 +512,9 @@ impl Control {
     fn table_config(&mut self) -> Config {
         let mut cfg = self.shared.config();
         let neighbours = crate::neigh::backend_table(&cfg);
-        self.unresolved_by.clear();
-        for s in &mut cfg.services {
-            let missing = crate::neigh::fill_services(std::slice::from_mut(s), &neighbours);
-            for &a in &missing {
-                crate::neigh::probe(a);
-            }
-            if !missing.is_empty() {
-                self.unresolved_by.insert(s.name.clone(), missing);
-            }
-        }
-        self.note_unresolved();
+        self.hops.clear();
+        self.hops.fill(&mut cfg.services, &neighbours);
         cfg
-    }
-
-    /// Sets [`Control::unresolved`] from the next hops each service lacks, and says so when
-    /// that changed.
-    fn note_unresolved(&mut self) {
-        let mut missing: Vec<std::net::IpAddr> =
-            self.unresolved_by.values().flatten().copied().collect();
-        missing.sort();
-        missing.dedup();
-        if !missing.is_empty() && missing != self.unresolved {
-            info!(?missing, "next-hop MACs not resolved yet; probing");
-        }
-        self.unresolved = missing;
     }
 
     /// Re-reads the configuration; on success swaps in the new table atomically. A bad file
@@ -610,16 +563,20 @@ impl Control {
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    // Probed next hops: look again every second, rebuild once they resolve.
-                    if !self.unresolved.is_empty()
-                        && self.retried.elapsed() >= Duration::from_secs(1)
-                    {
-                        self.retried = std::time::Instant::now();
-                        let before = self.unresolved.clone();
-                        let mut cfg = self.shared.config();
-                        let neighbours = crate::neigh::backend_table(&cfg);
-                        if crate::neigh::fill(&mut cfg, &neighbours) != before {
-                            if let Err(e) = self.republish("next-hop MACs resolved") {
+                    // Next hops from the kernel: look again every second (one netlink read),
+                    // rebuild when a probed one resolved or a used one changed its MAC.
+                    if self.hops.watching() && self.rechecked.elapsed() >= NEIGHBOUR_RECHECK {
+                        self.rechecked = std::time::Instant::now();
+                        let neighbours = crate::neigh::backend_table(
+                            &self
+                                .shared
+                                .config
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner),
+                        );
+                        if let Some(why) = self.hops.recheck(&neighbours) {
+                            info!("{why}");
+                            if let Err(e) = self.republish(&why) {
                                 warn!("rebuild failed, keeping the previous table: {e:#}");
                             }
                         }
@@ -654,6 +611,10 @@ impl Control {
         }
     }
 }
+
+/// How often the kernel's neighbour table is read again for next hops that resolved or
+/// changed their MAC.
+const NEIGHBOUR_RECHECK: Duration = Duration::from_secs(1);
 
 /// Kubernetes changes up to this many (or an eighth of the services, when more) edit the
 /// merged configuration in place; larger ones merge it from scratch.

@@ -564,8 +564,61 @@ fn j_backends_without_macs_are_reached_through_the_neighbour_table() {
     let Some(s) = scenario("j", &["--backends", "3"]) else {
         return;
     };
-    // As the Kubernetes source produces them: no MACs anywhere.
-    let cfg = write_config(&s, |t| {
+    let gw = start_without_macs(&s);
+    assert_eq!(per_backend(&all_answered(&s, &gw)).len(), 3);
+}
+
+#[test]
+fn k_a_backend_whose_mac_changes_is_followed_through_the_neighbour_table() {
+    let Some(s) = scenario("k", &["--backends", "3"]) else {
+        return;
+    };
+    let gw = start_without_macs(&s);
+    assert_eq!(per_backend(&all_answered(&s, &gw)).len(), 3);
+    // b2 gets a new NIC, as after a hardware swap or a VM moved with a new MAC, and says so
+    // with gratuitous ARP. The kernel takes it only for an entry older than its locktime
+    // (1 s), hence three, a second apart.
+    let b2 = s.backend_ip("b2");
+    s.must(
+        "b2",
+        &[
+            "ip",
+            "link",
+            "set",
+            "dev",
+            "eth0",
+            "address",
+            "02:00:00:00:ee:02",
+        ],
+    );
+    s.must("b2", &["arping", "-U", "-c", "3", "-I", "eth0", &b2]);
+    // Frames to the old MAC reach nobody; once the gateway has the new one, b2 answers again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let answers = loop {
+        let a = s.vip_requests(30);
+        let t = per_backend(&a);
+        if (a.iter().all(Option::is_some) && t.contains_key("b2")) || Instant::now() > deadline {
+            break a;
+        }
+        sleep(Duration::from_millis(300));
+    };
+    assert!(
+        answers.iter().all(Option::is_some) && per_backend(&answers).contains_key("b2"),
+        "b2 not reached at its new MAC: {:?}\n{}",
+        per_backend(&answers),
+        gw.log_text()
+    );
+    let log = gw.log_text();
+    assert!(
+        log.contains("next-hop MACs changed") && log.contains("02:00:00:00:ee:02"),
+        "the gateway did not say why it rebuilt:\n{log}"
+    );
+}
+
+/// The gateway on the testbed's configuration less every `mac = ` line, as the Kubernetes
+/// source produces backends.
+fn start_without_macs(s: &Scenario) -> Gateway {
+    let cfg = write_config(s, |t| {
         t.lines()
             .filter(|l| !l.starts_with("mac = "))
             .collect::<Vec<_>>()
@@ -573,8 +626,12 @@ fn j_backends_without_macs_are_reached_through_the_neighbour_table() {
             + "\n"
     });
     assert!(!std::fs::read_to_string(&cfg).unwrap().contains("mac = "));
-    let gw = start(&s, &cfg);
-    // The health checks make the kernel resolve the backends; the gateway picks them up.
+    start(s, &cfg)
+}
+
+/// 30 requests to the VIP, repeated until all are answered (5 s at most: the health checks
+/// make the kernel resolve the backends, and the gateway picks them up); the last answers.
+fn all_answered(s: &Scenario, gw: &Gateway) -> Vec<Option<String>> {
     let deadline = Instant::now() + Duration::from_secs(5);
     let answers = loop {
         let a = s.vip_requests(30);
@@ -588,5 +645,5 @@ fn j_backends_without_macs_are_reached_through_the_neighbour_table() {
         "requests failed:\n{}",
         gw.log_text()
     );
-    assert_eq!(per_backend(&answers).len(), 3);
+    answers
 }
