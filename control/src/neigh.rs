@@ -498,6 +498,18 @@ impl NextHops {
         !self.unresolved.is_empty() || !self.used.is_empty() || self.split
     }
 
+    /// Probes every next hop the table took a MAC for, so that the kernel re-validates the
+    /// entries only the workers use: its own traffic never touches them, so they go `STALE`
+    /// and may be garbage-collected, and a changed MAC would go unnoticed. A probe of a
+    /// `STALE` entry makes the kernel confirm it (unicast ARP/ND), or resolve it anew when
+    /// the host answers no more at the old MAC; [`NextHops::recheck`] then sees the change.
+    /// Cilium refreshes its nodes' entries the same way, every 30 s by default.
+    pub fn refresh(&self) {
+        for &hop in self.used.keys() {
+            (self.probe)(hop);
+        }
+    }
+
     /// Why the table should be refilled, given a fresh read of the kernel's table: an
     /// unresolved next hop resolved, or a resolved one now has another MAC. `None` when the
     /// table is up to date. An entry the kernel dropped (garbage-collected while only the
@@ -599,6 +611,10 @@ mod tests {
         }
     }
 
+    fn addr(a: &str) -> IpAddr {
+        a.parse().unwrap()
+    }
+
     #[test]
     fn next_hops_ask_for_a_rebuild_when_a_mac_changes_or_a_probe_resolves() {
         let b = "198.51.100.11";
@@ -611,7 +627,7 @@ mod tests {
         assert_eq!(svc[0].backends[1].mac, None);
         assert_eq!(
             PROBED.with(|p| p.take()),
-            vec![c.parse::<IpAddr>().unwrap()],
+            vec![addr(c)],
             "the unknown one is probed"
         );
         assert!(hops.watching());
@@ -633,6 +649,11 @@ mod tests {
         );
         // An entry the kernel dropped keeps its MAC: no rebuild.
         assert_eq!(hops.recheck(&macs(&[(b, 0x11)])), None);
+        // The refresh probes every next hop in use, so that the kernel re-validates them.
+        hops.refresh();
+        let mut probed = PROBED.with(|p| p.take());
+        probed.sort();
+        assert_eq!(probed, vec![addr(b), addr(c)]);
         // A configured MAC is never the kernel's business.
         let mut fixed = recording();
         let mut svc = [web(&[(b, Some("02:00:00:00:02:11"))])];

@@ -133,6 +133,8 @@ pub struct Control {
     hops: crate::neigh::NextHops,
     /// When the kernel's neighbour table was last looked at again.
     rechecked: std::time::Instant,
+    /// When the next hops in use were last probed ([`crate::neigh::NextHops::refresh`]).
+    refreshed: std::time::Instant,
     /// The Kubernetes source's feed, when `--kube` is given.
     kube: Option<KubeFeed>,
 }
@@ -255,6 +257,7 @@ impl Control {
             workers: None,
             hops,
             rechecked: std::time::Instant::now(),
+            refreshed: std::time::Instant::now(),
             kube: None,
         })
     }
@@ -574,6 +577,10 @@ impl Control {
                                 .lock()
                                 .unwrap_or_else(PoisonError::into_inner),
                         );
+                        if self.refreshed.elapsed() >= NEIGHBOUR_REFRESH {
+                            self.refreshed = std::time::Instant::now();
+                            self.hops.refresh();
+                        }
                         if let Some(why) = self.hops.recheck(&neighbours) {
                             info!("{why}");
                             if let Err(e) = self.republish(&why) {
@@ -615,6 +622,9 @@ impl Control {
 /// How often the kernel's neighbour table is read again for next hops that resolved or
 /// changed their MAC.
 const NEIGHBOUR_RECHECK: Duration = Duration::from_secs(1);
+
+/// How often the next hops in use are probed, so that the kernel keeps their entries true.
+const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(30);
 
 /// Kubernetes changes up to this many (or an eighth of the services, when more) edit the
 /// merged configuration in place; larger ones merge it from scratch.
