@@ -290,6 +290,14 @@ fn worker(
     Ok(stats)
 }
 
+impl Drop for Workers {
+    /// Workers dropped without [`Workers::stop`] (an error on the way out) are stopped and
+    /// waited for too, so that no thread keeps polling sockets whose owner is gone.
+    fn drop(&mut self) {
+        self.stop_in_place();
+    }
+}
+
 impl Workers {
     /// Stops every worker and waits for it.
     pub fn stop(mut self) {
