@@ -25,7 +25,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use serde_json::json;
-use strait_config::model::BackendState;
+use strait_config::model::{BackendState, MacAddr};
 use strait_dataplane::key::bytes_addr;
 use strait_dataplane::stats::DropReason;
 
@@ -138,6 +138,23 @@ pub fn services_json(shared: &Shared) -> String {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
+    // The next-hop MAC each backend is sent to, from the live table (filled from the
+    // kernel's neighbour table when the configuration gives none).
+    let live: std::collections::HashMap<&str, &strait_dataplane::table::Service> = table
+        .services
+        .iter()
+        .map(|s| (s.name.as_str(), &**s))
+        .collect();
+    let next_hop_mac = |service: &str, addr: std::net::IpAddr, port: u16| -> Option<String> {
+        let key = strait_dataplane::key::addr_bytes(addr);
+        live.get(service)?
+            .backends
+            .iter()
+            .filter_map(|&id| table.backend(id))
+            .find(|b| b.addr == key && b.port == port)?
+            .mac
+            .map(|m| MacAddr(m).to_string())
+    };
     let services: Vec<_> = cfg
         .services
         .iter()
@@ -158,6 +175,7 @@ pub fn services_json(shared: &Shared) -> String {
                         "state": state,
                         "health": match h { None => "unchecked", Some(h) if h.up => "up", Some(_) => "down" },
                         "last_error": h.and_then(|h| h.last_error.clone()),
+                        "next_hop_mac": next_hop_mac(&s.name, b.address, b.port),
                     })
                 })
                 .collect();

@@ -40,8 +40,16 @@ fn get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
 pub fn render(v: &Value) -> String {
     let mut out = format!("table generation {}\n", v["generation"]);
     out += &format!(
-        "{:<20} {:<28} {:<9} {:<8} {:<28} {:>6} {:<9} {}\n",
-        "SERVICE", "FRONTEND", "MODE", "HEALTHY", "BACKEND", "WEIGHT", "STATE", "HEALTH"
+        "{:<20} {:<28} {:<9} {:<8} {:<28} {:>6} {:<9} {:<9} {}\n",
+        "SERVICE",
+        "FRONTEND",
+        "MODE",
+        "HEALTHY",
+        "BACKEND",
+        "WEIGHT",
+        "STATE",
+        "HEALTH",
+        "NEXT HOP"
     );
     let empty = Vec::new();
     for s in v["services"].as_array().unwrap_or(&empty) {
@@ -69,11 +77,12 @@ pub fn render(v: &Value) -> String {
                 ("", "", "", "")
             };
             out += &format!(
-                "{n:<20} {f:<28} {m:<9} {h:<8} {:<28} {:>6} {:<9} {}\n",
+                "{n:<20} {f:<28} {m:<9} {h:<8} {:<28} {:>6} {:<9} {:<9} {}\n",
                 format!("{}:{}", fmt_ip(&b["address"]), b["port"]),
                 b["weight"].to_string(),
                 b["state"].as_str().unwrap_or("?"),
                 b["health"].as_str().unwrap_or("?"),
+                b["next_hop_mac"].as_str().unwrap_or("unresolved"),
             );
         }
     }
@@ -97,8 +106,8 @@ mod tests {
     fn renders_services_and_backends() {
         let v: Value = serde_json::from_str(
             r#"{"generation":3,"services":[{"name":"web","vip":"203.0.113.10","port":80,"protocol":"tcp","mode":"dsr-l2","healthy":true,
-            "backends":[{"address":"198.51.100.11","port":80,"weight":100,"state":"active","health":"up"},
-                        {"address":"2001:db8::11","port":80,"weight":0,"state":"draining","health":"down"}]},
+            "backends":[{"address":"198.51.100.11","port":80,"weight":100,"state":"active","health":"up","next_hop_mac":"02:00:00:00:01:11"},
+                        {"address":"2001:db8::11","port":80,"weight":0,"state":"draining","health":"down","next_hop_mac":null}]},
             {"name":"empty","vip":"203.0.113.11","port":53,"protocol":"udp","mode":"nat","healthy":false,"backends":[]}]}"#,
         )
         .unwrap();
@@ -107,7 +116,8 @@ mod tests {
         assert!(t.contains("web                  203.0.113.10:80/tcp"));
         assert!(t.contains("198.51.100.11:80"));
         assert!(t.contains("[2001:db8::11]:80"));
-        assert!(t.contains("draining  down"));
+        assert!(t.contains("up        02:00:00:00:01:11"));
+        assert!(t.contains("draining  down      unresolved"));
         assert!(t.contains("(no backends)"));
     }
 }

@@ -566,6 +566,15 @@ fn j_backends_without_macs_are_reached_through_the_neighbour_table() {
     };
     let gw = start_without_macs(&s);
     assert_eq!(per_backend(&all_answered(&s, &gw)).len(), 3);
+    // /services shows the MAC each backend is sent to: the backend's own.
+    let v = gw.services().expect("/services");
+    for b in ["b1", "b2", "b3"] {
+        let mac = s.backend(b)["mac"]
+            .as_str()
+            .expect("backend MAC")
+            .to_owned();
+        assert_eq!(next_hop_mac(&v, "web", &s.backend_ip(b)), mac, "{v:#}");
+    }
 }
 
 #[test]
@@ -613,6 +622,27 @@ fn k_a_backend_whose_mac_changes_is_followed_through_the_neighbour_table() {
         log.contains("next-hop MACs changed") && log.contains("02:00:00:00:ee:02"),
         "the gateway did not say why it rebuilt:\n{log}"
     );
+    let v = gw.services().expect("/services");
+    assert_eq!(next_hop_mac(&v, "web", &b2), "02:00:00:00:ee:02", "{v:#}");
+}
+
+/// The `next_hop_mac` `/services` shows for backend `addr` of `service`.
+fn next_hop_mac(v: &Value, service: &str, addr: &str) -> String {
+    v["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == service)
+        .and_then(|s| {
+            s["backends"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|b| b["address"] == addr)
+        })
+        .and_then(|b| b["next_hop_mac"].as_str())
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// The gateway on the testbed's configuration less every `mac = ` line, as the Kubernetes
