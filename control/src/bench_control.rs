@@ -170,25 +170,33 @@ fn ip(args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the benchmark with `services` Services of `endpoints` endpoints and `changes`
-/// measured changes against `target`; prints a summary or JSON.
+/// What one run measures.
+#[derive(Debug, Clone, Copy)]
+pub struct Run {
+    /// Print JSON instead of a summary.
+    pub json: bool,
+    /// Services listed.
+    pub services: usize,
+    /// Endpoints per Service.
+    pub endpoints: usize,
+    /// Changes measured.
+    pub changes: usize,
+    /// Where the changes go.
+    pub target: Target,
+}
+
+/// Runs the benchmark; prints a summary or JSON.
 ///
 /// # Errors
 /// When a table does not build, or (for [`Target::Workers`]) the namespace, the worker or
 /// the steering program cannot be set up (not root).
-pub fn run(
-    json_out: bool,
-    services: usize,
-    endpoints: usize,
-    changes: usize,
-    target: Target,
-) -> anyhow::Result<()> {
+pub fn run(opts: Run) -> anyhow::Result<()> {
     anyhow::ensure!(
-        services > 0 && changes > 0,
+        opts.services > 0 && opts.changes > 0,
         "--services and --changes must be at least 1"
     );
-    if target == Target::ControlOnly {
-        return measure(json_out, services, endpoints, changes, target);
+    if opts.target == Target::ControlOnly {
+        return measure(opts);
     }
     let ns = Netns::up().map_err(|e| {
         anyhow::anyhow!("{e:#}\n(the bench with workers needs root; --no-workers measures the control path alone)")
@@ -201,20 +209,21 @@ pub fn run(
             let f = std::fs::File::open(&path).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
             nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)
                 .map_err(|e| anyhow::anyhow!("entering {path}: {e}"))?;
-            measure(json_out, services, endpoints, changes, target)
+            measure(opts)
         })
         .join()
         .map_err(|_| anyhow::anyhow!("the bench thread panicked"))?
     })
 }
 
-fn measure(
-    json_out: bool,
-    services: usize,
-    endpoints: usize,
-    changes: usize,
-    target: Target,
-) -> anyhow::Result<()> {
+fn measure(opts: Run) -> anyhow::Result<()> {
+    let Run {
+        json: json_out,
+        services,
+        endpoints,
+        changes,
+        target,
+    } = opts;
     let workers = target == Target::Workers;
     let file = strait_config::parse("[[gateway.interfaces]]\nname = \"bench0\"\nqueues = [0]\n")?;
     let mut settings = Settings::new(file.gateway.clone());
@@ -480,9 +489,19 @@ fn check(
 
 #[cfg(test)]
 mod tests {
+    fn small(target: super::Target) -> super::Run {
+        super::Run {
+            json: true,
+            services: 50,
+            endpoints: 3,
+            changes: 3,
+            target,
+        }
+    }
+
     #[test]
     fn small_run_without_workers() {
-        super::run(true, 50, 3, 3, super::Target::ControlOnly).expect("bench runs");
+        super::run(small(super::Target::ControlOnly)).expect("bench runs");
     }
 
     #[test]
@@ -494,6 +513,6 @@ mod tests {
         if !root && std::env::var("STRAIT_SKIP_PRIVILEGED").as_deref() == Ok("1") {
             return;
         }
-        super::run(true, 50, 3, 3, super::Target::Workers).expect("bench runs (needs root)");
+        super::run(small(super::Target::Workers)).expect("bench runs (needs root)");
     }
 }

@@ -232,17 +232,17 @@ fn main() -> ExitCode {
                     changes,
                     no_workers,
                 },
-        } => bench_control::run(
+        } => bench_control::run(bench_control::Run {
             json,
             services,
             endpoints,
             changes,
-            if no_workers {
+            target: if no_workers {
                 bench_control::Target::ControlOnly
             } else {
                 bench_control::Target::Workers
             },
-        ),
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -106,20 +106,20 @@ fn all_up(v: &Value) -> bool {
 }
 
 fn health_of(v: &Value, service: &str, addr: &str) -> String {
+    backend_field(v, service, addr, "health").unwrap_or_default()
+}
+
+/// Field `field` of backend `addr` of `service` in a `/services` answer, when it is a string.
+fn backend_field(v: &Value, service: &str, addr: &str, field: &str) -> Option<String> {
     v["services"]
-        .as_array()
-        .unwrap()
+        .as_array()?
         .iter()
-        .find(|s| s["name"] == service)
-        .and_then(|s| {
-            s["backends"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|b| b["address"] == addr)
-        })
-        .map(|b| b["health"].as_str().unwrap_or("?").to_string())
-        .unwrap_or_default()
+        .find(|s| s["name"] == service)?["backends"]
+        .as_array()?
+        .iter()
+        .find(|b| b["address"] == addr)?[field]
+        .as_str()
+        .map(str::to_owned)
 }
 
 /// Counts answers per backend name (`backend=bN client=...`), and checks the client address.
@@ -628,21 +628,7 @@ fn k_a_backend_whose_mac_changes_is_followed_through_the_neighbour_table() {
 
 /// The `next_hop_mac` `/services` shows for backend `addr` of `service`.
 fn next_hop_mac(v: &Value, service: &str, addr: &str) -> String {
-    v["services"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == service)
-        .and_then(|s| {
-            s["backends"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|b| b["address"] == addr)
-        })
-        .and_then(|b| b["next_hop_mac"].as_str())
-        .unwrap_or_default()
-        .to_owned()
+    backend_field(v, service, addr, "next_hop_mac").unwrap_or_default()
 }
 
 /// The gateway on the testbed's configuration less every `mac = ` line, as the Kubernetes
