@@ -450,10 +450,13 @@ impl Control {
             .collect();
         let checker = &self.checker;
         let live = self.shared.table.load_full();
-        match self
+        let updated = self
             .builder
-            .update(&live, &changes, |s, a, p| checker.is_down(s, a, p))
-        {
+            .update(&live, &changes, |s, a, p| checker.is_down(s, a, p));
+        // Let go of the live table before it is replaced: the builder reuses a replaced
+        // table's memory only when nobody holds it (`Builder::recycle`).
+        drop(live);
+        match updated {
             Ok(table) => {
                 info!(
                     generation = table.generation,
@@ -853,6 +856,15 @@ backends = [{}]
         };
         assert!(Arc::ptr_eq(&svc(&t1, "web"), &svc(&t2, "web")));
         assert_eq!(c.shared.config(), crate::kube::merge(&file, &[d]).0);
+        // Nobody else holds the replaced table: the builder keeps it for the next update.
+        drop((t1, t2));
+        let d2 = kube("default/d", "203.0.113.21", &["198.51.100.24"]);
+        c.apply_kube(vec![Publication {
+            services: vec![Arc::clone(&d2)],
+            changes: vec![set(&d2)],
+        }])
+        .unwrap();
+        assert!(c.builder.has_spare(), "the replaced table was not recycled");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -634,6 +634,13 @@ impl Builder {
         }
     }
 
+    /// Whether a replaced table is kept for the next [`Builder::update`] to copy into (see
+    /// [`Builder::recycle`]): a diagnostic, for tests that check the caller lets go of
+    /// replaced tables.
+    pub fn has_spare(&self) -> bool {
+        self.spare.is_some()
+    }
+
     /// Makes service `s` as index `si` of `t`: allocates its backend ids and fills its
     /// backends and index entries (the fragment index is made from `self.vips` later).
     fn make_service(
