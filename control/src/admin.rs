@@ -139,21 +139,19 @@ pub fn services_json(shared: &Shared) -> String {
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
     // The next-hop MAC each backend is sent to, from the live table (filled from the
-    // kernel's neighbour table when the configuration gives none).
-    let live: std::collections::HashMap<&str, &strait_dataplane::table::Service> = table
-        .services
-        .iter()
-        .map(|s| (s.name.as_str(), &**s))
-        .collect();
+    // kernel's neighbour table when the configuration gives none), by service and then by
+    // (address, port): one pass over the table's backends.
+    let mut macs = std::collections::HashMap::with_capacity(table.backends.len());
+    for s in &table.services {
+        for b in s.backends.iter().filter_map(|&id| table.backend(id)) {
+            if let Some(mac) = b.mac {
+                macs.insert((s.name.as_str(), b.addr, b.port), mac);
+            }
+        }
+    }
     let next_hop_mac = |service: &str, addr: std::net::IpAddr, port: u16| -> Option<String> {
-        let key = strait_dataplane::key::addr_bytes(addr);
-        live.get(service)?
-            .backends
-            .iter()
-            .filter_map(|&id| table.backend(id))
-            .find(|b| b.addr == key && b.port == port)?
-            .mac
-            .map(|m| MacAddr(m).to_string())
+        let key = (service, strait_dataplane::key::addr_bytes(addr), port);
+        macs.get(&key).map(|&m| MacAddr(m).to_string())
     };
     let services: Vec<_> = cfg
         .services

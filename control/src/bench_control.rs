@@ -129,8 +129,28 @@ pub enum Target {
 struct Netns(String);
 
 impl Netns {
+    const PREFIX: &'static str = "strait-bc-";
+
+    /// Removes the namespaces of earlier runs that were killed before they could (their
+    /// pid is gone).
+    fn remove_orphans() {
+        let Ok(dir) = std::fs::read_dir("/run/netns") else {
+            return;
+        };
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name.strip_prefix(Self::PREFIX) else {
+                continue;
+            };
+            if pid.parse::<u32>().is_ok() && !std::path::Path::new("/proc").join(pid).exists() {
+                let _ = ip(&["netns", "del", &name]);
+            }
+        }
+    }
+
     fn up() -> anyhow::Result<Self> {
-        let name = format!("strait-bc-{}", std::process::id());
+        Self::remove_orphans();
+        let name = format!("{}{}", Self::PREFIX, std::process::id());
         ip(&["netns", "add", &name])?;
         let ns = Self(name);
         for cmd in [
@@ -225,7 +245,11 @@ fn measure(opts: Run) -> anyhow::Result<()> {
         target,
     } = opts;
     let workers = target == Target::Workers;
-    let file = strait_config::parse("[[gateway.interfaces]]\nname = \"bench0\"\nqueues = [0]\n")?;
+    // Without workers the interface is only where the neighbour table would be read.
+    let iface = if workers { "bench0" } else { "lo" };
+    let file = strait_config::parse(&format!(
+        "[[gateway.interfaces]]\nname = \"{iface}\"\nqueues = [0]\n"
+    ))?;
     let mut settings = Settings::new(file.gateway.clone());
     settings.mode = Mode::Nat;
     settings.pools = vec!["2001:db8:100::/104".parse()?];
@@ -324,7 +348,6 @@ fn measure(opts: Run) -> anyhow::Result<()> {
                 " (--no-workers: control path only)"
             }
         );
-        let iface = if workers { "bench0" } else { "lo" };
         let t = Instant::now();
         let n = 20;
         for _ in 0..n {

@@ -458,7 +458,7 @@ impl Default for NextHops {
 }
 
 impl NextHops {
-    /// Fills the missing MACs of `services` from `neighbours` (see [`fill_services`]),
+    /// Fills the missing MACs of `services` from `neighbours` (by the rules of `fill_one`),
     /// probes the next hops still unknown and remembers them per service, replacing what
     /// was remembered for these services.
     pub fn fill(&mut self, services: &mut [Service], neighbours: &Neighbours) {

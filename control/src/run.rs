@@ -135,6 +135,10 @@ pub struct Control {
     rechecked: std::time::Instant,
     /// When the next hops in use were last probed ([`crate::neigh::NextHops::refresh`]).
     refreshed: std::time::Instant,
+    /// A steering-map update failed; its keys are retried every [`MAPS_RETRY`].
+    maps_incomplete: bool,
+    /// When pending steering-map keys were last tried again.
+    maps_retried: std::time::Instant,
     /// The Kubernetes source's feed, when `--kube` is given.
     kube: Option<KubeFeed>,
 }
@@ -258,6 +262,8 @@ impl Control {
             hops,
             rechecked: std::time::Instant::now(),
             refreshed: std::time::Instant::now(),
+            maps_incomplete: false,
+            maps_retried: std::time::Instant::now(),
             kube: None,
         })
     }
@@ -486,30 +492,59 @@ impl Control {
 
     /// Makes `table` the one the workers use, and brings the steering maps in line.
     ///
-    /// Every program's maps are updated even when one fails (its failed keys are retried on
-    /// the next publish); the first error is returned. The old table goes back to the builder
-    /// last: each program holds the table it follows until given the new one, and
-    /// [`Builder::recycle`] keeps only a table nobody holds.
+    /// Every program's maps are updated even when one fails. A failed map call (a full map)
+    /// does not undo the swap: the table is live, the keys that failed stay pending in the
+    /// program, and [`Control::serve`] retries them every second until they go in
+    /// ([`Control::retry_maps`]). The old table goes back to the builder last: each program
+    /// holds the table it follows until given the new one, and [`Builder::recycle`] keeps
+    /// only a table nobody holds.
     fn publish(&mut self, table: ServiceTable) -> anyhow::Result<()> {
         let table = Arc::new(table);
         let old = self.shared.table.swap(Arc::clone(&table));
-        let mut result = Ok(());
-        if let Some(w) = &mut self.workers {
-            for prog in &mut w.progs {
-                match prog.update_maps(&table) {
-                    Ok(sync) if sync.added + sync.removed > 0 => info!(
-                        added = sync.added,
-                        removed = sync.removed,
-                        "steering maps updated"
-                    ),
-                    Ok(_) => {}
-                    Err(e) if result.is_ok() => result = Err(e.into()),
-                    Err(e) => warn!("steering maps: {e}"),
+        self.sync_maps(&table);
+        self.builder.recycle(old);
+        Ok(())
+    }
+
+    /// Brings every program's steering maps in line with `table`; remembers whether some
+    /// keys are still pending.
+    fn sync_maps(&mut self, table: &Arc<ServiceTable>) {
+        let Some(w) = &mut self.workers else {
+            return;
+        };
+        let mut incomplete = false;
+        for prog in &mut w.progs {
+            match prog.update_maps(table) {
+                Ok(sync) if sync.added + sync.removed > 0 => info!(
+                    added = sync.added,
+                    removed = sync.removed,
+                    "steering maps updated"
+                ),
+                Ok(_) => {}
+                Err(e) => {
+                    // Said once, not at every retry.
+                    if !self.maps_incomplete {
+                        warn!(
+                            generation = table.generation,
+                            "table live, but its steering maps are incomplete (retried \
+                             every second): {e}"
+                        );
+                    }
+                    incomplete = true;
                 }
             }
         }
-        self.builder.recycle(old);
-        result
+        if self.maps_incomplete && !incomplete {
+            info!(generation = table.generation, "steering maps complete");
+        }
+        self.maps_incomplete = incomplete;
+    }
+
+    /// Tries the steering-map keys a failed update left pending again, against the live
+    /// table (for a table the programs already follow, only those keys are looked at).
+    fn retry_maps(&mut self) {
+        let table = self.shared.table.load_full();
+        self.sync_maps(&table);
     }
 
     /// The configuration a table is built from: the current one, with next-hop MACs the
@@ -569,6 +604,10 @@ impl Control {
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {
+                    if self.maps_incomplete && self.maps_retried.elapsed() >= MAPS_RETRY {
+                        self.maps_retried = std::time::Instant::now();
+                        self.retry_maps();
+                    }
                     // Next hops from the kernel: look again every second (one netlink read),
                     // rebuild when a probed one resolved or a used one changed its MAC.
                     if self.hops.watching() && self.rechecked.elapsed() >= NEIGHBOUR_RECHECK {
@@ -625,6 +664,9 @@ impl Control {
 /// How often the kernel's neighbour table is read again for next hops that resolved or
 /// changed their MAC.
 const NEIGHBOUR_RECHECK: Duration = Duration::from_secs(1);
+
+/// How often steering-map keys a failed update left pending are tried again.
+const MAPS_RETRY: Duration = Duration::from_secs(1);
 
 /// How often the next hops in use are probed, so that the kernel keeps their entries true.
 const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(30);

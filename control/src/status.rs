@@ -82,7 +82,12 @@ pub fn render(v: &Value) -> String {
                 b["weight"].to_string(),
                 b["state"].as_str().unwrap_or("?"),
                 b["health"].as_str().unwrap_or("?"),
-                b["next_hop_mac"].as_str().unwrap_or("unresolved"),
+                match &b["next_hop_mac"] {
+                    Value::String(m) => m.as_str(),
+                    Value::Null if b.get("next_hop_mac").is_some() => "unresolved",
+                    // A gateway from before the field.
+                    _ => "-",
+                },
             );
         }
     }
