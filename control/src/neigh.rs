@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::sync::{Mutex, PoisonError};
 
 use ipnet::IpNet;
@@ -47,6 +47,8 @@ pub struct Neighbours {
     pub macs: HashMap<IpAddr, [u8; 6]>,
     /// The interface's routes: destination and gateway (`None`: on-link).
     pub routes: Vec<(IpNet, Option<IpAddr>)>,
+    /// The interface's index (0: unknown).
+    pub ifindex: u32,
 }
 
 impl Neighbours {
@@ -114,7 +116,10 @@ fn read(iface: &str, kernel_filter: bool) -> Result<Neighbours, Error> {
         nix::net::if_::if_nametoindex(iface).map_err(|e| fail("if_nametoindex")(e.into()))?;
     let mut rtnl = Rtnl::open(kernel_filter).map_err(fail("socket(NETLINK_ROUTE)"))?;
     for _ in 0..DUMP_ATTEMPTS {
-        let mut n = Neighbours::default();
+        let mut n = Neighbours {
+            ifindex: index,
+            ..Neighbours::default()
+        };
         let mut whole = rtnl
             .dump(neighbours_request(index, kernel_filter), |m| {
                 if let RouteNetlinkMessage::NewNeighbour(m) = m {
@@ -391,15 +396,15 @@ pub fn backend_iface(cfg: &Config) -> Option<String> {
 }
 
 /// Fills the MAC of every backend of `s` that has none from `neighbours`; returns the
-/// next-hop addresses still unknown, and tells `used` every next hop given a MAC. The next
-/// hop is the route's gateway towards the tunnel target in the tunnel modes, towards the
-/// backend's address in `nat`; on-link, the address itself. `dsr-l2` backends are always
-/// their own next hop (the frame keeps the VIP as destination, so a router on the way could
-/// not deliver it).
+/// next-hop addresses still unknown, and tells `seen` every such backend's target, whether it
+/// is routed, its next hop and the MAC found (if any). The target is the tunnel target in the
+/// tunnel modes and the backend's address otherwise; its next hop is the gateway of the route
+/// that covers it, or the target itself on-link. `dsr-l2` backends are always their own next
+/// hop (the frame keeps the VIP as destination, so a router on the way could not deliver it).
 fn fill_one(
     s: &mut Service,
     neighbours: &Neighbours,
-    mut used: impl FnMut(IpAddr, [u8; 6]),
+    mut seen: impl FnMut(IpAddr, bool, IpAddr, Option<[u8; 6]>),
 ) -> Vec<IpAddr> {
     let mut missing = Vec::new();
     let tunnel = s.mode.is_tunnel();
@@ -412,11 +417,10 @@ fn fill_one(
         } else {
             target
         };
-        match neighbours.macs.get(&hop) {
-            Some(m) => {
-                b.mac = Some(MacAddr(*m));
-                used(hop, *m);
-            }
+        let mac = neighbours.macs.get(&hop).copied();
+        seen(target, routed, hop, mac);
+        match mac {
+            Some(m) => b.mac = Some(MacAddr(m)),
             None => missing.push(hop),
         }
     }
@@ -425,33 +429,51 @@ fn fill_one(
     missing
 }
 
-/// The next hops the table takes from the kernel, for backends without a configured MAC: the
-/// ones not resolved yet (probed, and looked at again), and the MAC each resolved one was
-/// given. The kernel keeps its entries true (ARP/ND, gratuitous ARP from a host whose MAC
-/// changed or a router that failed over, its own traffic such as the health checks), so
-/// [`NextHops::recheck`] against a fresh read tells when the table needs the new MAC.
+/// A backend address (the tunnel target in the tunnel modes) whose next hop the table takes
+/// from the kernel.
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    /// Its next hop when last filled in.
+    hop: IpAddr,
+    /// The MAC it was given; `None` while unresolved.
+    mac: Option<[u8; 6]>,
+    /// Backends of the followed services that use it.
+    users: u32,
+}
+
+/// The next hops the table takes from the kernel, for backends without a configured MAC,
+/// kept per backend target and service: the ones not resolved yet (probed, and looked at
+/// again), and the MAC each resolved one was given. The kernel keeps its entries true
+/// (ARP/ND, gratuitous ARP from a host whose MAC changed or a router that failed over, its
+/// own traffic such as the health checks), so [`NextHops::recheck`] against a fresh read
+/// tells when the table needs a refill: a target resolved, or its next hop (after a route
+/// change too) now has another MAC.
 #[derive(Debug)]
 pub struct NextHops {
-    /// Per service, the next hops its backends lack.
-    unresolved_by: HashMap<String, Vec<IpAddr>>,
-    /// All of those, sorted, as last noted.
-    unresolved: Vec<IpAddr>,
-    /// The MAC each resolved next hop was given.
-    used: HashMap<IpAddr, [u8; 6]>,
-    /// A next hop was given two MACs by fills at different times: the services filled
+    /// Per service, its backends' targets: (address, routed), once per backend.
+    by_service: HashMap<String, Vec<(IpAddr, bool)>>,
+    /// Every target of the followed services.
+    targets: HashMap<(IpAddr, bool), Target>,
+    /// The last read every target was checked against and found up to date; `None` when
+    /// a fill happened since. The same read again changes nothing.
+    checked: Option<Neighbours>,
+    /// A target was given two MACs by fills at different times: the services filled
     /// first hold the old one until a full refill.
     split: bool,
+    /// The interface of the last read (0: unknown), for probes of link-local next hops.
+    ifindex: u32,
     /// Makes the kernel resolve an address ([`probe`]; the unit tests record instead).
-    probe: fn(IpAddr),
+    probe: fn(IpAddr, u32),
 }
 
 impl Default for NextHops {
     fn default() -> Self {
         Self {
-            unresolved_by: HashMap::new(),
-            unresolved: Vec::new(),
-            used: HashMap::new(),
+            by_service: HashMap::new(),
+            targets: HashMap::new(),
+            checked: None,
             split: false,
+            ifindex: 0,
             probe,
         }
     }
@@ -459,107 +481,155 @@ impl Default for NextHops {
 
 impl NextHops {
     /// Fills the missing MACs of `services` from `neighbours` (by the rules of `fill_one`),
-    /// probes the next hops still unknown and remembers them per service, replacing what
-    /// was remembered for these services.
+    /// probes the next hops still unknown, and follows these services' targets from now on
+    /// in place of what was followed for them before.
     pub fn fill(&mut self, services: &mut [Service], neighbours: &Neighbours) {
+        if neighbours.ifindex != 0 {
+            self.ifindex = neighbours.ifindex;
+        }
         for s in services {
-            let missing = fill_one(s, neighbours, |hop, mac| {
-                if let Some(old) = self.used.insert(hop, mac) {
-                    self.split |= old != mac;
-                }
+            self.forget(&s.name);
+            let mut keys = Vec::new();
+            let (targets, split) = (&mut self.targets, &mut self.split);
+            let missing = fill_one(s, neighbours, |target, routed, hop, mac| {
+                keys.push((target, routed));
+                let t = targets
+                    .entry((target, routed))
+                    .or_insert(Target { hop, mac, users: 0 });
+                *split |= t.users > 0 && t.mac.is_some() && t.mac != mac;
+                t.hop = hop;
+                t.mac = mac;
+                t.users += 1;
             });
-            for &a in &missing {
-                (self.probe)(a);
+            if !missing.is_empty() {
+                tracing::info!(service = %s.name, ?missing, "next-hop MACs not resolved yet; probing");
             }
-            if missing.is_empty() {
-                self.unresolved_by.remove(&s.name);
-            } else {
-                self.unresolved_by.insert(s.name.clone(), missing);
+            for &a in &missing {
+                (self.probe)(a, self.ifindex);
+            }
+            if !keys.is_empty() {
+                self.by_service.insert(s.name.clone(), keys);
+                self.checked = None;
             }
         }
-        self.note();
     }
 
-    /// Forgets what was remembered for service `name` (removed, or about to be refilled).
+    /// Stops following service `name` (removed, or about to be refilled).
     pub fn forget(&mut self, name: &str) {
-        self.unresolved_by.remove(name);
+        for key in self.by_service.remove(name).into_iter().flatten() {
+            if let Some(t) = self.targets.get_mut(&key) {
+                t.users -= 1;
+                if t.users == 0 {
+                    self.targets.remove(&key);
+                }
+            }
+        }
     }
 
     /// Forgets everything, before a fill of every service.
     pub fn clear(&mut self) {
-        self.unresolved_by.clear();
-        self.used.clear();
+        self.by_service.clear();
+        self.targets.clear();
+        self.checked = None;
         self.split = false;
     }
 
-    /// Whether a fresh read of the kernel's table can call for a rebuild: some next hop is
-    /// unresolved or was taken from it.
+    /// Whether a fresh read of the kernel's table can call for a rebuild: some backend takes
+    /// its next hop from it.
     pub fn watching(&self) -> bool {
-        !self.unresolved.is_empty() || !self.used.is_empty() || self.split
+        !self.targets.is_empty() || self.split
     }
 
-    /// Probes every next hop the table took a MAC for, so that the kernel re-validates the
-    /// entries only the workers use: its own traffic never touches them, so they go `STALE`
-    /// and may be garbage-collected, and a changed MAC would go unnoticed. A probe of a
-    /// `STALE` entry makes the kernel confirm it (unicast ARP/ND), or resolve it anew when
-    /// the host answers no more at the old MAC; [`NextHops::recheck`] then sees the change.
-    /// Cilium refreshes its nodes' entries the same way, every 30 s by default.
+    /// Probes every resolved next hop in use, so that the kernel re-validates the entries
+    /// only the workers use: its own traffic never touches them, so they go `STALE` and may
+    /// be garbage-collected, and a changed MAC would go unnoticed. A probe of a `STALE` entry
+    /// makes the kernel confirm it (unicast ARP/ND), or resolve it anew when the host answers
+    /// no more at the old MAC; [`NextHops::recheck`] then sees the change. Cilium refreshes
+    /// its nodes' entries the same way, every 30 s by default.
     pub fn refresh(&self) {
-        for &hop in self.used.keys() {
-            (self.probe)(hop);
+        let hops: std::collections::HashSet<IpAddr> = self
+            .targets
+            .values()
+            .filter(|t| t.mac.is_some())
+            .map(|t| t.hop)
+            .collect();
+        for hop in hops {
+            (self.probe)(hop, self.ifindex);
         }
     }
 
-    /// Why the table should be refilled, given a fresh read of the kernel's table: an
-    /// unresolved next hop resolved, or a resolved one now has another MAC. `None` when the
-    /// table is up to date. An entry the kernel dropped (garbage-collected while only the
-    /// workers used it) is no reason: its MAC is kept.
-    pub fn recheck(&self, neighbours: &Neighbours) -> Option<String> {
+    /// Why the table should be refilled, given a fresh read of the kernel's table: a target
+    /// resolved, or its next hop (recomputed when the routes changed) now has another MAC.
+    /// `None` when the table is up to date. An entry the kernel dropped (garbage-collected
+    /// while only the workers used it) is no reason: its MAC is kept.
+    pub fn recheck(&mut self, neighbours: &Neighbours) -> Option<String> {
         if self.split {
-            return Some("a next hop's MAC changed between fills".to_owned());
+            return Some("a next hop was given two MACs by fills at different times".to_owned());
         }
-        let resolved: Vec<IpAddr> = self
-            .unresolved
-            .iter()
-            .copied()
-            .filter(|a| neighbours.macs.contains_key(a))
-            .collect();
+        if self.checked.as_ref() == Some(neighbours) {
+            return None;
+        }
+        if neighbours.ifindex != 0 {
+            self.ifindex = neighbours.ifindex;
+        }
+        let routes_changed = self
+            .checked
+            .as_ref()
+            .is_none_or(|c| c.routes != neighbours.routes);
+        let mut resolved = std::collections::BTreeSet::new();
+        let mut moved = std::collections::BTreeSet::new();
+        for (&(target, routed), t) in &self.targets {
+            let hop = match (routed, routes_changed) {
+                (false, _) => target,
+                (true, true) => neighbours.next_hop(target),
+                (true, false) => t.hop,
+            };
+            match (t.mac, neighbours.macs.get(&hop)) {
+                (None, Some(_)) => {
+                    resolved.insert(hop);
+                }
+                (Some(old), Some(&new)) if new != old => {
+                    moved.insert(format!("{hop} {} -> {}", MacAddr(old), MacAddr(new)));
+                }
+                _ => {}
+            }
+        }
         if !resolved.is_empty() {
-            return Some(format!("next-hop MACs resolved: {resolved:?}"));
+            let list: Vec<String> = resolved.iter().map(IpAddr::to_string).collect();
+            return Some(format!("next-hop MACs resolved: {}", list.join(", ")));
         }
-        let mut moved: Vec<String> = self
-            .used
-            .iter()
-            .filter_map(|(hop, old)| {
-                let new = neighbours.macs.get(hop)?;
-                (new != old).then(|| format!("{hop} {} -> {}", MacAddr(*old), MacAddr(*new)))
-            })
-            .collect();
-        moved.sort();
-        (!moved.is_empty()).then(|| format!("next-hop MACs changed: {}", moved.join(", ")))
-    }
-
-    /// Sets [`NextHops::unresolved`] from the per-service lists, and says so when that
-    /// changed.
-    fn note(&mut self) {
-        let mut missing: Vec<IpAddr> = self.unresolved_by.values().flatten().copied().collect();
-        missing.sort();
-        missing.dedup();
-        if !missing.is_empty() && missing != self.unresolved {
-            tracing::info!(?missing, "next-hop MACs not resolved yet; probing");
+        if !moved.is_empty() {
+            let list: Vec<String> = moved.into_iter().collect();
+            return Some(format!("next-hop MACs changed: {}", list.join(", ")));
         }
-        self.unresolved = missing;
+        self.checked = Some(neighbours.clone());
+        None
     }
 }
 
-/// Makes the kernel resolve `addr`: one empty datagram to its discard port (9).
-pub fn probe(addr: IpAddr) {
-    let local: SocketAddr = match addr {
-        IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-        IpAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+/// Makes the kernel resolve `addr`: one empty datagram to its discard port (9). A link-local
+/// IPv6 address is scoped to interface `ifindex` (the backend interface), which it is only
+/// unique on.
+pub fn probe(addr: IpAddr, ifindex: u32) {
+    let (local, to): (SocketAddr, SocketAddr) = match addr {
+        IpAddr::V4(a) => (
+            (Ipv4Addr::UNSPECIFIED, 0).into(),
+            SocketAddr::V4(SocketAddrV4::new(a, 9)),
+        ),
+        IpAddr::V6(a) => {
+            let scope = if a.is_unicast_link_local() {
+                ifindex
+            } else {
+                0
+            };
+            (
+                (Ipv6Addr::UNSPECIFIED, 0).into(),
+                SocketAddr::V6(SocketAddrV6::new(a, 9, 0, scope)),
+            )
+        }
     };
     if let Ok(s) = UdpSocket::bind(local) {
-        let _ = s.send_to(&[], SocketAddr::new(addr, 9));
+        let _ = s.send_to(&[], to);
     }
 }
 
@@ -579,7 +649,7 @@ mod tests {
     /// A [`NextHops`] that records its probes instead of sending them.
     fn recording() -> NextHops {
         NextHops {
-            probe: |a| PROBED.with(|p| p.borrow_mut().push(a)),
+            probe: |a, _| PROBED.with(|p| p.borrow_mut().push(a)),
             ..NextHops::default()
         }
     }
@@ -607,8 +677,26 @@ mod tests {
                 .iter()
                 .map(|(a, m)| (a.parse().unwrap(), [2, 0, 0, 0, 1, *m]))
                 .collect(),
-            routes: Vec::new(),
+            ..Neighbours::default()
         }
+    }
+
+    /// `macs`, and the routes `(prefix, gateway)`.
+    fn routed(entries: &[(&str, u8)], routes: &[(&str, &str)]) -> Neighbours {
+        Neighbours {
+            routes: routes
+                .iter()
+                .map(|(net, via)| (net.parse().unwrap(), Some(addr(via))))
+                .collect(),
+            ..macs(entries)
+        }
+    }
+
+    /// `web` in `nat` mode: its backends may sit behind a router.
+    fn nat(backends: &[&str]) -> Service {
+        let mut s = web(&backends.iter().map(|a| (*a, None)).collect::<Vec<_>>());
+        s.mode = Mode::Nat;
+        s
     }
 
     fn addr(a: &str) -> IpAddr {
@@ -654,12 +742,59 @@ mod tests {
         let mut probed = PROBED.with(|p| p.take());
         probed.sort();
         assert_eq!(probed, vec![addr(b), addr(c)]);
+        // Once the service is gone, its next hops are not followed or probed any more.
+        hops.forget("web");
+        assert!(!hops.watching());
+        hops.refresh();
+        assert!(PROBED.with(|p| p.take()).is_empty());
         // A configured MAC is never the kernel's business.
         let mut fixed = recording();
         let mut svc = [web(&[(b, Some("02:00:00:00:02:11"))])];
         fixed.fill(&mut svc, &macs(&[(b, 0x11)]));
         assert_eq!(svc[0].backends[0].mac, Some(MacAddr([2, 0, 0, 0, 2, 0x11])));
         assert!(!fixed.watching());
+    }
+
+    #[test]
+    fn next_hops_follow_route_changes() {
+        let pod = "198.51.100.50";
+        let mut hops = recording();
+        // The pod's address arrives before the route to its node: it looks on-link, is
+        // probed and stays unresolved.
+        let mut svc = [nat(&[pod])];
+        hops.fill(&mut svc, &macs(&[]));
+        assert_eq!(PROBED.with(|p| p.take()), vec![addr(pod)]);
+        assert_eq!(hops.recheck(&macs(&[])), None);
+        // The route via node 192.0.2.7 appears, the node being resolved: refill.
+        let via7 = routed(&[("192.0.2.7", 7)], &[("198.51.100.0/24", "192.0.2.7")]);
+        let why = hops.recheck(&via7).unwrap();
+        assert!(
+            why.contains("resolved") && why.contains("192.0.2.7"),
+            "{why}"
+        );
+        hops.clear();
+        let mut svc = [nat(&[pod])];
+        hops.fill(&mut svc, &via7);
+        assert_eq!(svc[0].backends[0].mac, Some(MacAddr([2, 0, 0, 0, 1, 7])));
+        assert_eq!(hops.recheck(&via7), None);
+        assert_eq!(hops.recheck(&via7), None, "the same read again");
+        // The route moves to node 192.0.2.8 (another MAC): refill.
+        let via8 = routed(
+            &[("192.0.2.7", 7), ("192.0.2.8", 8)],
+            &[("198.51.100.0/24", "192.0.2.8")],
+        );
+        let why = hops.recheck(&via8).unwrap();
+        assert!(
+            why.contains("changed")
+                && why.contains("192.0.2.8 02:00:00:00:01:07 -> 02:00:00:00:01:08"),
+            "{why}"
+        );
+        // A route change that keeps the MAC (another address of the same router) is none.
+        let same = routed(
+            &[("192.0.2.7", 7), ("192.0.2.9", 7)],
+            &[("198.51.100.0/24", "192.0.2.9")],
+        );
+        assert_eq!(hops.recheck(&same), None);
     }
 
     #[test]
@@ -684,7 +819,7 @@ mod tests {
         let mut missing: Vec<IpAddr> = cfg
             .services
             .iter_mut()
-            .flat_map(|s| fill_one(s, neighbours, |_, _| {}))
+            .flat_map(|s| fill_one(s, neighbours, |_, _, _, _| {}))
             .collect();
         missing.sort();
         missing.dedup();
@@ -721,6 +856,7 @@ mod tests {
         Neighbours {
             macs: parse(&run(&["-j", "neigh", "show", "dev", iface])),
             routes,
+            ifindex: nix::net::if_::if_nametoindex(iface).unwrap_or(0),
         }
     }
 
@@ -814,6 +950,42 @@ mod tests {
     fn sorted(mut routes: Vec<(IpNet, Option<IpAddr>)>) -> Vec<(IpNet, Option<IpAddr>)> {
         routes.sort();
         routes
+    }
+
+    #[test]
+    fn a_link_local_probe_leaves_by_the_backend_interface() {
+        if !privileged("neigh::a_link_local_probe_leaves_by_the_backend_interface") {
+            return;
+        }
+        let ns = bed("ll");
+        // fe80::/64 is on every interface: only the scope says which link is meant.
+        inside(&ns, || {
+            let index = |dev| nix::net::if_::if_nametoindex(dev).unwrap();
+            probe("fe80::99".parse().unwrap(), index("v1"));
+            probe("fe80::98".parse().unwrap(), index("v0"));
+        });
+        let entries = |dev: &str| {
+            let out = Command::new("ip")
+                .args(["-n", ns.name(), "-6", "neigh", "show", "dev", dev])
+                .output()
+                .expect("run ip");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let deadline = Instant::now() + std::time::Duration::from_secs(3);
+        while !(entries("v1").contains("fe80::99") && entries("v0").contains("fe80::98"))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let (v0, v1) = (entries("v0"), entries("v1"));
+        assert!(
+            v1.contains("fe80::99") && !v0.contains("fe80::99"),
+            "v0:\n{v0}\nv1:\n{v1}"
+        );
+        assert!(
+            v0.contains("fe80::98") && !v1.contains("fe80::98"),
+            "v0:\n{v0}\nv1:\n{v1}"
+        );
     }
 
     #[test]
@@ -974,7 +1146,7 @@ backends = [{ address = "198.51.100.14", port = 80, tunnel = "198.51.100.11" }]
         .unwrap();
         let known = Neighbours {
             macs: [("198.51.100.11".parse().unwrap(), [2, 0, 0, 0, 1, 0x11])].into(),
-            routes: Vec::new(),
+            ..Neighbours::default()
         };
         let missing = fill(&mut cfg, &known);
         assert_eq!(missing, vec!["198.51.100.12".parse::<IpAddr>().unwrap()]);
@@ -1024,6 +1196,7 @@ backends = [{ address = "198.51.100.14", port = 80, tunnel = "198.51.100.11" }]
         let n = Neighbours {
             macs: [("198.51.100.11".parse().unwrap(), [2, 0, 0, 0, 1, 0x11])].into(),
             routes: parse_routes(json, false),
+            ..Neighbours::default()
         };
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         assert_eq!(n.routes.len(), 4);

@@ -585,6 +585,34 @@ fn the_older_service_keeps_a_contested_frontend() {
 }
 
 #[test]
+fn the_maglev_table_is_sized_for_the_endpoints_that_take_new_flows() {
+    let size = |taking: usize, terminating: usize| {
+        let eps: Vec<Value> = (0..taking + terminating)
+            .map(|i| {
+                let a = format!("192.0.2.{}", i + 1);
+                if i < taking {
+                    ready(&a, "n1")
+                } else {
+                    ep(&a, "n1", Some(false), Some(true), Some(true))
+                }
+            })
+            .collect();
+        let t = tr(
+            &settings(Mode::Nat),
+            &[lb("web"), slice("web-1", "web", eps)],
+            &[("default/web", &["203.0.113.17"])],
+        );
+        assert_eq!(t.services[0].backends.len(), taking + terminating);
+        t.services[0].maglev_table_size
+    };
+    // 100 slots per endpoint taking new flows: a rollout's terminating endpoints do not
+    // push a 20-replica Service into the next size.
+    assert_eq!(size(20, 0), 2_039);
+    assert_eq!(size(20, 5), 2_039);
+    assert_eq!(size(21, 0), 16_381);
+}
+
+#[test]
 fn large_backend_sets_get_the_large_maglev_table() {
     let eps: Vec<Value> = (0..700)
         .map(|i| ready(&format!("192.0.{}.{}", 100 + i / 250, i % 250 + 1), "n1"))

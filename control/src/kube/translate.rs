@@ -1035,8 +1035,19 @@ impl<'a> Translator<'a> {
                 } else {
                     (nat_backends(vip, &eps), None)
                 };
+                // Sized for the backends that take new flows (those the table is filled
+                // with): terminating endpoints and NotReady nodes leaving during a rollout
+                // do not push it across a size. The table still holds a slot per backend.
+                let taking = backends
+                    .iter()
+                    .filter(|b| b.state == model::BackendState::Active && b.weight > 0)
+                    .count();
                 let Some(maglev_table_size) =
-                    table_size(backends.len(), self.settings.maglev_min_table_size)
+                    table_size(taking, self.settings.maglev_min_table_size)
+                        .filter(|&size| size as usize >= backends.len())
+                        .or_else(|| {
+                            table_size(backends.len(), self.settings.maglev_min_table_size)
+                        })
                 else {
                     self.warn(
                         WarningKind::TooManyBackends,
