@@ -420,6 +420,19 @@ impl Collector for Metrics {
             "Generation of the service table the workers use.",
             &gen,
         )?;
+        let unresolved = table
+            .backends
+            .iter()
+            .flatten()
+            .filter(|b| b.mac.is_none())
+            .count();
+        gauge(
+            &mut enc,
+            "backends_without_next_hop",
+            "Backends of the live table whose next-hop MAC is not resolved yet (their frames are \
+             dropped as no_next_hop).",
+            &[(Vec::new(), unresolved as i64)],
+        )?;
         Ok(())
     }
 }
@@ -496,6 +509,7 @@ mod tests {
         ));
         assert!(m.contains("strait_backend_up{service=\"web\",backend=\"198.51.100.11:80\"} 1"));
         assert!(m.contains("strait_snapshot_generation 1"));
+        assert!(m.contains("strait_backends_without_next_hop 0"), "{m}");
         assert!(
             m.contains(
                 "strait_worker_dropped_frames_total{core=\"veth-gw/0\",cause=\"tx_ring_full\"} 0"

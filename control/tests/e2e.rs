@@ -575,6 +575,7 @@ fn j_backends_without_macs_are_reached_through_the_neighbour_table() {
             .to_owned();
         assert_eq!(next_hop_mac(&v, "web", &s.backend_ip(b)), mac, "{v:#}");
     }
+    assert_eq!(gw.metric("strait_backends_without_next_hop"), Some(0.0));
 }
 
 #[test]
