@@ -457,6 +457,9 @@ pub struct NextHops {
     /// The last read every target was checked against and found up to date; `None` when
     /// a fill happened since. The same read again changes nothing.
     checked: Option<Neighbours>,
+    /// The routes every target's next hop was computed with; `None` when fills used
+    /// different ones. While the routes stay these, a check needs no route lookups.
+    routes: Option<Vec<(IpNet, Option<IpAddr>)>>,
     /// A target was given two MACs by fills at different times: the services filled
     /// first hold the old one until a full refill.
     split: bool,
@@ -472,6 +475,7 @@ impl Default for NextHops {
             by_service: HashMap::new(),
             targets: HashMap::new(),
             checked: None,
+            routes: None,
             split: false,
             ifindex: 0,
             probe,
@@ -489,6 +493,11 @@ impl NextHops {
         }
         for s in services {
             self.forget(&s.name);
+            if self.targets.is_empty() {
+                self.routes = Some(neighbours.routes.clone());
+            } else if self.routes.as_ref() != Some(&neighbours.routes) {
+                self.routes = None;
+            }
             let mut keys = Vec::new();
             let (targets, split) = (&mut self.targets, &mut self.split);
             let missing = fill_one(s, neighbours, |target, routed, hop, mac| {
@@ -531,6 +540,7 @@ impl NextHops {
         self.by_service.clear();
         self.targets.clear();
         self.checked = None;
+        self.routes = None;
         self.split = false;
     }
 
@@ -572,18 +582,14 @@ impl NextHops {
         if neighbours.ifindex != 0 {
             self.ifindex = neighbours.ifindex;
         }
-        let routes_changed = self
-            .checked
-            .as_ref()
-            .is_none_or(|c| c.routes != neighbours.routes);
+        let routes_changed = self.routes.as_ref() != Some(&neighbours.routes);
         let mut resolved = std::collections::BTreeSet::new();
         let mut moved = std::collections::BTreeSet::new();
-        for (&(target, routed), t) in &self.targets {
-            let hop = match (routed, routes_changed) {
-                (false, _) => target,
-                (true, true) => neighbours.next_hop(target),
-                (true, false) => t.hop,
-            };
+        for (&(target, routed), t) in &mut self.targets {
+            if routed && routes_changed {
+                t.hop = neighbours.next_hop(target);
+            }
+            let hop = t.hop;
             match (t.mac, neighbours.macs.get(&hop)) {
                 (None, Some(_)) => {
                     resolved.insert(hop);
@@ -602,6 +608,7 @@ impl NextHops {
             let list: Vec<String> = moved.into_iter().collect();
             return Some(format!("next-hop MACs changed: {}", list.join(", ")));
         }
+        self.routes = Some(neighbours.routes.clone());
         self.checked = Some(neighbours.clone());
         None
     }
@@ -795,6 +802,17 @@ mod tests {
             &[("198.51.100.0/24", "192.0.2.9")],
         );
         assert_eq!(hops.recheck(&same), None);
+        // ... and the new router is followed from then on, with no route change.
+        let why = hops
+            .recheck(&routed(
+                &[("192.0.2.7", 7), ("192.0.2.9", 9)],
+                &[("198.51.100.0/24", "192.0.2.9")],
+            ))
+            .unwrap();
+        assert!(
+            why.contains("192.0.2.9 02:00:00:00:01:07 -> 02:00:00:00:01:09"),
+            "{why}"
+        );
     }
 
     #[test]
