@@ -568,7 +568,7 @@ impl FlowTable {
 
     /// [`FlowTable::lookup`] with `hash = key.hash(SEED_FLOW)` already computed, so the
     /// pipeline hashes a packet's key once for lookup and insert.
-    #[inline]
+    #[inline(always)]
     pub fn lookup_hashed(&mut self, key: &FlowKey, hash: u64, now: u64) -> Option<&mut FlowValue> {
         debug_assert_eq!(
             hash,
