@@ -72,7 +72,7 @@ fn maglev_hash(flow_hash: u64) -> u64 {
 /// Frames [`Pipeline::process_batch`] works on together. Large enough that the flow-table
 /// misses of a batch overlap (a DRAM miss costs about 170 ns on the CI machine, and a core
 /// keeps 10-20 misses in flight), small enough that the batch's frames and staged parse
-/// results stay in L1 (32 x ~128 bytes). Equal to the AF_XDP RX batch.
+/// results stay in L1 (32 x ~170 bytes staged). Equal to the AF_XDP RX batch.
 pub const BATCH: usize = 32;
 
 /// A frame's parse result as the decision takes it: dropped with a reason, not IP (`None`), or
