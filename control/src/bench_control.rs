@@ -122,87 +122,75 @@ pub enum Target {
     ControlOnly,
 }
 
-/// The bench's namespace: `bench0` (the gateway's interface, worker on queue 0) and its
-/// veth peer `bench1`; the backends' prefix 2001:db8:2::/48 is routed via a router
-/// 2001:db8:1::1 whose MAC is a permanent neighbour entry, as pod addresses are routed via
-/// their node. Deleted on drop.
-struct Netns(String);
+/// Prefix of the bench's namespace; the pid follows.
+const NETNS_PREFIX: &str = "strait-bc-";
 
-impl Netns {
-    const PREFIX: &'static str = "strait-bc-";
-
-    /// Removes the namespaces of earlier runs that were killed before they could (their
-    /// pid is gone).
-    fn remove_orphans() {
-        let Ok(dir) = std::fs::read_dir("/run/netns") else {
-            return;
+/// The bench's namespace (deleted on drop): `bench0` (the gateway's interface, worker on
+/// queue 0) and its veth peer `bench1`; the backends' prefix 2001:db8:2::/48 is routed via
+/// a router 2001:db8:1::1 whose MAC is a permanent neighbour entry, as pod addresses are
+/// routed via their node. Namespaces of earlier runs that were killed (their pid is gone)
+/// are removed first.
+fn bench_namespace() -> anyhow::Result<crate::peers::Netns> {
+    for e in std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(NETNS_PREFIX) else {
+            continue;
         };
-        for e in dir.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(pid) = name.strip_prefix(Self::PREFIX) else {
-                continue;
-            };
-            if pid.parse::<u32>().is_ok() && !std::path::Path::new("/proc").join(pid).exists() {
-                let _ = ip(&["netns", "del", &name]);
-            }
+        if pid.parse::<u32>().is_ok() && !std::path::Path::new("/proc").join(pid).exists() {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", &name])
+                .status();
         }
     }
-
-    fn up() -> anyhow::Result<Self> {
-        Self::remove_orphans();
-        let name = format!("{}{}", Self::PREFIX, std::process::id());
-        ip(&["netns", "add", &name])?;
-        let ns = Self(name);
-        for cmd in [
-            "link add bench0 type veth peer name bench1",
-            "link set lo up",
-            "link set bench0 up",
-            "link set bench1 up",
-            "addr add 2001:db8:1::2/64 dev bench0 nodad",
-            "neigh add 2001:db8:1::1 lladdr 02:00:00:00:01:01 dev bench0 nud permanent",
-            "route add 2001:db8:2::/48 via 2001:db8:1::1 dev bench0",
-        ] {
-            let mut args = vec!["-n", &ns.0];
-            args.extend(cmd.split(' '));
-            ip(&args)?;
-        }
-        Ok(ns)
+    let ns = crate::peers::Netns::create(&format!("{NETNS_PREFIX}{}", std::process::id()))?;
+    for cmd in [
+        "link add bench0 type veth peer name bench1",
+        "link set bench0 up",
+        "link set bench1 up",
+        "addr add 2001:db8:1::2/64 dev bench0 nodad",
+        "neigh add 2001:db8:1::1 lladdr 02:00:00:00:01:01 dev bench0 nud permanent",
+        "route add 2001:db8:2::/48 via 2001:db8:1::1 dev bench0",
+    ] {
+        let args: Vec<&str> = cmd.split(' ').collect();
+        crate::peers::run_in(ns.name(), "ip", &args, None)?;
     }
+    Ok(ns)
 }
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = ip(&["netns", "del", &self.0]);
-    }
-}
-
-fn ip(args: &[&str]) -> anyhow::Result<()> {
-    let out = std::process::Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| anyhow::anyhow!("ip {}: {e}", args.join(" ")))?;
-    anyhow::ensure!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(())
-}
-
-/// What one run measures.
-#[derive(Debug, Clone, Copy)]
+/// What one run measures (the command-line flags of `strait bench control`).
+#[derive(Debug, Clone, Copy, clap::Args)]
 pub struct Run {
     /// Print JSON instead of a summary.
+    #[arg(long)]
     pub json: bool,
     /// Services listed.
+    #[arg(long, default_value_t = 10_000)]
     pub services: usize,
     /// Endpoints per Service.
+    #[arg(long, default_value_t = 10)]
     pub endpoints: usize,
     /// Changes measured.
+    #[arg(long, default_value_t = 20)]
     pub changes: usize,
-    /// Where the changes go.
-    pub target: Target,
+    /// Measure the control path alone: no AF_XDP worker, steering program or neighbour
+    /// reads (runs without root).
+    #[arg(long)]
+    pub no_workers: bool,
+}
+
+impl Run {
+    /// Where the measured changes go.
+    pub fn target(&self) -> Target {
+        if self.no_workers {
+            Target::ControlOnly
+        } else {
+            Target::Workers
+        }
+    }
 }
 
 /// Runs the benchmark; prints a summary or JSON.
@@ -215,13 +203,13 @@ pub fn run(opts: Run) -> anyhow::Result<()> {
         opts.services > 0 && opts.changes > 0,
         "--services and --changes must be at least 1"
     );
-    if opts.target == Target::ControlOnly {
+    if opts.target() == Target::ControlOnly {
         return measure(opts);
     }
-    let ns = Netns::up().map_err(|e| {
+    let ns = bench_namespace().map_err(|e| {
         anyhow::anyhow!("{e:#}\n(the bench with workers needs root; --no-workers measures the control path alone)")
     })?;
-    let path = format!("/run/netns/{}", ns.0);
+    let path = format!("/run/netns/{}", ns.name());
     // A thread enters the namespace; the worker threads it starts are born in it, and the
     // namespace is deleted once they are stopped.
     std::thread::scope(|s| {
@@ -242,9 +230,9 @@ fn measure(opts: Run) -> anyhow::Result<()> {
         services,
         endpoints,
         changes,
-        target,
+        ..
     } = opts;
-    let workers = target == Target::Workers;
+    let workers = opts.target() == Target::Workers;
     // Without workers the interface is only where the neighbour table would be read.
     let iface = if workers { "bench0" } else { "lo" };
     let file = strait_config::parse(&format!(
@@ -518,7 +506,7 @@ mod tests {
             services: 50,
             endpoints: 3,
             changes: 3,
-            target,
+            no_workers: target == super::Target::ControlOnly,
         }
     }
 

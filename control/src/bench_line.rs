@@ -197,24 +197,33 @@ impl Traffic {
     }
 }
 
-/// What `strait bench line-rate` was asked for.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// What `strait bench line-rate` was asked for (its command-line flags).
+#[derive(Debug, Clone, Default, PartialEq, clap::Args)]
 pub struct Options {
-    /// Fewer scales and shorter points (under three minutes).
+    /// Fewer scales (10 and 1,000 services) and 3 s per point: under three minutes.
+    #[arg(long)]
     pub quick: bool,
-    /// Write the JSON report here.
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Write the PNG chart here.
+    /// Also draw a PNG chart to this file.
+    #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
-    /// Service counts to run (empty: by `quick`).
+    /// Service counts to run instead (comma-separated; default by `--quick`).
+    #[arg(long, value_delimiter = ',', value_name = "N,...")]
     pub services: Vec<usize>,
-    /// Seconds per point (None: by `quick`).
+    /// Seconds of traffic per point instead (default by `--quick`).
+    #[arg(long, value_name = "SECS")]
     pub seconds: Option<f64>,
-    /// Systems to run (empty: all).
+    /// Only these systems (comma-separated; default all).
+    #[arg(long, value_delimiter = ',', value_name = "SYSTEM,...")]
     pub systems: Vec<System>,
-    /// Bring every system up and check it, without traffic.
+    /// Bring each system up and check it (topology, rules, gateway healthy), then tear
+    /// it down; no traffic.
+    #[arg(long, hide = true)]
     pub setup_only: bool,
-    /// Namespace prefix (default `lr<pid>`).
+    /// Namespace prefix (default lr<pid>).
+    #[arg(long, hide = true)]
     pub prefix: Option<String>,
 }
 

@@ -107,24 +107,7 @@ enum Bench {
     },
     /// Time from a Kubernetes EndpointSlice change to the new table being live, with
     /// 10,000 Services of 10 endpoints each (p50 and p99).
-    Control {
-        /// Print JSON instead of a summary.
-        #[arg(long)]
-        json: bool,
-        /// Services listed.
-        #[arg(long, default_value_t = 10_000)]
-        services: usize,
-        /// Endpoints per Service.
-        #[arg(long, default_value_t = 10)]
-        endpoints: usize,
-        /// Changes measured.
-        #[arg(long, default_value_t = 20)]
-        changes: usize,
-        /// Measure the control path alone: no AF_XDP worker, steering program or
-        /// neighbour reads (runs without root).
-        #[arg(long)]
-        no_workers: bool,
-    },
+    Control(bench_control::Run),
     /// Rule-update latency: one endpoint change among N services (10 endpoints each), in
     /// Strait (build + swap) and in kube-proxy's iptables and nftables rules (restored into
     /// throwaway namespaces). Needs root, iptables and nftables.
@@ -146,33 +129,7 @@ enum Bench {
     /// (dsr-l2, nat), kube-proxy's iptables and nftables rules (10, 1,000, 10,000
     /// services) and a bare AF_XDP forwarder (limit), new-flow and established UDP traffic.
     /// Needs root, iptables, nftables and curl.
-    LineRate {
-        /// Fewer scales (10 and 1,000 services) and 3 s per point: under three minutes.
-        #[arg(long)]
-        quick: bool,
-        /// Also write the report as JSON to this file.
-        #[arg(long, value_name = "FILE")]
-        json: Option<PathBuf>,
-        /// Also draw a PNG chart to this file.
-        #[arg(long, value_name = "FILE")]
-        plot: Option<PathBuf>,
-        /// Service counts to run instead (comma-separated).
-        #[arg(long, value_delimiter = ',', value_name = "N,...")]
-        services: Vec<usize>,
-        /// Seconds of traffic per point instead.
-        #[arg(long, value_name = "SECS")]
-        seconds: Option<f64>,
-        /// Only these systems (comma-separated; default all).
-        #[arg(long, value_delimiter = ',', value_name = "SYSTEM,...")]
-        systems: Vec<bench_line::System>,
-        /// Bring each system up and check it (topology, rules, gateway healthy), then tear
-        /// it down; no traffic.
-        #[arg(long, hide = true)]
-        setup_only: bool,
-        /// Namespace prefix (default lr<pid>).
-        #[arg(long, hide = true)]
-        prefix: Option<String>,
-    },
+    LineRate(bench_line::Options),
 }
 
 fn main() -> ExitCode {
@@ -202,47 +159,11 @@ fn main() -> ExitCode {
             what: Bench::RuleUpdate { json, services },
         } => bench_rules::run(json, services),
         Command::Bench {
-            what:
-                Bench::LineRate {
-                    quick,
-                    json,
-                    plot,
-                    services,
-                    seconds,
-                    systems,
-                    setup_only,
-                    prefix,
-                },
-        } => bench_line::run(&bench_line::Options {
-            quick,
-            json,
-            plot,
-            services,
-            seconds,
-            systems,
-            setup_only,
-            prefix,
-        }),
+            what: Bench::LineRate(options),
+        } => bench_line::run(&options),
         Command::Bench {
-            what:
-                Bench::Control {
-                    json,
-                    services,
-                    endpoints,
-                    changes,
-                    no_workers,
-                },
-        } => bench_control::run(bench_control::Run {
-            json,
-            services,
-            endpoints,
-            changes,
-            target: if no_workers {
-                bench_control::Target::ControlOnly
-            } else {
-                bench_control::Target::Workers
-            },
-        }),
+            what: Bench::Control(r),
+        } => bench_control::run(r),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
