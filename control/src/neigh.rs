@@ -491,6 +491,8 @@ impl NextHops {
         if neighbours.ifindex != 0 {
             self.ifindex = neighbours.ifindex;
         }
+        // Next hops still unknown, over all these services: probed and said once each.
+        let mut unresolved = std::collections::BTreeSet::new();
         for s in services {
             self.forget(&s.name);
             if self.targets.is_empty() {
@@ -510,16 +512,17 @@ impl NextHops {
                 t.mac = mac;
                 t.users += 1;
             });
-            if !missing.is_empty() {
-                tracing::info!(service = %s.name, ?missing, "next-hop MACs not resolved yet; probing");
-            }
-            for &a in &missing {
-                (self.probe)(a, self.ifindex);
-            }
+            unresolved.extend(missing);
             if !keys.is_empty() {
                 self.by_service.insert(s.name.clone(), keys);
                 self.checked = None;
             }
+        }
+        if !unresolved.is_empty() {
+            tracing::info!(missing = ?unresolved, "next-hop MACs not resolved yet; probing");
+        }
+        for &a in &unresolved {
+            (self.probe)(a, self.ifindex);
         }
     }
 
@@ -760,6 +763,16 @@ mod tests {
         fixed.fill(&mut svc, &macs(&[(b, 0x11)]));
         assert_eq!(svc[0].backends[0].mac, Some(MacAddr([2, 0, 0, 0, 2, 0x11])));
         assert!(!fixed.watching());
+    }
+
+    #[test]
+    fn a_next_hop_several_services_lack_is_probed_once() {
+        let c = "198.51.100.12";
+        let mut hops = recording();
+        let mut svcs = [web(&[(c, None)]), web(&[(c, None)])];
+        svcs[1].name = "api".to_owned();
+        hops.fill(&mut svcs, &macs(&[]));
+        assert_eq!(PROBED.with(|p| p.take()), vec![addr(c)]);
     }
 
     #[test]
