@@ -495,11 +495,7 @@ impl NextHops {
         let mut unresolved = std::collections::BTreeSet::new();
         for s in services {
             self.forget(&s.name);
-            if self.targets.is_empty() {
-                self.routes = Some(neighbours.routes.clone());
-            } else if self.routes.as_ref() != Some(&neighbours.routes) {
-                self.routes = None;
-            }
+            let first = self.targets.is_empty();
             let mut keys = Vec::new();
             let (targets, split) = (&mut self.targets, &mut self.split);
             let missing = fill_one(s, neighbours, |target, routed, hop, mac| {
@@ -514,6 +510,13 @@ impl NextHops {
             });
             unresolved.extend(missing);
             if !keys.is_empty() {
+                // Every target's next hop was computed with these routes, or not all with
+                // the same ones. (A service with every MAC configured read nothing.)
+                if first {
+                    self.routes = Some(neighbours.routes.clone());
+                } else if self.routes.as_ref() != Some(&neighbours.routes) {
+                    self.routes = None;
+                }
                 self.by_service.insert(s.name.clone(), keys);
                 self.checked = None;
             }
