@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The README's first command: the gateway's main job on its built-in default.
 #
-# Builds strait, brings up the veth testbed (a client, the gateway and four backends, each in
-# its own network namespace, documentation addresses only), runs the gateway on the built-in
-# configuration (config/strait.example.toml), sends real HTTP requests and UDP datagrams from
-# the client namespace to the VIP, prints what each backend answered (and the client address
-# it saw), and tears everything down, also on Ctrl-C or an error. Needs root (namespaces,
-# XDP, AF_XDP).
+# Builds the gateway (`strait`) and the lab (`strait-lab`), brings up the lab's veth testbed
+# (a client, the gateway and four backends, each in its own network namespace, documentation
+# addresses only), runs the gateway on the built-in configuration
+# (config/strait.example.toml), sends real HTTP requests and UDP datagrams from the client
+# namespace to the VIP, prints what each backend answered (and the client address it saw),
+# and tears everything down, also on Ctrl-C or an error. Needs root (namespaces, XDP,
+# AF_XDP).
 #
 #   REQUESTS=300 ./scripts/demo.sh
 set -euo pipefail
@@ -20,8 +21,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 bash scripts/deps.sh
-cargo build --release -p strait-control
+cargo build --release -p strait-control -p strait-lab
 strait="$PWD/target/release/strait"
+lab="$PWD/target/release/strait-lab"
 log="$(mktemp -t strait-demo.XXXXXX.log)"
 
 gw=""
@@ -32,7 +34,7 @@ cleanup() {
     kill -TERM "$gw"
     wait "$gw" || true
   fi
-  "$strait" testbed down --prefix "$prefix" || true
+  "$lab" testbed down --prefix "$prefix" || true
   echo "gateway log: $log"
   exit "$status"
 }
@@ -40,7 +42,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo "== testbed"
-"$strait" testbed up --prefix "$prefix" --backends 4
+"$lab" testbed up --prefix "$prefix" --backends 4
 
 echo "== gateway (built-in configuration), log in $log"
 ip netns exec "$prefix-gw" "$strait" run 2>"$log" &

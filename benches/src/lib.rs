@@ -32,7 +32,7 @@
 //! those dominate a sum, so runs of the same binary differ by 2x in the mean while the median
 //! stays put. Both are reported; see [`Measurement`] for what each one means.
 //!
-//! `strait bench pipeline` (`control/src/bench_pipeline.rs`) drives this same harness and
+//! `strait-lab bench pipeline` (`lab/src/bench/pipeline.rs`) drives this same harness and
 //! prints both summaries; the criterion benches in `benches/` time the same batches and leave
 //! the statistics to criterion.
 

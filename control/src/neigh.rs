@@ -646,11 +646,6 @@ pub fn probe(addr: IpAddr, ifindex: u32) {
     }
 }
 
-/// The gate of the privileged tests, shared with the integration tests.
-#[cfg(test)]
-#[path = "../tests/support/privileged.rs"]
-mod gate;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -862,11 +857,12 @@ mod tests {
     use std::process::Command;
     use std::time::Instant;
 
-    use crate::peers::Netns;
+    use strait_testkit::harness::Netns;
+    use strait_testkit::privileged as gate;
 
-    /// Root and iproute2 (see `tests/support/privileged.rs`).
+    /// Root and iproute2 (see `strait_testkit::privileged`).
     fn privileged(test: &str) -> bool {
-        super::gate::privileged(test, &[("ip", "-V", "iproute2")])
+        gate::privileged(test, &[gate::IP])
     }
 
     /// What this module read before netlink, kept as the oracle the netlink read is checked
@@ -938,8 +934,9 @@ mod tests {
     /// `v0`/`v1`, both ends up: `v0` with 198.51.100.1/24 and 2001:db8:1::1/64, `v1` with
     /// 192.0.2.1/25 and 2001:db8:9::1/64.
     fn bed(tag: &str) -> Netns {
-        let ns = Netns::create(&format!("strait-{tag}-{}", std::process::id())).unwrap();
+        let ns = Netns::add(&format!("strait-{tag}-{}", std::process::id()));
         for cmd in [
+            "link set lo up",
             "link add v0 type veth peer name v1",
             "link set v0 up",
             "link set v1 up",
@@ -968,19 +965,6 @@ mod tests {
         );
     }
 
-    /// Runs `f` on a thread that entered `ns`'s network namespace.
-    fn inside<T: Send>(ns: &Netns, f: impl FnOnce() -> T + Send) -> T {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let file = std::fs::File::open(format!("/run/netns/{}", ns.name())).unwrap();
-                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-                f()
-            })
-            .join()
-            .unwrap()
-        })
-    }
-
     fn sorted(mut routes: Vec<(IpNet, Option<IpAddr>)>) -> Vec<(IpNet, Option<IpAddr>)> {
         routes.sort();
         routes
@@ -993,7 +977,7 @@ mod tests {
         }
         let ns = bed("ll");
         // fe80::/64 is on every interface: only the scope says which link is meant.
-        inside(&ns, || {
+        Netns::run_in(&ns, || {
             let index = |dev| nix::net::if_::if_nametoindex(dev).unwrap();
             probe("fe80::99".parse().unwrap(), index("v1"));
             probe("fe80::98".parse().unwrap(), index("v0"));
@@ -1066,7 +1050,7 @@ mod tests {
         ] {
             ip(&ns, cmd);
         }
-        let (read, unfiltered, oracle, on_v1) = inside(&ns, || {
+        let (read, unfiltered, oracle, on_v1) = Netns::run_in(&ns, || {
             (
                 table("v0"),
                 super::read("v0", false),
@@ -1311,7 +1295,7 @@ backends = [{ address = "203.0.113.65", port = 8080 }, { address = "203.0.113.99
         assert!(child.wait().unwrap().success(), "ip -batch");
 
         let reads = 100;
-        let (read, oracle, netlink, iproute2) = inside(&ns, || {
+        let (read, oracle, netlink, iproute2) = Netns::run_in(&ns, || {
             let read = table("v0").unwrap();
             let oracle = ip_table("v0");
             let t = Instant::now();

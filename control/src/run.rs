@@ -229,15 +229,11 @@ impl Control {
 
     /// The state [`Control::start`] makes once the interfaces are known: the checker, the
     /// builder, the first table and the shared state, with no workers and no VIPs. Also what
-    /// `strait bench control` drives, so that it measures the gateway's own per-change path.
+    /// `strait-lab bench control` drives, so that it measures the gateway's own per-change path.
     ///
     /// # Errors
     /// When the first table does not build.
-    pub(crate) fn with_ports(
-        source: Source,
-        cfg: Config,
-        ports: Vec<Port>,
-    ) -> anyhow::Result<Self> {
+    pub fn with_ports(source: Source, cfg: Config, ports: Vec<Port>) -> anyhow::Result<Self> {
         let (tx, changes) = mpsc::channel();
         let mut checker = Checker::new(tx);
         checker.sync(&cfg);
@@ -326,7 +322,7 @@ impl Control {
     /// The merged configuration is the file's services, then the Kubernetes ones in the
     /// list's order (by name), less those [`crate::kube::merge`] leaves out: what a merge
     /// from scratch gives. A large change (the first list, a relist) is merged from scratch.
-    pub(crate) fn apply_kube(
+    pub fn apply_kube(
         &mut self,
         publications: Vec<crate::kube::Publication>,
     ) -> anyhow::Result<()> {

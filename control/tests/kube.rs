@@ -1,16 +1,7 @@
 //! Tests of the Kubernetes source (`control/src/kube/`): translation and address planning
 //! as pure functions, the controller fed with hand-made watcher events, and the whole
-//! source against the fake API server in `support/fake_api.rs` (plain HTTP on 127.0.0.1,
-//! a kubeconfig in a temporary directory; no cluster, no root, no other network).
-//!
-//! The `strait` crate is a binary, so the module is compiled into this test as it is
-//! (it uses nothing of the binary but `strait_config`).
-
-#[allow(dead_code, unused_imports)]
-#[path = "../src/kube/mod.rs"]
-mod kube;
-
-mod support;
+//! source against the fake API server of `strait-testkit` (plain HTTP on 127.0.0.1, a
+//! kubeconfig in a temporary directory; no cluster, no root, no other network).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -25,14 +16,15 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{json, Value};
 use strait_config::model::{self, BackendState, HealthKind, Mode, Protocol};
 
-use kube::pool::{self, Allocator};
-use kube::settings::Settings;
-use kube::stats::Kind;
-use kube::translate::{self, Cluster, Translation, WarningKind};
-use kube::watch::Controller;
-use support::fake_api::{FakeApi, Res};
-use support::harness::Scratch;
-use support::objects::{node, CLASS};
+use strait_control::kube;
+use strait_control::kube::pool::{self, Allocator};
+use strait_control::kube::settings::Settings;
+use strait_control::kube::stats::Kind;
+use strait_control::kube::translate::{self, Cluster, Translation, WarningKind};
+use strait_control::kube::watch::Controller;
+use strait_testkit::fake_api::{FakeApi, Res};
+use strait_testkit::harness::Scratch;
+use strait_testkit::objects::{node, CLASS};
 
 // ---- objects ------------------------------------------------------------------------
 

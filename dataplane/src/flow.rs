@@ -46,7 +46,7 @@
 //! home (all but a fraction of a percent of hits) costs nothing more. Only when that finds no
 //! key does it screen the whole tag line, 32 tags, already in the cache since it is the same
 //! line, branch-free; and only on a tag match there does it read an entry. Eviction stays in
-//! the home bucket (8 entries read at most). Measured with `strait bench pipeline` (1M
+//! the home bucket (8 entries read at most). Measured with `strait-lab bench pipeline` (1M
 //! established flows in 2M ways), overflow cut the flows refused `Full` from 6,666 to 7
 //! (nat: 12,870 to 16) and established traffic got 1-5 % faster, since a refused flow's every
 //! packet had read all 8 entries of its full bucket; new flows (SYN), which screen the line

@@ -28,9 +28,6 @@
 //! | [`watch`] | watchers, the reconcile loop, status writes |
 //! | [`events`] | Kubernetes Events, de-duplicated |
 //! | [`stats`] | connection state and counters for `/metrics` |
-//!
-//! This module only uses `strait_config` and external crates (no `crate::` paths), so the
-//! integration tests in `control/tests/kube.rs` compile it as it is.
 
 pub mod events;
 pub mod pool;

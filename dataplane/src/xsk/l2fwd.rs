@@ -1,4 +1,4 @@
-//! The `limit` system of the line-rate benchmark (`strait l2fwd`): a plain AF_XDP forwarder
+//! The `limit` system of the line-rate benchmark (`strait-lab l2fwd`): a plain AF_XDP forwarder
 //! that receives on one interface, rewrites the Ethernet addresses and sends on another. No
 //! parsing, no table, no flow state: the most any AF_XDP forwarder on this path can do, and so
 //! the yardstick the gateway is measured against.

@@ -42,7 +42,7 @@ pub struct SinkProgram {
 
 impl SinkProgram {
     /// Loads the sink, sets its reflect port (`None`: count and drop everything), removes any
-    /// XDP program already on `iface` and attaches the sink as `policy` allows (`strait sink`
+    /// XDP program already on `iface` and attaches the sink as `policy` allows (`strait-lab sink`
     /// asks for native mode only). The interface is looked up in the calling thread's network
     /// namespace.
     ///

@@ -1,4 +1,4 @@
-//! [`TxGen`]: a traffic generator on the AF_XDP TX path (`strait gen`).
+//! [`TxGen`]: a traffic generator on the AF_XDP TX path (`strait-lab gen`).
 //!
 //! One socket on one (interface, queue), bound through a [`QueueGroup`] of one member, whose
 //! UMEM frames carry packet templates. A frame is written whole once, the first time it is

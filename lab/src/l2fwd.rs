@@ -1,0 +1,196 @@
+//! `strait-lab l2fwd`: the `limit` system of the line-rate benchmark, a plain AF_XDP forwarder
+//! ([`strait_dataplane::xsk::L2fwd`]): IPv4 TCP/UDP arriving on `--rx` leaves on `--tx` with
+//! destination MAC `--dst-mac` and the TX interface's own MAC as source; nothing else is done
+//! to it. ARP and everything else on `--rx` stays with the kernel.
+//!
+//! One thread forwards (pinned to `--core` if given); the main thread prints forwarded pps to
+//! stderr once a second and, at the end (`--duration` or SIGINT/SIGTERM), the summary on
+//! stdout, one JSON object with `--json`: `{"forwarded":u64,"seconds":f64,"pps":f64}`.
+//! `forwarded` counts frames the kernel reported sent on `--tx`; `seconds` runs from the
+//! forwarder being ready to the stop.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use serde::Serialize;
+use strait_config::MacAddr;
+use strait_dataplane::xsk::{testbed::pin_thread, L2fwd, L2fwdConfig, L2fwdStats};
+
+use crate::sink::{every_second, parse_seconds, stop_on_signals};
+
+/// `strait-lab l2fwd` arguments.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Interface frames arrive on.
+    #[arg(long)]
+    pub rx: String,
+    /// Interface frames leave from.
+    #[arg(long)]
+    pub tx: String,
+    /// Destination MAC written into every forwarded frame.
+    #[arg(long, value_name = "MAC")]
+    pub dst_mac: MacAddr,
+    /// Queue index on both interfaces.
+    #[arg(long, default_value_t = 0)]
+    pub queue: u32,
+    /// Pin the forwarding thread to this CPU.
+    #[arg(long, value_name = "N")]
+    pub core: Option<usize>,
+    /// Stop after SECS seconds (fractions allowed); default: run until SIGINT/SIGTERM.
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub duration: Option<Duration>,
+    /// Print the summary as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The summary, in the field order of the benchmark contract.
+#[derive(Debug, Serialize)]
+struct Summary {
+    forwarded: u64,
+    seconds: f64,
+    pps: f64,
+}
+
+/// The forwarding thread's counters as the reporter reads them.
+#[derive(Debug, Default)]
+struct Published {
+    rx: AtomicU64,
+    forwarded: AtomicU64,
+}
+
+/// Runs `strait-lab l2fwd`.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let stop = stop_on_signals()?;
+    let cfg = L2fwdConfig::new(&args.rx, &args.tx, args.queue, args.dst_mac.octets());
+    let published = Arc::new(Published::default());
+    let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<String>>();
+    let worker = {
+        let stop = Arc::clone(&stop);
+        let published = Arc::clone(&published);
+        let core = args.core;
+        std::thread::Builder::new()
+            .name("l2fwd".to_owned())
+            .spawn(move || -> anyhow::Result<L2fwdStats> {
+                let opened = (|| {
+                    if let Some(c) = core {
+                        pin_thread(c).with_context(|| format!("pinning to CPU {c}"))?;
+                    }
+                    L2fwd::open(&cfg)
+                        .with_context(|| format!("opening the forwarder {} -> {}", cfg.rx, cfg.tx))
+                })();
+                let mut fwd = match opened {
+                    Ok(f) => f,
+                    Err(e) => {
+                        let msg = format!("{e:#}");
+                        let _ = ready_tx.send(Err(e));
+                        return Err(anyhow!(msg));
+                    }
+                };
+                let m = fwd.src_mac();
+                let _ = ready_tx.send(Ok(format!(
+                    "l2fwd {} -> {} queue {}: {} mode, {:?} XDP, src {}, dst {}{}",
+                    cfg.rx,
+                    cfg.tx,
+                    cfg.queue,
+                    fwd.bind_mode(),
+                    fwd.attach_mode(),
+                    MacAddr(m),
+                    MacAddr(cfg.dst_mac),
+                    core.map(|c| format!(", pinned to CPU {c}"))
+                        .unwrap_or_default()
+                )));
+                let st = fwd.run(&stop, |st| {
+                    published.rx.store(st.rx, Ordering::Relaxed);
+                    published.forwarded.store(st.forwarded, Ordering::Relaxed);
+                })?;
+                Ok(st)
+            })
+            .context("starting the forwarding thread")?
+    };
+    match ready_rx.recv() {
+        Ok(Ok(note)) => eprintln!("{note}"),
+        Ok(Err(e)) => {
+            let _ = worker.join();
+            return Err(e);
+        }
+        Err(_) => {
+            return Err(match worker.join() {
+                Ok(Err(e)) => e,
+                _ => anyhow!("the forwarding thread ended before it was ready"),
+            })
+        }
+    }
+
+    let mut last = (0u64, 0u64);
+    let seconds = every_second(&stop, args.duration, |dt| {
+        if worker.is_finished() {
+            return Ok(false);
+        }
+        let now = (
+            published.rx.load(Ordering::Relaxed),
+            published.forwarded.load(Ordering::Relaxed),
+        );
+        eprintln!(
+            "{} -> {}: {:>10.0} pps forwarded   ({:.0} pps received, {} forwarded)",
+            args.rx,
+            args.tx,
+            (now.1 - last.1) as f64 / dt,
+            (now.0 - last.0) as f64 / dt,
+            now.1
+        );
+        last = now;
+        Ok(true)
+    })?;
+    stop.store(true, Ordering::Relaxed);
+    let st = worker
+        .join()
+        .map_err(|_| anyhow!("the forwarding thread panicked"))??;
+    eprintln!(
+        "l2fwd: rx {} tx {} forwarded {}; dropped: tx ring full {}, runts {}, invalid rx {}; \
+         kicks: tx {} fill {}; idle polls {}",
+        st.rx,
+        st.tx,
+        st.forwarded,
+        st.tx_ring_full,
+        st.runts,
+        st.invalid_rx,
+        st.tx_kicks,
+        st.fill_kicks,
+        st.idle_polls
+    );
+    let s = Summary {
+        forwarded: st.forwarded,
+        seconds,
+        pps: st.forwarded as f64 / seconds,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&s)?);
+    } else {
+        println!(
+            "forwarded {} frames in {:.3} s: {:.0} pps",
+            s.forwarded, s.seconds, s.pps
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_has_the_contract_shape() {
+        let s = Summary {
+            forwarded: 4,
+            seconds: 2.0,
+            pps: 2.0,
+        };
+        assert_eq!(
+            serde_json::to_string(&s).expect("serialize"),
+            r#"{"forwarded":4,"seconds":2.0,"pps":2.0}"#
+        );
+    }
+}

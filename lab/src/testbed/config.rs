@@ -1,0 +1,215 @@
+//! The gateway configuration matching a testbed [`Layout`]: written as annotated TOML text
+//! (a file people read while debugging), then checked with `strait_config::parse` by the
+//! caller, so a mismatch with the schema is caught when the testbed comes up.
+//!
+//! One-arm: `web` (TCP 80) and `echo` (UDP 5353) in `dsr-l2`, plus `web6` with IPv6.
+//! Two-arm: `web` (TCP 80 -> 8080) and `echo` (UDP 53 -> 5353) in `nat`, plus `web6`.
+//! Health checks are HTTP `GET /healthz`, faster than the defaults (500 ms interval, down
+//! after two misses) so failover tests finish in about a second.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use super::plan::{Layout, HTTP_PORT, NAT_PORT, NAT_UDP_PORT, UDP_PORT, VIP4, VIP6};
+use super::Topology;
+
+/// Renders the configuration; `path` is where it will be written (quoted in the header).
+pub fn render(layout: &Layout, path: &Path) -> String {
+    let mut s = String::new();
+    let (arms, mode) = match layout.topology {
+        Topology::OneArm => ("one-arm", "dsr-l2"),
+        Topology::TwoArm => ("two-arm", "nat"),
+    };
+    let _ = write!(
+        s,
+        "\
+# Strait gateway configuration of the testbed \"{prefix}\" ({arms}, {n} backends), written by
+# `strait-lab testbed up`; `strait-lab testbed down --prefix {prefix}` removes it with the testbed.
+#
+# Start the gateway in its namespace:
+#   ip netns exec {gw} strait run --config {path}
+# and try it from the client:
+#   ip netns exec {client} curl -s http://{VIP4}/
+
+[gateway]
+admin_listen = \"127.0.0.1:9900\"
+",
+        prefix = layout.prefix,
+        n = layout.backends,
+        gw = layout.gateway_ns(),
+        client = layout.client_ns(),
+        path = path.display(),
+    );
+    for (name, role) in layout.gateway_interfaces() {
+        let _ = write!(
+            s,
+            "
+[[gateway.interfaces]]
+name = \"{name}\"
+queues = [0]
+role = \"{role}\"
+"
+        );
+    }
+
+    let (web_port, backend_port, echo_port) = match layout.topology {
+        Topology::OneArm => (HTTP_PORT, HTTP_PORT, UDP_PORT),
+        Topology::TwoArm => (HTTP_PORT, NAT_PORT, NAT_UDP_PORT),
+    };
+    let why = match layout.topology {
+        Topology::OneArm => "the backends hold the VIP on lo and answer the client directly",
+        Topology::TwoArm => "replies come back through the gateway to be translated",
+    };
+    let backends = layout.backend_specs();
+    service(
+        &mut s,
+        &format!("HTTP in {mode}: {why}."),
+        ("web", &VIP4.to_string(), web_port, "tcp", mode),
+        None,
+        backends
+            .iter()
+            .map(|b| (b.ipv4.to_string(), backend_port, b.mac)),
+    );
+    service(
+        &mut s,
+        &format!("UDP echo in {mode}, health-checked over HTTP."),
+        ("echo", &VIP4.to_string(), echo_port, "udp", mode),
+        Some(backend_port),
+        backends
+            .iter()
+            .map(|b| (b.ipv4.to_string(), UDP_PORT, b.mac)),
+    );
+    if layout.ipv6 {
+        service(
+            &mut s,
+            &format!("HTTP over IPv6 in {mode}."),
+            ("web6", &VIP6.to_string(), web_port, "tcp", mode),
+            None,
+            backends
+                .iter()
+                .filter_map(|b| Some((b.ipv6?.to_string(), backend_port, b.mac))),
+        );
+    }
+    s
+}
+
+/// One `[[services]]` table with its health check and backends.
+fn service(
+    s: &mut String,
+    comment: &str,
+    (name, vip, port, protocol, mode): (&str, &str, u16, &str, &str),
+    check_port: Option<u16>,
+    backends: impl Iterator<Item = (String, u16, strait_config::MacAddr)>,
+) {
+    let _ = write!(
+        s,
+        "
+# {comment}
+[[services]]
+name = \"{name}\"
+vip = \"{vip}\"
+port = {port}
+protocol = \"{protocol}\"
+mode = \"{mode}\"
+
+[services.health_check]
+kind = \"http\"
+path = \"/healthz\"
+"
+    );
+    if let Some(p) = check_port {
+        let _ = writeln!(s, "port = {p}");
+    }
+    s.push_str("interval = \"500ms\"\ntimeout = \"250ms\"\nrise = 2\nfall = 2\n");
+    for (address, port, mac) in backends {
+        let _ = write!(
+            s,
+            "
+[[services.backends]]
+address = \"{address}\"
+port = {port}
+mac = \"{mac}\"
+"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strait_config::{HealthKind, Mode, Protocol, Role};
+
+    fn render_parse(topology: Topology, ipv6: bool) -> strait_config::Config {
+        let layout = Layout {
+            prefix: "st9".to_owned(),
+            topology,
+            backends: 3,
+            ipv6,
+        };
+        let text = render(&layout, Path::new("/run/strait/st9/strait.toml"));
+        strait_config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+    }
+
+    #[test]
+    fn one_arm_is_dsr_l2_with_backend_macs() {
+        let c = render_parse(Topology::OneArm, true);
+        assert_eq!(c.gateway.interfaces.len(), 1);
+        assert_eq!(c.gateway.interfaces[0].name, "veth-gw");
+        assert_eq!(c.gateway.interfaces[0].role, Role::Both);
+        let names: Vec<&str> = c.services.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["web", "echo", "web6"]);
+        let web = &c.services[0];
+        assert_eq!(web.mode, Mode::DsrL2);
+        assert_eq!(web.frontend().to_string(), "203.0.113.10:80");
+        assert_eq!(
+            web.health_check.as_ref().unwrap().kind,
+            HealthKind::Http {
+                path: "/healthz".into()
+            }
+        );
+        let b: Vec<String> = web
+            .backends
+            .iter()
+            .map(|b| format!("{} {}", b.socket_addr(), b.mac.unwrap()))
+            .collect();
+        assert_eq!(
+            b,
+            [
+                "198.51.100.11:80 02:00:00:00:01:11",
+                "198.51.100.12:80 02:00:00:00:01:12",
+                "198.51.100.13:80 02:00:00:00:01:13"
+            ]
+        );
+        let echo = &c.services[1];
+        assert_eq!(echo.protocol, Protocol::Udp);
+        assert_eq!(echo.backends[0].port, 5353);
+        assert_eq!(echo.health_check.as_ref().unwrap().port, Some(80));
+        assert_eq!(
+            c.services[2].backends[2].address.to_string(),
+            "2001:db8:b::13"
+        );
+    }
+
+    #[test]
+    fn two_arm_is_nat_to_8080() {
+        let c = render_parse(Topology::TwoArm, false);
+        let ifs: Vec<(&str, Role)> = c
+            .gateway
+            .interfaces
+            .iter()
+            .map(|i| (i.name.as_str(), i.role))
+            .collect();
+        assert_eq!(ifs, [("veth-c", Role::Client), ("veth-b", Role::Backend)]);
+        assert_eq!(c.services.len(), 2, "no web6 without IPv6");
+        assert!(c.services.iter().all(|s| s.mode == Mode::Nat));
+        assert_eq!(
+            c.services[0].backends[0].socket_addr().to_string(),
+            "198.51.100.11:8080"
+        );
+        assert_eq!(c.services[1].frontend().to_string(), "203.0.113.10:53");
+        assert_eq!(
+            c.services[1].backends[1].socket_addr().to_string(),
+            "198.51.100.12:5353"
+        );
+    }
+}

@@ -1,0 +1,666 @@
+//! End to end: the testbed, the gateway (`strait run` with its AF_XDP workers and XDP
+//! program) and real clients and servers in network namespaces. Needs root; fails with a
+//! clear message without it unless `STRAIT_SKIP_PRIVILEGED=1` (CI never sets it).
+//!
+//! Each test brings up its own testbed under a unique prefix and tears it down on drop (also
+//! when the test fails). The tests run one at a time: each gateway runs a busy-polling worker,
+//! and two of them on a two-core machine would measure each other.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+use std::process::{ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::MutexGuard;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::bed::{assert_client_seen, tally, Bed, Gateway, CLIENT};
+use support::harness::{
+    in_ns, namespaces, serial_if, sh, text, wait_for, while_capturing, Capture, Proc, PYTHON,
+};
+use support::privileged as gate;
+
+const VIP: &str = "203.0.113.10";
+
+/// Root and the tools these tests drive (see `strait_testkit::privileged`).
+fn privileged() -> bool {
+    gate::privileged(
+        "end-to-end",
+        &[
+            gate::IP,
+            gate::CURL,
+            gate::PING,
+            gate::TCPDUMP,
+            gate::TSHARK,
+            gate::ARPING,
+            gate::PYTHON,
+        ],
+    )
+}
+
+/// A test's testbed (`se{pid}{tag}`) with the serial lock, which goes after the testbed.
+struct Scenario {
+    bed: Bed,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl Deref for Scenario {
+    type Target = Bed;
+
+    fn deref(&self) -> &Bed {
+        &self.bed
+    }
+}
+
+/// The serial lock and a testbed of `strait testbed up ARGS..`, if the tests may run.
+fn scenario(tag: &str, args: &[&str]) -> Option<Scenario> {
+    let serial = serial_if(privileged)?;
+    let bed = Bed::up(&format!("se{}{tag}", std::process::id() % 100_000), args);
+    Some(Scenario {
+        bed,
+        _serial: serial,
+    })
+}
+
+/// `strait run --config CONFIG` in the gateway namespace, ready when its admin API answers
+/// and every backend is up.
+fn start(bed: &Bed, config: &Path) -> Gateway {
+    Gateway::spawn(bed, Gateway::command(bed, config), |g| {
+        g.healthy() && g.services().is_some_and(|v| all_up(&v))
+    })
+}
+
+impl Bed {
+    /// `n` HTTP requests to the VIP, each a new connection; the answers.
+    fn vip_requests(&self, n: usize) -> Vec<Option<String>> {
+        self.requests(&format!("http://{VIP}/"), n)
+    }
+
+    /// `tests/e2e/client.py ARGS..` in the client namespace.
+    fn python(&self, args: &[&str]) -> Command {
+        let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/client.py");
+        let mut c = in_ns(&self.ns("client"), [PYTHON]);
+        c.arg(client).args(args);
+        c
+    }
+}
+
+/// A counter of the gateway's `/metrics` (0 when it has no samples).
+fn counter(gw: &Gateway, name: &str) -> u64 {
+    gw.metric(name).map_or(0, |v| v as u64)
+}
+
+/// Every backend up, or without a health check.
+fn all_up(v: &Value) -> bool {
+    v["services"].as_array().is_some_and(|s| {
+        s.iter().all(|s| {
+            s["backends"]
+                .as_array()
+                .is_some_and(|b| b.iter().all(|b| b["health"] != "down"))
+        })
+    })
+}
+
+fn health_of(v: &Value, service: &str, addr: &str) -> String {
+    backend_field(v, service, addr, "health").unwrap_or_default()
+}
+
+/// Field `field` of backend `addr` of `service` in a `/services` answer, when it is a string.
+fn backend_field(v: &Value, service: &str, addr: &str, field: &str) -> Option<String> {
+    v["services"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == service)?["backends"]
+        .as_array()?
+        .iter()
+        .find(|b| b["address"] == addr)?[field]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Counts answers per backend name (`backend=bN client=...`), and checks the client address.
+fn per_backend(answers: &[Option<String>]) -> BTreeMap<String, usize> {
+    assert_client_seen(answers, "backend");
+    tally(answers)
+}
+
+/// 300 requests to the VIP: none fails, all `backends` answer, each within half to double
+/// its fair share, and every one saw the client's address.
+fn assert_spread(bed: &Bed, gw: &Gateway, backends: usize) {
+    let answers = bed.vip_requests(300);
+    let failed = answers.iter().filter(|a| a.is_none()).count();
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of 300 requests failed:\n{}",
+        gw.log_text()
+    );
+    let per = per_backend(&answers);
+    assert_eq!(per.len(), backends, "{per:?}");
+    let fair = 300 / backends;
+    for (b, n) in &per {
+        assert!(
+            (fair.div_ceil(2)..=2 * fair).contains(n),
+            "{b} got {n} of 300: outside half to double its fair share ({fair})"
+        );
+    }
+}
+
+/// The testbed's configuration edited by `edit`, in the scratch directory.
+fn write_config(bed: &Bed, edit: impl Fn(&str) -> String) -> PathBuf {
+    let text = std::fs::read_to_string(bed.config()).unwrap();
+    let path = bed.dir.join("edited.toml");
+    std::fs::write(&path, edit(&text)).unwrap();
+    path
+}
+
+#[test]
+fn a_dsr_l2_http_reaches_every_backend_with_the_client_address_and_i_leaves_nothing() {
+    let Some(s) = scenario("a", &["--backends", "4"]) else {
+        return;
+    };
+    let mut gw = start(&s, &s.config());
+    assert_spread(&s, &gw, 4);
+    // i. SIGTERM: exit 0, no XDP program left on the interface.
+    let status = gw.stop();
+    assert!(status.success(), "exit {status}:\n{}", gw.log_text());
+    let link = s.must("gw", &["ip", "link", "show", "veth-gw"]);
+    assert!(
+        !link.contains("xdp"),
+        "an XDP program is still attached:\n{link}"
+    );
+    let prefix = s.prefix.clone();
+    drop(gw);
+    drop(s);
+    let left = namespaces(&prefix);
+    assert!(left.is_empty(), "namespaces left behind:\n{left:?}");
+}
+
+#[test]
+fn d_the_kernel_still_owns_everything_else() {
+    let Some(s) = scenario("d", &["--backends", "2"]) else {
+        return;
+    };
+    let _gw = start(&s, &s.config());
+    // A TCP server on a non-service port of the gateway itself.
+    let server = s.serve("gw", "gw", &["--tcp", "192.0.2.1:2222"]);
+    sleep(Duration::from_millis(300));
+    let ping = s.exec("client", &["ping", "-c", "2", "-W", "2", "192.0.2.1"]);
+    let tcp = s.curl("http://192.0.2.1:2222/");
+    drop(server);
+    assert!(
+        ping.status.success(),
+        "ping to the gateway failed: {}",
+        text(&ping.stdout)
+    );
+    assert_eq!(
+        tcp.as_deref()
+            .map(|t| t.starts_with(&format!("backend=gw client={CLIENT}:"))),
+        Ok(true),
+        "{tcp:?}"
+    );
+    // And service traffic still flows meanwhile.
+    assert!(s.curl(&format!("http://{VIP}/")).is_ok());
+}
+
+#[test]
+fn e_a_dead_backend_is_taken_out_fast_and_others_streams_do_not_notice() {
+    let Some(s) = scenario("e", &["--backends", "3"]) else {
+        return;
+    };
+    let gw = start(&s, &s.config());
+    // Long-lived streams, opened before the failure, on several backends.
+    let streams = Proc::spawn(s.python(&["stream", VIP, "12", "6"]).stdout(Stdio::piped()));
+    sleep(Duration::from_millis(1500));
+    sh(&["kill", "-KILL", &s.backend_pid("b1").to_string()]);
+    let killed = Instant::now();
+    wait_for(
+        "the dead backend marked down",
+        Duration::from_secs(3),
+        || {
+            let v = gw.services().expect("services");
+            (health_of(&v, "web", "198.51.100.11") == "down").then_some(())
+        },
+    );
+    let down_after = killed.elapsed();
+    let answers = s.vip_requests(60);
+    assert!(
+        answers.iter().all(Option::is_some),
+        "requests failed after the backend was marked down"
+    );
+    assert!(
+        !per_backend(&answers).contains_key("b1"),
+        "new flows still went to the dead backend"
+    );
+    let report = text(&streams.wait().stdout);
+    let mut on_others = 0;
+    for line in report.lines() {
+        if line.starts_with("backend=b1") {
+            continue; // its own connections died with it
+        }
+        on_others += 1;
+        assert!(
+            line.contains("error=none"),
+            "a stream to a live backend broke: {line}\n{report}"
+        );
+        let gap: f64 = line
+            .split("maxgap=")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            gap < 1.0,
+            "a stream to a live backend stalled {gap:.2} s: {line}"
+        );
+    }
+    assert!(
+        on_others > 0,
+        "no stream landed on a live backend:\n{report}"
+    );
+    // It comes back: a new server on b1; it turns up and takes new flows again.
+    let revived = s.serve("b1", "b1", &["--tcp", "[::]:80"]);
+    wait_for("the revived backend up", Duration::from_secs(5), || {
+        let v = gw.services().expect("services");
+        (health_of(&v, "web", "198.51.100.11") == "up").then_some(())
+    });
+    let again = per_backend(&s.vip_requests(60));
+    drop(revived);
+    assert!(
+        again.get("b1").copied().unwrap_or(0) > 0,
+        "the revived backend takes no new flows: {again:?}"
+    );
+    eprintln!("backend marked down {down_after:?} after its server died");
+}
+
+/// Opens keep-alive connections through the gateway; `round()` sends one more request on each.
+struct KeepAlive {
+    client: Proc,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl KeepAlive {
+    fn open(bed: &Bed, n: usize) -> (KeepAlive, Vec<String>) {
+        let mut client = Proc::spawn(
+            bed.python(&["keepalive", VIP, &n.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped()),
+        );
+        let stdin = client.child().stdin.take().unwrap();
+        let stdout = BufReader::new(client.child().stdout.take().unwrap());
+        let mut k = KeepAlive {
+            client,
+            stdin,
+            stdout,
+        };
+        let first = k.read_round();
+        (k, first)
+    }
+
+    fn read_round(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        loop {
+            let mut line = String::new();
+            assert!(
+                self.stdout.read_line(&mut line).unwrap() > 0,
+                "client exited: {}",
+                self.client.what()
+            );
+            let line = line.trim().to_string();
+            if line == "END" {
+                return out;
+            }
+            out.push(line);
+        }
+    }
+
+    fn round(&mut self) -> Vec<String> {
+        writeln!(self.stdin, "again").unwrap();
+        self.stdin.flush().unwrap();
+        self.read_round()
+    }
+}
+
+fn reload(gw: &Gateway, bed: &Bed, config: &Path) {
+    std::fs::copy(config, bed.config()).unwrap();
+    let answer = gw.admin("POST", "/reload");
+    assert!(answer.starts_with("reloaded"), "reload refused: {answer}");
+}
+
+#[test]
+fn f_draining_keeps_existing_connections_and_takes_no_new_ones() {
+    let Some(s) = scenario("f", &["--backends", "3"]) else {
+        return;
+    };
+    let gw = start(&s, &s.config());
+    let (mut conns, first) = KeepAlive::open(&s, 24);
+    assert!(
+        first.iter().any(|a| a.starts_with("backend=b2 ")),
+        "no connection landed on b2: {first:?}"
+    );
+    // Drain b2 (its first service `web`): weight 0 via a reload.
+    let drained = write_config(&s, |t| {
+        t.replacen(
+            "address = \"198.51.100.12\"\nport = 80\n",
+            "address = \"198.51.100.12\"\nport = 80\nweight = 0\n",
+            1,
+        )
+    });
+    reload(&gw, &s, &drained);
+    let second = conns.round();
+    assert_eq!(
+        second, first,
+        "existing connections moved or broke after draining"
+    );
+    let fresh = per_backend(&s.vip_requests(60));
+    assert!(
+        !fresh.contains_key("b2"),
+        "a draining backend took new flows: {fresh:?}"
+    );
+}
+
+#[test]
+fn g_a_reload_adding_a_backend_breaks_nothing_and_it_takes_new_flows() {
+    let Some(s) = scenario("g", &["--backends", "3"]) else {
+        return;
+    };
+    // Start with b3 absent from `web`.
+    let without = write_config(&s, |t| {
+        let start = t
+            .find("[[services.backends]]\naddress = \"198.51.100.13\"\nport = 80\n")
+            .expect("b3 in web");
+        let end = t[start + 10..]
+            .find("[[")
+            .map_or(t.len(), |e| start + 10 + e);
+        format!("{}{}", &t[..start], &t[end..])
+    });
+    let full = s.dir.join("full.toml");
+    std::fs::copy(s.config(), &full).unwrap();
+    std::fs::copy(&without, s.config()).unwrap();
+    let gw = start(&s, &s.config());
+    let (mut conns, first) = KeepAlive::open(&s, 24);
+    assert!(
+        !first.iter().any(|a| a.starts_with("backend=b3 ")),
+        "b3 answered before it was configured"
+    );
+    reload(&gw, &s, &full);
+    assert_eq!(
+        conns.round(),
+        first,
+        "an established connection moved or broke on reload"
+    );
+    let fresh = per_backend(&s.vip_requests(90));
+    assert!(
+        fresh.get("b3").copied().unwrap_or(0) > 0,
+        "the added backend took no new flows: {fresh:?}"
+    );
+}
+
+#[test]
+fn h_ten_thousand_udp_flows_are_all_delivered_and_the_books_balance() {
+    let Some(s) = scenario("h", &["--backends", "4"]) else {
+        return;
+    };
+    let gw = start(&s, &s.config());
+    let out = s
+        .python(&["udp", VIP, "5353", "20000", "10000"])
+        .output()
+        .unwrap();
+    let report = text(&out.stdout);
+    assert!(
+        report.contains("sent=10000 answered=10000"),
+        "{report}{}",
+        text(&out.stderr)
+    );
+    // The workers publish when idle; give them a moment, then the identity must hold exactly.
+    sleep(Duration::from_millis(500));
+    let rx = counter(&gw, "strait_rx_packets_total");
+    let tx = counter(&gw, "strait_tx_packets_total");
+    let pass = counter(&gw, "strait_pass_packets_total");
+    let handoff = counter(&gw, "strait_handoff_packets_total");
+    let drops = counter(&gw, "strait_dropped_packets_total");
+    assert!(rx >= 10_000, "rx {rx}");
+    assert_eq!(
+        rx,
+        tx + pass + handoff + drops,
+        "rx {rx} != tx {tx} + pass {pass} + handoff {handoff} + drops {drops}"
+    );
+    let created =
+        counter(&gw, "strait_flows_created_total") + counter(&gw, "strait_flows_stateless_total");
+    assert!(
+        created >= 10_000,
+        "10,000 distinct 5-tuples made {created} flows"
+    );
+}
+
+#[test]
+fn c_ipip_and_gue_leave_encapsulated_with_valid_checksums() {
+    let Some(s) = scenario("c", &["--backends", "2"]) else {
+        return;
+    };
+    // `web` becomes dsr-ipip on port 80; a second service, dsr-gue on port 81, over the same
+    // backends (no server listens on 81: this kernel cannot decapsulate either, so only the
+    // packets on the wire are checked). No tunnel source is configured: the gateway takes its
+    // own address on the backend-facing interface.
+    let cfg = write_config(&s, |t| {
+        let t = t.replacen("mode = \"dsr-l2\"", "mode = \"dsr-ipip\"", 1);
+        format!(
+            "{t}\n[[services]]\nname = \"gue\"\nvip = \"{VIP}\"\nport = 81\nmode = \"dsr-gue\"\n\
+             backends = [{{ address = \"198.51.100.11\", port = 81, mac = \"02:00:00:00:01:11\" }}]\n"
+        )
+    });
+    let _gw = start(&s, &cfg);
+    // One capture per backend, on its interface.
+    let mut pcaps: Vec<Capture> = ["b1", "b2"]
+        .iter()
+        .map(|b| {
+            let pcap = s.dir.join(&format!("{b}.pcap"));
+            Capture::start(
+                &s.ns(b),
+                "eth0",
+                pcap,
+                &[],
+                &["ip proto 4 or udp port 6080"],
+            )
+        })
+        .collect();
+    while_capturing(&mut pcaps, Duration::from_millis(800), || {
+        for port in [80, 81, 80, 81] {
+            let url = format!("http://{VIP}:{port}/");
+            let _ = s.exec("client", &["curl", "-s", "--max-time", "1", &url]);
+        }
+    });
+    let fields = [
+        "ip.proto",
+        "ip.src",
+        "ip.dst",
+        "ip.checksum.status",
+        "udp.dstport",
+        "udp.checksum.status",
+        "tcp.dstport",
+        "tcp.checksum.status",
+        "_ws.malformed",
+        "_ws.expert.severity",
+    ];
+    let lines: Vec<String> = pcaps
+        .iter()
+        .flat_map(|p| p.fields(&fields, Some("udp.port==6080,ip")))
+        .map(|f| f.join("\t"))
+        .collect();
+    let (mut ipip, mut gue) = (0, 0);
+    for l in &lines {
+        let f: Vec<&str> = l.split('\t').collect();
+        assert!(f[8].is_empty(), "malformed packet: {l}");
+        assert!(
+            !f[3].split(',').any(|s| s == "0"),
+            "bad IP header checksum: {l}"
+        );
+        assert!(!f[7].split(',').any(|s| s == "0"), "bad TCP checksum: {l}");
+        // Outer and inner headers come comma-separated, outer first.
+        let protos: Vec<&str> = f[0].split(',').collect();
+        let (src, dst): (Vec<&str>, Vec<&str>) =
+            (f[1].split(',').collect(), f[2].split(',').collect());
+        assert!(
+            ["198.51.100.11", "198.51.100.12"].contains(&dst[0]),
+            "outer destination is a backend node: {l}"
+        );
+        assert!(
+            src[0].starts_with("192.0.2."),
+            "outer source from the tunnel source /24: {l}"
+        );
+        assert_eq!(src.last(), Some(&CLIENT), "inner source is the client: {l}");
+        assert_eq!(dst.last(), Some(&VIP), "inner destination is the VIP: {l}");
+        match protos[0] {
+            "4" => {
+                ipip += 1;
+                assert_eq!(f[6], "80", "{l}");
+            }
+            "17" => {
+                gue += 1;
+                assert_eq!(f[4], "6080", "{l}");
+                assert_eq!(f[6], "81", "{l}");
+            }
+            p => panic!("unexpected outer protocol {p}: {l}"),
+        }
+    }
+    assert!(
+        ipip >= 2 && gue >= 2,
+        "ipip {ipip}, gue {gue} packets captured:\n{lines:#?}"
+    );
+}
+
+#[test]
+fn b_nat_two_arm_translates_both_ways_and_keeps_the_client_address() {
+    let Some(s) = scenario("b", &["--topology", "two-arm", "--backends", "4"]) else {
+        return;
+    };
+    // Ready means every backend passed its health check through the gateway's own kernel
+    // path: the replies from backend:8080 to the gateway must not be taken for nat replies.
+    let gw = start(&s, &s.config());
+    assert_spread(&s, &gw, 4);
+    // UDP through nat: 53 on the VIP to 5353 on a backend, and back from the VIP.
+    let out = s
+        .python(&["udp", VIP, "53", "31000", "200"])
+        .output()
+        .unwrap();
+    let report = text(&out.stdout);
+    assert!(report.contains("sent=200 answered=200"), "{report}");
+    let handoff = counter(&gw, "strait_handoff_packets_total");
+    let rx = counter(&gw, "strait_rx_packets_total");
+    let tx = counter(&gw, "strait_tx_packets_total");
+    assert!(tx > 0 && rx >= tx, "rx {rx} tx {tx} handoff {handoff}");
+}
+
+#[test]
+fn j_backends_without_macs_are_reached_through_the_neighbour_table() {
+    let Some(s) = scenario("j", &["--backends", "3"]) else {
+        return;
+    };
+    let gw = start_without_macs(&s);
+    assert_eq!(per_backend(&all_answered(&s, &gw)).len(), 3);
+    // /services shows the MAC each backend is sent to: the backend's own.
+    let v = gw.services().expect("/services");
+    for b in ["b1", "b2", "b3"] {
+        let mac = s.backend(b)["mac"]
+            .as_str()
+            .expect("backend MAC")
+            .to_owned();
+        assert_eq!(next_hop_mac(&v, "web", &s.backend_ip(b)), mac, "{v:#}");
+    }
+    assert_eq!(gw.metric("strait_backends_without_next_hop"), Some(0.0));
+}
+
+#[test]
+fn k_a_backend_whose_mac_changes_is_followed_through_the_neighbour_table() {
+    let Some(s) = scenario("k", &["--backends", "3"]) else {
+        return;
+    };
+    let gw = start_without_macs(&s);
+    assert_eq!(per_backend(&all_answered(&s, &gw)).len(), 3);
+    // b2 gets a new NIC, as after a hardware swap or a VM moved with a new MAC, and says so
+    // with gratuitous ARP. The kernel takes it only for an entry older than its locktime
+    // (1 s), hence three, a second apart.
+    let b2 = s.backend_ip("b2");
+    s.must(
+        "b2",
+        &[
+            "ip",
+            "link",
+            "set",
+            "dev",
+            "eth0",
+            "address",
+            "02:00:00:00:ee:02",
+        ],
+    );
+    s.must("b2", &["arping", "-U", "-c", "3", "-I", "eth0", &b2]);
+    // Frames to the old MAC reach nobody; once the gateway has the new one, b2 answers again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let answers = loop {
+        let a = s.vip_requests(30);
+        let t = per_backend(&a);
+        if (a.iter().all(Option::is_some) && t.contains_key("b2")) || Instant::now() > deadline {
+            break a;
+        }
+        sleep(Duration::from_millis(300));
+    };
+    assert!(
+        answers.iter().all(Option::is_some) && per_backend(&answers).contains_key("b2"),
+        "b2 not reached at its new MAC: {:?}\n{}",
+        per_backend(&answers),
+        gw.log_text()
+    );
+    let log = gw.log_text();
+    assert!(
+        log.contains("next-hop MACs changed") && log.contains("02:00:00:00:ee:02"),
+        "the gateway did not say why it rebuilt:\n{log}"
+    );
+    let v = gw.services().expect("/services");
+    assert_eq!(next_hop_mac(&v, "web", &b2), "02:00:00:00:ee:02", "{v:#}");
+}
+
+/// The `next_hop_mac` `/services` shows for backend `addr` of `service`.
+fn next_hop_mac(v: &Value, service: &str, addr: &str) -> String {
+    backend_field(v, service, addr, "next_hop_mac").unwrap_or_default()
+}
+
+/// The gateway on the testbed's configuration less every `mac = ` line, as the Kubernetes
+/// source produces backends.
+fn start_without_macs(s: &Scenario) -> Gateway {
+    let cfg = write_config(s, |t| {
+        t.lines()
+            .filter(|l| !l.starts_with("mac = "))
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n"
+    });
+    assert!(!std::fs::read_to_string(&cfg).unwrap().contains("mac = "));
+    start(s, &cfg)
+}
+
+/// 30 requests to the VIP, repeated until all are answered (5 s at most: the health checks
+/// make the kernel resolve the backends, and the gateway picks them up); the last answers.
+fn all_answered(s: &Scenario, gw: &Gateway) -> Vec<Option<String>> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let answers = loop {
+        let a = s.vip_requests(30);
+        if a.iter().all(Option::is_some) || Instant::now() > deadline {
+            break a;
+        }
+        sleep(Duration::from_millis(300));
+    };
+    assert!(
+        answers.iter().all(Option::is_some),
+        "requests failed:\n{}",
+        gw.log_text()
+    );
+    answers
+}

@@ -1,0 +1,169 @@
+//! `strait bench line-rate` on the real kernel: its three-namespace testbed, every system
+//! brought up (Strait healthy, kube-proxy's rules loaded) and forwarding, and a tiny run
+//! (one scale, 1 s per point) with the generator, the sink and `l2fwd`. Needs root; fails
+//! with a clear message without it unless `STRAIT_SKIP_PRIVILEGED=1` (CI never sets it).
+//!
+//! The tests run one at a time: each one's forwarders busy-poll, and two runs on a
+//! two-core machine would measure each other.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::process::{Command, Output};
+use std::sync::MutexGuard;
+
+use serde_json::Value;
+use support::harness::{namespaces, serial_if, text, Scratch, LAB};
+use support::privileged as gate;
+
+/// The serial lock, if test `test` may run (root and the tools the benchmark drives).
+fn privileged(test: &str) -> Option<MutexGuard<'static, ()>> {
+    serial_if(|| {
+        gate::privileged(
+            test,
+            &[
+                gate::IP,
+                gate::ETHTOOL,
+                gate::IPTABLES_RESTORE,
+                gate::NFT,
+                gate::CURL,
+                gate::BASH,
+            ],
+        )
+    })
+}
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(LAB)
+        .args(["bench", "line-rate"])
+        .args(args)
+        .output()
+        .expect("running strait bench line-rate")
+}
+
+fn explain(o: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        text(&o.stdout),
+        text(&o.stderr)
+    )
+}
+
+/// Every system at two scales: the topology comes up, Strait answers `/healthz`, the
+/// kernel holds one rule set per service, and datagrams to the services reach the sink
+/// through each forwarder; afterwards no namespace is left.
+#[test]
+fn every_system_comes_up_and_forwards() {
+    let Some(_serial) = privileged("line-rate set-up") else {
+        return;
+    };
+    let prefix = format!("lrs{}", std::process::id() % 100_000);
+    let out = bench(&["--setup-only", "--services", "10,300", "--prefix", &prefix]);
+    assert!(out.status.success(), "{}", explain(&out));
+    let err = text(&out.stderr);
+    let checked = err.matches("set up and checked").count();
+    assert_eq!(checked, 1 + 4 * 2, "{}", explain(&out));
+    // 10 services: each once, 5 datagrams each; 300: 16 targets.
+    for system in ["strait-dsr-l2", "strait-nat", "iptables", "nftables"] {
+        for (n, datagrams) in [(10, 50), (300, 80)] {
+            let line =
+                format!("{system} {n}: set up and checked, {datagrams} kernel datagrams forwarded");
+            assert!(err.contains(&line), "no {line:?} in\n{}", explain(&out));
+        }
+    }
+    assert_eq!(namespaces(&prefix), BTreeSet::new());
+}
+
+/// A tiny run: one scale, 1 s per point, every system and both traffic types; the JSON
+/// has the shape, every point delivered packets, and the chart is a PNG.
+#[test]
+fn a_tiny_run_measures_every_system() {
+    let Some(_serial) = privileged("line-rate smoke run") else {
+        return;
+    };
+    let prefix = format!("lrq{}", std::process::id() % 100_000);
+    let dir = Scratch::new(&format!("strait-line-rate-test-{prefix}"));
+    let json = dir.join("line-rate.json");
+    let png = dir.join("line-rate.png");
+    let out = bench(&[
+        "--services",
+        "10",
+        "--seconds",
+        "1",
+        "--prefix",
+        &prefix,
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        png.to_str().unwrap(),
+    ]);
+    assert_eq!(namespaces(&prefix), BTreeSet::new());
+    assert!(out.status.success(), "{}", explain(&out));
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    check_report(&report, &out);
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    let table = text(&out.stdout);
+    assert!(table.contains("ipvs: kube-proxy's ipvs mode"), "{table}");
+}
+
+fn check_report(r: &Value, out: &Output) {
+    assert!(r["machine"].as_str().is_some_and(|m| !m.is_empty()), "{r}");
+    assert!(r["date"].as_str().is_some_and(|d| d.ends_with('Z')), "{r}");
+    assert!(r.get("incomplete").is_none(), "{r}");
+    let results = r["results"].as_array().expect("results");
+    let mut seen = Vec::new();
+    for p in results {
+        let system = p["system"].as_str().expect("system");
+        let traffic = p["traffic"].as_str().expect("traffic");
+        let services = p["services"].as_u64().expect("services");
+        assert!(
+            [
+                "strait-dsr-l2",
+                "strait-nat",
+                "iptables",
+                "nftables",
+                "limit"
+            ]
+            .contains(&system),
+            "{p}"
+        );
+        assert!(["new-flows", "established"].contains(&traffic), "{p}");
+        assert_eq!(services, if system == "limit" { 0 } else { 10 }, "{p}");
+        let mpps = p["delivered_mpps"].as_f64().expect("delivered_mpps");
+        assert!(mpps > 0.0, "nothing delivered: {p}\n{}", explain(out));
+        let loss = p["loss_pct"].as_f64().expect("loss_pct");
+        assert!((0.0..=100.0).contains(&loss), "{p}");
+        assert!(p["p99_us"].is_f64() || p["p99_us"].is_null(), "{p}");
+        // Probes are taken off; a few stray frames (none expected) would not matter.
+        assert!(
+            p["received"].as_u64().unwrap() <= p["sent"].as_u64().unwrap() + 10,
+            "{p}"
+        );
+        seen.push((system.to_owned(), traffic.to_owned()));
+    }
+    seen.sort();
+    let mut want: Vec<(String, String)> = [
+        "iptables",
+        "limit",
+        "nftables",
+        "strait-dsr-l2",
+        "strait-nat",
+    ]
+    .iter()
+    .flat_map(|s| {
+        ["established", "new-flows"]
+            .iter()
+            .map(move |t| ((*s).to_owned(), (*t).to_owned()))
+    })
+    .collect();
+    want.sort();
+    assert_eq!(seen, want);
+    let limit = results
+        .iter()
+        .find(|p| p["system"] == "limit")
+        .expect("a limit point");
+    let pct = limit["pct_of_limit"].as_f64().expect("pct_of_limit");
+    assert!((pct - 100.0).abs() < 1e-9, "{limit}");
+}

@@ -1,0 +1,18 @@
+//! What Strait's tests share, in one place for every crate's tests:
+//!
+//! - [`privileged`]: the gate of the privileged tests (root and the tools a test drives;
+//!   a loud SKIPPED banner with `STRAIT_SKIP_PRIVILEGED=1`, a panic otherwise);
+//! - [`harness`]: commands with errors that name them, network namespaces and veths removed
+//!   on drop, processes killed (by pid) on drop, polling with a deadline, captures read
+//!   with tshark, the workspace's binaries;
+//! - [`fake_api`] and [`objects`]: a fake Kubernetes API server speaking the real
+//!   list/watch wire format, and the objects the tests give it.
+//!
+//! A test helper crate, not part of the product: only dev-dependencies name it.
+
+#![forbid(unsafe_code)]
+
+pub mod fake_api;
+pub mod harness;
+pub mod objects;
+pub mod privileged;
