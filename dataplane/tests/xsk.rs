@@ -55,21 +55,24 @@ use std::time::{Duration, Instant};
 use etherparse::{Icmpv4Type, IpNumber, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
 use libbpf_rs::{MapCore, MapHandle};
+use packet_socket::PacketSocket;
 use strait_config::model::{self, Mode};
 use strait_dataplane::flow::Timeouts;
 use strait_dataplane::key::addr_bytes;
 use strait_dataplane::pipeline::{owner_core, Pipeline};
 use strait_dataplane::stats::{Counters, DropReason};
 use strait_dataplane::table::{Builder, Change, ServiceTable};
-use strait_dataplane::xsk::testbed::{enter_netns, pin_thread, PacketSocket};
 use strait_dataplane::xsk::{
     interface_port, run_worker, Accounting, AttachMode, AttachPolicy, BindMode, GroupConfig,
     Handoff, HandoffConfig, KernelStats, MapSync, MonotonicClock, PortConfig, QueueGroup,
     SteerCounters, SteerProgram, WorkerStats,
 };
+use strait_testkit::harness::{enter_netns, pin_thread};
 
 #[path = "support/counting_alloc.rs"]
 mod counting;
+#[path = "support/packet_socket.rs"]
+mod packet_socket;
 use counting::{ALLOCS, COUNTING};
 
 const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x02];
@@ -371,7 +374,7 @@ fn gateway(
     cmds: mpsc::Receiver<Cmd>,
 ) -> Result<Report, String> {
     let setup = || -> Result<_, String> {
-        enter_netns(&ns).map_err(|e| e.to_string())?;
+        enter_netns(&ns);
         let cfg = strait_config::parse(CONFIG).map_err(|e| e.to_string())?;
         let link = interface_port("veth-g").map_err(|e| e.to_string())?;
         if link.mac != MAC_G {
@@ -599,7 +602,7 @@ struct ClientReport {
 /// ICMP error to the VIPs, captures what comes back, and checks that the gateway's own
 /// ports stay with its kernel.
 fn client(ns: String) -> Result<ClientReport, String> {
-    enter_netns(&ns).map_err(|e| e.to_string())?;
+    enter_netns(&ns);
     let mut cap =
         PacketSocket::open("veth-a", Duration::from_millis(50)).map_err(|e| e.to_string())?;
     let vip = SocketAddr::from((VIP, 80));
@@ -645,7 +648,7 @@ fn client(ns: String) -> Result<ClientReport, String> {
 
 /// Sends UDP to the VIP from namespace `ns` (after the maps dropped the service).
 fn send_udp_again(ns: String) -> Result<Returned, String> {
-    enter_netns(&ns).map_err(|e| e.to_string())?;
+    enter_netns(&ns);
     let mut cap =
         PacketSocket::open("veth-a", Duration::from_millis(50)).map_err(|e| e.to_string())?;
     let udp = UdpSocket::bind("192.0.2.2:0").map_err(|e| format!("udp bind: {e}"))?;
@@ -892,7 +895,7 @@ fn stale_program_is_replaced_and_only_ours_detached() {
     };
     let g = bed.g.clone();
     thread::spawn(move || {
-        enter_netns(&g).expect("enter gateway namespace");
+        enter_netns(&g);
         let old = SteerProgram::attach("veth-g", AttachPolicy::NativeOrGeneric)
             .expect("first program attaches");
         assert!(old.replaced_programs().is_empty());
@@ -1111,7 +1114,7 @@ fn two_arm_gateway(
 ) -> Result<ArmReport, String> {
     let list = format!("{queues:?}");
     let setup = || -> Result<_, String> {
-        enter_netns(&ns).map_err(|e| e.to_string())?;
+        enter_netns(&ns);
         let cfg = strait_config::parse(&two_arm_config(&list)).map_err(|e| e.to_string())?;
         let links = ["veth-c", "veth-b"]
             .map(|i| interface_port(i).map_err(|e| e.to_string()))
@@ -1371,11 +1374,11 @@ fn exchange(x: Exchange<'_>) -> Result<Crossed, String> {
     let b = x.bed.b.clone();
     let backend_cpu = x.cpus.map(|c| c.1);
     let backend = thread::spawn(move || -> Result<_, String> {
-        enter_netns(&b).map_err(|e| e.to_string())?;
+        enter_netns(&b);
         let mut cap =
             PacketSocket::open("eth0", Duration::from_millis(20)).map_err(|e| e.to_string())?;
         if let Some(cpu) = backend_cpu {
-            pin_thread(cpu).map_err(|e| e.to_string())?;
+            pin_thread(cpu);
             cap.bypass_qdisc().map_err(|e| e.to_string())?;
         }
         let _ = ready_tx.send(());
@@ -1400,11 +1403,11 @@ fn exchange(x: Exchange<'_>) -> Result<Crossed, String> {
     let client_cpu = x.cpus.map(|c| c.0);
     let (ports, direct) = (x.ports, x.direct);
     let client = thread::spawn(move || -> Result<_, String> {
-        enter_netns(&c).map_err(|e| e.to_string())?;
+        enter_netns(&c);
         let mut cap =
             PacketSocket::open("eth0", Duration::from_millis(20)).map_err(|e| e.to_string())?;
         if let Some(cpu) = client_cpu {
-            pin_thread(cpu).map_err(|e| e.to_string())?;
+            pin_thread(cpu);
             cap.bypass_qdisc().map_err(|e| e.to_string())?;
         }
         for &p in &ports {
@@ -1889,7 +1892,7 @@ fn with_steer_program(case: &str, f: impl FnOnce(&mut SteerProgram, &KernelMaps)
     let g = bed.g.clone();
     thread::scope(|s| {
         s.spawn(|| {
-            enter_netns(&g).expect("enter gateway namespace");
+            enter_netns(&g);
             let mut prog = SteerProgram::attach("veth-g", AttachPolicy::NativeOrGeneric)
                 .expect("the steering program attaches");
             let maps = KernelMaps::of(prog.program_id()).expect("the program's maps");

@@ -31,6 +31,39 @@ pub mod testbed;
 use std::io;
 use std::path::PathBuf;
 
+/// The object `bpf/NAME.bpf.c` that build.rs compiled, embedded as
+/// `&strait_dataplane::xsk::Aligned<[u8]>` (libelf wants it 8-byte aligned).
+macro_rules! embedded_object {
+    ($name:literal) => {
+        &strait_dataplane::xsk::Aligned(*include_bytes!(concat!(
+            env!("OUT_DIR"),
+            "/",
+            $name,
+            ".bpf.o"
+        )))
+    };
+}
+pub(crate) use embedded_object;
+
+/// Checks an embedded object: an ELF file, 8-byte aligned.
+#[cfg(test)]
+pub(crate) fn assert_embedded(object: &[u8]) {
+    assert_eq!(&object[..4], b"\x7fELF");
+    assert_eq!(object.as_ptr() as usize % 8, 0);
+}
+
+/// Pins the calling thread to CPU `cpu` (`sched_setaffinity`), as the line-rate instruments
+/// do for a steady measurement.
+///
+/// # Errors
+///
+/// The CPU does not exist or is not allowed (`EINVAL`).
+pub fn pin_thread(cpu: usize) -> nix::Result<()> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu)?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+}
+
 /// The gateway binary the lab runs: `$STRAIT_BIN`, else `strait` beside this executable
 /// (both binaries are built into one target directory), else `strait` on `PATH`.
 ///

@@ -1,7 +1,7 @@
 //! Loading an embedded XDP object, attaching its program to one interface through netlink, and
-//! taking it off again on drop: what every program of this crate shares (the steering
-//! program, [`super::SteerProgram`]; the sink's, [`super::sink`]; the `limit` forwarder's,
-//! [`super::l2fwd`]). A program left on the interface by an earlier run (netlink-attached
+//! taking it off again on drop: what every XDP program shares (the gateway's steering
+//! program, [`super::SteerProgram`]; the lab's sink and `limit` forwarder load theirs with
+//! it too). A program left on the interface by an earlier run (netlink-attached
 //! programs outlive a crashed process) is removed first, and [`Drop`] detaches ours only if
 //! it is still the one on the interface.
 
@@ -13,7 +13,13 @@ use super::{ifindex, AttachMode, AttachPolicy, XskError};
 
 /// Bytes aligned to 8, as libelf wants an object in memory.
 #[repr(C, align(8))]
-pub(crate) struct Aligned<T: ?Sized>(pub(crate) T);
+pub struct Aligned<T: ?Sized>(pub T);
+
+impl std::fmt::Debug for Aligned<[u8]> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Aligned({} bytes)", self.0.len())
+    }
+}
 
 /// The object `bpf/NAME.bpf.c` that build.rs compiled, embedded as `&Aligned<[u8]>`.
 macro_rules! embedded_object {
@@ -37,7 +43,7 @@ pub(crate) fn assert_embedded(object: &[u8]) {
 
 /// An XDP program loaded from an embedded object, attached to one interface.
 #[derive(Debug)]
-pub(crate) struct XdpProgram {
+pub struct XdpProgram {
     obj: Object,
     program: &'static str,
     iface: String,
@@ -56,11 +62,7 @@ impl XdpProgram {
     /// # Errors
     /// [`XskError::NoInterface`]; [`XskError::Bpf`] when opening or loading fails (the
     /// verifier's log is on stderr) or the object has no program `program`.
-    pub(crate) fn load(
-        object: &[u8],
-        program: &'static str,
-        iface: &str,
-    ) -> Result<Self, XskError> {
+    pub fn load(object: &[u8], program: &'static str, iface: &str) -> Result<Self, XskError> {
         let ifindex = ifindex(iface)? as i32;
         let bpf = |call: &'static str| {
             move |source| XskError::Bpf {
@@ -101,7 +103,7 @@ impl XdpProgram {
     /// # Errors
     /// [`XskError::Bpf`] when the object has no such map or its descriptor cannot be
     /// duplicated.
-    pub(crate) fn map(&self, name: &'static str) -> Result<MapHandle, XskError> {
+    pub fn map(&self, name: &'static str) -> Result<MapHandle, XskError> {
         let m = self
             .obj
             .maps()
@@ -124,7 +126,7 @@ impl XdpProgram {
     /// # Errors
     /// [`XskError::Bpf`] when querying the interface or detaching the stale program fails;
     /// [`XskError::Attach`] when no allowed mode attaches.
-    pub(crate) fn attach(&mut self, policy: AttachPolicy) -> Result<AttachMode, XskError> {
+    pub fn attach(&mut self, policy: AttachPolicy) -> Result<AttachMode, XskError> {
         let iface = self.iface.as_str();
         let bpf = |call: &'static str| {
             move |source| XskError::Bpf {
@@ -190,22 +192,22 @@ impl XdpProgram {
     }
 
     /// The mode the program is attached in (`None` before [`Self::attach`]).
-    pub(crate) fn mode(&self) -> Option<AttachMode> {
+    pub fn mode(&self) -> Option<AttachMode> {
         self.mode
     }
 
     /// Ids of the programs found on the interface and removed by [`Self::attach`].
-    pub(crate) fn replaced(&self) -> &[u32] {
+    pub fn replaced(&self) -> &[u32] {
         &self.replaced
     }
 
     /// The kernel's id of our program.
-    pub(crate) fn id(&self) -> u32 {
+    pub fn id(&self) -> u32 {
         self.prog_id
     }
 
     /// The interface name.
-    pub(crate) fn iface(&self) -> &str {
+    pub fn iface(&self) -> &str {
         &self.iface
     }
 }

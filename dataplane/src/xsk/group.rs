@@ -159,6 +159,13 @@ impl Accounting {
 /// The AF_XDP sockets of one queue index on one or more interfaces, sharing one UMEM; the unit
 /// one worker serves.
 ///
+/// Its frame calls (`read_rx`, `lend`, `stage_tx`, `submit_tx`, `reap_completions`,
+/// `refill`, `take_free`, `recycle`, ...) are public so that loops other than the gateway's
+/// worker (the lab's generator and `limit` forwarder) drive the rings with the same
+/// discipline, without `unsafe` of their own. A [`Held`] is only a frame's name: every call
+/// checks in the UMEM's books that user space owns the frame, so a stale or forged one
+/// panics instead of touching memory the kernel owns.
+///
 /// Field order is drop order: the sockets (and their rings), then the UMEM they use.
 #[derive(Debug)]
 pub struct QueueGroup {
@@ -310,7 +317,7 @@ impl QueueGroup {
 
     /// The socket sending on table port `port`, if the group has one.
     #[inline(always)]
-    pub(crate) fn socket_for(&self, port: u8) -> Option<usize> {
+    pub fn socket_for(&self, port: u8) -> Option<usize> {
         match self.by_table_port[port as usize] {
             NO_PORT => None,
             s => Some(s as usize),
@@ -319,7 +326,7 @@ impl QueueGroup {
 
     /// Moves completed TX frames of every socket to the free list. Returns how many.
     #[inline]
-    pub(crate) fn reap_completions(&mut self) -> u32 {
+    pub fn reap_completions(&mut self) -> u32 {
         let umem = &mut self.umem;
         self.ports
             .iter_mut()
@@ -330,7 +337,7 @@ impl QueueGroup {
     /// Moves free frames to the fill rings, starting with a different socket each call.
     /// Returns how many.
     #[inline]
-    pub(crate) fn refill(&mut self) -> u32 {
+    pub fn refill(&mut self) -> u32 {
         let k = self.ports.len();
         let first = self.refill_first;
         self.refill_first = (first + 1) % k;
@@ -343,39 +350,39 @@ impl QueueGroup {
 
     /// Whether any socket has a received frame waiting.
     #[inline]
-    pub(crate) fn rx_ready(&mut self) -> bool {
+    pub fn rx_ready(&mut self) -> bool {
         self.ports.iter_mut().any(|p| p.rx_ready(1) > 0)
     }
 
     /// Reads up to `out.len()` frames from socket `s`'s RX ring; see [`Port::read_rx`].
     #[inline]
-    pub(crate) fn read_rx(&mut self, s: usize, out: &mut [Held]) -> (usize, u32) {
+    pub fn read_rx(&mut self, s: usize, out: &mut [Held]) -> (usize, u32) {
         self.ports[s].read_rx(&mut self.umem, out)
     }
 
     /// Lends held frames to the pipeline; see [`Umem::lend`].
     #[inline]
-    pub(crate) fn lend<'a>(&'a mut self, batch: &[Held], out: &mut [Frame<'a>]) {
+    pub fn lend<'a>(&'a mut self, batch: &[Held], out: &mut [Frame<'a>]) {
         self.umem.lend(batch, out);
     }
 
     /// The packet of a held frame.
     #[inline]
-    pub(crate) fn packet(&self, h: &Held) -> &[u8] {
+    pub fn packet(&self, h: &Held) -> &[u8] {
         self.umem.packet(h)
     }
 
     /// A free frame holding a copy of `packet`, as received on `ingress`; see
     /// [`Umem::copy_in`].
     #[inline]
-    pub(crate) fn copy_in(&mut self, ingress: u8, packet: &[u8]) -> Option<Held> {
+    pub fn copy_in(&mut self, ingress: u8, packet: &[u8]) -> Option<Held> {
         self.umem.copy_in(ingress, packet)
     }
 
     /// Takes a frame off the free list for user space to write and send (a generator's TX
     /// frame), with its packet at `head`, `len` bytes; `None` when no frame is free.
     #[inline]
-    pub(crate) fn take_free(&mut self, head: u32, len: u32) -> Option<Held> {
+    pub fn take_free(&mut self, head: u32, len: u32) -> Option<Held> {
         let addr = self.umem.pop_free()?;
         let idx = (addr / super::FRAME_SIZE as u64) as u32;
         self.umem.hand_over(idx, Owner::Free, Owner::Worker);
@@ -389,19 +396,19 @@ impl QueueGroup {
 
     /// Returns a held frame to the free list.
     #[inline]
-    pub(crate) fn recycle(&mut self, h: &Held) {
+    pub fn recycle(&mut self, h: &Held) {
         self.umem.recycle(h.idx, Owner::Worker);
     }
 
     /// Stages a held frame on socket `s`'s TX ring; see [`Port::stage_tx`].
     #[inline]
-    pub(crate) fn stage_tx(&mut self, s: usize, h: &Held) -> bool {
+    pub fn stage_tx(&mut self, s: usize, h: &Held) -> bool {
         self.ports[s].stage_tx(&mut self.umem, h)
     }
 
     /// Publishes every socket's staged TX descriptors. Returns how many.
     #[inline]
-    pub(crate) fn submit_tx(&mut self) -> u32 {
+    pub fn submit_tx(&mut self) -> u32 {
         self.ports.iter_mut().map(Port::submit_tx).sum()
     }
 
@@ -410,7 +417,7 @@ impl QueueGroup {
     /// # Errors
     /// As [`Port::flush_tx`].
     #[inline]
-    pub(crate) fn flush_tx(&mut self) -> Result<u32, XskError> {
+    pub fn flush_tx(&mut self) -> Result<u32, XskError> {
         let mut n = 0;
         for p in &mut self.ports {
             n += p.flush_tx()? as u32;
@@ -428,7 +435,7 @@ impl QueueGroup {
     /// # Errors
     /// As [`Port::flush_tx`].
     #[inline]
-    pub(crate) fn drain_tx(&mut self) -> Result<u32, XskError> {
+    pub fn drain_tx(&mut self) -> Result<u32, XskError> {
         let mut n = 0;
         for _ in 0..TX_KICKS {
             let k = self.flush_tx()?;
@@ -445,7 +452,7 @@ impl QueueGroup {
     /// # Errors
     /// As [`Port::wake_fill`].
     #[inline]
-    pub(crate) fn wake_fill(&mut self) -> Result<u32, XskError> {
+    pub fn wake_fill(&mut self) -> Result<u32, XskError> {
         let mut n = 0;
         for p in &mut self.ports {
             n += p.wake_fill()? as u32;
@@ -458,7 +465,7 @@ impl QueueGroup {
     ///
     /// # Errors
     /// [`XskError::Io`] if `poll` fails other than by a signal.
-    pub(crate) fn wait_rx(&mut self, timeout_ms: i32) -> Result<(), XskError> {
+    pub fn wait_rx(&mut self, timeout_ms: i32) -> Result<(), XskError> {
         let mut fds = [libc::pollfd {
             fd: -1,
             events: 0,

@@ -58,29 +58,20 @@
 mod attach;
 mod group;
 mod handoff;
-mod l2fwd;
 mod prog;
 mod ring;
-mod sink;
 mod socket;
-pub mod testbed;
-mod tx;
 mod umem;
 pub mod worker;
 
 use std::io;
 
+pub use attach::{Aligned, XdpProgram};
 pub use group::{Accounting, GroupConfig, QueueGroup, MAX_GROUP_PORTS};
 pub use handoff::{Handoff, HandoffConfig, HandoffError, HandoffRx, HandoffTx, HANDOFF_SLOTS};
-pub use l2fwd::{L2fwd, L2fwdConfig, L2fwdStats};
 pub use prog::{AttachMode, AttachPolicy, MapSync, SteerCounters, SteerProgram};
-pub use sink::{SinkCounters, SinkProgram};
 pub use socket::{interface_port, BindMode, BindPolicy, KernelStats, Port, PortConfig, RingSizes};
-pub use tx::{
-    monotonic_ns, Flows, GenConfig, GenCounters, GenStats, ProbeConfig, Traffic, TxGen, MIN_FRAME,
-    PROBE_FRAME, PROBE_MAGIC, PROBE_PAYLOAD,
-};
-pub use umem::{FRAME_COUNT, FRAME_SIZE, MAX_PACKET};
+pub use umem::{Held, FRAME_COUNT, FRAME_SIZE, MAX_PACKET, RX_OFFSET};
 pub use worker::{run_worker, Clock, MonotonicClock, WorkerStats, BATCH};
 
 /// Setup and IO errors of the AF_XDP layer. Each names the call that failed.
@@ -175,16 +166,6 @@ pub enum XskError {
         native: String,
         /// Why generic (skb) mode failed, or "not tried".
         generic: String,
-    },
-    /// Entering a network namespace failed ([`testbed::enter_netns`]).
-    #[error("network namespace {path}: {call}: {source}")]
-    Netns {
-        /// Path of the namespace file.
-        path: String,
-        /// The call (`open`, `setns`).
-        call: &'static str,
-        /// The OS error.
-        source: io::Error,
     },
 }
 

@@ -43,7 +43,7 @@ pub(crate) const KERNEL_HEADROOM: usize = 256;
 /// Where a received packet starts in its frame: our headroom plus the kernel's. Frames the
 /// worker fills itself (handed over by another core) start here too, so they have the same
 /// room for encapsulation.
-pub(crate) const RX_OFFSET: usize = crate::rewrite::HEADROOM + KERNEL_HEADROOM;
+pub const RX_OFFSET: usize = crate::rewrite::HEADROOM + KERNEL_HEADROOM;
 
 /// The longest packet a frame holds behind the user and kernel headroom (64 + 256 bytes):
 /// 3776 bytes. Longer frames cannot be received, nor handed over between workers.
@@ -69,7 +69,7 @@ pub(crate) enum Owner {
 /// A frame the worker holds: its index, where the packet is in it, and the table port it
 /// came in on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Held {
+pub struct Held {
     /// Frame index.
     pub idx: u32,
     /// Offset of the packet in the frame.

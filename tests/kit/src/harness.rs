@@ -414,6 +414,35 @@ pub fn tshark_fields(pcap: &Path, fields: &[&str], decode_as: Option<&str>) -> V
         .collect()
 }
 
+/// Moves the calling thread into network namespace `name` (`/run/netns/NAME`, or a path);
+/// only this thread moves.
+///
+/// # Panics
+///
+/// When the namespace cannot be opened or entered (not root).
+pub fn enter_netns(name: &str) {
+    let path = if name.contains('/') {
+        name.to_owned()
+    } else {
+        format!("/run/netns/{name}")
+    };
+    let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+        .unwrap_or_else(|e| panic!("setns({path}): {e}"));
+}
+
+/// Pins the calling thread to CPU `cpu`.
+///
+/// # Panics
+///
+/// When the CPU does not exist or is not allowed.
+pub fn pin_thread(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).unwrap_or_else(|e| panic!("CPU {cpu}: {e}"));
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+        .unwrap_or_else(|e| panic!("sched_setaffinity(CPU {cpu}): {e}"));
+}
+
 /// Runs `f` on a scoped thread that entered network namespace `name` (`/run/netns/NAME`).
 ///
 /// # Panics
@@ -422,10 +451,7 @@ pub fn tshark_fields(pcap: &Path, fields: &[&str], decode_as: Option<&str>) -> V
 pub fn enter_and_run<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|s| {
         s.spawn(|| {
-            let path = format!("/run/netns/{name}");
-            let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                .unwrap_or_else(|e| panic!("setns({path}): {e}"));
+            enter_netns(name);
             f()
         })
         .join()

@@ -15,7 +15,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
-use strait_dataplane::xsk::{AttachPolicy, SinkProgram};
+use strait_dataplane::xsk::AttachPolicy;
+
+pub use program::{SinkCounters, SinkProgram};
+
+pub mod program;
 
 /// `strait-lab sink` arguments.
 #[derive(Debug, clap::Args)]

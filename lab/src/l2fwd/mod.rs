@@ -1,5 +1,5 @@
 //! `strait-lab l2fwd`: the `limit` system of the line-rate benchmark, a plain AF_XDP forwarder
-//! ([`strait_dataplane::xsk::L2fwd`]): IPv4 TCP/UDP arriving on `--rx` leaves on `--tx` with
+//! ([`L2fwd`]): IPv4 TCP/UDP arriving on `--rx` leaves on `--tx` with
 //! destination MAC `--dst-mac` and the TX interface's own MAC as source; nothing else is done
 //! to it. ARP and everything else on `--rx` stays with the kernel.
 //!
@@ -14,9 +14,13 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
+pub use forwarder::{L2fwd, L2fwdConfig, L2fwdStats};
 use serde::Serialize;
 use strait_config::MacAddr;
-use strait_dataplane::xsk::{testbed::pin_thread, L2fwd, L2fwdConfig, L2fwdStats};
+
+use crate::pin_thread;
+
+pub mod forwarder;
 
 use crate::sink::{every_second, parse_seconds, stop_on_signals};
 

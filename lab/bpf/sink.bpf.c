@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// The benchmark's sink (`strait-lab sink`, dataplane/src/xsk/sink.rs): counts every frame that
+// The benchmark's sink (`strait-lab sink`, lab/src/sink/program.rs): counts every frame that
 // arrives on the interface and drops it, except latency probes, which it reflects.
 //
 // A probe is an IPv4 UDP packet (not a fragment) whose UDP *source* port is the configured

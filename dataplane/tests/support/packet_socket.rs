@@ -1,72 +1,18 @@
-//! Helpers for namespace testbeds (tests, the `strait` testbed and traffic tools): entering a
-//! network namespace, pinning a thread to a CPU, and a raw packet socket to send and capture
-//! Ethernet frames.
+//! A raw packet socket (AF_PACKET) bound to one interface: the privileged tests send and
+//! capture Ethernet frames with it. Test support, included with `#[path]` by the tests that
+//! need it; the product has no raw packet socket.
+#![allow(unsafe_code)]
+#![allow(dead_code, reason = "each including test uses a part")]
 
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
-use super::{ifindex, last_error, XskError};
+use strait_dataplane::xsk::{ifindex, XskError};
 
-/// Moves the calling thread into the network namespace `ns`: a name made by `ip netns add`
-/// (looked up in `/var/run/netns`) or a path to a namespace file. Only this thread moves;
-/// sockets and interfaces it then opens belong to that namespace.
-///
-/// # Errors
-/// [`XskError::Netns`] when the namespace file cannot be opened or `setns` fails (not root).
-pub fn enter_netns(ns: &str) -> Result<(), XskError> {
-    let path = if ns.contains('/') {
-        ns.to_owned()
-    } else {
-        format!("/var/run/netns/{ns}")
-    };
-    let err = |call, source| XskError::Netns {
-        path: path.clone(),
-        call,
-        source,
-    };
-    let f = File::open(&path).map_err(|e| err("open", e))?;
-    // SAFETY: `f` is an open namespace file for the duration of the call; setns only changes
-    // the calling thread's namespace and touches no memory of ours.
-    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
-        return Err(err("setns", last_error()));
-    }
-    Ok(())
-}
-
-/// Pins the calling thread to CPU `cpu` (`sched_setaffinity`).
-///
-/// With [`PacketSocket::bypass_qdisc`], a frame written by a thread pinned to CPU `c` leaves
-/// on TX queue `c % queues` of an interface without XPS (veth), and a veth delivers it on the
-/// peer's RX queue of the same index: how a test picks the queue a frame arrives on.
-///
-/// # Errors
-/// [`XskError::Io`] (call `sched_setaffinity`) when the CPU does not exist or is not allowed.
-pub fn pin_thread(cpu: usize) -> Result<(), XskError> {
-    let err = |source| XskError::Io {
-        iface: String::new(),
-        queue: 0,
-        call: "sched_setaffinity",
-        source,
-    };
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "CPU number beyond CPU_SETSIZE",
-        )));
-    }
-    // SAFETY: cpu_set_t is a plain bit array, for which all zeroes is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes one bit of `set`, a valid cpu_set_t; `cpu < CPU_SETSIZE` (checked
-    // above) keeps the bit inside it.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is a valid cpu_set_t that lives across the call and its size is passed;
-    // pid 0 is the calling thread. The kernel only reads it.
-    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) } < 0 {
-        return Err(err(last_error()));
-    }
-    Ok(())
+fn last_error() -> io::Error {
+    io::Error::last_os_error()
 }
 
 /// A raw `AF_PACKET` socket bound to one interface: every frame in or out of the interface

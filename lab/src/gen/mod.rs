@@ -1,7 +1,7 @@
 //! `strait-lab gen`: the AF_XDP traffic generator of the line-rate benchmark, with latency
 //! probes.
 //!
-//! The sending is [`strait_dataplane::xsk::TxGen`] on a thread of its own (pinned with
+//! The sending is [`TxGen`] on a thread of its own (pinned with
 //! `--core`); this module parses the command line, reports the offered rate once a second on
 //! stderr, receives the reflected latency probes on an ordinary UDP socket, and prints the
 //! summary (one JSON object on stdout with `--json`). SIGINT and SIGTERM end the run early,
@@ -26,10 +26,14 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use strait_dataplane::xsk::{
-    monotonic_ns, BindPolicy, Flows, GenConfig, GenCounters, GenStats, ProbeConfig, Traffic, TxGen,
-    PROBE_MAGIC, PROBE_PAYLOAD,
+use strait_dataplane::xsk::BindPolicy;
+
+pub use tx::{
+    monotonic_ns, Flows, GenConfig, GenCounters, GenStats, ProbeConfig, Traffic, TxGen, MIN_FRAME,
+    PROBE_FRAME, PROBE_MAGIC, PROBE_PAYLOAD,
 };
+
+pub mod tx;
 
 /// Most destinations one `--to` may expand to (ranges multiply).
 const MAX_TARGETS: usize = 1 << 20;
@@ -354,8 +358,7 @@ pub fn run(args: &Args) -> Result<()> {
             .name("gen-tx".into())
             .spawn(move || -> Result<GenStats> {
                 if let Some(c) = core {
-                    strait_dataplane::xsk::testbed::pin_thread(c)
-                        .with_context(|| format!("--core {c}"))?;
+                    crate::pin_thread(c).with_context(|| format!("--core {c}"))?;
                 }
                 Ok(gen.run(&stop, until, &counters)?)
             })

@@ -14,8 +14,9 @@
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 
-use super::attach::{embedded_object, Aligned, XdpProgram};
-use super::{AttachMode, AttachPolicy, XskError};
+use strait_dataplane::xsk::{Aligned, AttachMode, AttachPolicy, XdpProgram, XskError};
+
+use crate::embedded_object;
 
 /// The compiled program, `bpf/sink.bpf.c`.
 static OBJECT: &Aligned<[u8]> = embedded_object!("sink");
@@ -134,7 +135,7 @@ mod tests {
 
     #[test]
     fn object_is_embedded() {
-        super::super::attach::assert_embedded(&OBJECT.0);
+        crate::assert_embedded(&OBJECT.0);
     }
 
     #[test]

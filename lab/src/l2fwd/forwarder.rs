@@ -10,8 +10,8 @@
 //!                                                                                on TX iface
 //! ```
 //!
-//! The loop keeps [`super::run_worker`]'s ring discipline: reap completions, refill, read up to
-//! [`super::BATCH`] frames, rewrite them in place, stage them on the TX socket, publish, and
+//! The loop keeps [`strait_dataplane::xsk::run_worker`]'s ring discipline: reap completions, refill, read up to
+//! [`BATCH`] frames, rewrite them in place, stage them on the TX socket, publish, and
 //! make a syscall only when the kernel set `XDP_RING_NEED_WAKEUP` on a ring (always on a TX
 //! ring in copy mode, which sends at most 32 frames per `sendto`, so a turn kicks until its
 //! TX ring is empty, `QueueGroup::drain_tx`), or to sleep in
@@ -24,13 +24,14 @@ use std::time::{Duration, Instant};
 
 use libbpf_rs::{MapCore, MapFlags};
 
-use super::attach::{embedded_object, Aligned, XdpProgram};
-use super::group::{GroupConfig, QueueGroup};
-use super::socket::{interface_port, BindMode, BindPolicy, PortConfig};
-use super::umem::Held;
-use super::worker::{IDLE_POLL_MS, IDLE_SPINS, PUBLISH_EVERY};
-use super::{AttachMode, AttachPolicy, XskError, BATCH};
-use crate::rewrite::Frame;
+use strait_dataplane::rewrite::Frame;
+use strait_dataplane::xsk::worker::{IDLE_POLL_MS, IDLE_SPINS, PUBLISH_EVERY};
+use strait_dataplane::xsk::{
+    interface_port, Aligned, AttachMode, AttachPolicy, BindMode, BindPolicy, GroupConfig, Held,
+    PortConfig, QueueGroup, XdpProgram, XskError, BATCH,
+};
+
+use crate::embedded_object;
 
 /// The compiled program, `bpf/redirect.bpf.c`.
 static OBJECT: &Aligned<[u8]> = embedded_object!("redirect");
@@ -286,7 +287,7 @@ mod tests {
 
     #[test]
     fn object_is_embedded() {
-        super::super::attach::assert_embedded(&OBJECT.0);
+        crate::assert_embedded(&OBJECT.0);
     }
 
     #[test]

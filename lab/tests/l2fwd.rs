@@ -14,8 +14,6 @@
 //! `STRAIT_SKIP_PRIVILEGED=1` is set, in which case it prints a loud SKIPPED banner and
 //! passes. The namespaces are deleted on drop, also when the test fails.
 
-#![cfg(feature = "xsk")]
-
 use std::io::{ErrorKind, Read, Write};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,11 +22,15 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use etherparse::PacketBuilder;
-use strait_dataplane::xsk::testbed::{enter_netns, PacketSocket};
-use strait_dataplane::xsk::{Accounting, L2fwd, L2fwdConfig, L2fwdStats};
+use packet_socket::PacketSocket;
+use strait_dataplane::xsk::Accounting;
+use strait_lab::l2fwd::{L2fwd, L2fwdConfig, L2fwdStats};
+use strait_testkit::harness::enter_netns;
 
-#[path = "support/counting_alloc.rs"]
+#[path = "../../dataplane/tests/support/counting_alloc.rs"]
 mod counting;
+#[path = "../../dataplane/tests/support/packet_socket.rs"]
+mod packet_socket;
 use counting::{ALLOCS, COUNTING};
 
 const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x01];
@@ -203,7 +205,7 @@ fn forwards_udp_and_tcp_with_new_macs_without_allocating() {
     let fwd = {
         let (stop, live_rx) = (Arc::clone(&stop), Arc::clone(&live_rx));
         thread::spawn(move || -> Result<Report, String> {
-            enter_netns(&f).map_err(|e| e.to_string())?;
+            enter_netns(&f);
             let mut l2 = match L2fwd::open(&L2fwdConfig::new("f0", "f1", 0, DST)) {
                 Ok(l2) => l2,
                 Err(e) => {
@@ -233,7 +235,7 @@ fn forwards_udp_and_tcp_with_new_macs_without_allocating() {
 
     const N: u16 = 500;
     let capture = thread::spawn(move || -> Result<Vec<Vec<u8>>, String> {
-        enter_netns(&b).map_err(|e| e.to_string())?;
+        enter_netns(&b);
         let mut cap =
             PacketSocket::open("b0", Duration::from_millis(100)).map_err(|e| e.to_string())?;
         let mut got = Vec::new();
@@ -258,7 +260,7 @@ fn forwards_udp_and_tcp_with_new_macs_without_allocating() {
     // Let the capture socket open before sending.
     thread::sleep(Duration::from_millis(200));
     let sender = thread::spawn(move || -> Result<(), String> {
-        enter_netns(&a).map_err(|e| e.to_string())?;
+        enter_netns(&a);
         let mut s =
             PacketSocket::open("a0", Duration::from_millis(100)).map_err(|e| e.to_string())?;
         s.write_all(&ping_frame()).map_err(|e| e.to_string())?;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// The `limit` forwarder's XDP program (`strait-lab l2fwd`, dataplane/src/xsk/l2fwd.rs): every
+// The `limit` forwarder's XDP program (`strait-lab l2fwd`, lab/src/l2fwd/forwarder.rs): every
 // IPv4 TCP or UDP packet goes to the AF_XDP socket of the queue it arrived on; everything else
 // (ARP above all, ICMP, IPv6) passes to the kernel, so the interface keeps answering ARP.
 //

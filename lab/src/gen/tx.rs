@@ -39,12 +39,12 @@ use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::group::{GroupConfig, QueueGroup};
-use super::socket::{BindMode, BindPolicy, PortConfig, RingSizes};
-use super::umem::{Held, MAX_PACKET, RX_OFFSET};
-use super::{XskError, BATCH};
-use crate::rewrite::Frame;
-use crate::wire::checksum::{self, update_bytes};
+use strait_dataplane::rewrite::Frame;
+use strait_dataplane::wire::checksum::{self, update_bytes};
+use strait_dataplane::xsk::{
+    BindMode, BindPolicy, GroupConfig, Held, PortConfig, QueueGroup, RingSizes, XskError, BATCH,
+    MAX_PACKET, RX_OFFSET,
+};
 
 /// The first bytes of a latency probe's UDP payload.
 pub const PROBE_MAGIC: &[u8; 8] = b"STRAITPR";
@@ -255,14 +255,10 @@ pub struct GenStats {
 /// The current `CLOCK_MONOTONIC` time in nanoseconds: the clock of probe timestamps, which
 /// the receiver of reflected probes reads too.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec that lives across the call; CLOCK_MONOTONIC
-    // always exists, so the call cannot fail.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    // CLOCK_MONOTONIC always exists, so the call cannot fail.
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .expect("CLOCK_MONOTONIC exists");
+    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }
 
 /// What a frame holds, so a reused frame is only rewritten where it varies.
