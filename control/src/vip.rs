@@ -243,6 +243,7 @@ impl Drop for Vips {
 mod tests {
     use super::*;
     use std::process::Stdio;
+    use strait_testkit::privileged as gate;
 
     /// Two namespaces joined by a veth pair, deleted on drop.
     struct Pair(String, String);
@@ -284,18 +285,10 @@ mod tests {
     }
 
     fn privileged() -> bool {
-        let root = std::fs::read_to_string("/proc/self/status")
-            .unwrap_or_default()
-            .lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
-        if !root {
-            assert!(
-                std::env::var("STRAIT_SKIP_PRIVILEGED").as_deref() == Ok("1"),
-                "this test needs root (network namespaces); set STRAIT_SKIP_PRIVILEGED=1 to skip it"
-            );
-            eprintln!("SKIPPED: not root and STRAIT_SKIP_PRIVILEGED=1");
-        }
-        root
+        strait_testkit::privileged::privileged(
+            "VIP announcements",
+            &[gate::IP, gate::TCPDUMP, gate::ARPING],
+        )
     }
 
     #[test]

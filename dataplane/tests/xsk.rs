@@ -68,6 +68,7 @@ use strait_dataplane::xsk::{
     SteerCounters, SteerProgram, WorkerStats,
 };
 use strait_testkit::harness::{enter_netns, pin_thread};
+use strait_testkit::privileged as gate;
 
 #[path = "support/counting_alloc.rs"]
 mod counting;
@@ -295,23 +296,6 @@ impl Drop for Testbed {
             }
         }
     }
-}
-
-/// Whether this process can run the test: root and `ip` present.
-fn missing_privileges() -> Option<String> {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let euid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .unwrap_or("?");
-    if euid != "0" {
-        return Some(format!("not root (euid {euid})"));
-    }
-    if Command::new("ip").arg("-V").output().is_err() {
-        return Some("`ip` (iproute2) not found".into());
-    }
-    None
 }
 
 /// Fails the test with `why`, or with STRAIT_SKIP_PRIVILEGED=1 prints SKIPPED and returns.
@@ -662,8 +646,7 @@ fn send_udp_again(ns: String) -> Result<Returned, String> {
 /// The whole round trip with the program attached as `policy` says, in namespaces tagged
 /// `case`.
 fn round_trip(case: &str, policy: AttachPolicy, want: AttachMode) {
-    if let Some(why) = missing_privileges() {
-        skip_or_fail(&why);
+    if !gate::privileged("AF_XDP end-to-end", &[gate::IP]) {
         return;
     }
     let started = Instant::now();
@@ -882,8 +865,7 @@ fn attached_id(ns: &str, dev: &str) -> Option<u32> {
 
 #[test]
 fn stale_program_is_replaced_and_only_ours_detached() {
-    if let Some(why) = missing_privileges() {
-        skip_or_fail(&why);
+    if !gate::privileged("AF_XDP end-to-end", &[gate::IP]) {
         return;
     }
     let bed = match Testbed::new("-stale") {
@@ -1574,8 +1556,7 @@ fn start_two_arm(
 /// the other interface's socket without a copy.
 #[test]
 fn two_arm_nat_round_trip() {
-    if let Some(why) = missing_privileges() {
-        skip_or_fail(&why);
+    if !gate::privileged("AF_XDP end-to-end", &[gate::IP]) {
         return;
     }
     let started = Instant::now();
@@ -1631,8 +1612,7 @@ fn two_arm_nat_round_trip() {
 /// core.
 #[test]
 fn nat_handoff_between_two_workers() {
-    if let Some(why) = missing_privileges() {
-        skip_or_fail(&why);
+    if !gate::privileged("AF_XDP end-to-end", &[gate::IP]) {
         return;
     }
     let cpus = thread::available_parallelism().map_or(1, |n| n.get());
@@ -1878,8 +1858,7 @@ impl KernelMaps {
 /// Runs `f` in a thread inside the gateway namespace of a fresh testbed tagged `case`, with a
 /// steering program attached to veth-g. `None` after a loud skip.
 fn with_steer_program(case: &str, f: impl FnOnce(&mut SteerProgram, &KernelMaps) + Send) {
-    if let Some(why) = missing_privileges() {
-        skip_or_fail(&why);
+    if !gate::privileged("AF_XDP end-to-end", &[gate::IP]) {
         return;
     }
     let bed = match Testbed::new(case) {

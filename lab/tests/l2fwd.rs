@@ -26,6 +26,7 @@ use packet_socket::PacketSocket;
 use strait_dataplane::xsk::Accounting;
 use strait_lab::l2fwd::{L2fwd, L2fwdConfig, L2fwdStats};
 use strait_testkit::harness::enter_netns;
+use strait_testkit::privileged as gate;
 
 #[path = "../../dataplane/tests/support/counting_alloc.rs"]
 mod counting;
@@ -143,13 +144,6 @@ fn skip_or_fail(why: &str) {
     );
 }
 
-fn root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-    })
-}
-
 /// UDP (`i` even) or TCP frames from a to "beyond f", each with its own source port.
 fn frame(i: u16) -> Vec<u8> {
     let b = PacketBuilder::ethernet2(MAC_A, MAC_F0).ipv4([192, 0, 2, 1], [198, 51, 100, 2], 64);
@@ -186,8 +180,8 @@ struct Report {
 
 #[test]
 fn forwards_udp_and_tcp_with_new_macs_without_allocating() {
-    if !root() {
-        return skip_or_fail("not root");
+    if !gate::privileged("limit forwarder", &[gate::IP]) {
+        return;
     }
     let path = match Path::new() {
         Ok(p) => p,

@@ -465,11 +465,7 @@ impl Plan {
 
 /// Root and the tools every system of `plan` needs.
 fn prerequisites(plan: &Plan) -> Result<()> {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let root = status
-        .lines()
-        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
-    if !root {
+    if !nix::unistd::Uid::effective().is_root() {
         bail!(
             "strait-lab bench line-rate needs root: it creates network namespaces, attaches XDP \
              programs and loads iptables and nftables rules"

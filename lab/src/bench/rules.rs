@@ -277,11 +277,7 @@ fn ms(d: Duration) -> f64 {
 
 /// Root, `ip`, `iptables-restore` and `nft`; returns the two tools' versions.
 fn prerequisites() -> Result<(String, String)> {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let root = status
-        .lines()
-        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
-    if !root {
+    if !nix::unistd::Uid::effective().is_root() {
         bail!(
             "strait-lab bench rule-update needs root: it loads iptables and nftables rules into \
              throwaway network namespaces"

@@ -49,10 +49,7 @@ pub const PYTHON: Tool = ("/usr/bin/python3", "--version", "python3");
 /// `STRAIT_SKIP_PRIVILEGED=1`, prints a SKIPPED banner past the harness's capture and
 /// returns false. CI never sets the variable.
 pub fn privileged(test: &str, tools: &[(&str, &str, &str)]) -> bool {
-    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-    });
+    let root = nix::unistd::Uid::effective().is_root();
     let mut missing = Vec::new();
     if !root {
         missing.push("root (effective uid 0)".to_owned());
