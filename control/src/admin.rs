@@ -20,15 +20,14 @@ use std::thread;
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use strait_config::model::{BackendState, MacAddr};
 use strait_dataplane::key::bytes_addr;
 use strait_dataplane::stats::DropReason;
 
+use crate::metrics::{counter, gauge};
 use crate::shared::Shared;
 
 /// A reload request from the API, answered on the enclosed channel.
@@ -216,34 +215,6 @@ impl Collector for KubeMetrics {
             None => Ok(()),
         }
     }
-}
-
-fn counter(
-    enc: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    rows: &[(Vec<(&str, String)>, u64)],
-) -> std::fmt::Result {
-    let probe = ConstCounter::new(0u64);
-    let mut fam = enc.encode_descriptor(name, help, None, probe.metric_type())?;
-    for (labels, v) in rows {
-        ConstCounter::new(*v).encode(fam.encode_family(labels)?)?;
-    }
-    Ok(())
-}
-
-fn gauge(
-    enc: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    rows: &[(Vec<(&str, String)>, i64)],
-) -> std::fmt::Result {
-    let probe = ConstGauge::new(0i64);
-    let mut fam = enc.encode_descriptor(name, help, None, probe.metric_type())?;
-    for (labels, v) in rows {
-        ConstGauge::new(*v).encode(fam.encode_family(labels)?)?;
-    }
-    Ok(())
 }
 
 impl Collector for Metrics {

@@ -18,7 +18,7 @@
 //! | [`neigh`] | next-hop MACs from the kernel's neighbour table and routes (rtnetlink) |
 //! | [`vip`] | claiming VIPs on `lo` and announcing them (gratuitous ARP, unsolicited NA) |
 //! | [`workers`] | starting, pinning and stopping the AF_XDP workers; their counters |
-//! | [`admin`] | the admin and metrics HTTP API |
+//! | [`admin`] | the admin and metrics HTTP API (`metrics`: how every family is written) |
 //! | [`shared`] | what the control loop, the workers and the admin API share |
 //! | [`status`] | `strait status`: the admin API's `/services` as a table |
 //!
@@ -30,6 +30,7 @@
 pub mod admin;
 pub mod health;
 pub mod kube;
+mod metrics;
 pub mod neigh;
 pub mod run;
 pub mod shared;

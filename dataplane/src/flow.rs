@@ -46,12 +46,10 @@
 //! home (all but a fraction of a percent of hits) costs nothing more. Only when that finds no
 //! key does it screen the whole tag line, 32 tags, already in the cache since it is the same
 //! line, branch-free; and only on a tag match there does it read an entry. Eviction stays in
-//! the home bucket (8 entries read at most). Measured with `strait-lab bench pipeline` (1M
-//! established flows in 2M ways), overflow cut the flows refused `Full` from 6,666 to 7
-//! (nat: 12,870 to 16) and established traffic got 1-5 % faster, since a refused flow's every
-//! packet had read all 8 entries of its full bucket; new flows (SYN), which screen the line
-//! for nothing several times a packet, got about 10 % slower (dsr-l2 89 to 99 ns, nat 147 to
-//! 164 ns a packet), still well above the 5 Mpps target.
+//! the home bucket (8 entries read at most). The trade: a key whose bucket is full is
+//! remembered instead of forwarded statelessly on every packet (each of which would read all
+//! 8 entries of its full bucket), at the price of screening the line for nothing on new
+//! flows; the README's Performance section has the figures.
 //!
 //! # Layout and memory cost
 //!

@@ -109,6 +109,38 @@ pub const DEFAULT_SIZE: u32 = 65_537;
 /// The paper's size for large backend sets: balanced to 1% for up to 6,553 backends, 1.25 MiB.
 pub const LARGE_SIZE: u32 = 655_373;
 
+/// Table sizes chosen from the backend count ([`size_for`]), smallest first: primes about
+/// eight times apart. A small table is cheap to build and to hold (2,039 slots serve up to
+/// 20 backends within the paper's balance), and most services have a handful of backends;
+/// sizing every table at [`DEFAULT_SIZE`] would make thousands of services cost gigabytes
+/// and seconds of building.
+pub const SIZES: [u32; 4] = [2_039, 16_381, DEFAULT_SIZE, LARGE_SIZE];
+
+/// Slots per backend a size is chosen for: the Maglev paper keeps the table at least 100
+/// times the backend count for balance within about 1 %.
+pub const SLOTS_PER_BACKEND: usize = 100;
+
+/// The table size for `backends` backends and at least `min` slots (a prime): the smallest of
+/// `min` and the [`SIZES`] above it that holds [`SLOTS_PER_BACKEND`] slots per backend, or
+/// [`LARGE_SIZE`] past them (balance then looser than 1 %); `None` with more backends than
+/// [`LARGE_SIZE`] slots. A function of the count alone, so every gateway in front of the same
+/// backends builds the same table.
+pub fn size_for(backends: usize, min: u32) -> Option<u32> {
+    if backends > LARGE_SIZE as usize {
+        return None;
+    }
+    let want = backends.saturating_mul(SLOTS_PER_BACKEND);
+    let sizes = std::iter::once(min).chain(SIZES.into_iter().filter(|&s| s > min));
+    let mut last = min;
+    for s in sizes {
+        last = s;
+        if s as usize >= want {
+            return Some(s);
+        }
+    }
+    Some(last.max(LARGE_SIZE))
+}
+
 /// Largest number of backend visits per slot for which the round loop beats the heap.
 ///
 /// The round loop visits every backend every round: with equal weights exactly once per slot,
@@ -543,6 +575,33 @@ mod tests {
             Ok(plan) => plan.fill(fill),
             Err(e) => panic!("{e}"),
         }
+    }
+
+    #[test]
+    fn sizes_follow_the_backend_count() {
+        for s in SIZES {
+            assert!(strait_config::model::is_prime(s), "{s}");
+        }
+        let min = SIZES[0];
+        // 100 slots per backend, from the smallest size up.
+        assert_eq!(size_for(0, min), Some(2_039));
+        assert_eq!(size_for(20, min), Some(2_039));
+        assert_eq!(size_for(21, min), Some(16_381));
+        assert_eq!(size_for(163, min), Some(16_381));
+        assert_eq!(size_for(164, min), Some(65_537));
+        assert_eq!(size_for(655, min), Some(65_537));
+        assert_eq!(size_for(656, min), Some(655_373));
+        // Past 6,553 backends the balance loosens, up to one slot each.
+        assert_eq!(size_for(100_000, min), Some(655_373));
+        assert_eq!(size_for(655_373, min), Some(655_373));
+        assert_eq!(size_for(655_374, min), None);
+        // A larger minimum is kept; a minimum between the sizes is used while it suffices.
+        assert_eq!(size_for(3, 65_537), Some(65_537));
+        assert_eq!(size_for(700, 65_537), Some(655_373));
+        assert_eq!(size_for(30, 4_093), Some(4_093));
+        assert_eq!(size_for(41, 4_093), Some(16_381));
+        assert_eq!(size_for(2, 251), Some(251));
+        assert_eq!(size_for(3, 251), Some(2_039));
     }
 
     #[test]

@@ -40,7 +40,7 @@ pub struct Settings {
     /// Name under which Events are reported (`reportingController`).
     pub reporter: String,
     /// Smallest Maglev table of a Service, a prime: Services get the smallest of this and
-    /// [`super::translate::TABLE_SIZES`] that holds 100 slots per backend. The default
+    /// [`strait_dataplane::maglev::SIZES`] that holds 100 slots per backend. The default
     /// (the smallest of those sizes) sizes each table from its backend count; 65537 gives
     /// every Service at least Katran's fixed size.
     pub maglev_min_table_size: u32,
@@ -80,7 +80,7 @@ impl Settings {
             cluster_node_check: None,
             backoff: (Self::DEFAULT_BACKOFF_MIN, Self::DEFAULT_BACKOFF_MAX),
             reporter: "strait".to_owned(),
-            maglev_min_table_size: super::translate::TABLE_SIZES[0],
+            maglev_min_table_size: strait_dataplane::maglev::SIZES[0],
         }
     }
 }
@@ -133,7 +133,7 @@ pub struct Args {
     #[arg(
         long = "kube-maglev-min-table-size",
         value_name = "PRIME",
-        default_value_t = super::translate::TABLE_SIZES[0],
+        default_value_t = strait_dataplane::maglev::SIZES[0],
         value_parser = parse_table_size,
         requires = "kube"
     )]
@@ -146,7 +146,7 @@ fn parse_table_size(s: &str) -> Result<u32, String> {
     let n: u32 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
     let (min, max) = (
         Service::MIN_MAGLEV_TABLE_SIZE,
-        super::translate::LARGE_TABLE,
+        strait_dataplane::maglev::LARGE_SIZE,
     );
     if !(min..=max).contains(&n) {
         Err(format!("{n} is outside {min}..={max}"))

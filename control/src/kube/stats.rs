@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::encoding::DescriptorEncoder;
+
+use crate::metrics::{counter, gauge, gauge_of, one, Rows};
 
 use super::translate::WarningKind;
 
@@ -204,44 +204,6 @@ impl Stats {
 #[derive(Debug)]
 pub struct Metrics(pub Arc<Stats>);
 
-type Rows<'a, T> = Vec<(Vec<(&'a str, String)>, T)>;
-
-fn counter(
-    enc: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    rows: &Rows<'_, u64>,
-) -> std::fmt::Result {
-    let probe = ConstCounter::new(0u64);
-    let mut fam = enc.encode_descriptor(name, help, None, probe.metric_type())?;
-    for (labels, v) in rows {
-        ConstCounter::new(*v).encode(fam.encode_family(labels)?)?;
-    }
-    Ok(())
-}
-
-fn gauge(
-    enc: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    rows: &Rows<'_, i64>,
-) -> std::fmt::Result {
-    let probe = ConstGauge::new(0i64);
-    let mut fam = enc.encode_descriptor(name, help, None, probe.metric_type())?;
-    for (labels, v) in rows {
-        ConstGauge::new(*v).encode(fam.encode_family(labels)?)?;
-    }
-    Ok(())
-}
-
-fn one<T>(v: T) -> Rows<'static, T> {
-    vec![(Vec::new(), v)]
-}
-
-fn gauge_of(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
 impl Collector for Metrics {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
         let s = &self.0;
@@ -307,7 +269,7 @@ impl Collector for Metrics {
             &mut enc,
             "kube_status_writes",
             "LoadBalancer status writes, by result.",
-            &vec![
+            &[
                 (vec![("result", "ok".to_owned())], s.status_writes()),
                 (
                     vec![("result", "error".to_owned())],
@@ -319,7 +281,7 @@ impl Collector for Metrics {
             &mut enc,
             "kube_events",
             "Kubernetes Events published, by result.",
-            &vec![
+            &[
                 (vec![("result", "ok".to_owned())], s.events()),
                 (vec![("result", "error".to_owned())], s.event_errors()),
             ],

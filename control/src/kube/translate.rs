@@ -29,6 +29,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service, ServicePort};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use strait_config::model::{self, Backend, BackendState, HealthCheck, HealthKind, Mode, Protocol};
+use strait_dataplane::maglev;
 
 use super::settings::{Settings, MODE_ANNOTATION};
 
@@ -144,43 +145,6 @@ pub struct Translation {
 /// Most endpoints one EndpointSlice may hold (the API's validation limit); a larger slice
 /// did not come from a conforming API server and is left out whole.
 pub const MAX_SLICE_ENDPOINTS: usize = 1000;
-
-/// Maglev table sizes a Kubernetes Service may get, smallest first: primes about eight times
-/// apart. A Service gets the smallest that is at least [`SLOTS_PER_BACKEND`] times its backend
-/// count, and no smaller than [`Settings::maglev_min_table_size`]. The size follows from the
-/// backend count alone, so every gateway in front of a cluster computes the same table.
-///
-/// A fixed 65,537 slots (Katran's size) for every Service costs 128 KiB and about 1 ms of
-/// table building per Service: 1.3 GB and seconds of start-up at 10,000 Services, and most
-/// of the time of an endpoint change. Most Services have a handful of endpoints; 2,039 slots
-/// serve up to 20 of them within the paper's balance.
-pub const TABLE_SIZES: [u32; 4] = [2_039, 16_381, 65_537, LARGE_TABLE];
-
-/// Slots per backend the size is chosen for: the Maglev paper keeps the table at least 100
-/// times the backend count for balance within about 1 %.
-pub const SLOTS_PER_BACKEND: usize = 100;
-
-/// The largest Maglev table size, for Services with more than 6,553 backends (balance is
-/// then looser than 1 %); a Service with more backends than slots is left out.
-pub const LARGE_TABLE: u32 = 655_373;
-
-/// The Maglev table size of a Service with `backends` backends and at least `min` slots
-/// (a prime, see [`Settings::maglev_min_table_size`]); `None` above [`LARGE_TABLE`] backends.
-pub fn table_size(backends: usize, min: u32) -> Option<u32> {
-    if backends > LARGE_TABLE as usize {
-        return None;
-    }
-    let want = backends.saturating_mul(SLOTS_PER_BACKEND);
-    let sizes = std::iter::once(min).chain(TABLE_SIZES.into_iter().filter(|&s| s > min));
-    let mut last = min;
-    for s in sizes {
-        last = s;
-        if s as usize >= want {
-            return Some(s);
-        }
-    }
-    Some(last.max(LARGE_TABLE))
-}
 
 /// Path of kube-proxy's health-check node port: 200 while the node has local endpoints,
 /// 503 otherwise.
@@ -1043,18 +1007,19 @@ impl<'a> Translator<'a> {
                     .filter(|b| b.state == model::BackendState::Active && b.weight > 0)
                     .count();
                 let Some(maglev_table_size) =
-                    table_size(taking, self.settings.maglev_min_table_size)
+                    maglev::size_for(taking, self.settings.maglev_min_table_size)
                         .filter(|&size| size as usize >= backends.len())
                         .or_else(|| {
-                            table_size(backends.len(), self.settings.maglev_min_table_size)
+                            maglev::size_for(backends.len(), self.settings.maglev_min_table_size)
                         })
                 else {
                     self.warn(
                         WarningKind::TooManyBackends,
                         &object,
                         format!(
-                            "{} backends, more than Maglev's {LARGE_TABLE}",
-                            backends.len()
+                            "{} backends, more than Maglev's {}",
+                            backends.len(),
+                            maglev::LARGE_SIZE
                         ),
                     );
                     continue;
@@ -1365,33 +1330,6 @@ pub fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn table_sizes_follow_the_backend_count() {
-        for s in TABLE_SIZES {
-            assert!(strait_config::model::is_prime(s), "{s}");
-        }
-        let min = TABLE_SIZES[0];
-        // 100 slots per backend, from the smallest size up.
-        assert_eq!(table_size(0, min), Some(2_039));
-        assert_eq!(table_size(20, min), Some(2_039));
-        assert_eq!(table_size(21, min), Some(16_381));
-        assert_eq!(table_size(163, min), Some(16_381));
-        assert_eq!(table_size(164, min), Some(65_537));
-        assert_eq!(table_size(655, min), Some(65_537));
-        assert_eq!(table_size(656, min), Some(655_373));
-        // Past 6,553 backends the balance loosens, up to one slot each.
-        assert_eq!(table_size(100_000, min), Some(655_373));
-        assert_eq!(table_size(655_373, min), Some(655_373));
-        assert_eq!(table_size(655_374, min), None);
-        // A larger minimum is kept; a minimum between the sizes is used while it suffices.
-        assert_eq!(table_size(3, 65_537), Some(65_537));
-        assert_eq!(table_size(700, 65_537), Some(655_373));
-        assert_eq!(table_size(30, 4_093), Some(4_093));
-        assert_eq!(table_size(41, 4_093), Some(16_381));
-        assert_eq!(table_size(2, 251), Some(251));
-        assert_eq!(table_size(3, 251), Some(2_039));
-    }
 
     #[test]
     fn names_are_sanitised() {
