@@ -269,6 +269,13 @@ impl Collector for Metrics {
         )?;
         counter(
             &mut enc,
+            "checksum_completed",
+            "Frames sent with a TCP/UDP checksum the gateway completed: their local sender left \
+             it to checksum offload.",
+            &per_core(|s| s.counters.checksum_completed),
+        )?;
+        counter(
+            &mut enc,
             "flows_created",
             "New flows entered in the flow table.",
             &per_core(|s| s.counters.flows_created),

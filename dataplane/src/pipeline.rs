@@ -4,11 +4,12 @@
 //! the AF_XDP worker, by the in-memory test driver and by the benches alike; time is passed
 //! in, nothing here makes a syscall, takes a lock or allocates.
 //!
-//! Decisions, in order: parse (malformed: drop with a reason) → ICMP error about a VIP flow
-//! (to that flow's backend) → frontend lookup (none: a nat reply, or the kernel's) → source
-//! ACL → fragments (3-tuple Maglev, stateless) → nat owner core (hand off) → flow table (hit:
-//! same backend while it keeps flows; miss: session affinity, then Maglev, then remember) →
-//! rewrite for the mode.
+//! Decisions, in order: parse (malformed, or a bad IPv4 header checksum: drop with a reason)
+//! → ICMP error about a VIP flow (to that flow's backend) → frontend lookup (none: a nat
+//! reply, or the kernel's) → source ACL → fragments (3-tuple Maglev, stateless) → nat owner
+//! core (hand off) → flow table (hit: same backend while it keeps flows; miss: session
+//! affinity, then Maglev, then remember) → rewrite for the mode (which completes a TCP/UDP
+//! checksum the sender left to offload).
 //!
 //! Fragment policy: every fragment of a datagram, first or later, is sent by the Maglev
 //! choice of its 3-tuple (source, destination, protocol) and creates no flow state, so all
@@ -300,7 +301,14 @@ impl Pipeline {
         self.counters.rx += 1;
         let v = self.step(t, now, ingress, frame, parsed, fh, svc);
         match v {
-            Verdict::Tx { .. } => self.counters.tx += 1,
+            Verdict::Tx { .. } => {
+                self.counters.tx += 1;
+                // Every rewrite that sends a partial frame's segment on (dsr-l2, nat, the
+                // encapsulations, the too-big answer's quote) completed its checksum.
+                if let Ok(Some(p)) = parsed {
+                    self.counters.checksum_completed += p.l4_partial as u64;
+                }
+            }
             Verdict::Pass => self.counters.pass += 1,
             Verdict::Drop(r) => self.counters.drop(r),
             Verdict::Handoff { .. } => self.counters.handoff += 1,
@@ -692,7 +700,7 @@ fn forward(
     };
     let how = match s.mode {
         Mode::DsrL2 => {
-            rewrite::dsr_l2(frame, m);
+            rewrite::dsr_l2(frame, p, m);
             return Verdict::Tx { port: b.egress };
         }
         Mode::Nat => {

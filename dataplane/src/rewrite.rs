@@ -2,6 +2,15 @@
 //! a half-rewritten frame cannot leave. Checksums are updated incrementally (RFC 1624) except
 //! where a new header is written whole.
 //!
+//! Every rewrite that sends a client's or a backend's TCP/UDP segment on also completes a
+//! checksum its sender left to offload ([`Parsed::l4_partial`]): dsr-l2 and the
+//! encapsulations in place before anything else (the segment and its addresses do not
+//! change), nat after rewriting, over the final addresses and ports, instead of the
+//! incremental update (which would carry the pseudo-header sum along as if it were a
+//! checksum). So the frame leaves with the checksums a device would have written, whatever
+//! the sender's offloads, and the work, one pass over the segment, falls on those frames
+//! only.
+//!
 //! All functions take the frame and the [`Parsed`] summary of it and trust that summary
 //! (offsets in range); they are called only by the pipeline right after parsing.
 
@@ -98,11 +107,40 @@ fn set_macs(data: &mut [u8], m: Macs) {
     data[6..12].copy_from_slice(&m.src);
 }
 
-/// dsr-l2: only the MACs change; the IP packet, VIP included, is untouched and the TTL is
-/// kept, because the gateway bridges to the backend rather than routing.
+/// dsr-l2: only the MACs change (and a checksum left to offload is completed); the IP
+/// packet, VIP included, is otherwise untouched and the TTL is kept, because the gateway
+/// bridges to the backend rather than routing.
 #[inline]
-pub fn dsr_l2(frame: &mut Frame<'_>, m: Macs) {
-    set_macs(frame.data_mut(), m);
+pub fn dsr_l2(frame: &mut Frame<'_>, p: &Parsed, m: Macs) {
+    let d = frame.data_mut();
+    if p.l4_partial {
+        complete_l4(d, p);
+    }
+    set_macs(d, m);
+}
+
+/// Completes the TCP/UDP checksum of a packet whose sender left it to offload
+/// (`p.l4_partial`): the full sum over the segment as it stands in `d`, with the
+/// pseudo-header of the addresses now in `d`'s IP header, so that after a rewrite it covers
+/// the final addresses and ports. The segment is the whole IP payload, as the sender's
+/// device would have summed it (link padding excluded). Cold and out of line: frames from
+/// senders whose checksums are complete (every frame from a NIC) never call it.
+#[cold]
+#[inline(never)]
+fn complete_l4(d: &mut [u8], p: &Parsed) {
+    debug_assert!(p.l4_partial && p.frag == Frag::None);
+    let (field, udp) = match p.proto {
+        proto::TCP => (tcp::CHECKSUM_OFFSET, false),
+        _ => (udp::CHECKSUM_OFFSET, true),
+    };
+    let end = p.l3 + p.ip_len;
+    let ip = &d[p.l3..];
+    let pseudo = if p.v6 {
+        checksum::pseudo_header(&ip[8..24], &ip[24..40], p.proto, (end - p.l4) as u32)
+    } else {
+        checksum::pseudo_header(&ip[12..16], &ip[16..20], p.proto, (end - p.l4) as u32)
+    };
+    checksum::complete(&mut d[p.l4..end], field, pseudo, udp);
 }
 
 /// Offset of the transport checksum for a protocol, if it has one that covers the
@@ -123,12 +161,15 @@ fn l4_checksum_at(p: &Parsed) -> Option<usize> {
 }
 
 /// Rewrites one address (`dst` or `src`) and its port, fixing the IPv4 header checksum and
-/// the transport checksum, and decrements the TTL / hop limit. The caller checked the TTL.
+/// the transport checksum (updated, or completed when left to offload), and decrements the
+/// TTL / hop limit. The caller checked the TTL.
 #[inline]
 fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &[u8; 16], port: u16, m: Macs) {
     let d = frame.data_mut();
     set_macs(d, m);
-    let csum_at = l4_checksum_at(p);
+    // A partial checksum is not a checksum: updating it would carry the old pseudo-header
+    // sum along. It is completed once the addresses and ports are final.
+    let csum_at = l4_checksum_at(p).filter(|_| !p.l4_partial);
     let (old_addr, new_addr): (&[u8], &[u8]) = if p.v6 {
         (if dst_side { &p.dst } else { &p.src }, &addr[..])
     } else {
@@ -174,6 +215,9 @@ fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &[u8; 16], port:
             ip.set_src(a);
         }
         ip.decrement_ttl();
+    }
+    if p.l4_partial {
+        complete_l4(d, p);
     }
 }
 
@@ -274,6 +318,11 @@ pub fn encapsulate(
     if frame.headroom() < overhead {
         return Err(EncapError::NoHeadroom);
     }
+    if p.l4_partial {
+        // The backend decapsulates the inner packet and checks its checksum: it must be the
+        // one the client's device would have written.
+        complete_l4(frame.data_mut(), p);
+    }
     frame.truncate(p.l3 + p.ip_len); // drop link padding
     let l2 = p.l3;
     frame.push_front(overhead);
@@ -351,9 +400,13 @@ pub fn encapsulate(
 /// ICMP "fragmentation needed" (IPv4, RFC 1191) or "packet too big" (IPv6, RFC 8201) sent
 /// back to the client from the VIP, quoting the original header. The answer goes out of the
 /// port the packet came in on, from that port's MAC (`port_mac`) to the MAC the packet came
-/// from.
+/// from. A checksum the client left to offload is completed first, so the quote shows the
+/// packet as it went on the wire.
 #[inline]
 pub fn icmp_too_big(frame: &mut Frame<'_>, p: &Parsed, inner_mtu: u16, port_mac: [u8; 6]) {
+    if p.l4_partial {
+        complete_l4(frame.data_mut(), p);
+    }
     let l2 = p.l3;
     let room = frame.len() + frame.tailroom();
     let d = &mut frame.buf[frame.head..frame.head + room];
@@ -487,5 +540,229 @@ pub fn nat_icmp_error(frame: &mut Frame<'_>, p: &Parsed, addr: &[u8; 16], port: 
         let mut ip = ipv4::Packet::new_unchecked(&mut d[p.l3..]);
         ip.set_dst(a);
         ip.decrement_ttl();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Checksums left to offload: every rewrite of a partial frame gives, byte for byte, what
+    //! it gives for the same frame with its checksum computed, and that output passes a full
+    //! recomputation written here.
+
+    use super::*;
+    use crate::key::v4_mapped;
+    use crate::wire::parse::parse;
+    use etherparse::PacketBuilder;
+
+    const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xc1];
+    const GW_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
+    const M: Macs = Macs {
+        src: GW_MAC,
+        dst: [2, 0, 0, 0, 1, 0x21],
+    };
+
+    /// RFC 1071 one word at a time, folded.
+    fn reference(data: &[u8], mut acc: u32) -> u16 {
+        for c in data.chunks(2) {
+            acc += u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32;
+            acc = (acc & 0xffff) + (acc >> 16);
+        }
+        acc as u16
+    }
+
+    /// The folded pseudo-header sum of an untagged frame's IP packet and the offset of its
+    /// TCP/UDP checksum field.
+    fn pseudo_and_field(f: &[u8]) -> (u16, usize) {
+        let ip = &f[14..];
+        let (addrs, proto, hl, len) = if ip[0] >> 4 == 4 {
+            let hl = (ip[0] & 0x0f) as usize * 4;
+            let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+            (&ip[12..20], ip[9], hl, total - hl)
+        } else {
+            (
+                &ip[8..40],
+                ip[6],
+                40,
+                u16::from_be_bytes([ip[4], ip[5]]) as usize,
+            )
+        };
+        let mut ps = addrs.to_vec();
+        ps.extend_from_slice(&[0, proto]);
+        ps.extend_from_slice(&(len as u16).to_be_bytes());
+        let field = 14 + hl + if proto == 6 { 16 } else { 6 };
+        (reference(&ps, 0), field)
+    }
+
+    /// The frame as a Linux sender with checksum offload hands it over: the TCP/UDP checksum
+    /// field holds the pseudo-header sum, folded, not complemented.
+    fn offloaded(f: &[u8]) -> Vec<u8> {
+        let (ps, field) = pseudo_and_field(f);
+        let mut o = f.to_vec();
+        o[field..field + 2].copy_from_slice(&ps.to_be_bytes());
+        o
+    }
+
+    /// The folded sum of the TCP/UDP segment of the IP packet at `l3` and its pseudo-header:
+    /// 0xffff when the checksum verifies, and otherwise how far it is off.
+    fn l4_sum(f: &[u8], l3: usize) -> u16 {
+        let ip = &f[l3..];
+        let (addrs, proto, seg) = if ip[0] >> 4 == 4 {
+            let hl = (ip[0] & 0x0f) as usize * 4;
+            let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+            (&ip[12..20], ip[9], &ip[hl..total])
+        } else {
+            let end = 40 + u16::from_be_bytes([ip[4], ip[5]]) as usize;
+            (&ip[8..40], ip[6], &ip[40..end])
+        };
+        let mut ps = addrs.to_vec();
+        ps.extend_from_slice(&[0, proto]);
+        ps.extend_from_slice(&(seg.len() as u16).to_be_bytes());
+        reference(seg, reference(&ps, 0) as u32)
+    }
+
+    fn l4_verifies(f: &[u8], l3: usize) -> bool {
+        l4_sum(f, l3) == 0xffff
+    }
+
+    /// A client frame (TCP SYN with `payload`, or a UDP datagram) to a VIP.
+    fn client_frame(v6: bool, udp: bool, payload: &[u8]) -> Vec<u8> {
+        let b = PacketBuilder::ethernet2(CLIENT_MAC, GW_MAC);
+        let b = if v6 {
+            // 2001:db8:2::7 to 2001:db8::10.
+            let client = [0x20, 0x01, 0x0d, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7];
+            let vip = [
+                0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10,
+            ];
+            b.ipv6(client, vip, 64)
+        } else {
+            b.ipv4([192, 0, 2, 7], [203, 0, 113, 13], 64)
+        };
+        let mut out = Vec::new();
+        if udp {
+            b.udp(5000, 53).write(&mut out, payload).unwrap();
+        } else {
+            b.tcp(40000, 80, 1000, 64240)
+                .syn()
+                .write(&mut out, payload)
+                .unwrap();
+        }
+        out
+    }
+
+    fn backend(v6: bool) -> [u8; 16] {
+        if v6 {
+            [
+                0x20, 0x01, 0x0d, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x21,
+            ]
+        } else {
+            v4_mapped([198, 51, 100, 21])
+        }
+    }
+
+    /// Runs `rewrite` on a copy of `f` in a buffer with headroom; returns the frame after.
+    fn rewritten(f: &[u8], rewrite: &dyn Fn(&mut Frame<'_>, &Parsed)) -> (Parsed, Vec<u8>) {
+        let p = parse(f).unwrap().unwrap();
+        let mut buf = vec![0u8; HEADROOM + f.len() + 64];
+        buf[HEADROOM..HEADROOM + f.len()].copy_from_slice(f);
+        let mut frame = Frame::new(&mut buf, HEADROOM, f.len());
+        rewrite(&mut frame, &p);
+        (p, frame.data().to_vec())
+    }
+
+    type Rewrite = Box<dyn Fn(&mut Frame<'_>, &Parsed)>;
+
+    /// Every rewrite that sends a client's segment on, by name, with the offset of the
+    /// (inner) IP packet in its output.
+    fn rewrites() -> Vec<(&'static str, usize, Rewrite)> {
+        let outer = |how, v6: bool| Outer {
+            how,
+            src: if v6 {
+                [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+            } else {
+                v4_mapped([192, 0, 2, 1])
+            },
+            dst: backend(v6),
+            entropy: 0x1234_5678_9abc,
+            mtu: 1500,
+        };
+        let encap = |how, v6| -> Rewrite {
+            Box::new(move |f: &mut Frame<'_>, p: &Parsed| {
+                encapsulate(f, p, &outer(how, v6), M).unwrap();
+            })
+        };
+        vec![
+            (
+                "dsr_l2",
+                14,
+                Box::new(|f: &mut Frame<'_>, p: &Parsed| dsr_l2(f, p, M)),
+            ),
+            (
+                "nat_forward",
+                14,
+                Box::new(|f: &mut Frame<'_>, p: &Parsed| {
+                    nat_forward(f, p, &backend(p.v6), 8080, M)
+                }),
+            ),
+            (
+                "nat_reply",
+                14,
+                Box::new(|f: &mut Frame<'_>, p: &Parsed| nat_reply(f, p, &backend(p.v6), 8443, M)),
+            ),
+            ("ipip_v4", 34, encap(Encap::Ipip, false)),
+            ("ipip_v6", 54, encap(Encap::Ipip, true)),
+            ("gue_v4", 42, encap(Encap::Gue { port: 6080 }, false)),
+            ("gue_v6", 62, encap(Encap::Gue { port: 6080 }, true)),
+        ]
+    }
+
+    #[test]
+    fn every_rewrite_completes_a_checksum_left_to_offload() {
+        for v6 in [false, true] {
+            for udp in [false, true] {
+                for payload in [&b""[..], b"x", b"hello", &[0xa5; 333]] {
+                    let valid = client_frame(v6, udp, payload);
+                    let partial = offloaded(&valid);
+                    assert_ne!(partial, valid, "the builder left a partial checksum");
+                    for (name, l3, rewrite) in rewrites() {
+                        let ctx = format!("{name} v6={v6} udp={udp} {} bytes", payload.len());
+                        let (pv, want) = rewritten(&valid, &*rewrite);
+                        let (pp, got) = rewritten(&partial, &*rewrite);
+                        assert!(!pv.l4_partial && pp.l4_partial, "{ctx}: detection");
+                        assert!(l4_verifies(&want, l3), "{ctx}: valid input, bad output");
+                        assert_eq!(got, want, "{ctx}: partial input not completed");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_too_big_answer_quotes_the_completed_packet() {
+        for v6 in [false, true] {
+            let valid = client_frame(v6, false, &[0x61; 1400]);
+            let partial = offloaded(&valid);
+            let answer = |f: &mut Frame<'_>, p: &Parsed| icmp_too_big(f, p, 1280, GW_MAC);
+            let (_, want) = rewritten(&valid, &answer);
+            let (_, got) = rewritten(&partial, &answer);
+            assert_eq!(got, want, "v6={v6}");
+        }
+    }
+
+    #[test]
+    fn a_checksum_that_is_not_partial_is_updated_not_recomputed() {
+        // A TCP checksum that is wrong (and not partial) keeps exactly its error through nat:
+        // only a checksum left to offload is computed anew, and nothing else is repaired.
+        for v6 in [false, true] {
+            let mut f = client_frame(v6, false, b"data");
+            let (_, field) = pseudo_and_field(&f);
+            f[field] ^= 0x5a;
+            let off = l4_sum(&f, 14);
+            let (p, out) = rewritten(&f, &|f: &mut Frame<'_>, p: &Parsed| {
+                nat_forward(f, p, &backend(p.v6), 8080, M)
+            });
+            assert!(!p.l4_partial);
+            assert_ne!(off, 0xffff);
+            assert_eq!(l4_sum(&out, 14), off, "v6={v6}");
+        }
     }
 }

@@ -15,6 +15,8 @@ pub enum DropReason {
     IpTruncated,
     /// IP version, header length or total length is impossible.
     IpMalformed,
+    /// An IPv4 header whose checksum does not verify.
+    Ipv4HeaderChecksum,
     /// An IPv6 extension-header chain that is too long, misordered or truncated.
     Ipv6ExtensionHeaders,
     /// A TCP/UDP/ICMP header that does not fit, or has an impossible length.
@@ -53,10 +55,11 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 18] = [
+    pub const ALL: [DropReason; 19] = [
         DropReason::EthTruncated,
         DropReason::IpTruncated,
         DropReason::IpMalformed,
+        DropReason::Ipv4HeaderChecksum,
         DropReason::Ipv6ExtensionHeaders,
         DropReason::L4Truncated,
         DropReason::IcmpEmbeddedTruncated,
@@ -82,6 +85,7 @@ impl DropReason {
             DropReason::EthTruncated => "eth_truncated",
             DropReason::IpTruncated => "ip_truncated",
             DropReason::IpMalformed => "ip_malformed",
+            DropReason::Ipv4HeaderChecksum => "ipv4_header_checksum",
             DropReason::Ipv6ExtensionHeaders => "ipv6_extension_headers",
             DropReason::L4Truncated => "l4_truncated",
             DropReason::IcmpEmbeddedTruncated => "icmp_embedded_truncated",
@@ -136,6 +140,9 @@ pub struct Counters {
     pub icmp_errors_forwarded: u64,
     /// ICMP "fragmentation needed" / "packet too big" answers sent to clients.
     pub icmp_too_big_sent: u64,
+    /// Frames sent with a TCP/UDP checksum completed by the gateway: their sender left it to
+    /// checksum offload (a local veth or tap), so it held only the pseudo-header sum.
+    pub checksum_completed: u64,
 }
 
 impl Counters {
@@ -177,6 +184,7 @@ impl Counters {
         self.fragments += o.fragments;
         self.icmp_errors_forwarded += o.icmp_errors_forwarded;
         self.icmp_too_big_sent += o.icmp_too_big_sent;
+        self.checksum_completed += o.checksum_completed;
     }
 }
 

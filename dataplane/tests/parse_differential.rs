@@ -39,6 +39,11 @@
 //!    IPv6 just skips (8 bytes).
 //! 9. Layers ours does not read: etherparse also slices IGMP and ICMP timestamp messages
 //!    (exactly 20 bytes) and may reject them; ours only needs the 8-byte ICMP header.
+//! 10. IPv4 header checksums: ours verifies them (`Ipv4HeaderChecksum`), etherparse does not.
+//!     Ours must refuse exactly the headers whose checksum a plain sum here finds bad.
+//!
+//! Beyond etherparse: ours' `l4_partial` (a TCP/UDP checksum left to offload) must equal a
+//! comparison, computed here, of the checksum field with the folded pseudo-header sum.
 
 use std::net::IpAddr;
 
@@ -415,6 +420,8 @@ struct Raw {
     udp_len_zero: bool,
     /// First fragment (IPv4 MF, or IPv6 offset 0) with a short transport header.
     first_frag_short_l4: bool,
+    /// An IPv4 header (of a valid length, within the frame) whose checksum does not verify.
+    v4_bad_checksum: bool,
 }
 
 fn raw(f: &[u8], l3: usize, v6: bool) -> Raw {
@@ -456,6 +463,7 @@ fn raw(f: &[u8], l3: usize, v6: bool) -> Raw {
         }
         r.v4_ah = ip[9] == 51;
         let hl = (ip[0] & 0x0f) as usize * 4;
+        r.v4_bad_checksum = hl >= 20 && ip.len() >= hl && fold(sum(&ip[..hl])) != 0xffff;
         let end = (be16(ip, 2) as usize).min(ip.len());
         let l4 = end.saturating_sub(hl);
         let w = be16(ip, 6);
@@ -464,6 +472,19 @@ fn raw(f: &[u8], l3: usize, v6: bool) -> Raw {
         r.first_frag_short_l4 = first && ((ip[9] == 6 && l4 < 20) || (ip[9] == 17 && l4 < 8));
     }
     r
+}
+
+fn sum(data: &[u8]) -> u32 {
+    data.chunks(2)
+        .map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32)
+        .sum()
+}
+
+fn fold(mut a: u32) -> u16 {
+    while a >> 16 != 0 {
+        a = (a & 0xffff) + (a >> 16);
+    }
+    a as u16
 }
 
 fn check(f: &[u8]) -> Result<(), TestCaseError> {
@@ -484,6 +505,14 @@ fn check(f: &[u8]) -> Result<(), TestCaseError> {
     }
     let v6 = ethertype == 0x86dd;
     let r = raw(f, l3, v6);
+    if ours == Err(DropReason::Ipv4HeaderChecksum) {
+        // Difference 10, whatever etherparse thinks of the rest.
+        prop_assert!(r.v4_bad_checksum, "a good IPv4 header refused\n{}", hex(f));
+        return Ok(());
+    }
+    if let Ok(Some(_)) = ours {
+        prop_assert!(!r.v4_bad_checksum, "a bad IPv4 header accepted\n{}", hex(f));
+    }
     match (&ours, &strict) {
         (Ok(None), _) => prop_assert!(false, "an IP EtherType parsed as not IP"),
         (Ok(Some(p)), Ok(s)) => agree(f, p, s, &r)?,
@@ -637,6 +666,16 @@ fn agree(f: &[u8], p: &Parsed, s: &SlicedPacket<'_>, r: &Raw) -> Result<(), Test
     }
     prop_assert_eq!(p.proto, payload.ip_number.0, "protocol");
     prop_assert_eq!(p.l4, off(f, payload.payload), "l4 offset");
+    // A checksum left to offload: the field is the folded pseudo-header sum of the segment
+    // (the whole IP payload), for an unfragmented TCP or UDP packet.
+    // Ours reads an atomic fragment as a fragment (difference 5): never partial.
+    let partial = |field: usize| {
+        let seg = payload.payload;
+        let n = if v6 { 16 } else { 4 };
+        let (s, d) = (&src[16 - n..], &dst[16 - n..]);
+        let ps = fold(sum(s) + sum(d) + payload.ip_number.0 as u32 + seg.len() as u32);
+        !fragmented && !r.v6_atomic && be16(seg, field) == ps
+    };
     match &s.transport {
         Some(TransportSlice::Tcp(t)) => {
             prop_assert_eq!(
@@ -644,12 +683,14 @@ fn agree(f: &[u8], p: &Parsed, s: &SlicedPacket<'_>, r: &Raw) -> Result<(), Test
                 (t.source_port(), t.destination_port())
             );
             prop_assert_eq!(p.tcp_flags, t.slice()[13]);
+            prop_assert_eq!(p.l4_partial, partial(16), "tcp checksum left to offload");
         }
         Some(TransportSlice::Udp(u)) => {
             prop_assert_eq!(
                 (p.src_port, p.dst_port),
                 (u.source_port(), u.destination_port())
             );
+            prop_assert_eq!(p.l4_partial, partial(6), "udp checksum left to offload");
         }
         Some(TransportSlice::Icmpv4(i)) => {
             if p.frag == Frag::None {
@@ -730,6 +771,25 @@ fn embedded_agrees(
     Ok(())
 }
 
+/// Where the TCP/UDP checksum of a frame etherparse reads as unfragmented lies, and the
+/// folded pseudo-header sum a sender with checksum offload would write there.
+fn offload_at(f: &[u8]) -> Option<(usize, u16)> {
+    let s = SlicedPacket::from_ethernet(f).ok()?;
+    let (addrs, payload) = match &s.net {
+        Some(NetSlice::Ipv4(ip)) => (sum(&ip.header().slice()[12..20]), ip.payload()),
+        Some(NetSlice::Ipv6(ip)) => (sum(&ip.header().slice()[8..40]), ip.payload()),
+        _ => return None,
+    };
+    let field = match &s.transport {
+        Some(TransportSlice::Tcp(_)) => 16,
+        Some(TransportSlice::Udp(_)) => 6,
+        _ => return None,
+    };
+    let seg = payload.payload;
+    let ps = fold(addrs + payload.ip_number.0 as u32 + seg.len() as u32);
+    Some((off(f, seg) + field, ps))
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -770,6 +830,18 @@ proptest! {
         cut in prop::option::weighted(0.3, any::<prop::sample::Index>()),
     ) {
         check(&mutate(build(&g), &ms, cut))?;
+    }
+
+    #[test]
+    fn checksums_left_to_offload_are_detected(g in gen()) {
+        let mut f = build(&g);
+        let Some((at, ps)) = offload_at(&f) else {
+            return Ok(());
+        };
+        f[at..at + 2].copy_from_slice(&ps.to_be_bytes());
+        check(&f)?;
+        let p = parse(&f).unwrap().unwrap();
+        prop_assert!(p.l4_partial || p.frag == Frag::First, "{:?}\n{}", p, hex(&f));
     }
 
     #[test]

@@ -227,6 +227,49 @@ pub fn udp(src: &str, sport: u16, dst: &str, dport: u16, payload: &[u8]) -> Vec<
     out
 }
 
+/// The frame as a Linux sender whose device offloads checksums hands it to the gateway
+/// (`CHECKSUM_PARTIAL` on a veth or a tap): its TCP/UDP checksum field holds the folded
+/// pseudo-header sum, not complemented, of the whole IP payload. The IP layer is found by
+/// etherparse, the sum done here; a frame without an unfragmented TCP/UDP segment is
+/// returned unchanged.
+///
+/// # Panics
+/// If etherparse cannot slice the frame.
+pub fn offload(frame: &[u8]) -> Vec<u8> {
+    let s = SlicedPacket::from_ethernet(frame).expect("a frame etherparse reads");
+    let (src, dst, proto, seg) = match &s.net {
+        Some(NetSlice::Ipv4(v4)) if !v4.payload().fragmented => {
+            let h = v4.header();
+            (
+                h.source().to_vec(),
+                h.destination().to_vec(),
+                h.protocol().0,
+                v4.payload().payload,
+            )
+        }
+        Some(NetSlice::Ipv6(v6)) if !v6.payload().fragmented => {
+            let h = v6.header();
+            (
+                h.source().to_vec(),
+                h.destination().to_vec(),
+                v6.payload().ip_number.0,
+                v6.payload().payload,
+            )
+        }
+        _ => return frame.to_vec(),
+    };
+    let field = match proto {
+        6 => 16,
+        17 => 6,
+        _ => return frame.to_vec(),
+    };
+    let at = seg.as_ptr() as usize - frame.as_ptr() as usize + field;
+    let pseudo = fold(sum(&src) + sum(&dst) + proto as u32 + seg.len() as u32);
+    let mut out = frame.to_vec();
+    out[at..at + 2].copy_from_slice(&pseudo.to_be_bytes());
+    out
+}
+
 /// Checks every checksum in a frame with etherparse (an independent parser) and a plain
 /// RFC 1071 sum: IPv4 header, TCP/UDP (pseudo-header included), ICMP/ICMPv6, recursively
 /// into IP-in-IP and GUE (UDP) encapsulation. Returns a description of the first problem.

@@ -6,7 +6,10 @@
 //!   VLAN-tagged) through the pipeline for every service of `fuzz/all_modes.toml`: every Tx
 //!   output passes the independent verifier (etherparse and a plain RFC 1071 sum); nat
 //!   round trips restore the client's view; ICMP errors about a flow reach its backend with
-//!   valid checksums; an IPv4 UDP checksum of zero stays zero.
+//!   valid checksums; an IPv4 UDP checksum of zero stays zero. Client packets and nat
+//!   replies come at random valid or with the TCP/UDP checksum their sender left to offload
+//!   (the pseudo-header sum alone): the output is the same and valid either way, and
+//!   `checksum_completed` counts exactly the partial ones sent.
 //!
 //! The configuration is the fuzz target's, so the properties and the fuzzer exercise the same
 //! services; `gen_fuzz_seeds` (ignored) writes the fuzz seed corpus from the same builders.
@@ -28,7 +31,7 @@ use strait_dataplane::table::{Service, ServiceTable};
 use strait_dataplane::wire::checksum::{
     checksum, fold, pseudo_header, sum, update16, update_bytes,
 };
-use strait_tests::{run_with, verify, CLIENT_MAC, GW_MAC, SEC};
+use strait_tests::{offload, run_with, verify, CLIENT_MAC, GW_MAC, SEC};
 
 /// The fuzz targets' configuration: every mode, both families.
 const ALL_MODES: &str = include_str!("../../fuzz/all_modes.toml");
@@ -425,6 +428,8 @@ struct Case {
     vlan: Option<u16>,
     /// Bytes of the translated reply an ICMP error quotes, beyond the minimum.
     quote_extra: usize,
+    /// The client's checksum is left to offload; and the backend's reply's (nat).
+    offload: (bool, bool),
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -448,9 +453,22 @@ fn case() -> impl Strategy<Value = Case> {
         ],
         prop::option::weighted(0.2, 1u16..4095),
         0usize..600,
+        any::<(bool, bool)>(),
     )
         .prop_map(
-            |(service, host, sport, flags, ttl, df, options, payload, vlan, quote_extra)| Case {
+            |(
+                service,
+                host,
+                sport,
+                flags,
+                ttl,
+                df,
+                options,
+                payload,
+                vlan,
+                quote_extra,
+                offload,
+            )| Case {
                 service,
                 host,
                 sport,
@@ -461,6 +479,7 @@ fn case() -> impl Strategy<Value = Case> {
                 payload: not_ip_like(payload),
                 vlan,
                 quote_extra,
+                offload,
             },
         )
 }
@@ -537,18 +556,39 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// `valid` as sent by a sender with checksum offload when `offloaded`, and whether the
+/// result's checksum field holds the pseudo-header sum (`offload` leaves such a frame as it
+/// is; a valid checksum may happen to equal it).
+fn maybe_offloaded(valid: &[u8], offloaded: bool) -> (Vec<u8>, bool) {
+    let input = if offloaded {
+        offload(valid)
+    } else {
+        valid.to_vec()
+    };
+    let partial = offload(&input) == input;
+    (input, partial)
+}
+
 /// One case: the client's packet, then for nat the backend's reply, then an ICMP error about
 /// the flow from a router on the client's side.
 fn run_case(c: &Case) -> Result<(), TestCaseError> {
     let t = table();
     let s = &t.services[c.service];
     let spec = spec_for(t, c);
-    let input = build(&spec);
-    verify(&input).map_err(TestCaseError::fail)?;
+    // What the client's device would send; the gateway gets it with or without offload.
+    let valid = build(&spec);
+    verify(&valid).map_err(TestCaseError::fail)?;
+    let (input, partial) = maybe_offloaded(&valid, c.offload.0);
     let mut pipe = Pipeline::new(0, 1, 4096, t.timeouts, 0);
     let mut now = SEC;
     let (v, out) = run_with(&mut pipe, t, now, &input);
     prop_assert!(pipe.counters.balanced());
+    let sent = matches!(v, Verdict::Tx { .. });
+    prop_assert_eq!(
+        pipe.counters.checksum_completed,
+        (partial && sent) as u64,
+        "completions counted"
+    );
 
     let members: Vec<_> = s.members.iter().map(|id| t.backend(*id).unwrap()).collect();
     let key_src = match spec.src {
@@ -595,13 +635,13 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
         Mode::DsrL2 => {
             prop_assert_eq!(
                 &out[12..],
-                &input[12..],
-                "dsr-l2 leaves the IP packet alone"
+                &valid[12..],
+                "dsr-l2 leaves the IP packet alone (its checksum completed)"
             );
         }
         Mode::DsrIpip | Mode::DsrGue if !(matches!(seen.proto, 1 | 58) && seen.dst == spec.src) => {
             prop_assert!(fits_some, "encapsulated {ip_len} bytes past the MTU");
-            let inner = &input[l3(&input)..];
+            let inner = &valid[l3(&valid)..];
             prop_assert_eq!(
                 &out[out.len() - inner.len()..],
                 inner,
@@ -646,9 +686,15 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
                 payload: not_ip_like(c.payload.iter().rev().copied().collect()),
                 ..spec.clone()
             };
-            let reply = build(&reply_spec);
+            let reply_valid = build(&reply_spec);
+            let (reply, reply_partial) = maybe_offloaded(&reply_valid, c.offload.1);
             let (v, back) = run_with(&mut pipe, t, now, &reply);
             check_tx(v, &reply, &back)?;
+            prop_assert_eq!(
+                pipe.counters.checksum_completed,
+                partial as u64 + reply_partial as u64,
+                "completions counted"
+            );
             let r = view(&back);
             prop_assert_eq!(
                 (r.src, r.sport),
@@ -704,7 +750,7 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
             // took and the IPv4 header checksum that covers it.
             prop_assert_eq!(e.len(), quoted.len());
             let mut got = e.to_vec();
-            let mut want = reply[l3(&reply)..][..quoted.len()].to_vec();
+            let mut want = reply_valid[l3(&reply_valid)..][..quoted.len()].to_vec();
             let mut skip = if spec.src.is_ipv6() {
                 vec![7]
             } else {
@@ -796,6 +842,7 @@ proptest! {
             payload: not_ip_like(payload),
             vlan: None,
             quote_extra: 0,
+            offload: (false, false),
         };
         let mut input = build(&spec_for(t, &c));
         input[40..42].copy_from_slice(&[0, 0]);
@@ -945,6 +992,7 @@ fn gen_fuzz_seeds() {
         payload: payload.to_vec(),
         vlan: None,
         quote_extra: 0,
+        offload: (false, false),
     };
     for (i, s) in t.services.iter().enumerate() {
         let fam = if service_addr(s).is_ipv6() {

@@ -3,7 +3,8 @@
 //!
 //! The traffic covers every branch a worker takes: new flows and established ones in each
 //! mode (IPv4 and IPv6), nat replies, ClientIP affinity, ICMP errors (forwarded and nat
-//! translated), fragments (first and later), ICMP "too big" answers to frames that do not fit
+//! translated), fragments (first and later), checksums left to offload by the sender
+//! (completed in every mode), ICMP "too big" answers to frames that do not fit
 //! the tunnel, RSTs without a flow, source-ACL drops, malformed frames, replies without a flow,
 //! frames for the kernel, handoffs to another core's nat flows, a flow table small enough to
 //! fill (evictions and stateless flows), a clock that runs long enough for entries to expire,
@@ -17,7 +18,7 @@ use strait_dataplane::pipeline::{Pipeline, Verdict};
 use strait_dataplane::rewrite::{Frame, HEADROOM};
 use strait_dataplane::stats::Counters;
 use strait_dataplane::table::ServiceTable;
-use strait_tests::{tcp, udp, Bed, CLIENT_MAC, GW_MAC, SEC};
+use strait_tests::{offload, tcp, udp, Bed, CLIENT_MAC, GW_MAC, SEC};
 
 #[path = "../../dataplane/tests/support/counting_alloc.rs"]
 mod counting;
@@ -115,6 +116,48 @@ fn shapes() -> Vec<Shape> {
             &[],
         )),
         same(tcp("192.0.2.7", 40000, "203.0.113.10", 80, "FA", &[])),
+        // Checksums left to offload (the source port a new flow's loop writes is not in the
+        // pseudo-header, so those stay partial too).
+        new4(offload(&tcp("192.0.2.7", 1, "203.0.113.13", 80, "S", &[]))),
+        same(offload(&tcp(
+            "192.0.2.7",
+            40000,
+            "203.0.113.10",
+            80,
+            "A",
+            b"data",
+        ))),
+        same(offload(&tcp(
+            "192.0.2.7",
+            40000,
+            "203.0.113.12",
+            80,
+            "PA",
+            b"data",
+        ))),
+        same(offload(&udp(
+            "192.0.2.7",
+            40000,
+            "203.0.113.13",
+            53,
+            b"query",
+        ))),
+        same(offload(&tcp(
+            "198.51.100.22",
+            8080,
+            "192.0.2.7",
+            40000,
+            "A",
+            b"reply",
+        ))),
+        same(offload(&tcp(
+            "2001:db8:2::7",
+            40000,
+            "2001:db8::11",
+            80,
+            "A",
+            b"data",
+        ))),
         // ICMP errors about VIP flows: dsr (forwarded) and nat (translated).
         same(frag_needed([203, 0, 113, 10], 80)),
         same(frag_needed([203, 0, 113, 13], 80)),
@@ -308,6 +351,7 @@ fn the_packet_path_does_not_allocate() {
         ("icmp_errors_forwarded", |c| c.icmp_errors_forwarded),
         ("icmp_too_big_sent", |c| c.icmp_too_big_sent),
         ("rst_without_flow", |c| c.rst_without_flow),
+        ("checksum_completed", |c| c.checksum_completed),
         ("dropped", |c| c.dropped()),
     ] {
         assert!(

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use etherparse::{NetSlice, SlicedPacket};
 use strait_dataplane::pipeline::Verdict;
 use strait_dataplane::stats::DropReason;
-use strait_tests::{tcp, udp, verify, Bed, CLIENT_MAC, GW_MAC, SEC};
+use strait_tests::{offload, tcp, udp, verify, Bed, CLIENT_MAC, GW_MAC, SEC};
 
 use strait_tests::ALL_MODES as CONFIG;
 
@@ -294,6 +294,142 @@ fn icmp_frag_needed_reaches_the_flows_backend() {
 }
 
 #[test]
+fn icmp_errors_are_forwarded_whatever_their_quoted_header_checksum() {
+    // Only the outer IPv4 header is checked: the quoted one is read to find the flow, and a
+    // router may quote a header as it altered it.
+    let mut bed = Bed::new(CONFIG);
+    let (_, out) = bed.run(&tcp("192.0.2.7", 40000, "203.0.113.10", 80, "S", &[]));
+    let reply = tcp("203.0.113.10", 80, "192.0.2.7", 40000, "A", &[]);
+    let mut quoted = reply[14..14 + 28].to_vec();
+    quoted[10] ^= 0xff;
+    let mut frame = Vec::new();
+    etherparse::PacketBuilder::ethernet2(CLIENT_MAC, GW_MAC)
+        .ipv4([192, 0, 2, 254], [203, 0, 113, 10], 64)
+        .icmpv4_raw(3, 4, [0, 0, 0x05, 0x00])
+        .write(&mut frame, &quoted)
+        .unwrap();
+    let (v, fwd) = bed.run(&frame);
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    assert_eq!(dst_mac(&fwd), dst_mac(&out), "to the flow's backend");
+}
+
+#[test]
+fn a_bad_ipv4_header_checksum_is_dropped_before_it_makes_state() {
+    let mut bed = Bed::new(CONFIG);
+    let syn = tcp("192.0.2.7", 40000, "203.0.113.13", 80, "S", &[]);
+    let mut bad = syn.clone();
+    bad[25] ^= 0x01;
+    let (v, out) = bed.run(&bad);
+    assert_eq!(v, Verdict::Drop(DropReason::Ipv4HeaderChecksum));
+    assert_eq!(out, bad, "dropped untouched");
+    assert_eq!(bed.pipe.flows.len(), 0, "no flow state");
+    // Even for no service: the kernel would drop it too.
+    let mut ssh = tcp("192.0.2.7", 40000, "192.0.2.1", 22, "S", &[]);
+    ssh[24] ^= 0x80;
+    assert_eq!(
+        bed.run(&ssh).0,
+        Verdict::Drop(DropReason::Ipv4HeaderChecksum)
+    );
+    assert_eq!(bed.run(&syn).0, Verdict::Tx { port: 0 });
+    assert_eq!(
+        bed.pipe.counters.drops_for(DropReason::Ipv4HeaderChecksum),
+        2
+    );
+    assert!(bed.pipe.counters.balanced());
+}
+
+#[test]
+fn checksums_left_to_offload_are_completed_in_every_mode_and_counted() {
+    // Each frame twice, on fresh beds: as its sender computed it, and as a sender with
+    // checksum offload hands it over. The gateway must send the same bytes, which verify,
+    // and count one completion for the second only.
+    let cases = [
+        (
+            "dsr-l2",
+            tcp("192.0.2.7", 40000, "203.0.113.10", 80, "S", b"hello"),
+        ),
+        (
+            "dsr-ipip",
+            tcp("192.0.2.7", 40000, "203.0.113.11", 80, "S", b"hello"),
+        ),
+        (
+            "dsr-gue",
+            tcp("192.0.2.7", 40000, "203.0.113.12", 80, "PA", b"hello"),
+        ),
+        (
+            "nat tcp",
+            tcp("192.0.2.7", 40000, "203.0.113.13", 80, "S", b"hello"),
+        ),
+        (
+            "nat udp",
+            udp("192.0.2.7", 5000, "203.0.113.13", 53, b"query"),
+        ),
+        (
+            "nat v6",
+            tcp("2001:db8:2::7", 40000, "2001:db8::10", 80, "S", b"x"),
+        ),
+        (
+            "dsr-ipip v6",
+            tcp("2001:db8:2::7", 40000, "2001:db8::11", 80, "S", b"hello"),
+        ),
+        (
+            "too big for the tunnel",
+            tcp("192.0.2.7", 40000, "203.0.113.11", 80, "A", &[9; 1460]),
+        ),
+    ];
+    for (name, valid) in cases {
+        let partial = offload(&valid);
+        assert_ne!(partial, valid, "{name}: the input is partial");
+        let mut a = Bed::new(CONFIG);
+        let mut b = Bed::new(CONFIG);
+        let (va, want) = a.run(&valid);
+        let (vb, got) = b.run(&partial);
+        assert_eq!((va, vb), (Verdict::Tx { port: 0 }, Verdict::Tx { port: 0 }));
+        verify(&want).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            got, want,
+            "{name}: completed as the sender's device would have"
+        );
+        assert_eq!(a.pipe.counters.checksum_completed, 0, "{name}");
+        assert_eq!(b.pipe.counters.checksum_completed, 1, "{name}");
+
+        // In nat, the backend's answer may be partial too (a backend on a veth): the reverse
+        // translation completes it over the VIP's address and port.
+        if name.starts_with("nat") {
+            let seen = net(&want);
+            let (src, dst) = match &seen.net {
+                Some(NetSlice::Ipv4(ip)) => (
+                    ip.header().destination_addr().to_string(),
+                    ip.header().source_addr().to_string(),
+                ),
+                Some(NetSlice::Ipv6(ip)) => (
+                    ip.header().destination_addr().to_string(),
+                    ip.header().source_addr().to_string(),
+                ),
+                _ => panic!("{name}: not IP"),
+            };
+            let (sport, dport) = match &seen.transport {
+                Some(etherparse::TransportSlice::Tcp(t)) => (t.destination_port(), t.source_port()),
+                Some(etherparse::TransportSlice::Udp(u)) => (u.destination_port(), u.source_port()),
+                _ => panic!("{name}: no ports"),
+            };
+            let mut reply = if name == "nat udp" {
+                udp(&src, sport, &dst, dport, b"reply")
+            } else {
+                tcp(&src, sport, &dst, dport, "SA", b"welcome")
+            };
+            reply[6..12].copy_from_slice(&want[0..6]);
+            let (va, want) = a.run(&reply);
+            let (vb, got) = b.run(&offload(&reply));
+            assert_eq!((va, vb), (Verdict::Tx { port: 0 }, Verdict::Tx { port: 0 }));
+            verify(&want).unwrap_or_else(|e| panic!("{name} reply: {e}"));
+            assert_eq!(got, want, "{name}: reply completed");
+            assert_eq!(b.pipe.counters.checksum_completed, 2, "{name} reply");
+        }
+    }
+}
+
+#[test]
 fn fragments_of_one_datagram_reach_one_backend() {
     let mut bed = Bed::new(CONFIG);
     for id in 0..50u16 {
@@ -360,14 +496,15 @@ fn nat_flows_owned_by_another_core_are_handed_off() {
 #[test]
 fn batches_decide_exactly_like_single_frames() {
     use strait_dataplane::rewrite::{Frame, HEADROOM};
-    // A mix of every path: new flows, repeats, nat replies, drops, passes, fragments.
+    // A mix of every path: new flows, repeats, nat replies, drops, passes, fragments, and
+    // checksums left to offload.
     let mut frames = Vec::new();
     for i in 0..300u16 {
         let port = 20000 + i % 97;
         frames.push(match i % 7 {
-            0 => tcp("192.0.2.7", port, "203.0.113.10", 80, "S", &[]),
+            0 => offload(&tcp("192.0.2.7", port, "203.0.113.10", 80, "S", &[])),
             1 => tcp("192.0.2.7", port, "203.0.113.13", 80, "A", b"x"),
-            2 => udp("192.0.2.8", port, "203.0.113.13", 53, b"q"),
+            2 => offload(&udp("192.0.2.8", port, "203.0.113.13", 53, b"q")),
             3 => tcp("192.0.2.7", port, "203.0.113.11", 80, "A", &[0; 1460]),
             4 => tcp("198.51.100.21", 8080, "192.0.2.7", port, "SA", &[]),
             5 => tcp("192.0.2.200", port, "203.0.113.14", 443, "S", &[]),

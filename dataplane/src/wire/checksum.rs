@@ -4,6 +4,22 @@
 //! whole payload would cost a pass over every byte, so rewrites use RFC 1624 equation 3,
 //! `HC' = ~(~HC + ~m + m')`, word by word. The property tests check every incremental update
 //! against a full recomputation over random packets.
+//!
+//! The exception is a segment whose checksum was never computed. A local Linux sender whose
+//! device offloads transmit checksums (a veth or a tap, by default) hands over the packet
+//! `CHECKSUM_PARTIAL`: the TCP/UDP checksum field holds only the folded pseudo-header sum,
+//! not complemented, for the device to finish (`th->check = ~tcp_v4_check(len, saddr, daddr,
+//! 0)` in [`__tcp_v4_send_check`], `uh->check = ~csum_tcpudp_magic(..)` in [`udp4_hwcsum`],
+//! `~csum_ipv6_magic(..)` for IPv6 in [`__tcp_v6_send_check`] and [`udp6_hwcsum_outgoing`]).
+//! An AF_XDP socket in copy mode receives it as it is. [`is_partial`] recognises such a
+//! field and [`complete`] does the device's work: a full sum over the segment. Completing a
+//! valid segment whose checksum happens to equal its pseudo-header sum rewrites the value it
+//! already has, so the test needs no other evidence.
+//!
+//! [`__tcp_v4_send_check`]: https://github.com/torvalds/linux/blob/v6.6/net/ipv4/tcp_ipv4.c
+//! [`udp4_hwcsum`]: https://github.com/torvalds/linux/blob/v6.6/net/ipv4/udp.c
+//! [`__tcp_v6_send_check`]: https://github.com/torvalds/linux/blob/v6.6/include/net/ip6_checksum.h
+//! [`udp6_hwcsum_outgoing`]: https://github.com/torvalds/linux/blob/v6.6/net/ipv6/udp.c
 
 /// One's-complement sum of `data` as 16-bit big-endian words, added to `acc`, not folded.
 /// An odd trailing byte is padded with zero (RFC 1071 section 4.1).
@@ -82,6 +98,29 @@ pub fn udp_nonzero(c: u16) -> u16 {
     }
 }
 
+/// Whether a TCP/UDP checksum field holds only the folded sum `pseudo` of its pseudo-header,
+/// as a sender that left the checksum to its device wrote it. Never true of a zero field
+/// (a pseudo-header sum includes the protocol, so it never folds to zero): an IPv4 UDP
+/// checksum of zero ("none") is never taken for one.
+#[inline(always)]
+pub fn is_partial(field: u16, pseudo: u64) -> bool {
+    field == fold(pseudo)
+}
+
+/// Writes the full TCP/UDP checksum into `segment` (the transport header and payload), at
+/// `field`, over the pseudo-header sum `pseudo` and every byte of the segment. The field's
+/// old content does not matter. A UDP result of zero is written as all ones (RFC 768).
+///
+/// # Panics
+/// If `field + 2 > segment.len()`.
+#[inline]
+pub fn complete(segment: &mut [u8], field: usize, pseudo: u64, udp: bool) {
+    segment[field..field + 2].copy_from_slice(&[0, 0]);
+    let c = !fold(sum(pseudo, segment));
+    let c = if udp { udp_nonzero(c) } else { c };
+    segment[field..field + 2].copy_from_slice(&c.to_be_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +152,53 @@ mod tests {
         let c2 = update_bytes(c, &old, &new);
         data[10..12].copy_from_slice(&[0, 0]);
         assert_eq!(c2, checksum(&data));
+    }
+
+    /// A TCP segment (header and 5 bytes of data) from 192.0.2.7:40000 to 203.0.113.10:80
+    /// and its pseudo-header sum.
+    fn tcp_segment() -> ([u8; 25], u64) {
+        let mut seg = [0u8; 25];
+        seg[0..4].copy_from_slice(&[0x9c, 0x40, 0x00, 0x50]);
+        seg[4..8].copy_from_slice(&1000u32.to_be_bytes());
+        seg[12] = 0x50;
+        seg[13] = 0x02;
+        seg[14..16].copy_from_slice(&64240u16.to_be_bytes());
+        seg[20..].copy_from_slice(b"hello");
+        let ps = pseudo_header(&[192, 0, 2, 7], &[203, 0, 113, 10], 6, seg.len() as u32);
+        (seg, ps)
+    }
+
+    #[test]
+    fn completing_a_partial_segment_gives_the_full_checksum() {
+        let (mut seg, ps) = tcp_segment();
+        let full = !fold(sum(ps, &seg));
+        // What the sender's stack leaves for its device.
+        seg[16..18].copy_from_slice(&fold(ps).to_be_bytes());
+        assert!(is_partial(u16::from_be_bytes([seg[16], seg[17]]), ps));
+        complete(&mut seg, 16, ps, false);
+        assert_eq!(u16::from_be_bytes([seg[16], seg[17]]), full);
+        assert_eq!(fold(sum(ps, &seg)), 0xffff, "the segment verifies");
+        // Idempotent: completing a valid segment leaves it as it is.
+        let valid = seg;
+        complete(&mut seg, 16, ps, false);
+        assert_eq!(seg, valid);
+        assert!(!is_partial(u16::from_be_bytes([seg[16], seg[17]]), ps));
+    }
+
+    #[test]
+    fn a_zero_udp_checksum_is_never_partial_and_never_completed_to_zero() {
+        for ps in [0x11u64, 0x1_0000, 0xffff, 0x2_fffe] {
+            assert!(!is_partial(0, ps), "{ps:#x}");
+        }
+        // A UDP segment whose data makes the sum all ones: its checksum is sent as 0xffff.
+        let ps = pseudo_header(&[192, 0, 2, 7], &[203, 0, 113, 10], 17, 10);
+        let mut seg = [0x13, 0x88, 0x00, 0x35, 0x00, 0x0a, 0, 0, 0, 0];
+        let w = 0xffff - fold(sum(ps, &seg));
+        seg[8..10].copy_from_slice(&w.to_be_bytes());
+        complete(&mut seg, 6, ps, true);
+        assert_eq!(&seg[6..8], &[0xff, 0xff]);
+        complete(&mut seg, 6, ps, false);
+        assert_eq!(&seg[6..8], &[0, 0], "TCP keeps a computed zero");
     }
 
     #[test]

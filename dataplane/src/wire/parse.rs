@@ -4,8 +4,16 @@
 //! decides on. Anything not IP is `Ok(None)` (the kernel's business: ARP, LLDP, ...);
 //! anything IP that cannot be read safely is `Err(DropReason)`. No input panics; the
 //! truncation sweep and the fuzz target hold this to account.
+//!
+//! Two checksums are looked at here, once, on the headers as they arrived. An IPv4 header
+//! whose checksum fails is dropped (`ipv4_header_checksum`) before it can make flow state: a
+//! router would drop it too, and its fields (addresses, lengths) cannot be trusted. The
+//! header an ICMP error quotes is not checked: it is read only to find a flow, and routers
+//! may quote it as they altered it. A TCP/UDP checksum left to offload by a local sender
+//! (see [`super::checksum`]) is noted in [`Parsed::l4_partial`], for the rewrite to
+//! complete; it must be detected before a rewrite changes the pseudo-header.
 
-use super::{be16, ethernet, icmp, ipv4, ipv6, tcp, udp, Error};
+use super::{be16, checksum, ethernet, icmp, ipv4, ipv6, tcp, udp, Error};
 use crate::key::{proto, v4_mapped, FlowKey};
 use crate::stats::DropReason;
 
@@ -73,6 +81,11 @@ pub struct Parsed {
     pub dst_port: u16,
     /// TCP flags (0 for other protocols).
     pub tcp_flags: u8,
+    /// The TCP/UDP checksum field holds only the pseudo-header sum, as a sender that left the
+    /// checksum to its device's offload wrote it: whoever sends the packet on completes it.
+    /// Only for unfragmented TCP and UDP (a fragment's segment is not all here, and Linux
+    /// completes checksums before it fragments).
+    pub l4_partial: bool,
     /// ICMP type (ICMP and ICMPv6 only).
     pub icmp_type: u8,
     /// For ICMP errors: the embedded packet.
@@ -150,6 +163,9 @@ pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
     match eth.payload_ethertype() {
         ethernet::ETHERTYPE_IPV4 => {
             let ip = ipv4::Packet::new_checked(&frame[l3..]).map_err(ip_reason)?;
+            if !ip.verify_checksum() {
+                return Err(DropReason::Ipv4HeaderChecksum);
+            }
             p.ip_len = ip.total_len() as usize;
             p.src = v4_mapped(ip.src());
             p.dst = v4_mapped(ip.dst());
@@ -200,6 +216,7 @@ pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
                 (be16(l4, 0), be16(l4, 2), l4[13])
             } else {
                 let h = tcp::Packet::new_checked(l4).map_err(|_| DropReason::L4Truncated)?;
+                p.l4_partial = partial(p, l4, tcp::CHECKSUM_OFFSET);
                 (h.src_port(), h.dst_port(), h.flags())
             };
             (p.src_port, p.dst_port, p.tcp_flags) = t;
@@ -212,6 +229,7 @@ pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
                 (p.src_port, p.dst_port) = (be16(l4, 0), be16(l4, 2));
             } else {
                 let h = udp::Packet::new_checked(l4).map_err(|_| DropReason::L4Truncated)?;
+                p.l4_partial = partial(p, l4, udp::CHECKSUM_OFFSET);
                 (p.src_port, p.dst_port) = (h.src_port(), h.dst_port());
             }
         }
@@ -278,9 +296,138 @@ fn embedded(frame: &[u8], at: usize, end: usize) -> Result<Option<Embedded>, Dro
     Ok(Some(e))
 }
 
+/// Whether the checksum at `field` of the unfragmented segment `l4` (the whole IP payload,
+/// as the sender's device would sum it) holds only its pseudo-header sum. The addresses are
+/// `p`'s, as they arrived.
+#[inline(always)]
+fn partial(p: &Parsed, l4: &[u8], field: usize) -> bool {
+    let (src, dst) = if p.v6 {
+        (&p.src[..], &p.dst[..])
+    } else {
+        (&p.src[12..], &p.dst[12..])
+    };
+    let pseudo = checksum::pseudo_header(src, dst, p.proto, l4.len() as u32);
+    checksum::is_partial(be16(l4, field), pseudo)
+}
+
 fn ip_reason(e: Error) -> DropReason {
     match e {
         Error::Truncated => DropReason::IpTruncated,
         Error::Malformed => DropReason::IpMalformed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etherparse::PacketBuilder;
+
+    const MACS: ([u8; 6], [u8; 6]) = ([2, 0, 0, 0, 0, 0xc1], [2, 0, 0, 0, 0, 1]);
+    const C6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7];
+    const VIP6: [u8; 16] = [
+        0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10,
+    ];
+
+    fn frame(v6: bool, udp: bool) -> Vec<u8> {
+        let b = PacketBuilder::ethernet2(MACS.0, MACS.1);
+        let b = if v6 {
+            b.ipv6(C6, VIP6, 64)
+        } else {
+            b.ipv4([192, 0, 2, 7], [203, 0, 113, 10], 64)
+        };
+        let mut out = Vec::new();
+        if udp {
+            b.udp(5000, 53).write(&mut out, b"query").unwrap();
+        } else {
+            b.tcp(40000, 80, 1, 64240)
+                .syn()
+                .write(&mut out, b"")
+                .unwrap();
+        }
+        out
+    }
+
+    /// Offset of the TCP/UDP checksum in an untagged frame, and the folded pseudo-header
+    /// sum, computed here by hand.
+    fn field_and_pseudo(f: &[u8], v6: bool, udp: bool) -> (usize, u16) {
+        let (l4, addrs) = if v6 {
+            (54, &f[22..54])
+        } else {
+            (34, &f[26..34])
+        };
+        let len = f.len() - l4;
+        let mut acc: u32 = if udp { 17 } else { 6 };
+        acc += len as u32;
+        for c in addrs.chunks(2) {
+            acc += u16::from_be_bytes([c[0], c[1]]) as u32;
+        }
+        while acc >> 16 != 0 {
+            acc = (acc & 0xffff) + (acc >> 16);
+        }
+        (l4 + if udp { 6 } else { 16 }, acc as u16)
+    }
+
+    #[test]
+    fn a_bad_ipv4_header_checksum_is_dropped() {
+        let mut f = frame(false, false);
+        assert!(parse(&f).unwrap().is_some());
+        f[24] ^= 0x01;
+        assert_eq!(parse(&f), Err(DropReason::Ipv4HeaderChecksum));
+        // A header that does not fit is still reported as such, not as a checksum.
+        assert_eq!(parse(&f[..30]), Err(DropReason::IpTruncated));
+    }
+
+    #[test]
+    fn an_icmp_errors_quoted_header_is_not_checked() {
+        let mut quoted = frame(false, false)[14..42].to_vec();
+        quoted[10] ^= 0xff; // the quoted header's checksum
+        let mut f = Vec::new();
+        PacketBuilder::ethernet2(MACS.0, MACS.1)
+            .ipv4([192, 0, 2, 254], [192, 0, 2, 7], 64)
+            .icmpv4_raw(3, 4, [0, 0, 5, 0])
+            .write(&mut f, &quoted)
+            .unwrap();
+        let p = parse(&f).unwrap().unwrap();
+        let e = p.embedded.expect("the quote is read");
+        assert_eq!((e.src_port, e.dst_port), (40000, 80));
+    }
+
+    #[test]
+    fn a_checksum_left_to_offload_is_detected() {
+        for v6 in [false, true] {
+            for udp in [false, true] {
+                let mut f = frame(v6, udp);
+                let p = parse(&f).unwrap().unwrap();
+                assert!(!p.l4_partial, "v6={v6} udp={udp}: a valid checksum");
+                let (at, ps) = field_and_pseudo(&f, v6, udp);
+                f[at..at + 2].copy_from_slice(&ps.to_be_bytes());
+                let p = parse(&f).unwrap().unwrap();
+                assert!(p.l4_partial, "v6={v6} udp={udp}: the pseudo-header sum");
+                f[at + 1] ^= 1;
+                let p = parse(&f).unwrap().unwrap();
+                assert!(
+                    !p.l4_partial,
+                    "v6={v6} udp={udp}: some other wrong checksum"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn no_checksum_and_fragments_are_never_partial() {
+        let mut f = frame(false, true);
+        f[40..42].copy_from_slice(&[0, 0]);
+        assert!(!parse(&f).unwrap().unwrap().l4_partial);
+        // A first fragment whose field would read as partial for the bytes it holds.
+        let mut f = frame(false, false);
+        let (at, ps) = field_and_pseudo(&f, false, false);
+        f[at..at + 2].copy_from_slice(&ps.to_be_bytes());
+        f[20] |= 0x20; // MF
+        f[24..26].copy_from_slice(&[0, 0]);
+        let c = checksum::checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        let p = parse(&f).unwrap().unwrap();
+        assert_eq!(p.frag, Frag::First);
+        assert!(!p.l4_partial);
     }
 }

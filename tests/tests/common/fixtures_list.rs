@@ -8,14 +8,15 @@
 //! are edited or written by hand with the small builders at the end of this file.
 //!
 //! The table covers every forwarding mode in both families, the ICMP paths (errors about
-//! flows, too-big answers), fragments, and every drop reason that input bytes can reach
+//! flows, too-big answers), fragments, checksums left to offload by the sender (completed on
+//! the way out), and every drop reason that input bytes can reach
 //! under [`CONFIG`]. Two reasons cannot be reached from a frame: `no_headroom` (the driver's
 //! headroom, fixed by the test runner) and `no_egress` (a port index outside the table,
 //! which the table builder never produces).
 
 use strait_dataplane::pipeline::Verdict;
 use strait_dataplane::stats::DropReason;
-use strait_tests::{tcp, udp, Bed, CLIENT_MAC, GW_MAC};
+use strait_tests::{offload, tcp, udp, Bed, CLIENT_MAC, GW_MAC};
 
 /// The services of `pipeline.rs`, plus the ones only fixtures need: dsr-l2 over IPv6,
 /// IPv4-in-IPv6 tunnels (ipip and GUE), GUE over IPv6, a VIP shared by two TCP services
@@ -124,6 +125,9 @@ pub struct Fixture {
     /// `Some(what is wrong)` for a fixture that states the correct behaviour the pipeline
     /// does not have yet: it is left out of the golden table and run by an ignored test.
     pub bug: Option<&'static str>,
+    /// The input's TCP/UDP checksum holds only the pseudo-header sum, as a sender with
+    /// checksum offload leaves it: decoders must find it bad on the way in (and good out).
+    pub offloaded: bool,
 }
 
 impl Fixture {
@@ -140,7 +144,16 @@ impl Fixture {
             input,
             verdict,
             bug: None,
+            offloaded: false,
         }
+    }
+
+    /// Replaces the input's TCP/UDP checksum by its pseudo-header sum, as a Linux sender
+    /// whose device offloads checksums (a veth, a tap) hands the packet over.
+    fn offloaded(mut self) -> Self {
+        self.input = offload(&self.input);
+        self.offloaded = true;
+        self
     }
 
     fn after(mut self, setup: Vec<u8>) -> Self {
@@ -162,6 +175,7 @@ impl Fixture {
                 DropReason::EthTruncated
                     | DropReason::IpTruncated
                     | DropReason::IpMalformed
+                    | DropReason::Ipv4HeaderChecksum
                     | DropReason::Ipv6ExtensionHeaders
                     | DropReason::L4Truncated
                     | DropReason::IcmpEmbeddedTruncated
@@ -217,6 +231,7 @@ pub fn all() -> Vec<Fixture> {
     let mut v = Vec::new();
     forwarding(&mut v);
     nat(&mut v);
+    offload_checksums(&mut v);
     icmp(&mut v);
     fragments(&mut v);
     policy(&mut v);
@@ -453,6 +468,84 @@ fn nat(v: &mut Vec<Fixture>) {
             drop(DropReason::NatCollision),
         )
         .after(tcp(C4, 40000, "203.0.113.19", 80, "S", &[])),
+    );
+}
+
+fn offload_checksums(v: &mut Vec<Fixture>) {
+    let syn4 = tcp(C4, 40000, "203.0.113.13", 80, "S", &[]);
+    v.push(
+        Fixture::new(
+            "offload_dsr_l2_v4",
+            "A TCP SYN whose sender left the checksum to offload (the field holds the \
+             pseudo-header sum) leaves dsr-l2 with the checksum completed, the IP packet \
+             otherwise untouched.",
+            tcp(C4, 40000, "203.0.113.10", 80, "S", &[]),
+            TX,
+        )
+        .offloaded(),
+    );
+    v.push(
+        Fixture::new(
+            "offload_dsr_l2_v6",
+            "An IPv6 SYN with a checksum left to offload leaves dsr-l2 with it completed over \
+             the IPv6 pseudo-header.",
+            tcp(C6, 40000, "2001:db8::12", 80, "S", &[]),
+            TX,
+        )
+        .offloaded(),
+    );
+    v.push(
+        Fixture::new(
+            "offload_dsr_ipip_v4",
+            "A SYN with data and a checksum left to offload is encapsulated with the inner \
+             TCP checksum completed, so the backend's decapsulated packet verifies.",
+            tcp(C4, 40000, "203.0.113.11", 80, "S", b"hello"),
+            TX,
+        )
+        .offloaded(),
+    );
+    v.push(
+        Fixture::new(
+            "offload_nat_v4",
+            "A nat SYN with a checksum left to offload gets a full TCP checksum over the \
+             backend's address and port, not an incremental update of the pseudo-header sum.",
+            syn4.clone(),
+            TX,
+        )
+        .offloaded(),
+    );
+    v.push(
+        Fixture::new(
+            "offload_nat_v6",
+            "An IPv6 nat SYN with a checksum left to offload gets a full TCP checksum over the \
+             translated pseudo-header.",
+            tcp(C6, 40000, "2001:db8::10", 80, "S", &[]),
+            TX,
+        )
+        .offloaded(),
+    );
+    v.push(
+        Fixture::new(
+            "offload_nat_udp_v4",
+            "A DNS query with a UDP checksum left to offload gets a full UDP checksum over the \
+             backend's address and port 5353.",
+            udp(C4, 5000, "203.0.113.13", 53, DNS_QUERY),
+            TX,
+        )
+        .offloaded(),
+    );
+    let mut reply4 = tcp(NAT_BACKEND4, 8080, C4, 40000, "SA", &[]);
+    set_src_mac(&mut reply4, NAT_BACKEND4_MAC);
+    v.push(
+        Fixture::new(
+            "offload_nat_reply_v4",
+            "A backend's SYN-ACK with a checksum left to offload is translated back to VIP:80 \
+             with the TCP checksum completed over the VIP's address and port.",
+            reply4,
+            TX,
+        )
+        .after(syn4)
+        .offloaded(),
     );
 }
 
@@ -908,6 +1001,15 @@ fn malformed(v: &mut Vec<Fixture>) {
         "An IPv6 frame shorter than its payload length says (ip_truncated).",
         syn6[..syn6.len() - 4].to_vec(),
         drop(DropReason::IpTruncated),
+    ));
+    let mut f = syn4.clone();
+    f[25] ^= 0x01;
+    v.push(Fixture::new(
+        "ipv4_header_checksum",
+        "An IPv4 header whose checksum does not verify is dropped (ipv4_header_checksum) \
+         before it can make flow state.",
+        f,
+        drop(DropReason::Ipv4HeaderChecksum),
     ));
     let mut f = syn4.clone();
     f[14] = 0x65;
