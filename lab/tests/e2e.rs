@@ -165,6 +165,12 @@ fn a_dsr_l2_http_reaches_every_backend_with_the_client_address_and_i_leaves_noth
     };
     let mut gw = start(&s, &s.config());
     assert_spread(&s, &gw, 4);
+    // The client's veth keeps its default offloads, so its TCP segments reach the gateway
+    // with the checksum left to offload; the answers above prove they were completed.
+    assert!(
+        counter(&gw, "strait_checksum_completed_total") > 0,
+        "no checksum completed: the testbed's endpoints must keep TX offload on"
+    );
     // i. SIGTERM: exit 0, no XDP program left on the interface.
     let status = gw.stop();
     assert!(status.success(), "exit {status}:\n{}", gw.log_text());

@@ -32,11 +32,11 @@
 //! route everything through the gateway, whose kernel forwards (ip_forward on), so the
 //! kernel path is there for comparison when no `strait` runs.
 //!
-//! Every endpoint interface has TX checksum offload off: a veth hands the peer a
-//! `CHECKSUM_PARTIAL` packet whose TCP/UDP checksum field holds only the pseudo-header
-//! sum, and a gateway that reads the frame through AF_XDP and sends it on as a new packet
-//! would deliver it with that wrong checksum. The peers of the gateway's interfaces have
-//! GRO on: a veth delivers `XDP_TX` / `XDP_REDIRECT` frames only to a peer that runs NAPI,
+//! Every endpoint keeps the kernel's default offloads, as a container or a VM's tap does:
+//! its veth hands the gateway `CHECKSUM_PARTIAL` frames whose TCP/UDP checksum field holds
+//! only the pseudo-header sum, which the gateway must complete (`checksum_completed` in its
+//! metrics), so every end-to-end test over the testbed covers it. The peers of the
+//! gateway's interfaces have GRO on: a veth delivers `XDP_TX` / `XDP_REDIRECT` frames only to a peer that runs NAPI,
 //! which GRO (or an XDP program of its own) turns on (kernel 5.13+).
 
 use std::fmt::Write as _;
@@ -415,7 +415,6 @@ impl Layout {
             });
         }
         for e in &endpoints {
-            c.exec(e.namespace, &format!("ethtool -K {} tx off", e.ifname));
             for a in &e.addrs {
                 let nodad = if a.contains(':') { " nodad" } else { "" };
                 c.ip(
