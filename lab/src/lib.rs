@@ -31,20 +31,6 @@ pub mod testbed;
 use std::io;
 use std::path::PathBuf;
 
-/// The object `bpf/NAME.bpf.c` that build.rs compiled, embedded as
-/// `&strait_dataplane::xsk::Aligned<[u8]>` (libelf wants it 8-byte aligned).
-macro_rules! embedded_object {
-    ($name:literal) => {
-        &strait_dataplane::xsk::Aligned(*include_bytes!(concat!(
-            env!("OUT_DIR"),
-            "/",
-            $name,
-            ".bpf.o"
-        )))
-    };
-}
-pub(crate) use embedded_object;
-
 /// Checks an embedded object: an ELF file, 8-byte aligned.
 #[cfg(test)]
 pub(crate) fn assert_embedded(object: &[u8]) {

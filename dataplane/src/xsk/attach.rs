@@ -21,10 +21,13 @@ impl std::fmt::Debug for Aligned<[u8]> {
     }
 }
 
-/// The object `bpf/NAME.bpf.c` that build.rs compiled, embedded as `&Aligned<[u8]>`.
+/// The object `NAME.bpf.o` that the calling crate's build script compiled into its
+/// `OUT_DIR` (`env!` expands where the macro is used), embedded as
+/// `&strait_dataplane::xsk::Aligned<[u8]>` for [`XdpProgram::load`].
+#[macro_export]
 macro_rules! embedded_object {
     ($name:literal) => {
-        &$crate::xsk::attach::Aligned(*include_bytes!(concat!(
+        &$crate::xsk::Aligned(*include_bytes!(concat!(
             env!("OUT_DIR"),
             "/",
             $name,
@@ -32,7 +35,6 @@ macro_rules! embedded_object {
         )))
     };
 }
-pub(crate) use embedded_object;
 
 /// Checks an embedded object: an ELF file, 8-byte aligned.
 #[cfg(test)]

@@ -33,8 +33,9 @@ use hashbrown::{HashMap, HashSet};
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use strait_config::model::Mode;
 
-use super::attach::{embedded_object, Aligned, XdpProgram};
+use super::attach::{Aligned, XdpProgram};
 use super::{Port, XskError};
+use crate::embedded_object;
 use crate::table::{Service, ServiceTable};
 
 /// The compiled program, `bpf/steer.bpf.c`.

@@ -31,7 +31,7 @@ use strait_dataplane::xsk::{
     PortConfig, QueueGroup, XdpProgram, XskError, BATCH,
 };
 
-use crate::embedded_object;
+use strait_dataplane::embedded_object;
 
 /// The compiled program, `bpf/redirect.bpf.c`.
 static OBJECT: &Aligned<[u8]> = embedded_object!("redirect");

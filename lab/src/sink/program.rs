@@ -16,7 +16,7 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle};
 
 use strait_dataplane::xsk::{Aligned, AttachMode, AttachPolicy, XdpProgram, XskError};
 
-use crate::embedded_object;
+use strait_dataplane::embedded_object;
 
 /// The compiled program, `bpf/sink.bpf.c`.
 static OBJECT: &Aligned<[u8]> = embedded_object!("sink");
