@@ -1,0 +1,273 @@
+//! The service table: one immutable snapshot of everything the workers decide on.
+//!
+//! The control thread builds a complete [`ServiceTable`] off the packet path (services,
+//! backends, Maglev tables, next-hop MACs, ACLs) and publishes it with an atomic pointer swap;
+//! workers load it once per RX batch and only read it. Nothing in here is ever mutated after
+//! [`Builder::build`] or [`Builder::update`] returns, so a half-built table can never be seen.
+//!
+//! This module is the read side, what a worker sees; [`builder`] makes tables.
+//! [`Builder::build`] makes a table from a whole configuration (start, reload);
+//! [`Builder::update`] makes the next one from the live table and the services that changed:
+//! unchanged services are shared between the two snapshots (`Arc<Service>`), so a change
+//! costs the copy of the flat parts (backend vector, indexes) plus the changed services, not
+//! a walk over every service and endpoint.
+//!
+//! Backends are stored by [`BackendId`] in a dense vector. [`Builder`] keeps ids stable across
+//! rebuilds for as long as a (service, address, port) exists, so a flow entry's stored id still
+//! names the same backend after a reload, and finding it is one index.
+
+use core::net::IpAddr;
+use std::sync::Arc;
+
+use hashbrown::HashMap;
+use strait_config::model::Mode;
+
+use crate::flow::Timeouts;
+use crate::key::{addr_bytes, BackendId};
+use crate::maglev;
+
+mod builder;
+#[cfg(test)]
+mod tests;
+
+pub use builder::{Builder, Change, TableError};
+
+/// A frontend: what a client addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Frontend {
+    /// VIP in key form.
+    pub vip: [u8; 16],
+    /// Frontend port.
+    pub port: u16,
+    /// IP protocol number.
+    pub proto: u8,
+}
+
+/// A source prefix in key form (IPv4 prefixes are IPv4-mapped, so their length is +96).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prefix {
+    addr: u128,
+    mask: u128,
+}
+
+impl Prefix {
+    /// Builds a prefix from an address and a prefix length of that address family.
+    pub fn new(addr: IpAddr, len: u8) -> Self {
+        let len = if addr.is_ipv4() {
+            len as u32 + 96
+        } else {
+            len as u32
+        };
+        let mask = if len == 0 {
+            0
+        } else {
+            u128::MAX << (128 - len.min(128))
+        };
+        Self {
+            addr: u128::from_be_bytes(addr_bytes(addr)) & mask,
+            mask,
+        }
+    }
+
+    /// Whether `a` (key form) lies inside the prefix.
+    #[inline(always)]
+    pub fn contains(&self, a: &[u8; 16]) -> bool {
+        u128::from_be_bytes(*a) & self.mask == self.addr
+    }
+}
+
+/// Whether a backend takes traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// Takes new flows (if its weight is above zero) and keeps its flows.
+    Up,
+    /// Keeps its existing flows and takes no new ones (weight 0, draining, or Kubernetes'
+    /// serving-and-terminating).
+    Draining,
+    /// Failed its health check: takes nothing; its flows re-hash on their next packet.
+    Down,
+}
+
+/// A backend as the workers see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Backend {
+    /// Stable id.
+    pub id: BackendId,
+    /// Changes whenever `id` is given to a new (service, address, port), so that a flow entry
+    /// holding (id, incarnation) never follows a reused id to another backend.
+    pub incarnation: u32,
+    /// Index of its service in [`ServiceTable::services`].
+    pub service: u32,
+    /// Backend address (key form): the nat rewrite target.
+    pub addr: [u8; 16],
+    /// Backend port.
+    pub port: u16,
+    /// Encapsulation target for dsr-ipip / dsr-gue (key form).
+    pub tunnel: [u8; 16],
+    /// Next-hop MAC; `None` until the control plane resolves it.
+    pub mac: Option<[u8; 6]>,
+    /// Egress port (index into [`ServiceTable::ports`]).
+    pub egress: u8,
+    /// Maglev weight.
+    pub weight: u32,
+    /// Traffic state.
+    pub health: Health,
+}
+
+impl Backend {
+    /// Whether existing flows to this backend may continue.
+    #[inline(always)]
+    pub fn keeps_flows(&self) -> bool {
+        self.health != Health::Down
+    }
+}
+
+/// A service as the workers see it.
+#[derive(Debug)]
+pub struct Service {
+    /// Name, for logs and the admin API.
+    pub name: String,
+    /// The frontend.
+    pub frontend: Frontend,
+    /// Forwarding mode.
+    pub mode: Mode,
+    /// Maglev lookup table over `members`; shared with earlier snapshots while the inputs
+    /// are the same (see [`Builder`]).
+    pub maglev: Arc<maglev::Table>,
+    /// Maglev member index to backend id (members are the backends that take new flows).
+    pub members: Vec<BackendId>,
+    /// Every backend of the service, members or not.
+    pub backends: Vec<BackendId>,
+    /// Allowed client prefixes; empty means everyone.
+    pub acl: Vec<Prefix>,
+    /// ClientIP session affinity timeout in seconds; 0 means none.
+    pub affinity_secs: u32,
+}
+
+impl Service {
+    /// Whether the client address `src` may use this service.
+    #[inline(always)]
+    pub fn allows(&self, src: &[u8; 16]) -> bool {
+        self.acl.is_empty() || self.acl.iter().any(|p| p.contains(src))
+    }
+}
+
+/// A data port (interface) of the gateway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Port {
+    /// The interface's own MAC: the source MAC of frames it sends.
+    pub mac: [u8; 6],
+    /// MTU of the interface.
+    pub mtu: u16,
+}
+
+/// The immutable snapshot.
+#[derive(Debug)]
+pub struct ServiceTable {
+    /// Increases by one with every build; shown in /metrics.
+    pub generation: u64,
+    /// Services: in configuration order after [`Builder::build`]; [`Builder::update`]
+    /// keeps each service's index and moves the last service into a removed one's.
+    pub services: Vec<Arc<Service>>,
+    /// Backends by id; `None` for ids not in use.
+    pub backends: Vec<Option<Backend>>,
+    /// Data ports by index.
+    pub ports: Vec<Port>,
+    /// Port index facing the clients (where nat replies and ICMP answers leave when the
+    /// ingress port is not known).
+    pub client_port: u8,
+    /// Outer IPv4 source of encapsulated packets (the low byte is varied per flow).
+    pub tunnel_src_v4: [u8; 4],
+    /// Outer IPv6 source of encapsulated packets (the low 16 bits are varied per flow).
+    pub tunnel_src_v6: [u8; 16],
+    /// UDP destination port of dsr-gue.
+    pub gue_port: u16,
+    /// Flow timeouts for the per-core tables.
+    pub timeouts: Timeouts,
+    /// The gateway's own addresses (key form). Traffic to them is the kernel's even when it
+    /// comes from a nat backend's service port (the gateway's health checks). Filled by the
+    /// control plane, which knows the interfaces; empty in tests.
+    pub locals: Vec<[u8; 16]>,
+    frontends: HashMap<Frontend, u32>,
+    by_vip_proto: HashMap<([u8; 16], u8), VipProto>,
+    /// nat backends (address, port, protocol), each with the number of services that have it.
+    nat_backends: HashMap<([u8; 16], u16, u8), u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum VipProto {
+    One(u32),
+    Several,
+}
+
+impl VipProto {
+    /// The entry for the services at `slots` (not empty).
+    fn of(slots: &[u32]) -> Self {
+        match slots {
+            [one] => VipProto::One(*one),
+            _ => VipProto::Several,
+        }
+    }
+}
+
+/// Where a non-first fragment goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FragmentService {
+    /// The only service on this VIP and protocol.
+    One(u32),
+    /// Several services share VIP and protocol; the port is needed to choose.
+    Ambiguous,
+}
+
+impl ServiceTable {
+    /// An empty table (no services): everything is passed to the kernel.
+    pub fn empty(ports: Vec<Port>) -> Self {
+        Self {
+            generation: 0,
+            services: Vec::new(),
+            backends: Vec::new(),
+            ports,
+            client_port: 0,
+            tunnel_src_v4: [192, 0, 2, 1],
+            tunnel_src_v6: [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+            gue_port: 6080,
+            timeouts: Timeouts::default(),
+            locals: Vec::new(),
+            frontends: HashMap::new(),
+            by_vip_proto: HashMap::new(),
+            nat_backends: HashMap::new(),
+        }
+    }
+
+    /// The service index for a frontend.
+    #[inline(always)]
+    pub fn service_for(&self, f: &Frontend) -> Option<u32> {
+        self.frontends.get(f).copied()
+    }
+
+    /// The service for a non-first fragment (which has no ports) to `vip` with `proto`.
+    #[inline]
+    pub fn fragment_service(&self, vip: &[u8; 16], proto: u8) -> Option<FragmentService> {
+        self.by_vip_proto.get(&(*vip, proto)).map(|v| match v {
+            VipProto::One(i) => FragmentService::One(*i),
+            VipProto::Several => FragmentService::Ambiguous,
+        })
+    }
+
+    /// Whether a packet from `addr:port` over `proto` may be a nat reply.
+    #[inline(always)]
+    pub fn is_nat_backend(&self, addr: &[u8; 16], port: u16, proto: u8) -> bool {
+        !self.nat_backends.is_empty() && self.nat_backends.contains_key(&(*addr, port, proto))
+    }
+
+    /// A backend by id.
+    #[inline(always)]
+    pub fn backend(&self, id: BackendId) -> Option<&Backend> {
+        self.backends.get(id.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// Whether any service has the VIP `vip` (any port or protocol).
+    pub fn has_vip(&self, vip: &[u8; 16]) -> bool {
+        self.services.iter().any(|s| &s.frontend.vip == vip)
+    }
+}
