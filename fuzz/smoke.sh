@@ -29,7 +29,7 @@ seconds="${FUZZ_SECONDS:-30}"
 sanitizer="${FUZZ_SANITIZER:-address}"
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(parse pipeline)
+    targets=(parse pipeline config)
 fi
 start=$SECONDS
 

@@ -157,6 +157,13 @@ pub struct Interface {
     pub role: Role,
 }
 
+impl Interface {
+    /// The largest CPU a worker may be pinned to: the last CPU of the kernel's default
+    /// affinity mask (`CPU_SETSIZE` = 1024 with glibc), far beyond any machine this runs on,
+    /// so a larger number is a mistake in the file.
+    pub const MAX_CORE: usize = 1023;
+}
+
 /// Which side of the gateway an interface faces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Role {

@@ -518,8 +518,14 @@ impl Checker {
         let mut out = Vec::with_capacity(raw.len());
         for (j, &core) in raw.iter().enumerate() {
             let cpath = format!("{path}[{j}]");
-            let Ok(c) = usize::try_from(core) else {
-                self.problem(cpath, format!("{core} is not a CPU number"));
+            let Some(c) = usize::try_from(core)
+                .ok()
+                .filter(|&c| c <= Interface::MAX_CORE)
+            else {
+                self.problem(
+                    cpath,
+                    format!("{core} is not a CPU number (0..={})", Interface::MAX_CORE),
+                );
                 ok = false;
                 continue;
             };

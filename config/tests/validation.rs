@@ -488,7 +488,12 @@ fn core_rules() {
     );
     refused(
         &iface("eth0", "queues = [0]\ncores = [-1]"),
-        "gateway.interfaces[0].cores[0]: -1 is not a CPU number",
+        "gateway.interfaces[0].cores[0]: -1 is not a CPU number (0..=1023)",
+    );
+    // A thousand cores is a typo, refused before any worker is planned.
+    refused(
+        &iface("eth0", "queues = [0]\ncores = [1000000]"),
+        "gateway.interfaces[0].cores[0]: 1000000 is not a CPU number (0..=1023)",
     );
     refused(
         &iface("eth0", "queues = [0, 1]\ncores = [1, 1]"),

@@ -19,6 +19,7 @@
 //! | [`vip`] | claiming VIPs on `lo` and announcing them (gratuitous ARP, unsolicited NA) |
 //! | [`workers`] | starting, pinning and stopping the AF_XDP workers; their counters |
 //! | [`admin`] | the admin and metrics HTTP API (`metrics`: how every family is written) |
+//! | [`footprint`] | the memory a configuration takes, known before anything is allocated |
 //! | [`shared`] | what the control loop, the workers and the admin API share |
 //! | [`status`] | `strait status`: the admin API's `/services` as a table |
 //!
@@ -28,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod footprint;
 pub mod health;
 pub mod kube;
 mod metrics;

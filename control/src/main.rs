@@ -88,6 +88,11 @@ fn check(path: Option<PathBuf>) -> ExitCode {
         Ok(cfg) => {
             println!("{name}: valid");
             print!("{}", strait_config::summary(&cfg));
+            let footprint = strait_control::footprint::Footprint::of(&cfg);
+            println!(
+                "memory: {:.1} MiB ({footprint})",
+                footprint.total() as f64 / (1024.0 * 1024.0)
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {

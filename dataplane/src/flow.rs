@@ -528,12 +528,12 @@ impl FlowTable {
     ///
     /// If `capacity` is 0 or larger than [`MAX_CAPACITY`].
     pub fn new(capacity: usize, timeouts: Timeouts, new_flows_per_sec: u32) -> FlowTable {
+        let buckets = Self::buckets_for(capacity);
         assert!(capacity > 0, "flow table capacity must be at least 1");
         assert!(
             capacity <= MAX_CAPACITY,
             "flow table capacity {capacity} exceeds the maximum {MAX_CAPACITY}"
         );
-        let buckets = capacity.div_ceil(WAYS).next_power_of_two();
         FlowTable {
             tags: huge_filled(buckets.div_ceil(GROUP), TagLine([Tags([0; WAYS]); GROUP])),
             entries: huge_filled(buckets, [Entry::EMPTY; WAYS]),
@@ -552,6 +552,27 @@ impl FlowTable {
             cursor: 0,
             stats: FlowStats::default(),
         }
+    }
+
+    /// Buckets of a table for `capacity` flows: a power of two, [`WAYS`] entries each.
+    fn buckets_for(capacity: usize) -> usize {
+        capacity.div_ceil(WAYS).next_power_of_two()
+    }
+
+    /// Bytes [`FlowTable::new`] allocates for `capacity` flows (entries and tag lines), so
+    /// an operator knows a configuration's cost before anything is allocated. Saturates
+    /// instead of overflowing for absurd capacities.
+    pub fn bytes_for(capacity: usize) -> u64 {
+        let buckets = capacity
+            .max(1)
+            .div_ceil(WAYS)
+            .checked_next_power_of_two()
+            .map_or(u64::MAX, |b| b as u64);
+        let entries = buckets.saturating_mul((WAYS * core::mem::size_of::<Entry>()) as u64);
+        let tags = buckets
+            .div_ceil(GROUP as u64)
+            .saturating_mul(core::mem::size_of::<TagLine>() as u64);
+        entries.saturating_add(tags)
     }
 
     /// The live entry for `key` at `now`, to read or update in place (typically

@@ -141,6 +141,11 @@ pub fn size_for(backends: usize, min: u32) -> Option<u32> {
     Some(last.max(LARGE_SIZE))
 }
 
+/// Bytes a table of `size` slots holds (one `u16` backend index per slot).
+pub const fn bytes_for(size: u32) -> u64 {
+    size as u64 * core::mem::size_of::<u16>() as u64
+}
+
 /// Largest number of backend visits per slot for which the round loop beats the heap.
 ///
 /// The round loop visits every backend every round: with equal weights exactly once per slot,

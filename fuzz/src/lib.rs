@@ -307,3 +307,33 @@ fn swap(b: &mut [u8], x: usize, y: usize, n: usize) {
 pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
+
+/// Arbitrary text as a configuration file (the operator's input): parsing and validation
+/// must not panic; a refusal lists at least one problem, and each names its field by TOML
+/// path, or, for a syntax error the parser could not place in a table, its line; a
+/// configuration that passes can be summarised (what `strait check` prints).
+///
+/// # Panics
+/// When an oracle fails: that is the finding.
+pub fn check_config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    match strait_config::parse(text) {
+        Ok(cfg) => {
+            let summary = strait_config::summary(&cfg);
+            assert!(!summary.is_empty(), "a valid configuration with no summary");
+        }
+        Err(e) => {
+            let problems = e.problems();
+            assert!(!problems.is_empty(), "refused without a problem: {e}");
+            for p in problems {
+                assert!(!p.message.is_empty(), "a problem without a message: {p:?}");
+                assert!(
+                    !p.path.is_empty() || p.message.contains("(line "),
+                    "a problem that names neither a field nor a line: {p:?}"
+                );
+            }
+        }
+    }
+}
