@@ -13,14 +13,14 @@
 //!
 //! [`Producer`] is our side of the fill and TX rings, [`Consumer`] of the RX and completion
 //! rings. Descriptors are reached only through two borrows that cannot go past what the
-//! protocol gives us, as in s2n-quic-xdp's rings:
+//! protocol gives us (s2n-quic-xdp's ring cursors hand out slices bounded the same way):
 //!
 //! - [`Producer::reserve`] returns a [`Reservation`] of at most the free slots; its
 //!   [`Reservation::push`] writes the next one and panics past the reservation, and
 //!   [`Reservation::submit`] (or [`Producer::submit`]) publishes what was written, in order.
 //!   A descriptor is never published without having been written.
-//! - [`Consumer::peek`] returns a [`Peek`] of at most the published slots; [`Peek::get`] is
-//!   checked against it, and [`Peek::release`] hands them back.
+//! - [`Consumer::peek`] returns a [`Peek`] of at most the published slots; [`Peek::iter`]
+//!   reads exactly those, and [`Peek::release`] hands them back.
 //!
 //! A window wider than the ring (indices from a kernel that broke the protocol) counts as
 //! empty, so such a kernel stalls the ring instead of sharing a slot with us. The only

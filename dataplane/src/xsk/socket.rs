@@ -573,6 +573,50 @@ mod tests {
     }
 
     #[test]
+    fn interfaces_are_looked_up_by_name() {
+        assert_eq!(
+            ifindex("lo").expect("lo exists"),
+            1,
+            "lo is the first link of a namespace"
+        );
+        for bad in ["strait-nope0", "a-name-longer-than-ifnamsiz", "lo\0"] {
+            let e = ifindex(bad).expect_err("no such interface");
+            assert!(
+                matches!(
+                    e,
+                    XskError::NoInterface {
+                        call: "ioctl(SIOCGIFINDEX)",
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+        }
+        assert!(matches!(
+            interface_port("lo\0"),
+            Err(XskError::Link { call: "ifreq", .. })
+        ));
+    }
+
+    #[test]
+    fn a_refused_ring_layout_names_the_call_and_the_ring() {
+        let e = XskError::RingLayout {
+            iface: "eth0".into(),
+            queue: 3,
+            ring: "fill",
+            reason: super::super::RingLayoutError::NoFlags,
+        };
+        let shown = e.to_string();
+        assert!(
+            shown.contains("eth0 queue 3")
+                && shown.contains("getsockopt(XDP_MMAP_OFFSETS)")
+                && shown.contains("fill ring")
+                && shown.contains("5.4"),
+            "{shown}"
+        );
+    }
+
+    #[test]
     fn kernel_stats_add_up() {
         let one = KernelStats {
             rx_dropped: 1,
