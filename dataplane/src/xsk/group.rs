@@ -21,7 +21,10 @@
 //! any member rebinds the whole group in copy mode.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
+
+use rustix::event::{self, PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
 
 use super::socket::{BindMode, BindPolicy, KernelStats, Port, PortConfig};
 use super::umem::{Held, Owner, Umem, FRAME_COUNT};
@@ -466,26 +469,19 @@ impl QueueGroup {
     /// # Errors
     /// [`XskError::Io`] if `poll` fails other than by a signal.
     pub fn wait_rx(&mut self, timeout_ms: i32) -> Result<(), XskError> {
-        let mut fds = [libc::pollfd {
-            fd: -1,
-            events: 0,
-            revents: 0,
-        }; MAX_GROUP_PORTS];
-        for (pfd, p) in fds.iter_mut().zip(&self.ports) {
-            pfd.fd = p.as_fd().as_raw_fd();
-            pfd.events = libc::POLLIN;
-        }
         let n = self.ports.len();
-        // SAFETY: `fds[..n]` are valid pollfds that live across the call, and `n` is their
-        // number (at most MAX_GROUP_PORTS, checked at open).
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, timeout_ms) };
-        if r < 0 {
-            let e = super::last_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(self.ports[0].io_error("poll", e));
-            }
+        // An array on the stack, not a Vec: the worker idles through here. Slots past `n`
+        // repeat the last socket and are not passed to poll.
+        let mut fds: [PollFd<'_>; MAX_GROUP_PORTS] =
+            std::array::from_fn(|i| PollFd::new(&self.ports[i.min(n - 1)], PollFlags::IN));
+        let timeout = (timeout_ms >= 0).then(|| Timespec {
+            tv_sec: (timeout_ms / 1000).into(),
+            tv_nsec: ((timeout_ms % 1000) * 1_000_000).into(),
+        });
+        match event::poll(&mut fds[..n], timeout.as_ref()) {
+            Ok(_) | Err(Errno::INTR) => Ok(()),
+            Err(e) => Err(self.ports[0].io_error("poll", e.into())),
         }
-        Ok(())
     }
 }
 

@@ -18,12 +18,15 @@
 //!
 //! Decisions:
 //!
-//! - **Raw AF_XDP over libc rather than xsk-rs.** The pipeline encapsulates in place by moving
-//!   the packet's start back into the frame headroom, so the TX descriptor must start earlier
-//!   than the RX one. xsk-rs 0.11 keeps a descriptor's address crate-private and hides the
-//!   UMEM base, so a moved frame could only be sent after copying it back; and its libxdp
-//!   wants bpffs and its own dispatcher. The four rings are a page of code (ring.rs) with the
-//!   kernel's documented protocol, and every access to them is below.
+//! - **Raw AF_XDP rather than xsk-rs.** The pipeline encapsulates in place by moving the
+//!   packet's start back into the frame headroom, so the TX descriptor must start earlier than
+//!   the RX one. xsk-rs 0.11 keeps a descriptor's address crate-private and hides the UMEM
+//!   base, so a moved frame could only be sent after copying it back; and its libxdp wants
+//!   bpffs and its own dispatcher. The four rings are a page of code (ring.rs) with the
+//!   kernel's documented protocol, and every access to them is below. The syscalls go through
+//!   rustix, whose typed AF_XDP socket options, `bind` address, `poll` and wake-ups need no
+//!   `unsafe` here; only `mmap`/`munmap` (mmap.rs) and the two link ioctls rustix does not
+//!   wrap (`SIOCGIFHWADDR`, `SIOCGIFMTU`, socket.rs) remain `unsafe` calls.
 //! - **One worker per queue index, one UMEM per worker** ([`QueueGroup`]): the sockets of
 //!   queue q on every interface share one UMEM (`XDP_SHARED_UMEM`, each with its own fill and
 //!   completion rings), so a nat frame that arrives on the client interface leaves on the
@@ -44,20 +47,24 @@
 //!   maps follow the service table ([`SteerProgram::update_maps`]).
 //!
 //! Safety: `unsafe` is allowed in this module only. Each block says which invariant makes it
-//! sound; the recurring ones are (a) a ring pointer stays valid while its mapping (owned by the
-//! same struct) lives, (b) a UMEM frame is touched by user space only while the frame's state
-//! says user space owns it (it was read from the RX or completion ring and not yet put on the
-//! fill or TX ring), (c) addresses from the kernel are bounds-checked before they index
-//! the UMEM, (d) frames lent to the pipeline together are pairwise distinct, checked when
-//! they are lent, so their `&mut` chunks are disjoint, and (e) a handoff ring slot is accessed
-//! by its producer or its consumer only, as the ring's acquire/release indices partition
-//! them.
+//! sound; the recurring ones are (a) a ring pointer stays valid while its mapping (an
+//! `Mmap` of mmap.rs, owned by the same struct) lives, and points where the kernel's offsets,
+//! checked at open against the mapping's length and the types' alignment, say; (b) a ring
+//! slot is touched only through a reservation of free slots (producer) or a peek of published
+//! ones (consumer), which cannot reach past what the protocol's indices give us; (c) a UMEM
+//! frame is touched by user space only while the frame's state says user space owns it (it
+//! was read from the RX or completion ring and not yet put on the fill or TX ring); (d)
+//! addresses from the kernel are bounds-checked before they index the UMEM; (e) frames lent
+//! to the pipeline together are pairwise distinct, checked when they are lent, so their `&mut`
+//! chunks are disjoint; and (f) a handoff ring slot is accessed by its producer or its
+//! consumer only, as the ring's acquire/release indices partition them.
 
 #![allow(unsafe_code)]
 
 mod attach;
 mod group;
 mod handoff;
+mod mmap;
 mod prog;
 mod ring;
 mod socket;
@@ -70,6 +77,7 @@ pub use attach::{Aligned, XdpProgram};
 pub use group::{Accounting, GroupConfig, QueueGroup, MAX_GROUP_PORTS};
 pub use handoff::{Handoff, HandoffConfig, HandoffError, HandoffRx, HandoffTx, HANDOFF_SLOTS};
 pub use prog::{AttachMode, AttachPolicy, MapSync, SteerCounters, SteerProgram};
+pub use ring::LayoutError as RingLayoutError;
 pub use socket::{interface_port, BindMode, BindPolicy, KernelStats, Port, PortConfig, RingSizes};
 pub use umem::{Held, FRAME_COUNT, FRAME_SIZE, MAX_PACKET, RX_OFFSET};
 pub use worker::{run_worker, Clock, MonotonicClock, WorkerStats, BATCH};
@@ -78,10 +86,12 @@ pub use worker::{run_worker, Clock, MonotonicClock, WorkerStats, BATCH};
 #[derive(Debug, thiserror::Error)]
 pub enum XskError {
     /// The interface does not exist in this network namespace.
-    #[error("interface {iface}: if_nametoindex: {source}")]
+    #[error("interface {iface}: {call}: {source}")]
     NoInterface {
         /// Interface name.
         iface: String,
+        /// The call that failed (`ioctl(SIOCGIFINDEX)`, or the `socket` it is made on).
+        call: &'static str,
         /// The OS error.
         source: io::Error,
     },
@@ -111,6 +121,23 @@ pub enum XskError {
         call: &'static str,
         /// The OS error.
         source: io::Error,
+    },
+    /// The kernel reported ring offsets (`getsockopt(XDP_MMAP_OFFSETS)`) that do not fit the
+    /// ring's mapping: checked before the ring is mapped, since every pointer into it relies
+    /// on them.
+    #[error(
+        "AF_XDP socket for {iface} queue {queue}: getsockopt(XDP_MMAP_OFFSETS): {ring} ring: \
+         {reason}"
+    )]
+    RingLayout {
+        /// Interface name.
+        iface: String,
+        /// Queue index.
+        queue: u32,
+        /// `fill`, `completion`, `RX` or `TX`.
+        ring: &'static str,
+        /// What is wrong with it.
+        reason: RingLayoutError,
     },
     /// `bind` refused the socket in the requested mode.
     #[error("AF_XDP bind to {iface} queue {queue} in {mode} mode: {source}")]
@@ -174,28 +201,29 @@ fn last_error() -> io::Error {
     io::Error::last_os_error()
 }
 
-/// A C string for an interface name.
-fn c_name(iface: &str) -> Result<std::ffi::CString, XskError> {
-    std::ffi::CString::new(iface).map_err(|_| XskError::NoInterface {
-        iface: iface.to_owned(),
-        source: io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in interface name"),
-    })
-}
-
 /// The index of interface `iface` in the calling thread's network namespace.
 ///
 /// # Errors
 /// [`XskError::NoInterface`] when there is no such interface.
 pub fn ifindex(iface: &str) -> Result<u32, XskError> {
-    let name = c_name(iface)?;
-    // SAFETY: `name` is a valid NUL-terminated string that outlives the call; if_nametoindex
-    // only reads it.
-    let idx = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    if idx == 0 {
-        return Err(XskError::NoInterface {
-            iface: iface.to_owned(),
-            source: last_error(),
-        });
-    }
-    Ok(idx)
+    let err = |call, source: rustix::io::Errno| XskError::NoInterface {
+        iface: iface.to_owned(),
+        call,
+        source: source.into(),
+    };
+    // SIOCGIFINDEX works on any socket of the namespace (netdevice(7)), not on an AF_XDP one;
+    // this is what libc's if_nametoindex does.
+    let sock = link_socket().map_err(|e| err("socket(AF_INET)", e))?;
+    rustix::net::netdevice::name_to_index(&sock, iface).map_err(|e| err("ioctl(SIOCGIFINDEX)", e))
+}
+
+/// A socket to ask the calling thread's network namespace about its links.
+fn link_socket() -> rustix::io::Result<std::os::fd::OwnedFd> {
+    use rustix::net::{socket_with, AddressFamily, SocketFlags, SocketType};
+    socket_with(
+        AddressFamily::INET,
+        SocketType::DGRAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
 }

@@ -3,11 +3,19 @@
 
 use std::fmt;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
-use super::ring::{Consumer, Producer};
+use rustix::io::Errno;
+use rustix::net::xdp::{
+    SocketAddrXdp, SocketAddrXdpFlags, SocketAddrXdpWithSharedUmem, XdpDesc, XdpDescOptions,
+    XdpUmemReg, XdpUmemRegFlags, XDP_PGOFF_RX_RING, XDP_PGOFF_TX_RING,
+    XDP_UMEM_PGOFF_COMPLETION_RING, XDP_UMEM_PGOFF_FILL_RING,
+};
+use rustix::net::{sockopt, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
+
+use super::ring::{Consumer, MapError, Producer};
 use super::umem::{Held, Owner, Umem, FRAME_SIZE};
-use super::{c_name, ifindex, last_error, XskError};
+use super::{ifindex, last_error, link_socket, XskError};
 use crate::rewrite::HEADROOM;
 use crate::table;
 
@@ -150,21 +158,20 @@ impl KernelStats {
 /// One AF_XDP socket on one (interface, queue) and its four rings, a member of a
 /// [`super::QueueGroup`] whose UMEM it uses.
 ///
-/// Single-threaded by design: the worker that owns the group is the only user of its rings.
-/// Field order is drop order: rings, then the socket. The group drops its ports before the
-/// UMEM.
+/// Single-threaded by design: the worker that owns the group is the only user of its rings
+/// (a Port may move to the worker's thread, but is not Sync). Field order is drop order: rings,
+/// then the socket. The group drops its ports before the UMEM.
 #[derive(Debug)]
 pub struct Port {
     fill: Producer<u64>,
     comp: Consumer<u64>,
-    rx: Consumer<libc::xdp_desc>,
-    tx: Producer<libc::xdp_desc>,
+    rx: Consumer<XdpDesc>,
+    /// Holds the TX descriptors staged by [`Port::stage_tx`] until [`Port::submit_tx`].
+    tx: Producer<XdpDesc>,
     fd: OwnedFd,
     iface: String,
     queue: u32,
     table_port: u8,
-    /// TX descriptors written after the published ones and not yet submitted.
-    tx_staged: u32,
 }
 
 impl Port {
@@ -184,126 +191,97 @@ impl Port {
         shared: Option<BorrowedFd<'_>>,
     ) -> Result<Self, XskError> {
         let ifindex = ifindex(&cfg.iface)?;
-        let err = |call, source| XskError::Socket {
+        let err = |call, source: Errno| XskError::Socket {
             iface: cfg.iface.clone(),
             queue,
             call,
-            source,
+            source: source.into(),
         };
-        // SAFETY: plain socket(2); the result is checked before use.
-        let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-        if raw < 0 {
-            return Err(err("socket(AF_XDP)", last_error()));
-        }
-        // SAFETY: `raw` is a new, valid descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = rustix::net::socket_with(
+            AddressFamily::XDP,
+            SocketType::RAW,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(|e| err("socket(AF_XDP)", e))?;
 
         if shared.is_none() {
-            let reg = libc::xdp_umem_reg {
+            let reg = XdpUmemReg {
                 addr: umem.addr(),
                 len: umem.len() as u64,
                 chunk_size: FRAME_SIZE,
                 headroom: HEADROOM as u32,
-                flags: 0,
+                flags: XdpUmemRegFlags::empty(),
                 tx_metadata_len: 0,
             };
-            setsockopt(fd.as_fd(), libc::XDP_UMEM_REG, &reg).map_err(|source| XskError::Umem {
+            sockopt::set_xdp_umem_reg(&fd, reg).map_err(|source| XskError::Umem {
                 iface: cfg.iface.clone(),
                 queue,
                 call: "setsockopt(XDP_UMEM_REG)",
-                source,
+                source: source.into(),
             })?;
         }
         let r = &cfg.rings;
-        for (opt, size, call) in [
-            (
-                libc::XDP_UMEM_FILL_RING,
-                r.fill,
-                "setsockopt(XDP_UMEM_FILL_RING)",
-            ),
-            (
-                libc::XDP_UMEM_COMPLETION_RING,
-                r.comp,
-                "setsockopt(XDP_UMEM_COMPLETION_RING)",
-            ),
-            (libc::XDP_RX_RING, r.rx, "setsockopt(XDP_RX_RING)"),
-            (libc::XDP_TX_RING, r.tx, "setsockopt(XDP_TX_RING)"),
-        ] {
-            setsockopt(fd.as_fd(), opt, &size).map_err(|e| err(call, e))?;
-        }
-        let zero = libc::xdp_ring_offset {
-            producer: 0,
-            consumer: 0,
-            desc: 0,
-            flags: 0,
+        sockopt::set_xdp_umem_fill_ring_size(&fd, r.fill)
+            .map_err(|e| err("setsockopt(XDP_UMEM_FILL_RING)", e))?;
+        sockopt::set_xdp_umem_completion_ring_size(&fd, r.comp)
+            .map_err(|e| err("setsockopt(XDP_UMEM_COMPLETION_RING)", e))?;
+        sockopt::set_xdp_rx_ring_size(&fd, r.rx).map_err(|e| err("setsockopt(XDP_RX_RING)", e))?;
+        sockopt::set_xdp_tx_ring_size(&fd, r.tx).map_err(|e| err("setsockopt(XDP_TX_RING)", e))?;
+        let off =
+            sockopt::xdp_mmap_offsets(&fd).map_err(|e| err("getsockopt(XDP_MMAP_OFFSETS)", e))?;
+        let map_err = |ring, call| {
+            move |e| match e {
+                MapError::Layout(reason) => XskError::RingLayout {
+                    iface: cfg.iface.clone(),
+                    queue,
+                    ring,
+                    reason,
+                },
+                MapError::Mmap(source) => XskError::Socket {
+                    iface: cfg.iface.clone(),
+                    queue,
+                    call,
+                    source,
+                },
+            }
         };
-        let mut off = libc::xdp_mmap_offsets {
-            rx: zero,
-            tx: zero,
-            fr: zero,
-            cr: zero,
-        };
-        getsockopt(fd.as_fd(), libc::XDP_MMAP_OFFSETS, &mut off)
-            .map_err(|e| err("getsockopt(XDP_MMAP_OFFSETS)", e))?;
         // Before bind, the fill and completion offsets map this socket's own rings (the ones
         // just sized), also for a socket that will share another's UMEM.
-        let fill = Producer::map(
-            fd.as_fd(),
-            &off.fr,
-            r.fill,
-            libc::XDP_UMEM_PGOFF_FILL_RING as libc::off_t,
-        )
-        .map_err(|e| err("mmap(fill ring)", e))?;
-        let comp = Consumer::map(
-            fd.as_fd(),
-            &off.cr,
-            r.comp,
-            libc::XDP_UMEM_PGOFF_COMPLETION_RING as libc::off_t,
-        )
-        .map_err(|e| err("mmap(completion ring)", e))?;
-        let rx = Consumer::map(fd.as_fd(), &off.rx, r.rx, libc::XDP_PGOFF_RX_RING)
-            .map_err(|e| err("mmap(RX ring)", e))?;
-        let tx = Producer::map(fd.as_fd(), &off.tx, r.tx, libc::XDP_PGOFF_TX_RING)
-            .map_err(|e| err("mmap(TX ring)", e))?;
-        debug_assert_eq!(fill.size(), r.fill);
+        let fill = Producer::map(fd.as_fd(), &off.fr, r.fill, XDP_UMEM_PGOFF_FILL_RING)
+            .map_err(map_err("fill", "mmap(fill ring)"))?;
+        let comp = Consumer::map(fd.as_fd(), &off.cr, r.comp, XDP_UMEM_PGOFF_COMPLETION_RING)
+            .map_err(map_err("completion", "mmap(completion ring)"))?;
+        let rx = Consumer::map(fd.as_fd(), &off.rx, r.rx, XDP_PGOFF_RX_RING)
+            .map_err(map_err("RX", "mmap(RX ring)"))?;
+        let tx = Producer::map(fd.as_fd(), &off.tx, r.tx, XDP_PGOFF_TX_RING)
+            .map_err(map_err("TX", "mmap(TX ring)"))?;
 
-        let (flags, shared_fd) = match shared {
+        let bound = match shared {
             // The kernel refuses mode flags on a shared bind (EINVAL): the mode is the UMEM
             // owner's.
-            Some(first) => (libc::XDP_SHARED_UMEM, first.as_raw_fd() as u32),
-            None => (
-                libc::XDP_USE_NEED_WAKEUP
-                    | match mode {
-                        BindMode::ZeroCopy => libc::XDP_ZEROCOPY,
-                        BindMode::Copy => libc::XDP_COPY,
-                    },
-                0,
+            Some(first) => rustix::net::bind(
+                &fd,
+                &SocketAddrXdpWithSharedUmem {
+                    addr: SocketAddrXdp::new(SocketAddrXdpFlags::XDP_SHARED_UMEM, ifindex, queue),
+                    shared_umem_fd: first,
+                },
             ),
+            None => {
+                let flags = SocketAddrXdpFlags::XDP_USE_NEED_WAKEUP
+                    | match mode {
+                        BindMode::ZeroCopy => SocketAddrXdpFlags::XDP_ZEROCOPY,
+                        BindMode::Copy => SocketAddrXdpFlags::XDP_COPY,
+                    };
+                rustix::net::bind(&fd, &SocketAddrXdp::new(flags, ifindex, queue))
+            }
         };
-        let sa = libc::sockaddr_xdp {
-            sxdp_family: libc::AF_XDP as u16,
-            sxdp_flags: flags,
-            sxdp_ifindex: ifindex,
-            sxdp_queue_id: queue,
-            sxdp_shared_umem_fd: shared_fd,
-        };
-        // SAFETY: `sa` is a valid sockaddr_xdp and the length passed is its size; bind only
-        // reads it.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_xdp).cast(),
-                size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(XskError::Bind {
-                iface: cfg.iface.clone(),
-                queue,
-                mode,
-                source: last_error(),
-            });
-        }
+        bound.map_err(|source| XskError::Bind {
+            iface: cfg.iface.clone(),
+            queue,
+            mode,
+            source: source.into(),
+        })?;
         Ok(Self {
             fill,
             comp,
@@ -313,7 +291,6 @@ impl Port {
             iface: cfg.iface.clone(),
             queue,
             table_port: cfg.table_port,
-            tx_staged: 0,
         })
     }
 
@@ -337,23 +314,30 @@ impl Port {
     /// # Errors
     /// [`XskError::Io`] if `getsockopt(XDP_STATISTICS)` fails.
     pub fn kernel_stats(&self) -> Result<KernelStats, XskError> {
-        let mut s = libc::xdp_statistics {
-            rx_dropped: 0,
-            rx_invalid_descs: 0,
-            tx_invalid_descs: 0,
-            rx_ring_full: 0,
-            rx_fill_ring_empty_descs: 0,
-            tx_ring_empty_descs: 0,
+        let s = sockopt::xdp_statistics(&self.fd)
+            .map_err(|e| self.io_error("getsockopt(XDP_STATISTICS)", e.into()))?;
+        // The last three counters came with Linux 5.9, before the shared UMEM across devices
+        // (5.10) a group needs.
+        let (Some(rx_ring_full), Some(rx_fill_ring_empty_descs), Some(tx_ring_empty_descs)) = (
+            s.rx_ring_full,
+            s.rx_fill_ring_empty_descs,
+            s.tx_ring_empty_descs,
+        ) else {
+            return Err(self.io_error(
+                "getsockopt(XDP_STATISTICS)",
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "kernel without the 5.9 counters (kernel too old)",
+                ),
+            ));
         };
-        getsockopt(self.fd.as_fd(), libc::XDP_STATISTICS, &mut s)
-            .map_err(|source| self.io_error("getsockopt(XDP_STATISTICS)", source))?;
         Ok(KernelStats {
             rx_dropped: s.rx_dropped,
             rx_invalid_descs: s.rx_invalid_descs,
             tx_invalid_descs: s.tx_invalid_descs,
-            rx_ring_full: s.rx_ring_full,
-            rx_fill_ring_empty_descs: s.rx_fill_ring_empty_descs,
-            tx_ring_empty_descs: s.tx_ring_empty_descs,
+            rx_ring_full,
+            rx_fill_ring_empty_descs,
+            tx_ring_empty_descs,
         })
     }
 
@@ -371,9 +355,8 @@ impl Port {
     /// Moves this socket's completed TX frames to the free list. Returns how many.
     #[inline]
     pub(crate) fn reap_completions(&mut self, umem: &mut Umem) -> u32 {
-        let n = self.comp.peek(u32::MAX);
-        for i in 0..n {
-            let addr = self.comp.read(i);
+        let done = self.comp.peek(u32::MAX);
+        for addr in done.iter() {
             match umem.frame_of(addr, 0) {
                 // A frame not on a TX ring is left where it is (`recycle` checks).
                 Some(idx) => {
@@ -382,8 +365,7 @@ impl Port {
                 None => debug_assert!(false, "completion address {addr:#x} outside the UMEM"),
             }
         }
-        self.comp.release(n);
-        n
+        done.release()
     }
 
     /// Moves free frames to the fill ring, as many as fit. Returns how many.
@@ -393,24 +375,23 @@ impl Port {
         if want == 0 {
             return 0;
         }
-        let n = self.fill.free(want).min(want);
-        for i in 0..n {
-            // `n <= free_len`, so the list has a frame for every slot.
+        let mut slots = self.fill.reserve(want);
+        while slots.remaining() > 0 {
+            // At most `free_len` slots were reserved, so the list has a frame for every one.
             let Some(addr) = umem.pop_free() else {
                 unreachable!("free list shorter than its length")
             };
             let idx = (addr / FRAME_SIZE as u64) as u32;
             umem.hand_over(idx, Owner::Free, Owner::Fill);
-            self.fill.write(i, addr);
+            slots.push(addr);
         }
-        self.fill.submit(n);
-        n
+        slots.submit()
     }
 
     /// Descriptors waiting on the RX ring (at most `max`).
     #[inline]
     pub(crate) fn rx_ready(&mut self, max: u32) -> u32 {
-        self.rx.peek(max)
+        self.rx.peek(max).len()
     }
 
     /// Reads up to `out.len()` received frames into `out`, handing each to the worker, and
@@ -419,11 +400,10 @@ impl Port {
     /// (a kernel bug if ever seen).
     #[inline]
     pub(crate) fn read_rx(&mut self, umem: &mut Umem, out: &mut [Held]) -> (usize, u32) {
-        let n = self.rx.peek(out.len() as u32);
+        let received = self.rx.peek(out.len() as u32);
         let mut got = 0;
         let mut invalid = 0;
-        for i in 0..n {
-            let d = self.rx.read(i);
+        for d in received.iter() {
             match umem.frame_of(d.addr, d.len) {
                 Some(idx) if umem.take(idx, Owner::Fill) => {
                     out[got] = Held {
@@ -437,7 +417,7 @@ impl Port {
                 _ => invalid += 1,
             }
         }
-        self.rx.release(n);
+        received.release();
         (got, invalid)
     }
 
@@ -446,29 +426,24 @@ impl Port {
     /// [`Port::submit_tx`]. Returns false (and keeps the frame) when the ring is full.
     #[inline]
     pub(crate) fn stage_tx(&mut self, umem: &mut Umem, h: &Held) -> bool {
-        if self.tx.free(self.tx_staged + 1) <= self.tx_staged {
+        let mut slot = self.tx.reserve(1);
+        if slot.remaining() == 0 {
             return false;
         }
         umem.hand_over(h.idx, Owner::Worker, Owner::Tx);
-        self.tx.write(
-            self.tx_staged,
-            libc::xdp_desc {
-                addr: h.idx as u64 * FRAME_SIZE as u64 + h.head as u64,
-                len: h.len,
-                options: 0,
-            },
-        );
-        self.tx_staged += 1;
+        slot.push(XdpDesc {
+            addr: h.idx as u64 * FRAME_SIZE as u64 + h.head as u64,
+            len: h.len,
+            options: XdpDescOptions::empty(),
+        });
+        // Left staged: the turn's TX descriptors are published together by `submit_tx`.
         true
     }
 
     /// Publishes the staged TX descriptors. Returns how many.
     #[inline]
     pub(crate) fn submit_tx(&mut self) -> u32 {
-        let n = self.tx_staged;
-        self.tx.submit(n);
-        self.tx_staged = 0;
-        n
+        self.tx.submit()
     }
 
     /// Asks the kernel to send what is on the TX ring, if there is anything and the kernel set
@@ -484,24 +459,11 @@ impl Port {
         if !self.tx.needs_wakeup() || self.tx.pending() == 0 {
             return Ok(false);
         }
-        // SAFETY: a zero-length sendto with null buffer and address, which AF_XDP takes as
-        // "process the TX ring"; nothing is read from or written to user memory.
-        let r = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                std::ptr::null(),
-                0,
-                libc::MSG_DONTWAIT,
-                std::ptr::null(),
-                0,
-            )
-        };
-        if r < 0 {
-            let e = last_error();
-            match e.raw_os_error() {
-                Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::ENETDOWN) => {}
-                _ => return Err(self.io_error("sendto", e)),
-            }
+        // A zero-length send (sendto with no address), which AF_XDP takes as "process the TX
+        // ring".
+        match rustix::net::send(&self.fd, &[], SendFlags::DONTWAIT) {
+            Ok(_) | Err(Errno::AGAIN | Errno::BUSY | Errno::NOBUFS | Errno::NETDOWN) => {}
+            Err(e) => return Err(self.io_error("sendto", e.into())),
         }
         Ok(true)
     }
@@ -517,24 +479,11 @@ impl Port {
         if !self.fill.needs_wakeup() {
             return Ok(false);
         }
-        // SAFETY: a zero-length recvfrom with null buffer and address, which AF_XDP takes as
-        // a wakeup for the RX side; nothing is written to user memory.
-        let r = unsafe {
-            libc::recvfrom(
-                self.fd.as_raw_fd(),
-                std::ptr::null_mut(),
-                0,
-                libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        };
-        if r < 0 {
-            let e = last_error();
-            match e.raw_os_error() {
-                Some(libc::EAGAIN | libc::EBUSY | libc::ENETDOWN) => {}
-                _ => return Err(self.io_error("recvfrom", e)),
-            }
+        // A zero-length recv (recvfrom with no address), which AF_XDP takes as a wakeup for
+        // the RX side.
+        match rustix::net::recv(&self.fd, &mut [0u8; 0], RecvFlags::DONTWAIT) {
+            Ok(_) | Err(Errno::AGAIN | Errno::BUSY | Errno::NETDOWN) => {}
+            Err(e) => return Err(self.io_error("recvfrom", e.into())),
         }
         Ok(true)
     }
@@ -556,61 +505,6 @@ impl AsFd for Port {
     }
 }
 
-// SAFETY: a Port owns its socket and ring mappings exclusively (none of their pointers
-// escape except through borrows of the Port), and nothing in them is tied to the thread that
-// created them, so moving the Port to a worker thread is sound. It is not Sync: the rings'
-// cached indices assume a single user.
-unsafe impl Send for Port {}
-
-/// `setsockopt(fd, SOL_XDP, opt, value)`.
-fn setsockopt<T>(fd: BorrowedFd<'_>, opt: libc::c_int, value: &T) -> io::Result<()> {
-    // SAFETY: `value` points to a live T of `size_of::<T>()` bytes, which the kernel only
-    // reads; T is one of the plain C structs or integers the option expects.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_XDP,
-            opt,
-            (value as *const T).cast(),
-            size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(last_error());
-    }
-    Ok(())
-}
-
-/// `getsockopt(fd, SOL_XDP, opt, out)`, requiring the kernel to fill all of `out`.
-fn getsockopt<T>(fd: BorrowedFd<'_>, opt: libc::c_int, out: &mut T) -> io::Result<()> {
-    let mut len = size_of::<T>() as libc::socklen_t;
-    // SAFETY: `out` points to a live, writable T of `len` bytes; the kernel writes at most
-    // `len` bytes and reports how many in `len`. T is a plain C struct for which any bytes
-    // are a valid value.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_XDP,
-            opt,
-            (out as *mut T).cast(),
-            &mut len,
-        )
-    };
-    if rc < 0 {
-        return Err(last_error());
-    }
-    if len as usize != size_of::<T>() {
-        return Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            format!(
-                "kernel returned {len} bytes, expected {} (kernel too old)",
-                size_of::<T>()
-            ),
-        ));
-    }
-    Ok(())
-}
-
 /// The MAC and MTU of `iface` (in the calling thread's network namespace), as the service
 /// table's [`table::Port`] wants them.
 ///
@@ -622,47 +516,45 @@ pub fn interface_port(iface: &str) -> Result<table::Port, XskError> {
         call,
         source,
     };
-    let name = c_name(iface)?;
-    let bytes = name.as_bytes_with_nul();
-    if bytes.len() > libc::IFNAMSIZ {
+    let name = iface.as_bytes();
+    if name.len() >= libc::IFNAMSIZ || name.contains(&0) {
         return Err(err(
             "ifreq",
-            io::Error::new(io::ErrorKind::InvalidInput, "interface name too long"),
+            io::Error::new(io::ErrorKind::InvalidInput, "not an interface name"),
         ));
     }
-    // SAFETY: plain socket(2); checked below.
-    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(err("socket(AF_INET)", last_error()));
-    }
-    // SAFETY: `raw` is a new, valid descriptor that nothing else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    let sock = link_socket().map_err(|e| err("socket(AF_INET)", e.into()))?;
+    // Zeroed, so the name is NUL-terminated (it is shorter than IFNAMSIZ).
     let mut name_field = [0 as libc::c_char; libc::IFNAMSIZ];
-    for (d, s) in name_field.iter_mut().zip(bytes) {
+    for (d, s) in name_field.iter_mut().zip(name) {
         *d = *s as libc::c_char;
     }
     let mut req = libc::ifreq {
         ifr_name: name_field,
         ifr_ifru: libc::__c_anonymous_ifr_ifru { ifru_mtu: 0 },
     };
-    // SAFETY: SIOCGIFHWADDR reads the name from and writes the hardware address into `req`,
-    // a valid ifreq that lives across the call.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) } < 0 {
-        return Err(err("ioctl(SIOCGIFHWADDR)", last_error()));
-    }
-    // SAFETY: after SIOCGIFHWADDR succeeded the union holds `ifru_hwaddr`.
-    let hw = unsafe { req.ifr_ifru.ifru_hwaddr };
+    // Neither rustix nor nix wraps these two ioctls without `unsafe` of our own.
+    // SAFETY: SIOCGIFHWADDR reads the name from and writes the hardware address into `req`, a
+    // valid ifreq that lives across the call; once it succeeded, the union holds
+    // `ifru_hwaddr`, which is the field read.
+    let hw = unsafe {
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) < 0 {
+            return Err(err("ioctl(SIOCGIFHWADDR)", last_error()));
+        }
+        req.ifr_ifru.ifru_hwaddr
+    };
     let mut mac = [0u8; 6];
     for (d, s) in mac.iter_mut().zip(hw.sa_data.iter()) {
         *d = *s as u8;
     }
     req.ifr_ifru = libc::__c_anonymous_ifr_ifru { ifru_mtu: 0 };
-    // SAFETY: as above, for SIOCGIFMTU, which writes `ifru_mtu`.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFMTU, &mut req) } < 0 {
-        return Err(err("ioctl(SIOCGIFMTU)", last_error()));
-    }
-    // SAFETY: after SIOCGIFMTU succeeded the union holds `ifru_mtu`.
-    let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+    // SAFETY: as above, for SIOCGIFMTU, after which the union holds `ifru_mtu`.
+    let mtu = unsafe {
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFMTU, &mut req) < 0 {
+            return Err(err("ioctl(SIOCGIFMTU)", last_error()));
+        }
+        req.ifr_ifru.ifru_mtu
+    };
     Ok(table::Port {
         mac,
         mtu: mtu.clamp(0, u16::MAX as i32) as u16,
@@ -678,6 +570,50 @@ mod tests {
         let p = interface_port("lo").expect("lo exists in every namespace");
         assert_eq!(p.mac, [0; 6]);
         assert!(p.mtu >= 1500);
+    }
+
+    #[test]
+    fn interfaces_are_looked_up_by_name() {
+        assert_eq!(
+            ifindex("lo").expect("lo exists"),
+            1,
+            "lo is the first link of a namespace"
+        );
+        for bad in ["strait-nope0", "a-name-longer-than-ifnamsiz", "lo\0"] {
+            let e = ifindex(bad).expect_err("no such interface");
+            assert!(
+                matches!(
+                    e,
+                    XskError::NoInterface {
+                        call: "ioctl(SIOCGIFINDEX)",
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+        }
+        assert!(matches!(
+            interface_port("lo\0"),
+            Err(XskError::Link { call: "ifreq", .. })
+        ));
+    }
+
+    #[test]
+    fn a_refused_ring_layout_names_the_call_and_the_ring() {
+        let e = XskError::RingLayout {
+            iface: "eth0".into(),
+            queue: 3,
+            ring: "fill",
+            reason: super::super::RingLayoutError::NoFlags,
+        };
+        let shown = e.to_string();
+        assert!(
+            shown.contains("eth0 queue 3")
+                && shown.contains("getsockopt(XDP_MMAP_OFFSETS)")
+                && shown.contains("fill ring")
+                && shown.contains("5.4"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@
 use std::io;
 use std::ptr::NonNull;
 
+use super::mmap::Mmap;
 use crate::rewrite::Frame;
 
 /// Bytes per UMEM frame: one 4 KiB page. Aligned mode needs a power of two; a page holds a
@@ -83,8 +84,10 @@ pub struct Held {
 /// Frame memory plus the ownership books.
 #[derive(Debug)]
 pub(crate) struct Umem {
-    base: NonNull<u8>,
-    len: usize,
+    /// `count` frames of [`FRAME_SIZE`] bytes. Every slice into it borrows `self`, so none
+    /// outlives the mapping; the sockets registered on it are closed before it is unmapped (a
+    /// QueueGroup drops its ports before its UMEM).
+    area: Mmap,
     count: u32,
     /// Frame base addresses (UMEM offsets) owned by user space and not in use.
     free: Vec<u64>,
@@ -92,41 +95,16 @@ pub(crate) struct Umem {
     state: Vec<Owner>,
 }
 
-// SAFETY: the mapping is owned by this value alone (no other pointer to it escapes except
-// through `&mut self` borrows) and is not tied to the creating thread, so it may move to the
-// worker thread.
-unsafe impl Send for Umem {}
-
 impl Umem {
     /// Maps `count` frames of anonymous memory, all on the free list.
     pub(crate) fn new(count: u32) -> io::Result<Self> {
-        let len = count as usize * FRAME_SIZE as usize;
-        // MAP_POPULATE faults the pages in now rather than on the first packet. Miri, which
-        // checks the unit tests' unsafe code, knows only private anonymous mappings.
-        let populate = if cfg!(miri) { 0 } else { libc::MAP_POPULATE };
-        // SAFETY: a fresh private anonymous mapping; no existing memory is affected, and the
-        // result is checked below.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | populate,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let area = Mmap::anonymous(count as usize * FRAME_SIZE as usize)?;
         let free = (0..count as u64)
             .rev()
             .map(|i| i * FRAME_SIZE as u64)
             .collect();
         Ok(Self {
-            // SAFETY: mmap succeeded, so `base` is not null.
-            base: unsafe { NonNull::new_unchecked(base.cast()) },
-            len,
+            area,
             count,
             free,
             state: vec![Owner::Free; count as usize],
@@ -135,12 +113,17 @@ impl Umem {
 
     /// Start of the memory, for `XDP_UMEM_REG`.
     pub(crate) fn addr(&self) -> u64 {
-        self.base.as_ptr() as u64
+        self.base().as_ptr() as u64
     }
 
     /// Length of the memory in bytes.
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.area.len()
+    }
+
+    #[inline(always)]
+    fn base(&self) -> NonNull<u8> {
+        self.area.ptr()
     }
 
     /// Number of frames.
@@ -182,7 +165,9 @@ impl Umem {
         // from `off` lie inside the mapping; the worker owns the frame (checked above), so
         // the kernel neither reads nor writes it until it is put on a ring again, which needs
         // `&mut self` and so ends this borrow; no other reference to the frame exists.
-        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr().add(off), FRAME_SIZE as usize) }
+        unsafe {
+            std::slice::from_raw_parts_mut(self.base().as_ptr().add(off), FRAME_SIZE as usize)
+        }
     }
 
     /// Moves frame `idx` from `from` to the worker, if `from` owns it; returns whether it did.
@@ -235,8 +220,9 @@ impl Umem {
         // SAFETY: `idx` indexed `state`, so the frame lies inside the mapping; the worker
         // owns it (checked above), so the kernel does not write it, and no `&mut` to it
         // exists while `&self` is borrowed.
-        let chunk =
-            unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(off), FRAME_SIZE as usize) };
+        let chunk = unsafe {
+            std::slice::from_raw_parts(self.base().as_ptr().add(off), FRAME_SIZE as usize)
+        };
         &chunk[h.head as usize..(h.head + h.len) as usize]
     }
 
@@ -265,7 +251,7 @@ impl Umem {
         for h in batch {
             self.state[h.idx as usize] = Owner::Worker;
         }
-        let base = self.base.as_ptr();
+        let base = self.base().as_ptr();
         for (h, f) in batch.iter().zip(out.iter_mut()) {
             let off = h.idx as usize * FRAME_SIZE as usize;
             // SAFETY: `idx` indexed `state` above, so the FRAME_SIZE bytes from `off` lie
@@ -312,17 +298,6 @@ impl Umem {
             n[*s as usize] += 1;
         }
         n
-    }
-}
-
-impl Drop for Umem {
-    fn drop(&mut self) {
-        // SAFETY: `base`/`len` are what mmap returned; the sockets that used this memory are
-        // closed first (a QueueGroup drops its ports before its UMEM), and no slice handed out
-        // by `chunk_mut`, `packet` or `lend` outlives the borrow of `self` that made it.
-        unsafe {
-            libc::munmap(self.base.as_ptr().cast(), self.len);
-        }
     }
 }
 
