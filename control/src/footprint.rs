@@ -109,8 +109,9 @@ impl fmt::Display for Footprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} workers: flow tables {}, UMEM {}, hand-off rings {}; Maglev tables {}",
+            "{} worker{}: flow tables {}, UMEM {}, hand-off rings {}; Maglev tables {}",
             self.workers,
+            if self.workers == 1 { "" } else { "s" },
             mib(self.flow_tables),
             mib(self.umem),
             mib(self.handoff),
