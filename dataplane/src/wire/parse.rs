@@ -301,12 +301,13 @@ fn embedded(frame: &[u8], at: usize, end: usize) -> Result<Option<Embedded>, Dro
 /// `p`'s, as they arrived.
 #[inline(always)]
 fn partial(p: &Parsed, l4: &[u8], field: usize) -> bool {
-    let (src, dst) = if p.v6 {
-        (&p.src[..], &p.dst[..])
+    let len = l4.len() as u32;
+    // One call per family, so that each sums addresses of a size known here.
+    let pseudo = if p.v6 {
+        checksum::pseudo_header(&p.src, &p.dst, p.proto, len)
     } else {
-        (&p.src[12..], &p.dst[12..])
+        checksum::pseudo_header(&p.src[12..], &p.dst[12..], p.proto, len)
     };
-    let pseudo = checksum::pseudo_header(src, dst, p.proto, l4.len() as u32);
     checksum::is_partial(be16(l4, field), pseudo)
 }
 
