@@ -637,15 +637,30 @@ impl Control {
     fn publish(&mut self, table: ServiceTable, changed: Changed) {
         let table = Arc::new(table);
         self.table = Arc::clone(&table);
-        let before: BTreeSet<IpAddr> = match &changed {
-            Changed::All => self.vip_users.keys().copied().collect(),
+        let file_len = self.file.services.len();
+        // Every VIP whose users may change, and whether it was claimed before.
+        let touched: BTreeSet<IpAddr> = match &changed {
+            Changed::All => self
+                .vip_users
+                .keys()
+                .copied()
+                .chain(self.config.services.iter().map(|s| s.vip))
+                .collect(),
             Changed::Services(names) => names
                 .iter()
-                .filter_map(|n| self.vip_of.get(n))
-                .copied()
+                .filter_map(|n| self.vip_of.get(n).copied())
+                .chain(
+                    names
+                        .iter()
+                        .filter_map(|n| merge::find(&self.config, file_len, n).map(|s| s.vip)),
+                )
                 .collect(),
         };
-        let mut touched = before.clone();
+        let before: BTreeSet<IpAddr> = touched
+            .iter()
+            .filter(|v| self.vip_users.contains_key(v))
+            .copied()
+            .collect();
         match &changed {
             Changed::All => {
                 self.vip_of.clear();
@@ -653,11 +668,9 @@ impl Control {
                 for s in &self.config.services {
                     self.vip_of.insert(s.name.clone(), s.vip);
                     *self.vip_users.entry(s.vip).or_default() += 1;
-                    touched.insert(s.vip);
                 }
             }
             Changed::Services(names) => {
-                let file_len = self.file.services.len();
                 for n in names {
                     if let Some(old) = self.vip_of.remove(n) {
                         if let Some(c) = self.vip_users.get_mut(&old) {
@@ -670,7 +683,6 @@ impl Control {
                     if let Some(s) = merge::find(&self.config, file_len, n) {
                         self.vip_of.insert(n.clone(), s.vip);
                         *self.vip_users.entry(s.vip).or_default() += 1;
-                        touched.insert(s.vip);
                     }
                 }
             }

@@ -75,8 +75,8 @@ pub struct NextHops {
     /// The routes every target's next hop was computed with; `None` when fills used
     /// different ones. While the routes stay these, a check needs no route lookups.
     routes: Option<Vec<(IpNet, Option<IpAddr>)>>,
-    /// A target was given two MACs by fills at different times: the services filled
-    /// first hold the old one until a full refill.
+    /// A target was given two MACs (or a MAC and none) by fills at different times: the
+    /// services filled first hold the old one until a full refill.
     split: bool,
     /// The interface of the last read (0: unknown), for probes of link-local next hops.
     ifindex: u32,
@@ -105,7 +105,9 @@ impl NextHops {
                 let t = targets
                     .entry((target, routed))
                     .or_insert(Target { hop, mac, users: 0 });
-                *split |= t.users > 0 && t.mac.is_some() && t.mac != mac;
+                // Also when the earlier fill found none: its services lack the MAC this
+                // fill found, and a recheck would see the target as resolved.
+                *split |= t.users > 0 && t.mac != mac;
                 t.hop = hop;
                 t.mac = mac;
                 t.users += 1;
