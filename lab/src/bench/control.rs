@@ -37,7 +37,7 @@ use serde_json::{json, Value};
 use strait_config::model::{MacAddr, Mode, Service};
 use strait_dataplane::table::{Builder, Port, ServiceTable};
 
-use strait_control::core::Event;
+use strait_control::core::Event as ControlEvent;
 use strait_control::kube::stats::Kind;
 use strait_control::kube::watch::Controller;
 use strait_control::kube::Settings;
@@ -328,7 +328,7 @@ fn measure(opts: Run) -> anyhow::Result<()> {
         .iter()
         .map(|s| (s.name.clone(), Some(Arc::clone(s))))
         .collect();
-    control.handle(Event::Kube(vec![publication(&round.services, &all)]))?;
+    control.handle(ControlEvent::Kube(vec![publication(&round.services, &all)]))?;
     if !json_out {
         println!(
             "{services} services x {endpoints} endpoints listed and built in {:.1?}{}",
@@ -366,7 +366,7 @@ fn measure(opts: Run) -> anyhow::Result<()> {
         // Not timed: the publication (without workers, giving the changed services MACs).
         let p = publication(&round.services, &round.changes);
         let t1 = Instant::now();
-        control.handle(Event::Kube(vec![p]))?;
+        control.handle(ControlEvent::Kube(vec![p]))?;
         let took = controller + t1.elapsed();
         let wait = crate::bench::rules::run_queue_wait()
             .zip(waited)
