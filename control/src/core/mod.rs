@@ -278,9 +278,12 @@ impl Control {
     /// # Errors
     /// A refused reload, or a table that does not build: the running table stays.
     pub fn handle(&mut self, now: Instant, event: Event) -> Result<(), Error> {
-        // The held update first, so that inputs change in the order they came.
+        // The held update first, so that inputs change in the order they came. Should its
+        // table not build, the event is still handled (and builds the table whole).
         if matches!(event, Event::Reload(_) | Event::Health(_)) {
-            self.complete_held()?;
+            if let Err(e) = self.complete_held() {
+                warn!("{e}");
+            }
         }
         match event {
             Event::Reload(loaded) => self.reload(loaded),
@@ -301,6 +304,7 @@ impl Control {
                 self.maps_incomplete = !complete;
                 Ok(())
             }
+            Event::Forwarding if self.claiming => Ok(()),
             Event::Forwarding => {
                 self.claiming = true;
                 let all: Vec<IpAddr> = self.vip_users.keys().copied().collect();
