@@ -301,9 +301,12 @@ impl World {
     fn answer_read(&mut self) {
         self.read_outstanding = false;
         let read = self.read();
+        // A read that completes a held update fills the changed services only; one that
+        // finds nothing held checks every next hop.
+        let held = self.core.holding();
         let r = self.core.handle(self.now, Event::Neighbours(read.clone()));
         self.check(r.is_ok(), || format!("a read was refused: {r:?}"));
-        self.last_read = (!self.core.holding()).then_some(read);
+        self.last_read = (!held).then_some(read);
     }
 
     fn count(&mut self, what: &'static str) {
@@ -643,7 +646,10 @@ impl World {
                     // knows the routes of its reads only, so either may be the one).
                     let hops = [b.address, ip(ROUTER)];
                     let hops = if routed { &hops[..] } else { &hops[..1] };
-                    self.check(hops.iter().any(|h| unresolved.contains(h)), || {
+                    // Or another service's fill found its MAC since, and the next recheck
+                    // refills the whole table.
+                    let split = self.core.next_hops().split();
+                    self.check(split || hops.iter().any(|h| unresolved.contains(h)), || {
                         format!(
                             "{} {}: no MAC, and its next hop is not followed",
                             s.name, b.address

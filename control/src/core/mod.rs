@@ -32,7 +32,10 @@
 //!   ([`Effect::ReadNeighbours`]); the [`Event::Neighbours`] answer completes it. A driver
 //!   answers at once; further Kubernetes changes join the held update, and should a reload
 //!   or a health change come first, the held update completes with the last read the core
-//!   was given (the next read refills what differs). A reload comes
+//!   was given (the next read refills what differs). Every second, while some backend takes
+//!   its next hop from the kernel, the timer asks for a read too, and that one is checked
+//!   against every followed next hop ([`NextHops::recheck`], a walk over all of them that a
+//!   Kubernetes change does not pay for). A reload comes
 //!   with its own read ([`Loaded`]): its answer (the admin API waits for it) is immediate.
 //! - **VIPs follow the published table**, after the table is published: the kernel must not
 //!   own a VIP whose traffic the steering program does not take yet, or it answers it with
@@ -75,6 +78,11 @@ pub const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(30);
 /// How often steering-map keys a failed update left pending are tried again: a full map
 /// frees up as slowly as services leave, so a second is soon enough and costs nothing.
 pub const MAPS_RETRY: Duration = Duration::from_secs(1);
+
+/// How soon after probing next hops that a fill left unresolved the kernel's table is read
+/// again (then every [`NEIGHBOUR_RECHECK`]): ARP and ND on a segment answer well within it,
+/// so a new backend gets its MAC about this long after it appeared, not a second later.
+pub const PROBE_ANSWER: Duration = Duration::from_millis(100);
 
 /// What the core is told.
 #[derive(Debug)]
@@ -220,6 +228,8 @@ pub struct Control {
     neighbours: Neighbours,
     /// Services whose table update waits for a neighbour read.
     held: Option<BTreeSet<String>>,
+    /// The timer asked for a read, to check the followed next hops against it.
+    recheck_asked: bool,
     /// The VIP of every service of the published table, and how many services use each.
     vip_of: HashMap<String, IpAddr>,
     vip_users: BTreeMap<IpAddr, u32>,
@@ -229,6 +239,8 @@ pub struct Control {
     maps_incomplete: bool,
     maps_retry_at: Instant,
     recheck_at: Instant,
+    /// The time of the event being handled.
+    now: Instant,
     refresh_at: Instant,
     effects: VecDeque<Effect>,
 }
@@ -256,6 +268,7 @@ impl Control {
             hops: NextHops::default(),
             neighbours: loaded.neighbours,
             held: None,
+            recheck_asked: false,
             vip_of: HashMap::new(),
             vip_users: BTreeMap::new(),
             claiming: false,
@@ -263,6 +276,7 @@ impl Control {
             maps_retry_at: now,
             recheck_at: now,
             refresh_at: now,
+            now,
             effects: VecDeque::new(),
         };
         c.sync_checks(None);
@@ -278,6 +292,7 @@ impl Control {
     /// # Errors
     /// A refused reload, or a table that does not build: the running table stays.
     pub fn handle(&mut self, now: Instant, event: Event) -> Result<(), Error> {
+        self.now = now;
         // The held update first, so that inputs change in the order they came. Should its
         // table not build, the event is still handled (and builds the table whole).
         if matches!(event, Event::Reload(_) | Event::Health(_)) {
@@ -440,7 +455,7 @@ impl Control {
             "table rebuilt: configuration reloaded"
         );
         self.publish(table, Changed::All);
-        self.probe(probes);
+        self.probe_unresolved(probes);
         log_table(&self.config, &self.table);
         Ok(())
     }
@@ -498,6 +513,9 @@ impl Control {
 
     fn neighbours(&mut self, read: Neighbours) -> Result<(), Error> {
         self.neighbours = read;
+        // A read asked for only to complete a held update fills the changed services; the
+        // check of every followed next hop (a walk over all of them) waits for the timer's.
+        let recheck = std::mem::take(&mut self.recheck_asked) || self.held.is_none();
         if let Some(names) = self.held.take() {
             let read = self.neighbours.clone();
             self.update(
@@ -506,7 +524,7 @@ impl Control {
                 "kubernetes services changed",
             )?;
         }
-        if !self.hops.watching() {
+        if !recheck || !self.hops.watching() {
             return Ok(());
         }
         match self.hops.recheck(&self.neighbours) {
@@ -560,6 +578,7 @@ impl Control {
                 let hops = self.hops.refresh();
                 self.probe(hops);
             }
+            self.recheck_asked = true;
             self.effects.push_back(Effect::ReadNeighbours);
         }
     }
@@ -578,7 +597,7 @@ impl Control {
                     self.hops.forget(n);
                 }
                 let probes = self.hops.fill(&mut set, &read);
-                self.probe(probes);
+                self.probe_unresolved(probes);
             }
             Fill::Live => {
                 for s in &mut set {
@@ -633,7 +652,7 @@ impl Control {
         table.locals.clone_from(&self.locals);
         info!(generation = table.generation, "table rebuilt: {why}");
         self.publish(table, Changed::All);
-        self.probe(probes);
+        self.probe_unresolved(probes);
         Ok(())
     }
 
@@ -709,6 +728,20 @@ impl Control {
         if !release.is_empty() {
             self.effects.push_back(Effect::ReleaseVips(release));
         }
+    }
+
+    /// Asks for probes of next hops a fill left unresolved, and a read soon after.
+    fn probe_unresolved(&mut self, hops: Vec<IpAddr>) {
+        if hops.is_empty() {
+            return;
+        }
+        // Soon, but not later than already due: a stream of changes that each probe must
+        // not keep pushing the read away.
+        let soon = self.now + PROBE_ANSWER;
+        if self.recheck_at < self.now || self.recheck_at > soon {
+            self.recheck_at = soon;
+        }
+        self.probe(hops);
     }
 
     fn probe(&mut self, hops: Vec<IpAddr>) {

@@ -168,6 +168,13 @@ impl NextHops {
         self.split = false;
     }
 
+    /// Whether a target was given different MACs (or a MAC and none) by fills at different
+    /// times: the services filled first hold the old one, and the next
+    /// [`NextHops::recheck`] asks for a full refill.
+    pub fn split(&self) -> bool {
+        self.split
+    }
+
     /// Whether a fresh read of the kernel's table can call for a rebuild: some backend takes
     /// its next hop from it.
     pub fn watching(&self) -> bool {
