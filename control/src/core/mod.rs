@@ -39,7 +39,10 @@
 //!   with its own read ([`Loaded`]): its answer (the admin API waits for it) is immediate.
 //! - **VIPs follow the published table**, after the table is published: the kernel must not
 //!   own a VIP whose traffic the steering program does not take yet, or it answers it with
-//!   resets. Claiming starts with [`Event::Forwarding`].
+//!   resets. Claiming starts with [`Event::Forwarding`]. Probes go out before both, so that
+//!   the kernel resolves new next hops while the VIPs are announced; the admin API's view
+//!   ([`Effect::Status`]) changes after both, so that it never shows a service before it
+//!   forwards.
 //! - **Health checks are the core's decision.** The core says which backend is checked how
 //!   ([`Effect::StartCheck`], [`Effect::StopCheck`]); a restarted check starts up, and the
 //!   core forgets what it was told of it. Reports of backends it does not check are ignored.
@@ -228,6 +231,8 @@ pub struct Control {
     neighbours: Neighbours,
     /// Services whose table update waits for a neighbour read.
     held: Option<BTreeSet<String>>,
+    /// The admin API's view is to be updated ([`Effect::Status`]).
+    status_due: bool,
     /// The timer asked for a read, to check the followed next hops against it.
     recheck_asked: bool,
     /// The VIP of every service of the published table, and how many services use each.
@@ -268,6 +273,7 @@ impl Control {
             hops: NextHops::default(),
             neighbours: loaded.neighbours,
             held: None,
+            status_due: false,
             recheck_asked: false,
             vip_of: HashMap::new(),
             vip_users: BTreeMap::new(),
@@ -292,6 +298,14 @@ impl Control {
     /// # Errors
     /// A refused reload, or a table that does not build: the running table stays.
     pub fn handle(&mut self, now: Instant, event: Event) -> Result<(), Error> {
+        let r = self.step(now, event);
+        if self.held.is_none() {
+            self.flush_status();
+        }
+        r
+    }
+
+    fn step(&mut self, now: Instant, event: Event) -> Result<(), Error> {
         self.now = now;
         // The held update first, so that inputs change in the order they came. Should its
         // table not build, the event is still handled (and builds the table whole).
@@ -449,13 +463,13 @@ impl Control {
         self.neighbours = loaded.neighbours;
         self.hops = hops;
         self.sync_checks(None);
-        self.status();
+        self.status_due = true;
         info!(
             generation = table.generation,
             "table rebuilt: configuration reloaded"
         );
-        self.publish(table, Changed::All);
         self.probe_unresolved(probes);
+        self.publish(table, Changed::All);
         log_table(&self.config, &self.table);
         Ok(())
     }
@@ -471,7 +485,7 @@ impl Control {
             publications.into_iter().flat_map(|p| p.changes).collect();
         let applied = merge::apply(&mut self.config, &self.file, &list, &changes);
         self.kube = Arc::new(list);
-        self.status();
+        self.status_due = true;
         if applied.bulk {
             self.sync_checks(None);
         } else {
@@ -651,8 +665,8 @@ impl Control {
             .map_err(|source| Error::Table { why, source })?;
         table.locals.clone_from(&self.locals);
         info!(generation = table.generation, "table rebuilt: {why}");
-        self.publish(table, Changed::All);
         self.probe_unresolved(probes);
+        self.publish(table, Changed::All);
         Ok(())
     }
 
@@ -712,6 +726,7 @@ impl Control {
         }
         self.effects.push_back(Effect::Publish { table, changed });
         if !self.claiming {
+            self.flush_status();
             return;
         }
         let (mut claim, mut release) = (Vec::new(), Vec::new());
@@ -727,6 +742,15 @@ impl Control {
         }
         if !release.is_empty() {
             self.effects.push_back(Effect::ReleaseVips(release));
+        }
+        self.flush_status();
+    }
+
+    /// Says what the admin API shows, when it changed: after the table and the VIPs, so
+    /// that the admin API never shows a service before it forwards.
+    fn flush_status(&mut self) {
+        if std::mem::take(&mut self.status_due) {
+            self.status();
         }
     }
 
