@@ -50,10 +50,21 @@
 //!   world; the driver's subscriber writes them.
 //! - **Deterministic.** Effects come in a fixed order and every list in them is sorted, so
 //!   a simulation seed replays the same run.
+//!
+//! | file | part |
+//! |---|---|
+//! | `event.rs` | [`Event`], [`Effect`], [`Loaded`], [`Changed`]: what goes in and out |
+//! | `mod.rs` | [`Control`]: the state machine, building and publishing tables, next hops, timers |
+//! | `merge.rs` | the merged configuration kept in step with Kubernetes changes |
+//! | `checks.rs` | the health checks wanted and the health told |
+//! | `vips.rs` | the VIPs claimed, followed per changed service |
 
+mod checks;
+mod event;
 mod merge;
+mod vips;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,6 +78,7 @@ use crate::health::Key;
 use crate::kube::Publication;
 use crate::neigh::{Neighbours, NextHops};
 
+pub use event::{Changed, Effect, Event, Loaded};
 pub use merge::BULK;
 
 /// How often the kernel's neighbour table is read again while some backend takes its next
@@ -86,104 +98,6 @@ pub const MAPS_RETRY: Duration = Duration::from_secs(1);
 /// again (then every [`NEIGHBOUR_RECHECK`]): ARP and ND on a segment answer well within it,
 /// so a new backend gets its MAC about this long after it appeared, not a second later.
 pub const PROBE_ANSWER: Duration = Duration::from_millis(100);
-
-/// What the core is told.
-#[derive(Debug)]
-pub enum Event {
-    /// The configuration file was read again (SIGHUP, `POST /reload`): what it gave, or why
-    /// it could not be loaded (its problems, as `strait check` prints them).
-    Reload(Result<Box<Loaded>, String>),
-    /// Publications of the Kubernetes source since the last event, in order.
-    Kube(Vec<Publication>),
-    /// Backends whose health check changed state: `true` is up.
-    Health(Vec<(Key, bool)>),
-    /// A read of the kernel's neighbour table and routes on the backend interface (asked
-    /// for with [`Effect::ReadNeighbours`]; an empty one when it could not be read).
-    Neighbours(Neighbours),
-    /// Whether the steering maps took the last table published (or retried): `false` when
-    /// some keys are still pending (a full map).
-    Maps {
-        /// Every key is in.
-        complete: bool,
-    },
-    /// The workers forward from now on: the VIPs may be claimed.
-    Forwarding,
-    /// Time passed ([`Control::poll_timeout`]).
-    Tick,
-}
-
-/// A configuration file as the driver loaded it, with what only the system can tell.
-#[derive(Debug, Clone)]
-pub struct Loaded {
-    /// The validated configuration (unset tunnel sources filled from the interfaces).
-    pub config: Config,
-    /// The addresses of the configured interfaces, for [`ServiceTable::locals`].
-    pub locals: Vec<[u8; 16]>,
-    /// A read of the neighbour table of `config`'s backend interface.
-    pub neighbours: Neighbours,
-}
-
-/// What the core asks of the world, in the order given.
-#[derive(Debug)]
-pub enum Effect {
-    /// Make `table` the one the workers use (an atomic swap), then bring the steering maps
-    /// in line with it and say how that went ([`Event::Maps`]), then hand the replaced
-    /// table back ([`Control::recycle`]).
-    Publish {
-        /// The new table.
-        table: Arc<ServiceTable>,
-        /// The services that differ from the previous table.
-        changed: Changed,
-    },
-    /// The configuration the admin API shows changed: the file's, and the Kubernetes list
-    /// merged into it (`kube::merge` of the two is the running configuration).
-    Status {
-        /// The file's configuration.
-        file: Arc<Config>,
-        /// The Kubernetes services, sorted by name.
-        kube: Arc<Vec<Arc<Service>>>,
-    },
-    /// Start checking `backend` with `check` (replacing another check of it), from up.
-    StartCheck {
-        /// Service name, address and port.
-        backend: Key,
-        /// How.
-        check: HealthCheck,
-    },
-    /// Stop checking `backend`.
-    StopCheck {
-        /// Service name, address and port.
-        backend: Key,
-    },
-    /// Own these VIPs (sorted): answer ARP/ND for them and announce them.
-    ClaimVips(Vec<IpAddr>),
-    /// Own these VIPs (sorted) no more.
-    ReleaseVips(Vec<IpAddr>),
-    /// Make the kernel resolve these next hops (sorted), on interface `ifindex` for a
-    /// link-local one (0: unknown).
-    Probe {
-        /// Next-hop addresses.
-        hops: Vec<IpAddr>,
-        /// The backend interface's index.
-        ifindex: u32,
-    },
-    /// Read the neighbour table and routes of the backend interface and answer with
-    /// [`Event::Neighbours`], before any other event.
-    ReadNeighbours,
-    /// Try the steering-map keys still pending again, against the live table, and answer
-    /// with [`Event::Maps`].
-    RetryMaps,
-}
-
-/// Which services a published table changed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Changed {
-    /// The table was built whole: any.
-    All,
-    /// These, by name, sorted: set or removed; every other service is shared with the
-    /// previous table.
-    Services(Vec<String>),
-}
 
 /// Why the core refused an event; the running table stays.
 #[derive(Debug, thiserror::Error)]
@@ -222,10 +136,8 @@ pub struct Control {
     builder: Builder,
     /// The table last published.
     table: Arc<ServiceTable>,
-    /// The health checks wanted, per service.
-    checks: BTreeMap<String, BTreeMap<(IpAddr, u16), HealthCheck>>,
-    /// The backends reported down, per service.
-    down: HashMap<String, HashSet<(IpAddr, u16)>>,
+    /// The health checks wanted, and the health the core was told.
+    health: checks::Checks,
     hops: NextHops,
     /// The last neighbour read the core was given.
     neighbours: Neighbours,
@@ -235,11 +147,8 @@ pub struct Control {
     status_due: bool,
     /// The timer asked for a read, to check the followed next hops against it.
     recheck_asked: bool,
-    /// The VIP of every service of the published table, and how many services use each.
-    vip_of: HashMap<String, IpAddr>,
-    vip_users: BTreeMap<IpAddr, u32>,
-    /// Whether VIPs are claimed ([`Event::Forwarding`]).
-    claiming: bool,
+    /// The VIPs of the published services, claimed once forwarding.
+    vips: vips::Vips,
     /// Keys the steering maps still lack.
     maps_incomplete: bool,
     maps_retry_at: Instant,
@@ -268,16 +177,13 @@ impl Control {
             locals: loaded.locals,
             builder: Builder::new(),
             table: Arc::new(ServiceTable::empty(Vec::new())),
-            checks: BTreeMap::new(),
-            down: HashMap::new(),
+            health: checks::Checks::default(),
             hops: NextHops::default(),
             neighbours: loaded.neighbours,
             held: None,
             status_due: false,
             recheck_asked: false,
-            vip_of: HashMap::new(),
-            vip_users: BTreeMap::new(),
-            claiming: false,
+            vips: vips::Vips::default(),
             maps_incomplete: false,
             maps_retry_at: now,
             recheck_at: now,
@@ -333,10 +239,8 @@ impl Control {
                 self.maps_incomplete = !complete;
                 Ok(())
             }
-            Event::Forwarding if self.claiming => Ok(()),
             Event::Forwarding => {
-                self.claiming = true;
-                let all: Vec<IpAddr> = self.vip_users.keys().copied().collect();
+                let all = self.vips.start();
                 if !all.is_empty() {
                     self.effects.push_back(Effect::ClaimVips(all));
                 }
@@ -391,25 +295,17 @@ impl Control {
 
     /// Whether `backend` was reported down (and is still checked the same way).
     pub fn is_down(&self, backend: &Key) -> bool {
-        self.down
-            .get(&backend.0)
-            .is_some_and(|d| d.contains(&(backend.1, backend.2)))
+        self.health.is_down(&backend.0, backend.1, backend.2)
     }
 
     /// The health checks wanted, by backend.
     pub fn checks(&self) -> impl Iterator<Item = (Key, &HealthCheck)> + '_ {
-        self.checks
-            .iter()
-            .flat_map(|(s, m)| m.iter().map(move |(&(a, p), hc)| ((s.clone(), a, p), hc)))
+        self.health.iter()
     }
 
     /// The VIPs claimed: those of the published table's services, once forwarding.
     pub fn claimed(&self) -> BTreeSet<IpAddr> {
-        if self.claiming {
-            self.vip_users.keys().copied().collect()
-        } else {
-            BTreeSet::new()
-        }
+        self.vips.claimed()
     }
 
     /// The next hops taken from the kernel.
@@ -438,14 +334,9 @@ impl Control {
             warn!("{d}");
         }
         // Built before anything is committed, so that a refusal leaves all as it was.
-        let wanted = wanted_checks(&merged.services);
-        let down = |s: &str, a: IpAddr, p: u16| {
-            let same = |c: &BTreeMap<String, BTreeMap<(IpAddr, u16), HealthCheck>>| {
-                c.get(s).and_then(|m| m.get(&(a, p))).cloned()
-            };
-            self.down.get(s).is_some_and(|d| d.contains(&(a, p)))
-                && same(&wanted) == same(&self.checks)
-        };
+        let wanted = checks::wanted(&merged.services);
+        let health = &self.health;
+        let down = |s: &str, a: IpAddr, p: u16| health.stays_down(&wanted, s, a, p);
         let mut filled = merged.clone();
         let mut hops = NextHops::default();
         let probes = hops.fill(&mut filled.services, &loaded.neighbours);
@@ -552,24 +443,9 @@ impl Control {
 
     fn health(&mut self, reports: Vec<(Key, bool)>) -> Result<(), Error> {
         let mut names = BTreeSet::new();
-        for ((service, addr, port), up) in reports {
-            let checked = self
-                .checks
-                .get(&service)
-                .is_some_and(|m| m.contains_key(&(addr, port)));
-            if !checked {
-                continue;
-            }
-            let down = self.down.entry(service.clone()).or_default();
-            let changed = if up {
-                down.remove(&(addr, port))
-            } else {
-                down.insert((addr, port))
-            };
-            if down.is_empty() {
-                self.down.remove(&service);
-            }
-            if changed {
+        for (backend, up) in reports {
+            if self.health.report(&backend, up) {
+                let (service, addr, port) = backend;
                 info!(service = %service, backend = %std::net::SocketAddr::new(addr, port), up, "health changed");
                 names.insert(service);
             }
@@ -627,10 +503,10 @@ impl Control {
                 None => Change::Remove(n),
             })
             .collect();
-        let down = &self.down;
-        let updated = self.builder.update(&self.table, &changes, |s, a, p| {
-            down.get(s).is_some_and(|d| d.contains(&(a, p)))
-        });
+        let health = &self.health;
+        let updated = self
+            .builder
+            .update(&self.table, &changes, |s, a, p| health.is_down(s, a, p));
         match updated {
             Ok(table) => {
                 info!(
@@ -656,12 +532,10 @@ impl Control {
         let mut cfg = self.config.clone();
         self.hops.clear();
         let probes = self.hops.fill(&mut cfg.services, &self.neighbours);
-        let down = &self.down;
+        let health = &self.health;
         let mut table = self
             .builder
-            .build(&cfg, &self.ports, |s, a, p| {
-                down.get(s).is_some_and(|d| d.contains(&(a, p)))
-            })
+            .build(&cfg, &self.ports, |s, a, p| health.is_down(s, a, p))
             .map_err(|source| Error::Table { why, source })?;
         table.locals.clone_from(&self.locals);
         info!(generation = table.generation, "table rebuilt: {why}");
@@ -674,69 +548,10 @@ impl Control {
     fn publish(&mut self, table: ServiceTable, changed: Changed) {
         let table = Arc::new(table);
         self.table = Arc::clone(&table);
-        let file_len = self.file.services.len();
-        // Every VIP whose users may change, and whether it was claimed before.
-        let touched: BTreeSet<IpAddr> = match &changed {
-            Changed::All => self
-                .vip_users
-                .keys()
-                .copied()
-                .chain(self.config.services.iter().map(|s| s.vip))
-                .collect(),
-            Changed::Services(names) => names
-                .iter()
-                .filter_map(|n| self.vip_of.get(n).copied())
-                .chain(
-                    names
-                        .iter()
-                        .filter_map(|n| merge::find(&self.config, file_len, n).map(|s| s.vip)),
-                )
-                .collect(),
-        };
-        let before: BTreeSet<IpAddr> = touched
-            .iter()
-            .filter(|v| self.vip_users.contains_key(v))
-            .copied()
-            .collect();
-        match &changed {
-            Changed::All => {
-                self.vip_of.clear();
-                self.vip_users.clear();
-                for s in &self.config.services {
-                    self.vip_of.insert(s.name.clone(), s.vip);
-                    *self.vip_users.entry(s.vip).or_default() += 1;
-                }
-            }
-            Changed::Services(names) => {
-                for n in names {
-                    if let Some(old) = self.vip_of.remove(n) {
-                        if let Some(c) = self.vip_users.get_mut(&old) {
-                            *c -= 1;
-                            if *c == 0 {
-                                self.vip_users.remove(&old);
-                            }
-                        }
-                    }
-                    if let Some(s) = merge::find(&self.config, file_len, n) {
-                        self.vip_of.insert(n.clone(), s.vip);
-                        *self.vip_users.entry(s.vip).or_default() += 1;
-                    }
-                }
-            }
-        }
+        let (claim, release) = self
+            .vips
+            .follow(&changed, &self.config, self.file.services.len());
         self.effects.push_back(Effect::Publish { table, changed });
-        if !self.claiming {
-            self.flush_status();
-            return;
-        }
-        let (mut claim, mut release) = (Vec::new(), Vec::new());
-        for vip in touched {
-            match (before.contains(&vip), self.vip_users.contains_key(&vip)) {
-                (false, true) => claim.push(vip),
-                (true, false) => release.push(vip),
-                _ => {}
-            }
-        }
         if !claim.is_empty() {
             self.effects.push_back(Effect::ClaimVips(claim));
         }
@@ -792,49 +607,17 @@ impl Control {
         let names: BTreeSet<String> = match scope {
             Some(names) => names.iter().cloned().collect(),
             None => self
-                .checks
-                .keys()
+                .health
+                .services()
                 .cloned()
                 .chain(self.config.services.iter().map(|s| s.name.clone()))
                 .collect(),
         };
         for name in names {
             let want = merge::find(&self.config, file_len, &name)
-                .map(|s| {
-                    wanted_checks(std::slice::from_ref(s))
-                        .remove(&name)
-                        .unwrap_or_default()
-                })
+                .and_then(|s| checks::wanted(std::slice::from_ref(s)).remove(&name))
                 .unwrap_or_default();
-            let have = self.checks.remove(&name).unwrap_or_default();
-            for (backend, check) in &have {
-                if want.get(backend) != Some(check) {
-                    self.forget_health(&name, *backend);
-                    self.effects.push_back(Effect::StopCheck {
-                        backend: (name.clone(), backend.0, backend.1),
-                    });
-                }
-            }
-            for (backend, check) in &want {
-                if have.get(backend) != Some(check) {
-                    self.effects.push_back(Effect::StartCheck {
-                        backend: (name.clone(), backend.0, backend.1),
-                        check: check.clone(),
-                    });
-                }
-            }
-            if !want.is_empty() {
-                self.checks.insert(name, want);
-            }
-        }
-    }
-
-    fn forget_health(&mut self, service: &str, backend: (IpAddr, u16)) {
-        if let Some(d) = self.down.get_mut(service) {
-            d.remove(&backend);
-            if d.is_empty() {
-                self.down.remove(service);
-            }
+            self.health.sync(&name, want, &mut self.effects);
         }
     }
 }
@@ -845,20 +628,6 @@ enum Fill {
     Read(Neighbours),
     /// From the live table: the services' backends did not change, only their health.
     Live,
-}
-
-/// The health checks `services` want, per service and backend.
-fn wanted_checks(services: &[Service]) -> BTreeMap<String, BTreeMap<(IpAddr, u16), HealthCheck>> {
-    let mut want = BTreeMap::new();
-    for s in services {
-        if let Some(hc) = &s.health_check {
-            let m: &mut BTreeMap<_, _> = want.entry(s.name.clone()).or_default();
-            for b in &s.backends {
-                m.insert((b.address, b.port), hc.clone());
-            }
-        }
-    }
-    want
 }
 
 /// Gives the backends of `s` without a configured MAC the one `table` has for them.
