@@ -7,8 +7,8 @@
 //!   thread "kube" ─ watch::run_source ─ Controller ─────────┘ runtime of its own
 //!        │  pool::plan (addresses) ─ translate (pure) ─ validate (config rules)
 //!        ▼
-//!   publish(Publication)   ──► control loop (std mpsc) ──► Builder::update ──► ArcSwap ◄── workers
-//!   (list + changed names)
+//!   publish(Publication) ──► control loop (std mpsc) ──► core: Event::Kube ──► Builder::update
+//!   (list + changed names)     (run::Gateway)            (core::Control)  ──► ArcSwap ◄── workers
 //! ```
 //!
 //! tokio lives on this module's thread only: the control loop receives plain
@@ -17,8 +17,8 @@
 //! A list is published only once Services, EndpointSlices and Nodes have all been listed
 //! completely, so a starting gateway never forwards on half a cluster and never drops a
 //! backend whose slice it has not seen yet; afterwards each change re-translates only the
-//! Services it touches and publishes the list with what changed, and the control loop
-//! updates its table for those services only (and swaps it in atomically).
+//! Services it touches and publishes the list with what changed, and the control core
+//! updates its table for those services only (and the loop swaps it in atomically).
 //!
 //! | file | part |
 //! |---|---|
