@@ -187,7 +187,7 @@ impl Control {
             maps_incomplete: false,
             maps_retry_at: now,
             recheck_at: now,
-            refresh_at: now,
+            refresh_at: now + NEIGHBOUR_REFRESH,
             now,
             effects: VecDeque::new(),
         };
