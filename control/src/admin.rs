@@ -450,7 +450,12 @@ mod tests {
             ..Default::default()
         });
         core.sample.lock().unwrap().counters.rx = 42;
-        let shared = Arc::new(Shared::new(cfg, table, Arc::default(), vec![core]));
+        let shared = Arc::new(Shared::new(
+            cfg,
+            Arc::new(table),
+            Arc::default(),
+            vec![core],
+        ));
         let (reload_tx, reload_rx) = mpsc::channel::<Reload>();
         thread::spawn(move || {
             for r in reload_rx {

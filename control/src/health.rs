@@ -5,8 +5,9 @@
 //!
 //! Backends start up: a freshly configured backend takes traffic at once, as kube-proxy's
 //! ready endpoints do, and a dead one is taken out after `fall` intervals (3 s with the
-//! defaults). A state change is sent on a channel; the control loop then rebuilds and
-//! publishes the table, so workers never wait on a check.
+//! defaults). A state change is sent on a channel; the control loop tells the control core,
+//! which updates the table for that service and publishes it, so workers never wait on a
+//! check. Which checks run is the core's decision ([`crate::core::Effect::StartCheck`]).
 //!
 //! HTTP success is a status of 200 to 399, as for Kubernetes' HTTP probes.
 
@@ -17,7 +18,7 @@ use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 
-use strait_config::model::{Config, HealthCheck, HealthKind, Service};
+use strait_config::model::{Config, HealthCheck, HealthKind};
 
 /// A backend, as health checks know it: (service name, address, backend port).
 pub type Key = (String, IpAddr, u16);
@@ -98,29 +99,11 @@ impl Checker {
 
     /// Starts checks for backends new in `cfg` (or whose check changed) and stops those of
     /// backends that left. A backend whose check did not change keeps its thread and state.
+    /// (The gateway's control core decides which checks run and says so one by one, with
+    /// [`Checker::start`] and [`Checker::stop`].)
     pub fn sync(&mut self, cfg: &Config) {
-        self.sync_scoped(&cfg.services, |_| true);
-    }
-
-    /// As [`Checker::sync`] for the services named in `names` only, whose current versions
-    /// are `services` (a name without one was removed): the checks of other services are
-    /// left as they are.
-    pub fn sync_named<'a>(
-        &mut self,
-        services: impl IntoIterator<Item = &'a Service>,
-        names: &std::collections::HashSet<&str>,
-    ) {
-        self.sync_scoped(services, |n| names.contains(n));
-    }
-
-    /// Makes the checks of the services `in_scope` says are covered those of `services`.
-    fn sync_scoped<'a>(
-        &mut self,
-        services: impl IntoIterator<Item = &'a Service>,
-        in_scope: impl Fn(&str) -> bool,
-    ) {
         let mut want: HashMap<Key, HealthCheck> = HashMap::new();
-        for s in services {
+        for s in &cfg.services {
             if let Some(hc) = &s.health_check {
                 for b in &s.backends {
                     want.insert((s.name.clone(), b.address, b.port), hc.clone());
@@ -130,57 +113,70 @@ impl Checker {
         let stale: Vec<Key> = self
             .workers
             .iter()
-            .filter(|(k, w)| in_scope(&k.0) && want.get(*k) != Some(&w.check))
+            .filter(|(k, w)| want.get(*k) != Some(&w.check))
             .map(|(k, _)| k.clone())
             .collect();
         for k in stale {
-            if let Some(w) = self.workers.remove(&k) {
-                drop(w.stop);
-                let _ = w.thread.join();
-            }
-            self.states
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&k);
+            self.stop(&k);
         }
         for (k, check) in want {
-            if self.workers.contains_key(&k) {
-                continue;
-            }
-            self.states
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(k.clone(), State::default());
-            let (stop, stopped) = mpsc::channel::<()>();
-            let (states, changed, key, hc) = (
-                Arc::clone(&self.states),
-                self.changed.clone(),
-                k.clone(),
-                check.clone(),
-            );
-            let thread = thread::Builder::new()
-                .name(format!("health {}", k.1))
-                .spawn(move || loop {
-                    let result = probe(&hc, SocketAddr::new(key.1, hc.port.unwrap_or(key.2)));
-                    if record(&states, &key, &hc, result) {
-                        let _ = changed.send(key.clone());
-                    }
-                    let jitter = 0.9 + fastrand::f64() * 0.2;
-                    match stopped.recv_timeout(hc.interval.mul_f64(jitter)) {
-                        Err(RecvTimeoutError::Timeout) => {}
-                        _ => return,
-                    }
-                })
-                .expect("spawning a health-check thread");
-            self.workers.insert(
-                k,
-                Worker {
-                    check,
-                    stop,
-                    thread,
-                },
-            );
+            self.start(k, check);
         }
+    }
+
+    /// Stops the check of `key` and forgets its state; nothing when none runs.
+    pub fn stop(&mut self, key: &Key) {
+        if let Some(w) = self.workers.remove(key) {
+            drop(w.stop);
+            let _ = w.thread.join();
+        }
+        self.states
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+    }
+
+    /// Starts checking `key` with `check`, from the up state. A check already running for
+    /// `key` is replaced when `check` differs, and left as it is otherwise.
+    pub fn start(&mut self, key: Key, check: HealthCheck) {
+        match self.workers.get(&key) {
+            Some(w) if w.check == check => return,
+            Some(_) => self.stop(&key),
+            None => {}
+        }
+        self.states
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.clone(), State::default());
+        let (stop, stopped) = mpsc::channel::<()>();
+        let (states, changed, k, hc) = (
+            Arc::clone(&self.states),
+            self.changed.clone(),
+            key.clone(),
+            check.clone(),
+        );
+        let thread = thread::Builder::new()
+            .name(format!("health {}", key.1))
+            .spawn(move || loop {
+                let result = probe(&hc, SocketAddr::new(k.1, hc.port.unwrap_or(k.2)));
+                if record(&states, &k, &hc, result) {
+                    let _ = changed.send(k.clone());
+                }
+                let jitter = 0.9 + fastrand::f64() * 0.2;
+                match stopped.recv_timeout(hc.interval.mul_f64(jitter)) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    _ => return,
+                }
+            })
+            .expect("spawning a health-check thread");
+        self.workers.insert(
+            key,
+            Worker {
+                check,
+                stop,
+                thread,
+            },
+        );
     }
 }
 

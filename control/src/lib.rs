@@ -1,21 +1,23 @@
 //! The Strait gateway's control side: everything `strait run` does around the packet path.
 //!
 //! ```text
-//!  config file ─┐                        ┌─► ServiceTable snapshot ─► workers (AF_XDP)
-//!  (run, SIGHUP)│                        │     (arc-swap, once per RX batch)
-//!  Kubernetes ──┼─► run::Control ────────┼─► XDP steering maps
-//!  (kube)       │   merge, build,        ├─► VIPs on lo, gratuitous ARP / NA (vip)
-//!  health ──────┤   publish              ├─► next-hop probes (neigh)
-//!  neighbours ──┘                        └─► Service status, Events (kube)
+//!  config file ─┐   events   ┌──────────────┐  effects  ┌─► ServiceTable snapshot ─► workers
+//!  (run, SIGHUP)│  (now in)  │ core::Control│           │     (arc-swap, once per RX batch)
+//!  Kubernetes ──┼──────────► │ merge, build,├──────────►├─► XDP steering maps
+//!  (kube)       │  run::     │ publish; no  │  run::    ├─► VIPs on lo, gratuitous ARP / NA (vip)
+//!  health ──────┤  Gateway   │ I/O          │  Gateway  ├─► health checks, next-hop probes (neigh)
+//!  neighbours ──┘            └──────────────┘           └─► admin API's view
 //!                         admin API (admin): /healthz /services /metrics /reload
+//!               (the Kubernetes source writes Service status and Events itself)
 //! ```
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`run`] | the control loop: sources, the merged configuration, building and publishing tables |
+//! | [`core`] | the control core, without I/O: events in (configuration, Kubernetes, health, neighbours, time), effects out (publish, health checks, VIPs, probes) |
+//! | [`run`] | the core's driver: the configuration source, the event loop, carrying out effects |
 //! | [`kube`] | the Kubernetes source: watch, translation to services, address pools, status and Events |
 //! | [`health`] | active TCP/HTTP health checks with rise/fall |
-//! | [`neigh`] | next-hop MACs from the kernel's neighbour table and routes (rtnetlink) |
+//! | [`neigh`] | next-hop MACs: the kernel's neighbour table and routes (rtnetlink), the next hops followed (pure), probes |
 //! | [`vip`] | claiming VIPs on `lo` and announcing them (gratuitous ARP, unsolicited NA) |
 //! | [`workers`] | starting, pinning and stopping the AF_XDP workers; their counters |
 //! | [`admin`] | the admin and metrics HTTP API (`metrics`: how every family is written) |
@@ -29,6 +31,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod core;
 pub mod footprint;
 pub mod health;
 pub mod kube;

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
-use strait_config::model::Config;
+use strait_config::model::{Config, Service};
 use strait_dataplane::flow::FlowStats;
 use strait_dataplane::stats::Counters;
 use strait_dataplane::table::ServiceTable;
@@ -39,13 +39,24 @@ pub struct CoreStats {
     pub sample: Mutex<CoreSample>,
 }
 
+/// The running configuration as its two sources give it: the file's, and the Kubernetes
+/// services merged into it. Publishing it costs two reference counts, not a copy of ten
+/// thousand services; it is merged when the admin API asks ([`Shared::config`]).
+#[derive(Debug, Clone)]
+pub struct Sources {
+    /// The configuration file's.
+    pub file: Arc<Config>,
+    /// The Kubernetes services, sorted by name.
+    pub kube: Arc<Vec<Arc<Service>>>,
+}
+
 /// Everything the admin API reads.
 #[derive(Debug)]
 pub struct Shared {
     /// The table the workers forward with.
     pub table: ArcSwap<ServiceTable>,
     /// The configuration the table was built from.
-    pub config: Mutex<Config>,
+    pub config: Mutex<Sources>,
     /// Health-check states.
     pub health: States,
     /// One entry per worker.
@@ -61,13 +72,16 @@ impl Shared {
     /// Shared state for a table built from `config`.
     pub fn new(
         config: Config,
-        table: ServiceTable,
+        table: Arc<ServiceTable>,
         health: States,
         cores: Vec<Arc<CoreStats>>,
     ) -> Self {
         Self {
-            table: ArcSwap::from_pointee(table),
-            config: Mutex::new(config),
+            table: ArcSwap::new(table),
+            config: Mutex::new(Sources {
+                file: Arc::new(config),
+                kube: Arc::default(),
+            }),
             health,
             cores,
             ready: AtomicBool::new(false),
@@ -75,12 +89,14 @@ impl Shared {
         }
     }
 
-    /// A copy of the configuration.
+    /// The running configuration: the file's with the Kubernetes services merged in.
     pub fn config(&self) -> Config {
-        self.config
+        let sources = self
+            .config
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .clone();
+        crate::kube::merge(&sources.file, &sources.kube).0
     }
 
     /// Copies of every core's sample.

@@ -34,8 +34,6 @@ pub struct Vips {
     iface: String,
     netns: Option<String>,
     added: BTreeSet<IpAddr>,
-    /// Whether the last [`Vips::sync`] succeeded (`added` is then exactly what it wanted).
-    synced: bool,
 }
 
 impl Vips {
@@ -55,7 +53,6 @@ impl Vips {
             iface,
             netns,
             added: BTreeSet::new(),
-            synced: false,
         }
     }
 
@@ -64,39 +61,47 @@ impl Vips {
     /// # Errors
     /// When `ip` fails for a reason other than the address already existing.
     pub fn sync(&mut self, cfg: &Config) -> anyhow::Result<()> {
-        self.synced = false;
         let want: BTreeSet<IpAddr> = cfg.services.iter().map(|s| s.vip).collect();
         let gone: Vec<IpAddr> = self.added.difference(&want).copied().collect();
-        for vip in gone {
-            self.remove(vip);
-        }
+        self.release(&gone);
+        let new: Vec<IpAddr> = want.into_iter().collect();
+        self.claim(&new)
+    }
+
+    /// Adds the VIPs of `vips` that this module has not added yet, and announces the IPv4
+    /// ones (gratuitous ARP; the kernel announces IPv6 ones after DAD). An address that
+    /// already existed is left as it is, and never removed.
+    ///
+    /// # Errors
+    /// When `ip` fails for a reason other than the address already existing; the VIPs
+    /// added before it are announced all the same.
+    pub fn claim(&mut self, vips: &[IpAddr]) -> anyhow::Result<()> {
         let mut announce = Vec::new();
-        for &vip in &want {
-            if !self.added.contains(&vip) && self.add(vip)? && vip.is_ipv4() {
-                announce.push(vip);
+        let mut failed = Ok(());
+        for &vip in vips {
+            if self.added.contains(&vip) {
+                continue;
+            }
+            match self.add(vip) {
+                Ok(true) if vip.is_ipv4() => announce.push(vip),
+                Ok(_) => {}
+                Err(e) => {
+                    failed = Err(e);
+                    break;
+                }
             }
         }
         self.announce(&announce);
-        self.synced = true;
-        Ok(())
+        failed
     }
 
-    /// As [`Vips::sync`] after some services changed, whose VIPs were `before` and are now
-    /// `after`: when those are the same set and the last sync succeeded, the VIPs `cfg`
-    /// wants are the ones added already, and nothing is looked at.
-    ///
-    /// # Errors
-    /// As [`Vips::sync`].
-    pub fn sync_changed(
-        &mut self,
-        cfg: &Config,
-        before: &BTreeSet<IpAddr>,
-        after: &BTreeSet<IpAddr>,
-    ) -> anyhow::Result<()> {
-        if self.synced && before == after {
-            return Ok(());
+    /// Removes the VIPs of `vips` that this module added.
+    pub fn release(&mut self, vips: &[IpAddr]) {
+        for &vip in vips {
+            if self.added.contains(&vip) {
+                self.remove(vip);
+            }
         }
-        self.sync(cfg)
     }
 
     /// Sends gratuitous ARP for `vips`, [`ANNOUNCE_AT_ONCE`] `arping`s at a time: each takes

@@ -7,8 +7,8 @@
 //!   thread "kube" ─ watch::run_source ─ Controller ─────────┘ runtime of its own
 //!        │  pool::plan (addresses) ─ translate (pure) ─ validate (config rules)
 //!        ▼
-//!   publish(Publication)   ──► control loop (std mpsc) ──► Builder::update ──► ArcSwap ◄── workers
-//!   (list + changed names)
+//!   publish(Publication) ──► control loop (std mpsc) ──► core: Event::Kube ──► Builder::update
+//!   (list + changed names)     (run::Gateway)            (core::Control)  ──► ArcSwap ◄── workers
 //! ```
 //!
 //! tokio lives on this module's thread only: the control loop receives plain
@@ -17,8 +17,8 @@
 //! A list is published only once Services, EndpointSlices and Nodes have all been listed
 //! completely, so a starting gateway never forwards on half a cluster and never drops a
 //! backend whose slice it has not seen yet; afterwards each change re-translates only the
-//! Services it touches and publishes the list with what changed, and the control loop
-//! updates its table for those services only (and swaps it in atomically).
+//! Services it touches and publishes the list with what changed, and the control core
+//! updates its table for those services only (and the loop swaps it in atomically).
 //!
 //! | file | part |
 //! |---|---|
@@ -226,21 +226,37 @@ pub fn merge<S: std::borrow::Borrow<model::Service>>(
     let mut merged = config.clone();
     let mut dropped = Vec::new();
     for s in kube.iter().map(std::borrow::Borrow::borrow) {
-        let clash = config.services.iter().find(|f| {
-            f.name == s.name || (f.vip, f.port, f.protocol) == (s.vip, s.port, s.protocol)
-        });
-        match clash {
-            Some(f) => dropped.push(format!(
-                "kubernetes service {} ({} {}) left out: the configuration file's service {} has its name or frontend",
-                s.name,
-                s.frontend(),
-                s.protocol,
-                f.name
-            )),
+        match left_out(config, s) {
+            Some(why) => dropped.push(why),
             None => merged.services.push(s.clone()),
         }
     }
     (merged, dropped)
+}
+
+/// The messages [`merge`] gives for `kube`, without making the merged configuration.
+pub fn dropped<S: std::borrow::Borrow<model::Service>>(
+    config: &model::Config,
+    kube: &[S],
+) -> Vec<String> {
+    kube.iter()
+        .filter_map(|s| left_out(config, s.borrow()))
+        .collect()
+}
+
+/// Why [`merge`] leaves Kubernetes service `s` out, if it does.
+fn left_out(config: &model::Config, s: &model::Service) -> Option<String> {
+    let f = config
+        .services
+        .iter()
+        .find(|f| f.name == s.name || (f.vip, f.port, f.protocol) == (s.vip, s.port, s.protocol))?;
+    Some(format!(
+        "kubernetes service {} ({} {}) left out: the configuration file's service {} has its name or frontend",
+        s.name,
+        s.frontend(),
+        s.protocol,
+        f.name
+    ))
 }
 
 /// `changes` as they apply to [`merge`]'s result with `config`: the change of a name a

@@ -5,10 +5,11 @@
 //! watch event (slice modified) ─► Controller::apply ─► reconcile: re-translate and
 //!    validate the Service the slice is labelled for                          (timed)
 //! ─► a publication                                                       (not timed)
-//! ─► Control::apply_kube, the gateway's own code: the merged configuration edited for
-//!    the changed Services, their health checks, next-hop MACs from the kernel's
-//!    neighbour table and routes, Builder::update from the live table, ArcSwap::swap,
-//!    the XDP steering maps brought in line, the replaced table back to the builder (timed)
+//! ─► Gateway::handle(Event::Kube), the gateway's own code: the control core edits the
+//!    merged configuration for the changed Services and their health checks, asks for a
+//!    read of the kernel's neighbour table and routes (next-hop MACs), updates the table
+//!    from the live one (Builder::update); the driver reads, swaps (ArcSwap), brings the
+//!    XDP steering maps in line and hands the replaced table back to the builder     (timed)
 //! ```
 //!
 //! Everything `strait run --kube` runs for a change, except the network and the VIPs on an
@@ -36,6 +37,7 @@ use serde_json::{json, Value};
 use strait_config::model::{MacAddr, Mode, Service};
 use strait_dataplane::table::{Builder, Port, ServiceTable};
 
+use strait_control::core::Event as ControlEvent;
 use strait_control::kube::stats::Kind;
 use strait_control::kube::watch::Controller;
 use strait_control::kube::Settings;
@@ -298,7 +300,7 @@ fn measure(opts: Run) -> anyhow::Result<()> {
     );
     // The gateway itself, as `strait run --kube` has it once the interfaces are known: with
     // its worker and steering program (Target::Workers), no VIPs on an interface.
-    let mut control = strait_control::run::Control::with_ports(
+    let mut control = strait_control::run::Gateway::with_ports(
         strait_control::run::Source::Builtin,
         file.clone(),
         ports.to_vec(),
@@ -306,8 +308,6 @@ fn measure(opts: Run) -> anyhow::Result<()> {
     if workers {
         control.start_workers()?;
     }
-    let (_feed, lists) = std::sync::mpsc::channel();
-    control.follow_kube(lists);
     // Next-hop MACs: a `nat` gateway fills them from the kernel's neighbour table. With
     // workers, backends arrive without MACs, as the controller makes them, and every change
     // reads the table (the router's entry resolves them all). Without, every backend has one
@@ -328,7 +328,7 @@ fn measure(opts: Run) -> anyhow::Result<()> {
         .iter()
         .map(|s| (s.name.clone(), Some(Arc::clone(s))))
         .collect();
-    control.apply_kube(vec![publication(&round.services, &all)])?;
+    control.handle(ControlEvent::Kube(vec![publication(&round.services, &all)]))?;
     if !json_out {
         println!(
             "{services} services x {endpoints} endpoints listed and built in {:.1?}{}",
@@ -366,7 +366,7 @@ fn measure(opts: Run) -> anyhow::Result<()> {
         // Not timed: the publication (without workers, giving the changed services MACs).
         let p = publication(&round.services, &round.changes);
         let t1 = Instant::now();
-        control.apply_kube(vec![p])?;
+        control.handle(ControlEvent::Kube(vec![p]))?;
         let took = controller + t1.elapsed();
         let wait = crate::bench::rules::run_queue_wait()
             .zip(waited)

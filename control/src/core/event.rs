@@ -1,0 +1,109 @@
+//! What goes into the core and what comes out of it.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use strait_config::model::{Config, HealthCheck, Service};
+use strait_dataplane::table::ServiceTable;
+
+use crate::health::Key;
+use crate::kube::Publication;
+use crate::neigh::Neighbours;
+
+/// What the core is told.
+#[derive(Debug)]
+pub enum Event {
+    /// The configuration file was read again (SIGHUP, `POST /reload`): what it gave, or why
+    /// it could not be loaded (its problems, as `strait check` prints them).
+    Reload(Result<Box<Loaded>, String>),
+    /// Publications of the Kubernetes source since the last event, in order.
+    Kube(Vec<Publication>),
+    /// Backends whose health check changed state: `true` is up.
+    Health(Vec<(Key, bool)>),
+    /// A read of the kernel's neighbour table and routes on the backend interface (asked
+    /// for with [`Effect::ReadNeighbours`]; an empty one when it could not be read).
+    Neighbours(Neighbours),
+    /// Whether the steering maps took the last table published (or retried): `false` when
+    /// some keys are still pending (a full map).
+    Maps {
+        /// Every key is in.
+        complete: bool,
+    },
+    /// The workers forward from now on: the VIPs may be claimed.
+    Forwarding,
+    /// Time passed ([`super::Control::poll_timeout`]).
+    Tick,
+}
+
+/// A configuration file as the driver loaded it, with what only the system can tell.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The validated configuration (unset tunnel sources filled from the interfaces).
+    pub config: Config,
+    /// The addresses of the configured interfaces, for [`ServiceTable::locals`].
+    pub locals: Vec<[u8; 16]>,
+    /// A read of the neighbour table of `config`'s backend interface.
+    pub neighbours: Neighbours,
+}
+
+/// What the core asks of the world, in the order given.
+#[derive(Debug)]
+pub enum Effect {
+    /// Make `table` the one the workers use (an atomic swap), then bring the steering maps
+    /// in line with it and say how that went ([`Event::Maps`]), then hand the replaced
+    /// table back ([`super::Control::recycle`]).
+    Publish {
+        /// The new table.
+        table: Arc<ServiceTable>,
+        /// The services that differ from the previous table.
+        changed: Changed,
+    },
+    /// The configuration the admin API shows changed: the file's, and the Kubernetes list
+    /// merged into it (`kube::merge` of the two is the running configuration).
+    Status {
+        /// The file's configuration.
+        file: Arc<Config>,
+        /// The Kubernetes services, sorted by name.
+        kube: Arc<Vec<Arc<Service>>>,
+    },
+    /// Start checking `backend` with `check` (replacing another check of it), from up.
+    StartCheck {
+        /// Service name, address and port.
+        backend: Key,
+        /// How.
+        check: HealthCheck,
+    },
+    /// Stop checking `backend`.
+    StopCheck {
+        /// Service name, address and port.
+        backend: Key,
+    },
+    /// Own these VIPs (sorted): answer ARP/ND for them and announce them.
+    ClaimVips(Vec<IpAddr>),
+    /// Own these VIPs (sorted) no more.
+    ReleaseVips(Vec<IpAddr>),
+    /// Make the kernel resolve these next hops (sorted), on interface `ifindex` for a
+    /// link-local one (0: unknown).
+    Probe {
+        /// Next-hop addresses.
+        hops: Vec<IpAddr>,
+        /// The backend interface's index.
+        ifindex: u32,
+    },
+    /// Read the neighbour table and routes of the backend interface and answer with
+    /// [`Event::Neighbours`], before any other event.
+    ReadNeighbours,
+    /// Try the steering-map keys still pending again, against the live table, and answer
+    /// with [`Event::Maps`].
+    RetryMaps,
+}
+
+/// Which services a published table changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Changed {
+    /// The table was built whole: any.
+    All,
+    /// These, by name, sorted: set or removed; every other service is shared with the
+    /// previous table.
+    Services(Vec<String>),
+}

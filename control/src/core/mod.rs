@@ -1,0 +1,664 @@
+//! The control core: the gateway's control side as a state machine without I/O.
+//!
+//! ```text
+//!  Event ──► Control::handle(now, event) ──► Control::poll_effect() ──► Effect
+//!   Reload (file read, SIGHUP / POST /reload)     Publish (table; which services changed)
+//!   Kube (publications of the Kubernetes source)   Status (what the admin API shows)
+//!   Health (backends that went up or down)         StartCheck / StopCheck
+//!   Neighbours (a read of the kernel's table)      ClaimVips / ReleaseVips
+//!   Maps (whether the steering maps took a table)  Probe (next hops to resolve)
+//!   Forwarding (the workers run: VIPs may go up)   ReadNeighbours / RetryMaps
+//!   Tick (a deadline passed)                      + Control::poll_timeout(): the next deadline
+//! ```
+//!
+//! As the packet pipeline is a step function with `now` passed in, the control side is
+//! one too, in the manner of quinn-proto's `Connection` (`handle_event`, `poll_transmit`,
+//! `poll_timeout`): the core owns the pure state (the file's configuration, the Kubernetes
+//! services, their merge, the table [`Builder`] and the live table, the health states it
+//! was told, the next hops taken from the kernel, the VIPs claimed, the timers) and the
+//! drivers own the world (threads, sockets, netlink, `ip`, the clock). [`crate::run`]
+//! is the gateway's driver; `tests/simulation.rs` is another, which runs ten thousand
+//! random steps against a model of the world in a second.
+//!
+//! Decisions:
+//!
+//! - **Every change is incremental, health included.** A Kubernetes change and a health
+//!   change both update the table for the services they touch ([`Builder::update`]);
+//!   a reload, a next-hop refill and an update the builder refuses build it whole. A health
+//!   change gives its service the next-hop MACs the live table already has for it, so a
+//!   flap reads nothing.
+//! - **Next-hop MACs come from reads the driver makes when asked.** A Kubernetes change
+//!   bringing backends without a MAC holds its table update and asks for a read
+//!   ([`Effect::ReadNeighbours`]); the [`Event::Neighbours`] answer completes it. A driver
+//!   answers at once; further Kubernetes changes join the held update, and should a reload
+//!   or a health change come first, the held update completes with the last read the core
+//!   was given (the next read refills what differs). Every second, while some backend takes
+//!   its next hop from the kernel, the timer asks for a read too, and that one is checked
+//!   against every followed next hop ([`NextHops::recheck`], a walk over all of them that a
+//!   Kubernetes change does not pay for). A reload comes
+//!   with its own read ([`Loaded`]): its answer (the admin API waits for it) is immediate.
+//! - **VIPs follow the published table**, after the table is published: the kernel must not
+//!   own a VIP whose traffic the steering program does not take yet, or it answers it with
+//!   resets. Claiming starts with [`Event::Forwarding`]. Probes go out before both, so that
+//!   the kernel resolves new next hops while the VIPs are announced; the admin API's view
+//!   ([`Effect::Status`]) changes after both, so that it never shows a service before it
+//!   forwards.
+//! - **Health checks are the core's decision.** The core says which backend is checked how
+//!   ([`Effect::StartCheck`], [`Effect::StopCheck`]); a restarted check starts up, and the
+//!   core forgets what it was told of it. Reports of backends it does not check are ignored.
+//! - **Logs are `tracing` events**, as in quinn-proto: observations, not effects on the
+//!   world; the driver's subscriber writes them.
+//! - **Deterministic.** Effects come in a fixed order and every list in them is sorted, so
+//!   a simulation seed replays the same run.
+//!
+//! | file | part |
+//! |---|---|
+//! | `event.rs` | [`Event`], [`Effect`], [`Loaded`], [`Changed`]: what goes in and out |
+//! | `mod.rs` | [`Control`]: the state machine, building and publishing tables, next hops, timers |
+//! | `merge.rs` | the merged configuration kept in step with Kubernetes changes |
+//! | `checks.rs` | the health checks wanted and the health told |
+//! | `vips.rs` | the VIPs claimed, followed per changed service |
+
+mod checks;
+mod event;
+mod merge;
+mod vips;
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strait_config::model::{Config, HealthCheck, MacAddr, Service};
+use strait_dataplane::key::addr_bytes;
+use strait_dataplane::table::{Builder, Change, Port, ServiceTable, TableError};
+use tracing::{info, warn};
+
+use crate::health::Key;
+use crate::kube::Publication;
+use crate::neigh::{Neighbours, NextHops};
+
+pub use event::{Changed, Effect, Event, Loaded};
+pub use merge::BULK;
+
+/// How often the kernel's neighbour table is read again while some backend takes its next
+/// hop from it: a next hop that resolved or changed its MAC is in the table within a second,
+/// for one netlink read (tens of microseconds) a second.
+pub const NEIGHBOUR_RECHECK: Duration = Duration::from_secs(1);
+
+/// How often the next hops in use are probed, so that the kernel keeps their entries true
+/// (as Cilium refreshes its nodes' entries, every 30 s by default).
+pub const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(30);
+
+/// How often steering-map keys a failed update left pending are tried again: a full map
+/// frees up as slowly as services leave, so a second is soon enough and costs nothing.
+pub const MAPS_RETRY: Duration = Duration::from_secs(1);
+
+/// How soon after probing next hops that a fill left unresolved the kernel's table is read
+/// again (then every [`NEIGHBOUR_RECHECK`]): ARP and ND on a segment answer well within it,
+/// so a new backend gets its MAC about this long after it appeared, not a second later.
+pub const PROBE_ANSWER: Duration = Duration::from_millis(100);
+
+/// Why the core refused an event; the running table stays.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration file does not load or validate.
+    #[error("{problems}")]
+    Invalid {
+        /// Every problem, with its path.
+        problems: String,
+    },
+    /// A reload changed the interfaces, which only a restart can do.
+    #[error("reload: interfaces changed; restart strait to change interfaces or queues")]
+    InterfacesChanged,
+    /// The table does not build.
+    #[error("{why}: the table does not build: {source}")]
+    Table {
+        /// What asked for it.
+        why: &'static str,
+        /// What the builder said.
+        source: TableError,
+    },
+}
+
+/// The control core. See the module documentation.
+#[derive(Debug)]
+pub struct Control {
+    /// The configuration file's configuration.
+    file: Arc<Config>,
+    /// The last Kubernetes list, sorted by name (empty without the source).
+    kube: Arc<Vec<Arc<Service>>>,
+    /// `file` and `kube` merged (see [`merge`]): what the table is built from, less the
+    /// next-hop MACs.
+    config: Config,
+    ports: Vec<Port>,
+    locals: Vec<[u8; 16]>,
+    builder: Builder,
+    /// The table last published.
+    table: Arc<ServiceTable>,
+    /// The health checks wanted, and the health the core was told.
+    health: checks::Checks,
+    hops: NextHops,
+    /// The last neighbour read the core was given.
+    neighbours: Neighbours,
+    /// Services whose table update waits for a neighbour read.
+    held: Option<BTreeSet<String>>,
+    /// The admin API's view is to be updated ([`Effect::Status`]).
+    status_due: bool,
+    /// The timer asked for a read, to check the followed next hops against it.
+    recheck_asked: bool,
+    /// The VIPs of the published services, claimed once forwarding.
+    vips: vips::Vips,
+    /// Keys the steering maps still lack.
+    maps_incomplete: bool,
+    maps_retry_at: Instant,
+    recheck_at: Instant,
+    /// The time of the event being handled.
+    now: Instant,
+    refresh_at: Instant,
+    effects: VecDeque<Effect>,
+}
+
+impl Control {
+    /// The core of a gateway with data interfaces `ports` (MAC and MTU, in configuration
+    /// order), started at `now` with `loaded`: the first table is built ([`Control::table`];
+    /// no [`Effect::Publish`] for it), and the effects ask for its health checks and
+    /// probes.
+    ///
+    /// # Errors
+    /// [`Error::Table`] when the first table does not build.
+    pub fn new(now: Instant, loaded: Loaded, ports: Vec<Port>) -> Result<Self, Error> {
+        let file = Arc::new(loaded.config);
+        let mut c = Self {
+            config: (*file).clone(),
+            file,
+            kube: Arc::default(),
+            ports,
+            locals: loaded.locals,
+            builder: Builder::new(),
+            table: Arc::new(ServiceTable::empty(Vec::new())),
+            health: checks::Checks::default(),
+            hops: NextHops::default(),
+            neighbours: loaded.neighbours,
+            held: None,
+            status_due: false,
+            recheck_asked: false,
+            vips: vips::Vips::default(),
+            maps_incomplete: false,
+            maps_retry_at: now,
+            recheck_at: now,
+            refresh_at: now + NEIGHBOUR_REFRESH,
+            now,
+            effects: VecDeque::new(),
+        };
+        c.sync_checks(None);
+        c.rebuild("start")?;
+        // The first table is the caller's to install; only its VIPs are followed.
+        c.effects.retain(|e| !matches!(e, Effect::Publish { .. }));
+        log_table(&c.config, &c.table);
+        Ok(c)
+    }
+
+    /// Handles `event` at `now`; the effects wait in [`Control::poll_effect`].
+    ///
+    /// # Errors
+    /// A refused reload, or a table that does not build: the running table stays.
+    pub fn handle(&mut self, now: Instant, event: Event) -> Result<(), Error> {
+        let r = self.step(now, event);
+        if self.held.is_none() {
+            self.flush_status();
+        }
+        r
+    }
+
+    fn step(&mut self, now: Instant, event: Event) -> Result<(), Error> {
+        self.now = now;
+        // The held update first, so that inputs change in the order they came. Should its
+        // table not build, the event is still handled (and builds the table whole).
+        if matches!(event, Event::Reload(_) | Event::Health(_)) {
+            if let Err(e) = self.complete_held() {
+                warn!("{e}");
+            }
+        }
+        match event {
+            Event::Reload(loaded) => self.reload(loaded),
+            Event::Kube(publications) => self.kube_changed(publications),
+            Event::Health(reports) => self.health(reports),
+            Event::Neighbours(read) => self.neighbours(read),
+            Event::Maps { complete } => {
+                if complete && self.maps_incomplete {
+                    info!(generation = self.table.generation, "steering maps complete");
+                }
+                if !complete && !self.maps_incomplete {
+                    warn!(
+                        generation = self.table.generation,
+                        "table live, but its steering maps are incomplete (retried every second)"
+                    );
+                    self.maps_retry_at = now + MAPS_RETRY;
+                }
+                self.maps_incomplete = !complete;
+                Ok(())
+            }
+            Event::Forwarding => {
+                let all = self.vips.start();
+                if !all.is_empty() {
+                    self.effects.push_back(Effect::ClaimVips(all));
+                }
+                Ok(())
+            }
+            Event::Tick => {
+                self.tick(now);
+                Ok(())
+            }
+        }
+    }
+
+    /// The next effect, in order.
+    pub fn poll_effect(&mut self) -> Option<Effect> {
+        self.effects.pop_front()
+    }
+
+    /// When the core wants an [`Event::Tick`]: `None` while it waits for nothing.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let maps = self.maps_incomplete.then_some(self.maps_retry_at);
+        let hops = self.hops.watching().then_some(self.recheck_at);
+        maps.into_iter().chain(hops).min()
+    }
+
+    /// Takes back a table replaced by an [`Effect::Publish`] once the workers and the
+    /// steering maps have let go of it: the next update copies into its memory
+    /// ([`Builder::recycle`]).
+    pub fn recycle(&mut self, old: Arc<ServiceTable>) {
+        self.builder.recycle(old);
+    }
+
+    /// The table last published.
+    pub fn table(&self) -> &Arc<ServiceTable> {
+        &self.table
+    }
+
+    /// The running configuration: the file's with the Kubernetes services merged in, less
+    /// the next-hop MACs taken from the kernel.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The configuration file's configuration.
+    pub fn file(&self) -> &Arc<Config> {
+        &self.file
+    }
+
+    /// The last Kubernetes list.
+    pub fn kube(&self) -> &Arc<Vec<Arc<Service>>> {
+        &self.kube
+    }
+
+    /// Whether `backend` was reported down (and is still checked the same way).
+    pub fn is_down(&self, backend: &Key) -> bool {
+        self.health.is_down(&backend.0, backend.1, backend.2)
+    }
+
+    /// The health checks wanted, by backend.
+    pub fn checks(&self) -> impl Iterator<Item = (Key, &HealthCheck)> + '_ {
+        self.health.iter()
+    }
+
+    /// The VIPs claimed: those of the published table's services, once forwarding.
+    pub fn claimed(&self) -> BTreeSet<IpAddr> {
+        self.vips.claimed()
+    }
+
+    /// The next hops taken from the kernel.
+    pub fn next_hops(&self) -> &NextHops {
+        &self.hops
+    }
+
+    /// Whether a table update waits for a neighbour read.
+    pub fn holding(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// Whether the builder keeps a replaced table for the next update (a diagnostic, see
+    /// [`Builder::has_spare`]).
+    pub fn has_spare(&self) -> bool {
+        self.builder.has_spare()
+    }
+
+    fn reload(&mut self, loaded: Result<Box<Loaded>, String>) -> Result<(), Error> {
+        let loaded = *loaded.map_err(|problems| Error::Invalid { problems })?;
+        if loaded.config.gateway.interfaces != self.file.gateway.interfaces {
+            return Err(Error::InterfacesChanged);
+        }
+        let (merged, dropped) = crate::kube::merge(&loaded.config, &self.kube);
+        for d in dropped {
+            warn!("{d}");
+        }
+        // Built before anything is committed, so that a refusal leaves all as it was.
+        let wanted = checks::wanted(&merged.services);
+        let health = &self.health;
+        let down = |s: &str, a: IpAddr, p: u16| health.stays_down(&wanted, s, a, p);
+        let mut filled = merged.clone();
+        let mut hops = NextHops::default();
+        let probes = hops.fill(&mut filled.services, &loaded.neighbours);
+        let mut table = self
+            .builder
+            .build(&filled, &self.ports, down)
+            .map_err(|source| Error::Table {
+                why: "reload",
+                source,
+            })?;
+        table.locals.clone_from(&loaded.locals);
+        self.file = Arc::new(loaded.config);
+        self.config = merged;
+        self.locals = loaded.locals;
+        self.neighbours = loaded.neighbours;
+        self.hops = hops;
+        self.sync_checks(None);
+        self.status_due = true;
+        info!(
+            generation = table.generation,
+            "table rebuilt: configuration reloaded"
+        );
+        self.probe_unresolved(probes);
+        self.publish(table, Changed::All);
+        log_table(&self.config, &self.table);
+        Ok(())
+    }
+
+    fn kube_changed(&mut self, mut publications: Vec<Publication>) -> Result<(), Error> {
+        let Some(list) = publications
+            .last_mut()
+            .map(|p| std::mem::take(&mut p.services))
+        else {
+            return Ok(());
+        };
+        let changes: Vec<crate::kube::Change> =
+            publications.into_iter().flat_map(|p| p.changes).collect();
+        let applied = merge::apply(&mut self.config, &self.file, &list, &changes);
+        self.kube = Arc::new(list);
+        self.status_due = true;
+        if applied.bulk {
+            self.sync_checks(None);
+        } else {
+            self.sync_checks(Some(&applied.names));
+        }
+        let file_len = self.file.services.len();
+        let lacks = applied.names.iter().any(|n| {
+            merge::find(&self.config, file_len, n)
+                .is_some_and(|s| s.backends.iter().any(|b| b.mac.is_none()))
+        });
+        if lacks || self.held.is_some() {
+            if self.held.is_none() {
+                self.effects.push_back(Effect::ReadNeighbours);
+            }
+            self.held
+                .get_or_insert_with(BTreeSet::new)
+                .extend(applied.names);
+            return Ok(());
+        }
+        self.update(
+            applied.names,
+            Fill::Read(Neighbours::default()),
+            "kubernetes services changed",
+        )
+    }
+
+    /// Completes the held update with the last read the core was given.
+    fn complete_held(&mut self) -> Result<(), Error> {
+        let Some(names) = self.held.take() else {
+            return Ok(());
+        };
+        let read = self.neighbours.clone();
+        self.update(
+            names.into_iter().collect(),
+            Fill::Read(read),
+            "kubernetes services changed",
+        )
+    }
+
+    fn neighbours(&mut self, read: Neighbours) -> Result<(), Error> {
+        self.neighbours = read;
+        // A read asked for only to complete a held update fills the changed services; the
+        // check of every followed next hop (a walk over all of them) waits for the timer's.
+        let recheck = std::mem::take(&mut self.recheck_asked) || self.held.is_none();
+        if let Some(names) = self.held.take() {
+            let read = self.neighbours.clone();
+            self.update(
+                names.into_iter().collect(),
+                Fill::Read(read),
+                "kubernetes services changed",
+            )?;
+        }
+        if !recheck || !self.hops.watching() {
+            return Ok(());
+        }
+        match self.hops.recheck(&self.neighbours) {
+            Some(why) => {
+                info!("{why}");
+                self.rebuild("next hops changed")
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn health(&mut self, reports: Vec<(Key, bool)>) -> Result<(), Error> {
+        let mut names = BTreeSet::new();
+        for (backend, up) in reports {
+            if self.health.report(&backend, up) {
+                let (service, addr, port) = backend;
+                info!(service = %service, backend = %std::net::SocketAddr::new(addr, port), up, "health changed");
+                names.insert(service);
+            }
+        }
+        if names.is_empty() {
+            return Ok(());
+        }
+        self.update(names.into_iter().collect(), Fill::Live, "health changed")
+    }
+
+    fn tick(&mut self, now: Instant) {
+        if self.maps_incomplete && now >= self.maps_retry_at {
+            self.maps_retry_at = now + MAPS_RETRY;
+            self.effects.push_back(Effect::RetryMaps);
+        }
+        if self.hops.watching() && now >= self.recheck_at {
+            self.recheck_at = now + NEIGHBOUR_RECHECK;
+            if now >= self.refresh_at {
+                self.refresh_at = now + NEIGHBOUR_REFRESH;
+                let hops = self.hops.refresh();
+                self.probe(hops);
+            }
+            self.recheck_asked = true;
+            self.effects.push_back(Effect::ReadNeighbours);
+        }
+    }
+
+    /// Updates the table for the services named in `names` (set or removed) from the live
+    /// one, or builds it whole when the builder refuses.
+    fn update(&mut self, names: Vec<String>, fill: Fill, why: &'static str) -> Result<(), Error> {
+        let file_len = self.file.services.len();
+        let mut set: Vec<Service> = names
+            .iter()
+            .filter_map(|n| merge::find(&self.config, file_len, n).cloned())
+            .collect();
+        match fill {
+            Fill::Read(read) => {
+                for n in &names {
+                    self.hops.forget(n);
+                }
+                let probes = self.hops.fill(&mut set, &read);
+                self.probe_unresolved(probes);
+            }
+            Fill::Live => {
+                for s in &mut set {
+                    live_macs(&self.table, s);
+                }
+            }
+        }
+        let by_name: HashMap<&str, &Service> = set.iter().map(|s| (s.name.as_str(), s)).collect();
+        let changes: Vec<Change<'_>> = names
+            .iter()
+            .map(|n| match by_name.get(n.as_str()) {
+                Some(s) => Change::Set(s),
+                None => Change::Remove(n),
+            })
+            .collect();
+        let health = &self.health;
+        let updated = self
+            .builder
+            .update(&self.table, &changes, |s, a, p| health.is_down(s, a, p));
+        match updated {
+            Ok(table) => {
+                info!(
+                    generation = table.generation,
+                    services = changes.len(),
+                    "table updated: {why}"
+                );
+                drop(changes);
+                self.publish(table, Changed::Services(names));
+                Ok(())
+            }
+            Err(e) => {
+                info!("table update refused ({e}); rebuilding it whole");
+                self.rebuild(why)
+            }
+        }
+    }
+
+    /// Builds the table whole from the running configuration, the health states and the
+    /// last neighbour read, and publishes it.
+    fn rebuild(&mut self, why: &'static str) -> Result<(), Error> {
+        self.held = None;
+        let mut cfg = self.config.clone();
+        self.hops.clear();
+        let probes = self.hops.fill(&mut cfg.services, &self.neighbours);
+        let health = &self.health;
+        let mut table = self
+            .builder
+            .build(&cfg, &self.ports, |s, a, p| health.is_down(s, a, p))
+            .map_err(|source| Error::Table { why, source })?;
+        table.locals.clone_from(&self.locals);
+        info!(generation = table.generation, "table rebuilt: {why}");
+        self.probe_unresolved(probes);
+        self.publish(table, Changed::All);
+        Ok(())
+    }
+
+    /// Publishes `table`, then claims and releases the VIPs that came and went with it.
+    fn publish(&mut self, table: ServiceTable, changed: Changed) {
+        let table = Arc::new(table);
+        self.table = Arc::clone(&table);
+        let (claim, release) = self
+            .vips
+            .follow(&changed, &self.config, self.file.services.len());
+        self.effects.push_back(Effect::Publish { table, changed });
+        if !claim.is_empty() {
+            self.effects.push_back(Effect::ClaimVips(claim));
+        }
+        if !release.is_empty() {
+            self.effects.push_back(Effect::ReleaseVips(release));
+        }
+        self.flush_status();
+    }
+
+    /// Says what the admin API shows, when it changed: after the table and the VIPs, so
+    /// that the admin API never shows a service before it forwards.
+    fn flush_status(&mut self) {
+        if std::mem::take(&mut self.status_due) {
+            self.status();
+        }
+    }
+
+    /// Asks for probes of next hops a fill left unresolved, and a read soon after.
+    fn probe_unresolved(&mut self, hops: Vec<IpAddr>) {
+        if hops.is_empty() {
+            return;
+        }
+        // Soon, but not later than already due: a stream of changes that each probe must
+        // not keep pushing the read away.
+        let soon = self.now + PROBE_ANSWER;
+        if self.recheck_at < self.now || self.recheck_at > soon {
+            self.recheck_at = soon;
+        }
+        self.probe(hops);
+    }
+
+    fn probe(&mut self, hops: Vec<IpAddr>) {
+        if !hops.is_empty() {
+            self.effects.push_back(Effect::Probe {
+                hops,
+                ifindex: self.hops.ifindex(),
+            });
+        }
+    }
+
+    fn status(&mut self) {
+        self.effects.push_back(Effect::Status {
+            file: Arc::clone(&self.file),
+            kube: Arc::clone(&self.kube),
+        });
+    }
+
+    /// Makes the health checks of the services named in `scope` (all when `None`) those
+    /// the running configuration wants: stops and starts checks, and forgets the health of
+    /// backends whose check stopped or changed.
+    fn sync_checks(&mut self, scope: Option<&[String]>) {
+        let file_len = self.file.services.len();
+        let names: BTreeSet<String> = match scope {
+            Some(names) => names.iter().cloned().collect(),
+            None => self
+                .health
+                .services()
+                .cloned()
+                .chain(self.config.services.iter().map(|s| s.name.clone()))
+                .collect(),
+        };
+        for name in names {
+            let want = merge::find(&self.config, file_len, &name)
+                .and_then(|s| checks::wanted(std::slice::from_ref(s)).remove(&name))
+                .unwrap_or_default();
+            self.health.sync(&name, want, &mut self.effects);
+        }
+    }
+}
+
+/// How an update gives the changed services their next-hop MACs.
+enum Fill {
+    /// From this read, following the services' next hops anew.
+    Read(Neighbours),
+    /// From the live table: the services' backends did not change, only their health.
+    Live,
+}
+
+/// Gives the backends of `s` without a configured MAC the one `table` has for them.
+fn live_macs(table: &ServiceTable, s: &mut Service) {
+    let Some(live) = table.services.iter().find(|t| t.name == s.name) else {
+        return;
+    };
+    let macs: HashMap<([u8; 16], u16), [u8; 6]> = live
+        .backends
+        .iter()
+        .filter_map(|&id| table.backend(id))
+        .filter_map(|b| Some(((b.addr, b.port), b.mac?)))
+        .collect();
+    for b in s.backends.iter_mut().filter(|b| b.mac.is_none()) {
+        b.mac = macs
+            .get(&(addr_bytes(b.address), b.port))
+            .copied()
+            .map(MacAddr);
+    }
+}
+
+fn log_table(cfg: &Config, table: &ServiceTable) {
+    info!(
+        generation = table.generation,
+        services = table.services.len(),
+        "serving"
+    );
+    for line in strait_config::summary(cfg).lines() {
+        info!("{line}");
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,313 @@
+use std::sync::Arc;
+use std::time::Instant;
+
+use strait_config::model::Service;
+use strait_dataplane::table::{Health, Port, ServiceTable};
+
+use super::*;
+use crate::kube::Publication;
+
+/// A core and the little of a world these tests need: the live table (what the driver swaps
+/// in), the neighbour table reads answer with, and what was probed, claimed and checked.
+struct Driven {
+    core: Control,
+    now: Instant,
+    live: Arc<ServiceTable>,
+    neighbours: Neighbours,
+    probed: Vec<IpAddr>,
+    claimed: BTreeSet<IpAddr>,
+    checks: BTreeSet<Key>,
+}
+
+impl Driven {
+    fn new(toml: &str) -> Self {
+        let config = strait_config::parse(toml).unwrap();
+        let ports = vec![Port {
+            mac: [2, 0, 0, 0, 0, 1],
+            mtu: 1500,
+        }];
+        let now = Instant::now();
+        let loaded = Loaded {
+            config,
+            locals: Vec::new(),
+            neighbours: Neighbours::default(),
+        };
+        let core = Control::new(now, loaded, ports).unwrap();
+        let live = Arc::clone(core.table());
+        let mut d = Self {
+            core,
+            now,
+            live,
+            neighbours: Neighbours::default(),
+            probed: Vec::new(),
+            claimed: BTreeSet::new(),
+            checks: BTreeSet::new(),
+        };
+        d.run();
+        d
+    }
+
+    fn handle(&mut self, event: Event) -> Result<(), Error> {
+        let r = self.core.handle(self.now, event);
+        self.run();
+        r
+    }
+
+    fn run(&mut self) {
+        while let Some(e) = self.core.poll_effect() {
+            match e {
+                Effect::Publish { table, .. } => {
+                    let old = std::mem::replace(&mut self.live, table);
+                    self.core.recycle(old);
+                }
+                Effect::ReadNeighbours => {
+                    let read = self.neighbours.clone();
+                    self.core.handle(self.now, Event::Neighbours(read)).unwrap();
+                }
+                Effect::Probe { hops, .. } => self.probed.extend(hops),
+                Effect::ClaimVips(v) => self.claimed.extend(v),
+                Effect::ReleaseVips(v) => {
+                    for vip in v {
+                        self.claimed.remove(&vip);
+                    }
+                }
+                Effect::StartCheck { backend, .. } => {
+                    self.checks.insert(backend);
+                }
+                Effect::StopCheck { backend } => {
+                    self.checks.remove(&backend);
+                }
+                Effect::Status { .. } | Effect::RetryMaps => {}
+            }
+        }
+    }
+}
+
+fn ip(a: &str) -> IpAddr {
+    a.parse().unwrap()
+}
+
+fn config(backends: &[&str]) -> String {
+    let b: Vec<String> = backends
+        .iter()
+        .map(|a| format!("{{ address = \"{a}\", port = 80, mac = \"02:00:00:00:01:11\" }}"))
+        .collect();
+    format!(
+        r#"
+[gateway]
+admin_listen = "127.0.0.1:0"
+[[gateway.interfaces]]
+name = "eth0"
+queues = [0]
+[[services]]
+name = "web"
+vip = "203.0.113.10"
+port = 80
+maglev_table_size = 251
+backends = [{}]
+"#,
+        b.join(", ")
+    )
+}
+
+#[test]
+fn kubernetes_changes_update_the_table_in_place() {
+    let mut c = Driven::new(&config(&["198.51.100.11"]));
+    let web = c.core.config().services[0].clone();
+    let kube = |name: &str, vip: &str, backends: &[&str]| {
+        let mut s = web.clone();
+        s.name = name.to_owned();
+        s.vip = vip.parse().unwrap();
+        s.backends = backends
+            .iter()
+            .map(|a| {
+                let mut b = web.backends[0].clone();
+                b.address = a.parse().unwrap();
+                b
+            })
+            .collect();
+        Arc::new(s)
+    };
+    let set = |s: &Arc<Service>| (s.name.clone(), Some(Arc::clone(s)));
+    let a = kube("default/a", "203.0.113.20", &["198.51.100.21"]);
+    // Left out by the merge: web's frontend, and web's name.
+    let b = kube("default/b", "203.0.113.10", &["198.51.100.31"]);
+    let w = kube("web", "203.0.113.30", &["198.51.100.41"]);
+    let first = vec![Arc::clone(&a), Arc::clone(&b), Arc::clone(&w)];
+    c.handle(Event::Kube(vec![Publication {
+        services: first.clone(),
+        changes: first.iter().map(set).collect(),
+    }]))
+    .unwrap();
+    let t1 = Arc::clone(&c.live);
+    let names = |t: &ServiceTable| {
+        let mut v: Vec<String> = t.services.iter().map(|s| s.name.clone()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&t1), ["default/a", "web"]);
+    let file = (**c.core.file()).clone();
+    assert_eq!(
+        c.core.config().clone(),
+        crate::kube::merge(&file, &first).0,
+        "edited in place, the configuration is what a merge from scratch gives"
+    );
+    assert_eq!(t1.generation, 2);
+    let web_backend = |t: &ServiceTable| {
+        let s = t.services.iter().find(|s| s.name == "web").unwrap();
+        t.backend(s.backends[0]).unwrap().addr
+    };
+    assert_eq!(
+        web_backend(&t1),
+        strait_dataplane::key::addr_bytes("198.51.100.11".parse().unwrap()),
+        "the file's web stays"
+    );
+    // Two publications before the loop looks: both apply, in order.
+    let a2 = kube("default/a", "203.0.113.20", &["198.51.100.22"]);
+    let d = kube("default/d", "203.0.113.21", &["198.51.100.23"]);
+    c.handle(Event::Kube(vec![
+        Publication {
+            services: vec![Arc::clone(&a2)],
+            changes: vec![set(&a2)],
+        },
+        Publication {
+            services: vec![Arc::clone(&d)],
+            changes: vec![("default/a".into(), None), set(&d)],
+        },
+    ]))
+    .unwrap();
+    let t2 = Arc::clone(&c.live);
+    assert_eq!(names(&t2), ["default/d", "web"]);
+    assert_eq!(t2.generation, 3, "one update for both publications");
+    // Updated in place: the unchanged service is shared, not rebuilt.
+    let svc =
+        |t: &ServiceTable, n: &str| Arc::clone(t.services.iter().find(|s| s.name == n).unwrap());
+    assert!(Arc::ptr_eq(&svc(&t1, "web"), &svc(&t2, "web")));
+    assert_eq!(c.core.config().clone(), crate::kube::merge(&file, &[d]).0);
+    // Nobody else holds the replaced table: the builder keeps it for the next update.
+    drop((t1, t2));
+    let d2 = kube("default/d", "203.0.113.21", &["198.51.100.24"]);
+    c.handle(Event::Kube(vec![Publication {
+        services: vec![Arc::clone(&d2)],
+        changes: vec![set(&d2)],
+    }]))
+    .unwrap();
+    assert!(c.core.has_spare(), "the replaced table was not recycled");
+}
+
+#[test]
+fn a_health_flap_updates_its_service_only() {
+    let toml = config(&["198.51.100.11", "198.51.100.12"]).replace(
+        "maglev_table_size = 251",
+        "maglev_table_size = 251\nhealth_check = { kind = \"tcp\" }",
+    ) + "[[services]]\nname = \"api\"\nvip = \"203.0.113.11\"\nport = 80\n\
+         backends = [{ address = \"198.51.100.13\", port = 80, mac = \"02:00:00:00:01:13\" }]\n";
+    let mut c = Driven::new(&toml);
+    assert_eq!(c.checks.len(), 2, "both web backends checked, api not");
+    let t1 = Arc::clone(&c.live);
+    let b1: Key = ("web".into(), ip("198.51.100.11"), 80);
+    c.handle(Event::Health(vec![(b1.clone(), false)])).unwrap();
+    let t2 = Arc::clone(&c.live);
+    assert_eq!(t2.generation, t1.generation + 1);
+    let svc =
+        |t: &ServiceTable, n: &str| Arc::clone(t.services.iter().find(|s| s.name == n).unwrap());
+    assert!(
+        Arc::ptr_eq(&svc(&t1, "api"), &svc(&t2, "api")),
+        "api untouched"
+    );
+    let web = svc(&t2, "web");
+    let health: Vec<Health> = web
+        .backends
+        .iter()
+        .map(|&id| t2.backend(id).unwrap().health)
+        .collect();
+    assert_eq!(health.iter().filter(|h| **h == Health::Down).count(), 1);
+    assert!(
+        web.backends
+            .iter()
+            .all(|&id| t2.backend(id).unwrap().mac.is_some()),
+        "MACs kept"
+    );
+    // The same report again, or one of a backend nobody checks: nothing.
+    let api: Key = ("api".into(), ip("198.51.100.13"), 80);
+    c.handle(Event::Health(vec![(b1.clone(), false), (api, false)]))
+        .unwrap();
+    assert_eq!(c.live.generation, t2.generation);
+    c.handle(Event::Health(vec![(b1, true)])).unwrap();
+    assert_eq!(c.live.generation, t2.generation + 1);
+}
+
+#[test]
+fn a_kubernetes_change_without_macs_waits_for_a_read_and_is_probed_until_resolved() {
+    let mut c = Driven::new(&config(&["198.51.100.11"]));
+    c.handle(Event::Forwarding).unwrap();
+    assert_eq!(c.claimed, [ip("203.0.113.10")].into());
+    let mut s = c.core.config().services[0].clone();
+    s.name = "default/a".into();
+    s.vip = ip("203.0.113.20");
+    s.backends[0].mac = None;
+    s.backends[0].address = ip("198.51.100.21");
+    let s = Arc::new(s);
+    let hop = ip("198.51.100.21");
+    let set = Event::Kube(vec![Publication {
+        services: vec![Arc::clone(&s)],
+        changes: vec![(s.name.clone(), Some(Arc::clone(&s)))],
+    }]);
+    c.core.handle(c.now, set).unwrap();
+    assert!(c.core.holding(), "waits for a read");
+    c.run();
+    assert!(!c.core.holding());
+    assert_eq!(c.live.services.len(), 2);
+    assert_eq!(c.probed, vec![hop], "unresolved: probed");
+    assert!(c.claimed.contains(&ip("203.0.113.20")));
+    let unresolved = |t: &ServiceTable| {
+        t.backends
+            .iter()
+            .flatten()
+            .filter(|b| b.mac.is_none())
+            .count()
+    };
+    assert_eq!(unresolved(&c.live), 1);
+    // Looked at again every second until it resolves.
+    let at = c.core.poll_timeout().unwrap();
+    assert!(at <= c.now + NEIGHBOUR_RECHECK);
+    c.neighbours.macs.insert(hop, [2, 0, 0, 0, 2, 1]);
+    c.now = at;
+    c.handle(Event::Tick).unwrap();
+    assert_eq!(unresolved(&c.live), 0);
+    // Gone again: its VIP is released with it, and nothing is followed any more.
+    c.handle(Event::Kube(vec![Publication {
+        services: vec![],
+        changes: vec![(s.name.clone(), None)],
+    }]))
+    .unwrap();
+    assert_eq!(c.claimed, [ip("203.0.113.10")].into());
+    assert_eq!(c.core.poll_timeout(), None);
+}
+
+#[test]
+fn an_invalid_reload_changes_nothing() {
+    let mut c = Driven::new(&config(&["198.51.100.11"]));
+    let before = Arc::clone(&c.live);
+    let e = c
+        .handle(Event::Reload(Err(
+            "gateway.mtu: 10 is outside 576..=9000".into()
+        )))
+        .unwrap_err();
+    assert!(e.to_string().contains("gateway.mtu"), "{e}");
+    let mut other = strait_config::parse(&config(&["198.51.100.12"])).unwrap();
+    other.gateway.interfaces[0].name = "eth1".into();
+    let e = c
+        .handle(Event::Reload(Ok(Box::new(Loaded {
+            config: other,
+            locals: Vec::new(),
+            neighbours: Neighbours::default(),
+        }))))
+        .unwrap_err();
+    assert!(matches!(e, Error::InterfacesChanged), "{e}");
+    assert!(Arc::ptr_eq(&before, &c.live));
+    assert_eq!(
+        c.core.config().services[0].backends[0].address,
+        ip("198.51.100.11")
+    );
+}

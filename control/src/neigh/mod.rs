@@ -1,0 +1,146 @@
+//! Next-hop MACs from the kernel's neighbour table.
+//!
+//! A backend configured without a MAC (every node the Kubernetes source produces, and any
+//! static backend that leaves it out) is reached at the MAC the kernel's neighbour table holds
+//! for its address on the backend-facing interface: the same ARP/ND the kernel does for its
+//! own traffic, so nothing new speaks on the wire. An address not resolved yet is probed with
+//! one UDP datagram to its discard port, which makes the kernel resolve it; the control core
+//! refills the table when the answer arrives. Until then its frames are dropped and counted
+//! (`no_next_hop`); health checks, which the kernel sends, usually resolve it first.
+//!
+//! A backend behind a router (a pod address routed via its node, `ip route add <podCIDR>
+//! via <node>`) is reached at the router's MAC: the next hop is the gateway of the most
+//! specific route of the interface that covers the address, as the kernel would choose.
+//!
+//! Three parts, so that the control core can follow next hops without a socket:
+//!
+//! | file | part |
+//! |---|---|
+//! | [`rtnl`] | the read: the neighbour table and routes over rtnetlink dumps |
+//! | [`hops`] | [`NextHops`], pure: which next hops the table takes from the kernel, which are still unresolved, and when a fresh read calls for a refill |
+//! | this file | [`Neighbours`] (a read), the backend interface, and the probe that makes the kernel resolve an address |
+//!
+//! The control core ([`crate::core`]) asks for a read (every second while some backend takes
+//! its next hop from the kernel, and when a Kubernetes change brings backends without a MAC)
+//! and for probes; the control loop ([`crate::run`]) does both.
+//!
+//! Both are read with rtnetlink dumps (`RTM_GETNEIGH`, `RTM_GETROUTE` for IPv4 and IPv6) on
+//! a socket opened in the calling thread's network namespace: tens of microseconds, where
+//! the three `ip -j` processes this replaced took milliseconds on every Kubernetes change.
+
+pub mod hops;
+pub mod rtnl;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::sync::{Mutex, PoisonError};
+
+use ipnet::IpNet;
+use strait_config::model::{Config, Role};
+use tracing::warn;
+
+pub use hops::NextHops;
+pub use rtnl::{table, DUMP_ATTEMPTS};
+
+/// What the kernel knows about reaching hosts through one interface.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Neighbours {
+    /// Resolved neighbour entries: address to MAC.
+    pub macs: HashMap<IpAddr, [u8; 6]>,
+    /// The interface's routes: destination and gateway (`None`: on-link).
+    pub routes: Vec<(IpNet, Option<IpAddr>)>,
+    /// The interface's index (0: unknown).
+    pub ifindex: u32,
+}
+
+impl Neighbours {
+    /// The next hop towards `addr`: the gateway of the most specific route that covers
+    /// it, else `addr` itself (on-link, or no route known).
+    pub fn next_hop(&self, addr: IpAddr) -> IpAddr {
+        self.routes
+            .iter()
+            .filter(|(net, _)| net.contains(&addr))
+            .max_by_key(|(net, _)| net.prefix_len())
+            .and_then(|(_, via)| *via)
+            .unwrap_or(addr)
+    }
+}
+
+/// Why the neighbours or routes of an interface could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("reading the neighbours and routes of interface {iface:?}: {call}: {source}")]
+pub struct Error {
+    /// The interface.
+    pub iface: String,
+    /// What failed: `if_nametoindex`, opening the netlink socket, or one of the dumps.
+    pub call: &'static str,
+    /// Why.
+    pub source: io::Error,
+}
+
+/// The neighbours and routes of the backend interface of `cfg` ([`backend_iface`]), none
+/// when it has none. When they cannot be read, the error is logged, once until it changes or
+/// a read succeeds, and the table is empty: every backend without a MAC stays unresolved
+/// (probed, its frames dropped and counted) until a later read succeeds.
+pub fn backend_table(cfg: &Config) -> Neighbours {
+    /// The error logged last, so that a lasting failure is not logged on every change.
+    static LOGGED: Mutex<Option<String>> = Mutex::new(None);
+    let Some(iface) = backend_iface(cfg) else {
+        return Neighbours::default();
+    };
+    let read = table(&iface);
+    let mut logged = LOGGED.lock().unwrap_or_else(PoisonError::into_inner);
+    match read {
+        Ok(n) => {
+            *logged = None;
+            n
+        }
+        Err(e) => {
+            let e = e.to_string();
+            if logged.as_deref() != Some(e.as_str()) {
+                warn!("{e}; backends without a MAC stay unresolved until it can be read");
+                *logged = Some(e);
+            }
+            Neighbours::default()
+        }
+    }
+}
+
+/// The interface facing the backends (role `backend` or `both`).
+pub fn backend_iface(cfg: &Config) -> Option<String> {
+    cfg.gateway
+        .interfaces
+        .iter()
+        .find(|i| matches!(i.role, Role::Backend | Role::Both))
+        .map(|i| i.name.clone())
+}
+
+/// Makes the kernel resolve `addr`: one empty datagram to its discard port (9). A link-local
+/// IPv6 address is scoped to interface `ifindex` (the backend interface), which it is only
+/// unique on.
+pub fn probe(addr: IpAddr, ifindex: u32) {
+    let (local, to): (SocketAddr, SocketAddr) = match addr {
+        IpAddr::V4(a) => (
+            (Ipv4Addr::UNSPECIFIED, 0).into(),
+            SocketAddr::V4(SocketAddrV4::new(a, 9)),
+        ),
+        IpAddr::V6(a) => {
+            let scope = if a.is_unicast_link_local() {
+                ifindex
+            } else {
+                0
+            };
+            (
+                (Ipv6Addr::UNSPECIFIED, 0).into(),
+                SocketAddr::V6(SocketAddrV6::new(a, 9, 0, scope)),
+            )
+        }
+    };
+    if let Ok(s) = UdpSocket::bind(local) {
+        let _ = s.send_to(&[], to);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,410 @@
+//! `strait run`: the control core's driver.
+//!
+//! ```text
+//!  config file, SIGHUP, POST /reload ─┐                     ┌─► ArcSwap<ServiceTable> ◄─ workers
+//!  Kubernetes feed (mpsc) ────────────┤   Event             │   + SteerProgram::update_maps
+//!  health checker (mpsc) ─────────────┼──────► core::Control ┼─► Checker::start / stop
+//!  neighbour reads (rtnetlink) ───────┤   (now passed in)    ├─► Vips::claim / release
+//!  the clock (poll_timeout) ──────────┘          Effect      └─► neigh::probe, neigh reads
+//! ```
+//!
+//! [`Gateway`] turns the world into [`Event`]s for the core ([`crate::core`]) and carries
+//! out the [`Effect`]s it returns, in order; it decides nothing. Everything it does is I/O:
+//! reading the file and the interfaces ([`source`]), the atomic swap, the steering maps,
+//! the health-check threads, `ip` for the VIPs, netlink reads and probes.
+
+pub mod source;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use strait_config::model::Config;
+use strait_dataplane::table::{Port, ServiceTable};
+use tracing::{info, warn};
+
+use crate::admin::{self, Reload};
+use crate::core::{Control, Effect, Event};
+use crate::health::{self, Checker};
+use crate::shared::{Shared, Sources};
+use crate::vip::Vips;
+use crate::workers::{self, Workers};
+
+pub use source::{interface_addrs, port_of, Source};
+
+/// The longest the loop waits for an input: the stop and SIGHUP flags are looked at this
+/// often, which bounds how long a signal waits.
+const IDLE: Duration = Duration::from_millis(100);
+
+/// The gateway's control side: the core and the world it drives.
+pub struct Gateway {
+    source: Source,
+    core: Control,
+    checker: Checker,
+    /// Health-state changes from the checker's threads.
+    changes: Receiver<health::Key>,
+    /// State the admin API and the workers read.
+    pub shared: Arc<Shared>,
+    vips: Option<Vips>,
+    workers: Option<Workers>,
+    /// The Kubernetes source's publications, when `--kube` is given.
+    kube: Option<Receiver<crate::kube::Publication>>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// Loads the configuration, checks the interfaces, builds the first table and starts the
+    /// health checks. Workers start separately ([`Gateway::start_workers`]).
+    ///
+    /// # Errors
+    /// A configuration that does not validate, or an interface that does not exist.
+    pub fn start(source: Source) -> anyhow::Result<Self> {
+        let cfg = source.load()?;
+        source::check_tunnel_sources(&cfg)?;
+        let ports = cfg
+            .gateway
+            .interfaces
+            .iter()
+            .map(|i| port_of(&i.name))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Self::with_ports(source, cfg, ports)
+    }
+
+    /// The state [`Gateway::start`] makes once the interfaces are known: the core with its
+    /// first table, the health checks and the shared state, with no workers and no VIPs.
+    /// Also what `strait-lab bench control` drives, so that it measures the gateway's own
+    /// per-change path.
+    ///
+    /// # Errors
+    /// When the first table does not build.
+    pub fn with_ports(source: Source, cfg: Config, ports: Vec<Port>) -> anyhow::Result<Self> {
+        let (tx, changes) = mpsc::channel();
+        let checker = Checker::new(tx);
+        let core = Control::new(Instant::now(), source::loaded(cfg), ports)?;
+        let cores = workers::slots(core.file());
+        let shared = Arc::new(Shared::new(
+            (**core.file()).clone(),
+            Arc::clone(core.table()),
+            checker.states(),
+            cores,
+        ));
+        let mut g = Self {
+            source,
+            core,
+            checker,
+            changes,
+            shared,
+            vips: None,
+            workers: None,
+            kube: None,
+        };
+        g.execute();
+        Ok(g)
+    }
+
+    /// The control core.
+    pub fn core(&self) -> &Control {
+        &self.core
+    }
+
+    /// Makes the gateway answer ARP/ND for its VIPs from now on (see [`crate::vip`]), and
+    /// follow them across changes.
+    ///
+    /// # Errors
+    /// When a VIP cannot be added.
+    pub fn own_vips(&mut self) -> anyhow::Result<()> {
+        self.vips = Some(Vips::new(self.core.file(), None));
+        self.core.handle(Instant::now(), Event::Forwarding)?;
+        while let Some(e) = self.core.poll_effect() {
+            match e {
+                Effect::ClaimVips(v) => {
+                    if let Some(vips) = &mut self.vips {
+                        vips.claim(&v)?;
+                    }
+                }
+                e => self.apply(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Attaches the XDP programs and starts the AF_XDP workers.
+    ///
+    /// # Errors
+    /// As [`workers::start`].
+    pub fn start_workers(&mut self) -> anyhow::Result<()> {
+        self.workers = Some(workers::start(&self.shared.config(), &self.shared)?);
+        Ok(())
+    }
+
+    /// Stops the workers and detaches the XDP programs.
+    pub fn stop_workers(&mut self) {
+        if let Some(w) = self.workers.take() {
+            w.stop();
+        }
+    }
+
+    /// Takes Kubernetes publications from `lists` from now on (see [`crate::kube`]).
+    pub fn follow_kube(&mut self, lists: Receiver<crate::kube::Publication>) {
+        self.kube = Some(lists);
+    }
+
+    /// Hands `event` to the core now and carries out what it asks.
+    ///
+    /// # Errors
+    /// The core's refusal; the running table stays.
+    pub fn handle(&mut self, event: Event) -> Result<(), crate::core::Error> {
+        let r = self.core.handle(Instant::now(), event);
+        // A refused event may have asked for something before it was refused.
+        self.execute();
+        r
+    }
+
+    /// Re-reads the configuration; on success swaps in the new table atomically. A bad file
+    /// leaves everything as it was.
+    ///
+    /// # Errors
+    /// The problems of the new configuration.
+    pub fn reload(&mut self) -> anyhow::Result<String> {
+        let loaded = self
+            .source
+            .loaded()
+            .map(Box::new)
+            .map_err(|e| format!("{e:#}"));
+        self.handle(Event::Reload(loaded))?;
+        Ok(format!(
+            "reloaded: {} services, generation {}",
+            self.core.config().services.len(),
+            self.core.table().generation
+        ))
+    }
+
+    /// Carries out every effect the core has queued, and those their answers bring.
+    fn execute(&mut self) {
+        while let Some(e) = self.core.poll_effect() {
+            self.apply(e);
+        }
+    }
+
+    /// Carries out one effect; one that answers with an event hands it to the core (its
+    /// effects queue behind the rest).
+    fn apply(&mut self, effect: Effect) {
+        match effect {
+            Effect::Publish { table, changed: _ } => {
+                let old = self.shared.table.swap(Arc::clone(&table));
+                self.sync_maps(&table);
+                drop(table);
+                // The programs hold the table they follow until given the new one, and the
+                // builder keeps only a table nobody holds: recycled last.
+                self.core.recycle(old);
+            }
+            Effect::Status { file, kube } => {
+                *self
+                    .shared
+                    .config
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Sources { file, kube };
+            }
+            Effect::StartCheck { backend, check } => self.checker.start(backend, check),
+            Effect::StopCheck { backend } => self.checker.stop(&backend),
+            Effect::ClaimVips(v) => {
+                if let Some(vips) = &mut self.vips {
+                    if let Err(e) = vips.claim(&v) {
+                        warn!("claiming VIPs: {e:#}");
+                    }
+                }
+            }
+            Effect::ReleaseVips(v) => {
+                if let Some(vips) = &mut self.vips {
+                    vips.release(&v);
+                }
+            }
+            Effect::Probe { hops, ifindex } => {
+                for hop in hops {
+                    crate::neigh::probe(hop, ifindex);
+                }
+            }
+            Effect::ReadNeighbours => {
+                let read = crate::neigh::backend_table(self.core.file());
+                self.answer(Event::Neighbours(read));
+            }
+            Effect::RetryMaps => {
+                let table = self.shared.table.load_full();
+                self.sync_maps(&table);
+            }
+        }
+    }
+
+    /// Hands the core an event that answers an effect.
+    fn answer(&mut self, event: Event) {
+        if let Err(e) = self.core.handle(Instant::now(), event) {
+            warn!("rebuild failed, keeping the previous table: {e}");
+        }
+    }
+
+    /// Brings every program's steering maps in line with `table`, and tells the core
+    /// whether some keys are still pending. Every program's maps are updated even when one
+    /// fails; a failed map call (a full map) does not undo the swap: the keys that failed
+    /// stay pending in the program, and the core asks for retries ([`Effect::RetryMaps`]).
+    fn sync_maps(&mut self, table: &Arc<ServiceTable>) {
+        let Some(w) = &mut self.workers else {
+            return;
+        };
+        let mut complete = true;
+        for prog in &mut w.progs {
+            match prog.update_maps(table) {
+                Ok(sync) if sync.added + sync.removed > 0 => info!(
+                    added = sync.added,
+                    removed = sync.removed,
+                    "steering maps updated"
+                ),
+                Ok(_) => {}
+                Err(e) => {
+                    if complete {
+                        info!(
+                            generation = table.generation,
+                            "steering map update failed: {e}"
+                        );
+                    }
+                    complete = false;
+                }
+            }
+        }
+        self.answer(Event::Maps { complete });
+    }
+
+    /// Runs until `stop` is set: hands the core health changes, Kubernetes publications,
+    /// reload requests and the passing of time as they come, and carries out its effects.
+    pub fn serve(&mut self, stop: &AtomicBool, hup: &AtomicBool, reloads: &Receiver<Reload>) {
+        while !stop.load(Ordering::Relaxed) {
+            let wait = self.core.poll_timeout().map_or(IDLE, |at| {
+                at.saturating_duration_since(Instant::now()).min(IDLE)
+            });
+            match self.changes.recv_timeout(wait) {
+                Ok(k) => {
+                    // A burst of changes is one event (one table update); each backend's
+                    // state is the checker's now, so a stale report tells the truth.
+                    let keys: Vec<health::Key> =
+                        std::iter::once(k).chain(self.changes.try_iter()).collect();
+                    let reports = keys
+                        .into_iter()
+                        .map(|k| {
+                            let up = !self.checker.is_down(&k.0, k.1, k.2);
+                            (k, up)
+                        })
+                        .collect();
+                    if let Err(e) = self.handle(Event::Health(reports)) {
+                        warn!("rebuild failed, keeping the previous table: {e}");
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            if self
+                .core
+                .poll_timeout()
+                .is_some_and(|at| at <= Instant::now())
+            {
+                if let Err(e) = self.handle(Event::Tick) {
+                    warn!("rebuild failed, keeping the previous table: {e}");
+                }
+            }
+            if hup.swap(false, Ordering::Relaxed) {
+                match self.reload() {
+                    Ok(m) => info!("SIGHUP: {m}"),
+                    Err(e) => warn!("SIGHUP: reload refused, keeping the running table:\n{e:#}"),
+                }
+            }
+            let lists: Vec<crate::kube::Publication> = self
+                .kube
+                .as_ref()
+                .map(|k| k.try_iter().collect())
+                .unwrap_or_default();
+            if !lists.is_empty() {
+                if let Err(e) = self.handle(Event::Kube(lists)) {
+                    warn!("kubernetes: rebuild refused, keeping the running table:\n{e}");
+                }
+            }
+            while let Ok(answer) = reloads.try_recv() {
+                let r = self.reload().map_err(|e| format!("{e:#}"));
+                match &r {
+                    Ok(m) => info!("admin API: {m}"),
+                    Err(e) => warn!("admin API: reload refused, keeping the running table:\n{e}"),
+                }
+                let _ = answer.send(r);
+            }
+        }
+    }
+}
+
+/// `strait run`.
+///
+/// # Errors
+/// Missing privileges, a bad configuration, a missing interface, an admin address in use.
+pub fn run(source: Source, kube: &crate::kube::Args) -> anyhow::Result<()> {
+    // A check of the effective uid through /proc, to give a clear error before any socket
+    // or BPF call fails with EPERM.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let euid = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2));
+    if euid != Some("0") {
+        anyhow::bail!(
+            "strait run needs root (CAP_NET_ADMIN, CAP_NET_RAW and CAP_BPF for AF_XDP and XDP)"
+        );
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let hup = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))
+        .context("installing SIGHUP")?;
+
+    let mut gateway = Gateway::start(source)?;
+    let (reload_tx, reload_rx) = mpsc::channel::<Reload>();
+    let admin_addr = gateway.core.file().gateway.admin_listen;
+    let bound = admin::start(admin_addr, Arc::clone(&gateway.shared), reload_tx)?;
+    info!("admin API on http://{bound}");
+    // Steering first, then the VIPs: once the kernel owns a VIP it would answer service
+    // traffic itself (with resets) if the XDP program were not there yet to redirect it.
+    gateway.start_workers()?;
+    gateway.own_vips()?;
+    // Kept alive until `run` returns; dropping it stops the source's thread.
+    let _kube_source = if kube.kube {
+        let (tx, rx) = mpsc::channel();
+        let settings = kube.settings(&gateway.core.file().gateway);
+        let src = crate::kube::spawn_feed(kube.kubeconfig.as_deref(), settings, move |p| {
+            let _ = tx.send(p);
+        })?;
+        gateway.follow_kube(rx);
+        *gateway
+            .shared
+            .kube
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(src.stats());
+        Some(src)
+    } else {
+        None
+    };
+    gateway.shared.ready.store(true, Ordering::Relaxed);
+    info!("forwarding");
+    gateway.serve(&stop, &hup, &reload_rx);
+    info!("stopping: draining workers, detaching XDP");
+    gateway.stop_workers();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
