@@ -72,6 +72,8 @@ struct World {
     ports: Vec<Port>,
     /// The file the core accepted last.
     file: Config,
+    /// The interface addresses of the reload the core accepted last.
+    locals: Vec<IpAddr>,
     /// The Kubernetes list, by name.
     kube: BTreeMap<String, Arc<Service>>,
     /// The table the workers would use.
@@ -133,7 +135,7 @@ impl World {
             .collect();
         let loaded = Loaded {
             config: file.clone(),
-            locals: vec![addr_bytes(ip("198.51.100.100"))],
+            locals: vec![ip("198.51.100.100")],
             neighbours: Neighbours::default(),
         };
         let core = Control::new(start, loaded, ports.clone()).expect("the first table builds");
@@ -148,6 +150,7 @@ impl World {
             core,
             ports,
             file,
+            locals: vec![ip("198.51.100.100")],
             kube: BTreeMap::new(),
             live,
             maps,
@@ -352,14 +355,21 @@ impl World {
             return self.reload_refused(Err(text));
         };
         let read = self.read();
+        // The interfaces' addresses change now and then (DHCP, an operator).
+        let locals = match self.rng.u8(..4) {
+            0 => Vec::new(),
+            1 => vec![ip("198.51.100.100"), ip("2001:db8::100")],
+            _ => vec![ip("198.51.100.100")],
+        };
         let loaded = Loaded {
             config: config.clone(),
-            locals: vec![addr_bytes(ip("198.51.100.100"))],
+            locals: locals.clone(),
             neighbours: read.clone(),
         };
         let r = self.handle(Event::Reload(Ok(Box::new(loaded))));
         self.check(r.is_ok(), || format!("a valid reload was refused: {r:?}"));
         self.file = config;
+        self.locals = locals;
         if self.last_read.is_none() {
             self.last_read = (!self.core.holding()).then_some(read);
         }
@@ -557,6 +567,15 @@ impl World {
         if holding {
             return;
         }
+        // Every table holds the addresses of the last accepted reload, also those made by
+        // updates since.
+        let locals: Vec<[u8; 16]> = self.locals.iter().map(|&a| addr_bytes(a)).collect();
+        self.check(self.live.locals == locals, || {
+            format!(
+                "the published table's local addresses {:?}, the last reload's {:?}",
+                self.live.locals, self.locals
+            )
+        });
         // The table: a from-scratch build of the inputs.
         let told = &self.told;
         let down = |s: &str, a: IpAddr, p: u16| told.get(&(s.to_owned(), a, p)) == Some(&false);

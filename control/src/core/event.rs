@@ -41,7 +41,7 @@ pub struct Loaded {
     /// The validated configuration (unset tunnel sources filled from the interfaces).
     pub config: Config,
     /// The addresses of the configured interfaces, for [`ServiceTable::locals`].
-    pub locals: Vec<[u8; 16]>,
+    pub locals: Vec<std::net::IpAddr>,
     /// A read of the neighbour table of `config`'s backend interface.
     pub neighbours: Neighbours,
 }

@@ -132,7 +132,8 @@ pub struct Control {
     /// next-hop MACs.
     config: Config,
     ports: Vec<Port>,
-    locals: Vec<[u8; 16]>,
+    /// The interfaces' own addresses, which every table holds (the builder's input).
+    locals: Vec<IpAddr>,
     builder: Builder,
     /// The table last published.
     table: Arc<ServiceTable>,
@@ -191,6 +192,7 @@ impl Control {
             now,
             effects: VecDeque::new(),
         };
+        c.builder.set_locals(&c.locals);
         c.sync_checks(None);
         c.rebuild("start")?;
         // The first table is the caller's to install; only its VIPs are followed.
@@ -340,14 +342,18 @@ impl Control {
         let mut filled = merged.clone();
         let mut hops = NextHops::default();
         let probes = hops.fill(&mut filled.services, &loaded.neighbours);
-        let mut table = self
-            .builder
-            .build(&filled, &self.ports, down)
-            .map_err(|source| Error::Table {
-                why: "reload",
-                source,
-            })?;
-        table.locals.clone_from(&loaded.locals);
+        self.builder.set_locals(&loaded.locals);
+        let table = match self.builder.build(&filled, &self.ports, down) {
+            Ok(t) => t,
+            Err(source) => {
+                // The running table stays, and so do the addresses it was built with.
+                self.builder.set_locals(&self.locals);
+                return Err(Error::Table {
+                    why: "reload",
+                    source,
+                });
+            }
+        };
         self.file = Arc::new(loaded.config);
         self.config = merged;
         self.locals = loaded.locals;
@@ -533,11 +539,10 @@ impl Control {
         self.hops.clear();
         let probes = self.hops.fill(&mut cfg.services, &self.neighbours);
         let health = &self.health;
-        let mut table = self
+        let table = self
             .builder
             .build(&cfg, &self.ports, |s, a, p| health.is_down(s, a, p))
             .map_err(|source| Error::Table { why, source })?;
-        table.locals.clone_from(&self.locals);
         info!(generation = table.generation, "table rebuilt: {why}");
         self.probe_unresolved(probes);
         self.publish(table, Changed::All);

@@ -27,6 +27,7 @@ use tracing::{info, warn};
 
 use crate::admin::{self, Reload};
 use crate::core::{Control, Effect, Event};
+use crate::footprint::Footprint;
 use crate::health::{self, Checker};
 use crate::shared::{Shared, Sources};
 use crate::vip::Vips;
@@ -70,6 +71,13 @@ impl Gateway {
     pub fn start(source: Source) -> anyhow::Result<Self> {
         let cfg = source.load()?;
         source::check_tunnel_sources(&cfg)?;
+        // Refused before anything is allocated: a configuration beyond the machine would
+        // otherwise fail (or be killed) half-way through allocating its flow tables.
+        let footprint = Footprint::of(&cfg);
+        if let Some(memory) = crate::footprint::machine_memory() {
+            footprint.fits(memory)?;
+        }
+        info!("memory: {footprint}");
         let ports = cfg
             .gateway
             .interfaces
@@ -351,14 +359,8 @@ impl Gateway {
 /// # Errors
 /// Missing privileges, a bad configuration, a missing interface, an admin address in use.
 pub fn run(source: Source, kube: &crate::kube::Args) -> anyhow::Result<()> {
-    // A check of the effective uid through /proc, to give a clear error before any socket
-    // or BPF call fails with EPERM.
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let euid = status
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(2));
-    if euid != Some("0") {
+    // A clear error before any socket or BPF call fails with EPERM.
+    if !nix::unistd::Uid::effective().is_root() {
         anyhow::bail!(
             "strait run needs root (CAP_NET_ADMIN, CAP_NET_RAW and CAP_BPF for AF_XDP and XDP)"
         );

@@ -170,11 +170,10 @@ pub fn interface_addrs(iface: &str) -> Vec<std::net::IpAddr> {
 
 /// Every address of the configured interfaces, in key form, for
 /// [`strait_dataplane::table::ServiceTable::locals`].
-pub fn local_addrs(cfg: &Config) -> Vec<[u8; 16]> {
+pub fn local_addrs(cfg: &Config) -> Vec<std::net::IpAddr> {
     cfg.gateway
         .interfaces
         .iter()
         .flat_map(|i| interface_addrs(&i.name))
-        .map(strait_dataplane::key::addr_bytes)
         .collect()
 }

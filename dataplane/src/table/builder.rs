@@ -130,12 +130,21 @@ pub struct Builder {
     /// A replaced table handed back ([`Builder::recycle`]): the next update copies into
     /// its allocations, whose pages are already mapped.
     spare: Option<ServiceTable>,
+    /// The gateway's own addresses in key form, put into every table made
+    /// ([`Builder::set_locals`]).
+    locals: Vec<[u8; 16]>,
 }
 
 impl Builder {
     /// A builder with no history.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The gateway's own addresses ([`ServiceTable::locals`]): every table made from now on
+    /// holds them, so a table is complete when the builder returns it.
+    pub fn set_locals(&mut self, addrs: &[IpAddr]) {
+        self.locals = addrs.iter().map(|&a| addr_bytes(a)).collect();
     }
 
     /// Builds a snapshot from a validated configuration.
@@ -171,6 +180,7 @@ impl Builder {
         };
         self.backend_port = role_port(Role::Backend);
         let mut t = ServiceTable::empty(ports.to_vec());
+        t.locals.clone_from(&self.locals);
         t.client_port = role_port(Role::Client);
         if let Some(a) = gw.tunnel_source_v4 {
             t.tunnel_src_v4 = a.octets();
@@ -227,7 +237,8 @@ impl Builder {
 
     /// Builds the next snapshot from `prev`, the last table this builder made, with the
     /// services in `changes` set or removed; every other service is shared with `prev`.
-    /// The gateway-level parts (ports, timeouts, tunnel sources, locals) are `prev`'s.
+    /// The gateway-level parts (ports, timeouts, tunnel sources) are `prev`'s; the local
+    /// addresses are the builder's ([`Builder::set_locals`]).
     /// When a name appears more than once in `changes`, its last change counts.
     ///
     /// The caller validates the services as for [`Builder::build`] (the configuration's
@@ -267,7 +278,6 @@ impl Builder {
                 t.services.clone_from(&prev.services);
                 t.backends.clone_from(&prev.backends);
                 t.ports.clone_from(&prev.ports);
-                t.locals.clone_from(&prev.locals);
                 t.frontends.clone_from(&prev.frontends);
                 t.by_vip_proto.clone_from(&prev.by_vip_proto);
                 t.nat_backends.clone_from(&prev.nat_backends);
@@ -280,6 +290,7 @@ impl Builder {
             }
             None => copy(prev),
         };
+        t.locals.clone_from(&self.locals);
         let mut touched: Vec<([u8; 16], u8)> = Vec::new();
         let mut left: Vec<BackendKey> = Vec::new();
         // 1. Take every changed service that exists out of the indexes.

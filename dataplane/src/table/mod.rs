@@ -185,8 +185,9 @@ pub struct ServiceTable {
     /// Flow timeouts for the per-core tables.
     pub timeouts: Timeouts,
     /// The gateway's own addresses (key form). Traffic to them is the kernel's even when it
-    /// comes from a nat backend's service port (the gateway's health checks). Filled by the
-    /// control plane, which knows the interfaces; empty in tests.
+    /// comes from a nat backend's service port (the gateway's health checks). Given to the
+    /// builder by the control plane, which knows the interfaces ([`Builder::set_locals`]);
+    /// empty in tests.
     pub locals: Vec<[u8; 16]>,
     frontends: HashMap<Frontend, u32>,
     by_vip_proto: HashMap<([u8; 16], u8), VipProto>,
