@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
-use strait_config::model::{Config, HealthCheck, Mode, Service};
+use strait_config::model::{Config, HealthCheck, MacAddr, Mode, Service};
 use strait_control::core::{Changed, Control, Effect, Error, Event, Loaded};
 use strait_control::health::Key;
 use strait_control::kube::Publication;
@@ -188,7 +188,7 @@ impl World {
 
     fn read(&self) -> Neighbours {
         Neighbours {
-            macs: self.neigh.iter().map(|(a, m)| (*a, *m)).collect(),
+            macs: self.neigh.iter().map(|(a, m)| (*a, MacAddr(*m))).collect(),
             routes: if self.route {
                 vec![(ROUTED_NET.parse::<IpNet>().unwrap(), Some(ip(ROUTER)))]
             } else {
@@ -688,7 +688,7 @@ impl World {
                 if let Some(read) = &read {
                     let h = hop(read);
                     if let Some(m) = read.macs.get(&h) {
-                        self.check(tb.mac == Some(*m), || {
+                        self.check(tb.mac == Some(m.octets()), || {
                             format!(
                                 "{} {}: next hop {h} is {:02x?} in the read, {:02x?} in the table",
                                 s.name, b.address, m, tb.mac

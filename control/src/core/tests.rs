@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use strait_config::model::Service;
+use strait_config::model::{MacAddr, Service};
 use strait_dataplane::table::{Health, Port, ServiceTable};
 
 use super::*;
@@ -271,7 +271,7 @@ fn a_kubernetes_change_without_macs_waits_for_a_read_and_is_probed_until_resolve
     // Looked at again every second until it resolves.
     let at = c.core.poll_timeout().unwrap();
     assert!(at <= c.now + NEIGHBOUR_RECHECK);
-    c.neighbours.macs.insert(hop, [2, 0, 0, 0, 2, 1]);
+    c.neighbours.macs.insert(hop, MacAddr([2, 0, 0, 0, 2, 1]));
     c.now = at;
     c.handle(Event::Tick).unwrap();
     assert_eq!(unresolved(&c.live), 0);

@@ -19,7 +19,7 @@ use super::Neighbours;
 pub(super) fn fill_one(
     s: &mut Service,
     neighbours: &Neighbours,
-    mut seen: impl FnMut(IpAddr, bool, IpAddr, Option<[u8; 6]>),
+    mut seen: impl FnMut(IpAddr, bool, IpAddr, Option<MacAddr>),
 ) -> Vec<IpAddr> {
     let mut missing = Vec::new();
     let tunnel = s.mode.is_tunnel();
@@ -35,7 +35,7 @@ pub(super) fn fill_one(
         let mac = neighbours.macs.get(&hop).copied();
         seen(target, routed, hop, mac);
         match mac {
-            Some(m) => b.mac = Some(MacAddr(m)),
+            Some(m) => b.mac = Some(m),
             None => missing.push(hop),
         }
     }
@@ -51,7 +51,7 @@ struct Target {
     /// Its next hop when last filled in.
     hop: IpAddr,
     /// The MAC it was given; `None` while unresolved.
-    mac: Option<[u8; 6]>,
+    mac: Option<MacAddr>,
     /// Backends of the followed services that use it.
     users: u32,
 }
@@ -224,7 +224,7 @@ impl NextHops {
                     resolved.insert(hop);
                 }
                 (Some(old), Some(&new)) if new != old => {
-                    moved.insert(format!("{hop} {} -> {}", MacAddr(old), MacAddr(new)));
+                    moved.insert(format!("{hop} {old} -> {new}"));
                 }
                 _ => {}
             }

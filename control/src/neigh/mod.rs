@@ -37,7 +37,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::sync::{Mutex, PoisonError};
 
 use ipnet::IpNet;
-use strait_config::model::{Config, Role};
+use strait_config::model::{Config, MacAddr, Role};
 use tracing::warn;
 
 pub use hops::NextHops;
@@ -47,7 +47,7 @@ pub use rtnl::{table, DUMP_ATTEMPTS};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Neighbours {
     /// Resolved neighbour entries: address to MAC.
-    pub macs: HashMap<IpAddr, [u8; 6]>,
+    pub macs: HashMap<IpAddr, MacAddr>,
     /// The interface's routes: destination and gateway (`None`: on-link).
     pub routes: Vec<(IpNet, Option<IpAddr>)>,
     /// The interface's index (0: unknown).

@@ -16,6 +16,7 @@ use netlink_packet_route::route::{
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket};
+use strait_config::model::MacAddr;
 
 use super::{Error, Neighbours};
 
@@ -123,7 +124,7 @@ fn routes_request(family: AddressFamily, index: u32) -> RouteNetlinkMessage {
 /// The address and MAC of neighbour entry `m` if it is on interface `index` and resolved:
 /// listed by `ip neigh show` (a state other than `NOARP` and `NONE`, or learned externally)
 /// with a 6-byte link-layer address and not `FAILED` or `INCOMPLETE`.
-fn resolved(m: &NeighbourMessage, index: u32) -> Option<(IpAddr, [u8; 6])> {
+fn resolved(m: &NeighbourMessage, index: u32) -> Option<(IpAddr, MacAddr)> {
     /// `NUD_INCOMPLETE | NUD_FAILED`: no usable link-layer address.
     const UNRESOLVED: u16 = 0x01 | 0x20;
     /// `NUD_REACHABLE | NUD_STALE | NUD_DELAY | NUD_PROBE | NUD_PERMANENT`: the states
@@ -144,7 +145,9 @@ fn resolved(m: &NeighbourMessage, index: u32) -> Option<(IpAddr, [u8; 6])> {
             NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => {
                 addr = Some(IpAddr::V6(*ip));
             }
-            NeighbourAttribute::LinkLayerAddress(l) => mac = <[u8; 6]>::try_from(&l[..]).ok(),
+            NeighbourAttribute::LinkLayerAddress(l) => {
+                mac = <[u8; 6]>::try_from(&l[..]).ok().map(MacAddr);
+            }
             _ => {}
         }
     }

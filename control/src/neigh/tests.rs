@@ -61,7 +61,7 @@ fn macs(entries: &[(&str, u8)]) -> Neighbours {
     Neighbours {
         macs: entries
             .iter()
-            .map(|(a, m)| (a.parse().unwrap(), [2, 0, 0, 0, 1, *m]))
+            .map(|(a, m)| (a.parse().unwrap(), MacAddr([2, 0, 0, 0, 1, *m])))
             .collect(),
         ..Neighbours::default()
     }
@@ -290,7 +290,7 @@ fn parse_routes(json: &[u8], v6: bool) -> Vec<(IpNet, Option<IpAddr>)> {
 
 /// The resolved entries of `ip -j neigh` output: those with a link-layer address and
 /// not `FAILED` or `INCOMPLETE`.
-fn parse(json: &[u8]) -> HashMap<IpAddr, [u8; 6]> {
+fn parse(json: &[u8]) -> HashMap<IpAddr, MacAddr> {
     let v: serde_json::Value = serde_json::from_slice(json).unwrap_or_default();
     v.as_array()
         .into_iter()
@@ -302,7 +302,7 @@ fn parse(json: &[u8]) -> HashMap<IpAddr, [u8; 6]> {
         .filter_map(|n| {
             let ip: IpAddr = n["dst"].as_str()?.parse().ok()?;
             let mac: MacAddr = n["lladdr"].as_str()?.parse().ok()?;
-            Some((ip, mac.0))
+            Some((ip, mac))
         })
         .collect()
 }
@@ -440,8 +440,8 @@ fn reads_neighbours_and_routes_as_iproute2_lists_them() {
 
     let ip = |s: &str| s.parse::<IpAddr>().unwrap();
     let net = |s: &str| s.parse::<IpNet>().unwrap();
-    let mac = |last: u8| [2, 0, 0, 0, 1, last];
-    let macs: HashMap<IpAddr, [u8; 6]> = [
+    let mac = |last: u8| MacAddr([2, 0, 0, 0, 1, last]);
+    let macs: HashMap<IpAddr, MacAddr> = [
         (ip("198.51.100.11"), mac(0x11)),
         (ip("198.51.100.12"), mac(0x12)),
         (ip("198.51.100.13"), mac(0x13)),
@@ -494,8 +494,8 @@ fn reads_neighbours_and_routes_as_iproute2_lists_them() {
     assert_eq!(
         on_v1.macs,
         [
-            (ip("192.0.2.11"), [2, 0, 0, 0, 2, 0x11]),
-            (ip("2001:db8:9::11"), [2, 0, 0, 0, 2, 0x21])
+            (ip("192.0.2.11"), MacAddr([2, 0, 0, 0, 2, 0x11])),
+            (ip("2001:db8:9::11"), MacAddr([2, 0, 0, 0, 2, 0x21]))
         ]
         .into()
     );
@@ -540,7 +540,11 @@ backends = [{ address = "198.51.100.14", port = 80, tunnel = "198.51.100.11" }]
     )
     .unwrap();
     let known = Neighbours {
-        macs: [("198.51.100.11".parse().unwrap(), [2, 0, 0, 0, 1, 0x11])].into(),
+        macs: [(
+            "198.51.100.11".parse().unwrap(),
+            MacAddr([2, 0, 0, 0, 1, 0x11]),
+        )]
+        .into(),
         ..Neighbours::default()
     };
     let missing = fill(&mut cfg, &known);
@@ -574,7 +578,7 @@ fn parses_ip_neigh_json_keeping_resolved_entries_only() {
     assert_eq!(t.len(), 3, "{t:?}");
     assert_eq!(
         t[&"198.51.100.12".parse::<IpAddr>().unwrap()],
-        [2, 0, 0, 0, 1, 0x12]
+        MacAddr([2, 0, 0, 0, 1, 0x12])
     );
     assert!(t.contains_key(&"2001:db8:b::11".parse::<IpAddr>().unwrap()));
     assert!(parse(b"not json").is_empty());
@@ -589,7 +593,11 @@ fn routed_backends_are_reached_through_their_gateway() {
             {"dst":"203.0.113.64/28","gateway":"198.51.100.11","flags":[]},
             {"dst":"203.0.113.99","gateway":"198.51.100.12","flags":[]}]"#;
     let n = Neighbours {
-        macs: [("198.51.100.11".parse().unwrap(), [2, 0, 0, 0, 1, 0x11])].into(),
+        macs: [(
+            "198.51.100.11".parse().unwrap(),
+            MacAddr([2, 0, 0, 0, 1, 0x11]),
+        )]
+        .into(),
         routes: parse_routes(json, false),
         ..Neighbours::default()
     };
