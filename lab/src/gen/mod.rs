@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
+use strait_config::MacAddr;
 use strait_dataplane::xsk::BindPolicy;
 
 pub use tx::{
@@ -63,11 +64,11 @@ pub struct Args {
     #[arg(long)]
     pub iface: String,
     /// Destination MAC of every frame (the next hop, e.g. the forwarder's interface).
-    #[arg(long, value_parser = parse_mac)]
-    pub dst_mac: [u8; 6],
+    #[arg(long)]
+    pub dst_mac: MacAddr,
     /// Source MAC (default: the interface's own).
-    #[arg(long, value_parser = parse_mac)]
-    pub src_mac: Option<[u8; 6]>,
+    #[arg(long)]
+    pub src_mac: Option<MacAddr>,
     /// Destinations, `VIP:PORT[,VIP:PORT...]`; each may be a range,
     /// `203.0.113.1-203.0.113.250:1000-1039` (every address with every port). Flow k goes to
     /// destination k mod count.
@@ -144,22 +145,6 @@ struct ProbeSummary {
     p999_us: Option<f64>,
 }
 
-/// Parses `aa:bb:cc:dd:ee:ff`.
-fn parse_mac(s: &str) -> Result<[u8; 6], String> {
-    let parts: Vec<&str> = s.split(':').collect();
-    let mut mac = [0u8; 6];
-    if parts.len() != 6 {
-        return Err(format!(
-            "MAC {s:?}: expected six hex bytes like 02:00:00:00:0a:fe"
-        ));
-    }
-    for (d, p) in mac.iter_mut().zip(&parts) {
-        *d =
-            u8::from_str_radix(p, 16).map_err(|_| format!("MAC {s:?}: {p:?} is not a hex byte"))?;
-    }
-    Ok(mac)
-}
-
 /// Parses `A-B` (or a single `A`) of something parseable, inclusive, `A <= B`.
 fn parse_range<T: std::str::FromStr + PartialOrd + Copy>(what: &str, s: &str) -> Result<(T, T)> {
     let (a, b) = s.split_once('-').unwrap_or((s, s));
@@ -213,7 +198,7 @@ impl Args {
             ),
         };
         let src_mac = match self.src_mac {
-            Some(m) => m,
+            Some(m) => m.octets(),
             None => {
                 strait_dataplane::xsk::interface_port(&self.iface)
                     .with_context(|| format!("--iface {}", self.iface))?
@@ -229,7 +214,7 @@ impl Args {
             iface: self.iface.clone(),
             queue: self.queue,
             src_mac,
-            dst_mac: self.dst_mac,
+            dst_mac: self.dst_mac.octets(),
             targets: parse_targets(&self.to)?,
             traffic: match self.traffic {
                 TrafficArg::Udp => Traffic::Udp,
@@ -502,18 +487,6 @@ fn thousands(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn macs_parse_and_errors_name_the_input() {
-        assert_eq!(
-            parse_mac("02:00:00:00:0a:FE").unwrap(),
-            [2, 0, 0, 0, 0x0a, 0xfe]
-        );
-        assert!(parse_mac("02:00:00:00:0a").unwrap_err().contains("six"));
-        assert!(parse_mac("02:00:00:00:0a:zz")
-            .unwrap_err()
-            .contains("\"zz\""));
-    }
 
     #[test]
     fn targets_expand_ranges() {
