@@ -113,6 +113,7 @@ pub fn config(mode: Mode, services: usize) -> Config {
                 queues: vec![0],
                 cores: None,
                 role: Role::Both,
+                vlans: Vec::new(),
             }],
         },
         services: (0..services)

@@ -165,6 +165,7 @@ mod incremental {
             queues: vec![0],
             cores: None,
             role: Role::Both,
+            vlans: Vec::new(),
         }];
         Config {
             gateway: Gateway { ..gateway },

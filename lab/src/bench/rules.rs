@@ -342,6 +342,7 @@ pub fn config(specs: &[SvcSpec]) -> Config {
                 queues: vec![0],
                 cores: None,
                 role: Role::Both,
+                vlans: Vec::new(),
             }],
         },
         services: specs
