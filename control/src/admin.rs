@@ -437,10 +437,7 @@ mod tests {
             .gateway
             .interfaces
             .iter()
-            .map(|_| strait_dataplane::table::Port {
-                mac: [2, 0, 0, 0, 0, 1],
-                mtu: 1500,
-            })
+            .map(|_| strait_dataplane::table::Port::new([2, 0, 0, 0, 0, 1], 1500))
             .collect();
         let table = strait_dataplane::table::Builder::new()
             .build(&cfg, &ports, |_, _, _| false)

@@ -176,6 +176,8 @@ fn spawn_all(
     for iface in &g.interfaces {
         let prog = SteerProgram::attach(&iface.name, AttachPolicy::default())
             .with_context(|| format!("attaching the XDP steering program to {}", iface.name))?;
+        prog.serve_vlans(&iface.vlans)
+            .with_context(|| format!("setting the VLANs {} serves", iface.name))?;
         info!(iface = %iface.name, mode = ?prog.mode(), replaced = ?prog.replaced_programs(), "XDP program attached");
         w.progs.push(prog);
     }

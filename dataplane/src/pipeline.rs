@@ -794,10 +794,7 @@ backends = [{}]
     }
 
     fn build(b: &mut Builder, cfg: &strait_config::model::Config) -> ServiceTable {
-        let ports = [Port {
-            mac: GW_MAC,
-            mtu: 1500,
-        }];
+        let ports = [Port::new(GW_MAC, 1500)];
         b.build(cfg, &ports, |_, _, _| false).expect("table builds")
     }
 

@@ -127,7 +127,7 @@ pub fn table(toml: &str, mtu: u16) -> ServiceTable {
         .gateway
         .interfaces
         .iter()
-        .map(|_| Port { mac: GW_MAC, mtu })
+        .map(|_| Port::new(GW_MAC, mtu))
         .collect();
     Builder::new()
         .build(&cfg, &ports, |_, _, _| false)
