@@ -355,6 +355,35 @@ impl Collector for Metrics {
             &cap,
         )?;
 
+        // The steering program's verdicts: with the workers' counters after them, every frame
+        // an interface received is counted once.
+        let xdp: Vec<_> = shared
+            .xdp
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(|r| Some((r.iface().to_owned(), r.counters().ok()?)))
+            .flat_map(|(iface, c)| {
+                c.by_reason().map(|(verdict, reason, v)| {
+                    (
+                        vec![
+                            ("interface", iface.clone()),
+                            ("verdict", verdict.to_string()),
+                            ("reason", reason.to_string()),
+                        ],
+                        v,
+                    )
+                })
+            })
+            .collect();
+        counter(
+            &mut enc,
+            "xdp_packets",
+            "Frames the XDP steering program saw, by verdict (pass: to the kernel; redirect: to \
+             the workers) and reason. Their sum is every frame the interface received.",
+            &xdp,
+        )?;
+
         let table = shared.table.load();
         let mut per_backend = Vec::new();
         let mut up = Vec::new();

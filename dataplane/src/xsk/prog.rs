@@ -634,35 +634,80 @@ impl SteerProgram {
     /// # Errors
     /// [`XskError::Bpf`] if the per-CPU lookup fails.
     pub fn counters(&self) -> Result<SteerCounters, XskError> {
-        let mut v = [0u64; SteerCounters::SLOTS];
-        for (slot, out) in v.iter_mut().enumerate() {
-            let per_cpu = self
-                .stats
-                .lookup_percpu(&(slot as u32).to_ne_bytes(), MapFlags::ANY)
-                .map_err(|source| XskError::Bpf {
-                    iface: self.iface.clone(),
-                    call: "lookup stats",
-                    source,
-                })?
-                .unwrap_or_default();
-            *out = per_cpu
-                .iter()
-                .filter_map(|b| b.get(..8))
-                .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])))
-                .sum();
-        }
-        Ok(SteerCounters {
-            passed: v[0],
-            frontend: v[1],
-            nat_reply: v[2],
-            icmp_error: v[3],
-            fragment: v[4],
-            other_host: v[5],
-            vlan: v[6],
-            malformed: v[7],
-            no_socket: v[8],
+        read_counters(&self.stats, &self.iface)
+    }
+
+    /// A handle that reads [`Self::counters`] from another thread (the admin API's, on each
+    /// scrape), without the program: the counters stay readable, frozen, after the program is
+    /// detached.
+    ///
+    /// # Errors
+    /// [`XskError::Bpf`] if the map's descriptor cannot be duplicated.
+    pub fn counters_reader(&self) -> Result<SteerStats, XskError> {
+        let stats = MapHandle::try_from(&self.stats).map_err(|source| XskError::Bpf {
+            iface: self.iface.clone(),
+            call: "dup stats fd",
+            source,
+        })?;
+        Ok(SteerStats {
+            stats,
+            iface: self.iface.clone(),
         })
     }
+}
+
+/// Reads a steering program's counters from another thread: see
+/// [`SteerProgram::counters_reader`].
+#[derive(Debug)]
+pub struct SteerStats {
+    stats: MapHandle,
+    iface: String,
+}
+
+impl SteerStats {
+    /// The interface the program is attached to.
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+
+    /// The program's counters, summed over CPUs: one lookup per counter.
+    ///
+    /// # Errors
+    /// [`XskError::Bpf`] if the per-CPU lookup fails.
+    pub fn counters(&self) -> Result<SteerCounters, XskError> {
+        read_counters(&self.stats, &self.iface)
+    }
+}
+
+/// The counters in `stats`, summed over CPUs.
+fn read_counters(stats: &MapHandle, iface: &str) -> Result<SteerCounters, XskError> {
+    let mut v = [0u64; SteerCounters::SLOTS];
+    for (slot, out) in v.iter_mut().enumerate() {
+        let per_cpu = stats
+            .lookup_percpu(&(slot as u32).to_ne_bytes(), MapFlags::ANY)
+            .map_err(|source| XskError::Bpf {
+                iface: iface.to_owned(),
+                call: "lookup stats",
+                source,
+            })?
+            .unwrap_or_default();
+        *out = per_cpu
+            .iter()
+            .filter_map(|b| b.get(..8))
+            .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])))
+            .sum();
+    }
+    Ok(SteerCounters {
+        passed: v[0],
+        frontend: v[1],
+        nat_reply: v[2],
+        icmp_error: v[3],
+        fragment: v[4],
+        other_host: v[5],
+        vlan: v[6],
+        malformed: v[7],
+        no_socket: v[8],
+    })
 }
 
 /// Writes the one entry of the program's `port` map.
