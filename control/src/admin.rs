@@ -357,12 +357,23 @@ impl Collector for Metrics {
 
         // The steering program's verdicts: with the workers' counters after them, every frame
         // an interface received is counted once.
-        let xdp: Vec<_> = shared
+        let steering: Vec<_> = shared
             .xdp
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
             .filter_map(|r| Some((r.iface().to_owned(), r.counters().ok()?)))
+            .collect();
+        let port_rx: Vec<_> = steering
+            .iter()
+            .filter_map(|(iface, _)| {
+                let path = format!("/sys/class/net/{iface}/statistics/rx_packets");
+                let n = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+                Some((vec![("interface", iface.clone())], n))
+            })
+            .collect();
+        let xdp: Vec<_> = steering
+            .into_iter()
             .flat_map(|(iface, c)| {
                 c.by_reason().map(|(verdict, reason, v)| {
                     (
@@ -382,6 +393,13 @@ impl Collector for Metrics {
             "Frames the XDP steering program saw, by verdict (pass: to the kernel; redirect: to \
              the workers) and reason. Their sum is every frame the interface received.",
             &xdp,
+        )?;
+        counter(
+            &mut enc,
+            "interface_rx_packets",
+            "Frames the interface received (its rx_packets, from sysfs). While the steering \
+             program is attached, strait_xdp_packets_total grows by as much.",
+            &port_rx,
         )?;
 
         let table = shared.table.load();
@@ -518,6 +536,12 @@ mod tests {
             m.contains(
                 "strait_worker_dropped_frames_total{core=\"veth-gw/0\",cause=\"tx_ring_full\"} 0"
             ),
+            "{m}"
+        );
+        // No steering program attached here: the families are there, without samples.
+        assert!(m.contains("# TYPE strait_xdp_packets counter"), "{m}");
+        assert!(
+            m.contains("# TYPE strait_interface_rx_packets counter"),
             "{m}"
         );
         assert_eq!(get(addr, "POST", "/reload"), (200, "reloaded\n".into()));

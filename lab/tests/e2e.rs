@@ -416,6 +416,19 @@ fn h_ten_thousand_udp_flows_are_all_delivered_and_the_books_balance() {
         return;
     };
     let gw = start(&s, &s.config());
+    // Frames veth-gw received before the steering program was attached: the same in two
+    // scrapes in a row.
+    let offset = {
+        let mut last = port_offset(&gw.get("/metrics"));
+        loop {
+            sleep(Duration::from_millis(20));
+            let now = port_offset(&gw.get("/metrics"));
+            if now == last {
+                break now;
+            }
+            last = now;
+        }
+    };
     let out = s
         .python(&["udp", VIP, "5353", "20000", "10000"])
         .output()
@@ -444,6 +457,31 @@ fn h_ten_thousand_udp_flows_are_all_delivered_and_the_books_balance() {
     assert!(
         created >= 10_000,
         "10,000 distinct 5-tuples made {created} flows"
+    );
+    // Before the workers: the steering program's verdicts add up to every frame the port
+    // received while it was attached (rx_packets also counts what came before), and the
+    // workers took what it redirected. One scrape reads both; health-check replies keep
+    // arriving, so a scrape with a frame between the two reads is tried again.
+    let m = (0..50)
+        .find_map(|_| {
+            let m = gw.get("/metrics");
+            if port_offset(&m) == offset {
+                Some(m)
+            } else {
+                sleep(Duration::from_millis(20));
+                None
+            }
+        })
+        .unwrap_or_else(|| {
+            panic!("interface rx_packets - the sum of strait_xdp_packets_total moved from {offset}")
+        });
+    let redirected = labelled_in(&m, "strait_xdp_packets_total", &["verdict=\"redirect\""]);
+    let handed_in = counter(&gw, "strait_worker_handed_in_frames_total");
+    assert!(redirected >= 10_000, "redirected {redirected}");
+    assert_eq!(
+        counter(&gw, "strait_rx_packets_total"),
+        redirected + handed_in,
+        "workers' rx == XDP redirects + frames handed in by other workers"
     );
 }
 
@@ -673,7 +711,25 @@ fn all_answered(s: &Scenario, gw: &Gateway) -> Vec<Option<String>> {
 
 /// The sum of `/metrics` samples of `family` whose labels include every one of `labels`.
 fn labelled(gw: &Gateway, family: &str, labels: &[&str]) -> u64 {
-    gw.get("/metrics")
+    labelled_in(&gw.get("/metrics"), family, labels)
+}
+
+/// veth-gw's rx_packets less every frame its steering program counted, in one scrape: the
+/// frames it received before the program was attached.
+fn port_offset(metrics: &str) -> i128 {
+    let iface = "interface=\"veth-gw\"";
+    let rx = labelled_in(metrics, "strait_interface_rx_packets_total", &[iface]);
+    let xdp = labelled_in(metrics, "strait_xdp_packets_total", &[iface]);
+    assert!(
+        rx > 0 && xdp > 0,
+        "no rx_packets or XDP counters:\n{metrics}"
+    );
+    i128::from(rx) - i128::from(xdp)
+}
+
+/// [`labelled`] in one scrape's text.
+fn labelled_in(metrics: &str, family: &str, labels: &[&str]) -> u64 {
+    metrics
         .lines()
         .filter(|l| l.starts_with(&format!("{family}{{")))
         .filter(|l| labels.iter().all(|want| l.contains(want)))
