@@ -39,11 +39,7 @@ const ALL_MODES: &str = include_str!("../../fuzz/all_modes.toml");
 /// [`ALL_MODES`] with every interface serving every VLAN, which the cases' tags draw from.
 fn table() -> &'static ServiceTable {
     static T: OnceLock<ServiceTable> = OnceLock::new();
-    T.get_or_init(|| {
-        let all: Vec<String> = (1..=4094).map(|v: u16| v.to_string()).collect();
-        let vlans = format!("queues = [0]\nvlans = [{}]\n", all.join(", "));
-        strait_tests::table(&ALL_MODES.replace("queues = [0]\n", &vlans), 1500)
-    })
+    T.get_or_init(|| strait_tests::table(&strait_tests::serving_every_vlan(ALL_MODES), 1500))
 }
 
 fn config() -> ProptestConfig {
