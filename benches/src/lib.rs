@@ -113,6 +113,7 @@ pub fn config(mode: Mode, services: usize) -> Config {
                 queues: vec![0],
                 cores: None,
                 role: Role::Both,
+                vlans: Vec::new(),
             }],
         },
         services: (0..services)
@@ -156,10 +157,7 @@ pub fn table(mode: Mode, services: usize) -> ServiceTable {
     Builder::new()
         .build(
             &config(mode, services),
-            &[Port {
-                mac: GW_MAC,
-                mtu: 1500,
-            }],
+            &[Port::new(GW_MAC, 1500)],
             |_, _, _| false,
         )
         .expect("synthetic table builds")

@@ -155,9 +155,17 @@ pub struct Interface {
     pub cores: Option<Vec<usize>>,
     /// Which side of a two-arm topology the interface faces.
     pub role: Role,
+    /// 802.1Q VLAN ids (1..=4094, no duplicates, in file order) whose tagged frames the
+    /// interface serves, besides untagged ones. Empty (the default): untagged only; a tagged
+    /// frame of any other VLAN is left to the kernel by the steering program, or dropped
+    /// (`vlan_not_served`) by a worker it reaches.
+    pub vlans: Vec<u16>,
 }
 
 impl Interface {
+    /// The largest VLAN id (4095 is reserved by 802.1Q; 0 marks a priority tag, no VLAN).
+    pub const MAX_VLAN: u16 = 4094;
+
     /// The largest CPU a worker may be pinned to: the last CPU of the kernel's default
     /// affinity mask (`CPU_SETSIZE` = 1024 with glibc), far beyond any machine this runs on,
     /// so a larger number is a mistake in the file.

@@ -67,6 +67,7 @@ pub(crate) struct RawInterface {
     pub queues: Option<Vec<i64>>,
     pub cores: Option<Vec<i64>>,
     pub role: Option<String>,
+    pub vlans: Option<Vec<i64>>,
 }
 
 /// `[[services]]`.
@@ -362,6 +363,8 @@ impl From<&Config> for RawConfig {
                                 .collect()
                         }),
                         role: Some(i.role.to_string()),
+                        vlans: (!i.vlans.is_empty())
+                            .then(|| i.vlans.iter().map(|&v| v.into()).collect()),
                     })
                     .collect(),
             },

@@ -50,6 +50,9 @@ pub fn summary(config: &Config) -> String {
                 let _ = write!(s, " cores {}", join(cores));
             }
             let _ = write!(s, " role {}", i.role);
+            if !i.vlans.is_empty() {
+                let _ = write!(s, " vlans {}", join(&i.vlans));
+            }
             s
         })
         .collect();

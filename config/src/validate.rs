@@ -431,13 +431,17 @@ impl Checker {
                 iface.role.as_ref(),
                 Role::default(),
             );
-            out.push(match (name, queues, cores, role) {
-                (Some(name), Some(queues), Some(cores), Some(role)) => Some(Interface {
-                    name: name.to_owned(),
-                    queues,
-                    cores,
-                    role,
-                }),
+            let vlans = self.vlans(&path, iface.vlans.as_deref().unwrap_or_default());
+            out.push(match (name, queues, cores, role, vlans) {
+                (Some(name), Some(queues), Some(cores), Some(role), Some(vlans)) => {
+                    Some(Interface {
+                        name: name.to_owned(),
+                        queues,
+                        cores,
+                        role,
+                        vlans,
+                    })
+                }
                 _ => None,
             });
         }
@@ -489,6 +493,42 @@ impl Checker {
             }
             seen.insert(q, j);
             out.push(self.int(&qpath, q, 0, u32::MAX));
+        }
+        out.into_iter().collect()
+    }
+
+    /// 802.1Q VLAN ids: 1..=4094 (0 is a priority tag without a VLAN, 4095 reserved), each
+    /// once.
+    fn vlans(&mut self, path: &str, raw: &[i64]) -> Option<Vec<u16>> {
+        let path = format!("{path}.vlans");
+        let mut seen: HashMap<i64, usize> = HashMap::new();
+        let mut out = Vec::with_capacity(raw.len());
+        for (j, &v) in raw.iter().enumerate() {
+            let vpath = format!("{path}[{j}]");
+            if let Some(first) = seen.get(&v) {
+                self.problem(
+                    vpath,
+                    format!("VLAN {v} is already listed at {path}[{first}]"),
+                );
+                out.push(None);
+                continue;
+            }
+            seen.insert(v, j);
+            out.push(
+                u16::try_from(v)
+                    .ok()
+                    .filter(|v| (1..=Interface::MAX_VLAN).contains(v))
+                    .or_else(|| {
+                        self.problem(
+                            &vpath,
+                            format!(
+                                "{v} is not a VLAN id (1..={}; 0 is a priority tag, 4095 reserved)",
+                                Interface::MAX_VLAN
+                            ),
+                        );
+                        None
+                    }),
+            );
         }
         out.into_iter().collect()
     }

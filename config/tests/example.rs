@@ -153,6 +153,7 @@ new_flows_per_second_per_core = 0
 name = "eth0"
 queues = [0, 1]
 cores = [2, 3]
+vlans = [100, 200]
 
 [[services]]
 name = "empty"
@@ -182,7 +183,10 @@ weight = 0
     .unwrap();
     let s = summary(&c);
     assert!(s.contains("unlimited"), "{s}");
-    assert!(s.contains("eth0 queues 0,1 cores 2,3 role both"), "{s}");
+    assert!(
+        s.contains("eth0 queues 0,1 cores 2,3 role both vlans 100,200"),
+        "{s}"
+    );
     assert!(
         s.contains("service empty [2001:db8::10]:443/tcp dsr-l2 maglev 65537: no backends"),
         "{s}"

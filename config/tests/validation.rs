@@ -66,6 +66,7 @@ fn minimal_config_gets_every_default() {
     assert_eq!(g.interfaces[0].queues, [0]);
     assert_eq!(g.interfaces[0].cores, None);
     assert_eq!(g.interfaces[0].role, Role::Both);
+    assert!(g.interfaces[0].vlans.is_empty(), "untagged only");
     assert!(c.services.is_empty());
 }
 
@@ -475,6 +476,54 @@ fn queue_rules() {
     refused(
         &iface("queues = [0, 1, 0]"),
         "gateway.interfaces[0].queues[2]: queue 0 is already listed at gateway.interfaces[0].queues[0]",
+    );
+}
+
+#[test]
+fn vlan_rules() {
+    let iface =
+        |vlans: &str| format!("[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n{vlans}\n");
+    assert_eq!(
+        accepted(&iface("vlans = []")).gateway.interfaces[0].vlans,
+        [0u16; 0]
+    );
+    assert_eq!(
+        accepted(&iface("vlans = [4094, 1, 100]"))
+            .gateway
+            .interfaces[0]
+            .vlans,
+        [4094, 1, 100]
+    );
+    refused(
+        &iface("vlans = [0]"),
+        "gateway.interfaces[0].vlans[0]: 0 is not a VLAN id (1..=4094; 0 is a priority tag, 4095 reserved)",
+    );
+    refused(
+        &iface("vlans = [100, 4095]"),
+        "gateway.interfaces[0].vlans[1]: 4095 is not a VLAN id (1..=4094; 0 is a priority tag, 4095 reserved)",
+    );
+    refused(
+        &iface("vlans = [-1]"),
+        "gateway.interfaces[0].vlans[0]: -1 is not a VLAN id (1..=4094; 0 is a priority tag, 4095 reserved)",
+    );
+    refused(
+        &iface("vlans = [100, 200, 100]"),
+        "gateway.interfaces[0].vlans[2]: VLAN 100 is already listed at gateway.interfaces[0].vlans[0]",
+    );
+    // Every problem, each with its own path; and on the second interface, its index.
+    assert_eq!(
+        problems(&format!("{}{}", iface(""), iface("vlans = [5000, 7, 7]")).replace(
+            "name = \"eth0\"\nqueues = [0]\nvlans",
+            "name = \"eth1\"\nqueues = [0]\nvlans"
+        )),
+        [
+            "gateway.interfaces[1].vlans[0]: 5000 is not a VLAN id (1..=4094; 0 is a priority tag, 4095 reserved)",
+            "gateway.interfaces[1].vlans[2]: VLAN 7 is already listed at gateway.interfaces[1].vlans[1]",
+        ]
+    );
+    refused(
+        &iface("vlans = 100"),
+        "gateway.interfaces[0].vlans: invalid type: integer `100`, expected a sequence (line 4, column 9)",
     );
 }
 

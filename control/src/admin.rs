@@ -355,6 +355,53 @@ impl Collector for Metrics {
             &cap,
         )?;
 
+        // The steering program's verdicts: with the workers' counters after them, every frame
+        // an interface received is counted once.
+        let steering: Vec<_> = shared
+            .xdp
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(|r| Some((r.iface().to_owned(), r.counters().ok()?)))
+            .collect();
+        let port_rx: Vec<_> = steering
+            .iter()
+            .filter_map(|(iface, _)| {
+                let path = format!("/sys/class/net/{iface}/statistics/rx_packets");
+                let n = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+                Some((vec![("interface", iface.clone())], n))
+            })
+            .collect();
+        let xdp: Vec<_> = steering
+            .into_iter()
+            .flat_map(|(iface, c)| {
+                c.by_reason().map(|(verdict, reason, v)| {
+                    (
+                        vec![
+                            ("interface", iface.clone()),
+                            ("verdict", verdict.to_string()),
+                            ("reason", reason.to_string()),
+                        ],
+                        v,
+                    )
+                })
+            })
+            .collect();
+        counter(
+            &mut enc,
+            "xdp_packets",
+            "Frames the XDP steering program saw, by verdict (pass: to the kernel; redirect: to \
+             the workers) and reason. Their sum is every frame the interface received.",
+            &xdp,
+        )?;
+        counter(
+            &mut enc,
+            "interface_rx_packets",
+            "Frames the interface received (its rx_packets, from sysfs). While the steering \
+             program is attached, strait_xdp_packets_total grows by as much.",
+            &port_rx,
+        )?;
+
         let table = shared.table.load();
         let mut per_backend = Vec::new();
         let mut up = Vec::new();
@@ -437,10 +484,7 @@ mod tests {
             .gateway
             .interfaces
             .iter()
-            .map(|_| strait_dataplane::table::Port {
-                mac: [2, 0, 0, 0, 0, 1],
-                mtu: 1500,
-            })
+            .map(|_| strait_dataplane::table::Port::new([2, 0, 0, 0, 0, 1], 1500))
             .collect();
         let table = strait_dataplane::table::Builder::new()
             .build(&cfg, &ports, |_, _, _| false)
@@ -497,6 +541,12 @@ mod tests {
             m.contains(
                 "strait_worker_dropped_frames_total{core=\"veth-gw/0\",cause=\"tx_ring_full\"} 0"
             ),
+            "{m}"
+        );
+        // No steering program attached here: the families are there, without samples.
+        assert!(m.contains("# TYPE strait_xdp_packets counter"), "{m}");
+        assert!(
+            m.contains("# TYPE strait_interface_rx_packets counter"),
             "{m}"
         );
         assert_eq!(get(addr, "POST", "/reload"), (200, "reloaded\n".into()));

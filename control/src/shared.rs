@@ -66,6 +66,10 @@ pub struct Shared {
     pub ready: AtomicBool,
     /// The Kubernetes source's numbers, when it runs.
     pub kube: Mutex<Option<Arc<crate::kube::Stats>>>,
+    /// A reader of each interface's XDP steering counters, in configuration order, filled as
+    /// the programs are attached; read on each scrape (a map lookup per counter), so the
+    /// workers publish nothing for them.
+    pub xdp: Mutex<Vec<strait_dataplane::xsk::SteerStats>>,
 }
 
 impl Shared {
@@ -86,6 +90,7 @@ impl Shared {
             cores,
             ready: AtomicBool::new(false),
             kube: Mutex::new(None),
+            xdp: Mutex::new(Vec::new()),
         }
     }
 

@@ -173,9 +173,24 @@ fn spawn_all(
     w: &mut Workers,
 ) -> anyhow::Result<()> {
     let g = &cfg.gateway;
+    shared
+        .xdp
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clear();
     for iface in &g.interfaces {
         let prog = SteerProgram::attach(&iface.name, AttachPolicy::default())
             .with_context(|| format!("attaching the XDP steering program to {}", iface.name))?;
+        prog.serve_vlans(&iface.vlans)
+            .with_context(|| format!("setting the VLANs {} serves", iface.name))?;
+        let reader = prog
+            .counters_reader()
+            .with_context(|| format!("reading the steering counters of {}", iface.name))?;
+        shared
+            .xdp
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(reader);
         info!(iface = %iface.name, mode = ?prog.mode(), replaced = ?prog.replaced_programs(), "XDP program attached");
         w.progs.push(prog);
     }

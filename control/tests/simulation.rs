@@ -117,10 +117,7 @@ impl World {
     fn new(seed: u64) -> Self {
         let mut rng = fastrand::Rng::with_seed(seed);
         let start = Instant::now();
-        let ports = vec![Port {
-            mac: [2, 0, 0, 0, 0, 1],
-            mtu: 1500,
-        }];
+        let ports = vec![Port::new([2, 0, 0, 0, 0, 1], 1500)];
         // A first file that validates.
         let file = loop {
             if let Ok(c) = strait_config::parse(&file_toml(&mut rng, true)) {

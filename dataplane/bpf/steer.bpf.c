@@ -5,7 +5,12 @@
 //
 // An AF_XDP socket cannot give a frame back to the kernel, so this program must only redirect
 // what the pipeline will forward; everything else (ARP, ND, ICMP echo to the box, SSH, BGP,
-// traffic to the box's own addresses) passes untouched. Redirected are:
+// traffic to the box's own addresses) passes untouched. Only a frame the port accepts is
+// looked at (`port`): unicast to the interface's own MAC, untagged or tagged with a VLAN the
+// interface serves. A frame to another host's MAC (a switch flooding an unknown destination,
+// the interface in promiscuous mode) or of another VLAN passes, counted, and the kernel drops
+// it or gives it to its VLAN device; broadcast and multicast (ARP, ND) are the kernel's.
+// Of the accepted frames, redirected are:
 //
 //   1. TCP/UDP to a service frontend                 (frontends: {vip, port, proto})
 //   2. TCP/UDP from a nat backend (nat replies)      (nat_backends: {addr, port, proto}),
@@ -14,8 +19,9 @@
 //      and the pipeline forwards them to the backend that owns that flow  (vips: {addr})
 //   4. Non-first IP fragments of TCP/UDP to a VIP (they carry no ports) (vips)
 //
-// Userspace (dataplane/src/xsk/prog.rs) keeps the three lookup maps equal to the current
-// service table and puts each AF_XDP socket into `xsks` at its queue index. Keys hold
+// Userspace (dataplane/src/xsk/prog.rs) writes `port` before attaching, keeps the lookup maps
+// equal to the current service table and puts each AF_XDP socket into `xsks` at its queue
+// index. Keys hold
 // addresses in the pipeline's key form: 16 bytes, IPv4 as IPv4-mapped IPv6 (::ffff:a.b.c.d);
 // ports in network byte order, as on the wire.
 //
@@ -74,14 +80,38 @@ struct vip_key {
 	__u8 addr[16];
 };
 
-// Counter slots of `stats` (xsk::prog::SteerCounters reads them in this order).
+// Counter slots of `stats` (xsk::prog::SteerCounters reads them in this order). Every frame
+// is counted in exactly one: the slots add up to the frames the program saw.
 enum stat {
+	// Passed: not service traffic (or not IP), the kernel's.
 	STAT_PASS,
+	// Redirected, by what matched.
 	STAT_FRONTEND,
 	STAT_NAT_REPLY,
 	STAT_ICMP_ERROR,
 	STAT_FRAGMENT,
+	// Passed: unicast to another MAC.
+	STAT_OTHER_HOST,
+	// Passed: tagged with a VLAN the interface does not serve.
+	STAT_VLAN,
+	// Passed: an Ethernet, 802.1Q, IP or transport header cut short or invalid.
+	STAT_MALFORMED,
+	// Passed: would be redirected, but no socket is registered for the queue.
+	STAT_NO_SOCKET,
 	STAT_MAX,
+};
+
+// VLAN ids: 12 bits.
+#define VLAN_IDS 4096
+
+// What the port accepts, written by userspace before the program is attached
+// (xsk::prog::port_conf builds the same bytes): 520 bytes, no implicit padding.
+struct port_conf {
+	// The interface's own MAC.
+	__u8 mac[6];
+	__u8 pad[2];
+	// Bit v of word v / 64: tagged frames of VLAN v are served.
+	__u64 vlans[VLAN_IDS / 64];
 };
 
 struct {
@@ -122,6 +152,13 @@ struct {
 } locals SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct port_conf);
+} port SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, STAT_MAX);
 	__type(key, __u32);
@@ -151,17 +188,53 @@ static __always_inline void count(__u32 slot)
 		*c += 1;
 }
 
+static __always_inline int pass_as(__u32 slot)
+{
+	count(slot);
+	return XDP_PASS;
+}
+
 static __always_inline int pass(void)
 {
-	count(STAT_PASS);
-	return XDP_PASS;
+	return pass_as(STAT_PASS);
+}
+
+static __always_inline int malformed(void)
+{
+	return pass_as(STAT_MALFORMED);
 }
 
 static __always_inline int redirect(struct xdp_md *ctx, __u32 slot)
 {
-	count(slot);
 	// XDP_PASS when no socket is bound to this queue, so the kernel keeps the traffic.
-	return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);
+	int act = bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);
+
+	count(act == XDP_REDIRECT ? slot : STAT_NO_SOCKET);
+	return act;
+}
+
+// Whether the port takes the frame: the STAT_ slot to pass it under, or STAT_MAX to go on.
+// `tci` is the 802.1Q tag in network order, 0 when untagged.
+static __always_inline __u32 refused(const struct ethhdr *eth, __be16 tci)
+{
+	__u32 zero = 0;
+	struct port_conf *c = bpf_map_lookup_elem(&port, &zero);
+	__u16 vid;
+
+	if (!c)
+		return STAT_PASS;
+	// Broadcast and multicast (the I/G bit): ARP, ND, routing protocols; the kernel's.
+	if (eth->h_dest[0] & 1)
+		return STAT_PASS;
+	if ((eth->h_dest[0] ^ c->mac[0]) | (eth->h_dest[1] ^ c->mac[1]) |
+	    (eth->h_dest[2] ^ c->mac[2]) | (eth->h_dest[3] ^ c->mac[3]) |
+	    (eth->h_dest[4] ^ c->mac[4]) | (eth->h_dest[5] ^ c->mac[5]))
+		return STAT_OTHER_HOST;
+	// VLAN 0 is a priority tag on an untagged frame (802.1Q), served as untagged.
+	vid = bpf_ntohs(tci) & (VLAN_IDS - 1);
+	if (vid && !((c->vlans[vid / 64] >> (vid % 64)) & 1))
+		return STAT_VLAN;
+	return STAT_MAX;
 }
 
 static __always_inline void v4_mapped(__u8 *out, __be32 a)
@@ -250,20 +323,26 @@ int strait_steer(struct xdp_md *ctx)
 	struct endpoint_key k = {};
 	void *l3, *l4;
 	__u16 ethertype;
+	__be16 tci = 0;
+	__u32 slot;
 	__u8 *ports;
 
 	if ((void *)(eth + 1) > end)
-		return pass();
+		return malformed();
 	ethertype = eth->h_proto;
 	l3 = eth + 1;
 	if (ethertype == bpf_htons(ETH_P_8021Q_)) {
 		struct vlan_hdr *v = l3;
 
 		if ((void *)(v + 1) > end)
-			return pass();
+			return malformed();
+		tci = v->tci;
 		ethertype = v->proto;
 		l3 = v + 1;
 	}
+	slot = refused(eth, tci);
+	if (slot != STAT_MAX)
+		return pass_as(slot);
 	if (ethertype == bpf_htons(ETH_P_IP))
 		l4 = parse_v4(l3, end, &f);
 	else if (ethertype == bpf_htons(ETH_P_IPV6))
@@ -271,14 +350,14 @@ int strait_steer(struct xdp_md *ctx)
 	else
 		return pass();
 	if (!l4)
-		return pass();
+		return malformed();
 
 	if (f.proto == IPPROTO_TCP || f.proto == IPPROTO_UDP) {
 		if (f.later_fragment)
 			return is_vip(f.dst) ? redirect(ctx, STAT_FRAGMENT) : pass();
 		ports = l4;
 		if ((void *)(ports + 4) > end)
-			return pass();
+			return malformed();
 		__builtin_memcpy(k.addr, f.dst, 16);
 		__builtin_memcpy(&k.port, ports + 2, 2);
 		k.proto = f.proto;
@@ -301,8 +380,10 @@ int strait_steer(struct xdp_md *ctx)
 		__u8 t;
 		int err;
 
-		if (f.later_fragment || (void *)(icmp + 1) > end)
+		if (f.later_fragment)
 			return pass();
+		if ((void *)(icmp + 1) > end)
+			return malformed();
 		t = icmp[0];
 		if (!f.v6)
 			err = t == ICMP_DEST_UNREACH_ || t == ICMP_TIME_EXCEEDED_ ||

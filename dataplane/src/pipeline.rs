@@ -4,8 +4,9 @@
 //! the AF_XDP worker, by the in-memory test driver and by the benches alike; time is passed
 //! in, nothing here makes a syscall, takes a lock or allocates.
 //!
-//! Decisions, in order: parse (malformed, or a bad IPv4 header checksum: drop with a reason)
-//! → ICMP error about a VIP flow (to that flow's backend) → frontend lookup (none: a nat
+//! Decisions, in order: what the ingress port accepts (unicast to another MAC, or tagged
+//! with a VLAN the port does not serve: drop with a reason; broadcast and multicast: the
+//! kernel's) → parse (malformed, or a bad IPv4 header checksum: drop with a reason) → ICMP error about a VIP flow (to that flow's backend) → frontend lookup (none: a nat
 //! reply, or the kernel's) → source ACL → fragments (3-tuple Maglev, stateless) → nat owner
 //! core (hand off) → flow table (hit: same backend while it keeps flows; miss: session
 //! affinity, then Maglev, then remember) → rewrite for the mode (which completes a TCP/UDP
@@ -23,8 +24,8 @@ use crate::hash::{hash_words, mix64, SEED_FLOW, SEED_MAGLEV};
 use crate::key::{is_v4, proto, FlowKey};
 use crate::rewrite::{self, Encap, EncapError, Frame, Macs, Outer};
 use crate::stats::{Counters, DropReason};
-use crate::table::{Backend, FragmentService, Frontend, Health, Service, ServiceTable};
-use crate::wire::parse::{parse, parse_into, Embedded, Frag, Parsed};
+use crate::table::{Backend, FragmentService, Frontend, Health, Port, Service, ServiceTable};
+use crate::wire::parse::{parse_into, Embedded, Frag, Parsed};
 use crate::wire::tcp::flags;
 use strait_config::model::Mode;
 
@@ -75,6 +76,48 @@ fn maglev_hash(flow_hash: u64) -> u64 {
 /// keeps 10-20 misses in flight), small enough that the batch's frames and staged parse
 /// results stay in L1 (32 x ~170 bytes staged). Equal to the AF_XDP RX batch.
 pub const BATCH: usize = 32;
+
+/// What port `port` does with a frame, before parsing: `Ok(true)` take it, `Ok(false)` leave
+/// it to the kernel (broadcast and multicast: ARP, ND, routing protocols), or drop it.
+///
+/// The XDP steering program makes the same choice before redirecting (it passes what this
+/// drops, and the kernel then drops a frame for another host itself); this is the check for
+/// drivers without that filter. A frame cut inside its Ethernet header or 802.1Q tag is
+/// taken, for the parser to drop as `eth_truncated`; an `ingress` that names no port (a
+/// driver's mistake) takes everything.
+#[inline(always)]
+fn admit(frame: &[u8], port: Option<&Port>) -> Result<bool, DropReason> {
+    let (Some(port), Some(eth)) = (port, frame.get(..14)) else {
+        return Ok(true);
+    };
+    if eth[0] & 1 != 0 {
+        return Ok(false);
+    }
+    if eth[..6] != port.mac {
+        return Err(DropReason::OtherHost);
+    }
+    if eth[12..14] == [0x81, 0x00] {
+        let Some(&[hi, lo]) = frame.get(14..16) else {
+            return Ok(true);
+        };
+        // VLAN 0 is a priority tag on an untagged frame (802.1Q), taken as untagged.
+        let vid = u16::from_be_bytes([hi, lo]) & 0x0fff;
+        if vid != 0 && !port.vlans.contains(vid) && frame.len() >= 18 {
+            return Err(DropReason::VlanNotServed);
+        }
+    }
+    Ok(true)
+}
+
+/// [`admit`], then [`parse_into`] what the port takes.
+#[inline(always)]
+fn admit_and_parse(frame: &[u8], port: Option<&Port>, p: &mut Parsed) -> Result<bool, DropReason> {
+    if admit(frame, port)? {
+        parse_into(frame, p)
+    } else {
+        Ok(false)
+    }
+}
 
 /// A frame's parse result as the decision takes it: dropped with a reason, not IP (`None`), or
 /// the parsed IP packet.
@@ -199,8 +242,9 @@ impl Pipeline {
     ) {
         assert!(verdicts.len() >= frames.len(), "one verdict per frame");
         for (frames, verdicts) in frames.chunks_mut(BATCH).zip(verdicts.chunks_mut(BATCH)) {
+            let port = t.ports.get(ingress as usize);
             for (f, st) in frames.iter().zip(self.staged.iter_mut()) {
-                st.ip = parse_into(f.data(), &mut st.parsed);
+                st.ip = admit_and_parse(f.data(), port, &mut st.parsed);
             }
             // Hashes on their own: a flow hash is a chain of dependent multiplies, and in a
             // short loop the chains of several frames overlap.
@@ -275,11 +319,9 @@ impl Pipeline {
         ingress: u8,
         frame: &mut Frame<'_>,
     ) -> Verdict {
-        let parsed = parse(frame.data());
-        let parsed = match &parsed {
-            Ok(p) => Ok(p.as_ref()),
-            Err(r) => Err(*r),
-        };
+        let mut p = Parsed::default();
+        let parsed = admit_and_parse(frame.data(), t.ports.get(ingress as usize), &mut p)
+            .map(|ip| ip.then_some(&p));
         let h = flow_hash(parsed);
         self.finish(t, now, ingress, frame, parsed, h, None)
     }
@@ -794,10 +836,7 @@ backends = [{}]
     }
 
     fn build(b: &mut Builder, cfg: &strait_config::model::Config) -> ServiceTable {
-        let ports = [Port {
-            mac: GW_MAC,
-            mtu: 1500,
-        }];
+        let ports = [Port::new(GW_MAC, 1500)];
         b.build(cfg, &ports, |_, _, _| false).expect("table builds")
     }
 

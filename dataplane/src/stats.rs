@@ -51,11 +51,16 @@ pub enum DropReason {
     /// A packet from a nat backend's service port that belongs to no flow (expired, or
     /// never translated): dropped rather than leaking the backend's address to the client.
     ReplyNoFlow,
+    /// Unicast to another MAC than the ingress port's: a switch flooding an unknown
+    /// destination, or the port in promiscuous mode. The host it is for gets its own copy.
+    OtherHost,
+    /// Tagged with an 802.1Q VLAN the ingress port does not serve.
+    VlanNotServed,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 19] = [
+    pub const ALL: [DropReason; 21] = [
         DropReason::EthTruncated,
         DropReason::IpTruncated,
         DropReason::IpMalformed,
@@ -75,6 +80,8 @@ impl DropReason {
         DropReason::NatCollision,
         DropReason::NoEgress,
         DropReason::ReplyNoFlow,
+        DropReason::OtherHost,
+        DropReason::VlanNotServed,
     ];
     /// Number of reasons.
     pub const COUNT: usize = Self::ALL.len();
@@ -101,6 +108,8 @@ impl DropReason {
             DropReason::NatCollision => "nat_collision",
             DropReason::NoEgress => "no_egress",
             DropReason::ReplyNoFlow => "reply_no_flow",
+            DropReason::OtherHost => "other_host",
+            DropReason::VlanNotServed => "vlan_not_served",
         }
     }
 }

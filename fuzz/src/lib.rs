@@ -96,7 +96,10 @@ pub fn table(mtu: usize) -> &'static ServiceTable {
         OnceLock::new(),
         OnceLock::new(),
     ];
-    TABLES[mtu].get_or_init(|| strait_tests::table(ALL_MODES, MTUS[mtu]))
+    // The seeds' tags are drawn from every VLAN (checksum_props writes them).
+    TABLES[mtu].get_or_init(|| {
+        strait_tests::table(&strait_tests::serving_every_vlan(ALL_MODES), MTUS[mtu])
+    })
 }
 
 /// The `parse` target: never panics, and a successful parse describes the frame it was

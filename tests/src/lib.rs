@@ -117,6 +117,17 @@ pub const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xc1];
 /// One second in the pipeline's clock unit.
 pub const SEC: u64 = 1_000_000_000;
 
+/// `toml` with every interface (each written `queues = [0]`) serving every VLAN, 1..=4094:
+/// for inputs whose 802.1Q tags are drawn at random (property cases, fuzz seeds), which the
+/// port would otherwise refuse before the rest of the pipeline sees them.
+pub fn serving_every_vlan(toml: &str) -> String {
+    let all: Vec<String> = (1..=4094).map(|v: u16| v.to_string()).collect();
+    toml.replace(
+        "queues = [0]\n",
+        &format!("queues = [0]\nvlans = [{}]\n", all.join(", ")),
+    )
+}
+
 /// Builds a snapshot from a configuration text, with `ports` interfaces of MTU `mtu`.
 ///
 /// # Panics
@@ -127,7 +138,7 @@ pub fn table(toml: &str, mtu: u16) -> ServiceTable {
         .gateway
         .interfaces
         .iter()
-        .map(|_| Port { mac: GW_MAC, mtu })
+        .map(|_| Port::new(GW_MAC, mtu))
         .collect();
     Builder::new()
         .build(&cfg, &ports, |_, _, _| false)

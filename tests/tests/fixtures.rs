@@ -415,20 +415,6 @@ fn bug_nat_tiny_first_fragment_is_not_corrupted() {
     );
 }
 
-#[test]
-fn bug_too_big_answer_comes_from_the_port_mac() {
-    let f = fixture("too_big_icmp_v4_broadcast_mac");
-    let (v, out) = run(&f);
-    assert_eq!(v, f.verdict);
-    assert_eq!(
-        &out[6..12],
-        &strait_tests::GW_MAC,
-        "{}\n  answer starts: {}",
-        f.bug.unwrap(),
-        hex_line(&out[..34])
-    );
-}
-
 // ---- pcap and independent decoders ------------------------------------------------------
 
 /// A frame written to a pcap, and where it came from.

@@ -543,3 +543,130 @@ fn batches_decide_exactly_like_single_frames() {
     assert_eq!(single.pipe.counters, batched.pipe.counters);
     assert!(batched.pipe.counters.balanced());
 }
+
+/// `frame` with an 802.1Q tag of VLAN `vid` after its MACs.
+fn tagged(frame: &[u8], vid: u16) -> Vec<u8> {
+    let mut out = frame[..12].to_vec();
+    out.extend_from_slice(&[0x81, 0x00]);
+    out.extend_from_slice(&vid.to_be_bytes());
+    out.extend_from_slice(&frame[12..]);
+    out
+}
+
+/// `frame` sent to `mac` instead of the gateway.
+fn to_mac(frame: &[u8], mac: [u8; 6]) -> Vec<u8> {
+    let mut out = frame.to_vec();
+    out[..6].copy_from_slice(&mac);
+    out
+}
+
+#[test]
+fn a_port_takes_only_unicast_to_its_mac_and_the_vlans_it_serves() {
+    let syn = tcp("192.0.2.7", 40000, "203.0.113.10", 80, "S", &[]);
+    let served = CONFIG.replacen("queues = [0]\n", "queues = [0]\nvlans = [100, 4094]\n", 1);
+    for (config, vlans) in [(CONFIG.to_string(), &[][..]), (served, &[100u16, 4094][..])] {
+        let mut bed = Bed::new(&config);
+        assert_eq!(bed.table.ports[0].vlans.ids().collect::<Vec<_>>(), vlans);
+        // Flooded by a switch, or seen in promiscuous mode: another host's frame.
+        let (v, _) = bed.run(&to_mac(&syn, [0x02, 0, 0, 0, 0, 0x99]));
+        assert_eq!(v, Verdict::Drop(DropReason::OtherHost));
+        let (v, _) = bed.run(&tagged(&to_mac(&syn, [0x02, 0, 0, 0, 0, 0x99]), 100));
+        assert_eq!(v, Verdict::Drop(DropReason::OtherHost), "MAC first");
+        assert_eq!(
+            bed.pipe.counters.flows_created, 0,
+            "no state for another host's flow"
+        );
+        // Broadcast and multicast are the kernel's, whatever they carry.
+        for group in [
+            [0xff; 6],
+            [0x01, 0x00, 0x5e, 0, 0, 1],
+            [0x33, 0x33, 0, 0, 0, 1],
+        ] {
+            assert_eq!(
+                bed.run(&to_mac(&syn, group)).0,
+                Verdict::Pass,
+                "{group:02x?}"
+            );
+        }
+        // A VLAN the port does not serve.
+        for vid in [1, 200, 4095] {
+            assert_eq!(
+                bed.run(&tagged(&syn, vid)).0,
+                Verdict::Drop(DropReason::VlanNotServed),
+                "VLAN {vid}"
+            );
+        }
+        // A priority tag (VLAN 0) is an untagged frame; served VLANs forward, tag and all.
+        for vid in [0].iter().chain(vlans) {
+            let (v, out) = bed.run(&tagged(&syn, *vid));
+            assert_eq!(v, Verdict::Tx { port: 0 }, "VLAN {vid}");
+            assert_eq!(&out[12..16], &[0x81, 0x00, (vid >> 8) as u8, *vid as u8]);
+            assert_ne!(dst_mac(&out), GW_MAC, "to a backend");
+            verify(&out).expect("checksums");
+        }
+        for vid in [100, 4094] {
+            if !vlans.contains(&vid) {
+                assert_eq!(
+                    bed.run(&tagged(&syn, vid)).0,
+                    Verdict::Drop(DropReason::VlanNotServed),
+                    "VLAN {vid} untagged-only"
+                );
+            }
+        }
+        let c = &bed.pipe.counters;
+        assert_eq!(c.drops_for(DropReason::OtherHost), 2);
+        assert_eq!(
+            c.drops_for(DropReason::VlanNotServed),
+            5 - vlans.len() as u64
+        );
+        assert!(c.balanced());
+    }
+}
+
+#[test]
+fn batches_take_and_refuse_frames_as_single_frames_do() {
+    use strait_dataplane::rewrite::{Frame, HEADROOM};
+    let config = CONFIG.replacen("queues = [0]\n", "queues = [0]\nvlans = [100]\n", 1);
+    let syn = |p: u16| tcp("192.0.2.7", p, "203.0.113.10", 80, "S", &[]);
+    let frames: Vec<Vec<u8>> = (0..40u16)
+        .map(|i| match i % 5 {
+            0 => syn(i),
+            1 => to_mac(&syn(i), [0x02, 0, 0, 0, 0, 0x99]),
+            2 => tagged(&syn(i), 100),
+            3 => tagged(&syn(i), 200),
+            _ => to_mac(&syn(i), [0xff; 6]),
+        })
+        .collect();
+    let mut single = Bed::new(&config);
+    let expected: Vec<_> = frames.iter().map(|f| single.run(f).0).collect();
+    let mut batched = Bed::new(&config);
+    let mut bufs: Vec<Vec<u8>> = frames
+        .iter()
+        .map(|f| {
+            let mut b = vec![0u8; HEADROOM + f.len() + 2048];
+            b[HEADROOM..HEADROOM + f.len()].copy_from_slice(f);
+            b
+        })
+        .collect();
+    let mut views: Vec<Frame<'_>> = bufs
+        .iter_mut()
+        .zip(&frames)
+        .map(|(b, f)| Frame::new(b, HEADROOM, f.len()))
+        .collect();
+    let mut verdicts = vec![Verdict::Pass; views.len()];
+    batched
+        .pipe
+        .process_batch(&batched.table, batched.now, 0, &mut views, &mut verdicts);
+    assert_eq!(expected, verdicts);
+    assert_eq!(single.pipe.counters, batched.pipe.counters);
+    let c = &batched.pipe.counters;
+    assert_eq!(
+        (
+            c.tx,
+            c.pass,
+            c.drops_for(DropReason::OtherHost),
+            c.drops_for(DropReason::VlanNotServed)
+        ),
+        (16, 8, 8, 8)
+    );
+}

@@ -9,7 +9,9 @@
 //!   `eth_truncated` / `ip_truncated` (for a well-formed input; a malformed one is dropped
 //!   for some reason): it is never sent nor given to the kernel. A prefix that keeps the
 //!   whole IP packet and only loses link padding gets the input's verdict, and if it is
-//!   sent, its output is the input's output without that padding.
+//!   sent, its output is the input's output without that padding. A frame the port refuses
+//!   (or leaves to the kernel) on its link header alone keeps its verdict once that header
+//!   is whole.
 //! * **Single-byte corruptions** (every offset, xor `0xff`). A corruption may turn the
 //!   packet into anything, so the verdict is free; but a frame that is not sent comes back
 //!   untouched, and a frame that is sent must be one of the pipeline's rewrites of exactly
@@ -94,6 +96,15 @@ fn sweeps<'a>(fixtures: &'a [Fixture], table: &'a ServiceTable) -> Vec<Sweep<'a>
         .collect()
 }
 
+/// Whether the port decides on `f`'s input from its Ethernet header and tag alone.
+fn refused_by_port(f: &Fixture) -> bool {
+    f.input[0] & 1 != 0
+        || matches!(
+            f.verdict,
+            Verdict::Drop(DropReason::OtherHost | DropReason::VlanNotServed)
+        )
+}
+
 #[test]
 fn every_prefix_of_every_fixture() {
     let fixtures = all();
@@ -107,6 +118,12 @@ fn every_prefix_of_every_fixture() {
             runs += 1;
             let ctx = || format!("{} cut to {len} of {} bytes", s.f.name, input.len());
             match ip_end {
+                // Refused by the port, or left to the kernel, on its link header alone
+                // (another host's MAC, a VLAN not served, broadcast or multicast): once that
+                // header is whole, every cut keeps the verdict.
+                _ if refused_by_port(s.f) && len >= l2_len(input) => {
+                    assert_eq!(v, s.verdict, "{}", ctx());
+                }
                 // Less than a malformed frame: still dropped, for whichever reason comes first.
                 _ if !s.f.input_is_wellformed() && len < input.len() => {
                     assert!(matches!(v, Verdict::Drop(_)), "{}: {v:?}", ctx());

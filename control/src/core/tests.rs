@@ -22,10 +22,7 @@ struct Driven {
 impl Driven {
     fn new(toml: &str) -> Self {
         let config = strait_config::parse(toml).unwrap();
-        let ports = vec![Port {
-            mac: [2, 0, 0, 0, 0, 1],
-            mtu: 1500,
-        }];
+        let ports = vec![Port::new([2, 0, 0, 0, 0, 1], 1500)];
         let now = Instant::now();
         let loaded = Loaded {
             config,

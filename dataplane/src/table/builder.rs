@@ -150,7 +150,8 @@ impl Builder {
     /// Builds a snapshot from a validated configuration.
     ///
     /// `ports` gives the MAC and MTU of each configured interface, in configuration order
-    /// (the IO layer reads them from the kernel). `down(service, address, port)` says whether
+    /// (the IO layer reads them from the kernel); each port's VLANs are set from its
+    /// interface's `vlans`. `down(service, address, port)` says whether
     /// a backend failed its health check.
     ///
     /// # Errors
@@ -181,6 +182,9 @@ impl Builder {
         self.backend_port = role_port(Role::Backend);
         let mut t = ServiceTable::empty(ports.to_vec());
         t.locals.clone_from(&self.locals);
+        for (p, i) in t.ports.iter_mut().zip(&gw.interfaces) {
+            p.vlans = Vlans::of(&i.vlans);
+        }
         t.client_port = role_port(Role::Client);
         if let Some(a) = gw.tunnel_source_v4 {
             t.tunnel_src_v4 = a.octets();

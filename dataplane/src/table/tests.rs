@@ -36,10 +36,7 @@ backends = [{}]
 
 #[test]
 fn unchanged_services_share_their_maglev_tables_across_builds() {
-    let ports = [Port {
-        mac: [2, 0, 0, 0, 0, 1],
-        mtu: 1500,
-    }];
+    let ports = [Port::new([2, 0, 0, 0, 0, 1], 1500)];
     let mut b = Builder::new();
     let t1 = b
         .build(
@@ -165,6 +162,7 @@ mod incremental {
             queues: vec![0],
             cores: None,
             role: Role::Both,
+            vlans: Vec::new(),
         }];
         Config {
             gateway: Gateway { ..gateway },
@@ -283,7 +281,7 @@ mod incremental {
             first in proptest::collection::vec(proptest::option::of(draw()), NAMES),
             steps in proptest::collection::vec(step(), 1..12),
         ) {
-            let ports = [Port { mac: [2, 0, 0, 0, 0, 1], mtu: 1500 }];
+            let ports = [Port::new([2, 0, 0, 0, 0, 1], 1500)];
             let fits = |state: &BTreeMap<usize, model::Service>, n: usize, s: &model::Service| {
                 !state.iter().any(|(&m, o)| {
                     m != n && (o.vip, o.port, o.protocol) == (s.vip, s.port, s.protocol)
@@ -356,10 +354,7 @@ mod incremental {
 
     #[test]
     fn updates_need_the_last_table_and_a_free_frontend() {
-        let ports = [Port {
-            mac: [2, 0, 0, 0, 0, 1],
-            mtu: 1500,
-        }];
+        let ports = [Port::new([2, 0, 0, 0, 0, 1], 1500)];
         let d: Draw = (1, 0, false, 0, false, false, vec![(1, 0, 1, false)]);
         let a = service(0, &d);
         let state = BTreeMap::from([(0, a.clone())]);

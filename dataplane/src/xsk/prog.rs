@@ -87,10 +87,13 @@ pub struct MapSync {
     pub removed: u32,
 }
 
-/// The program's own counters, summed over CPUs.
+/// The program's own counters, summed over CPUs. Each frame the program sees is counted in
+/// exactly one field, so [`Self::total`] is every frame the interface received while the
+/// program was attached: [`Self::passed_total`] went to the kernel, [`Self::redirected`] to
+/// the AF_XDP sockets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SteerCounters {
-    /// Packets left to the kernel (`XDP_PASS`).
+    /// Passed (`XDP_PASS`): not service traffic, or not IP, or broadcast/multicast.
     pub passed: u64,
     /// Redirected: TCP/UDP to a frontend.
     pub frontend: u64,
@@ -100,6 +103,68 @@ pub struct SteerCounters {
     pub icmp_error: u64,
     /// Redirected: non-first fragments to a VIP.
     pub fragment: u64,
+    /// Passed: unicast to another host's MAC (the kernel drops it as `PACKET_OTHERHOST`).
+    pub other_host: u64,
+    /// Passed: tagged with a VLAN the interface does not serve.
+    pub vlan: u64,
+    /// Passed: a header cut short or invalid where the program reads it.
+    pub malformed: u64,
+    /// Passed: service traffic on a queue with no socket registered.
+    pub no_socket: u64,
+}
+
+impl SteerCounters {
+    /// Slots of the program's `stats` map, in its order.
+    const SLOTS: usize = 9;
+
+    /// Frames passed to the kernel.
+    pub fn passed_total(&self) -> u64 {
+        self.passed + self.other_host + self.vlan + self.malformed + self.no_socket
+    }
+
+    /// Frames redirected to the AF_XDP sockets.
+    pub fn redirected(&self) -> u64 {
+        self.frontend + self.nat_reply + self.icmp_error + self.fragment
+    }
+
+    /// Every frame the program saw.
+    pub fn total(&self) -> u64 {
+        self.passed_total() + self.redirected()
+    }
+
+    /// Every counter as (verdict, reason, frames): verdict `"pass"` or `"redirect"`, reason
+    /// the field's name (`"kernel"` for [`Self::passed`]).
+    pub fn by_reason(&self) -> [(&'static str, &'static str, u64); Self::SLOTS] {
+        [
+            ("pass", "kernel", self.passed),
+            ("pass", "other_host", self.other_host),
+            ("pass", "vlan", self.vlan),
+            ("pass", "malformed", self.malformed),
+            ("pass", "no_socket", self.no_socket),
+            ("redirect", "frontend", self.frontend),
+            ("redirect", "nat_reply", self.nat_reply),
+            ("redirect", "icmp_error", self.icmp_error),
+            ("redirect", "fragment", self.fragment),
+        ]
+    }
+}
+
+/// Bytes of the program's `port_conf`: the MAC (6), padding (2), the VLAN bitmap (512).
+type PortConf = [u8; 520];
+
+/// The `port_conf` of an interface with MAC `mac` serving VLANs `vlans` (besides untagged).
+/// Ids outside 1..=4094 are ignored (the configuration refuses them).
+fn port_conf(mac: [u8; 6], vlans: &[u16]) -> PortConf {
+    let mut c = [0u8; 520];
+    c[..6].copy_from_slice(&mac);
+    let mut words = [0u64; 64];
+    for &v in vlans.iter().filter(|v| (1..=4094).contains(*v)) {
+        words[v as usize / 64] |= 1 << (v % 64);
+    }
+    for (out, w) in c[8..].chunks_exact_mut(8).zip(words) {
+        out.copy_from_slice(&w.to_ne_bytes());
+    }
+    c
 }
 
 /// The loaded, attached steering program of one interface, and the table its maps follow.
@@ -114,6 +179,10 @@ pub struct SteerProgram {
     vips: Synced<[u8; 16]>,
     locals: Synced<[u8; 16]>,
     stats: MapHandle,
+    /// What the port accepts (`port_conf`).
+    port: MapHandle,
+    /// The interface's MAC when attached.
+    mac: [u8; 6],
     /// The table the counts of the lookup maps describe: the last one given to
     /// [`SteerProgram::update_maps`]. Holding it keeps its services alive, so a service
     /// pointer seen again in the next table is the same service, not a reused address.
@@ -332,18 +401,23 @@ impl<K: AsRef<[u8]> + Eq + Hash + Copy> Synced<K> {
 impl SteerProgram {
     /// Loads the program, removes any XDP program already on `iface` (a stale one from an
     /// earlier run), and attaches ours as `policy` allows. The lookup maps start empty: call
-    /// [`Self::update_maps`] and [`Self::register`].
+    /// [`Self::update_maps`] and [`Self::register`]. The port accepts frames to the
+    /// interface's MAC as it is now, untagged only: [`Self::serve_vlans`] adds VLANs.
     ///
     /// The interface is looked up in the calling thread's network namespace.
     ///
     /// # Errors
-    /// [`XskError::NoInterface`]; [`XskError::Bpf`] when loading (the verifier's log is on
-    /// stderr) or detaching the stale program fails; [`XskError::Attach`] when no allowed
-    /// mode attaches.
+    /// [`XskError::NoInterface`]; [`XskError::Link`] when the interface's MAC cannot be read;
+    /// [`XskError::Bpf`] when loading (the verifier's log is on stderr), writing the port's
+    /// map or detaching the stale program fails; [`XskError::Attach`] when no allowed mode
+    /// attaches.
     pub fn attach(iface: &str, policy: AttachPolicy) -> Result<Self, XskError> {
         let mut prog = XdpProgram::load(&OBJECT.0, PROGRAM, iface)?;
         let xsks = prog.map("xsks")?;
         let stats = prog.map("stats")?;
+        let port = prog.map("port")?;
+        let mac = super::interface_port(iface)?.mac;
+        write_port(&port, iface, &port_conf(mac, &[]))?;
         let frontends = Synced::new(
             prog.map("frontends")?,
             "update frontends",
@@ -369,8 +443,25 @@ impl SteerProgram {
             vips,
             locals,
             stats,
+            port,
+            mac,
             table: None,
         })
+    }
+
+    /// Serves tagged frames of `vlans` (802.1Q ids, 1..=4094) besides untagged ones; a frame
+    /// of any other VLAN is passed to the kernel and counted ([`SteerCounters::vlan`]).
+    /// Replaces the set given before.
+    ///
+    /// # Errors
+    /// [`XskError::Bpf`] if the map update fails.
+    pub fn serve_vlans(&self, vlans: &[u16]) -> Result<(), XskError> {
+        write_port(&self.port, &self.iface, &port_conf(self.mac, vlans))
+    }
+
+    /// The MAC the port accepts unicast frames to: the interface's when attached.
+    pub fn mac(&self) -> [u8; 6] {
+        self.mac
     }
 
     /// The mode the program is attached in.
@@ -543,31 +634,90 @@ impl SteerProgram {
     /// # Errors
     /// [`XskError::Bpf`] if the per-CPU lookup fails.
     pub fn counters(&self) -> Result<SteerCounters, XskError> {
-        let mut v = [0u64; 5];
-        for (slot, out) in v.iter_mut().enumerate() {
-            let per_cpu = self
-                .stats
-                .lookup_percpu(&(slot as u32).to_ne_bytes(), MapFlags::ANY)
-                .map_err(|source| XskError::Bpf {
-                    iface: self.iface.clone(),
-                    call: "lookup stats",
-                    source,
-                })?
-                .unwrap_or_default();
-            *out = per_cpu
-                .iter()
-                .filter_map(|b| b.get(..8))
-                .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])))
-                .sum();
-        }
-        Ok(SteerCounters {
-            passed: v[0],
-            frontend: v[1],
-            nat_reply: v[2],
-            icmp_error: v[3],
-            fragment: v[4],
+        read_counters(&self.stats, &self.iface)
+    }
+
+    /// A handle that reads [`Self::counters`] from another thread (the admin API's, on each
+    /// scrape), without the program: the counters stay readable, frozen, after the program is
+    /// detached.
+    ///
+    /// # Errors
+    /// [`XskError::Bpf`] if the map's descriptor cannot be duplicated.
+    pub fn counters_reader(&self) -> Result<SteerStats, XskError> {
+        let stats = MapHandle::try_from(&self.stats).map_err(|source| XskError::Bpf {
+            iface: self.iface.clone(),
+            call: "dup stats fd",
+            source,
+        })?;
+        Ok(SteerStats {
+            stats,
+            iface: self.iface.clone(),
         })
     }
+}
+
+/// Reads a steering program's counters from another thread: see
+/// [`SteerProgram::counters_reader`].
+#[derive(Debug)]
+pub struct SteerStats {
+    stats: MapHandle,
+    iface: String,
+}
+
+impl SteerStats {
+    /// The interface the program is attached to.
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+
+    /// The program's counters, summed over CPUs: one lookup per counter.
+    ///
+    /// # Errors
+    /// [`XskError::Bpf`] if the per-CPU lookup fails.
+    pub fn counters(&self) -> Result<SteerCounters, XskError> {
+        read_counters(&self.stats, &self.iface)
+    }
+}
+
+/// The counters in `stats`, summed over CPUs.
+fn read_counters(stats: &MapHandle, iface: &str) -> Result<SteerCounters, XskError> {
+    let mut v = [0u64; SteerCounters::SLOTS];
+    for (slot, out) in v.iter_mut().enumerate() {
+        let per_cpu = stats
+            .lookup_percpu(&(slot as u32).to_ne_bytes(), MapFlags::ANY)
+            .map_err(|source| XskError::Bpf {
+                iface: iface.to_owned(),
+                call: "lookup stats",
+                source,
+            })?
+            .unwrap_or_default();
+        *out = per_cpu
+            .iter()
+            .filter_map(|b| b.get(..8))
+            .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])))
+            .sum();
+    }
+    Ok(SteerCounters {
+        passed: v[0],
+        frontend: v[1],
+        nat_reply: v[2],
+        icmp_error: v[3],
+        fragment: v[4],
+        other_host: v[5],
+        vlan: v[6],
+        malformed: v[7],
+        no_socket: v[8],
+    })
+}
+
+/// Writes the one entry of the program's `port` map.
+fn write_port(map: &MapHandle, iface: &str, conf: &PortConf) -> Result<(), XskError> {
+    map.update(&0u32.to_ne_bytes(), conf, MapFlags::ANY)
+        .map_err(|source| XskError::Bpf {
+            iface: iface.to_owned(),
+            call: "update port",
+            source,
+        })
 }
 
 #[cfg(test)]
@@ -585,6 +735,36 @@ mod tests {
         assert_eq!(&k[16..18], &[0, 80]);
         assert_eq!(k[18], 6);
         assert_eq!(k[19], 0);
+    }
+
+    #[test]
+    fn port_conf_layout_matches_the_c_struct() {
+        let c = port_conf([2, 0, 0, 0, 0, 9], &[1, 64, 100, 4094, 0, 4095]);
+        assert_eq!(&c[..8], &[2, 0, 0, 0, 0, 9, 0, 0]);
+        let word = |i: usize| u64::from_ne_bytes(c[8 + 8 * i..16 + 8 * i].try_into().unwrap());
+        assert_eq!(word(0), 1 << 1, "0 is not a VLAN");
+        assert_eq!(word(1), 1 << 0 | 1 << (100 - 64), "64 and 100");
+        assert_eq!(word(63), 1 << 62, "4094 in, 4095 out");
+        let set: u32 = (0..64).map(|i| word(i).count_ones()).sum();
+        assert_eq!(set, 4);
+    }
+
+    #[test]
+    fn every_frame_is_in_one_counter() {
+        let c = SteerCounters {
+            passed: 1,
+            frontend: 2,
+            nat_reply: 4,
+            icmp_error: 8,
+            fragment: 16,
+            other_host: 32,
+            vlan: 64,
+            malformed: 128,
+            no_socket: 256,
+        };
+        assert_eq!(c.total(), 511);
+        assert_eq!(c.passed_total() + c.redirected(), 511);
+        assert_eq!(c.by_reason().iter().map(|r| r.2).sum::<u64>(), 511);
     }
 
     #[test]

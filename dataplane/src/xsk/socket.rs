@@ -555,10 +555,7 @@ pub fn interface_port(iface: &str) -> Result<table::Port, XskError> {
         }
         req.ifr_ifru.ifru_mtu
     };
-    Ok(table::Port {
-        mac,
-        mtu: mtu.clamp(0, u16::MAX as i32) as u16,
-    })
+    Ok(table::Port::new(mac, mtu.clamp(0, u16::MAX as i32) as u16))
 }
 
 #[cfg(test)]

@@ -246,10 +246,7 @@ fn measure(opts: Run) -> anyhow::Result<()> {
     let ports = if workers {
         vec![strait_control::run::port_of("bench0")?]
     } else {
-        vec![Port {
-            mac: [2, 0, 0, 0, 0, 1],
-            mtu: 1500,
-        }]
+        vec![Port::new([2, 0, 0, 0, 0, 1], 1500)]
     };
 
     let setup = Instant::now();

@@ -342,6 +342,7 @@ pub fn config(specs: &[SvcSpec]) -> Config {
                 queues: vec![0],
                 cores: None,
                 role: Role::Both,
+                vlans: Vec::new(),
             }],
         },
         services: specs
@@ -397,10 +398,7 @@ struct StraitResult {
 }
 
 fn measure_strait(specs: &[SvcSpec], changes: usize) -> Result<StraitResult> {
-    let ports = [Port {
-        mac: GW_MAC,
-        mtu: 1500,
-    }];
+    let ports = [Port::new(GW_MAC, 1500)];
     let mut builder = Builder::new();
     let mut cfg = config(specs);
     let first = builder

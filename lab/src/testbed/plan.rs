@@ -425,6 +425,11 @@ impl Layout {
             c.ip(e.namespace, &format!("link set {} up", e.ifname));
         }
         c.exec(&sw, "ethtool -K p-gw gro on");
+        // The bridge keeps a received frame's 802.1Q tag in the skb's metadata, and a veth
+        // with VLAN TX offload hands it over there: the gateway's XDP program would see the
+        // frame untagged. Off, the tag is written back into the frame, as on a wire (and as
+        // a NIC with `rxvlan off` shows it).
+        c.exec(&sw, "ethtool -K p-gw txvlan off");
         if self.topology == Topology::TwoArm {
             c.exec(&client, "ethtool -K eth0 gro on");
         }

@@ -8,6 +8,8 @@
                                      between two lines and any error
     client.py udp VIP PORT FIRST N   send one datagram from each of N source ports starting at
                                      FIRST and wait for its echo; print sent/answered counts
+    client.py raw IFACE HEX..        write each frame (hex) as is on IFACE (AF_PACKET); print
+                                     how many were sent
 
 Plain standard library: the peer is a real TCP/UDP stack, nothing of Strait's.
 """
@@ -37,6 +39,14 @@ def http_get(s, path="/"):
             raise ConnectionError("closed mid-body")
         body += chunk
     return body.decode().strip()
+
+
+def raw(iface, frames):
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    s.bind((iface, 0))
+    for h in frames:
+        s.send(bytes.fromhex(h))
+    print(f"sent {len(frames)}", flush=True)
 
 
 def keepalive(vip, n):
@@ -117,5 +127,7 @@ if __name__ == "__main__":
         stream(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
     elif cmd == "udp":
         udp(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    elif cmd == "raw":
+        raw(sys.argv[2], sys.argv[3:])
     else:
         sys.exit(f"unknown command {cmd}")

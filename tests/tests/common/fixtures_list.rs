@@ -22,8 +22,12 @@ use strait_tests::{offload, tcp, udp, Bed, CLIENT_MAC, GW_MAC};
 /// IPv4-in-IPv6 tunnels (ipip and GUE), GUE over IPv6, a VIP shared by two TCP services
 /// (ambiguous later fragments), two nat services sharing one backend (nat collisions), a
 /// service whose only backend drains (no backend) and one whose backend MAC is unresolved.
-pub static CONFIG: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| format!("{}{EXTRA}", strait_tests::ALL_MODES));
+/// The interface serves VLAN 100 besides untagged frames.
+pub static CONFIG: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let all =
+        strait_tests::ALL_MODES.replacen("queues = [0]\n", "queues = [0]\nvlans = [100]\n", 1);
+    format!("{all}{EXTRA}")
+});
 
 /// The services only fixtures need, appended to [`strait_tests::ALL_MODES`].
 const EXTRA: &str = r#"
@@ -662,20 +666,13 @@ fn icmp(v: &mut Vec<Fixture>) {
     ));
     let mut f = tcp(C4, 40000, "203.0.113.11", 80, "A", &[0u8; 1460]);
     f[0..6].copy_from_slice(&[0xff; 6]);
-    v.push(
-        Fixture::new(
-            "too_big_icmp_v4_broadcast_mac",
-            "A too-big DF packet that arrived addressed to the broadcast MAC is answered from \
-             the ingress port's own MAC, never from the broadcast address.",
-            f,
-            TX,
-        )
-        .bug(
-            "rewrite::icmp_too_big swaps the frame's MACs instead of writing the port's MAC as \
-             source, so the answer's source MAC is whatever destination MAC the offending \
-             frame had (here ff:ff:ff:ff:ff:ff, which no frame may carry as source)",
-        ),
-    );
+    v.push(Fixture::new(
+        "broadcast_mac_to_vip",
+        "A packet to a VIP addressed to the broadcast MAC is the kernel's (as ARP and ND are): \
+         passed unchanged, never forwarded nor answered.",
+        f,
+        Verdict::Pass,
+    ));
     v.push(Fixture::new(
         "too_big_no_df_v4",
         "A full-size IPv4 packet without DF cannot be encapsulated and may not be answered \
@@ -918,6 +915,29 @@ fn policy(v: &mut Vec<Fixture>) {
         "A backend whose MAC is not resolved yet cannot be sent to (no_next_hop).",
         tcp(C4, 40000, "203.0.113.22", 80, "S", &[]),
         drop(DropReason::NoNextHop),
+    ));
+    let mut f = tcp(C4, 40000, "203.0.113.10", 80, "S", &[]);
+    f[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x99]);
+    v.push(Fixture::new(
+        "other_host",
+        "A SYN to a VIP addressed to another host's MAC (flooded by a switch, or seen in \
+         promiscuous mode) is dropped (other_host): that host gets its own copy.",
+        f,
+        drop(DropReason::OtherHost),
+    ));
+    v.push(Fixture::new(
+        "vlan_not_served",
+        "A SYN to a VIP tagged with VLAN 200, which the interface does not serve (it serves \
+         100), is dropped (vlan_not_served).",
+        with_vlan(&tcp(C4, 40000, "203.0.113.10", 80, "S", &[]), 200),
+        drop(DropReason::VlanNotServed),
+    ));
+    v.push(Fixture::new(
+        "priority_tagged",
+        "A priority-tagged SYN (802.1Q VLAN 0: no VLAN) is taken as untagged and keeps its tag \
+         through dsr-l2.",
+        with_vlan(&tcp(C4, 40000, "203.0.113.10", 80, "S", &[]), 0),
+        TX,
     ));
     v.push(Fixture::new(
         "pass_ssh_to_gateway",
