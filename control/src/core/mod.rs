@@ -666,4 +666,4 @@ fn log_table(cfg: &Config, table: &ServiceTable) {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -84,7 +84,9 @@ fn ip(a: &str) -> IpAddr {
     a.parse().unwrap()
 }
 
-fn config(backends: &[&str]) -> String {
+/// A file with one dsr-l2 service on `lo` whose backends (with MACs) are `backends`; the
+/// driver's tests share it.
+pub(crate) fn config(backends: &[&str]) -> String {
     let b: Vec<String> = backends
         .iter()
         .map(|a| format!("{{ address = \"{a}\", port = 80, mac = \"02:00:00:00:01:11\" }}"))
@@ -94,7 +96,7 @@ fn config(backends: &[&str]) -> String {
 [gateway]
 admin_listen = "127.0.0.1:0"
 [[gateway.interfaces]]
-name = "eth0"
+name = "lo"
 queues = [0]
 [[services]]
 name = "web"

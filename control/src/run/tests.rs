@@ -1,27 +1,5 @@
 use super::*;
-
-fn config(backends: &[&str]) -> String {
-    let b: Vec<String> = backends
-        .iter()
-        .map(|a| format!("{{ address = \"{a}\", port = 80, mac = \"02:00:00:00:01:11\" }}"))
-        .collect();
-    format!(
-        r#"
-[gateway]
-admin_listen = "127.0.0.1:0"
-[[gateway.interfaces]]
-name = "lo"
-queues = [0]
-[[services]]
-name = "web"
-vip = "203.0.113.10"
-port = 80
-maglev_table_size = 251
-backends = [{}]
-"#,
-        b.join(", ")
-    )
-}
+use crate::core::tests::config;
 
 #[test]
 fn reload_swaps_good_configs_and_refuses_bad_ones() {
