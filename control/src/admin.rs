@@ -5,19 +5,23 @@
 //! | `GET /healthz` | `200 ok` once the workers forward and the VIPs are announced, `503` before |
 //! | `GET /services` | every service and backend with weight, state and health, as JSON |
 //! | `GET /metrics` | Prometheus text format: per-core packets, drops by reason, flow table, new flows per backend, backend health, snapshot generation |
-//! | `POST /reload` | re-reads the configuration file and swaps the table in atomically |
+//! | `POST /reload` | re-reads the configuration file and swaps the table in atomically (loopback listener only; 403 elsewhere) |
 //!
-//! A small HTTP/1.1 server on a thread of its own: requests are rare and tiny, so one thread
-//! answering one connection at a time is enough, and it keeps tokio off the gateway until the
-//! Kubernetes source needs it.
+//! A small HTTP/1.1 server on a thread of its own, with a current-thread tokio runtime: each
+//! connection is a task, so a thousand idle or slow clients cost a thousand small buffers and
+//! never keep `/healthz` from answering; each has [`DEADLINE`] to send at most
+//! [`MAX_REQUEST`] bytes of request, and a malformed request is answered 400. `POST /reload`
+//! is taken only when the endpoint listens on loopback.
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, PoisonError};
 use std::thread;
 use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -33,6 +37,20 @@ use crate::shared::Shared;
 /// A reload request from the API, answered on the enclosed channel.
 pub type Reload = Sender<Result<String, String>>;
 
+/// Longest a client may take to send its whole request and to take the answer: an idle or
+/// slow connection is closed after it, so it holds nothing for long.
+const DEADLINE: Duration = Duration::from_secs(5);
+
+/// Largest request (request line and headers) taken; a larger one is answered 431. No
+/// request here needs more than a few hundred bytes.
+const MAX_REQUEST: usize = 8 * 1024;
+
+/// Connections served at once; a connection beyond them is answered 503 at once and closed.
+/// Each costs a task and its buffer, not a thread, so the bound is far above what the
+/// endpoint's users (a scraper, an orchestrator, an operator) open, and well below the
+/// process's file limit.
+const MAX_CONNECTIONS: usize = 4096;
+
 /// Starts the endpoint on `addr`.
 ///
 /// # Errors
@@ -44,44 +62,157 @@ pub fn start(
 ) -> anyhow::Result<SocketAddr> {
     let listener =
         TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("admin API: bind {addr}: {e}"))?;
+    listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
     let mut registry = Registry::with_prefix("strait");
     registry.register_collector(Box::new(Metrics(Arc::clone(&shared))));
     registry.register_collector(Box::new(KubeMetrics(Arc::clone(&shared))));
-    thread::Builder::new().name("admin".into()).spawn(move || {
-        for conn in listener.incoming().flatten() {
-            let _ = serve(conn, &shared, &registry, &reload);
-        }
-    })?;
+    let endpoint = Arc::new(Endpoint {
+        shared,
+        registry,
+        reload,
+        mutable: mutating_allowed(local),
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()?;
+    thread::Builder::new()
+        .name("admin".into())
+        .spawn(move || runtime.block_on(accept(listener, endpoint)))?;
     Ok(local)
 }
 
-fn serve(
-    conn: TcpStream,
-    shared: &Shared,
-    registry: &Registry,
-    reload: &Sender<Reload>,
-) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut reader = BufReader::new(conn.try_clone()?);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    // Headers are read and ignored; no request here has a body that matters.
-    let mut h = String::new();
-    while reader.read_line(&mut h)? > 2 {
-        h.clear();
+/// Whether `POST /reload` is taken on a listener at `local`: only on loopback, where only
+/// this machine reaches it. Elsewhere the configuration is reloaded with SIGHUP.
+fn mutating_allowed(local: SocketAddr) -> bool {
+    local.ip().is_loopback()
+}
+
+/// What every connection's task reads.
+struct Endpoint {
+    shared: Arc<Shared>,
+    registry: Registry,
+    reload: Sender<Reload>,
+    mutable: bool,
+}
+
+/// Takes connections, each on a task of its own, so that idle or slow clients never keep
+/// `/healthz` from answering.
+async fn accept(listener: TcpListener, endpoint: Arc<Endpoint>) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("admin API: {e}");
+            return;
+        }
+    };
+    let open = Arc::new(AtomicUsize::new(0));
+    loop {
+        let conn = match listener.accept().await {
+            Ok((conn, _)) => conn,
+            Err(e) => {
+                // Out of file descriptors, most likely: back off rather than spin.
+                tracing::warn!("admin API: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if open.fetch_add(1, Ordering::Relaxed) >= MAX_CONNECTIONS {
+            open.fetch_sub(1, Ordering::Relaxed);
+            let _ = conn.try_write(&response(503, "text/plain", "busy\n"));
+            continue;
+        }
+        let (endpoint, open) = (Arc::clone(&endpoint), Arc::clone(&open));
+        tokio::spawn(async move {
+            let _ = serve(conn, endpoint).await;
+            open.fetch_sub(1, Ordering::Relaxed);
+        });
     }
+}
+
+/// Reads one request within [`DEADLINE`] and [`MAX_REQUEST`] bytes, answers it, closes.
+async fn serve(mut conn: tokio::net::TcpStream, endpoint: Arc<Endpoint>) -> std::io::Result<()> {
+    let answer = match tokio::time::timeout(DEADLINE, read_request(&mut conn)).await {
+        Err(_) => response(408, "text/plain", "request timeout\n"),
+        Ok(Err(e)) => return Err(e),
+        Ok(Ok(Err(status))) => response(status, "text/plain", "bad request\n"),
+        Ok(Ok(Ok((method, path)))) => {
+            if method == "POST" {
+                // A reload waits for the control loop: off the task's thread.
+                tokio::task::spawn_blocking(move || {
+                    let (status, ctype, body) = answer(&endpoint, &method, &path);
+                    response(status, ctype, &body)
+                })
+                .await
+                .unwrap_or_else(|_| response(500, "text/plain", "internal error\n"))
+            } else {
+                let (status, ctype, body) = answer(&endpoint, &method, &path);
+                response(status, ctype, &body)
+            }
+        }
+    };
+    tokio::time::timeout(DEADLINE, conn.write_all(&answer))
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    conn.shutdown().await
+}
+
+/// The method and path of a request, once its headers have ended; or the status of a
+/// refusal: 431 for more than [`MAX_REQUEST`] bytes, 400 for a request line that is not
+/// `METHOD PATH HTTP/1.x`. Headers are read and ignored; no request here has a body that
+/// matters.
+async fn read_request(
+    conn: &mut tokio::net::TcpStream,
+) -> std::io::Result<Result<(String, String), u16>> {
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    let end = loop {
+        if let Some(i) = find_end(&buf) {
+            break i;
+        }
+        if buf.len() > MAX_REQUEST {
+            return Ok(Err(431));
+        }
+        let n = conn.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    if end > MAX_REQUEST {
+        return Ok(Err(431));
+    }
+    let head = String::from_utf8_lossy(&buf[..end]);
+    let line = head.lines().next().unwrap_or("");
     let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, ctype, body) = match (method, path) {
-        ("GET", "/healthz") if shared.ready.load(std::sync::atomic::Ordering::Relaxed) => {
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(method), Some(path), Some(version), None) if version.starts_with("HTTP/1.") => {
+            Ok(Ok((method.to_owned(), path.to_owned())))
+        }
+        _ => Ok(Err(400)),
+    }
+}
+
+/// Where the headers of `buf` end (the blank line), if they do.
+fn find_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .or_else(|| buf.windows(2).position(|w| w == b"\n\n"))
+}
+
+/// The answer to `method path`: status, content type, body.
+fn answer(endpoint: &Endpoint, method: &str, path: &str) -> (u16, &'static str, String) {
+    let shared = &endpoint.shared;
+    match (method, path) {
+        ("GET", "/healthz") if shared.ready.load(Ordering::Relaxed) => {
             (200, "text/plain", "ok\n".to_string())
         }
         ("GET", "/healthz") => (503, "text/plain", "starting\n".to_string()),
         ("GET", "/services") => (200, "application/json", services_json(shared)),
         ("GET", "/metrics") => {
             let mut out = String::new();
-            match prometheus_client::encoding::text::encode(&mut out, registry) {
+            match prometheus_client::encoding::text::encode(&mut out, &endpoint.registry) {
                 Ok(()) => (
                     200,
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -90,9 +221,15 @@ fn serve(
                 Err(e) => (500, "text/plain", format!("encoding metrics: {e}\n")),
             }
         }
+        ("POST", "/reload") if !endpoint.mutable => (
+            403,
+            "text/plain",
+            "POST /reload is taken only on a loopback admin_listen; send SIGHUP instead\n".into(),
+        ),
         ("POST", "/reload") => {
             let (tx, rx) = mpsc::channel();
-            let answer = reload
+            let answer = endpoint
+                .reload
                 .send(tx)
                 .ok()
                 .and_then(|()| rx.recv_timeout(Duration::from_secs(30)).ok())
@@ -110,21 +247,27 @@ fn serve(
             "text/plain",
             "not found: try /healthz, /services, /metrics, POST /reload\n".into(),
         ),
-    };
+    }
+}
+
+/// A whole HTTP/1.1 response that closes the connection.
+fn response(status: u16, ctype: &str, body: &str) -> Vec<u8> {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
+        403 => "Forbidden",
         404 => "Not Found",
-        503 => "Service Unavailable",
         405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
         _ => "Internal Server Error",
     };
-    let mut conn = conn;
-    write!(
-        conn,
+    format!(
         "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
+    .into_bytes()
 }
 
 /// `/services`: the configuration's view, with health from the checker and the table's
@@ -465,16 +608,113 @@ impl Collector for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Instant;
 
     fn get(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+        raw(
+            addr,
+            format!("{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+        )
+    }
+
+    /// Sends `request` as it is and reads the answer: status and body.
+    fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
         let mut c = TcpStream::connect(addr).unwrap();
-        write!(c, "{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        c.write_all(request).unwrap();
         let mut out = String::new();
         c.read_to_string(&mut out).unwrap();
         let status = out[9..12].parse().unwrap();
         let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
         (status, body)
+    }
+
+    /// An endpoint over the built-in example's table, ready, whose reloads answer
+    /// "reloaded".
+    fn endpoint() -> (SocketAddr, Arc<Shared>) {
+        let cfg = strait_config::example();
+        let ports: Vec<_> = cfg
+            .gateway
+            .interfaces
+            .iter()
+            .map(|_| strait_dataplane::table::Port::new([2, 0, 0, 0, 0, 1], 1500))
+            .collect();
+        let table = strait_dataplane::table::Builder::new()
+            .build(&cfg, &ports, |_, _, _| false)
+            .unwrap();
+        let shared = Arc::new(Shared::new(
+            cfg,
+            Arc::new(table),
+            Arc::default(),
+            Vec::new(),
+        ));
+        let (reload_tx, reload_rx) = mpsc::channel::<Reload>();
+        thread::spawn(move || {
+            for r in reload_rx {
+                let _ = r.send(Ok("reloaded".into()));
+            }
+        });
+        let addr = start(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::clone(&shared),
+            reload_tx,
+        )
+        .unwrap();
+        shared.ready.store(true, Ordering::Relaxed);
+        (addr, shared)
+    }
+
+    #[test]
+    fn idle_slow_oversized_and_malformed_clients_do_not_stop_healthz() {
+        let (addr, _shared) = endpoint();
+        // A thousand connections that never send a byte, and one that trickles.
+        let idle: Vec<TcpStream> = (0..1000)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        let mut slow = TcpStream::connect(addr).unwrap();
+        slow.write_all(b"GET /heal").unwrap();
+        let asked = Instant::now();
+        assert_eq!(get(addr, "GET", "/healthz"), (200, "ok\n".into()));
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "/healthz took {:?} behind idle clients",
+            asked.elapsed()
+        );
+        // Oversized and malformed requests get their status, not a hang.
+        let huge = format!(
+            "GET /metrics HTTP/1.1\r\nX-Pad: {}\r\n\r\n",
+            "a".repeat(3 * MAX_REQUEST)
+        );
+        assert_eq!(raw(addr, huge.as_bytes()).0, 431);
+        assert_eq!(raw(addr, b"hello\r\n\r\n").0, 400);
+        assert_eq!(raw(addr, b"GET /healthz SMTP/2\r\n\r\n").0, 400);
+        assert_eq!(raw(addr, b"\xff\xfe\x00\x01\r\n\r\n").0, 400);
+        // The slow client is answered 408 and closed once its deadline passes.
+        let mut out = String::new();
+        slow.set_read_timeout(Some(DEADLINE + Duration::from_secs(5)))
+            .unwrap();
+        slow.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 408"), "{out:?}");
+        // The idle ones were closed too, after the same deadline.
+        let mut first = &idle[0];
+        let mut byte = [0u8; 1];
+        first
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        assert!(
+            first.read(&mut byte).is_ok(),
+            "an idle connection stays open"
+        );
+        assert_eq!(get(addr, "GET", "/healthz").0, 200);
+    }
+
+    #[test]
+    fn reload_is_taken_only_on_loopback() {
+        assert!(mutating_allowed("127.0.0.1:9900".parse().unwrap()));
+        assert!(mutating_allowed("[::1]:9900".parse().unwrap()));
+        assert!(!mutating_allowed("0.0.0.0:9900".parse().unwrap()));
+        assert!(!mutating_allowed("198.51.100.2:9900".parse().unwrap()));
     }
 
     #[test]
