@@ -788,7 +788,11 @@ fn l_frames_for_another_host_or_vlan_reach_no_backend_through_the_gateway() {
         .iter()
         .map(|b| {
             let pcap = s.dir.join(&format!("{b}-l.pcap"));
-            let f = "tcp dst port 80 and tcp src portrange 52000-52999";
+            // The test's SYNs only: from the client to the VIP. The gateway's own health
+            // checks also go to port 80 from ephemeral ports that may fall in the range.
+            let f = format!(
+                "src host {CLIENT} and dst host {VIP} and tcp dst port 80 and tcp src portrange 52000-52999"
+            );
             Capture::start(
                 &s.ns(b),
                 "eth0",
