@@ -630,9 +630,9 @@ mod tests {
         (status, body)
     }
 
-    /// An endpoint over the built-in example's table, ready, whose reloads answer
-    /// "reloaded".
-    fn endpoint() -> (SocketAddr, Arc<Shared>) {
+    /// An endpoint over the built-in example's table with worker slots `cores`, not ready
+    /// yet, whose reloads answer "reloaded".
+    fn endpoint(cores: Vec<Arc<crate::shared::CoreStats>>) -> (SocketAddr, Arc<Shared>) {
         let cfg = strait_config::example();
         let ports: Vec<_> = cfg
             .gateway
@@ -643,12 +643,7 @@ mod tests {
         let table = strait_dataplane::table::Builder::new()
             .build(&cfg, &ports, |_, _, _| false)
             .unwrap();
-        let shared = Arc::new(Shared::new(
-            cfg,
-            Arc::new(table),
-            Arc::default(),
-            Vec::new(),
-        ));
+        let shared = Arc::new(Shared::new(cfg, Arc::new(table), Arc::default(), cores));
         let (reload_tx, reload_rx) = mpsc::channel::<Reload>();
         thread::spawn(move || {
             for r in reload_rx {
@@ -661,13 +656,13 @@ mod tests {
             reload_tx,
         )
         .unwrap();
-        shared.ready.store(true, Ordering::Relaxed);
         (addr, shared)
     }
 
     #[test]
     fn idle_slow_oversized_and_malformed_clients_do_not_stop_healthz() {
-        let (addr, _shared) = endpoint();
+        let (addr, shared) = endpoint(Vec::new());
+        shared.ready.store(true, Ordering::Relaxed);
         // A thousand connections that never send a byte, and one that trickles.
         let idle: Vec<TcpStream> = (0..1000)
             .map(|_| TcpStream::connect(addr).unwrap())
@@ -719,39 +714,12 @@ mod tests {
 
     #[test]
     fn serves_health_services_metrics_and_reload() {
-        let cfg = strait_config::example();
-        let ports: Vec<_> = cfg
-            .gateway
-            .interfaces
-            .iter()
-            .map(|_| strait_dataplane::table::Port::new([2, 0, 0, 0, 0, 1], 1500))
-            .collect();
-        let table = strait_dataplane::table::Builder::new()
-            .build(&cfg, &ports, |_, _, _| false)
-            .unwrap();
         let core = Arc::new(crate::shared::CoreStats {
             name: "veth-gw/0".into(),
             ..Default::default()
         });
         core.sample.lock().unwrap().counters.rx = 42;
-        let shared = Arc::new(Shared::new(
-            cfg,
-            Arc::new(table),
-            Arc::default(),
-            vec![core],
-        ));
-        let (reload_tx, reload_rx) = mpsc::channel::<Reload>();
-        thread::spawn(move || {
-            for r in reload_rx {
-                let _ = r.send(Ok("reloaded".into()));
-            }
-        });
-        let addr = start(
-            "127.0.0.1:0".parse().unwrap(),
-            Arc::clone(&shared),
-            reload_tx,
-        )
-        .unwrap();
+        let (addr, shared) = endpoint(vec![core]);
 
         assert_eq!(get(addr, "GET", "/healthz"), (503, "starting\n".into()));
         shared
