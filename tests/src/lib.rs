@@ -177,6 +177,32 @@ impl Bed {
     pub fn run(&mut self, frame: &[u8]) -> (Verdict, Vec<u8>) {
         run_with(&mut self.pipe, &self.table, self.now, frame)
     }
+
+    /// Runs `frames` through the pipeline as one batch (`Pipeline::process_batch`), each in
+    /// a buffer shaped as [`run_with`]'s; returns each frame's verdict and bytes after.
+    pub fn run_batch(&mut self, frames: &[Vec<u8>]) -> Vec<(Verdict, Vec<u8>)> {
+        let mut bufs: Vec<Vec<u8>> = frames
+            .iter()
+            .map(|f| {
+                let mut b = vec![0u8; HEADROOM + f.len() + 2048];
+                b[HEADROOM..HEADROOM + f.len()].copy_from_slice(f);
+                b
+            })
+            .collect();
+        let mut views: Vec<Frame<'_>> = bufs
+            .iter_mut()
+            .zip(frames)
+            .map(|(b, f)| Frame::new(b, HEADROOM, f.len()))
+            .collect();
+        let mut verdicts = vec![Verdict::Pass; views.len()];
+        self.pipe
+            .process_batch(&self.table, self.now, 0, &mut views, &mut verdicts);
+        verdicts
+            .into_iter()
+            .zip(&views)
+            .map(|(v, f)| (v, f.data().to_vec()))
+            .collect()
+    }
 }
 
 /// Runs a frame through a pipeline in a buffer with [`HEADROOM`] in front and 2 KiB behind,

@@ -495,7 +495,6 @@ fn nat_flows_owned_by_another_core_are_handed_off() {
 
 #[test]
 fn batches_decide_exactly_like_single_frames() {
-    use strait_dataplane::rewrite::{Frame, HEADROOM};
     // A mix of every path: new flows, repeats, nat replies, drops, passes, fragments, and
     // checksums left to offload.
     let mut frames = Vec::new();
@@ -518,27 +517,10 @@ fn batches_decide_exactly_like_single_frames() {
     let expected: Vec<_> = frames.iter().map(|f| single.run(f)).collect();
 
     let mut batched = Bed::new(CONFIG);
-    let mut bufs: Vec<Vec<u8>> = frames
-        .iter()
-        .map(|f| {
-            let mut b = vec![0u8; HEADROOM + f.len() + 2048];
-            b[HEADROOM..HEADROOM + f.len()].copy_from_slice(f);
-            b
-        })
-        .collect();
-    let mut views: Vec<Frame<'_>> = bufs
-        .iter_mut()
-        .zip(&frames)
-        .map(|(b, f)| Frame::new(b, HEADROOM, f.len()))
-        .collect();
-    let mut verdicts = vec![Verdict::Pass; views.len()];
-    batched
-        .pipe
-        .process_batch(&batched.table, batched.now, 0, &mut views, &mut verdicts);
-    for (i, ((v, out), (got, view))) in expected.iter().zip(verdicts.iter().zip(&views)).enumerate()
-    {
+    let got = batched.run_batch(&frames);
+    for (i, ((v, out), (got, bytes))) in expected.iter().zip(&got).enumerate() {
         assert_eq!(v, got, "frame {i}");
-        assert_eq!(out.as_slice(), view.data(), "frame {i} bytes");
+        assert_eq!(out, bytes, "frame {i} bytes");
     }
     assert_eq!(single.pipe.counters, batched.pipe.counters);
     assert!(batched.pipe.counters.balanced());
@@ -625,7 +607,6 @@ fn a_port_takes_only_unicast_to_its_mac_and_the_vlans_it_serves() {
 
 #[test]
 fn batches_take_and_refuse_frames_as_single_frames_do() {
-    use strait_dataplane::rewrite::{Frame, HEADROOM};
     let config = CONFIG.replacen("queues = [0]\n", "queues = [0]\nvlans = [100]\n", 1);
     let syn = |p: u16| tcp("192.0.2.7", p, "203.0.113.10", 80, "S", &[]);
     let frames: Vec<Vec<u8>> = (0..40u16)
@@ -640,23 +621,11 @@ fn batches_take_and_refuse_frames_as_single_frames_do() {
     let mut single = Bed::new(&config);
     let expected: Vec<_> = frames.iter().map(|f| single.run(f).0).collect();
     let mut batched = Bed::new(&config);
-    let mut bufs: Vec<Vec<u8>> = frames
-        .iter()
-        .map(|f| {
-            let mut b = vec![0u8; HEADROOM + f.len() + 2048];
-            b[HEADROOM..HEADROOM + f.len()].copy_from_slice(f);
-            b
-        })
+    let verdicts: Vec<Verdict> = batched
+        .run_batch(&frames)
+        .into_iter()
+        .map(|(v, _)| v)
         .collect();
-    let mut views: Vec<Frame<'_>> = bufs
-        .iter_mut()
-        .zip(&frames)
-        .map(|(b, f)| Frame::new(b, HEADROOM, f.len()))
-        .collect();
-    let mut verdicts = vec![Verdict::Pass; views.len()];
-    batched
-        .pipe
-        .process_batch(&batched.table, batched.now, 0, &mut views, &mut verdicts);
     assert_eq!(expected, verdicts);
     assert_eq!(single.pipe.counters, batched.pipe.counters);
     let c = &batched.pipe.counters;
