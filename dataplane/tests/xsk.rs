@@ -71,7 +71,7 @@ use strait_dataplane::xsk::{
     Handoff, HandoffConfig, KernelStats, MapSync, MonotonicClock, PortConfig, QueueGroup,
     SteerCounters, SteerProgram, WorkerStats,
 };
-use strait_testkit::harness::{enter_netns, pin_thread};
+use strait_testkit::harness::{enter_netns, ip, pin_thread};
 use strait_testkit::privileged as gate;
 
 #[path = "support/counting_alloc.rs"]
@@ -165,22 +165,6 @@ mac = "02:00:00:00:0a:02"
 const FRONTENDS: u32 = 5;
 const VIPS: u32 = 4;
 const NAT_BACKENDS: u32 = 1;
-
-/// Runs `ip` with `args`; the error carries the command and its stderr.
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run `ip {}`: {e}", args.join(" ")))?;
-    if !out.status.success() {
-        return Err(format!(
-            "`ip {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(())
-}
 
 /// The two namespaces and the veth pair between them; deleting the namespaces on drop
 /// removes everything, also when the test fails.

@@ -25,7 +25,7 @@ use etherparse::PacketBuilder;
 use packet_socket::PacketSocket;
 use strait_dataplane::xsk::Accounting;
 use strait_lab::l2fwd::{L2fwd, L2fwdConfig, L2fwdStats};
-use strait_testkit::harness::enter_netns;
+use strait_testkit::harness::{enter_netns, ip};
 use strait_testkit::privileged as gate;
 
 #[path = "../../dataplane/tests/support/counting_alloc.rs"]
@@ -44,22 +44,6 @@ const DST: [u8; 6] = [0x02, 0, 0, 0, 0x0b, 0x77];
 
 fn mac(m: [u8; 6]) -> String {
     m.map(|b| format!("{b:02x}")).join(":")
-}
-
-/// Runs `ip` with `args`; the error carries the command and its stderr.
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run `ip {}`: {e}", args.join(" ")))?;
-    if !out.status.success() {
-        return Err(format!(
-            "`ip {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(())
 }
 
 /// The three namespaces; deleting them on drop removes the veths too.
