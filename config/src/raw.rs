@@ -169,8 +169,37 @@ fn to_problem(text: &str, root: &DeTable<'_>, error: &toml::de::Error) -> Proble
                 format!("{message} (line {line}, column {column})"),
             )
         }
-        None => Problem::new("", message),
+        // The parser gives no position for some errors (a dotted key nested past its
+        // recursion limit): name the most deeply nested line, where such limits are met.
+        None => Problem::new(
+            "",
+            format!(
+                "{message} (line {}, the most deeply nested)",
+                deepest_line(text)
+            ),
+        ),
     }
+}
+
+/// 1-based number of the line with the most nesting marks (`.`, `[`, `{`), the first of
+/// equals.
+fn deepest_line(text: &str) -> usize {
+    let depth = |line: &str| {
+        line.chars()
+            .filter(|c| matches!(c, '.' | '[' | '{'))
+            .count()
+    };
+    text.lines()
+        .enumerate()
+        .fold((1, 0), |(best, most), (i, line)| {
+            let d = depth(line);
+            if d > most {
+                (i + 1, d)
+            } else {
+                (best, most)
+            }
+        })
+        .0
 }
 
 /// 1-based line and column (in characters) of byte offset `at`.
@@ -437,6 +466,17 @@ mod tests {
     fn syntax_error_has_line_and_column() {
         let p = problems("[gateway]\nmtu = = 3\n");
         assert_eq!(p, ["extra `=`, expected nothing (line 2, column 7)"]);
+    }
+
+    #[test]
+    fn an_error_without_a_position_names_the_deepest_line() {
+        // A dotted key past the parser's recursion limit: toml reports it without a span
+        // (found by the config fuzz target).
+        let deep = ["a"; 200].join(".");
+        let p = problems(&format!("[gateway]\nmtu = 1500\n{deep} = 1\n"));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].contains("recursion limit"), "{p:?}");
+        assert!(p[0].ends_with("(line 3, the most deeply nested)"), "{p:?}");
     }
 
     #[test]
