@@ -115,6 +115,8 @@ pub fn config(mode: Mode, services: usize) -> Config {
                 role: Role::Both,
                 vlans: Vec::new(),
             }],
+            drain_grace: Gateway::DEFAULT_DRAIN_GRACE,
+            bgp: None,
         },
         services: (0..services)
             .map(|s| Service {

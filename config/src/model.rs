@@ -49,6 +49,11 @@ pub struct Gateway {
     pub timeouts: Timeouts,
     /// Data interfaces and the queues / cores that serve them. Never empty.
     pub interfaces: Vec<Interface>,
+    /// How long a draining gateway (`strait drain`, SIGTERM) keeps forwarding after it
+    /// withdrew its routes, while routers move traffic away.
+    pub drain_grace: Duration,
+    /// Route announcement of the VIPs over BGP (`[gateway.bgp]`), if configured.
+    pub bgp: Option<Bgp>,
 }
 
 impl Gateway {
@@ -82,6 +87,74 @@ impl Gateway {
     /// Smallest `mtu` when any service has an IPv6 VIP: IPv6's minimum link MTU, 1280
     /// (RFC 8200 section 5).
     pub const MIN_MTU_IPV6: u16 = 1280;
+    /// Default of `drain_grace`: 5 s, a BGP UPDATE's way through a ToR and a spine with
+    /// margin (withdrawals are sent at once, not paced by MRAI), and the order of MetalLB's
+    /// and kube-vip's leader-election renew deadlines.
+    pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(5);
+    /// Upper bound of `drain_grace`: 10 minutes; longer is a typo, not a plan.
+    pub const MAX_DRAIN_GRACE: Duration = Duration::from_secs(600);
+}
+
+/// Route announcement over BGP (`[gateway.bgp]`), spoken by a BIRD 2 daemon that the
+/// gateway runs as its child (see `strait_control::bgp`).
+///
+/// Each VIP is announced as a /32 or /128 while the workers forward and one of its
+/// services has a backend that takes new flows; it is withdrawn when none has, when the
+/// gateway drains and on shutdown.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bgp {
+    /// Local autonomous system number.
+    pub asn: u32,
+    /// BGP router id (an IPv4 address, unique per speaker).
+    pub router_id: Ipv4Addr,
+    /// The peers (routers) to announce to. Never empty.
+    pub peers: Vec<BgpPeer>,
+    /// Standard communities `(asn, value)` added to every announcement.
+    pub communities: Vec<(u16, u16)>,
+    /// Which VIPs are announced: those inside one of these prefixes; empty means every VIP.
+    pub announce: Vec<IpNet>,
+    /// The BIRD 2 daemon to run.
+    pub daemon: std::path::PathBuf,
+}
+
+impl Bgp {
+    /// Default of `daemon`: Debian's `bird2` package puts it here.
+    pub const DEFAULT_DAEMON: &'static str = "/usr/sbin/bird";
+
+    /// Whether `vip` is to be announced (inside `announce`, or `announce` is empty).
+    pub fn announces(&self, vip: IpAddr) -> bool {
+        self.announce.is_empty() || self.announce.iter().any(|n| n.contains(&vip))
+    }
+}
+
+/// A BGP peer (`[[gateway.bgp.peers]]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BgpPeer {
+    /// The peer's address; it must be on a directly connected network (no multihop).
+    pub address: IpAddr,
+    /// The peer's autonomous system number (equal to the local one: iBGP).
+    pub asn: u32,
+    /// TCP port of the peer's BGP speaker.
+    pub port: u16,
+    /// TCP MD5 signature password (RFC 2385), if the peer asks for one.
+    pub password: Option<String>,
+    /// Follow the session with BFD (RFC 5880), which finds a dead peer or a dead gateway
+    /// in 300 ms where the hold timer takes seconds.
+    pub bfd: bool,
+    /// BGP hold time; the keepalive interval is a third of it.
+    pub hold_time: Duration,
+}
+
+impl BgpPeer {
+    /// Default of `port`: BGP's 179.
+    pub const DEFAULT_PORT: u16 = 179;
+    /// Default of `hold_time`: 9 s, a third of RFC 4271's suggested 90 s, as is usual
+    /// between a ToR and its servers; BFD or a closed session finds a dead gateway sooner.
+    pub const DEFAULT_HOLD_TIME: Duration = Duration::from_secs(9);
+    /// Smallest non-zero hold time: 3 s (RFC 4271 section 4.2).
+    pub const MIN_HOLD_TIME: Duration = Duration::from_secs(3);
+    /// Largest hold time: 65535 s (a 16-bit field).
+    pub const MAX_HOLD_TIME: Duration = Duration::from_secs(65535);
 }
 
 /// Idle timeouts of flow-table entries, by protocol and TCP state (`[gateway.timeouts]`).

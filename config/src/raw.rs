@@ -47,6 +47,33 @@ pub(crate) struct RawGateway {
     pub timeouts: Option<RawTimeouts>,
     #[serde(default)]
     pub interfaces: Vec<RawInterface>,
+    pub drain_grace: Option<String>,
+    pub bgp: Option<RawBgp>,
+}
+
+/// `[gateway.bgp]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBgp {
+    pub asn: Option<i64>,
+    pub router_id: Option<String>,
+    pub communities: Option<Vec<String>>,
+    pub announce: Option<Vec<String>>,
+    pub daemon: Option<String>,
+    #[serde(default)]
+    pub peers: Vec<RawBgpPeer>,
+}
+
+/// `[[gateway.bgp.peers]]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBgpPeer {
+    pub address: Option<String>,
+    pub asn: Option<i64>,
+    pub port: Option<i64>,
+    pub password: Option<String>,
+    pub bfd: Option<bool>,
+    pub hold_time: Option<String>,
 }
 
 /// `[gateway.timeouts]`.
@@ -288,11 +315,18 @@ fn check_config(doc: &Spanned<DeValue<'_>>, errors: &mut Errors) {
 }
 
 fn check_gateway(gateway: &Spanned<DeValue<'_>>, errors: &mut Errors) {
-    let (rest, nested) = split(gateway, &["timeouts", "interfaces"]);
+    let (rest, nested) = split(gateway, &["timeouts", "interfaces", "bgp"]);
     try_as::<RawGateway>(&rest, errors);
     for (key, value) in nested {
         match key {
             "timeouts" => try_as::<RawTimeouts>(&value, errors),
+            "bgp" => {
+                let (rest, peers) = split(&value, &["peers"]);
+                try_as::<RawBgp>(&rest, errors);
+                for (_, value) in peers {
+                    each_table(&value, |p| try_as::<RawBgpPeer>(p, errors));
+                }
+            }
             _ => each_table(&value, |i| try_as::<RawInterface>(i, errors)),
         }
     }
@@ -396,9 +430,39 @@ impl From<&Config> for RawConfig {
                             .then(|| i.vlans.iter().map(|&v| v.into()).collect()),
                     })
                     .collect(),
+                drain_grace: Some(duration(g.drain_grace)),
+                bgp: g.bgp.as_ref().map(raw_bgp),
             },
             services: config.services.iter().map(raw_service).collect(),
         }
+    }
+}
+
+fn raw_bgp(b: &crate::model::Bgp) -> RawBgp {
+    RawBgp {
+        asn: Some(b.asn.into()),
+        router_id: Some(b.router_id.to_string()),
+        communities: (!b.communities.is_empty()).then(|| {
+            b.communities
+                .iter()
+                .map(|(a, v)| format!("{a}:{v}"))
+                .collect()
+        }),
+        announce: (!b.announce.is_empty())
+            .then(|| b.announce.iter().map(|n| n.to_string()).collect()),
+        daemon: Some(b.daemon.display().to_string()),
+        peers: b
+            .peers
+            .iter()
+            .map(|p| RawBgpPeer {
+                address: Some(p.address.to_string()),
+                asn: Some(p.asn.into()),
+                port: Some(p.port.into()),
+                password: p.password.clone(),
+                bfd: Some(p.bfd),
+                hold_time: Some(duration(p.hold_time)),
+            })
+            .collect(),
     }
 }
 

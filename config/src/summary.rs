@@ -1,6 +1,6 @@
 //! A one-screen, human summary of a configuration, for `strait check` and the startup log.
 //!
-//! Three gateway lines, then one line per service. Lines can be long (a service lists all
+//! Four gateway lines (settings, flows, interfaces, routes), then one line per service. Lines can be long (a service lists all
 //! its backends) but their number stays small, so the picture fits a terminal.
 
 use std::fmt::Write as _;
@@ -57,6 +57,49 @@ pub fn summary(config: &Config) -> String {
         })
         .collect();
     let _ = writeln!(out, "interfaces: {}", interfaces.join("; "));
+    match &g.bgp {
+        None => {
+            let _ = writeln!(
+                out,
+                "routes: none announced (no [gateway.bgp]); drain grace {}",
+                show(g.drain_grace)
+            );
+        }
+        Some(b) => {
+            let peers: Vec<String> = b
+                .peers
+                .iter()
+                .map(|p| {
+                    let mut s = format!("{} as {}", p.address, p.asn);
+                    if p.port != 179 {
+                        let _ = write!(s, " port {}", p.port);
+                    }
+                    let _ = write!(s, " hold {}", show(p.hold_time));
+                    if p.bfd {
+                        s.push_str(" bfd");
+                    }
+                    if p.password.is_some() {
+                        s.push_str(" md5");
+                    }
+                    s
+                })
+                .collect();
+            let announce = if b.announce.is_empty() {
+                "every VIP".to_owned()
+            } else {
+                join(&b.announce)
+            };
+            let _ = writeln!(
+                out,
+                "bgp: as {} router id {}, announce {}, peers {}; drain grace {}",
+                b.asn,
+                b.router_id,
+                announce,
+                peers.join(", "),
+                show(g.drain_grace)
+            );
+        }
+    }
     if config.services.is_empty() {
         out.push_str("services: none\n");
     }

@@ -5,6 +5,8 @@
 //! bad field never hides another; cross-field rules run only when the fields they relate
 //! were themselves valid, so a bad value yields one problem, not a cascade.
 
+mod bgp;
+
 use std::collections::HashMap;
 use std::fmt::Display;
 use std::net::{IpAddr, SocketAddr};
@@ -312,6 +314,28 @@ impl Checker {
         );
         let timeouts = self.timeouts(raw.timeouts.as_ref());
         let interfaces = self.interfaces(&raw.interfaces);
+        let drain_grace = self
+            .duration_or(
+                "gateway.drain_grace",
+                raw.drain_grace.as_ref(),
+                Gateway::DEFAULT_DRAIN_GRACE,
+            )
+            .and_then(|d| {
+                if d.is_zero() {
+                    // Zero: stop right after withdrawing (a lab, or a box behind BFD only).
+                    return Some(d);
+                }
+                self.duration_in(
+                    "gateway.drain_grace",
+                    d,
+                    Duration::ZERO,
+                    Gateway::MAX_DRAIN_GRACE,
+                )
+            });
+        let bgp = match &raw.bgp {
+            None => Some(None),
+            Some(b) => self.bgp(b).map(Some),
+        };
         Some(Gateway {
             admin_listen: admin_listen?,
             default_mode: default_mode?,
@@ -323,6 +347,8 @@ impl Checker {
             mtu: mtu?,
             timeouts: timeouts?,
             interfaces: interfaces?,
+            drain_grace: drain_grace?,
+            bgp: bgp?,
         })
     }
 

@@ -1179,3 +1179,124 @@ fn service_fields_are_public_model() {
     assert_eq!(s.frontend().to_string(), "203.0.113.1:1");
     assert_eq!(Gateway::DEFAULT_GUE_PORT, 6080);
 }
+
+// ---- [gateway.bgp] ---------------------------------------------------------------------
+
+/// A `[gateway.bgp]` section with `fields` and one peer with `peer` fields.
+fn bgp(fields: &str, peer: &str) -> String {
+    format!("{IFACE}\n[gateway.bgp]\n{fields}\n\n[[gateway.bgp.peers]]\n{peer}\n")
+}
+
+const BGP_OK: &str = "asn = 64512\nrouter_id = \"192.0.2.1\"";
+const PEER_OK: &str = "address = \"198.51.100.1\"\nasn = 64500";
+
+#[test]
+fn bgp_gets_its_defaults() {
+    let c = accepted(&bgp(BGP_OK, PEER_OK));
+    let b = c.gateway.bgp.expect("bgp");
+    assert_eq!(b.asn, 64512);
+    assert_eq!(
+        b.router_id,
+        "192.0.2.1".parse::<std::net::Ipv4Addr>().unwrap()
+    );
+    assert!(b.announce.is_empty() && b.communities.is_empty());
+    assert_eq!(b.daemon, std::path::Path::new("/usr/sbin/bird"));
+    let p = &b.peers[0];
+    assert_eq!((p.port, p.bfd, p.password.as_deref()), (179, false, None));
+    assert_eq!(p.hold_time, Duration::from_secs(9));
+    assert_eq!(c.gateway.drain_grace, Duration::from_secs(5));
+    assert!(accepted(IFACE).gateway.bgp.is_none());
+}
+
+#[test]
+fn bgp_takes_every_field() {
+    let c = accepted(&bgp(
+        "asn = 4200000000\nrouter_id = \"192.0.2.7\"\ncommunities = [\"64512:100\", \"0:65535\"]\nannounce = [\"203.0.113.0/24\", \"2001:db8::/32\"]\ndaemon = \"/opt/bird/sbin/bird\"",
+        "address = \"2001:db8::1\"\nasn = 65001\nport = 1179\npassword = \"s3cret pass\"\nbfd = true\nhold_time = \"3s\"",
+    ));
+    let b = c.gateway.bgp.clone().expect("bgp");
+    assert_eq!(b.communities, [(64512, 100), (0, 65535)]);
+    assert!(b.announces("203.0.113.9".parse().unwrap()));
+    assert!(!b.announces("198.51.100.9".parse().unwrap()));
+    let p = &b.peers[0];
+    assert_eq!(
+        (p.port, p.bfd, p.password.as_deref()),
+        (1179, true, Some("s3cret pass"))
+    );
+    assert_eq!(p.hold_time, Duration::from_secs(3));
+    // Round trip through the file form.
+    let again = accepted(&strait_config::to_toml(&c));
+    assert_eq!(again, c);
+}
+
+#[test]
+fn bgp_section_is_refused_with_its_field() {
+    refused(
+        &bgp("router_id = \"192.0.2.1\"", PEER_OK),
+        "gateway.bgp.asn: is required",
+    );
+    refused(
+        &bgp("asn = 0\nrouter_id = \"192.0.2.1\"", PEER_OK),
+        "gateway.bgp.asn: 0 is outside 1..=4294967294",
+    );
+    refused(
+        &bgp("asn = 23456\nrouter_id = \"192.0.2.1\"", PEER_OK),
+        "gateway.bgp.asn: 23456 is AS_TRANS (RFC 6793), reserved, not an AS number",
+    );
+    refused(
+        &bgp("asn = 64512\nrouter_id = \"2001:db8::1\"", PEER_OK),
+        "gateway.bgp.router_id: \"2001:db8::1\" is not a router id (written as an IPv4 address, e.g. \"192.0.2.1\")",
+    );
+    refused(
+        &bgp(&format!("{BGP_OK}\ncommunities = [\"64512\"]"), PEER_OK),
+        "gateway.bgp.communities[0]: \"64512\" is not a community like \"64512:100\" (two numbers of 0..=65535)",
+    );
+    refused(
+        &bgp(
+            &format!("{BGP_OK}\nannounce = [\"203.0.113.0/33\"]"),
+            PEER_OK,
+        ),
+        "gateway.bgp.announce[0]: \"203.0.113.0/33\" is not a prefix like \"203.0.113.0/24\"",
+    );
+    refused(
+        &bgp(
+            BGP_OK,
+            "address = \"198.51.100.1\"\nasn = 64500\nhold_time = \"2s\"",
+        ),
+        "gateway.bgp.peers[0].hold_time: 2s is shorter than 3s",
+    );
+    refused(
+        &bgp(
+            BGP_OK,
+            "address = \"198.51.100.1\"\nasn = 64500\nhold_time = \"3500ms\"",
+        ),
+        "gateway.bgp.peers[0].hold_time: 3s 500ms is not a whole number of seconds",
+    );
+    refused(
+        &bgp(BGP_OK, "address = \"198.51.100.1\"\nasn = 64500\npassword = \"a\\\"b\""),
+        "gateway.bgp.peers[0].password: may hold printable ASCII and spaces only, without '\"' or '\\'",
+    );
+    refused(
+        &bgp(BGP_OK, "address = \"fe80::1\"\nasn = 64500"),
+        "gateway.bgp.peers[0].address: fe80::1 is link-local; give the peer's global address (a link-local session needs an interface, which Strait does not configure)",
+    );
+    refused(
+        &bgp(BGP_OK, "address = \"198.51.100.1\"\nasn = 64500\ncolour = 1"),
+        "gateway.bgp.peers[0].colour: unknown field `colour`, expected one of `address`, `asn`, `port`, `password`, `bfd`, `hold_time` (line 12, column 1)",
+    );
+    refused(
+        &format!("{IFACE}\n[gateway.bgp]\n{BGP_OK}\n"),
+        "gateway.bgp.peers: at least one peer is required ([[gateway.bgp.peers]])",
+    );
+    refused(
+        &format!(
+            "{}\n[[gateway.bgp.peers]]\n{PEER_OK}\n",
+            bgp(BGP_OK, PEER_OK)
+        ),
+        "gateway.bgp.peers[1].address: 198.51.100.1 is already the peer gateway.bgp.peers[0]",
+    );
+    refused(
+        &gateway("drain_grace = \"11m\""),
+        "gateway.drain_grace: 11m is longer than 10m",
+    );
+}

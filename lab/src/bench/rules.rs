@@ -344,6 +344,8 @@ pub fn config(specs: &[SvcSpec]) -> Config {
                 role: Role::Both,
                 vlans: Vec::new(),
             }],
+            drain_grace: Gateway::DEFAULT_DRAIN_GRACE,
+            bgp: None,
         },
         services: specs
             .iter()
