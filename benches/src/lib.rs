@@ -115,7 +115,7 @@ pub fn config(mode: Mode, services: usize) -> Config {
                 role: Role::Both,
                 vlans: Vec::new(),
             }],
-            drain_grace: Gateway::DEFAULT_DRAIN_GRACE,
+            drain_grace: std::time::Duration::ZERO,
             bgp: None,
         },
         services: (0..services)

@@ -50,7 +50,9 @@ pub struct Gateway {
     /// Data interfaces and the queues / cores that serve them. Never empty.
     pub interfaces: Vec<Interface>,
     /// How long a draining gateway (`strait drain`, SIGTERM) keeps forwarding after it
-    /// withdrew its routes, while routers move traffic away.
+    /// withdrew its routes, while routers move traffic away. Defaults to
+    /// [`Gateway::DEFAULT_DRAIN_GRACE`] with `[gateway.bgp]`, and to zero without it (no
+    /// router is told anything, so waiting would only delay the stop).
     pub drain_grace: Duration,
     /// Route announcement of the VIPs over BGP (`[gateway.bgp]`), if configured.
     pub bgp: Option<Bgp>,

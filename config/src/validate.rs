@@ -314,11 +314,16 @@ impl Checker {
         );
         let timeouts = self.timeouts(raw.timeouts.as_ref());
         let interfaces = self.interfaces(&raw.interfaces);
+        let default_grace = if raw.bgp.is_some() {
+            Gateway::DEFAULT_DRAIN_GRACE
+        } else {
+            Duration::ZERO
+        };
         let drain_grace = self
             .duration_or(
                 "gateway.drain_grace",
                 raw.drain_grace.as_ref(),
-                Gateway::DEFAULT_DRAIN_GRACE,
+                default_grace,
             )
             .and_then(|d| {
                 if d.is_zero() {

@@ -1205,7 +1205,16 @@ fn bgp_gets_its_defaults() {
     assert_eq!((p.port, p.bfd, p.password.as_deref()), (179, false, None));
     assert_eq!(p.hold_time, Duration::from_secs(9));
     assert_eq!(c.gateway.drain_grace, Duration::from_secs(5));
-    assert!(accepted(IFACE).gateway.bgp.is_none());
+    // Without BGP no router is told to move away: no grace unless asked for.
+    let plain = accepted(IFACE).gateway;
+    assert!(plain.bgp.is_none());
+    assert_eq!(plain.drain_grace, Duration::ZERO);
+    assert_eq!(
+        accepted(&gateway("drain_grace = \"2s\""))
+            .gateway
+            .drain_grace,
+        Duration::from_secs(2)
+    );
 }
 
 #[test]

@@ -5,13 +5,15 @@
 //! | `GET /healthz` | `200 ok` once the workers forward and the VIPs are announced, `503` before |
 //! | `GET /services` | every service and backend with weight, state and health, as JSON |
 //! | `GET /metrics` | Prometheus text format: per-core packets, drops by reason, flow table, new flows per backend, backend health, snapshot generation |
+//! | `GET /routes` | every VIP's route (announced, or why not), whether the gateway drains, the BGP sessions, as JSON |
 //! | `POST /reload` | re-reads the configuration file and swaps the table in atomically (loopback listener only; 403 elsewhere) |
+//! | `POST /drain` | withdraws every route, forwards for `drain_grace`, then stops the gateway (loopback listener only) |
 //!
 //! A small HTTP/1.1 server on a thread of its own, with a current-thread tokio runtime: each
 //! connection is a task, so a thousand idle or slow clients cost a thousand small buffers and
 //! never keep `/healthz` from answering; each has [`DEADLINE`] to send at most
 //! [`MAX_REQUEST`] bytes of request, and a malformed request is answered 400. `POST /reload`
-//! is taken only when the endpoint listens on loopback.
+//! and `POST /drain` are taken only when the endpoint listens on loopback.
 
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener};
@@ -34,8 +36,17 @@ use strait_dataplane::stats::DropReason;
 use crate::metrics::{counter, gauge};
 use crate::shared::Shared;
 
-/// A reload request from the API, answered on the enclosed channel.
-pub type Reload = Sender<Result<String, String>>;
+/// Where the control loop answers a request: a message, or why it refused.
+pub type Answer = Sender<Result<String, String>>;
+
+/// What the API asks of the control loop.
+#[derive(Debug)]
+pub enum Request {
+    /// Re-read the configuration file.
+    Reload(Answer),
+    /// Withdraw every route, forward for the drain grace, then stop.
+    Drain(Answer),
+}
 
 /// Longest a client may take to send its whole request and to take the answer: an idle or
 /// slow connection is closed after it, so it holds nothing for long.
@@ -58,7 +69,7 @@ const MAX_CONNECTIONS: usize = 4096;
 pub fn start(
     addr: SocketAddr,
     shared: Arc<Shared>,
-    reload: Sender<Reload>,
+    requests: Sender<Request>,
 ) -> anyhow::Result<SocketAddr> {
     let listener =
         TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("admin API: bind {addr}: {e}"))?;
@@ -67,10 +78,11 @@ pub fn start(
     let mut registry = Registry::with_prefix("strait");
     registry.register_collector(Box::new(Metrics(Arc::clone(&shared))));
     registry.register_collector(Box::new(KubeMetrics(Arc::clone(&shared))));
+    registry.register_collector(Box::new(RouteMetrics(Arc::clone(&shared))));
     let endpoint = Arc::new(Endpoint {
         shared,
         registry,
-        reload,
+        requests,
         mutable: mutating_allowed(local),
     });
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -93,7 +105,7 @@ fn mutating_allowed(local: SocketAddr) -> bool {
 struct Endpoint {
     shared: Arc<Shared>,
     registry: Registry,
-    reload: Sender<Reload>,
+    requests: Sender<Request>,
     mutable: bool,
 }
 
@@ -205,6 +217,9 @@ fn find_end(buf: &[u8]) -> Option<usize> {
 fn answer(endpoint: &Endpoint, method: &str, path: &str) -> (u16, &'static str, String) {
     let shared = &endpoint.shared;
     match (method, path) {
+        ("GET", "/healthz") if shared.draining.load(Ordering::Relaxed) => {
+            (503, "text/plain", "draining\n".to_string())
+        }
         ("GET", "/healthz") if shared.ready.load(Ordering::Relaxed) => {
             (200, "text/plain", "ok\n".to_string())
         }
@@ -221,33 +236,74 @@ fn answer(endpoint: &Endpoint, method: &str, path: &str) -> (u16, &'static str, 
                 Err(e) => (500, "text/plain", format!("encoding metrics: {e}\n")),
             }
         }
+        ("GET", "/routes") => (200, "application/json", routes_json(shared)),
         ("POST", "/reload") if !endpoint.mutable => (
             403,
             "text/plain",
             "POST /reload is taken only on a loopback admin_listen; send SIGHUP instead\n".into(),
         ),
-        ("POST", "/reload") => {
-            let (tx, rx) = mpsc::channel();
-            let answer = endpoint
-                .reload
-                .send(tx)
-                .ok()
-                .and_then(|()| rx.recv_timeout(Duration::from_secs(30)).ok())
-                .unwrap_or_else(|| Err("the control loop did not answer".into()));
-            match answer {
-                Ok(m) => (200, "text/plain", m + "\n"),
-                Err(m) => (400, "text/plain", m + "\n"),
-            }
-        }
-        (_, "/healthz" | "/services" | "/metrics" | "/reload") => {
+        ("POST", "/drain") if !endpoint.mutable => (
+            403,
+            "text/plain",
+            "POST /drain is taken only on a loopback admin_listen; send SIGTERM instead\n".into(),
+        ),
+        ("POST", "/reload") => ask(endpoint, Request::Reload),
+        ("POST", "/drain") => ask(endpoint, Request::Drain),
+        (_, "/healthz" | "/services" | "/metrics" | "/routes" | "/reload" | "/drain") => {
             (405, "text/plain", "method not allowed\n".into())
         }
         _ => (
             404,
             "text/plain",
-            "not found: try /healthz, /services, /metrics, POST /reload\n".into(),
+            "not found: try /healthz, /services, /routes, /metrics, POST /reload, POST /drain\n"
+                .into(),
         ),
     }
+}
+
+/// Hands the control loop a request and waits for its answer.
+fn ask(endpoint: &Endpoint, request: fn(Answer) -> Request) -> (u16, &'static str, String) {
+    let (tx, rx) = mpsc::channel();
+    let answer = endpoint
+        .requests
+        .send(request(tx))
+        .ok()
+        .and_then(|()| rx.recv_timeout(Duration::from_secs(30)).ok())
+        .unwrap_or_else(|| Err("the control loop did not answer".into()));
+    match answer {
+        Ok(m) => (200, "text/plain", m + "\n"),
+        Err(m) => (400, "text/plain", m + "\n"),
+    }
+}
+
+/// `/routes`: each VIP's route, the drain state and the BGP speaker's sessions.
+pub fn routes_json(shared: &Shared) -> String {
+    let routes = shared.routes();
+    let bgp = shared.bgp();
+    let vips: Vec<_> = routes
+        .iter()
+        .map(|(vip, r)| json!({ "vip": vip.to_string(), "route": r.as_str() }))
+        .collect();
+    let bgp = bgp.map(|b| {
+        json!({
+            "running": b.running,
+            "error": b.error,
+            "announced": b.announced,
+            "restarts": b.restarts,
+            "sessions": b.sessions.iter().map(|s| json!({
+                "peer": s.peer.to_string(),
+                "asn": s.asn,
+                "up": s.up,
+                "state": s.state,
+            })).collect::<Vec<_>>(),
+        })
+    });
+    let v = json!({
+        "draining": shared.draining.load(Ordering::Relaxed),
+        "bgp": bgp,
+        "vips": vips,
+    });
+    serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
 }
 
 /// A whole HTTP/1.1 response that closes the connection.
@@ -344,6 +400,86 @@ struct Metrics(Arc<Shared>);
 /// starts the source after this endpoint, so they cannot be registered at start.
 #[derive(Debug)]
 struct KubeMetrics(Arc<Shared>);
+
+/// Routes and the BGP speaker (`strait_vip_route`, `strait_bgp_*`), read on each scrape.
+#[derive(Debug)]
+struct RouteMetrics(Arc<Shared>);
+
+impl Collector for RouteMetrics {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let shared = &self.0;
+        let routes = shared.routes();
+        let per_vip: Vec<_> = routes
+            .iter()
+            .map(|(vip, r)| {
+                (
+                    vec![("vip", vip.to_string()), ("state", r.as_str().to_owned())],
+                    1,
+                )
+            })
+            .collect();
+        gauge(
+            &mut enc,
+            "vip_route",
+            "Each published VIP's route: 1 for its state (announced, or why not).",
+            &per_vip,
+        )?;
+        let counts: Vec<_> = crate::core::Route::ALL
+            .iter()
+            .map(|s| {
+                let n = routes.values().filter(|r| *r == s).count();
+                (
+                    vec![("state", s.as_str().to_owned())],
+                    crate::metrics::gauge_of(n as u64),
+                )
+            })
+            .collect();
+        gauge(&mut enc, "vip_routes", "VIPs by route state.", &counts)?;
+        gauge(
+            &mut enc,
+            "draining",
+            "1 while the gateway drains (routes withdrawn, still forwarding).",
+            &crate::metrics::one(i64::from(shared.draining.load(Ordering::Relaxed))),
+        )?;
+        let Some(bgp) = shared.bgp() else {
+            return Ok(());
+        };
+        let sessions: Vec<_> = bgp
+            .sessions
+            .iter()
+            .map(|s| {
+                (
+                    vec![("peer", s.peer.to_string()), ("state", s.state.clone())],
+                    i64::from(s.up),
+                )
+            })
+            .collect();
+        gauge(
+            &mut enc,
+            "bgp_session_up",
+            "1 while the BGP session with the peer is established; `state` is BIRD's word for it.",
+            &sessions,
+        )?;
+        gauge(
+            &mut enc,
+            "bgp_daemon_running",
+            "1 while the BIRD speaker runs and answers.",
+            &crate::metrics::one(i64::from(bgp.running)),
+        )?;
+        gauge(
+            &mut enc,
+            "bgp_announced_routes",
+            "VIPs given to the BGP speaker to announce.",
+            &crate::metrics::one(crate::metrics::gauge_of(bgp.announced as u64)),
+        )?;
+        counter(
+            &mut enc,
+            "bgp_daemon_restarts",
+            "Times the BIRD speaker was started again after it died.",
+            &crate::metrics::one(bgp.restarts),
+        )
+    }
+}
 
 impl Collector for KubeMetrics {
     fn encode(&self, encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
@@ -644,10 +780,13 @@ mod tests {
             .build(&cfg, &ports, |_, _, _| false)
             .unwrap();
         let shared = Arc::new(Shared::new(cfg, Arc::new(table), Arc::default(), cores));
-        let (reload_tx, reload_rx) = mpsc::channel::<Reload>();
+        let (reload_tx, reload_rx) = mpsc::channel::<Request>();
         thread::spawn(move || {
             for r in reload_rx {
-                let _ = r.send(Ok("reloaded".into()));
+                let _ = match r {
+                    Request::Reload(a) => a.send(Ok("reloaded".into())),
+                    Request::Drain(a) => a.send(Ok("draining".into())),
+                };
             }
         });
         let addr = start(
@@ -760,5 +899,38 @@ mod tests {
         assert_eq!(get(addr, "POST", "/reload"), (200, "reloaded\n".into()));
         assert_eq!(get(addr, "GET", "/reload").0, 405);
         assert_eq!(get(addr, "GET", "/nope").0, 404);
+
+        // Routes: each VIP's state in JSON and in /metrics; draining turns /healthz 503.
+        *shared.routes.lock().unwrap() = Arc::new(
+            [
+                (
+                    "203.0.113.10".parse().unwrap(),
+                    crate::core::Route::Announced,
+                ),
+                (
+                    "203.0.113.11".parse().unwrap(),
+                    crate::core::Route::NoServingBackend,
+                ),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        let (s, body) = get(addr, "GET", "/routes");
+        assert_eq!(s, 200);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["vips"][1]["route"], "no-serving-backend", "{v}");
+        assert_eq!(v["bgp"], serde_json::Value::Null);
+        let m = get(addr, "GET", "/metrics").1;
+        assert!(
+            m.contains("strait_vip_route{vip=\"203.0.113.10\",state=\"announced\"} 1"),
+            "{m}"
+        );
+        assert!(
+            m.contains("strait_vip_routes{state=\"no-serving-backend\"} 1"),
+            "{m}"
+        );
+        assert_eq!(get(addr, "POST", "/drain"), (200, "draining\n".into()));
+        shared.draining.store(true, Ordering::Relaxed);
+        assert_eq!(get(addr, "GET", "/healthz"), (503, "draining\n".into()));
     }
 }

@@ -19,6 +19,7 @@
 //! | [`health`] | active TCP/HTTP health checks with rise/fall |
 //! | [`neigh`] | next-hop MACs: the kernel's neighbour table and routes (rtnetlink), the next hops followed (pure), probes |
 //! | [`vip`] | claiming VIPs on `lo` and announcing them (gratuitous ARP, unsolicited NA) |
+//! | [`bgp`] | route announcement: the BIRD 2 child that speaks BGP (and BFD) for the VIPs the core announces |
 //! | [`workers`] | starting, pinning and stopping the AF_XDP workers; their counters |
 //! | [`admin`] | the admin and metrics HTTP API (`metrics`: how every family is written) |
 //! | [`footprint`] | the memory a configuration takes, known before anything is allocated |
@@ -28,9 +29,12 @@
 //! The lab (testbed, generators, benches) is another crate, `strait-lab`, that depends on
 //! this one; nothing here knows it.
 
-#![forbid(unsafe_code)]
+// Denied, with one exception: the BGP speaker's `pre_exec` (a parent-death signal for BIRD,
+// `bgp::Bird::spawn`), which std offers only as `unsafe`.
+#![deny(unsafe_code)]
 
 pub mod admin;
+pub mod bgp;
 pub mod core;
 pub mod footprint;
 pub mod health;

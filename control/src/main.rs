@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! strait run [--config FILE] [--kube ...]   run the gateway (default: the built-in example)
-//! strait status [--admin ADDR]              the running gateway's services, backends and health
+//! strait status [--admin ADDR]              the running gateway's services, backends, health, routes
+//! strait drain [--admin ADDR]               withdraw every route, forward for the grace, stop
 //! strait check [--config FILE]              validate a configuration (default: the built-in example)
 //! ```
 //!
@@ -30,7 +31,9 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the gateway: build the table, start health checks, the admin API and the
-    /// workers; SIGHUP or `POST /reload` reloads the configuration, SIGINT/SIGTERM stop.
+    /// workers; SIGHUP or `POST /reload` reloads the configuration; SIGINT/SIGTERM (or
+    /// `strait drain`) drain: routes withdrawn, forwarding for `drain_grace`, then stop
+    /// (a second signal stops at once).
     Run {
         /// The TOML file (default: the built-in annotated example, the testbed's setup).
         #[arg(long)]
@@ -38,11 +41,23 @@ enum Command {
         #[command(flatten)]
         kube: kube::Args,
     },
-    /// Show the running gateway's services and backends (from its admin API).
+    /// Show the running gateway's services, backends, routes and BGP sessions (from its
+    /// admin API).
     Status {
         /// The admin API address (`gateway.admin_listen`).
         #[arg(long, default_value = "127.0.0.1:9900")]
         admin: std::net::SocketAddr,
+    },
+    /// Drain the running gateway: withdraw every route, keep forwarding for
+    /// `gateway.drain_grace` while routers move traffic away, then stop (as SIGTERM does).
+    /// Waits until it stopped.
+    Drain {
+        /// The admin API address (`gateway.admin_listen`, on loopback).
+        #[arg(long, default_value = "127.0.0.1:9900")]
+        admin: std::net::SocketAddr,
+        /// How long to wait for the gateway to stop.
+        #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+        wait: std::time::Duration,
     },
     /// Validate a configuration: print every problem with its field path, or a summary.
     Check {
@@ -60,6 +75,7 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Status { admin } => status::run(admin),
+        Command::Drain { admin, wait } => status::drain(admin, wait),
         Command::Run { config, kube } => run::run(
             config.map_or(run::Source::Builtin, run::Source::File),
             &kube,

@@ -13,6 +13,7 @@ use strait_dataplane::flow::FlowStats;
 use strait_dataplane::stats::Counters;
 use strait_dataplane::table::ServiceTable;
 
+use crate::core::RouteMap;
 use crate::health::States;
 
 /// One worker's published numbers.
@@ -70,6 +71,12 @@ pub struct Shared {
     /// the programs are attached; read on each scrape (a map lookup per counter), so the
     /// workers publish nothing for them.
     pub xdp: Mutex<Vec<strait_dataplane::xsk::SteerStats>>,
+    /// Every published VIP's route, as the core last said ([`crate::core::Effect::Routes`]).
+    pub routes: Mutex<Arc<RouteMap>>,
+    /// The BGP speaker's state, when `[gateway.bgp]` is configured.
+    pub bgp: Mutex<Option<Arc<Mutex<crate::bgp::Status>>>>,
+    /// Set once the gateway drains: `/healthz` answers 503 from then on.
+    pub draining: AtomicBool,
 }
 
 impl Shared {
@@ -91,7 +98,29 @@ impl Shared {
             ready: AtomicBool::new(false),
             kube: Mutex::new(None),
             xdp: Mutex::new(Vec::new()),
+            routes: Mutex::default(),
+            bgp: Mutex::new(None),
+            draining: AtomicBool::new(false),
         }
+    }
+
+    /// Every published VIP's route.
+    pub fn routes(&self) -> Arc<RouteMap> {
+        Arc::clone(&self.routes.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// A copy of the BGP speaker's state, when it runs.
+    pub fn bgp(&self) -> Option<crate::bgp::Status> {
+        let handle = self
+            .bgp
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()?;
+        let status = handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Some(status)
     }
 
     /// The running configuration: the file's with the Kubernetes services merged in.

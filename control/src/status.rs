@@ -1,4 +1,5 @@
-//! `strait status`: the running gateway's `/services`, as a table.
+//! `strait status`: the running gateway's `/services` and `/routes`, as tables; and
+//! `strait drain`, which asks it to drain and waits until it stopped.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -16,22 +17,55 @@ pub fn run(addr: SocketAddr) -> anyhow::Result<()> {
     let v: Value =
         serde_json::from_str(&body).context("the admin API answered something that is not JSON")?;
     print!("{}", render(&v));
+    // A gateway from before `/routes` has none to show.
+    if let Ok(body) = get(addr, "/routes") {
+        let r: Value = serde_json::from_str(&body)
+            .context("the admin API answered something that is not JSON")?;
+        print!("{}", render_routes(&r));
+    }
     Ok(())
 }
 
+/// `strait drain`: asks the gateway at `addr` to drain (withdraw its routes, forward for
+/// its grace, stop), then waits until it stopped, at most `wait`.
+///
+/// # Errors
+/// When the gateway does not answer or refuses, or is still running after `wait`.
+pub fn drain(addr: SocketAddr, wait: Duration) -> anyhow::Result<()> {
+    let answer = request(addr, "POST", "/drain")?;
+    print!("{answer}");
+    let deadline = std::time::Instant::now() + wait;
+    while std::time::Instant::now() < deadline {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            println!("stopped");
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!("the gateway still answers at {addr} after {wait:?}")
+}
+
 fn get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    request(addr, "GET", path)
+}
+
+fn request(addr: SocketAddr, method: &str, path: &str) -> anyhow::Result<String> {
     let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
         .with_context(|| format!("no gateway admin API at {addr} (is `strait run` running, and is admin_listen this address?)"))?;
     c.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
         c,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )?;
     let mut out = String::new();
     c.read_to_string(&mut out)?;
     let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
     if !head.starts_with("HTTP/1.1 200") {
-        bail!("GET {path}: {}", head.lines().next().unwrap_or("no answer"));
+        bail!(
+            "{method} {path}: {} {}",
+            head.lines().next().unwrap_or("no answer"),
+            body.trim()
+        );
     }
     Ok(body.to_string())
 }
@@ -94,6 +128,52 @@ pub fn render(v: &Value) -> String {
     out
 }
 
+/// The routes part of `strait status`: the BGP sessions, then each VIP's route.
+pub fn render_routes(v: &Value) -> String {
+    let mut out = String::new();
+    let empty = Vec::new();
+    if v["draining"].as_bool() == Some(true) {
+        out += "DRAINING: every route withdrawn; the gateway stops after its grace\n";
+    }
+    match &v["bgp"] {
+        Value::Null => out += "bgp: not configured (no [gateway.bgp])\n",
+        b => {
+            let daemon = if b["running"].as_bool() == Some(true) {
+                "running".to_owned()
+            } else {
+                format!("NOT RUNNING ({})", b["error"].as_str().unwrap_or("?"))
+            };
+            out += &format!(
+                "bgp: speaker {daemon}, {} routes announced, {} restarts\n",
+                b["announced"], b["restarts"]
+            );
+            out += &format!("{:<28} {:>10} {:<5} {}\n", "PEER", "ASN", "UP", "STATE");
+            for s in b["sessions"].as_array().unwrap_or(&empty) {
+                out += &format!(
+                    "{:<28} {:>10} {:<5} {}\n",
+                    s["peer"].as_str().unwrap_or("?"),
+                    s["asn"],
+                    if s["up"].as_bool() == Some(true) {
+                        "yes"
+                    } else {
+                        "NO"
+                    },
+                    s["state"].as_str().unwrap_or("?"),
+                );
+            }
+        }
+    }
+    out += &format!("{:<40} {}\n", "VIP", "ROUTE");
+    for r in v["vips"].as_array().unwrap_or(&empty) {
+        out += &format!(
+            "{:<40} {}\n",
+            r["vip"].as_str().unwrap_or("?"),
+            r["route"].as_str().unwrap_or("?")
+        );
+    }
+    out
+}
+
 fn fmt_ip(v: &Value) -> String {
     let s = v.as_str().unwrap_or("?");
     if s.contains(':') {
@@ -124,5 +204,26 @@ mod tests {
         assert!(t.contains("up        02:00:00:00:01:11"));
         assert!(t.contains("draining  down      unresolved"));
         assert!(t.contains("(no backends)"));
+    }
+
+    #[test]
+    fn renders_routes_and_sessions() {
+        let v: Value = serde_json::from_str(
+            r#"{"draining":false,"bgp":{"running":true,"error":null,"announced":1,"restarts":0,
+            "sessions":[{"peer":"198.51.100.1","asn":64500,"up":false,"state":"Active Socket: Connection refused"}]},
+            "vips":[{"vip":"203.0.113.10","route":"announced"},{"vip":"203.0.113.11","route":"no-serving-backend"}]}"#,
+        )
+        .unwrap();
+        let t = render_routes(&v);
+        assert!(
+            t.contains("bgp: speaker running, 1 routes announced"),
+            "{t}"
+        );
+        assert!(t.contains("198.51.100.1"), "{t}");
+        assert!(t.contains("NO    Active Socket: Connection refused"), "{t}");
+        assert!(
+            t.contains("203.0.113.11                             no-serving-backend"),
+            "{t}"
+        );
     }
 }

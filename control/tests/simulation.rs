@@ -22,7 +22,11 @@
 //! - every backend has a next-hop MAC (the configured one, or after a read the one the read
 //!   gives its next hop), or waits for one: its next hop is followed as unresolved, was
 //!   probed, and a recheck is due;
-//! - a refused reload leaves the table and the configuration as they were.
+//! - a refused reload leaves the table and the configuration as they were;
+//! - every published VIP's route is what it should be: not forwarding before the workers
+//!   forward, draining once draining (the last tenth of the walk), announced while one of
+//!   its services has a Maglev member in a from-scratch build, withdrawn otherwise; and
+//!   the routes the effects carried are the core's.
 //!
 //! The seed is printed; `STRAIT_SIM_SEED=N` replays a run, `STRAIT_SIM_STEPS=N` sets its
 //! length (10,000 by default).
@@ -34,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use strait_config::model::{Config, HealthCheck, MacAddr, Mode, Service};
-use strait_control::core::{Changed, Control, Effect, Error, Event, Loaded};
+use strait_control::core::{Changed, Control, Effect, Error, Event, Loaded, Route, RouteMap};
 use strait_control::health::Key;
 use strait_control::kube::Publication;
 use strait_control::neigh::Neighbours;
@@ -90,6 +94,9 @@ struct World {
     told: BTreeMap<Key, bool>,
     claiming: bool,
     claimed: BTreeSet<IpAddr>,
+    /// The routes the last [`Effect::Routes`] carried.
+    routes: Arc<RouteMap>,
+    draining: bool,
     /// The kernel's neighbour table on the backend interface.
     neigh: BTreeMap<IpAddr, [u8; 6]>,
     /// Whether the route to the routed backends (via the router) exists.
@@ -157,6 +164,8 @@ impl World {
             told: BTreeMap::new(),
             claiming: false,
             claimed: BTreeSet::new(),
+            routes: Arc::default(),
+            draining: false,
             neigh: BTreeMap::new(),
             route: false,
             host_mac,
@@ -271,6 +280,12 @@ impl World {
                         let was = self.claimed.remove(&v);
                         self.check(was, || format!("{v} released, not claimed"));
                     }
+                }
+                Effect::Routes(routes) => {
+                    self.check(routes != self.routes, || {
+                        "routes said again unchanged".into()
+                    });
+                    self.routes = routes;
                 }
                 Effect::Probe { hops, ifindex } => {
                     self.check(ifindex == IFINDEX || ifindex == 0, || {
@@ -616,7 +631,38 @@ impl World {
         self.check(self.core.claimed() == vips, || {
             "the core's claimed set differs".into()
         });
+        self.check_routes(&merged, &want_table);
         self.check_macs(&merged);
+    }
+
+    /// Every published VIP's route, derived from scratch.
+    fn check_routes(&self, merged: &Config, table: &ServiceTable) {
+        let mut want = RouteMap::new();
+        for s in &merged.services {
+            let serving = table
+                .services
+                .iter()
+                .any(|t| t.name == s.name && !t.members.is_empty());
+            let r = if !self.claiming {
+                Route::NotForwarding
+            } else if self.draining {
+                Route::Draining
+            } else if serving {
+                Route::Announced
+            } else {
+                Route::NoServingBackend
+            };
+            let e = want.entry(s.vip).or_insert(r);
+            if r == Route::Announced {
+                *e = r;
+            }
+        }
+        self.check(*self.routes == want, || {
+            format!("routes {:?}, expected {want:?}", self.routes)
+        });
+        self.check(**self.core.routes() == want, || {
+            "the core's routes differ from what its effects said".into()
+        });
     }
 
     /// Every backend has its next-hop MAC or waits for one.
@@ -847,7 +893,13 @@ fn random_interleavings_keep_the_invariants() {
     w.check_invariants();
     for step in 1..=steps {
         w.step = step;
-        w.step();
+        if step == steps - steps / 10 {
+            // The last tenth drains: every route goes and stays gone.
+            w.draining = true;
+            w.handle(Event::Drain).expect("a drain is never refused");
+        } else {
+            w.step();
+        }
         w.check_invariants();
     }
     let took = t.elapsed();

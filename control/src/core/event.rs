@@ -10,6 +10,8 @@ use crate::health::Key;
 use crate::kube::Publication;
 use crate::neigh::Neighbours;
 
+use super::routes::RouteMap;
+
 /// What the core is told.
 #[derive(Debug)]
 pub enum Event {
@@ -31,6 +33,8 @@ pub enum Event {
     },
     /// The workers forward from now on: the VIPs may be claimed.
     Forwarding,
+    /// The gateway drains (`strait drain`, SIGTERM): withdraw every route, keep forwarding.
+    Drain,
     /// Time passed ([`super::Control::poll_timeout`]).
     Tick,
 }
@@ -82,6 +86,9 @@ pub enum Effect {
     ClaimVips(Vec<IpAddr>),
     /// Own these VIPs (sorted) no more.
     ReleaseVips(Vec<IpAddr>),
+    /// The routes changed: announce exactly the VIPs marked [`super::Route::Announced`]; the
+    /// others say why not (`strait status`, `/metrics`).
+    Routes(Arc<RouteMap>),
     /// Make the kernel resolve these next hops (sorted), on interface `ifindex` for a
     /// link-local one (0: unknown).
     Probe {

@@ -62,6 +62,7 @@
 mod checks;
 mod event;
 mod merge;
+mod routes;
 mod vips;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -80,6 +81,7 @@ use crate::neigh::{Neighbours, NextHops};
 
 pub use event::{Changed, Effect, Event, Loaded};
 pub use merge::BULK;
+pub use routes::{serves, Route, RouteMap};
 
 /// How often the kernel's neighbour table is read again while some backend takes its next
 /// hop from it: a next hop that resolved or changed its MAC is in the table within a second,
@@ -111,6 +113,10 @@ pub enum Error {
     /// A reload changed the interfaces, which only a restart can do.
     #[error("reload: interfaces changed; restart strait to change interfaces or queues")]
     InterfacesChanged,
+    /// A reload changed `[gateway.bgp]`, which only a restart can do (the speaker would
+    /// close every session to take it).
+    #[error("reload: gateway.bgp changed; restart strait (after `strait drain`) to change the BGP speaker")]
+    BgpChanged,
     /// The table does not build.
     #[error("{why}: the table does not build: {source}")]
     Table {
@@ -150,6 +156,8 @@ pub struct Control {
     recheck_asked: bool,
     /// The VIPs of the published services, claimed once forwarding.
     vips: vips::Vips,
+    /// Which claimed VIPs are announced to the routers.
+    routes: routes::Routes,
     /// Keys the steering maps still lack.
     maps_incomplete: bool,
     maps_retry_at: Instant,
@@ -185,6 +193,7 @@ impl Control {
             status_due: false,
             recheck_asked: false,
             vips: vips::Vips::default(),
+            routes: routes::Routes::default(),
             maps_incomplete: false,
             maps_retry_at: now,
             recheck_at: now,
@@ -245,6 +254,15 @@ impl Control {
                 let all = self.vips.start();
                 if !all.is_empty() {
                     self.effects.push_back(Effect::ClaimVips(all));
+                }
+                self.refresh_routes();
+                Ok(())
+            }
+            Event::Drain => {
+                if !self.routes.draining() {
+                    info!("draining: withdrawing every route");
+                    self.routes.drain();
+                    self.refresh_routes();
                 }
                 Ok(())
             }
@@ -310,6 +328,16 @@ impl Control {
         self.vips.claimed()
     }
 
+    /// Every published VIP's route: announced, or why not.
+    pub fn routes(&self) -> &Arc<RouteMap> {
+        self.routes.view()
+    }
+
+    /// Whether the gateway drains.
+    pub fn draining(&self) -> bool {
+        self.routes.draining()
+    }
+
     /// The next hops taken from the kernel.
     pub fn next_hops(&self) -> &NextHops {
         &self.hops
@@ -330,6 +358,9 @@ impl Control {
         let loaded = *loaded.map_err(|problems| Error::Invalid { problems })?;
         if loaded.config.gateway.interfaces != self.file.gateway.interfaces {
             return Err(Error::InterfacesChanged);
+        }
+        if loaded.config.gateway.bgp != self.file.gateway.bgp {
+            return Err(Error::BgpChanged);
         }
         let (merged, dropped) = crate::kube::merge(&loaded.config, &self.kube);
         for d in dropped {
@@ -553,9 +584,11 @@ impl Control {
     fn publish(&mut self, table: ServiceTable, changed: Changed) {
         let table = Arc::new(table);
         self.table = Arc::clone(&table);
-        let (claim, release) = self
-            .vips
-            .follow(&changed, &self.config, self.file.services.len());
+        let file_len = self.file.services.len();
+        let (claim, release) = self.vips.follow(&changed, &self.config, file_len);
+        let routed = self
+            .routes
+            .follow(&changed, &self.config, file_len, &table, &self.vips);
         self.effects.push_back(Effect::Publish { table, changed });
         if !claim.is_empty() {
             self.effects.push_back(Effect::ClaimVips(claim));
@@ -563,7 +596,19 @@ impl Control {
         if !release.is_empty() {
             self.effects.push_back(Effect::ReleaseVips(release));
         }
+        if routed {
+            self.effects
+                .push_back(Effect::Routes(Arc::clone(self.routes.view())));
+        }
         self.flush_status();
+    }
+
+    /// Re-derives every route and says so when one changed.
+    fn refresh_routes(&mut self) {
+        if self.routes.refresh_all(&self.vips, &self.config) {
+            self.effects
+                .push_back(Effect::Routes(Arc::clone(self.routes.view())));
+        }
     }
 
     /// Says what the admin API shows, when it changed: after the table and the VIPs, so

@@ -17,6 +17,7 @@ struct Driven {
     probed: Vec<IpAddr>,
     claimed: BTreeSet<IpAddr>,
     checks: BTreeSet<Key>,
+    routes: Arc<RouteMap>,
 }
 
 impl Driven {
@@ -39,6 +40,7 @@ impl Driven {
             probed: Vec::new(),
             claimed: BTreeSet::new(),
             checks: BTreeSet::new(),
+            routes: Arc::default(),
         };
         d.run();
         d
@@ -74,6 +76,7 @@ impl Driven {
                 Effect::StopCheck { backend } => {
                     self.checks.remove(&backend);
                 }
+                Effect::Routes(r) => self.routes = r,
                 Effect::Status { .. } | Effect::RetryMaps => {}
             }
         }
@@ -234,6 +237,92 @@ fn a_health_flap_updates_its_service_only() {
     assert_eq!(c.live.generation, t2.generation);
     c.handle(Event::Health(vec![(b1, true)])).unwrap();
     assert_eq!(c.live.generation, t2.generation + 1);
+}
+
+#[test]
+fn routes_follow_forwarding_health_and_drain() {
+    // web (two checked backends) and api share 203.0.113.10; solo has .11 and one checked
+    // backend; .12 is outside `announce`.
+    let toml = config(&["198.51.100.11", "198.51.100.12"]).replace(
+        "maglev_table_size = 251",
+        "maglev_table_size = 251\nhealth_check = { kind = \"tcp\" }",
+    ) + "[[services]]\nname = \"api\"\nvip = \"203.0.113.10\"\nport = 443\n\
+         health_check = { kind = \"tcp\" }\n\
+         backends = [{ address = \"198.51.100.13\", port = 443, mac = \"02:00:00:00:01:13\" }]\n\
+         [[services]]\nname = \"solo\"\nvip = \"203.0.113.11\"\nport = 80\n\
+         health_check = { kind = \"tcp\" }\n\
+         backends = [{ address = \"198.51.100.14\", port = 80, mac = \"02:00:00:00:01:14\" }]\n\
+         [[services]]\nname = \"other\"\nvip = \"203.0.113.12\"\nport = 80\n\
+         backends = [{ address = \"198.51.100.15\", port = 80, mac = \"02:00:00:00:01:15\" }]\n";
+    let toml = toml.replace(
+        "[[gateway.interfaces]]",
+        "[gateway.bgp]\nasn = 64512\nrouter_id = \"192.0.2.1\"\nannounce = [\"203.0.113.10/31\"]\n\
+         peers = [{ address = \"198.51.100.1\", asn = 64500 }]\n[[gateway.interfaces]]",
+    );
+    let mut c = Driven::new(&toml);
+    let (web, solo, other) = (ip("203.0.113.10"), ip("203.0.113.11"), ip("203.0.113.12"));
+    let route = |c: &Driven, vip| c.routes.get(&vip).copied();
+    assert_eq!(c.core.routes().get(&web), Some(&Route::NotForwarding));
+    c.handle(Event::Forwarding).unwrap();
+    assert_eq!(route(&c, web), Some(Route::Announced));
+    assert_eq!(route(&c, solo), Some(Route::Announced));
+    assert_eq!(route(&c, other), Some(Route::NotSelected));
+    // The only backend of solo goes down: withdrawn; back up: announced again.
+    let b: Key = ("solo".into(), ip("198.51.100.14"), 80);
+    c.handle(Event::Health(vec![(b.clone(), false)])).unwrap();
+    assert_eq!(route(&c, solo), Some(Route::NoServingBackend));
+    c.handle(Event::Health(vec![(b, true)])).unwrap();
+    assert_eq!(route(&c, solo), Some(Route::Announced));
+    // Every web backend down: the VIP stays, api still serves on it.
+    let down = |a: &str| (("web".to_owned(), ip(a), 80), false);
+    c.handle(Event::Health(vec![
+        down("198.51.100.11"),
+        down("198.51.100.12"),
+    ]))
+    .unwrap();
+    assert_eq!(route(&c, web), Some(Route::Announced));
+    c.handle(Event::Health(vec![(
+        ("api".into(), ip("198.51.100.13"), 443),
+        false,
+    )]))
+    .unwrap();
+    assert_eq!(route(&c, web), Some(Route::NoServingBackend));
+    // Draining withdraws all, and health changes no longer bring a route back.
+    c.handle(Event::Drain).unwrap();
+    assert!(
+        c.routes.values().all(|r| *r == Route::Draining),
+        "{:?}",
+        c.routes
+    );
+    c.handle(Event::Health(vec![(
+        ("api".into(), ip("198.51.100.13"), 443),
+        true,
+    )]))
+    .unwrap();
+    assert_eq!(route(&c, web), Some(Route::Draining));
+    assert_eq!(c.routes, *c.core.routes());
+}
+
+#[test]
+fn a_reload_that_changes_bgp_is_refused() {
+    let toml = config(&["198.51.100.11"]);
+    let mut c = Driven::new(&toml);
+    let mut changed = strait_config::parse(&toml).unwrap();
+    changed.gateway.bgp = strait_config::parse(&toml.replace(
+        "[[gateway.interfaces]]",
+        "[gateway.bgp]\nasn = 64512\nrouter_id = \"192.0.2.1\"\n\
+         peers = [{ address = \"198.51.100.1\", asn = 64500 }]\n[[gateway.interfaces]]",
+    ))
+    .unwrap()
+    .gateway
+    .bgp;
+    let loaded = Loaded {
+        config: changed,
+        locals: Vec::new(),
+        neighbours: Neighbours::default(),
+    };
+    let e = c.handle(Event::Reload(Ok(Box::new(loaded)))).unwrap_err();
+    assert!(matches!(e, Error::BgpChanged), "{e}");
 }
 
 #[test]

@@ -32,6 +32,21 @@ impl Vips {
         self.users.keys().copied().collect()
     }
 
+    /// Whether claiming started (the workers forward).
+    pub fn claiming(&self) -> bool {
+        self.claiming
+    }
+
+    /// Whether a published service has `vip`.
+    pub fn has(&self, vip: IpAddr) -> bool {
+        self.users.contains_key(&vip)
+    }
+
+    /// The VIPs of the published services, claimed or not.
+    pub fn known(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.users.keys().copied()
+    }
+
     /// The VIPs claimed.
     pub fn claimed(&self) -> BTreeSet<IpAddr> {
         if self.claiming {

@@ -5,6 +5,7 @@
 //!  Kubernetes feed (mpsc) ────────────┤   Event             │   + SteerProgram::update_maps
 //!  health checker (mpsc) ─────────────┼──────► core::Control ┼─► Checker::start / stop
 //!  neighbour reads (rtnetlink) ───────┤   (now passed in)    ├─► Vips::claim / release
+//!  SIGTERM, POST /drain ──────────────┤                      ├─► bgp::Speaker::announce
 //!  the clock (poll_timeout) ──────────┘          Effect      └─► neigh::probe, neigh reads
 //! ```
 //!
@@ -25,7 +26,8 @@ use strait_config::model::Config;
 use strait_dataplane::table::{Port, ServiceTable};
 use tracing::{info, warn};
 
-use crate::admin::{self, Reload};
+use crate::admin::{self, Request};
+use crate::bgp::Speaker;
 use crate::core::{Control, Effect, Event};
 use crate::footprint::Footprint;
 use crate::health::{self, Checker};
@@ -52,6 +54,8 @@ pub struct Gateway {
     workers: Option<Workers>,
     /// The Kubernetes source's publications, when `--kube` is given.
     kube: Option<Receiver<crate::kube::Publication>>,
+    /// The BGP speaker, when `[gateway.bgp]` is configured.
+    speaker: Option<Speaker>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -114,6 +118,7 @@ impl Gateway {
             vips: None,
             workers: None,
             kube: None,
+            speaker: None,
         };
         g.execute();
         Ok(g)
@@ -143,6 +148,43 @@ impl Gateway {
             }
         }
         Ok(())
+    }
+
+    /// Starts the BGP speaker when `[gateway.bgp]` is configured: its sessions come up
+    /// while the workers start, and it announces the VIPs the core marks announced.
+    ///
+    /// # Errors
+    /// When the daemon is not installed.
+    pub fn start_speaker(&mut self) -> anyhow::Result<()> {
+        let Some(bgp) = self.core.file().gateway.bgp.clone() else {
+            return Ok(());
+        };
+        let speaker = Speaker::start(bgp)?;
+        *self
+            .shared
+            .bgp
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(speaker.status_handle());
+        speaker.announce(self.core.routes());
+        self.speaker = Some(speaker);
+        Ok(())
+    }
+
+    /// Closes the BGP sessions (the routers drop every route at once) and stops the
+    /// speaker.
+    pub fn stop_speaker(&mut self) {
+        if let Some(mut s) = self.speaker.take() {
+            s.stop();
+        }
+    }
+
+    /// Starts draining: every route is withdrawn, forwarding goes on, `/healthz` answers
+    /// 503.
+    pub fn drain(&mut self) {
+        self.shared.draining.store(true, Ordering::Relaxed);
+        if let Err(e) = self.handle(Event::Drain) {
+            warn!("drain: {e}");
+        }
     }
 
     /// Attaches the XDP programs and starts the AF_XDP workers.
@@ -236,6 +278,16 @@ impl Gateway {
                     vips.release(&v);
                 }
             }
+            Effect::Routes(routes) => {
+                if let Some(s) = &self.speaker {
+                    s.announce(&routes);
+                }
+                *self
+                    .shared
+                    .routes
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = routes;
+            }
             Effect::Probe { hops, ifindex } => {
                 for hop in hops {
                     crate::neigh::probe(hop, ifindex);
@@ -290,10 +342,25 @@ impl Gateway {
         self.answer(Event::Maps { complete });
     }
 
-    /// Runs until `stop` is set: hands the core health changes, Kubernetes publications,
-    /// reload requests and the passing of time as they come, and carries out its effects.
-    pub fn serve(&mut self, stop: &AtomicBool, hup: &AtomicBool, reloads: &Receiver<Reload>) {
-        while !stop.load(Ordering::Relaxed) {
+    /// Runs until the gateway has drained: hands the core health changes, Kubernetes
+    /// publications, requests and the passing of time as they come, and carries out its
+    /// effects. `stop` set (SIGTERM, SIGINT) or `POST /drain` starts draining: every route
+    /// is withdrawn, forwarding goes on for `drain_grace`, then this returns; `stop` set
+    /// again while draining returns at once.
+    pub fn serve(&mut self, stop: &AtomicBool, hup: &AtomicBool, requests: &Receiver<Request>) {
+        let mut drained_at: Option<Instant> = None;
+        loop {
+            if stop.swap(false, Ordering::Relaxed) {
+                if drained_at.is_some() {
+                    info!("stopped again while draining: stopping now");
+                    return;
+                }
+                drained_at = Some(self.start_drain("signal"));
+            }
+            if drained_at.is_some_and(|at| Instant::now() >= at) {
+                info!("drain grace over");
+                return;
+            }
             let wait = self.core.poll_timeout().map_or(IDLE, |at| {
                 at.saturating_duration_since(Instant::now()).min(IDLE)
             });
@@ -342,15 +409,42 @@ impl Gateway {
                     warn!("kubernetes: rebuild refused, keeping the running table:\n{e}");
                 }
             }
-            while let Ok(answer) = reloads.try_recv() {
-                let r = self.reload().map_err(|e| format!("{e:#}"));
-                match &r {
-                    Ok(m) => info!("admin API: {m}"),
-                    Err(e) => warn!("admin API: reload refused, keeping the running table:\n{e}"),
+            while let Ok(request) = requests.try_recv() {
+                match request {
+                    Request::Reload(answer) => {
+                        let r = self.reload().map_err(|e| format!("{e:#}"));
+                        match &r {
+                            Ok(m) => info!("admin API: {m}"),
+                            Err(e) => {
+                                warn!("admin API: reload refused, keeping the running table:\n{e}")
+                            }
+                        }
+                        let _ = answer.send(r);
+                    }
+                    Request::Drain(answer) => {
+                        let at = *drained_at.get_or_insert_with(|| self.start_drain("admin API"));
+                        let left = at.saturating_duration_since(Instant::now());
+                        let _ = answer.send(Ok(format!(
+                            "draining: routes withdrawn, forwarding for {} more, then stopping",
+                            humantime::format_duration(Duration::from_millis(
+                                u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
+                            ))
+                        )));
+                    }
                 }
-                let _ = answer.send(r);
             }
         }
+    }
+
+    /// Starts draining for `why`; returns when the grace ends.
+    fn start_drain(&mut self, why: &str) -> Instant {
+        let grace = self.core.file().gateway.drain_grace;
+        info!(
+            "{why}: draining; routes withdrawn, forwarding for {} before stopping (signal again to stop now)",
+            humantime::format_duration(grace)
+        );
+        self.drain();
+        Instant::now() + grace
     }
 }
 
@@ -375,10 +469,11 @@ pub fn run(source: Source, kube: &crate::kube::Args) -> anyhow::Result<()> {
         .context("installing SIGHUP")?;
 
     let mut gateway = Gateway::start(source)?;
-    let (reload_tx, reload_rx) = mpsc::channel::<Reload>();
+    let (request_tx, request_rx) = mpsc::channel::<Request>();
     let admin_addr = gateway.core.file().gateway.admin_listen;
-    let bound = admin::start(admin_addr, Arc::clone(&gateway.shared), reload_tx)?;
+    let bound = admin::start(admin_addr, Arc::clone(&gateway.shared), request_tx)?;
     info!("admin API on http://{bound}");
+    gateway.start_speaker()?;
     // Steering first, then the VIPs: once the kernel owns a VIP it would answer service
     // traffic itself (with resets) if the XDP program were not there yet to redirect it.
     gateway.start_workers()?;
@@ -402,7 +497,9 @@ pub fn run(source: Source, kube: &crate::kube::Args) -> anyhow::Result<()> {
     };
     gateway.shared.ready.store(true, Ordering::Relaxed);
     info!("forwarding");
-    gateway.serve(&stop, &hup, &reload_rx);
+    gateway.serve(&stop, &hup, &request_rx);
+    // The routes go first, so that routers stop sending before the workers do.
+    gateway.stop_speaker();
     info!("stopping: draining workers, detaching XDP");
     gateway.stop_workers();
     Ok(())

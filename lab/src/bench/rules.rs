@@ -344,7 +344,7 @@ pub fn config(specs: &[SvcSpec]) -> Config {
                 role: Role::Both,
                 vlans: Vec::new(),
             }],
-            drain_grace: Gateway::DEFAULT_DRAIN_GRACE,
+            drain_grace: std::time::Duration::ZERO,
             bgp: None,
         },
         services: specs

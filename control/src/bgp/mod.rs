@@ -1,0 +1,435 @@
+//! Route announcement: a BIRD 2 daemon, the gateway's child, speaks BGP for it.
+//!
+//! ```text
+//!  core ── Effect::Routes ──► Speaker::announce ──► speaker thread ──► bird.conf + `configure`
+//!                                                        │  every 500 ms: `show protocols`
+//!  admin API, /metrics ◄── Speaker::status ◄─────────────┘
+//! ```
+//!
+//! Why BIRD 2: Debian ships it (`bird2`), one small daemon speaks BGP and BFD for both
+//! families, its configuration is plain text we can write whole and re-read without
+//! touching established sessions (`configure`), and its control socket tells each
+//! session's state; no home-made BGP. FRR needs several daemons and a shell; GoBGP a gRPC
+//! client.
+//!
+//! **The announcement never outlives the gateway.** BIRD runs as the speaker thread's child
+//! with a parent-death signal (`PR_SET_PDEATHSIG` = SIGKILL): when `strait` dies, even by
+//! SIGKILL or the OOM killer, the kernel kills BIRD, closes its TCP sessions, and the
+//! routers drop the routes at once (graceful restart is off, so they keep no stale copy).
+//! A dead machine is found by BFD (`bfd = true`) or the hold timer. On an orderly stop the
+//! speaker sends `down`: BIRD closes every session with a Cease notification.
+//!
+//! BIRD's configuration, socket and nothing else live in a directory of this process's
+//! own (`$TMPDIR/strait-bgp-<pid>`), removed on stop. BIRD has no `kernel` protocol: it
+//! never changes the gateway's routing table.
+
+pub mod bird;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use strait_config::model::Bgp;
+use tracing::{info, warn};
+
+use crate::core::{Route, RouteMap};
+
+/// How often the sessions' states are read from BIRD.
+const POLL: Duration = Duration::from_millis(500);
+
+/// How long BIRD may take to open its control socket after it starts.
+const STARTUP: Duration = Duration::from_secs(5);
+
+/// How long a stopping BIRD may take to close its sessions before it is killed.
+const SHUTDOWN: Duration = Duration::from_secs(3);
+
+/// How long after BIRD died it is started again.
+const RESTART: Duration = Duration::from_secs(1);
+
+/// One BGP session, as `strait status` and `/metrics` show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// The peer's address.
+    pub peer: IpAddr,
+    /// The peer's AS number.
+    pub asn: u32,
+    /// Whether the session is established.
+    pub up: bool,
+    /// BIRD's word for the session's state (`Established`, `Active`, `Connect`...) and the
+    /// last error, if any.
+    pub state: String,
+}
+
+/// What the speaker knows of itself.
+#[derive(Debug, Clone, Default)]
+pub struct Status {
+    /// Whether BIRD runs and answers on its control socket.
+    pub running: bool,
+    /// Why it does not, or the last error from it.
+    pub error: Option<String>,
+    /// The sessions, in configuration order.
+    pub sessions: Vec<Session>,
+    /// The VIPs given to BIRD to announce.
+    pub announced: usize,
+    /// How often BIRD was started again after it died.
+    pub restarts: u64,
+}
+
+enum Msg {
+    Routes(Vec<IpAddr>),
+    Stop,
+}
+
+/// The BGP speaker: a thread that owns the BIRD child.
+#[derive(Debug)]
+pub struct Speaker {
+    tx: Sender<Msg>,
+    thread: Option<JoinHandle<()>>,
+    status: Arc<Mutex<Status>>,
+}
+
+impl Speaker {
+    /// Starts BIRD for `bgp`, announcing nothing yet.
+    ///
+    /// # Errors
+    /// When the daemon is not installed or its directory cannot be made; a daemon that
+    /// starts but cannot reach its peers is no error (see [`Speaker::status`]).
+    pub fn start(bgp: Bgp) -> anyhow::Result<Self> {
+        if !bgp.daemon.exists() {
+            bail!(
+                "gateway.bgp.daemon: {} does not exist (install BIRD 2: apt-get install bird2)",
+                bgp.daemon.display()
+            );
+        }
+        let dir = std::env::temp_dir().join(format!("strait-bgp-{}", std::process::id()));
+        // A directory left by an earlier process with this pid holds nothing of ours.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let status = Arc::new(Mutex::new(Status {
+            sessions: sessions(&bgp, &[]),
+            ..Status::default()
+        }));
+        let (tx, rx) = mpsc::channel();
+        let mut speaker = Bird {
+            bgp,
+            conf: dir.join("bird.conf"),
+            socket: dir.join("bird.ctl"),
+            dir,
+            child: None,
+            control: None,
+            announced: Vec::new(),
+            status: Arc::clone(&status),
+            restart_at: None,
+        };
+        speaker.write_config()?;
+        let thread = std::thread::Builder::new()
+            .name("bgp".into())
+            .spawn(move || speaker.run(&rx))?;
+        Ok(Self {
+            tx,
+            thread: Some(thread),
+            status,
+        })
+    }
+
+    /// Announces exactly the VIPs `routes` marks announced.
+    pub fn announce(&self, routes: &RouteMap) {
+        let vips = routes
+            .iter()
+            .filter(|(_, r)| **r == Route::Announced)
+            .map(|(v, _)| *v)
+            .collect();
+        let _ = self.tx.send(Msg::Routes(vips));
+    }
+
+    /// The speaker's state now.
+    pub fn status(&self) -> Status {
+        self.status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A handle on the state, for the admin API.
+    pub fn status_handle(&self) -> Arc<Mutex<Status>> {
+        Arc::clone(&self.status)
+    }
+
+    /// Closes every session (the routers drop the routes) and stops BIRD.
+    pub fn stop(&mut self) {
+        let _ = self.tx.send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Speaker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The sessions of `bgp` as BIRD's `protocols` tell them (down when not listed).
+fn sessions(bgp: &Bgp, protocols: &[bird::Protocol]) -> Vec<Session> {
+    bgp.peers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let name = bird::protocol_name(i);
+            let proto = protocols.iter().find(|x| x.name == name);
+            Session {
+                peer: p.address,
+                asn: p.asn,
+                up: proto.is_some_and(|x| x.state == "up" && x.info.starts_with("Established")),
+                state: proto.map_or_else(|| "not running".to_owned(), |x| x.info.clone()),
+            }
+        })
+        .collect()
+}
+
+/// The speaker thread's state.
+struct Bird {
+    bgp: Bgp,
+    dir: PathBuf,
+    conf: PathBuf,
+    socket: PathBuf,
+    child: Option<Child>,
+    control: Option<bird::Control>,
+    /// The VIPs announced (sorted).
+    announced: Vec<IpAddr>,
+    status: Arc<Mutex<Status>>,
+    /// When BIRD is to be started again after it died.
+    restart_at: Option<Instant>,
+}
+
+impl Bird {
+    fn run(&mut self, rx: &Receiver<Msg>) {
+        if let Err(e) = self.spawn() {
+            self.failed(&e);
+        }
+        loop {
+            match rx.recv_timeout(POLL) {
+                Ok(Msg::Routes(mut vips)) => {
+                    // Only the last of a burst matters.
+                    for m in rx.try_iter() {
+                        match m {
+                            Msg::Routes(v) => vips = v,
+                            Msg::Stop => return self.shutdown(),
+                        }
+                    }
+                    self.set_routes(vips);
+                }
+                Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return self.shutdown(),
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            self.watch();
+        }
+    }
+
+    fn set_routes(&mut self, vips: Vec<IpAddr>) {
+        if vips == self.announced {
+            return;
+        }
+        let (before, after): (BTreeSet<_>, BTreeSet<_>) = (
+            self.announced.iter().copied().collect(),
+            vips.iter().copied().collect(),
+        );
+        let added = after.difference(&before).count();
+        let withdrawn = before.difference(&after).count();
+        self.announced = vips;
+        let r = self.write_config().and_then(|()| self.reconfigure());
+        match r {
+            Ok(()) => info!(
+                announced = self.announced.len(),
+                added, withdrawn, "bgp: routes changed"
+            ),
+            Err(e) => self.failed(&e),
+        }
+        self.status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .announced = self.announced.len();
+    }
+
+    fn write_config(&self) -> anyhow::Result<()> {
+        let text = bird::config(&self.bgp, &self.announced);
+        // Written beside and renamed, so BIRD never reads half a file.
+        let tmp = self.dir.join("bird.conf.new");
+        std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &self.conf)
+            .with_context(|| format!("renaming to {}", self.conf.display()))
+    }
+
+    fn reconfigure(&mut self) -> anyhow::Result<()> {
+        match &mut self.control {
+            Some(c) => c.configure(),
+            // Not running: the file is read when it starts again.
+            None => Ok(()),
+        }
+    }
+
+    /// Starts BIRD as this thread's child, with a parent-death signal.
+    #[allow(unsafe_code)]
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let _ = std::fs::remove_file(&self.socket);
+        let parent = nix::unistd::getpid();
+        let mut cmd = Command::new(&self.bgp.daemon);
+        cmd.arg("-f")
+            .arg("-c")
+            .arg(&self.conf)
+            .arg("-s")
+            .arg(&self.socket)
+            .arg("-P")
+            .arg(self.dir.join("bird.pid"));
+        // SAFETY: the closure runs in the forked child before exec and calls only prctl(2)
+        // and getppid(2), both async-signal-safe; it touches no memory of the parent's.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+                // The parent may have died between fork and prctl: then nobody kills us.
+                if nix::unistd::getppid() != parent {
+                    return Err(std::io::Error::other("strait exited before bird started"));
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", self.bgp.daemon.display()))?;
+        info!(
+            pid = child.id(),
+            "bgp: started {}",
+            self.bgp.daemon.display()
+        );
+        self.child = Some(child);
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            match bird::Control::connect(&self.socket) {
+                Ok(c) => {
+                    self.control = Some(c);
+                    break;
+                }
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(_) => {
+                    if let Some(status) = self
+                        .child
+                        .as_mut()
+                        .and_then(|c| c.try_wait().ok().flatten())
+                    {
+                        bail!(
+                            "{} exited ({status}) before opening its control socket",
+                            self.bgp.daemon.display()
+                        );
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+        let mut s = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+        s.running = true;
+        s.error = None;
+        Ok(())
+    }
+
+    /// Notices a dead BIRD (and starts it again), and reads the sessions' states.
+    fn watch(&mut self) {
+        if let Some(status) = self
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+        {
+            warn!(
+                "bgp: {} exited ({status}); starting it again in {RESTART:?}",
+                self.bgp.daemon.display()
+            );
+            self.child = None;
+            self.control = None;
+            self.restart_at = Some(Instant::now() + RESTART);
+            let mut s = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+            s.running = false;
+            s.error = Some(format!("bird exited ({status})"));
+            s.sessions = sessions(&self.bgp, &[]);
+        }
+        if self.child.is_none() && self.restart_at.is_none_or(|at| Instant::now() >= at) {
+            self.restart_at = None;
+            self.status
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .restarts += 1;
+            if let Err(e) = self.write_config().and_then(|()| self.spawn()) {
+                self.failed(&e);
+            }
+        }
+        let Some(c) = &mut self.control else {
+            return;
+        };
+        match c.protocols() {
+            Ok(p) => {
+                let now = sessions(&self.bgp, &p);
+                let mut s = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+                for (old, new) in s.sessions.iter().zip(&now) {
+                    if old.up != new.up {
+                        info!(peer = %new.peer, up = new.up, state = %new.state, "bgp: session changed");
+                    }
+                }
+                s.sessions = now;
+            }
+            Err(e) => {
+                self.control = None;
+                self.failed(&e);
+            }
+        }
+    }
+
+    fn failed(&mut self, e: &anyhow::Error) {
+        warn!("bgp: {e:#}");
+        if self.control.is_none() {
+            // Not answering: kill it so that `watch` starts it afresh.
+            if let Some(mut c) = self.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+                self.restart_at = Some(Instant::now() + RESTART);
+            }
+        }
+        let mut s = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+        s.running = self.control.is_some();
+        s.error = Some(format!("{e:#}"));
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(c) = &mut self.control {
+            if let Err(e) = c.down() {
+                warn!("bgp: down: {e:#}");
+            }
+        }
+        self.control = None;
+        if let Some(mut child) = self.child.take() {
+            let deadline = Instant::now() + SHUTDOWN;
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        remove_dir(&self.dir);
+        info!("bgp: sessions closed, speaker stopped");
+        let mut s = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+        s.running = false;
+        s.announced = 0;
+        s.sessions = sessions(&self.bgp, &[]);
+    }
+}
+
+fn remove_dir(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        warn!("bgp: removing {}: {e}", dir.display());
+    }
+}

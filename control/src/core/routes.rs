@@ -1,0 +1,217 @@
+//! Which VIPs the gateway announces to its routers, and why not the others.
+//!
+//! A VIP is announced while the gateway claims it (its services are published and the
+//! workers forward), one of its services has a backend that takes new flows (a Maglev
+//! member: up, weight above zero, its next hop known), the gateway is not draining, and the
+//! VIP is one `[gateway.bgp] announce` selects. A router then sends its traffic here only
+//! while this gateway can serve it: a service whose backends are all down is withdrawn as
+//! soon as its last backend's health check reaches `fall`, and is announced again when one
+//! recovers.
+//!
+//! Followed per changed service, as [`super::vips`] is: a change of one service of ten
+//! thousand looks at that one and its VIP.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use strait_config::model::{Bgp, Config};
+use strait_dataplane::key::addr_bytes;
+use strait_dataplane::table::{Frontend, ServiceTable};
+
+use super::merge;
+use super::vips::Vips;
+use super::Changed;
+
+/// A VIP's route: announced, or why not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Route {
+    /// Announced to the routers.
+    Announced,
+    /// The workers do not forward yet.
+    NotForwarding,
+    /// None of the VIP's services has a backend that takes new flows.
+    NoServingBackend,
+    /// The gateway drains (`strait drain`, SIGTERM): every route is withdrawn.
+    Draining,
+    /// Outside `[gateway.bgp] announce`.
+    NotSelected,
+}
+
+impl Route {
+    /// Every state, for metrics that list them all.
+    pub const ALL: [Route; 5] = [
+        Route::Announced,
+        Route::NotForwarding,
+        Route::NoServingBackend,
+        Route::Draining,
+        Route::NotSelected,
+    ];
+
+    /// The state's name in `strait status` and `/metrics`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Route::Announced => "announced",
+            Route::NotForwarding => "not-forwarding",
+            Route::NoServingBackend => "no-serving-backend",
+            Route::Draining => "draining",
+            Route::NotSelected => "not-selected",
+        }
+    }
+}
+
+impl fmt::Display for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Every claimed VIP's route, sorted by VIP.
+pub type RouteMap = BTreeMap<IpAddr, Route>;
+
+/// The routes, and what they follow.
+#[derive(Debug, Default)]
+pub struct Routes {
+    /// Each published service's VIP.
+    of: HashMap<String, IpAddr>,
+    /// The published services that have a backend taking new flows.
+    serving: HashSet<String>,
+    /// How many such services each VIP has.
+    live: BTreeMap<IpAddr, u32>,
+    draining: bool,
+    /// The routes of the VIPs known to [`Vips`], shared with the driver.
+    view: Arc<RouteMap>,
+}
+
+impl Routes {
+    /// The routes now.
+    pub fn view(&self) -> &Arc<RouteMap> {
+        &self.view
+    }
+
+    /// Whether the gateway drains.
+    pub fn draining(&self) -> bool {
+        self.draining
+    }
+
+    /// Follows a table published for `changed` services of `config`, with `vips` already
+    /// following it. Whether a route changed.
+    pub fn follow(
+        &mut self,
+        changed: &Changed,
+        config: &Config,
+        file_len: usize,
+        table: &ServiceTable,
+        vips: &Vips,
+    ) -> bool {
+        let mut touched = BTreeSet::new();
+        match changed {
+            Changed::All => {
+                self.of.clear();
+                self.serving.clear();
+                self.live.clear();
+                touched.extend(self.view.keys().copied());
+                for s in &config.services {
+                    self.set(&s.name, Some(s), table, &mut touched);
+                }
+            }
+            Changed::Services(names) => {
+                for n in names {
+                    let s = merge::find(config, file_len, n);
+                    self.set(n, s, table, &mut touched);
+                }
+            }
+        }
+        self.refresh(touched, vips, config.gateway.bgp.as_ref())
+    }
+
+    /// Re-derives every VIP's route (claiming started, draining started): whether one
+    /// changed.
+    pub fn refresh_all(&mut self, vips: &Vips, config: &Config) -> bool {
+        let touched: BTreeSet<IpAddr> = self.view.keys().copied().chain(vips.known()).collect();
+        self.refresh(touched, vips, config.gateway.bgp.as_ref())
+    }
+
+    /// Starts draining: every route goes.
+    pub fn drain(&mut self) {
+        self.draining = true;
+    }
+
+    /// Follows service `name` (`service` is its configuration, `None` when removed).
+    fn set(
+        &mut self,
+        name: &str,
+        service: Option<&strait_config::model::Service>,
+        table: &ServiceTable,
+        touched: &mut BTreeSet<IpAddr>,
+    ) {
+        if let Some(old) = self.of.remove(name) {
+            touched.insert(old);
+            if self.serving.remove(name) {
+                if let Some(c) = self.live.get_mut(&old) {
+                    *c -= 1;
+                    if *c == 0 {
+                        self.live.remove(&old);
+                    }
+                }
+            }
+        }
+        let Some(s) = service else {
+            return;
+        };
+        touched.insert(s.vip);
+        self.of.insert(name.to_owned(), s.vip);
+        if serves(table, s) {
+            self.serving.insert(name.to_owned());
+            *self.live.entry(s.vip).or_default() += 1;
+        }
+    }
+
+    fn refresh(&mut self, touched: BTreeSet<IpAddr>, vips: &Vips, bgp: Option<&Bgp>) -> bool {
+        let mut changed = false;
+        for vip in touched {
+            let want = self.route(vip, vips, bgp);
+            if self.view.get(&vip).copied() != want {
+                let view = Arc::make_mut(&mut self.view);
+                match want {
+                    Some(r) => view.insert(vip, r),
+                    None => view.remove(&vip),
+                };
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// The route `vip` should have: `None` for a VIP no published service has.
+    fn route(&self, vip: IpAddr, vips: &Vips, bgp: Option<&Bgp>) -> Option<Route> {
+        if !vips.has(vip) {
+            return None;
+        }
+        Some(if !vips.claiming() {
+            Route::NotForwarding
+        } else if self.draining {
+            Route::Draining
+        } else if bgp.is_some_and(|b| !b.announces(vip)) {
+            Route::NotSelected
+        } else if self.live.contains_key(&vip) {
+            Route::Announced
+        } else {
+            Route::NoServingBackend
+        })
+    }
+}
+
+/// Whether the table's service for `s` has a backend that takes new flows.
+pub fn serves(table: &ServiceTable, s: &strait_config::model::Service) -> bool {
+    let frontend = Frontend {
+        vip: addr_bytes(s.vip),
+        port: s.port,
+        proto: s.protocol.number(),
+    };
+    table
+        .service_for(&frontend)
+        .and_then(|i| table.services.get(i as usize))
+        .is_some_and(|t| t.name == s.name && !t.members.is_empty())
+}
