@@ -17,11 +17,14 @@ pub fn run(addr: SocketAddr) -> anyhow::Result<()> {
     let v: Value =
         serde_json::from_str(&body).context("the admin API answered something that is not JSON")?;
     print!("{}", render(&v));
-    // A gateway from before `/routes` has none to show.
-    if let Ok(body) = get(addr, "/routes") {
-        let r: Value = serde_json::from_str(&body)
-            .context("the admin API answered something that is not JSON")?;
-        print!("{}", render_routes(&r));
+    match get(addr, "/routes") {
+        Ok(body) => {
+            let r: Value = serde_json::from_str(&body)
+                .context("the admin API answered something that is not JSON")?;
+            print!("{}", render_routes(&r));
+        }
+        // A gateway from before `/routes` has none to show.
+        Err(e) => eprintln!("routes: {e:#}"),
     }
     Ok(())
 }

@@ -224,6 +224,33 @@ impl Gateway {
         self.proc.as_mut().expect("the gateway runs")
     }
 
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.proc.as_ref().expect("the gateway runs").pid()
+    }
+
+    /// SIGKILL (as the OOM killer or a crash would end it), and waits until it is gone.
+    pub fn kill(&mut self) {
+        let mut proc = self.proc.take().expect("the gateway runs");
+        proc.signal("KILL");
+        let _ = proc.child().wait();
+    }
+
+    /// Waits up to `timeout` for the gateway to exit by itself; its status, if it did.
+    pub fn exited_within(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.running().child().try_wait().ok().flatten() {
+                self.proc = None;
+                return Some(s);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Whether the admin API answers `/healthz` with `ok`.
     pub fn healthy(&self) -> bool {
         self.get("/healthz") == "ok\n"

@@ -41,6 +41,8 @@ pub const IPTABLES_SAVE: Tool = ("iptables-save", "--version", "iptables");
 pub const NFT: Tool = ("nft", "--version", "nftables");
 /// openssl.
 pub const OPENSSL: Tool = ("openssl", "version", "openssl");
+/// BIRD 2 (the BGP speaker the gateway runs, and the tests' router).
+pub const BIRD: Tool = ("bird", "--version", "bird2");
 /// Debian's Python (the `python3` on PATH may be another, without scapy).
 pub const PYTHON: Tool = ("/usr/bin/python3", "--version", "python3");
 

@@ -1,0 +1,300 @@
+//! Route announcement end to end (issue 11): the gateway (`strait run` with `[gateway.bgp]`)
+//! and its BIRD child in the testbed's gateway namespace; a real BIRD 2 router in the
+//! client namespace, whose routing table the tests read over its control socket. Needs root
+//! and `bird2`; fails with a clear message without them unless `STRAIT_SKIP_PRIVILEGED=1`.
+//!
+//! - the VIP is announced once the gateway forwards, withdrawn within the health checks'
+//!   `fall` period when every backend is down, announced again when one recovers;
+//! - SIGKILL of `strait` takes the route away within a second (BIRD dies with it);
+//! - `POST /drain` withdraws the route at once, the gateway forwards through the grace and
+//!   then exits 0;
+//! - a gateway whose peer never answers starts, forwards, and says so in `/routes`,
+//!   `strait status` and `/metrics`.
+
+mod support;
+
+use std::path::Path;
+use std::sync::MutexGuard;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use strait_control::bgp::bird;
+use support::bed::{Bed, Gateway};
+use support::harness::{in_ns, serial_if, sh, text, wait_for, Proc};
+use support::privileged as gate;
+
+const VIP: &str = "203.0.113.10";
+/// The router (the client namespace) and the gateway's address facing it.
+const ROUTER: &str = "192.0.2.2";
+const GATEWAY: &str = "192.0.2.1";
+
+fn privileged() -> bool {
+    gate::privileged("bgp", &[gate::IP, gate::CURL, gate::BIRD])
+}
+
+/// A testbed, a router in its client namespace, and the serial lock (the gateway's worker
+/// busy-polls; two at once on two cores measure each other).
+struct Scene {
+    router: Router,
+    bed: Bed,
+    _serial: MutexGuard<'static, ()>,
+}
+
+fn scene(tag: &str) -> Option<Scene> {
+    let serial = serial_if(privileged)?;
+    let bed = Bed::up(
+        &format!("bg{}{tag}", std::process::id() % 100_000),
+        &["--backends", "2"],
+    );
+    let router = Router::start(&bed);
+    Some(Scene {
+        router,
+        bed,
+        _serial: serial,
+    })
+}
+
+/// BIRD as the client side's router: AS 64500, one session to the gateway, importing
+/// what it announces into BIRD's own table only (the namespace's kernel table is left as
+/// the testbed made it).
+struct Router {
+    socket: std::path::PathBuf,
+    _bird: Proc,
+}
+
+impl Router {
+    fn start(bed: &Bed) -> Router {
+        let conf = bed.dir.join("router.conf");
+        let socket = bed.dir.join("router.ctl");
+        std::fs::write(
+            &conf,
+            format!(
+                "router id {ROUTER};\nlog stderr all;\nprotocol device {{ scan time 10; }}\n\
+                 protocol bgp to_strait {{\n  local {ROUTER} as 64500;\n  neighbor {GATEWAY} as 64512;\n\
+                 hold time 3;\n  keepalive time 1;\n  connect retry time 1;\n  error wait time 1, 5;\n\
+                 ipv4 {{ import all; export none; }};\n}}\n"
+            ),
+        )
+        .expect("router config");
+        let log = std::fs::File::create(bed.dir.join("router.log")).expect("router log");
+        let bird = Proc::spawn(
+            in_ns(&bed.ns("client"), ["bird", "-f", "-c"])
+                .arg(&conf)
+                .arg("-s")
+                .arg(&socket)
+                .stdout(std::process::Stdio::null())
+                .stderr(log),
+        );
+        wait_for(
+            "the router's control socket",
+            Duration::from_secs(5),
+            || bird::Control::connect(&socket).ok(),
+        );
+        Router {
+            socket,
+            _bird: bird,
+        }
+    }
+
+    /// Whether the router has a route to `prefix` (BIRD's `show route PREFIX`).
+    fn has(&self, prefix: &str) -> bool {
+        let Ok(mut c) = bird::Control::connect(&self.socket) else {
+            return false;
+        };
+        c.command(&format!("show route {prefix}"))
+            .is_ok_and(|lines| lines.iter().any(|(_, l)| l.contains(prefix)))
+    }
+
+    /// Polls (every 20 ms) until the route to `prefix` is `present`; how long it took.
+    fn wait(&self, prefix: &str, present: bool, timeout: Duration) -> Duration {
+        let t = Instant::now();
+        while self.has(prefix) != present {
+            assert!(
+                t.elapsed() < timeout,
+                "route {prefix} {} within {timeout:?}",
+                if present {
+                    "not announced"
+                } else {
+                    "still there"
+                }
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        t.elapsed()
+    }
+}
+
+/// The testbed's configuration with `[gateway.bgp]` to `peer` and `extra` gateway keys.
+fn config(bed: &Bed, peer: &str, extra: &str) -> std::path::PathBuf {
+    let base = std::fs::read_to_string(bed.config()).expect("testbed config");
+    // Keys of [gateway] go before its first sub-table; [gateway.bgp] may come anywhere.
+    let base = base.replacen("[gateway]\n", &format!("[gateway]\n{extra}\n"), 1);
+    let toml = format!(
+        "{base}\n[gateway.bgp]\nasn = 64512\nrouter_id = \"{GATEWAY}\"\n\
+         [[gateway.bgp.peers]]\naddress = \"{peer}\"\nasn = 64500\nhold_time = \"3s\"\n"
+    );
+    let path = bed.dir.join("bgp.toml");
+    std::fs::write(&path, toml).expect("config");
+    let check = std::process::Command::new(support::harness::strait())
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .expect("strait check");
+    assert!(check.status.success(), "{}", text(&check.stderr));
+    path
+}
+
+fn start(bed: &Bed, config: &Path) -> Gateway {
+    Gateway::spawn(bed, Gateway::command(bed, config), |g| {
+        g.healthy() && g.services().is_some_and(|v| all_up(&v))
+    })
+}
+
+fn all_up(v: &Value) -> bool {
+    v["services"].as_array().is_some_and(|s| {
+        s.iter().all(|s| {
+            s["backends"]
+                .as_array()
+                .is_some_and(|b| b.iter().all(|b| b["health"] == "up"))
+        })
+    })
+}
+
+fn routes(g: &Gateway) -> Value {
+    serde_json::from_str(&g.get("/routes")).expect("/routes is JSON")
+}
+
+fn route_of(g: &Gateway, vip: &str) -> String {
+    routes(g)["vips"]
+        .as_array()
+        .and_then(|v| v.iter().find(|r| r["vip"] == vip))
+        .and_then(|r| r["route"].as_str())
+        .unwrap_or("absent")
+        .to_owned()
+}
+
+#[test]
+fn announced_while_serving_withdrawn_without_backends_gone_with_a_killed_gateway() {
+    let Some(s) = scene("a") else {
+        return;
+    };
+    let cfg = config(&s.bed, ROUTER, "");
+    let mut g = start(&s.bed, &cfg);
+    let prefix = format!("{VIP}/32");
+    s.router.wait(&prefix, true, Duration::from_secs(15));
+    // The speaker reads the session's state every 500 ms.
+    wait_for("the session up in /routes", Duration::from_secs(2), || {
+        (routes(&g)["bgp"]["sessions"][0]["up"] == true).then_some(())
+    });
+    assert_eq!(route_of(&g, VIP), "announced");
+    assert_eq!(g.metric("strait_bgp_session_up"), Some(1.0));
+    assert!(s.bed.curl(&format!("http://{VIP}/")).is_ok());
+
+    // Every backend down: withdrawn within the checks' fall period (2 x 500 ms) and the
+    // speaker's turn (a configure, an UPDATE), well within 3 s.
+    let servers: Vec<u32> = ["b1", "b2"].iter().map(|b| s.bed.backend_pid(b)).collect();
+    let killed = Instant::now();
+    for pid in servers {
+        sh(&["kill", "-KILL", &pid.to_string()]);
+    }
+    s.router.wait(&prefix, false, Duration::from_secs(3));
+    eprintln!("withdrawn {:?} after the backends died", killed.elapsed());
+    assert_eq!(route_of(&g, VIP), "no-serving-backend");
+
+    // One comes back: announced again.
+    let _revived = s.bed.serve("b1", "b1", &["--tcp", "[::]:80"]);
+    s.router.wait(&prefix, true, Duration::from_secs(5));
+    assert_eq!(route_of(&g, VIP), "announced");
+
+    // SIGKILL: BIRD dies with strait (parent-death signal), its session closes, the router
+    // drops the route.
+    let speaker_dir = format!("/tmp/strait-bgp-{}", g.pid());
+    let bird_pid = sh(&["cat", &format!("{speaker_dir}/bird.pid")]);
+    let killed = Instant::now();
+    g.kill();
+    let gone = s.router.wait(&prefix, false, Duration::from_secs(1));
+    eprintln!(
+        "route gone {gone:?} after SIGKILL ({:?} since the kill)",
+        killed.elapsed()
+    );
+    // Gone, or a zombie waiting for init to reap it (its sockets are closed either way).
+    let bird_pid = bird_pid.trim().to_owned();
+    wait_for(
+        "BIRD to die with the gateway",
+        Duration::from_secs(1),
+        || {
+            let stat =
+                std::fs::read_to_string(format!("/proc/{bird_pid}/stat")).unwrap_or_default();
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            (!stat.contains("(bird)") || state == Some("Z")).then_some(())
+        },
+    );
+    // A killed gateway cannot remove its speaker's directory; the next one with its pid
+    // would.
+    let _ = std::fs::remove_dir_all(&speaker_dir);
+}
+
+#[test]
+fn drain_withdraws_first_forwards_through_the_grace_then_stops() {
+    let Some(s) = scene("d") else {
+        return;
+    };
+    let cfg = config(&s.bed, ROUTER, "drain_grace = \"3s\"");
+    let mut g = start(&s.bed, &cfg);
+    let prefix = format!("{VIP}/32");
+    s.router.wait(&prefix, true, Duration::from_secs(15));
+    let asked = Instant::now();
+    let answer = g.admin("POST", "/drain");
+    assert!(answer.starts_with("draining: routes withdrawn"), "{answer}");
+    let gone = s.router.wait(&prefix, false, Duration::from_secs(1));
+    eprintln!("route withdrawn {gone:?} after POST /drain");
+    assert_eq!(route_of(&g, VIP), "draining");
+    assert_eq!(g.get("/healthz"), "draining\n");
+    // Still forwarding during the grace: traffic the router has not moved yet is served.
+    for _ in 0..5 {
+        s.bed
+            .curl(&format!("http://{VIP}/"))
+            .unwrap_or_else(|e| panic!("not forwarding while draining: {e}"));
+    }
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "the checks took the grace"
+    );
+    let status = g
+        .exited_within(Duration::from_secs(8))
+        .unwrap_or_else(|| panic!("still running after the grace:\n{}", g.log_text()));
+    assert!(status.success(), "{status}\n{}", g.log_text());
+    assert!(
+        asked.elapsed() >= Duration::from_secs(3),
+        "stopped before the grace ended ({:?})",
+        asked.elapsed()
+    );
+}
+
+#[test]
+fn a_gateway_whose_peer_never_answers_starts_and_says_so() {
+    let Some(s) = scene("u") else {
+        return;
+    };
+    // Nobody has .99 on the client segment.
+    let cfg = config(&s.bed, "192.0.2.99", "");
+    let g = start(&s.bed, &cfg);
+    assert!(s.bed.curl(&format!("http://{VIP}/")).is_ok(), "forwards");
+    let r = routes(&g);
+    assert_eq!(r["bgp"]["running"], true, "{r}");
+    assert_eq!(r["bgp"]["sessions"][0]["up"], false, "{r}");
+    assert_eq!(r["bgp"]["sessions"][0]["peer"], "192.0.2.99", "{r}");
+    // The route is the gateway's decision; the session is what keeps it from the peer.
+    assert_eq!(route_of(&g, VIP), "announced");
+    assert_eq!(g.metric("strait_bgp_session_up"), Some(0.0));
+    let out = in_ns(&s.bed.ns("gw"), [support::harness::strait(), "status"])
+        .output()
+        .expect("strait status");
+    let status = text(&out.stdout) + &text(&out.stderr);
+    assert!(status.contains("192.0.2.99"), "{status}");
+    assert!(status.contains(" NO "), "{status}");
+    assert!(!s.router.has(&format!("{VIP}/32")));
+}
