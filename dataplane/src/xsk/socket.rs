@@ -12,6 +12,7 @@ use rustix::net::xdp::{
     XDP_UMEM_PGOFF_COMPLETION_RING, XDP_UMEM_PGOFF_FILL_RING,
 };
 use rustix::net::{sockopt, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
+use strait_config::model::MacAddr;
 
 use super::ring::{Consumer, MapError, Producer};
 use super::umem::{Held, Owner, Umem, FRAME_SIZE};
@@ -555,7 +556,10 @@ pub fn interface_port(iface: &str) -> Result<table::Port, XskError> {
         }
         req.ifr_ifru.ifru_mtu
     };
-    Ok(table::Port::new(mac, mtu.clamp(0, u16::MAX as i32) as u16))
+    Ok(table::Port::new(
+        MacAddr(mac),
+        mtu.clamp(0, u16::MAX as i32) as u16,
+    ))
 }
 
 #[cfg(test)]
@@ -565,7 +569,7 @@ mod tests {
     #[test]
     fn loopback_has_a_zero_mac() {
         let p = interface_port("lo").expect("lo exists in every namespace");
-        assert_eq!(p.mac, [0; 6]);
+        assert_eq!(p.mac_addr(), MacAddr([0; 6]));
         assert!(p.mtu >= 1500);
     }
 
