@@ -534,7 +534,8 @@ pub fn interface_port(iface: &str) -> Result<table::Port, XskError> {
         ifr_name: name_field,
         ifr_ifru: libc::__c_anonymous_ifr_ifru { ifru_mtu: 0 },
     };
-    // Neither rustix nor nix wraps these two ioctls without `unsafe` of our own.
+    // Neither rustix (its `netdevice` maps names and indexes only) nor nix wraps these two
+    // ioctls without `unsafe` of our own; nix's `getifaddrs` has the MAC but not the MTU.
     // SAFETY: SIOCGIFHWADDR reads the name from and writes the hardware address into `req`, a
     // valid ifreq that lives across the call; once it succeeded, the union holds
     // `ifru_hwaddr`, which is the field read.
