@@ -159,7 +159,7 @@ pub fn table(mode: Mode, services: usize) -> ServiceTable {
     Builder::new()
         .build(
             &config(mode, services),
-            &[Port::new(GW_MAC, 1500)],
+            &[Port::new(MacAddr(GW_MAC), 1500)],
             |_, _, _| false,
         )
         .expect("synthetic table builds")

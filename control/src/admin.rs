@@ -30,7 +30,6 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use strait_config::model::{BackendState, MacAddr};
-use strait_dataplane::key::bytes_addr;
 use strait_dataplane::stats::DropReason;
 
 use crate::metrics::{counter, gauge};
@@ -342,14 +341,15 @@ pub fn services_json(shared: &Shared) -> String {
     let mut macs = std::collections::HashMap::with_capacity(table.backends.len());
     for s in &table.services {
         for b in s.backends.iter().filter_map(|&id| table.backend(id)) {
-            if let Some(mac) = b.mac {
-                macs.insert((s.name.as_str(), b.addr, b.port), mac);
+            if let Some(mac) = b.mac_addr() {
+                macs.insert((s.name.as_str(), b.socket_addr()), mac);
             }
         }
     }
     let next_hop_mac = |service: &str, addr: std::net::IpAddr, port: u16| -> Option<String> {
-        let key = (service, strait_dataplane::key::addr_bytes(addr), port);
-        macs.get(&key).map(|&m| MacAddr(m).to_string())
+        // The table's addresses are canonical (an IPv4-mapped one is IPv4).
+        let key = (service, SocketAddr::new(addr.to_canonical(), port));
+        macs.get(&key).map(MacAddr::to_string)
     };
     let services: Vec<_> = cfg
         .services
@@ -691,9 +691,8 @@ impl Collector for Metrics {
             .clone();
         for b in table.backends.iter().flatten() {
             let svc = &table.services[b.service as usize];
-            let addr = bytes_addr(b.addr);
             let mut label = String::new();
-            let _ = write!(label, "{}", std::net::SocketAddr::new(addr, b.port));
+            let _ = write!(label, "{}", b.socket_addr());
             let labels = vec![("service", svc.name.clone()), ("backend", label)];
             let n: u64 = samples
                 .iter()
@@ -701,7 +700,7 @@ impl Collector for Metrics {
                 .sum();
             per_backend.push((labels.clone(), n));
             let is_up = health
-                .get(&(svc.name.clone(), addr, b.port))
+                .get(&(svc.name.clone(), b.address(), b.port))
                 .is_none_or(|h| h.up);
             up.push((labels, i64::from(is_up)));
         }
@@ -774,7 +773,7 @@ mod tests {
             .gateway
             .interfaces
             .iter()
-            .map(|_| strait_dataplane::table::Port::new([2, 0, 0, 0, 0, 1], 1500))
+            .map(|_| strait_dataplane::table::Port::new(MacAddr([2, 0, 0, 0, 0, 1]), 1500))
             .collect();
         let table = strait_dataplane::table::Builder::new()
             .build(&cfg, &ports, |_, _, _| false)

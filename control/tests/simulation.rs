@@ -32,7 +32,7 @@
 //! length (10,000 by default).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,6 @@ use strait_control::core::{Changed, Control, Effect, Error, Event, Loaded, Route
 use strait_control::health::Key;
 use strait_control::kube::Publication;
 use strait_control::neigh::Neighbours;
-use strait_dataplane::key::addr_bytes;
 use strait_dataplane::table::{Builder, Frontend, Port, ServiceTable};
 
 /// File services' names; `ns/k2` is also a Kubernetes name, so the file takes it over.
@@ -98,11 +97,11 @@ struct World {
     routes: Arc<RouteMap>,
     draining: bool,
     /// The kernel's neighbour table on the backend interface.
-    neigh: BTreeMap<IpAddr, [u8; 6]>,
+    neigh: BTreeMap<IpAddr, MacAddr>,
     /// Whether the route to the routed backends (via the router) exists.
     route: bool,
     /// The MAC each host answers with.
-    host_mac: BTreeMap<IpAddr, [u8; 6]>,
+    host_mac: BTreeMap<IpAddr, MacAddr>,
     /// Next hops probed since they were last resolved.
     probed: BTreeSet<IpAddr>,
     /// The core asked for a read that the world has not answered yet.
@@ -124,7 +123,7 @@ impl World {
     fn new(seed: u64) -> Self {
         let mut rng = fastrand::Rng::with_seed(seed);
         let start = Instant::now();
-        let ports = vec![Port::new([2, 0, 0, 0, 0, 1], 1500)];
+        let ports = vec![Port::new(MacAddr([2, 0, 0, 0, 0, 1]), 1500)];
         // A first file that validates.
         let file = loop {
             if let Ok(c) = strait_config::parse(&file_toml(&mut rng, true)) {
@@ -135,7 +134,7 @@ impl World {
             .into_iter()
             .chain([ip(ROUTER)])
             .enumerate()
-            .map(|(i, a)| (a, [2, 0, 0, 0, 0x10, i as u8]))
+            .map(|(i, a)| (a, MacAddr([2, 0, 0, 0, 0x10, i as u8])))
             .collect();
         let loaded = Loaded {
             config: file.clone(),
@@ -194,7 +193,7 @@ impl World {
 
     fn read(&self) -> Neighbours {
         Neighbours {
-            macs: self.neigh.iter().map(|(a, m)| (*a, MacAddr(*m))).collect(),
+            macs: self.neigh.iter().map(|(&a, &m)| (a, m)).collect(),
             routes: if self.route {
                 vec![(ROUTED_NET.parse::<IpNet>().unwrap(), Some(ip(ROUTER)))]
             } else {
@@ -524,7 +523,7 @@ impl World {
             }
             1 => {
                 // A new NIC: the host answers with another MAC from now on.
-                let m = [2, 0, 0, 0, 0x20 + self.rng.u8(..4), self.rng.u8(..)];
+                let m = MacAddr([2, 0, 0, 0, 0x20 + self.rng.u8(..4), self.rng.u8(..)]);
                 self.host_mac.insert(h, m);
                 if self.neigh.contains_key(&h) {
                     self.neigh.insert(h, m);
@@ -581,11 +580,11 @@ impl World {
         }
         // Every table holds the addresses of the last accepted reload, also those made by
         // updates since.
-        let locals: Vec<[u8; 16]> = self.locals.iter().map(|&a| addr_bytes(a)).collect();
-        self.check(self.live.locals == locals, || {
+        let locals: Vec<IpAddr> = self.live.local_addrs().collect();
+        self.check(locals == self.locals, || {
             format!(
                 "the published table's local addresses {:?}, the last reload's {:?}",
-                self.live.locals, self.locals
+                locals, self.locals
             )
         });
         // The table: a from-scratch build of the inputs.
@@ -686,10 +685,10 @@ impl World {
                     .backends
                     .iter()
                     .filter_map(|&id| self.live.backend(id))
-                    .find(|t| t.addr == addr_bytes(b.address) && t.port == b.port)
+                    .find(|t| t.socket_addr() == b.socket_addr())
                     .expect("every configured backend is in the table");
                 if let Some(m) = b.mac {
-                    self.check(tb.mac == Some(m.0), || {
+                    self.check(tb.mac_addr() == Some(m), || {
                         format!("{} {}: configured MAC not used", s.name, b.address)
                     });
                     continue;
@@ -702,7 +701,7 @@ impl World {
                         b.address
                     }
                 };
-                if tb.mac.is_none() {
+                if tb.mac_addr().is_none() {
                     waiting += 1;
                     // Its next hop: itself, or the router while the route exists (the core
                     // knows the routes of its reads only, so either may be the one).
@@ -731,10 +730,12 @@ impl World {
                 if let Some(read) = &read {
                     let h = hop(read);
                     if let Some(m) = read.macs.get(&h) {
-                        self.check(tb.mac == Some(m.octets()), || {
+                        self.check(tb.mac_addr() == Some(*m), || {
                             format!(
-                                "{} {}: next hop {h} is {:02x?} in the read, {:02x?} in the table",
-                                s.name, b.address, m, tb.mac
+                                "{} {}: next hop {h} is {m} in the read, {:?} in the table",
+                                s.name,
+                                b.address,
+                                tb.mac_addr()
                             )
                         });
                     }
@@ -833,7 +834,7 @@ fn frontends(t: &ServiceTable) -> BTreeMap<String, Frontend> {
 }
 
 /// A backend as compared: address, port, weight, health.
-type BackendView = ([u8; 16], u16, u32, String);
+type BackendView = (SocketAddr, u32, String);
 
 /// A service as compared: name, frontend, mode, backends, members, ACL, affinity, Maglev
 /// slots. Ids and incarnations are the builder's history, and MACs are checked apart.
@@ -853,7 +854,7 @@ fn view(t: &ServiceTable) -> Vec<ServiceView> {
         ids.iter()
             .map(|&id| {
                 let b = t.backend(id).expect("a service's backend is in the table");
-                (b.addr, b.port, b.weight, format!("{:?}", b.health))
+                (b.socket_addr(), b.weight, format!("{:?}", b.health))
             })
             .collect()
     };

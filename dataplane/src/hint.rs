@@ -37,6 +37,8 @@ pub fn advise_huge_pages<T>(mem: &mut [core::mem::MaybeUninit<T>]) {
     if end <= aligned + PAGE {
         return;
     }
+    // rustix and nix declare `madvise` unsafe as well (it takes a raw range), so a wrapper
+    // would move this block, not remove it.
     // SAFETY: [aligned, end) lies inside `mem`, memory this process owns and that the caller
     // holds exclusively (`&mut`); `aligned` is page-aligned as madvise requires.
     // MADV_HUGEPAGE only changes how the kernel backs the range, never its contents, so no

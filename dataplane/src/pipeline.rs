@@ -836,7 +836,7 @@ backends = [{}]
     }
 
     fn build(b: &mut Builder, cfg: &strait_config::model::Config) -> ServiceTable {
-        let ports = [Port::new(GW_MAC, 1500)];
+        let ports = [Port::new(strait_config::model::MacAddr(GW_MAC), 1500)];
         b.build(cfg, &ports, |_, _, _| false).expect("table builds")
     }
 

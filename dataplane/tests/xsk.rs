@@ -699,7 +699,10 @@ fn round_trip(case: &str, policy: AttachPolicy, want: AttachMode) {
 
     // The maps follow a table without services: nothing is redirected any more.
     let (answer_tx, answer_rx) = mpsc::channel();
-    let empty = ServiceTable::empty(vec![strait_dataplane::table::Port::new(MAC_G, 1500)]);
+    let empty = ServiceTable::empty(vec![strait_dataplane::table::Port::new(
+        model::MacAddr(MAC_G),
+        1500,
+    )]);
     cmd_tx
         .send(Cmd::Follow(Arc::new(empty), answer_tx))
         .expect("gateway alive");
@@ -2067,8 +2070,10 @@ fn map_test_config(services: Vec<model::Service>) -> model::Config {
     model::Config { gateway, services }
 }
 
-const MAP_TEST_PORTS: [strait_dataplane::table::Port; 1] =
-    [strait_dataplane::table::Port::new(MAC_G, 1500)];
+const MAP_TEST_PORTS: [strait_dataplane::table::Port; 1] = [strait_dataplane::table::Port::new(
+    model::MacAddr(MAC_G),
+    1500,
+)];
 
 /// Services drawn from small pools of VIPs, ports and backends, so that VIPs are shared
 /// between services, nat backends too, and frontends move from one name to another.

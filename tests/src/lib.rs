@@ -5,6 +5,7 @@
 use std::net::IpAddr;
 
 use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
+use strait_config::model::MacAddr;
 use strait_dataplane::flow::Timeouts;
 use strait_dataplane::pipeline::{Pipeline, Verdict};
 use strait_dataplane::rewrite::{Frame, HEADROOM};
@@ -138,7 +139,7 @@ pub fn table(toml: &str, mtu: u16) -> ServiceTable {
         .gateway
         .interfaces
         .iter()
-        .map(|_| Port::new(GW_MAC, mtu))
+        .map(|_| Port::new(MacAddr(GW_MAC), mtu))
         .collect();
     Builder::new()
         .build(&cfg, &ports, |_, _, _| false)

@@ -390,24 +390,16 @@ fn l3(frame: &[u8]) -> usize {
     }
 }
 
-fn addr(a: &[u8; 16]) -> IpAddr {
-    let v6 = std::net::Ipv6Addr::from(*a);
-    match v6.to_ipv4_mapped() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(v6),
-    }
-}
-
 fn service_addr(s: &Service) -> IpAddr {
-    addr(&s.frontend.vip)
+    s.frontend.vip_addr()
 }
 
-fn backends(t: &ServiceTable, s: &Service) -> Vec<(IpAddr, u16, Option<[u8; 6]>)> {
+fn backends(t: &ServiceTable, s: &Service) -> Vec<(IpAddr, u16)> {
     s.backends
         .iter()
         .map(|id| {
             let b = t.backend(*id).expect("backend exists");
-            (addr(&b.addr), b.port, b.mac)
+            (b.address(), b.port)
         })
         .collect()
 }
@@ -592,16 +584,12 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
     );
 
     let members: Vec<_> = s.members.iter().map(|id| t.backend(*id).unwrap()).collect();
-    let key_src = match spec.src {
-        IpAddr::V4(a) => strait_dataplane::key::v4_mapped(a.octets()),
-        IpAddr::V6(a) => a.octets(),
-    };
     let encap = matches!(s.mode, Mode::DsrIpip | Mode::DsrGue);
     let ip_len = input.len() - l3(&input);
     // Encapsulation overhead toward each member (tunnel targets may be of either family).
     let overheads: Vec<usize> = members
         .iter()
-        .map(|b| match (s.mode, addr(&b.tunnel).is_ipv6()) {
+        .map(|b| match (s.mode, b.tunnel_target().is_ipv6()) {
             (Mode::DsrIpip, false) => 20,
             (Mode::DsrIpip, true) => 40,
             (Mode::DsrGue, false) => 28,
@@ -615,7 +603,7 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
         prop_assert_eq!(v, Verdict::Drop(DropReason::NoBackend));
         return Ok(());
     }
-    if !s.allows(&key_src) {
+    if !s.allows_addr(spec.src) {
         prop_assert_eq!(v, Verdict::Drop(DropReason::SourceNotAllowed));
         return Ok(());
     }
@@ -660,8 +648,7 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
         Mode::Nat => {
             let bs = backends(t, s);
             prop_assert!(
-                bs.iter()
-                    .any(|(a, p, _)| *a == seen.dst && *p == seen.dport),
+                bs.iter().any(|&(a, p)| a == seen.dst && p == seen.dport),
                 "nat to a backend of the service: {:?}",
                 seen
             );

@@ -71,7 +71,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strait_config::model::{Config, HealthCheck, MacAddr, Service};
-use strait_dataplane::key::addr_bytes;
 use strait_dataplane::table::{Builder, Change, Port, ServiceTable, TableError};
 use tracing::{info, warn};
 
@@ -685,17 +684,16 @@ fn live_macs(table: &ServiceTable, s: &mut Service) {
     let Some(live) = table.services.iter().find(|t| t.name == s.name) else {
         return;
     };
-    let macs: HashMap<([u8; 16], u16), [u8; 6]> = live
+    let macs: HashMap<std::net::SocketAddr, MacAddr> = live
         .backends
         .iter()
         .filter_map(|&id| table.backend(id))
-        .filter_map(|b| Some(((b.addr, b.port), b.mac?)))
+        .filter_map(|b| Some((b.socket_addr(), b.mac_addr()?)))
         .collect();
     for b in s.backends.iter_mut().filter(|b| b.mac.is_none()) {
-        b.mac = macs
-            .get(&(addr_bytes(b.address), b.port))
-            .copied()
-            .map(MacAddr);
+        // The table's addresses are canonical (an IPv4-mapped one is IPv4).
+        let key = std::net::SocketAddr::new(b.address.to_canonical(), b.port);
+        b.mac = macs.get(&key).copied();
     }
 }
 

@@ -23,7 +23,7 @@ struct Driven {
 impl Driven {
     fn new(toml: &str) -> Self {
         let config = strait_config::parse(toml).unwrap();
-        let ports = vec![Port::new([2, 0, 0, 0, 0, 1], 1500)];
+        let ports = vec![Port::new(MacAddr([2, 0, 0, 0, 0, 1]), 1500)];
         let now = Instant::now();
         let loaded = Loaded {
             config,
@@ -157,11 +157,11 @@ fn kubernetes_changes_update_the_table_in_place() {
     assert_eq!(t1.generation, 2);
     let web_backend = |t: &ServiceTable| {
         let s = t.services.iter().find(|s| s.name == "web").unwrap();
-        t.backend(s.backends[0]).unwrap().addr
+        t.backend(s.backends[0]).unwrap().address()
     };
     assert_eq!(
         web_backend(&t1),
-        strait_dataplane::key::addr_bytes("198.51.100.11".parse().unwrap()),
+        ip("198.51.100.11"),
         "the file's web stays"
     );
     // Two publications before the loop looks: both apply, in order.

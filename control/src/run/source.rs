@@ -143,7 +143,7 @@ pub fn port_of(name: &str) -> anyhow::Result<Port> {
         .as_u64()
         .with_context(|| format!("interface {name}: no MTU"))?;
     // Loopback's 65536 does not fit; no Ethernet frame comes near it anyway.
-    Ok(Port::new(mac.0, mtu.min(u64::from(u16::MAX)) as u16))
+    Ok(Port::new(mac, mtu.min(u64::from(u16::MAX)) as u16))
 }
 
 /// The global unicast addresses of an interface, primary first (`ip -j addr show`). Empty

@@ -16,14 +16,14 @@
 //! rebuilds for as long as a (service, address, port) exists, so a flow entry's stored id still
 //! names the same backend after a reload, and finding it is one index.
 
-use core::net::IpAddr;
+use core::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use hashbrown::HashMap;
-use strait_config::model::Mode;
+use strait_config::model::{MacAddr, Mode};
 
 use crate::flow::Timeouts;
-use crate::key::{addr_bytes, BackendId};
+use crate::key::{addr_bytes, bytes_addr, BackendId};
 use crate::maglev;
 
 mod builder;
@@ -35,12 +35,28 @@ pub use builder::{Builder, Change, TableError};
 /// A frontend: what a client addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Frontend {
-    /// VIP in key form.
+    /// VIP in key form ([`Frontend::vip_addr`] gives the address).
     pub vip: [u8; 16],
     /// Frontend port.
     pub port: u16,
     /// IP protocol number.
     pub proto: u8,
+}
+
+impl Frontend {
+    /// The frontend `vip:port` over IP protocol `proto`.
+    pub fn new(vip: IpAddr, port: u16, proto: u8) -> Self {
+        Self {
+            vip: addr_bytes(vip),
+            port,
+            proto,
+        }
+    }
+
+    /// The VIP as an address; an IPv4 VIP is [`IpAddr::V4`] (see [`Backend::address`]).
+    pub fn vip_addr(&self) -> IpAddr {
+        bytes_addr(self.vip)
+    }
 }
 
 /// A source prefix in key form (IPv4 prefixes are IPv4-mapped, so their length is +96).
@@ -98,13 +114,14 @@ pub struct Backend {
     pub incarnation: u32,
     /// Index of its service in [`ServiceTable::services`].
     pub service: u32,
-    /// Backend address (key form): the nat rewrite target.
+    /// Backend address in key form ([`Backend::address`]): the nat rewrite target.
     pub addr: [u8; 16],
     /// Backend port.
     pub port: u16,
-    /// Encapsulation target for dsr-ipip / dsr-gue (key form).
+    /// Encapsulation target for dsr-ipip / dsr-gue in key form ([`Backend::tunnel_target`]).
     pub tunnel: [u8; 16],
-    /// Next-hop MAC; `None` until the control plane resolves it.
+    /// Next-hop MAC as the rewrite copies it ([`Backend::mac_addr`]); `None` until the
+    /// control plane resolves it.
     pub mac: Option<[u8; 6]>,
     /// Egress port (index into [`ServiceTable::ports`]).
     pub egress: u8,
@@ -119,6 +136,29 @@ impl Backend {
     #[inline(always)]
     pub fn keeps_flows(&self) -> bool {
         self.health != Health::Down
+    }
+
+    /// The backend's address. The key form does not keep an IPv4-mapped IPv6 address
+    /// (`::ffff:a.b.c.d`) apart from the IPv4 address, and the packet path treats both
+    /// alike, so every IPv4 address comes back as [`IpAddr::V4`]: compare it with
+    /// [`IpAddr::to_canonical`] of a configured one.
+    pub fn address(&self) -> IpAddr {
+        bytes_addr(self.addr)
+    }
+
+    /// `address:port`, the backend as health checks and the admin API name it.
+    pub fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.address(), self.port)
+    }
+
+    /// Where dsr-ipip and dsr-gue packets go (IPv4 as in [`Backend::address`]).
+    pub fn tunnel_target(&self) -> IpAddr {
+        bytes_addr(self.tunnel)
+    }
+
+    /// The next-hop MAC; `None` until the control plane resolves it.
+    pub fn mac_addr(&self) -> Option<MacAddr> {
+        self.mac.map(MacAddr)
     }
 }
 
@@ -150,13 +190,19 @@ impl Service {
     pub fn allows(&self, src: &[u8; 16]) -> bool {
         self.acl.is_empty() || self.acl.iter().any(|p| p.contains(src))
     }
+
+    /// Whether the client address `src` may use this service ([`Service::allows`] for an
+    /// address that is not in key form).
+    pub fn allows_addr(&self, src: IpAddr) -> bool {
+        self.allows(&addr_bytes(src))
+    }
 }
 
 /// A data port (interface) of the gateway.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Port {
     /// The interface's own MAC: the source MAC of frames it sends, and the only unicast
-    /// destination it takes frames for.
+    /// destination it takes frames for ([`Port::mac_addr`]).
     pub mac: [u8; 6],
     /// MTU of the interface.
     pub mtu: u16,
@@ -167,12 +213,17 @@ pub struct Port {
 impl Port {
     /// A port with MAC `mac` and MTU `mtu`, untagged only. [`Builder::build`] gives each
     /// port the VLANs its interface is configured with.
-    pub const fn new(mac: [u8; 6], mtu: u16) -> Self {
+    pub const fn new(mac: MacAddr, mtu: u16) -> Self {
         Self {
-            mac,
+            mac: mac.0,
             mtu,
             vlans: Vlans::NONE,
         }
+    }
+
+    /// The interface's own MAC.
+    pub const fn mac_addr(&self) -> MacAddr {
+        MacAddr(self.mac)
     }
 }
 
@@ -236,7 +287,7 @@ pub struct ServiceTable {
     pub gue_port: u16,
     /// Flow timeouts for the per-core tables.
     pub timeouts: Timeouts,
-    /// The gateway's own addresses (key form). Traffic to them is the kernel's even when it
+    /// The gateway's own addresses in key form ([`ServiceTable::local_addrs`]). Traffic to them is the kernel's even when it
     /// comes from a nat backend's service port (the gateway's health checks). Given to the
     /// builder by the control plane, which knows the interfaces ([`Builder::set_locals`]);
     /// empty in tests.
@@ -317,6 +368,12 @@ impl ServiceTable {
     #[inline(always)]
     pub fn backend(&self, id: BackendId) -> Option<&Backend> {
         self.backends.get(id.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// The gateway's own addresses ([`ServiceTable::locals`]), IPv4 as in
+    /// [`Backend::address`].
+    pub fn local_addrs(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.locals.iter().map(|&a| bytes_addr(a))
     }
 
     /// Whether any service has the VIP `vip` (any port or protocol).

@@ -36,7 +36,7 @@ backends = [{}]
 
 #[test]
 fn unchanged_services_share_their_maglev_tables_across_builds() {
-    let ports = [Port::new([2, 0, 0, 0, 0, 1], 1500)];
+    let ports = [Port::new(MacAddr([2, 0, 0, 0, 0, 1]), 1500)];
     let mut b = Builder::new();
     let t1 = b
         .build(
@@ -281,7 +281,7 @@ mod incremental {
             first in proptest::collection::vec(proptest::option::of(draw()), NAMES),
             steps in proptest::collection::vec(step(), 1..12),
         ) {
-            let ports = [Port::new([2, 0, 0, 0, 0, 1], 1500)];
+            let ports = [Port::new(MacAddr([2, 0, 0, 0, 0, 1]), 1500)];
             let fits = |state: &BTreeMap<usize, model::Service>, n: usize, s: &model::Service| {
                 !state.iter().any(|(&m, o)| {
                     m != n && (o.vip, o.port, o.protocol) == (s.vip, s.port, s.protocol)
@@ -354,7 +354,7 @@ mod incremental {
 
     #[test]
     fn updates_need_the_last_table_and_a_free_frontend() {
-        let ports = [Port::new([2, 0, 0, 0, 0, 1], 1500)];
+        let ports = [Port::new(MacAddr([2, 0, 0, 0, 0, 1]), 1500)];
         let d: Draw = (1, 0, false, 0, false, false, vec![(1, 0, 1, false)]);
         let a = service(0, &d);
         let state = BTreeMap::from([(0, a.clone())]);
@@ -390,4 +390,83 @@ mod incremental {
             Err(TableError::Stale { .. })
         ));
     }
+}
+
+#[test]
+fn the_key_forms_read_back_as_addresses_and_macs() {
+    let cfg = strait_config::parse(
+        r#"
+[[gateway.interfaces]]
+name = "eth0"
+queues = [0]
+[[services]]
+name = "tunnelled"
+vip = "203.0.113.10"
+port = 80
+mode = "dsr-ipip"
+maglev_table_size = 251
+source_ranges = ["192.0.2.0/24"]
+backends = [
+  { address = "198.51.100.11", port = 80, mac = "02:00:00:00:01:11", tunnel = "2001:db8::11" },
+  { address = "::ffff:198.51.100.12", port = 80 },
+]
+[[services]]
+name = "six"
+vip = "2001:db8::80"
+port = 443
+protocol = "udp"
+maglev_table_size = 251
+backends = [{ address = "2001:db8::21", port = 443, mac = "02:00:00:00:01:21" }]
+"#,
+    )
+    .unwrap();
+    let mac = MacAddr([2, 0, 0, 0, 0, 1]);
+    let mut b = Builder::new();
+    b.set_locals(&[
+        "198.51.100.100".parse().unwrap(),
+        "2001:db8::1".parse().unwrap(),
+    ]);
+    let t = b
+        .build(&cfg, &[Port::new(mac, 1500)], |_, _, _| false)
+        .unwrap();
+    assert_eq!(t.ports[0].mac_addr(), mac);
+    assert_eq!(
+        t.local_addrs().map(|a| a.to_string()).collect::<Vec<_>>(),
+        ["198.51.100.100", "2001:db8::1"]
+    );
+    let backends = |s: &Service| -> Vec<&Backend> {
+        s.backends
+            .iter()
+            .map(|&id| t.backend(id).unwrap())
+            .collect()
+    };
+
+    let s = &t.services[0];
+    assert_eq!(s.frontend.vip_addr().to_string(), "203.0.113.10");
+    assert_eq!(s.frontend, Frontend::new(s.frontend.vip_addr(), 80, 6));
+    assert_eq!(
+        t.service_for(&Frontend::new(s.frontend.vip_addr(), 80, 6)),
+        Some(0)
+    );
+    assert!(s.allows_addr("192.0.2.7".parse().unwrap()));
+    assert!(!s.allows_addr("198.51.100.7".parse().unwrap()));
+    let [tunnelled, mapped] = backends(s)[..] else {
+        panic!("two backends")
+    };
+    assert_eq!(tunnelled.socket_addr().to_string(), "198.51.100.11:80");
+    assert_eq!(tunnelled.tunnel_target().to_string(), "2001:db8::11");
+    assert_eq!(tunnelled.mac_addr(), Some(MacAddr([2, 0, 0, 0, 1, 0x11])));
+    // The key form keeps no IPv4-mapped address apart from its IPv4 address.
+    assert_eq!(mapped.address().to_string(), "198.51.100.12");
+    assert_eq!(mapped.tunnel_target(), mapped.address());
+    assert_eq!(mapped.mac_addr(), None);
+
+    let s = &t.services[1];
+    assert_eq!(s.frontend.vip_addr().to_string(), "2001:db8::80");
+    assert!(s.allows_addr("2001:db8::99".parse().unwrap()), "no ACL");
+    let [six] = backends(s)[..] else {
+        panic!("one backend")
+    };
+    assert_eq!(six.socket_addr().to_string(), "[2001:db8::21]:443");
+    assert_eq!(six.mac_addr(), Some(MacAddr([2, 0, 0, 0, 1, 0x21])));
 }

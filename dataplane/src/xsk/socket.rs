@@ -12,6 +12,7 @@ use rustix::net::xdp::{
     XDP_UMEM_PGOFF_COMPLETION_RING, XDP_UMEM_PGOFF_FILL_RING,
 };
 use rustix::net::{sockopt, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
+use strait_config::model::MacAddr;
 
 use super::ring::{Consumer, MapError, Producer};
 use super::umem::{Held, Owner, Umem, FRAME_SIZE};
@@ -533,7 +534,8 @@ pub fn interface_port(iface: &str) -> Result<table::Port, XskError> {
         ifr_name: name_field,
         ifr_ifru: libc::__c_anonymous_ifr_ifru { ifru_mtu: 0 },
     };
-    // Neither rustix nor nix wraps these two ioctls without `unsafe` of our own.
+    // Neither rustix (its `netdevice` maps names and indexes only) nor nix wraps these two
+    // ioctls without `unsafe` of our own; nix's `getifaddrs` has the MAC but not the MTU.
     // SAFETY: SIOCGIFHWADDR reads the name from and writes the hardware address into `req`, a
     // valid ifreq that lives across the call; once it succeeded, the union holds
     // `ifru_hwaddr`, which is the field read.
@@ -555,7 +557,10 @@ pub fn interface_port(iface: &str) -> Result<table::Port, XskError> {
         }
         req.ifr_ifru.ifru_mtu
     };
-    Ok(table::Port::new(mac, mtu.clamp(0, u16::MAX as i32) as u16))
+    Ok(table::Port::new(
+        MacAddr(mac),
+        mtu.clamp(0, u16::MAX as i32) as u16,
+    ))
 }
 
 #[cfg(test)]
@@ -565,7 +570,7 @@ mod tests {
     #[test]
     fn loopback_has_a_zero_mac() {
         let p = interface_port("lo").expect("lo exists in every namespace");
-        assert_eq!(p.mac, [0; 6]);
+        assert_eq!(p.mac_addr(), MacAddr([0; 6]));
         assert!(p.mtu >= 1500);
     }
 

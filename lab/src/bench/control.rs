@@ -246,7 +246,7 @@ fn measure(opts: Run) -> anyhow::Result<()> {
     let ports = if workers {
         vec![strait_control::run::port_of("bench0")?]
     } else {
-        vec![Port::new([2, 0, 0, 0, 0, 1], 1500)]
+        vec![Port::new(MacAddr([2, 0, 0, 0, 0, 1]), 1500)]
     };
 
     let setup = Instant::now();
@@ -476,7 +476,7 @@ fn check(
             .map(|s| {
                 let resolve = |ids: &[strait_dataplane::key::BackendId]| {
                     ids.iter()
-                        .map(|&id| t.backend(id).map(|b| (b.addr, b.port, b.health)))
+                        .map(|&id| t.backend(id).map(|b| (b.socket_addr(), b.health)))
                         .collect::<Vec<_>>()
                 };
                 (

@@ -67,7 +67,7 @@ use strait_config::model::{
 };
 use strait_dataplane::hash::hash_words;
 use strait_dataplane::maglev;
-use strait_dataplane::table::{Builder, Change, Port, ServiceTable};
+use strait_dataplane::table::{Builder, Change, Frontend, Port, ServiceTable};
 
 use crate::peers::{self, KernelGateway, Netns, PeerKind, SvcSpec};
 
@@ -400,7 +400,7 @@ struct StraitResult {
 }
 
 fn measure_strait(specs: &[SvcSpec], changes: usize) -> Result<StraitResult> {
-    let ports = [Port::new(GW_MAC, 1500)];
+    let ports = [Port::new(MacAddr(GW_MAC), 1500)];
     let mut builder = Builder::new();
     let mut cfg = config(specs);
     let first = builder
@@ -418,7 +418,7 @@ fn measure_strait(specs: &[SvcSpec], changes: usize) -> Result<StraitResult> {
             .backends
             .iter()
             .filter_map(|&id| t.backend(id))
-            .map(|b| (strait_dataplane::key::bytes_addr(b.addr), b.port))
+            .map(|b| (b.address(), b.port))
             .collect();
         v.sort();
         Some(v)
@@ -561,20 +561,19 @@ fn profile(
     let backends_copy_ms = copy_time(&|| {
         std::hint::black_box(table.backends.clone());
     });
-    let frontends: HashMap<([u8; 16], u16, u8), u32> = table
+    // Stand-ins for the table's frontend and nat-backend indexes, keyed alike by (address,
+    // port, protocol) in the table's key form.
+    let frontends: HashMap<Frontend, u32> = table
         .services
         .iter()
         .enumerate()
-        .map(|(i, s)| {
-            let f = s.frontend;
-            ((f.vip, f.port, f.proto), i as u32)
-        })
+        .map(|(i, s)| (s.frontend, i as u32))
         .collect();
-    let nat: HashMap<([u8; 16], u16, u8), ()> = table
+    let nat: HashMap<Frontend, ()> = table
         .backends
         .iter()
         .flatten()
-        .map(|b| ((b.addr, b.port, 6), ()))
+        .map(|b| (Frontend::new(b.address(), b.port, 6), ()))
         .collect();
     let indexes_copy_ms = copy_time(&|| {
         std::hint::black_box((frontends.clone(), nat.clone()));

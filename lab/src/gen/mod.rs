@@ -199,11 +199,10 @@ impl Args {
         };
         let src_mac = match self.src_mac {
             Some(m) => m.octets(),
-            None => {
-                strait_dataplane::xsk::interface_port(&self.iface)
-                    .with_context(|| format!("--iface {}", self.iface))?
-                    .mac
-            }
+            None => strait_dataplane::xsk::interface_port(&self.iface)
+                .with_context(|| format!("--iface {}", self.iface))?
+                .mac_addr()
+                .octets(),
         };
         if let Some(d) = self.duration {
             if !(d.is_finite() && d > 0.0) {

@@ -139,7 +139,7 @@ impl L2fwd {
                 cfg.rx
             )));
         }
-        let src_mac = interface_port(&cfg.tx)?.mac;
+        let src_mac = interface_port(&cfg.tx)?.mac_addr().octets();
         let group = QueueGroup::open(&GroupConfig {
             bind: cfg.bind,
             ..GroupConfig::new(
