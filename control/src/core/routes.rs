@@ -17,7 +17,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use strait_config::model::{Bgp, Config};
-use strait_dataplane::key::addr_bytes;
 use strait_dataplane::table::{Frontend, ServiceTable};
 
 use super::merge;
@@ -205,11 +204,7 @@ impl Routes {
 
 /// Whether the table's service for `s` has a backend that takes new flows.
 pub fn serves(table: &ServiceTable, s: &strait_config::model::Service) -> bool {
-    let frontend = Frontend {
-        vip: addr_bytes(s.vip),
-        port: s.port,
-        proto: s.protocol.number(),
-    };
+    let frontend = Frontend::new(s.vip, s.port, s.protocol.number());
     table
         .service_for(&frontend)
         .and_then(|i| table.services.get(i as usize))
