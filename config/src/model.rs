@@ -56,6 +56,9 @@ pub struct Gateway {
     pub drain_grace: Duration,
     /// Route announcement of the VIPs over BGP (`[gateway.bgp]`), if configured.
     pub bgp: Option<Bgp>,
+    /// VIP failover between gateways on one segment by VRRP (`[gateway.l2]`), if
+    /// configured.
+    pub l2: Option<L2>,
 }
 
 impl Gateway {
@@ -127,6 +130,39 @@ impl Bgp {
     pub fn announces(&self, vip: IpAddr) -> bool {
         self.announce.is_empty() || self.announce.iter().any(|n| n.contains(&vip))
     }
+}
+
+/// VIP failover on one segment (`[gateway.l2]`), for sites without BGP: the gateways in
+/// `members` elect one owner per VIP with VRRP (RFC 5798, spoken by keepalived, the
+/// gateway's child); the owner holds the VIP on its client interface, answers ARP/ND for
+/// it and announces it with gratuitous ARP / unsolicited NA the moment it takes over.
+/// VIPs are spread over the members: each VRRP instance (a hash of the VIP picks one of
+/// 255 per family) ranks the members its own way, the same on every gateway.
+#[derive(Debug, Clone, PartialEq)]
+pub struct L2 {
+    /// This gateway's name: one of `members`.
+    pub name: String,
+    /// Every gateway on the segment, the same list on each.
+    pub members: Vec<String>,
+    /// VRRP advertisement interval: a dead owner is replaced after three of them (less
+    /// when it stops in order: it says so with priority 0).
+    pub advert_interval: Duration,
+    /// The keepalived daemon to run.
+    pub daemon: std::path::PathBuf,
+}
+
+impl L2 {
+    /// Default of `daemon`: Debian's `keepalived` package puts it here.
+    pub const DEFAULT_DAEMON: &'static str = "/usr/sbin/keepalived";
+    /// Default of `advert_interval`: 100 ms, so a dead owner is replaced in about 350 ms
+    /// (three intervals and the skew), where MetalLB's layer 2 mode takes 10 s and more.
+    pub const DEFAULT_ADVERT_INTERVAL: Duration = Duration::from_millis(100);
+    /// Smallest `advert_interval`: VRRPv3 counts in centiseconds.
+    pub const MIN_ADVERT_INTERVAL: Duration = Duration::from_millis(10);
+    /// Largest `advert_interval`: 4095 centiseconds (a 12-bit field).
+    pub const MAX_ADVERT_INTERVAL: Duration = Duration::from_millis(40_950);
+    /// Most members: each one's priority is 10 apart below 250.
+    pub const MAX_MEMBERS: usize = 24;
 }
 
 /// A BGP peer (`[[gateway.bgp.peers]]`).

@@ -49,6 +49,17 @@ pub(crate) struct RawGateway {
     pub interfaces: Vec<RawInterface>,
     pub drain_grace: Option<String>,
     pub bgp: Option<RawBgp>,
+    pub l2: Option<RawL2>,
+}
+
+/// `[gateway.l2]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawL2 {
+    pub name: Option<String>,
+    pub members: Option<Vec<String>>,
+    pub advert_interval: Option<String>,
+    pub daemon: Option<String>,
 }
 
 /// `[gateway.bgp]`.
@@ -315,11 +326,12 @@ fn check_config(doc: &Spanned<DeValue<'_>>, errors: &mut Errors) {
 }
 
 fn check_gateway(gateway: &Spanned<DeValue<'_>>, errors: &mut Errors) {
-    let (rest, nested) = split(gateway, &["timeouts", "interfaces", "bgp"]);
+    let (rest, nested) = split(gateway, &["timeouts", "interfaces", "bgp", "l2"]);
     try_as::<RawGateway>(&rest, errors);
     for (key, value) in nested {
         match key {
             "timeouts" => try_as::<RawTimeouts>(&value, errors),
+            "l2" => try_as::<RawL2>(&value, errors),
             "bgp" => {
                 let (rest, peers) = split(&value, &["peers"]);
                 try_as::<RawBgp>(&rest, errors);
@@ -432,6 +444,12 @@ impl From<&Config> for RawConfig {
                     .collect(),
                 drain_grace: Some(duration(g.drain_grace)),
                 bgp: g.bgp.as_ref().map(raw_bgp),
+                l2: g.l2.as_ref().map(|l| RawL2 {
+                    name: Some(l.name.clone()),
+                    members: Some(l.members.clone()),
+                    advert_interval: Some(duration(l.advert_interval)),
+                    daemon: Some(l.daemon.display().to_string()),
+                }),
             },
             services: config.services.iter().map(raw_service).collect(),
         }

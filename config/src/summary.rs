@@ -58,13 +58,25 @@ pub fn summary(config: &Config) -> String {
         .collect();
     let _ = writeln!(out, "interfaces: {}", interfaces.join("; "));
     match &g.bgp {
-        None => {
-            let _ = writeln!(
-                out,
-                "routes: none announced (no [gateway.bgp]); drain grace {}",
-                show(g.drain_grace)
-            );
-        }
+        None => match &g.l2 {
+            Some(l) => {
+                let _ = writeln!(
+                    out,
+                    "l2: vrrp as {} of {}, advert every {}; drain grace {}",
+                    l.name,
+                    l.members.join(","),
+                    show(l.advert_interval),
+                    show(g.drain_grace)
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "routes: none announced (no [gateway.bgp]); drain grace {}",
+                    show(g.drain_grace)
+                );
+            }
+        },
         Some(b) => {
             let peers: Vec<String> = b
                 .peers

@@ -6,6 +6,7 @@
 //! were themselves valid, so a bad value yields one problem, not a cascade.
 
 mod bgp;
+mod l2;
 
 use std::collections::HashMap;
 use std::fmt::Display;
@@ -314,7 +315,7 @@ impl Checker {
         );
         let timeouts = self.timeouts(raw.timeouts.as_ref());
         let interfaces = self.interfaces(&raw.interfaces);
-        let default_grace = if raw.bgp.is_some() {
+        let default_grace = if raw.bgp.is_some() || raw.l2.is_some() {
             Gateway::DEFAULT_DRAIN_GRACE
         } else {
             Duration::ZERO
@@ -341,6 +342,17 @@ impl Checker {
             None => Some(None),
             Some(b) => self.bgp(b).map(Some),
         };
+        let l2 = match &raw.l2 {
+            None => Some(None),
+            Some(_) if raw.bgp.is_some() => {
+                self.problem(
+                    "gateway.l2",
+                    "[gateway.bgp] is configured too: with routes, routers move traffic between gateways; VRRP is for segments without them (choose one)",
+                );
+                None
+            }
+            Some(l) => self.l2(l).map(Some),
+        };
         Some(Gateway {
             admin_listen: admin_listen?,
             default_mode: default_mode?,
@@ -354,6 +366,7 @@ impl Checker {
             interfaces: interfaces?,
             drain_grace: drain_grace?,
             bgp: bgp?,
+            l2: l2?,
         })
     }
 

@@ -1309,3 +1309,46 @@ fn bgp_section_is_refused_with_its_field() {
         "gateway.drain_grace: 11m is longer than 10m",
     );
 }
+
+// ---- [gateway.l2] ------------------------------------------------------------------------
+
+fn l2(fields: &str) -> String {
+    format!("{IFACE}\n[gateway.l2]\n{fields}\n")
+}
+
+#[test]
+fn l2_gets_its_defaults_and_refuses_with_the_field() {
+    let c = accepted(&l2("name = \"gw1\"\nmembers = [\"gw1\", \"gw2\"]"));
+    let l = c.gateway.l2.clone().expect("l2");
+    assert_eq!(l.advert_interval, Duration::from_millis(100));
+    assert_eq!(l.daemon, std::path::Path::new("/usr/sbin/keepalived"));
+    assert_eq!(c.gateway.drain_grace, Duration::from_secs(5));
+    assert_eq!(accepted(&strait_config::to_toml(&c)), c);
+    refused(
+        &l2("name = \"gw3\"\nmembers = [\"gw1\", \"gw2\"]"),
+        "gateway.l2.members: does not name this gateway (\"gw3\", gateway.l2.name)",
+    );
+    refused(
+        &l2("name = \"gw1\"\nmembers = [\"gw1\", \"gw1\"]"),
+        "gateway.l2.members[1]: \"gw1\" is named twice",
+    );
+    refused(
+        &l2("name = \"g w\"\nmembers = [\"gw1\"]"),
+        "gateway.l2.name: \"g w\" is not a gateway name (1 to 32 of A-Z a-z 0-9 . _ -)",
+    );
+    refused(
+        &l2("name = \"gw1\"\nmembers = [\"gw1\"]\nadvert_interval = \"105ms\""),
+        "gateway.l2.advert_interval: 105ms is not a whole number of centiseconds (VRRPv3's unit)",
+    );
+    refused(
+        &l2("name = \"gw1\"\nmembers = [\"gw1\"]\nadvert_interval = \"1m\""),
+        "gateway.l2.advert_interval: 1m is longer than 40s 950ms",
+    );
+    refused(
+        &format!(
+            "{}\n[gateway.bgp]\nasn = 64512\nrouter_id = \"192.0.2.1\"\n[[gateway.bgp.peers]]\naddress = \"198.51.100.1\"\nasn = 64500\n",
+            l2("name = \"gw1\"\nmembers = [\"gw1\"]")
+        ),
+        "gateway.l2: [gateway.bgp] is configured too: with routes, routers move traffic between gateways; VRRP is for segments without them (choose one)",
+    );
+}

@@ -29,13 +29,14 @@
 //! The lab (testbed, generators, benches) is another crate, `strait-lab`, that depends on
 //! this one; nothing here knows it.
 
-// Denied, with one exception: the BGP speaker's `pre_exec` (a parent-death signal for BIRD,
-// `bgp::Bird::spawn`), which std offers only as `unsafe`.
+// Denied, with one exception: `daemon::spawn`'s `pre_exec` (a parent-death signal for the
+// routing daemons), which std offers only as `unsafe`.
 #![deny(unsafe_code)]
 
 pub mod admin;
 pub mod bgp;
 pub mod core;
+pub mod daemon;
 pub mod footprint;
 pub mod health;
 pub mod kube;

@@ -27,7 +27,6 @@ pub mod bird;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -276,11 +275,10 @@ impl Bird {
         }
     }
 
-    /// Starts BIRD as this thread's child, with a parent-death signal.
-    #[allow(unsafe_code)]
+    /// Starts BIRD as this thread's child, killed when the thread ends (see
+    /// [`crate::daemon`]).
     fn spawn(&mut self) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(&self.socket);
-        let parent = nix::unistd::getpid();
         let mut cmd = Command::new(&self.bgp.daemon);
         cmd.arg("-f")
             .arg("-c")
@@ -289,21 +287,7 @@ impl Bird {
             .arg(&self.socket)
             .arg("-P")
             .arg(self.dir.join("bird.pid"));
-        // SAFETY: the closure runs in the forked child before exec and calls only prctl(2)
-        // and getppid(2), both async-signal-safe; it touches no memory of the parent's.
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
-                // The parent may have died between fork and prctl: then nobody kills us.
-                if nix::unistd::getppid() != parent {
-                    return Err(std::io::Error::other("strait exited before bird started"));
-                }
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", self.bgp.daemon.display()))?;
+        let child = crate::daemon::spawn(&mut cmd, nix::sys::signal::Signal::SIGKILL)?;
         info!(
             pid = child.id(),
             "bgp: started {}",
