@@ -297,9 +297,19 @@ pub fn routes_json(shared: &Shared) -> String {
             })).collect::<Vec<_>>(),
         })
     });
+    let l2 = shared.l2().map(|l| {
+        json!({
+            "running": l.running,
+            "error": l.error,
+            "vips": l.vips,
+            "owned": l.owned.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "restarts": l.restarts,
+        })
+    });
     let v = json!({
         "draining": shared.draining.load(Ordering::Relaxed),
         "bgp": bgp,
+        "l2": l2,
         "vips": vips,
     });
     serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
@@ -441,6 +451,29 @@ impl Collector for RouteMetrics {
             "1 while the gateway drains (routes withdrawn, still forwarding).",
             &crate::metrics::one(i64::from(shared.draining.load(Ordering::Relaxed))),
         )?;
+        if let Some(l2) = shared.l2() {
+            let owned: Vec<_> = routes
+                .keys()
+                .map(|v| {
+                    (
+                        vec![("vip", v.to_string())],
+                        i64::from(l2.owned.contains(v)),
+                    )
+                })
+                .collect();
+            gauge(
+                &mut enc,
+                "vrrp_owner",
+                "1 while this gateway owns the VIP on its segment (VRRP master).",
+                &owned,
+            )?;
+            gauge(
+                &mut enc,
+                "vrrp_running",
+                "1 while keepalived runs.",
+                &crate::metrics::one(i64::from(l2.running)),
+            )?;
+        }
         let Some(bgp) = shared.bgp() else {
             return Ok(());
         };

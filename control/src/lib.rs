@@ -19,6 +19,7 @@
 //! | [`health`] | active TCP/HTTP health checks with rise/fall |
 //! | [`neigh`] | next-hop MACs: the kernel's neighbour table and routes (rtnetlink), the next hops followed (pure), probes |
 //! | [`vip`] | claiming VIPs on `lo` and announcing them (gratuitous ARP, unsolicited NA) |
+//! | [`l2`] | VIP failover on one segment: the keepalived child that speaks VRRP, one owner per VIP |
 //! | [`bgp`] | route announcement: the BIRD 2 child that speaks BGP (and BFD) for the VIPs the core announces |
 //! | [`workers`] | starting, pinning and stopping the AF_XDP workers; their counters |
 //! | [`admin`] | the admin and metrics HTTP API (`metrics`: how every family is written) |
@@ -40,6 +41,7 @@ pub mod daemon;
 pub mod footprint;
 pub mod health;
 pub mod kube;
+pub mod l2;
 mod metrics;
 pub mod neigh;
 pub mod run;

@@ -75,6 +75,8 @@ pub struct Shared {
     pub routes: Mutex<Arc<RouteMap>>,
     /// The BGP speaker's state, when `[gateway.bgp]` is configured.
     pub bgp: Mutex<Option<Arc<Mutex<crate::bgp::Status>>>>,
+    /// The VRRP side's state, when `[gateway.l2]` is configured.
+    pub l2: Mutex<Option<Arc<Mutex<crate::l2::Status>>>>,
     /// Set once the gateway drains: `/healthz` answers 503 from then on.
     pub draining: AtomicBool,
 }
@@ -100,6 +102,7 @@ impl Shared {
             xdp: Mutex::new(Vec::new()),
             routes: Mutex::default(),
             bgp: Mutex::new(None),
+            l2: Mutex::new(None),
             draining: AtomicBool::new(false),
         }
     }
@@ -107,6 +110,20 @@ impl Shared {
     /// Every published VIP's route.
     pub fn routes(&self) -> Arc<RouteMap> {
         Arc::clone(&self.routes.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// A copy of the VRRP side's state, when it runs.
+    pub fn l2(&self) -> Option<crate::l2::Status> {
+        let handle = self
+            .l2
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()?;
+        let status = handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Some(status)
     }
 
     /// A copy of the BGP speaker's state, when it runs.

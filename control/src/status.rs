@@ -138,7 +138,32 @@ pub fn render_routes(v: &Value) -> String {
     if v["draining"].as_bool() == Some(true) {
         out += "DRAINING: every route withdrawn; the gateway stops after its grace\n";
     }
+    if let Value::Object(_) = &v["l2"] {
+        let l = &v["l2"];
+        let owned: Vec<&str> = l["owned"]
+            .as_array()
+            .unwrap_or(&empty)
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        out += &format!(
+            "l2: keepalived {}, owner of {} of {} VIPs: {}\n",
+            if l["running"].as_bool() == Some(true) {
+                "running".to_owned()
+            } else {
+                format!("NOT RUNNING ({})", l["error"].as_str().unwrap_or("no VIPs"))
+            },
+            owned.len(),
+            l["vips"],
+            if owned.is_empty() {
+                "-".to_owned()
+            } else {
+                owned.join(", ")
+            }
+        );
+    }
     match &v["bgp"] {
+        Value::Null if v["l2"].is_object() => {}
         Value::Null => out += "bgp: not configured (no [gateway.bgp])\n",
         b => {
             let daemon = if b["running"].as_bool() == Some(true) {

@@ -28,6 +28,18 @@ use tracing::{info, warn};
 /// Gratuitous-ARP processes run at the same time when many VIPs appear at once.
 const ANNOUNCE_AT_ONCE: usize = 64;
 
+/// The client-facing interface of `cfg` (the first of role `client` or `both`, else the
+/// first): where clients resolve the VIPs.
+pub fn client_interface(cfg: &Config) -> String {
+    cfg.gateway
+        .interfaces
+        .iter()
+        .find(|i| matches!(i.role, Role::Client | Role::Both))
+        .or(cfg.gateway.interfaces.first())
+        .map(|i| i.name.clone())
+        .unwrap_or_default()
+}
+
 /// The VIPs the gateway has added, and where.
 #[derive(Debug)]
 pub struct Vips {
@@ -41,16 +53,8 @@ impl Vips {
     /// a named namespace (tests); the gateway itself runs inside its namespace and passes
     /// `None`.
     pub fn new(cfg: &Config, netns: Option<String>) -> Self {
-        let iface = cfg
-            .gateway
-            .interfaces
-            .iter()
-            .find(|i| matches!(i.role, Role::Client | Role::Both))
-            .or(cfg.gateway.interfaces.first())
-            .map(|i| i.name.clone())
-            .unwrap_or_default();
         Self {
-            iface,
+            iface: client_interface(cfg),
             netns,
             added: BTreeSet::new(),
         }

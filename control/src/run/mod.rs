@@ -31,6 +31,7 @@ use crate::bgp::Speaker;
 use crate::core::{Control, Effect, Event};
 use crate::footprint::Footprint;
 use crate::health::{self, Checker};
+use crate::l2::Vrrp;
 use crate::shared::{Shared, Sources};
 use crate::vip::Vips;
 use crate::workers::{self, Workers};
@@ -56,6 +57,8 @@ pub struct Gateway {
     kube: Option<Receiver<crate::kube::Publication>>,
     /// The BGP speaker, when `[gateway.bgp]` is configured.
     speaker: Option<Speaker>,
+    /// The VRRP side, when `[gateway.l2]` is configured.
+    vrrp: Option<Vrrp>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -119,6 +122,7 @@ impl Gateway {
             workers: None,
             kube: None,
             speaker: None,
+            vrrp: None,
         };
         g.execute();
         Ok(g)
@@ -135,7 +139,10 @@ impl Gateway {
     /// # Errors
     /// When a VIP cannot be added.
     pub fn own_vips(&mut self) -> anyhow::Result<()> {
-        self.vips = Some(Vips::new(self.core.file(), None));
+        // With `[gateway.l2]`, keepalived puts each VIP on the gateway that owns it.
+        if self.core.file().gateway.l2.is_none() {
+            self.vips = Some(Vips::new(self.core.file(), None));
+        }
         self.core.handle(Instant::now(), Event::Forwarding)?;
         while let Some(e) = self.core.poll_effect() {
             match e {
@@ -150,12 +157,24 @@ impl Gateway {
         Ok(())
     }
 
-    /// Starts the BGP speaker when `[gateway.bgp]` is configured: its sessions come up
-    /// while the workers start, and it announces the VIPs the core marks announced.
+    /// Starts the BGP speaker when `[gateway.bgp]` is configured (its sessions come up
+    /// while the workers start, and it announces the VIPs the core marks announced), or
+    /// the VRRP side when `[gateway.l2]` is.
     ///
     /// # Errors
     /// When the daemon is not installed.
     pub fn start_speaker(&mut self) -> anyhow::Result<()> {
+        if let Some(l2) = self.core.file().gateway.l2.clone() {
+            let iface = crate::vip::client_interface(self.core.file());
+            let vrrp = Vrrp::start(l2, iface)?;
+            *self
+                .shared
+                .l2
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(vrrp.status_handle());
+            vrrp.own(self.core.routes());
+            self.vrrp = Some(vrrp);
+        }
         let Some(bgp) = self.core.file().gateway.bgp.clone() else {
             return Ok(());
         };
@@ -175,6 +194,9 @@ impl Gateway {
     pub fn stop_speaker(&mut self) {
         if let Some(mut s) = self.speaker.take() {
             s.stop();
+        }
+        if let Some(mut v) = self.vrrp.take() {
+            v.stop();
         }
     }
 
@@ -281,6 +303,9 @@ impl Gateway {
             Effect::Routes(routes) => {
                 if let Some(s) = &self.speaker {
                     s.announce(&routes);
+                }
+                if let Some(v) = &self.vrrp {
+                    v.own(&routes);
                 }
                 *self
                     .shared

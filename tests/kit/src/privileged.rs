@@ -43,6 +43,8 @@ pub const NFT: Tool = ("nft", "--version", "nftables");
 pub const OPENSSL: Tool = ("openssl", "version", "openssl");
 /// BIRD 2 (the BGP speaker the gateway runs, and the tests' router).
 pub const BIRD: Tool = ("bird", "--version", "bird2");
+/// keepalived (the VRRP speaker of `[gateway.l2]`).
+pub const KEEPALIVED: Tool = ("keepalived", "--version", "keepalived");
 /// Debian's Python (the `python3` on PATH may be another, without scapy).
 pub const PYTHON: Tool = ("/usr/bin/python3", "--version", "python3");
 

@@ -1,7 +1,9 @@
-//! Route announcement end to end (issue 11): the gateway (`strait run` with `[gateway.bgp]`)
-//! and its BIRD child in the testbed's gateway namespace; a real BIRD 2 router in the
-//! client namespace, whose routing table the tests read over its control socket. Needs root
-//! and `bird2`; fails with a clear message without them unless `STRAIT_SKIP_PRIVILEGED=1`.
+//! VIP announcement end to end (issue 11). BGP: the gateway (`strait run` with
+//! `[gateway.bgp]`) and its BIRD child in the testbed's gateway namespace; a real BIRD 2
+//! router in the client namespace, whose routing table the tests read over its control
+//! socket. L2: the gateway with `[gateway.l2]` and its keepalived child. Needs root, `bird2`
+//! and `keepalived`; fails with a clear message without them unless
+//! `STRAIT_SKIP_PRIVILEGED=1`.
 //!
 //! - the VIP is announced once the gateway forwards, withdrawn within the health checks'
 //!   `fall` period when every backend is down, announced again when one recovers;
@@ -9,7 +11,10 @@
 //! - `POST /drain` withdraws the route at once, the gateway forwards through the grace and
 //!   then exits 0;
 //! - a gateway whose peer never answers starts, forwards, and says so in `/routes`,
-//!   `strait status` and `/metrics`.
+//!   `strait status` and `/metrics`;
+//! - with `[gateway.l2]`, the VIP is on the client interface of the elected owner (not on
+//!   `lo`), clients reach it, and SIGKILL of `strait` gives it up within a second
+//!   (keepalived stops in order with it).
 
 mod support;
 
@@ -29,7 +34,10 @@ const ROUTER: &str = "192.0.2.2";
 const GATEWAY: &str = "192.0.2.1";
 
 fn privileged() -> bool {
-    gate::privileged("bgp", &[gate::IP, gate::CURL, gate::BIRD])
+    gate::privileged(
+        "announce",
+        &[gate::IP, gate::CURL, gate::BIRD, gate::KEEPALIVED],
+    )
 }
 
 /// A testbed, a router in its client namespace, and the serial lock (the gateway's worker
@@ -126,15 +134,24 @@ impl Router {
 
 /// The testbed's configuration with `[gateway.bgp]` to `peer` and `extra` gateway keys.
 fn config(bed: &Bed, peer: &str, extra: &str) -> std::path::PathBuf {
+    with_section(
+        bed,
+        extra,
+        &format!(
+            "[gateway.bgp]\nasn = 64512\nrouter_id = \"{GATEWAY}\"\n\
+             [[gateway.bgp.peers]]\naddress = \"{peer}\"\nasn = 64500\nhold_time = \"3s\"\n"
+        ),
+    )
+}
+
+/// The testbed's configuration with `extra` gateway keys and `section` appended, checked
+/// with `strait check`.
+fn with_section(bed: &Bed, extra: &str, section: &str) -> std::path::PathBuf {
     let base = std::fs::read_to_string(bed.config()).expect("testbed config");
-    // Keys of [gateway] go before its first sub-table; [gateway.bgp] may come anywhere.
+    // Keys of [gateway] go before its first sub-table; a sub-table may come anywhere.
     let base = base.replacen("[gateway]\n", &format!("[gateway]\n{extra}\n"), 1);
-    let toml = format!(
-        "{base}\n[gateway.bgp]\nasn = 64512\nrouter_id = \"{GATEWAY}\"\n\
-         [[gateway.bgp.peers]]\naddress = \"{peer}\"\nasn = 64500\nhold_time = \"3s\"\n"
-    );
-    let path = bed.dir.join("bgp.toml");
-    std::fs::write(&path, toml).expect("config");
+    let path = bed.dir.join("gateway.toml");
+    std::fs::write(&path, format!("{base}\n{section}")).expect("config");
     let check = std::process::Command::new(support::harness::strait())
         .args(["check", "--config"])
         .arg(&path)
@@ -297,4 +314,64 @@ fn a_gateway_whose_peer_never_answers_starts_and_says_so() {
     assert!(status.contains("192.0.2.99"), "{status}");
     assert!(status.contains(" NO "), "{status}");
     assert!(!s.router.has(&format!("{VIP}/32")));
+}
+
+/// The namespace's addresses (`ip -o addr`), one per line.
+fn addresses(bed: &Bed, role: &str) -> String {
+    bed.must(role, &["ip", "-o", "addr", "show"])
+}
+
+#[test]
+fn l2_owner_holds_the_vip_on_its_client_interface_and_gives_it_up_when_killed() {
+    let Some(s) = scene("l") else {
+        return;
+    };
+    let cfg = with_section(
+        &s.bed,
+        "",
+        "[gateway.l2]\nname = \"gw1\"\nmembers = [\"gw1\", \"gw2\"]\n",
+    );
+    let mut g = start(&s.bed, &cfg);
+    // Alone on the segment, gw1 wins every election after the master-down interval
+    // (3 x 100 ms and the skew) whatever its priority.
+    let vip = format!("{VIP}/32");
+    wait_for(
+        "the VIP on the client interface",
+        Duration::from_secs(3),
+        || {
+            addresses(&s.bed, "gw")
+                .lines()
+                .any(|l| l.contains(&vip) && !l.contains(" lo "))
+                .then_some(())
+        },
+    );
+    assert!(
+        !addresses(&s.bed, "gw")
+            .lines()
+            .any(|l| l.contains(&vip) && l.contains(" lo ")),
+        "the VIP is on lo too: every gateway would answer ARP for it"
+    );
+    for _ in 0..5 {
+        s.bed
+            .curl(&format!("http://{VIP}/"))
+            .unwrap_or_else(|e| panic!("through the VRRP owner: {e}"));
+    }
+    let r = routes(&g);
+    assert_eq!(r["l2"]["running"], true, "{r}");
+    assert!(
+        r["l2"]["owned"]
+            .as_array()
+            .is_some_and(|o| o.iter().any(|v| v == VIP)),
+        "{r}"
+    );
+    assert_eq!(g.metric("strait_vrrp_running"), Some(1.0));
+    // SIGKILL: keepalived gets SIGTERM, removes the VIP and tells the segment (priority 0).
+    let pid = g.pid();
+    let killed = Instant::now();
+    g.kill();
+    wait_for("the VIP given up", Duration::from_secs(1), || {
+        (!addresses(&s.bed, "gw").contains(&vip)).then_some(())
+    });
+    eprintln!("VIP given up {:?} after SIGKILL", killed.elapsed());
+    let _ = std::fs::remove_dir_all(format!("/tmp/strait-vrrp-{pid}"));
 }
