@@ -227,3 +227,28 @@ fn load_reports_problems_of_a_file() {
          gateway.interfaces: at least one interface is required ([[gateway.interfaces]])"
     );
 }
+
+/// The commented `[gateway.bgp]` and `[gateway.l2]` sections, each uncommented on its own,
+/// are valid.
+#[test]
+fn commented_bgp_and_l2_examples_are_valid_when_uncommented() {
+    let section = |from: &str, to: &str| -> String {
+        let start = EXAMPLE.find(from).expect("section start");
+        let end = start + EXAMPLE[start..].find(to).expect("section end");
+        EXAMPLE[start..end]
+            .lines()
+            .map(|l| l.strip_prefix("# ").unwrap_or(l))
+            .filter(|l| !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let bgp = section("# [gateway.bgp]\n", "# ... or,");
+    let c = parse(&format!("{EXAMPLE}\n{bgp}\n")).unwrap_or_else(|e| panic!("{e}\n{bgp}"));
+    let b = c.gateway.bgp.expect("bgp");
+    assert_eq!((b.asn, b.peers.len()), (64512, 1));
+    assert_eq!(b.peers[0].password.as_deref(), Some("secret"));
+    assert_eq!(c.gateway.drain_grace, std::time::Duration::from_secs(5));
+    let l2 = section("# [gateway.l2]\n", "# ------");
+    let c = parse(&format!("{EXAMPLE}\n{l2}\n")).unwrap_or_else(|e| panic!("{e}\n{l2}"));
+    assert_eq!(c.gateway.l2.expect("l2").members.len(), 3);
+}
