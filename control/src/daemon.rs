@@ -15,6 +15,11 @@ use nix::sys::signal::Signal;
 /// When the program cannot be started.
 #[allow(unsafe_code)]
 pub fn spawn(cmd: &mut Command, on_parent_death: Signal) -> anyhow::Result<Child> {
+    // systemd's notification socket is the gateway's own: a daemon that also speaks sd_notify
+    // (keepalived does) must not report for it.
+    cmd.env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID");
     let parent = nix::unistd::getpid();
     // SAFETY: the closure runs in the forked child before exec and calls only prctl(2) and
     // getppid(2), both async-signal-safe; it touches no memory of the parent's.

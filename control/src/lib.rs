@@ -25,6 +25,7 @@
 //! | [`admin`] | the admin and metrics HTTP API (`metrics`: how every family is written) |
 //! | [`footprint`] | the memory a configuration takes, known before anything is allocated |
 //! | [`shared`] | what the control loop, the workers and the admin API share |
+//! | [`supervise`] | systemd: readiness, stopping, a watchdog fed only while every worker makes progress |
 //! | [`status`] | `strait status`: the admin API's `/services` as a table |
 //!
 //! The lab (testbed, generators, benches) is another crate, `strait-lab`, that depends on
@@ -47,5 +48,6 @@ pub mod neigh;
 pub mod run;
 pub mod shared;
 pub mod status;
+pub mod supervise;
 pub mod vip;
 pub mod workers;

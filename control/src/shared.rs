@@ -38,6 +38,10 @@ pub struct CoreStats {
     pub name: String,
     /// The latest sample.
     pub sample: Mutex<CoreSample>,
+    /// The worker's clock when its loop last turned (once per turn, busy or idle; a
+    /// relaxed store, never per packet): the systemd watchdog is fed only while every
+    /// worker's moves ([`crate::supervise::Watchdog`]).
+    pub heartbeat: std::sync::atomic::AtomicU64,
 }
 
 /// The running configuration as its two sources give it: the file's, and the Kubernetes

@@ -243,6 +243,21 @@ fn spawn_all(
     Ok(())
 }
 
+/// The worker's clock, which also beats its heartbeat: the loop reads it once a turn.
+struct Beating<'a> {
+    clock: MonotonicClock,
+    beat: &'a std::sync::atomic::AtomicU64,
+}
+
+impl strait_dataplane::xsk::Clock for Beating<'_> {
+    fn now_ns(&mut self) -> u64 {
+        let t = self.clock.now_ns();
+        // The time is a value that only grows: a change means a turn.
+        self.beat.store(t, std::sync::atomic::Ordering::Relaxed);
+        t
+    }
+}
+
 fn worker(
     mut group: QueueGroup,
     mut pipe: Pipeline,
@@ -272,13 +287,17 @@ fn worker(
             s.new_flows.extend_from_slice(&p.new_flows[..used]);
         }
     };
+    let clock = Beating {
+        clock: MonotonicClock::new(),
+        beat: &slot.heartbeat,
+    };
     let stats = run_worker(
         &mut group,
         &mut pipe,
         &mut handoff,
         || shared.table.load_full(),
         stop,
-        MonotonicClock::new(),
+        clock,
         publish,
     )?;
     let c = slot

@@ -375,3 +375,51 @@ fn l2_owner_holds_the_vip_on_its_client_interface_and_gives_it_up_when_killed() 
     eprintln!("VIP given up {:?} after SIGKILL", killed.elapsed());
     let _ = std::fs::remove_dir_all(format!("/tmp/strait-vrrp-{pid}"));
 }
+
+/// systemd's side of `Type=notify` and `WatchdogSec=`, played by the test: a datagram
+/// socket as `NOTIFY_SOCKET`. The gateway says READY=1 once it forwards, feeds the
+/// watchdog (WATCHDOG_USEC=1 s: every 500 ms) while its worker turns, and says STOPPING=1
+/// when it drains.
+#[test]
+fn systemd_hears_ready_watchdog_and_stopping() {
+    let Some(s) = scene("n") else {
+        return;
+    };
+    let socket_path = s.bed.dir.join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).expect("notify socket");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let cfg = with_section(&s.bed, "", "");
+    let mut cmd = Gateway::command(&s.bed, &cfg);
+    // `ip netns exec` keeps the environment and execs strait in place: the pid is strait's.
+    cmd.env("NOTIFY_SOCKET", &socket_path)
+        .env("WATCHDOG_USEC", "1000000");
+    let mut g = Gateway::spawn(&s.bed, cmd, |g| g.healthy());
+    let mut heard = Vec::new();
+    let mut buf = [0u8; 512];
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5)
+        && heard
+            .iter()
+            .filter(|m: &&String| m.contains("WATCHDOG=1"))
+            .count()
+            < 3
+    {
+        let n = socket.recv(&mut buf).expect("a notification");
+        heard.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    assert!(heard[0].contains("READY=1"), "{heard:?}");
+    let feeds = heard.iter().filter(|m| m.contains("WATCHDOG=1")).count();
+    assert!(feeds >= 3, "watchdog fed {feeds} times in 5 s: {heard:?}");
+    let _ = g.pid();
+    assert!(g.stop().success());
+    let mut rest = Vec::new();
+    while let Ok(n) = socket.recv(&mut buf) {
+        rest.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        if rest.last().is_some_and(|m| m.contains("STOPPING=1")) {
+            break;
+        }
+    }
+    assert!(rest.iter().any(|m| m.contains("STOPPING=1")), "{rest:?}");
+}

@@ -374,7 +374,11 @@ impl Gateway {
     /// again while draining returns at once.
     pub fn serve(&mut self, stop: &AtomicBool, hup: &AtomicBool, requests: &Receiver<Request>) {
         let mut drained_at: Option<Instant> = None;
+        let mut watchdog = crate::supervise::Watchdog::from_env();
         loop {
+            if let Some(w) = &mut watchdog {
+                w.tick(&self.shared, Instant::now());
+            }
             if stop.swap(false, Ordering::Relaxed) {
                 if drained_at.is_some() {
                     info!("stopped again while draining: stopping now");
@@ -469,6 +473,7 @@ impl Gateway {
             humantime::format_duration(grace)
         );
         self.drain();
+        crate::supervise::stopping("draining: routes withdrawn");
         Instant::now() + grace
     }
 }
@@ -522,6 +527,7 @@ pub fn run(source: Source, kube: &crate::kube::Args) -> anyhow::Result<()> {
     };
     gateway.shared.ready.store(true, Ordering::Relaxed);
     info!("forwarding");
+    crate::supervise::ready("forwarding");
     gateway.serve(&stop, &hup, &request_rx);
     // The routes go first, so that routers stop sending before the workers do.
     gateway.stop_speaker();
