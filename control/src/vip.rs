@@ -25,6 +25,10 @@ use anyhow::{bail, Context};
 use strait_config::model::{Config, Role};
 use tracing::{info, warn};
 
+/// The label of the IPv4 VIPs this module puts on `lo`: a run of strait adopts the VIPs an
+/// earlier, killed run left ([`Vips::claim`]).
+const LABEL: &str = "lo:strait";
+
 /// Gratuitous-ARP processes run at the same time when many VIPs appear at once.
 const ANNOUNCE_AT_ONCE: usize = 64;
 
@@ -151,7 +155,16 @@ impl Vips {
     /// Adds `vip` to the gateway; true when this call added it (and it should be announced).
     fn add(&mut self, vip: IpAddr) -> anyhow::Result<bool> {
         let out = match vip {
-            IpAddr::V4(_) => self.ip(&["addr", "add", &format!("{vip}/32"), "dev", "lo"])?,
+            // The label marks it as this module's, for a successor to adopt (below).
+            IpAddr::V4(_) => self.ip(&[
+                "addr",
+                "add",
+                &format!("{vip}/32"),
+                "dev",
+                "lo",
+                "label",
+                LABEL,
+            ])?,
             IpAddr::V6(_) => {
                 let knob = format!("net.ipv6.conf.{}.ndisc_notify=1", self.iface);
                 let _ = self.exec("sysctl", &["-qw", &knob]);
@@ -170,6 +183,13 @@ impl Vips {
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
             if err.contains("File exists") || err.contains("already assigned") {
+                if self.left_by_us(vip) {
+                    // A gateway killed before it could remove it (SIGKILL, OOM, a crash):
+                    // this run owns it now, removes it when done, and announces it again.
+                    info!(%vip, "VIP left by an earlier run of strait: adopted");
+                    self.added.insert(vip);
+                    return Ok(true);
+                }
                 info!(%vip, "VIP already configured on the gateway; left as it is");
                 return Ok(false);
             }
@@ -180,6 +200,18 @@ impl Vips {
             info!(%vip, iface = %self.iface, "VIP added; the kernel announces it after DAD");
         }
         Ok(true)
+    }
+
+    /// Whether the existing address `vip` is one this module adds: IPv4 on `lo` with
+    /// [`LABEL`], IPv6 on the client interface deprecated (`preferred_lft 0`), which an
+    /// operator's own address would not be.
+    fn left_by_us(&self, vip: IpAddr) -> bool {
+        let (dev, prefix, mark) = match vip {
+            IpAddr::V4(_) => ("lo".to_owned(), format!("{vip}/32"), LABEL),
+            IpAddr::V6(_) => (self.iface.clone(), format!("{vip}/128"), "deprecated"),
+        };
+        self.ip(&["-o", "addr", "show", "dev", &dev, "to", &prefix])
+            .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(mark))
     }
 
     fn remove(&mut self, vip: IpAddr) {
@@ -401,6 +433,43 @@ backends = []
         assert!(
             !addrs("lo").contains("203.0.113.10"),
             "dropped: every added VIP removed"
+        );
+
+        // A killed run's VIPs (never removed: forgotten, as SIGKILL would) are adopted by
+        // the next run, which removes them when done; an operator's own address is not.
+        let mut killed = Vips::new(&cfg, Some(pair.0.clone()));
+        killed.sync(&cfg).unwrap();
+        std::mem::forget(killed);
+        let operators = "203.0.113.99";
+        let own = Command::new("ip")
+            .args([
+                "-n",
+                &pair.0,
+                "addr",
+                "add",
+                &format!("{operators}/32"),
+                "dev",
+                "lo",
+            ])
+            .status()
+            .unwrap();
+        assert!(own.success());
+        let mut with_own = cfg.clone();
+        let mut extra = cfg.services[0].clone();
+        extra.name = "ops".into();
+        extra.vip = operators.parse().unwrap();
+        with_own.services.push(extra);
+        let mut next = Vips::new(&with_own, Some(pair.0.clone()));
+        next.sync(&with_own).unwrap();
+        drop(next);
+        assert!(!addrs("lo").contains("203.0.113.10"), "adopted and removed");
+        assert!(
+            !addrs("va").contains("2001:db8::10/128"),
+            "adopted and removed"
+        );
+        assert!(
+            addrs("lo").contains(operators),
+            "the operator's address stays"
         );
     }
 }
