@@ -100,6 +100,8 @@ pub fn config(mode: Mode, services: usize) -> Config {
     Config {
         gateway: Gateway {
             admin_listen: Gateway::DEFAULT_ADMIN_LISTEN,
+            admin_socket: None,
+            admin_token_file: None,
             default_mode: mode,
             flow_capacity_per_core: Gateway::DEFAULT_FLOW_CAPACITY_PER_CORE,
             new_flows_per_second_per_core: 0,

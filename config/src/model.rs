@@ -30,6 +30,12 @@ pub struct Config {
 pub struct Gateway {
     /// Where the admin / metrics HTTP endpoint listens.
     pub admin_listen: SocketAddr,
+    /// A Unix socket the admin API also listens on (mode 0600: root only), where the
+    /// mutating requests (`POST /reload`, `POST /drain`) are taken, if set.
+    pub admin_socket: Option<std::path::PathBuf>,
+    /// A file holding a token: mutating requests on a TCP listener that is not loopback
+    /// are taken with `Authorization: Bearer TOKEN`, and refused (403) without it.
+    pub admin_token_file: Option<std::path::PathBuf>,
     /// Forwarding mode of services that do not name one.
     pub default_mode: Mode,
     /// Number of flow-table entries each worker core owns.

@@ -37,6 +37,8 @@ pub(crate) struct RawConfig {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawGateway {
     pub admin_listen: Option<String>,
+    pub admin_socket: Option<String>,
+    pub admin_token_file: Option<String>,
     pub default_mode: Option<String>,
     pub flow_capacity_per_core: Option<i64>,
     pub new_flows_per_second_per_core: Option<i64>,
@@ -412,6 +414,8 @@ impl From<&Config> for RawConfig {
         RawConfig {
             gateway: RawGateway {
                 admin_listen: Some(g.admin_listen.to_string()),
+                admin_socket: g.admin_socket.as_ref().map(|p| p.display().to_string()),
+                admin_token_file: g.admin_token_file.as_ref().map(|p| p.display().to_string()),
                 default_mode: Some(g.default_mode.to_string()),
                 flow_capacity_per_core: Some(g.flow_capacity_per_core.into()),
                 new_flows_per_second_per_core: Some(g.new_flows_per_second_per_core.into()),

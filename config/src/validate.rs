@@ -11,6 +11,7 @@ mod l2;
 use std::collections::HashMap;
 use std::fmt::Display;
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -272,6 +273,9 @@ impl Checker {
                 })
                 .ok(),
         };
+        let admin_socket = self.absolute_path("gateway.admin_socket", raw.admin_socket.as_deref());
+        let admin_token_file =
+            self.absolute_path("gateway.admin_token_file", raw.admin_token_file.as_deref());
         let default_mode = self.choice_or(
             "gateway.default_mode",
             raw.default_mode.as_ref(),
@@ -355,6 +359,8 @@ impl Checker {
         };
         Some(Gateway {
             admin_listen: admin_listen?,
+            admin_socket: admin_socket?,
+            admin_token_file: admin_token_file?,
             default_mode: default_mode?,
             flow_capacity_per_core: flow_capacity_per_core?,
             new_flows_per_second_per_core: new_flows_per_second_per_core?,
@@ -368,6 +374,19 @@ impl Checker {
             bgp: bgp?,
             l2: l2?,
         })
+    }
+
+    /// An optional absolute path (a relative one would depend on where `strait` was
+    /// started).
+    fn absolute_path(&mut self, path: &str, value: Option<&str>) -> Option<Option<PathBuf>> {
+        match value {
+            None => Some(None),
+            Some(v) if v.starts_with('/') && v.len() > 1 => Some(Some(PathBuf::from(v))),
+            Some(v) => {
+                self.problem(path, format!("{v:?} is not an absolute path"));
+                None
+            }
+        }
     }
 
     fn tunnel_source<T>(

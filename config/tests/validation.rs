@@ -1352,3 +1352,19 @@ fn l2_gets_its_defaults_and_refuses_with_the_field() {
         "gateway.l2: [gateway.bgp] is configured too: with routes, routers move traffic between gateways; VRRP is for segments without them (choose one)",
     );
 }
+
+#[test]
+fn admin_socket_and_token_file_are_absolute_paths() {
+    let c = accepted(&gateway(
+        "admin_socket = \"/run/strait/admin.sock\"\nadmin_token_file = \"/etc/strait/admin.token\"",
+    ));
+    assert_eq!(
+        c.gateway.admin_socket.as_deref(),
+        Some(std::path::Path::new("/run/strait/admin.sock"))
+    );
+    assert_eq!(accepted(&strait_config::to_toml(&c)), c);
+    refused(
+        &gateway("admin_token_file = \"admin.token\""),
+        "gateway.admin_token_file: \"admin.token\" is not an absolute path",
+    );
+}

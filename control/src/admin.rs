@@ -23,7 +23,7 @@ use std::sync::{Arc, PoisonError};
 use std::thread;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -61,7 +61,19 @@ const MAX_REQUEST: usize = 8 * 1024;
 /// process's file limit.
 const MAX_CONNECTIONS: usize = 4096;
 
-/// Starts the endpoint on `addr`.
+/// Where the endpoint listens, and who may change things.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The TCP listener (`gateway.admin_listen`).
+    pub listen: SocketAddr,
+    /// A Unix socket listener too (`gateway.admin_socket`), created mode 0600.
+    pub socket: Option<std::path::PathBuf>,
+    /// The token that lets a non-loopback TCP client make mutating requests
+    /// (`gateway.admin_token_file`'s content).
+    pub token: Option<String>,
+}
+
+/// Starts the endpoint on `addr` (TCP only, no token).
 ///
 /// # Errors
 /// When the address cannot be bound (in use, not local).
@@ -70,10 +82,41 @@ pub fn start(
     shared: Arc<Shared>,
     requests: Sender<Request>,
 ) -> anyhow::Result<SocketAddr> {
+    let opts = Options {
+        listen: addr,
+        socket: None,
+        token: None,
+    };
+    start_with(&opts, shared, requests)
+}
+
+/// Starts the endpoint as `opts` says; the TCP listener's address.
+///
+/// # Errors
+/// When an address cannot be bound (in use, not local, a directory missing).
+pub fn start_with(
+    opts: &Options,
+    shared: Arc<Shared>,
+    requests: Sender<Request>,
+) -> anyhow::Result<SocketAddr> {
+    let addr = opts.listen;
     let listener =
         TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("admin API: bind {addr}: {e}"))?;
     listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
+    let unix = match &opts.socket {
+        None => None,
+        Some(path) => {
+            use std::os::unix::fs::PermissionsExt as _;
+            // A socket file left by a killed run would refuse the bind.
+            let _ = std::fs::remove_file(path);
+            let l = std::os::unix::net::UnixListener::bind(path)
+                .map_err(|e| anyhow::anyhow!("admin API: bind {}: {e}", path.display()))?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            l.set_nonblocking(true)?;
+            Some(l)
+        }
+    };
     let mut registry = Registry::with_prefix("strait");
     registry.register_collector(Box::new(Metrics(Arc::clone(&shared))));
     registry.register_collector(Box::new(KubeMetrics(Arc::clone(&shared))));
@@ -82,20 +125,36 @@ pub fn start(
         shared,
         registry,
         requests,
-        mutable: mutating_allowed(local),
+        token: opts.token.clone(),
     });
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
         .build()?;
-    thread::Builder::new()
-        .name("admin".into())
-        .spawn(move || runtime.block_on(accept(listener, endpoint)))?;
+    let trusted_tcp = mutating_allowed(local);
+    thread::Builder::new().name("admin".into()).spawn(move || {
+        runtime.block_on(async move {
+            let open = Arc::new(AtomicUsize::new(0));
+            let tcp = accept(
+                listener,
+                Arc::clone(&endpoint),
+                trusted_tcp,
+                Arc::clone(&open),
+            );
+            match unix {
+                Some(u) => {
+                    tokio::join!(tcp, accept_unix(u, endpoint, open));
+                }
+                None => tcp.await,
+            }
+        });
+    })?;
     Ok(local)
 }
 
-/// Whether `POST /reload` is taken on a listener at `local`: only on loopback, where only
-/// this machine reaches it. Elsewhere the configuration is reloaded with SIGHUP.
+/// Whether mutating requests are taken from anyone on a TCP listener at `local`: only on
+/// loopback, where only this machine reaches it. Elsewhere they need the token, or the
+/// Unix socket, or a signal (SIGHUP, SIGTERM).
 fn mutating_allowed(local: SocketAddr) -> bool {
     local.ip().is_loopback()
 }
@@ -105,12 +164,32 @@ struct Endpoint {
     shared: Arc<Shared>,
     registry: Registry,
     requests: Sender<Request>,
-    mutable: bool,
+    token: Option<String>,
 }
 
-/// Takes connections, each on a task of its own, so that idle or slow clients never keep
-/// `/healthz` from answering.
-async fn accept(listener: TcpListener, endpoint: Arc<Endpoint>) {
+impl Endpoint {
+    /// Whether a request that presented `bearer` may change things, on a listener that is
+    /// `trusted` or not.
+    fn allows(&self, trusted: bool, bearer: Option<&str>) -> bool {
+        trusted
+            || matches!((&self.token, bearer), (Some(t), Some(b)) if same(t.as_bytes(), b.as_bytes()))
+    }
+}
+
+/// Compares two secrets in time that depends on their lengths only.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// Takes TCP connections, each on a task of its own, so that idle or slow clients never
+/// keep `/healthz` from answering; `trusted` says whether mutating requests are taken
+/// without the token.
+async fn accept(
+    listener: TcpListener,
+    endpoint: Arc<Endpoint>,
+    trusted: bool,
+    open: Arc<AtomicUsize>,
+) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -118,47 +197,87 @@ async fn accept(listener: TcpListener, endpoint: Arc<Endpoint>) {
             return;
         }
     };
-    let open = Arc::new(AtomicUsize::new(0));
     loop {
-        let conn = match listener.accept().await {
-            Ok((conn, _)) => conn,
-            Err(e) => {
-                // Out of file descriptors, most likely: back off rather than spin.
-                tracing::warn!("admin API: accept: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        if open.fetch_add(1, Ordering::Relaxed) >= MAX_CONNECTIONS {
-            open.fetch_sub(1, Ordering::Relaxed);
-            let _ = conn.try_write(&response(503, "text/plain", "busy\n"));
-            continue;
+        match listener.accept().await {
+            Ok((conn, _)) => take(conn, &endpoint, trusted, &open),
+            Err(e) => back_off(&e).await,
         }
-        let (endpoint, open) = (Arc::clone(&endpoint), Arc::clone(&open));
-        tokio::spawn(async move {
-            let _ = serve(conn, endpoint).await;
-            open.fetch_sub(1, Ordering::Relaxed);
-        });
     }
 }
 
+/// Takes connections on the Unix socket (mode 0600: whoever reaches it is root), where
+/// mutating requests are taken.
+async fn accept_unix(
+    listener: std::os::unix::net::UnixListener,
+    endpoint: Arc<Endpoint>,
+    open: Arc<AtomicUsize>,
+) {
+    let listener = match tokio::net::UnixListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("admin API: {e}");
+            return;
+        }
+    };
+    loop {
+        match listener.accept().await {
+            Ok((conn, _)) => take(conn, &endpoint, true, &open),
+            Err(e) => back_off(&e).await,
+        }
+    }
+}
+
+/// Out of file descriptors, most likely: back off rather than spin.
+async fn back_off(e: &std::io::Error) {
+    tracing::warn!("admin API: accept: {e}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// Serves `conn` on a task of its own, or answers 503 beyond [`MAX_CONNECTIONS`].
+fn take<S>(conn: S, endpoint: &Arc<Endpoint>, trusted: bool, open: &Arc<AtomicUsize>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    if open.fetch_add(1, Ordering::Relaxed) >= MAX_CONNECTIONS {
+        open.fetch_sub(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            let mut conn = conn;
+            let _ = tokio::time::timeout(
+                DEADLINE,
+                conn.write_all(&response(503, "text/plain", "busy\n")),
+            )
+            .await;
+        });
+        return;
+    }
+    let (endpoint, open) = (Arc::clone(endpoint), Arc::clone(open));
+    tokio::spawn(async move {
+        let _ = serve(conn, endpoint, trusted).await;
+        open.fetch_sub(1, Ordering::Relaxed);
+    });
+}
+
 /// Reads one request within [`DEADLINE`] and [`MAX_REQUEST`] bytes, answers it, closes.
-async fn serve(mut conn: tokio::net::TcpStream, endpoint: Arc<Endpoint>) -> std::io::Result<()> {
+async fn serve<S>(mut conn: S, endpoint: Arc<Endpoint>, trusted: bool) -> std::io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let answer = match tokio::time::timeout(DEADLINE, read_request(&mut conn)).await {
         Err(_) => response(408, "text/plain", "request timeout\n"),
         Ok(Err(e)) => return Err(e),
         Ok(Ok(Err(status))) => response(status, "text/plain", "bad request\n"),
-        Ok(Ok(Ok((method, path)))) => {
-            if method == "POST" {
+        Ok(Ok(Ok(req))) => {
+            let allowed = endpoint.allows(trusted, req.bearer.as_deref());
+            if req.method == "POST" {
                 // A reload waits for the control loop: off the task's thread.
                 tokio::task::spawn_blocking(move || {
-                    let (status, ctype, body) = answer(&endpoint, &method, &path);
+                    let (status, ctype, body) = answer(&endpoint, &req.method, &req.path, allowed);
                     response(status, ctype, &body)
                 })
                 .await
                 .unwrap_or_else(|_| response(500, "text/plain", "internal error\n"))
             } else {
-                let (status, ctype, body) = answer(&endpoint, &method, &path);
+                let (status, ctype, body) = answer(&endpoint, &req.method, &req.path, allowed);
                 response(status, ctype, &body)
             }
         }
@@ -169,13 +288,22 @@ async fn serve(mut conn: tokio::net::TcpStream, endpoint: Arc<Endpoint>) -> std:
     conn.shutdown().await
 }
 
-/// The method and path of a request, once its headers have ended; or the status of a
-/// refusal: 431 for more than [`MAX_REQUEST`] bytes, 400 for a request line that is not
-/// `METHOD PATH HTTP/1.x`. Headers are read and ignored; no request here has a body that
-/// matters.
-async fn read_request(
-    conn: &mut tokio::net::TcpStream,
-) -> std::io::Result<Result<(String, String), u16>> {
+/// A request's line and the token it presented.
+struct Req {
+    method: String,
+    path: String,
+    /// `Authorization: Bearer TOKEN`'s token.
+    bearer: Option<String>,
+}
+
+/// The method, path and token of a request, once its headers have ended; or the status of
+/// a refusal: 431 for more than [`MAX_REQUEST`] bytes, 400 for a request line that is not
+/// `METHOD PATH HTTP/1.x`. Of the headers only `Authorization: Bearer` is read; no request
+/// here has a body that matters.
+async fn read_request<S>(conn: &mut S) -> std::io::Result<Result<Req, u16>>
+where
+    S: AsyncRead + Unpin,
+{
     let mut buf = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
     let end = loop {
@@ -195,11 +323,27 @@ async fn read_request(
         return Ok(Err(431));
     }
     let head = String::from_utf8_lossy(&buf[..end]);
-    let line = head.lines().next().unwrap_or("");
+    let mut lines = head.lines();
+    let line = lines.next().unwrap_or("");
+    let bearer = lines.find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        if !name.trim().eq_ignore_ascii_case("authorization") {
+            return None;
+        }
+        let value = value.trim();
+        value
+            .get(..7)
+            .filter(|s| s.eq_ignore_ascii_case("bearer "))
+            .map(|_| value[7..].trim().to_owned())
+    });
     let mut parts = line.split_whitespace();
     match (parts.next(), parts.next(), parts.next(), parts.next()) {
         (Some(method), Some(path), Some(version), None) if version.starts_with("HTTP/1.") => {
-            Ok(Ok((method.to_owned(), path.to_owned())))
+            Ok(Ok(Req {
+                method: method.to_owned(),
+                path: path.to_owned(),
+                bearer,
+            }))
         }
         _ => Ok(Err(400)),
     }
@@ -212,8 +356,14 @@ fn find_end(buf: &[u8]) -> Option<usize> {
         .or_else(|| buf.windows(2).position(|w| w == b"\n\n"))
 }
 
-/// The answer to `method path`: status, content type, body.
-fn answer(endpoint: &Endpoint, method: &str, path: &str) -> (u16, &'static str, String) {
+/// The answer to `method path`, from a client `allowed` to change things or not: status,
+/// content type, body.
+fn answer(
+    endpoint: &Endpoint,
+    method: &str,
+    path: &str,
+    allowed: bool,
+) -> (u16, &'static str, String) {
     let shared = &endpoint.shared;
     match (method, path) {
         ("GET", "/healthz") if shared.draining.load(Ordering::Relaxed) => {
@@ -236,15 +386,15 @@ fn answer(endpoint: &Endpoint, method: &str, path: &str) -> (u16, &'static str, 
             }
         }
         ("GET", "/routes") => (200, "application/json", routes_json(shared)),
-        ("POST", "/reload") if !endpoint.mutable => (
+        ("POST", "/reload") if !allowed => (
             403,
             "text/plain",
-            "POST /reload is taken only on a loopback admin_listen; send SIGHUP instead\n".into(),
+            "POST /reload is taken on a loopback admin_listen, the admin_socket, or with the admin token (Authorization: Bearer); or send SIGHUP\n".into(),
         ),
-        ("POST", "/drain") if !endpoint.mutable => (
+        ("POST", "/drain") if !allowed => (
             403,
             "text/plain",
-            "POST /drain is taken only on a loopback admin_listen; send SIGTERM instead\n".into(),
+            "POST /drain is taken on a loopback admin_listen, the admin_socket, or with the admin token (Authorization: Bearer); or send SIGTERM\n".into(),
         ),
         ("POST", "/reload") => ask(endpoint, Request::Reload),
         ("POST", "/drain") => ask(endpoint, Request::Drain),
@@ -798,9 +948,22 @@ mod tests {
         (status, body)
     }
 
-    /// An endpoint over the built-in example's table with worker slots `cores`, not ready
-    /// yet, whose reloads answer "reloaded".
+    /// An endpoint over the built-in example's table with worker slots `cores`, on
+    /// 127.0.0.1, not ready yet, whose reloads answer "reloaded".
     fn endpoint(cores: Vec<Arc<crate::shared::CoreStats>>) -> (SocketAddr, Arc<Shared>) {
+        let opts = Options {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            socket: None,
+            token: None,
+        };
+        endpoint_with(cores, &opts)
+    }
+
+    /// [`endpoint`] listening as `opts` says.
+    fn endpoint_with(
+        cores: Vec<Arc<crate::shared::CoreStats>>,
+        opts: &Options,
+    ) -> (SocketAddr, Arc<Shared>) {
         let cfg = strait_config::example();
         let ports: Vec<_> = cfg
             .gateway
@@ -821,13 +984,54 @@ mod tests {
                 };
             }
         });
-        let addr = start(
-            "127.0.0.1:0".parse().unwrap(),
-            Arc::clone(&shared),
-            reload_tx,
-        )
-        .unwrap();
+        let addr = start_with(opts, Arc::clone(&shared), reload_tx).unwrap();
         (addr, shared)
+    }
+
+    /// On a listener that is not loopback (in a namespace of the test's own), mutating
+    /// requests need the token; the Unix socket takes them as they are; reads need nothing.
+    #[test]
+    fn mutations_need_loopback_the_socket_or_the_token() {
+        let gate = strait_testkit::privileged::IP;
+        if !strait_testkit::privileged::privileged("admin token", &[gate]) {
+            return;
+        }
+        let ns = strait_testkit::harness::Netns::quiet(&format!("sadm{}", std::process::id()));
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("admin.sock");
+        let token = "0123456789abcdef-token";
+        let opts = Options {
+            listen: "0.0.0.0:0".parse().unwrap(),
+            socket: Some(socket.clone()),
+            token: Some(token.into()),
+        };
+        ns.run_in(|| {
+            let (addr, _shared) = endpoint_with(Vec::new(), &opts);
+            let addr = SocketAddr::from(([127, 0, 0, 1], addr.port()));
+            let post = |auth: &str| {
+                raw(
+                    addr,
+                    format!("POST /reload HTTP/1.1\r\nHost: x\r\n{auth}\r\n").as_bytes(),
+                )
+                .0
+            };
+            assert_eq!(post(""), 403);
+            assert_eq!(post("Authorization: Bearer wrong-token-0123456\r\n"), 403);
+            assert_eq!(post(&format!("authorization: bearer {token}\r\n")), 200);
+            assert_eq!(get(addr, "POST", "/drain").0, 403);
+            assert_eq!(get(addr, "GET", "/routes").0, 200);
+            // The Unix socket: mode 0600, mutations taken.
+            use std::os::unix::fs::PermissionsExt as _;
+            let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600);
+            let mut c = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+            c.write_all(b"POST /drain HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            let mut out = String::new();
+            c.read_to_string(&mut out).unwrap();
+            assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+            assert!(out.ends_with("draining\n"), "{out}");
+        });
     }
 
     #[test]
@@ -873,6 +1077,13 @@ mod tests {
             "an idle connection stays open"
         );
         assert_eq!(get(addr, "GET", "/healthz").0, 200);
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(same(b"abc", b"abc"));
+        assert!(!same(b"abc", b"abd"));
+        assert!(!same(b"abc", b"abcd"));
     }
 
     #[test]

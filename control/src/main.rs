@@ -44,17 +44,15 @@ enum Command {
     /// Show the running gateway's services, backends, routes and BGP sessions (from its
     /// admin API).
     Status {
-        /// The admin API address (`gateway.admin_listen`).
-        #[arg(long, default_value = "127.0.0.1:9900")]
-        admin: std::net::SocketAddr,
+        #[command(flatten)]
+        admin: AdminArgs,
     },
     /// Drain the running gateway: withdraw every route, keep forwarding for
     /// `gateway.drain_grace` while routers move traffic away, then stop (as SIGTERM does).
     /// Waits until it stopped.
     Drain {
-        /// The admin API address (`gateway.admin_listen`, on loopback).
-        #[arg(long, default_value = "127.0.0.1:9900")]
-        admin: std::net::SocketAddr,
+        #[command(flatten)]
+        admin: AdminArgs,
         /// How long to wait for the gateway to stop.
         #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
         wait: std::time::Duration,
@@ -67,6 +65,31 @@ enum Command {
     },
 }
 
+/// Where the running gateway's admin API is.
+#[derive(Debug, clap::Args)]
+struct AdminArgs {
+    /// The admin API address (`gateway.admin_listen`).
+    #[arg(long, default_value = "127.0.0.1:9900")]
+    admin: std::net::SocketAddr,
+    /// The admin API's Unix socket (`gateway.admin_socket`), used instead of `--admin`.
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// A file with the admin token (`gateway.admin_token_file`), for a gateway whose
+    /// `--admin` is not loopback.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
+impl AdminArgs {
+    fn admin(self) -> status::Admin {
+        status::Admin {
+            addr: self.admin,
+            socket: self.socket,
+            token_file: self.token_file,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -74,8 +97,8 @@ fn main() -> ExitCode {
         .with_target(false)
         .init();
     let result = match cli.command {
-        Command::Status { admin } => status::run(admin),
-        Command::Drain { admin, wait } => status::drain(admin, wait),
+        Command::Status { admin } => status::run(&admin.admin()),
+        Command::Drain { admin, wait } => status::drain(&admin.admin(), wait),
         Command::Run { config, kube } => run::run(
             config.map_or(run::Source::Builtin, run::Source::File),
             &kube,

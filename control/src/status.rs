@@ -3,21 +3,103 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde_json::Value;
 
-/// Fetches `/services` from the admin API at `addr` and renders it.
+/// Where a running gateway's admin API is, and the token to present, if any.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    /// Its TCP address (`gateway.admin_listen`).
+    pub addr: SocketAddr,
+    /// Its Unix socket (`gateway.admin_socket`), used instead of `addr` when given.
+    pub socket: Option<PathBuf>,
+    /// A file holding the token (`gateway.admin_token_file`), sent as
+    /// `Authorization: Bearer`.
+    pub token_file: Option<PathBuf>,
+}
+
+impl Admin {
+    /// The admin API at `addr`, over TCP, without a token.
+    pub fn tcp(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            socket: None,
+            token_file: None,
+        }
+    }
+
+    fn name(&self) -> String {
+        match &self.socket {
+            Some(p) => p.display().to_string(),
+            None => self.addr.to_string(),
+        }
+    }
+
+    /// Whether it answers a connection at all.
+    fn reachable(&self) -> bool {
+        match &self.socket {
+            Some(p) => UnixStream::connect(p).is_ok(),
+            None => TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok(),
+        }
+    }
+
+    fn request(&self, method: &str, path: &str) -> anyhow::Result<String> {
+        let auth = match &self.token_file {
+            None => String::new(),
+            Some(f) => {
+                let t = std::fs::read_to_string(f)
+                    .with_context(|| format!("reading the token file {}", f.display()))?;
+                format!("Authorization: Bearer {}\r\n", t.trim())
+            }
+        };
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: strait\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        let mut out = String::new();
+        let hint = || {
+            format!("no gateway admin API at {} (is `strait run` running, and is this its admin_listen or admin_socket?)", self.name())
+        };
+        match &self.socket {
+            Some(p) => {
+                let mut c = UnixStream::connect(p).with_context(hint)?;
+                c.set_read_timeout(Some(Duration::from_secs(35)))?;
+                c.write_all(req.as_bytes())?;
+                c.read_to_string(&mut out)?;
+            }
+            None => {
+                let mut c = TcpStream::connect_timeout(&self.addr, Duration::from_secs(3))
+                    .with_context(hint)?;
+                c.set_read_timeout(Some(Duration::from_secs(35)))?;
+                c.write_all(req.as_bytes())?;
+                c.read_to_string(&mut out)?;
+            }
+        }
+        let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+        if !head.starts_with("HTTP/1.1 200") {
+            bail!(
+                "{method} {path}: {} {}",
+                head.lines().next().unwrap_or("no answer"),
+                body.trim()
+            );
+        }
+        Ok(body.to_string())
+    }
+}
+
+/// Fetches `/services` and `/routes` from the admin API and renders them.
 ///
 /// # Errors
 /// When the gateway does not answer or answers something else than the JSON it serves.
-pub fn run(addr: SocketAddr) -> anyhow::Result<()> {
-    let body = get(addr, "/services")?;
+pub fn run(admin: &Admin) -> anyhow::Result<()> {
+    let body = admin.request("GET", "/services")?;
     let v: Value =
         serde_json::from_str(&body).context("the admin API answered something that is not JSON")?;
     print!("{}", render(&v));
-    match get(addr, "/routes") {
+    match admin.request("GET", "/routes") {
         Ok(body) => {
             let r: Value = serde_json::from_str(&body)
                 .context("the admin API answered something that is not JSON")?;
@@ -29,48 +111,26 @@ pub fn run(addr: SocketAddr) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `strait drain`: asks the gateway at `addr` to drain (withdraw its routes, forward for
-/// its grace, stop), then waits until it stopped, at most `wait`.
+/// `strait drain`: asks the gateway to drain (withdraw its routes, forward for its grace,
+/// stop), then waits until it stopped, at most `wait`.
 ///
 /// # Errors
 /// When the gateway does not answer or refuses, or is still running after `wait`.
-pub fn drain(addr: SocketAddr, wait: Duration) -> anyhow::Result<()> {
-    let answer = request(addr, "POST", "/drain")?;
+pub fn drain(admin: &Admin, wait: Duration) -> anyhow::Result<()> {
+    let answer = admin.request("POST", "/drain")?;
     print!("{answer}");
     let deadline = std::time::Instant::now() + wait;
     while std::time::Instant::now() < deadline {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        if !admin.reachable() {
             println!("stopped");
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    bail!("the gateway still answers at {addr} after {wait:?}")
-}
-
-fn get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
-    request(addr, "GET", path)
-}
-
-fn request(addr: SocketAddr, method: &str, path: &str) -> anyhow::Result<String> {
-    let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
-        .with_context(|| format!("no gateway admin API at {addr} (is `strait run` running, and is admin_listen this address?)"))?;
-    c.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        c,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut out = String::new();
-    c.read_to_string(&mut out)?;
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    if !head.starts_with("HTTP/1.1 200") {
-        bail!(
-            "{method} {path}: {} {}",
-            head.lines().next().unwrap_or("no answer"),
-            body.trim()
-        );
-    }
-    Ok(body.to_string())
+    bail!(
+        "the gateway still answers at {} after {wait:?}",
+        admin.name()
+    )
 }
 
 /// The table `strait status` prints.

@@ -259,15 +259,29 @@ fn drain_withdraws_first_forwards_through_the_grace_then_stops() {
     let Some(s) = scene("d") else {
         return;
     };
-    let cfg = config(&s.bed, ROUTER, "drain_grace = \"3s\"");
+    // `strait drain` over the admin API's Unix socket, as an operator would.
+    let socket = s.bed.dir.join("admin.sock");
+    let cfg = config(
+        &s.bed,
+        ROUTER,
+        &format!(
+            "drain_grace = \"3s\"\nadmin_socket = \"{}\"",
+            socket.display()
+        ),
+    );
     let mut g = start(&s.bed, &cfg);
     let prefix = format!("{VIP}/32");
     s.router.wait(&prefix, true, Duration::from_secs(15));
     let asked = Instant::now();
-    let answer = g.admin("POST", "/drain");
-    assert!(answer.starts_with("draining: routes withdrawn"), "{answer}");
+    let drain = Proc::spawn(
+        std::process::Command::new(support::harness::strait())
+            .args(["drain", "--wait", "20s", "--socket"])
+            .arg(&socket)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped()),
+    );
     let gone = s.router.wait(&prefix, false, Duration::from_secs(1));
-    eprintln!("route withdrawn {gone:?} after POST /drain");
+    eprintln!("route withdrawn {gone:?} after strait drain");
     assert_eq!(route_of(&g, VIP), "draining");
     assert_eq!(g.get("/healthz"), "draining\n");
     // Still forwarding during the grace: traffic the router has not moved yet is served.
@@ -289,6 +303,11 @@ fn drain_withdraws_first_forwards_through_the_grace_then_stops() {
         "stopped before the grace ended ({:?})",
         asked.elapsed()
     );
+    let out = drain.wait();
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    assert!(said.starts_with("draining: routes withdrawn"), "{said}");
+    assert!(said.ends_with("stopped\n"), "{said}");
 }
 
 #[test]

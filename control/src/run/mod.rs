@@ -478,6 +478,33 @@ impl Gateway {
     }
 }
 
+/// Where the admin API listens, with the token read from `admin_token_file`.
+///
+/// # Errors
+/// A token file that cannot be read, or holds fewer than 16 characters.
+fn admin_options(g: &strait_config::model::Gateway) -> anyhow::Result<admin::Options> {
+    let token = match &g.admin_token_file {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("gateway.admin_token_file: reading {}", path.display()))?;
+            let token = text.trim().to_owned();
+            if token.chars().count() < 16 || token.chars().any(char::is_whitespace) {
+                anyhow::bail!(
+                    "gateway.admin_token_file: {} holds no token of 16 characters or more without spaces",
+                    path.display()
+                );
+            }
+            Some(token)
+        }
+    };
+    Ok(admin::Options {
+        listen: g.admin_listen,
+        socket: g.admin_socket.clone(),
+        token,
+    })
+}
+
 /// `strait run`.
 ///
 /// # Errors
@@ -500,8 +527,11 @@ pub fn run(source: Source, kube: &crate::kube::Args) -> anyhow::Result<()> {
 
     let mut gateway = Gateway::start(source)?;
     let (request_tx, request_rx) = mpsc::channel::<Request>();
-    let admin_addr = gateway.core.file().gateway.admin_listen;
-    let bound = admin::start(admin_addr, Arc::clone(&gateway.shared), request_tx)?;
+    let opts = admin_options(&gateway.core.file().gateway)?;
+    let bound = admin::start_with(&opts, Arc::clone(&gateway.shared), request_tx)?;
+    if let Some(p) = &opts.socket {
+        info!("admin API on {}", p.display());
+    }
     info!("admin API on http://{bound}");
     gateway.start_speaker()?;
     // Steering first, then the VIPs: once the kernel owns a VIP it would answer service

@@ -329,6 +329,8 @@ pub fn config(specs: &[SvcSpec]) -> Config {
     Config {
         gateway: Gateway {
             admin_listen: Gateway::DEFAULT_ADMIN_LISTEN,
+            admin_socket: None,
+            admin_token_file: None,
             default_mode: Mode::Nat,
             flow_capacity_per_core: Gateway::DEFAULT_FLOW_CAPACITY_PER_CORE,
             new_flows_per_second_per_core: Gateway::DEFAULT_NEW_FLOWS_PER_SECOND_PER_CORE,
