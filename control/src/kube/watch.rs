@@ -35,7 +35,7 @@ use kube::runtime::utils::Backoff as KubeBackoff;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use serde::de::DeserializeOwned;
-use serde_json::json;
+use serde_json::{json, Value};
 use strait_config::model;
 use tracing::{debug, info, warn};
 
@@ -303,12 +303,12 @@ impl Controller {
         }
         let mut notices = Vec::new();
         if std::mem::take(&mut self.plan_dirty) {
-            let owned: Vec<&Service> = translate::by_age(&self.services.live)
+            let all: Vec<&Service> = translate::by_age(&self.services.live)
                 .into_iter()
                 .map(|(_, s)| s)
-                .filter(|s| translate::owns(&self.settings, s))
                 .collect();
-            let plan = pool::plan(&mut self.alloc, &owned);
+            let settings = &self.settings;
+            let plan = pool::plan(&mut self.alloc, &all, |s| translate::owns(settings, s));
             // Services whose addresses changed are translated again.
             for (key, addrs) in &plan.assigned {
                 if self.lb.get(key) != Some(addrs) {
@@ -662,7 +662,18 @@ async fn write_status(client: &Client, up: &StatusUpdate) -> bool {
         .iter()
         .map(|a| json!({ "ip": a.to_string(), "ipMode": "VIP" }))
         .collect();
-    let patch = json!({ "status": { "loadBalancer": { "ingress": ingress } } });
+    // A JSON merge patch removes a field set to null: a cleared status has no ingress.
+    let ingress = if ingress.is_empty() {
+        Value::Null
+    } else {
+        Value::Array(ingress)
+    };
+    let mut patch = json!({ "status": { "loadBalancer": { "ingress": ingress } } });
+    if let Some(rv) = &up.resource_version {
+        // A precondition: the API server refuses the write (409 Conflict) if the Service
+        // changed since, and the next round decides again on what the watch brings.
+        patch["metadata"] = json!({ "resourceVersion": rv });
+    }
     let pp = PatchParams::default();
     match tokio::time::timeout(
         WRITE_TIMEOUT,
