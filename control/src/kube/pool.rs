@@ -250,22 +250,33 @@ impl Allocator {
         })
     }
 
-    /// The lowest usable address of `pool` nobody holds and no status shows. Steps over
-    /// taken addresses one by one, so the work is bounded by the number taken, not the
-    /// pool's size (an IPv6 /64 is fine).
+    /// The lowest usable address of `pool` nobody holds and no status shows. Walks the
+    /// taken addresses inside the pool in order, so the work is bounded by the number
+    /// taken, not the pool's size (an IPv6 /64 is fine).
     fn first_free(&self, pool: IpNet) -> Option<IpAddr> {
         let (lo, hi) = usable(pool)?;
+        let range = to_ip(pool, lo)..=to_ip(pool, hi);
+        let mut held = self.owner.range(range.clone()).map(|(a, _)| *a).peekable();
+        let mut shown = self.shown.range(range).map(|(a, _)| *a).peekable();
+        // Both in order, merged (an address may be in both).
+        let taken = std::iter::from_fn(|| match (held.peek(), shown.peek()) {
+            (Some(h), Some(s)) if s < h => shown.next(),
+            (Some(_), _) => held.next(),
+            (None, _) => shown.next(),
+        });
         let mut candidate = lo;
-        loop {
-            let addr = to_ip(pool, candidate);
-            if !self.owner.contains_key(&addr) && !self.shown.contains_key(&addr) {
-                return Some(addr);
+        for t in taken.map(to_u128) {
+            if t > candidate {
+                break;
             }
-            if candidate == hi {
-                return None;
+            if t == candidate {
+                if candidate == hi {
+                    return None;
+                }
+                candidate += 1;
             }
-            candidate += 1;
         }
+        Some(to_ip(pool, candidate))
     }
 
     /// Releases everything `owner` holds; returns what it held.
@@ -312,6 +323,13 @@ fn usable(pool: IpNet) -> Option<(u128, u128)> {
         (IpNet::V6(_), _) => (first + 1, last),
     };
     (lo <= hi).then_some((lo, hi))
+}
+
+fn to_u128(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    }
 }
 
 fn to_ip(pool: IpNet, v: u128) -> IpAddr {
@@ -849,6 +867,27 @@ mod tests {
         ));
         assert_eq!(a.release("a"), vec![ip("203.0.113.1")]);
         assert_eq!(a.allocate("c", Family::V4), Ok(ip("203.0.113.1")));
+    }
+
+    #[test]
+    fn an_address_a_status_shows_is_not_handed_out() {
+        let mut a = Allocator::new(&[net("203.0.113.16/29")]);
+        a.claim("a", ip("203.0.113.17")).unwrap();
+        a.shown.insert(ip("203.0.113.18"), "s".into());
+        a.claim("b", ip("203.0.113.19")).unwrap();
+        a.shown.insert(ip("203.0.113.19"), "b".into()); // held and shown: counted once
+        a.shown.insert(ip("203.0.113.21"), "t".into());
+        assert_eq!(a.allocate("c", Family::V4), Ok(ip("203.0.113.20")));
+        assert_eq!(a.allocate("d", Family::V4), Ok(ip("203.0.113.22")));
+        assert!(matches!(
+            a.allocate("e", Family::V4),
+            Err(AllocError::Exhausted { .. })
+        ));
+        assert!(matches!(
+            a.request("e", ip("203.0.113.18")),
+            Err(AllocError::InUse { .. })
+        ));
+        a.request("s", ip("203.0.113.18")).unwrap();
     }
 
     #[test]
