@@ -1716,6 +1716,35 @@ fn requests_go_before_allocation_in_the_first_list() {
 }
 
 #[test]
+fn requests_go_before_allocation_when_applied_together() {
+    // `kubectl apply -f` of two Services: two creations a few milliseconds apart.
+    let (api, dir) = fake("applied-together");
+    api.apply(lb("web"));
+    let (_src, rx) = start(&api, &dir, settings(Mode::DsrL2));
+    until(&rx, 20, "web", |l| l.len() == 1);
+    api.apply(lb("old"));
+    std::thread::sleep(Duration::from_millis(20));
+    let mut new = lb("new");
+    new["metadata"]["annotations"] = json!({ "strait.dev/load-balancer-ip": "203.0.113.18" });
+    api.apply(new);
+    let l = until(&rx, 10, "all three", |l| l.len() == 3);
+    assert_eq!(
+        names(&l),
+        [
+            "default/new/http/203.0.113.18",
+            "default/old/http/203.0.113.19",
+            "default/web/http/203.0.113.17"
+        ]
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !has_event(&api, "AddressInUse", "new"),
+        "{:#?}",
+        api.events()
+    );
+}
+
+#[test]
 fn a_request_of_the_wrong_family_is_refused_with_an_event() {
     let (api, dir) = fake("family");
     let mut v4 = lb("v4");

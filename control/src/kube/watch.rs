@@ -6,6 +6,7 @@
 //! watcher(Nodes) ──────────┘   Apply / Delete: applied to the live set
 //!        (kube-rs, back-off on errors)
 //!                               │ every kind listed once?  no ─► publish nothing yet
+//!                               │ a Service changed? collect events 50 ms more
 //!                               ▼
 //!        Controller::reconcile: address plan (when Services changed)
 //!                               ─► translate + validate the Services the events touched
@@ -57,6 +58,15 @@ const TICK: Duration = Duration::from_secs(1);
 
 /// Wait between retries of failed status writes.
 const RETRY: Duration = Duration::from_secs(2);
+
+/// How long the loop goes on collecting events after a Service changed, before it plans
+/// addresses. `kubectl apply -f` of several Services creates them one request after the
+/// other, milliseconds apart; taken into one round, a newer Service's requested address
+/// is honoured before an older one is given the lowest free address (see [`pool::plan`]),
+/// where one round each would have given the older one that address first. 50 ms covers
+/// such a burst from a client near the API server and costs 50 ms on a Service change
+/// only; EndpointSlice and Node changes do not wait.
+const SERVICE_SETTLE: Duration = Duration::from_millis(50);
 
 /// Most warnings logged per round; the rest are counted only.
 const MAX_LOGGED_WARNINGS: usize = 20;
@@ -501,10 +511,19 @@ where
         tokio::select! {
             next = events.next() => {
                 let Some((kind, r)) = next else { return Err(KubeError::StreamsEnded) };
+                let mut settle = service_change(kind, &r);
                 let mut dirty = handle(&mut ctl, &stats, kind, r);
                 // Take whatever else is already there, so a burst becomes one round.
                 while let Some(Some((kind, r))) = events.next().now_or_never() {
+                    settle |= service_change(kind, &r);
                     dirty |= handle(&mut ctl, &stats, kind, r);
+                }
+                if settle && ctl.ready() {
+                    let until = tokio::time::Instant::now() + SERVICE_SETTLE;
+                    while let Ok(next) = tokio::time::timeout_at(until, events.next()).await {
+                        let Some((kind, r)) = next else { return Err(KubeError::StreamsEnded) };
+                        dirty |= handle(&mut ctl, &stats, kind, r);
+                    }
                 }
                 if dirty && round(&mut ctl, &client, &emitter, &stats, &mut publish).await {
                     retry.get_or_insert_with(|| tokio::time::Instant::now() + RETRY);
@@ -523,6 +542,12 @@ where
             }
         }
     }
+}
+
+/// Whether `r` is a change of one Service (after which the loop waits
+/// [`SERVICE_SETTLE`] for more).
+fn service_change(kind: Kind, r: &Result<watcher::Event<DynamicObject>, watcher::Error>) -> bool {
+    kind == Kind::Services && matches!(r, Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)))
 }
 
 /// Applies one watcher outcome; returns whether the view changed.
