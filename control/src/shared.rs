@@ -66,8 +66,9 @@ pub struct Shared {
     pub health: States,
     /// One entry per worker.
     pub cores: Vec<Arc<CoreStats>>,
-    /// Set once the workers forward and the VIPs are announced: `/healthz` answers 200 only
-    /// then, so an orchestrator (or a test) sends traffic only to a gateway that takes it.
+    /// Set once the workers forward and the VIPs are announced and, with `--kube`, the
+    /// cluster's first complete list is applied: `/healthz` answers 200 only then, so an
+    /// orchestrator (or a test) sends traffic only to a gateway that serves what it should.
     pub ready: AtomicBool,
     /// The Kubernetes source's numbers, when it runs.
     pub kube: Mutex<Option<Arc<crate::kube::Stats>>>,

@@ -306,7 +306,7 @@ fn dsr_cluster_policy_balances_over_ready_nodes() {
     assert_eq!(count(&t, WarningKind::NodeWithoutAddress), 1);
 
     let mut st = settings(Mode::DsrGue);
-    st.cluster_node_check = Some((10256, "/livez".into()));
+    st.cluster_node_check = Some((10256, "/healthz".into()));
     let t = tr(&st, &objs, WEB_17);
     let hc = t.services[0].health_check.as_ref().unwrap();
     assert_eq!(
@@ -314,7 +314,7 @@ fn dsr_cluster_policy_balances_over_ready_nodes() {
         (
             Some(10256),
             &HealthKind::Http {
-                path: "/livez".into()
+                path: "/healthz".into()
             }
         )
     );
@@ -655,6 +655,12 @@ fn svc(name: &str, age: u32, status: &[&str], annotation: Option<&str>) -> Servi
     serde_json::from_value(v).unwrap()
 }
 
+/// One planning round over `svcs` (oldest first), owning those of our class.
+fn plan(a: &mut Allocator, svcs: &[&Service]) -> pool::AddressPlan {
+    let st = settings(Mode::Nat);
+    pool::plan(a, svcs, |s| translate::owns(&st, s))
+}
+
 fn reasons(p: &pool::AddressPlan) -> Vec<(String, String)> {
     p.notices
         .iter()
@@ -676,7 +682,7 @@ fn allocation_writes_status_and_requests_are_honoured_inside_pools_only() {
         svc("d", 4, &[], Some("bogus")),
     ];
     let refs: Vec<&Service> = svcs.iter().collect();
-    let p = pool::plan(&mut a, &refs);
+    let p = plan(&mut a, &refs);
     assert_eq!(p.assigned["default/a"], [ip("203.0.113.17")]);
     assert_eq!(p.assigned["default/b"], [ip("203.0.113.20")]);
     assert!(!p.assigned.contains_key("default/c"));
@@ -728,7 +734,7 @@ fn exhaustion_is_a_warning_and_deletion_releases() {
         svc("c", 3, &[], None),
     ];
     let refs: Vec<&Service> = svcs.iter().collect();
-    let p = pool::plan(&mut a, &refs);
+    let p = plan(&mut a, &refs);
     assert_eq!(p.assigned.len(), 2);
     let ex = p
         .notices
@@ -740,7 +746,7 @@ fn exhaustion_is_a_warning_and_deletion_releases() {
 
     // "a" deleted: its address goes to "c".
     let refs: Vec<&Service> = svcs[1..].iter().collect();
-    let p = pool::plan(&mut a, &refs);
+    let p = plan(&mut a, &refs);
     assert_eq!(p.assigned["default/c"], [ip("203.0.113.17")]);
     assert!(p.notices.iter().all(|n| n.reason != "PoolExhausted"));
 }
@@ -751,7 +757,7 @@ fn no_double_allocation_across_a_restart() {
     let svcs = [svc("a", 1, &[], None), svc("b", 2, &["203.0.113.17"], None)];
     let refs: Vec<&Service> = svcs.iter().collect();
     let mut fresh = Allocator::new(&pools(&["203.0.113.16/29"]));
-    let p = pool::plan(&mut fresh, &refs);
+    let p = plan(&mut fresh, &refs);
     assert_eq!(p.assigned["default/b"], [ip("203.0.113.17")]);
     assert_eq!(p.assigned["default/a"], [ip("203.0.113.18")]);
     assert_eq!(p.status.len(), 1, "only the new one is written");
@@ -764,7 +770,7 @@ fn no_double_allocation_across_a_restart() {
     ];
     let refs: Vec<&Service> = svcs.iter().collect();
     let mut fresh = Allocator::new(&pools(&["203.0.113.16/29"]));
-    let p = pool::plan(&mut fresh, &refs);
+    let p = plan(&mut fresh, &refs);
     assert_eq!(p.assigned["default/x"], [ip("203.0.113.17")]);
     assert_eq!(p.assigned["default/y"], [ip("203.0.113.18")]);
     assert!(reasons(&p).contains(&("default/y".into(), "AddressInUse".into())));
@@ -774,9 +780,9 @@ fn no_double_allocation_across_a_restart() {
 fn a_changed_request_moves_the_service() {
     let mut a = Allocator::new(&pools(&["203.0.113.16/29"]));
     let s1 = svc("a", 1, &["203.0.113.17"], None);
-    pool::plan(&mut a, &[&s1]);
+    plan(&mut a, &[&s1]);
     let s2 = svc("a", 1, &["203.0.113.17"], Some("203.0.113.21"));
-    let p = pool::plan(&mut a, &[&s2]);
+    let p = plan(&mut a, &[&s2]);
     assert_eq!(p.assigned["default/a"], [ip("203.0.113.21")]);
     assert_eq!(p.status[0].addresses, [ip("203.0.113.21")]);
     assert_eq!(
@@ -793,7 +799,7 @@ fn dual_stack_services_get_one_address_per_family() {
     v["spec"]["ipFamilies"] = json!(["IPv6", "IPv4"]);
     v["spec"]["ipFamilyPolicy"] = json!("PreferDualStack");
     let s: Service = serde_json::from_value(v.clone()).unwrap();
-    let p = pool::plan(&mut a, &[&s]);
+    let p = plan(&mut a, &[&s]);
     assert_eq!(
         p.assigned["default/ds"],
         [ip("2001:db8:ff::1"), ip("203.0.113.17")],
@@ -801,7 +807,7 @@ fn dual_stack_services_get_one_address_per_family() {
     );
 
     let mut only4 = Allocator::new(&pools(&["203.0.113.16/29"]));
-    let p = pool::plan(&mut only4, &[&s]);
+    let p = plan(&mut only4, &[&s]);
     assert_eq!(p.assigned["default/ds"], [ip("203.0.113.17")]);
     assert!(
         p.notices
@@ -813,8 +819,265 @@ fn dual_stack_services_get_one_address_per_family() {
     v["spec"]["ipFamilyPolicy"] = json!("RequireDualStack");
     let s: Service = serde_json::from_value(v).unwrap();
     let mut only4 = Allocator::new(&pools(&["203.0.113.16/29"]));
-    let p = pool::plan(&mut only4, &[&s]);
+    let p = plan(&mut only4, &[&s]);
     assert!(reasons(&p).contains(&("default/ds".into(), "NoAddressPool".into())));
+    assert!(p.assigned.is_empty(), "RequireDualStack: both or none");
+    assert_eq!(only4.count(), 0);
+}
+
+/// The Services as the watch brings them back after the plan's status writes.
+fn echo(svcs: &mut [Service], p: &pool::AddressPlan) {
+    for up in &p.status {
+        let s = svcs
+            .iter_mut()
+            .find(|s| s.metadata.name.as_deref() == Some(up.name.as_str()))
+            .expect("a write for a Service of the list");
+        let ing: Vec<Value> = up
+            .addresses
+            .iter()
+            .map(|a| json!({ "ip": a.to_string() }))
+            .collect();
+        s.status =
+            Some(serde_json::from_value(json!({ "loadBalancer": { "ingress": ing } })).unwrap());
+    }
+}
+
+/// Panics if two Services' statuses show one address.
+fn assert_owned_once(svcs: &[Service]) {
+    let mut seen: BTreeMap<IpAddr, &str> = BTreeMap::new();
+    for s in svcs {
+        let name = s.metadata.name.as_deref().unwrap();
+        for a in pool::status_addresses(s) {
+            if let Some(other) = seen.insert(a, name) {
+                panic!("{a} shows in the statuses of {other} and {name}");
+            }
+        }
+    }
+}
+
+fn refs(svcs: &[Service]) -> Vec<&Service> {
+    svcs.iter().collect()
+}
+
+#[test]
+fn requests_are_honoured_before_anything_is_allocated() {
+    // One round (one list): the older Service asks for nothing, the newer for .17.
+    let mut a = Allocator::new(&pools(&["203.0.113.16/29"]));
+    let svcs = [
+        svc("old", 1, &[], None),
+        svc("new", 2, &[], Some("203.0.113.17")),
+    ];
+    let p = plan(&mut a, &refs(&svcs));
+    assert_eq!(p.assigned["default/new"], [ip("203.0.113.17")]);
+    assert_eq!(p.assigned["default/old"], [ip("203.0.113.18")]);
+    assert!(
+        p.notices
+            .iter()
+            .all(|n| n.type_ == kube::events::NoticeType::Normal),
+        "{:?}",
+        reasons(&p)
+    );
+}
+
+#[test]
+fn a_refused_request_clears_the_status_and_its_address_waits_for_that() {
+    let mut a = Allocator::new(&pools(&["203.0.113.16/30"])); // .17 and .18
+    let mut svcs = vec![
+        svc("x", 1, &["203.0.113.17"], None),
+        svc("c", 2, &["203.0.113.18"], None),
+    ];
+    let p = plan(&mut a, &refs(&svcs));
+    assert!(p.status.is_empty());
+    // c asks for x's address; d arrives.
+    svcs[1] = svc("c", 2, &["203.0.113.18"], Some("203.0.113.17"));
+    svcs.push(svc("d", 3, &[], None));
+    let p = plan(&mut a, &refs(&svcs));
+    assert!(!p.assigned.contains_key("default/c"));
+    assert!(
+        !p.assigned.contains_key("default/d"),
+        ".18 is not free while c's status shows it"
+    );
+    assert_eq!(a.shown_by(ip("203.0.113.18")), Some("default/c"));
+    let writes: Vec<(&str, &[IpAddr])> = p
+        .status
+        .iter()
+        .map(|u| (u.name.as_str(), u.addresses.as_slice()))
+        .collect();
+    assert_eq!(writes, [("c", &[][..])], "c's status cleared");
+    let r = reasons(&p);
+    for want in [
+        ("default/c", "AddressInUse"),
+        ("default/c", "AddressReleased"),
+        ("default/d", "PoolExhausted"),
+    ] {
+        assert!(
+            r.contains(&(want.0.into(), want.1.into())),
+            "{want:?} in {r:?}"
+        );
+    }
+    // The cleared status comes back: now .18 is free, and d gets it.
+    echo(&mut svcs, &p);
+    assert_owned_once(&svcs);
+    let p = plan(&mut a, &refs(&svcs));
+    assert_eq!(p.assigned["default/d"], [ip("203.0.113.18")]);
+    echo(&mut svcs, &p);
+    assert_owned_once(&svcs);
+    assert!(plan(&mut a, &refs(&svcs)).status.is_empty(), "settled");
+}
+
+#[test]
+fn a_request_of_a_family_the_service_lacks_is_refused() {
+    let dual_pools = pools(&["203.0.113.16/29", "2001:db8:100::/120"]);
+    let mut a = Allocator::new(&dual_pools);
+    let s = svc("v4", 1, &[], Some("2001:db8:100::5"));
+    let p = plan(&mut a, &[&s]);
+    assert!(p.assigned.is_empty(), "no VIP");
+    assert!(p.status.is_empty(), "no status");
+    assert_eq!(
+        reasons(&p),
+        [("default/v4".into(), "AddressFamilyMismatch".into())]
+    );
+    let msg = &p.notices[0].message;
+    assert!(
+        msg.contains("2001:db8:100::5 is IPv6, but the Service is SingleStack IPv4"),
+        "{msg}"
+    );
+    assert_eq!(a.count(), 0);
+
+    // One that shows an address loses it: its status is cleared.
+    let s = svc("v4", 1, &["203.0.113.17"], Some("2001:db8:100::5"));
+    let p = plan(&mut Allocator::new(&dual_pools), &[&s]);
+    assert!(p.assigned.is_empty());
+    assert_eq!(p.status.len(), 1);
+    assert!(p.status[0].addresses.is_empty());
+
+    // Dual-stack: one address per family, never two of one.
+    let mut v = lb("ds");
+    v["spec"]["ipFamilies"] = json!(["IPv4", "IPv6"]);
+    v["spec"]["ipFamilyPolicy"] = json!("PreferDualStack");
+    v["metadata"]["annotations"] =
+        json!({ "strait.dev/load-balancer-ip": "203.0.113.20,2001:db8:100::20" });
+    let ok: Service = serde_json::from_value(v.clone()).unwrap();
+    let p = plan(&mut Allocator::new(&dual_pools), &[&ok]);
+    assert_eq!(
+        p.assigned["default/ds"],
+        [ip("203.0.113.20"), ip("2001:db8:100::20")]
+    );
+    v["metadata"]["annotations"] =
+        json!({ "strait.dev/load-balancer-ip": "203.0.113.20,203.0.113.21" });
+    let two: Service = serde_json::from_value(v).unwrap();
+    let p = plan(&mut Allocator::new(&dual_pools), &[&two]);
+    assert!(p.assigned.is_empty());
+    assert_eq!(
+        reasons(&p),
+        [("default/ds".into(), "AddressFamilyMismatch".into())]
+    );
+}
+
+#[test]
+fn a_status_address_outside_the_pools_is_replaced() {
+    let mut a = Allocator::new(&pools(&["203.0.113.16/29", "2001:db8:100::/120"]));
+    let forged = svc("forged", 1, &["203.0.113.200"], None);
+    // In a pool, but of a family the (SingleStack IPv4) Service does not have.
+    let v6 = svc("v6", 2, &["2001:db8:100::9"], None);
+    let p = plan(&mut a, &[&forged, &v6]);
+    assert_eq!(p.assigned["default/forged"], [ip("203.0.113.17")]);
+    assert_eq!(p.assigned["default/v6"], [ip("203.0.113.18")]);
+    assert_eq!(a.owner(ip("203.0.113.200")), None, "never claimed");
+    let writes: Vec<(&str, &[IpAddr])> = p
+        .status
+        .iter()
+        .map(|u| (u.name.as_str(), u.addresses.as_slice()))
+        .collect();
+    assert_eq!(
+        writes,
+        [
+            ("forged", &[ip("203.0.113.17")][..]),
+            ("v6", &[ip("203.0.113.18")][..])
+        ]
+    );
+    assert!(reasons(&p).contains(&("default/forged".into(), "AddressNotInPool".into())));
+
+    // Without pools nothing from a status is trusted: only requests are served.
+    let p = plan(&mut Allocator::new(&[]), &[&forged]);
+    assert!(p.assigned.is_empty());
+    assert!(p.status[0].addresses.is_empty());
+}
+
+#[test]
+fn a_service_no_longer_served_has_its_status_cleared_before_its_address_moves() {
+    let mut a = Allocator::new(&pools(&["203.0.113.16/30"])); // .17 and .18
+    let mut svcs = vec![
+        svc("a", 1, &["203.0.113.17"], None),
+        svc("b", 2, &["203.0.113.18"], None),
+    ];
+    plan(&mut a, &refs(&svcs));
+    // a becomes a ClusterIP Service, b goes to another class; c arrives.
+    let mut v = serde_json::to_value(&svcs[0]).unwrap();
+    v["spec"]["type"] = json!("ClusterIP");
+    v["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("loadBalancerClass");
+    v["metadata"]["resourceVersion"] = json!("7");
+    svcs[0] = serde_json::from_value(v).unwrap();
+    let mut v = serde_json::to_value(&svcs[1]).unwrap();
+    v["spec"]["loadBalancerClass"] = json!("other.example/lb");
+    svcs[1] = serde_json::from_value(v).unwrap();
+    svcs.push(svc("c", 3, &[], None));
+    let p = plan(&mut a, &refs(&svcs));
+    assert!(p.assigned.is_empty(), "{:?}", p.assigned);
+    let writes: Vec<(&str, usize, Option<&str>)> = p
+        .status
+        .iter()
+        .map(|u| {
+            (
+                u.name.as_str(),
+                u.addresses.len(),
+                u.resource_version.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(writes, [("a", 0, Some("7")), ("b", 0, None)]);
+    let released: Vec<&str> = p
+        .notices
+        .iter()
+        .filter(|n| n.reason == "AddressReleased")
+        .map(|n| n.message.as_str())
+        .collect();
+    assert_eq!(
+        released,
+        [
+            "released 203.0.113.17: the Service is of type ClusterIP now",
+            "released 203.0.113.18: the Service's loadBalancerClass is now other.example/lb"
+        ]
+    );
+    assert!(reasons(&p).contains(&("default/c".into(), "PoolExhausted".into())));
+    // Asked again until the statuses come back cleared; then c gets an address.
+    assert_eq!(plan(&mut a, &refs(&svcs)).status.len(), 2);
+    echo(&mut svcs, &p);
+    let p = plan(&mut a, &refs(&svcs));
+    assert_eq!(p.assigned["default/c"], [ip("203.0.113.17")]);
+    echo(&mut svcs, &p);
+    assert_owned_once(&svcs);
+
+    // After a restart: a ClusterIP Service showing a pool address is cleared; a
+    // LoadBalancer of another class is not touched, but its address is never given out.
+    let mut fresh = Allocator::new(&pools(&["203.0.113.16/30"]));
+    let mut stale = serde_json::to_value(svc("s", 1, &["203.0.113.17"], None)).unwrap();
+    stale["spec"]["type"] = json!("NodePort");
+    let stale: Service = serde_json::from_value(stale).unwrap();
+    let mut other = serde_json::to_value(svc("o", 2, &["203.0.113.18"], None)).unwrap();
+    other["spec"]["loadBalancerClass"] = json!("other.example/lb");
+    let other: Service = serde_json::from_value(other).unwrap();
+    let new = svc("n", 3, &[], None);
+    let p = plan(&mut fresh, &[&stale, &other, &new]);
+    let writes: Vec<&str> = p.status.iter().map(|u| u.name.as_str()).collect();
+    assert_eq!(writes, ["s"]);
+    assert!(
+        !p.assigned.contains_key("default/n"),
+        "both addresses still shown"
+    );
 }
 
 // ---- the controller, fed by hand ----------------------------------------------------
@@ -1298,6 +1561,362 @@ fn a_restarted_source_keeps_addresses_and_allocates_around_them() {
     eventually(10, "an AddressInUse event for third", || {
         has_event(&api, "AddressInUse", "third")
     });
+}
+
+/// Changes the stored Service `default/name` with `f`, keeping its status, as
+/// `kubectl apply` or `edit` do (the fake's `apply` replaces the whole object).
+fn edit(api: &FakeApi, name: &str, f: impl FnOnce(&mut Value)) {
+    let mut v = api
+        .get(Res::Services, "default", name)
+        .expect("the Service");
+    f(&mut v);
+    api.apply(v);
+}
+
+/// The addresses the stored Service `default/name` shows in its status.
+fn status_ips(api: &FakeApi, name: &str) -> Vec<String> {
+    api.get(Res::Services, "default", name)
+        .and_then(|s| s["status"]["loadBalancer"]["ingress"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|i| i["ip"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// An address two of the Services `names` show in their status, if any.
+fn shown_twice(api: &FakeApi, names: &[&str]) -> Option<String> {
+    let mut seen = BTreeMap::new();
+    for n in names {
+        for a in status_ips(api, n) {
+            if let Some(other) = seen.insert(a.clone(), *n) {
+                return Some(format!("{a}: {other} and {n}"));
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn no_two_statuses_ever_show_one_address() {
+    let (api, dir) = fake("owned-once");
+    api.apply(lb("x"));
+    api.apply(lb("c"));
+    let (_src, rx) = start(&api, &dir, settings(Mode::DsrL2));
+    let all = ["x", "c", "d", "e"];
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    /// Stops the watcher however the test ends (the scope waits for it).
+    struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let twice = std::thread::scope(|sc| {
+        let _stop = Stop(&stop);
+        // Watches every status all along, not only at the end.
+        let watcher = sc.spawn(|| {
+            let mut twice = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                twice.extend(shown_twice(&api, &all));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            twice
+        });
+        eventually(20, "x and c have addresses", || {
+            status_ips(&api, "x") == ["203.0.113.17"] && status_ips(&api, "c") == ["203.0.113.18"]
+        });
+
+        // 1. c asks for the address x holds: refused, c's status cleared.
+        edit(&api, "c", |v| {
+            v["metadata"]["annotations"] = json!({ "strait.dev/load-balancer-ip": "203.0.113.17" });
+        });
+        eventually(10, "c's status cleared", || {
+            status_ips(&api, "c").is_empty()
+        });
+        eventually(10, "AddressInUse and AddressReleased for c", || {
+            has_event(&api, "AddressInUse", "c") && has_event(&api, "AddressReleased", "c")
+        });
+        // d gets c's old address only now that no status shows it.
+        api.apply(lb("d"));
+        eventually(10, "d's status", || {
+            status_ips(&api, "d") == ["203.0.113.18"]
+        });
+
+        // 2. x stops being a LoadBalancer: its status is cleared, and then c's request
+        //    can be met.
+        edit(&api, "x", |v| {
+            v["spec"]["type"] = json!("ClusterIP");
+            v["spec"]
+                .as_object_mut()
+                .unwrap()
+                .remove("loadBalancerClass");
+        });
+        eventually(10, "x's status cleared", || {
+            status_ips(&api, "x").is_empty()
+        });
+        eventually(10, "c gets the address it asked for", || {
+            status_ips(&api, "c") == ["203.0.113.17"]
+        });
+        eventually(10, "AddressReleased for x", || {
+            has_event(&api, "AddressReleased", "x")
+        });
+
+        // 3. d goes to another class: its status is cleared, its address free again.
+        edit(&api, "d", |v| {
+            v["spec"]["loadBalancerClass"] = json!("other.example/lb");
+        });
+        eventually(10, "d's status cleared", || {
+            status_ips(&api, "d").is_empty()
+        });
+        eventually(10, "AddressReleased for d", || {
+            has_event(&api, "AddressReleased", "d")
+        });
+        api.apply(lb("e"));
+        eventually(10, "e takes d's old address", || {
+            status_ips(&api, "e") == ["203.0.113.18"]
+        });
+        let l = until(&rx, 10, "c and e served", |l| {
+            names(l) == ["default/c/http/203.0.113.17", "default/e/http/203.0.113.18"]
+        });
+        assert_eq!(l.len(), 2);
+        drop(_stop);
+        watcher.join().unwrap()
+    });
+    assert!(
+        twice.is_empty(),
+        "statuses showed one address twice: {twice:?}"
+    );
+    assert_eq!(shown_twice(&api, &all), None);
+}
+
+#[test]
+fn requests_go_before_allocation_in_the_first_list() {
+    let (api, dir) = fake("requests-first");
+    api.apply(lb("old"));
+    let mut new = lb("new");
+    new["spec"]["loadBalancerIP"] = json!("203.0.113.17");
+    api.apply(new);
+    let (_src, rx) = start(&api, &dir, settings(Mode::DsrL2));
+    let l = until(&rx, 20, "both services", |l| l.len() == 2);
+    assert_eq!(
+        names(&l),
+        [
+            "default/new/http/203.0.113.17",
+            "default/old/http/203.0.113.18"
+        ]
+    );
+    eventually(10, "both statuses", || {
+        has_status(&api, "new", "203.0.113.17") && has_status(&api, "old", "203.0.113.18")
+    });
+    assert!(
+        api.events().iter().all(|e| e["type"] == "Normal"),
+        "{:#?}",
+        api.events()
+    );
+}
+
+#[test]
+fn requests_go_before_allocation_when_applied_together() {
+    // `kubectl apply -f` of two Services: two creations a few milliseconds apart.
+    let (api, dir) = fake("applied-together");
+    api.apply(lb("web"));
+    let (_src, rx) = start(&api, &dir, settings(Mode::DsrL2));
+    until(&rx, 20, "web", |l| l.len() == 1);
+    api.apply(lb("old"));
+    std::thread::sleep(Duration::from_millis(20));
+    let mut new = lb("new");
+    new["metadata"]["annotations"] = json!({ "strait.dev/load-balancer-ip": "203.0.113.18" });
+    api.apply(new);
+    let l = until(&rx, 10, "all three", |l| l.len() == 3);
+    assert_eq!(
+        names(&l),
+        [
+            "default/new/http/203.0.113.18",
+            "default/old/http/203.0.113.19",
+            "default/web/http/203.0.113.17"
+        ]
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !has_event(&api, "AddressInUse", "new"),
+        "{:#?}",
+        api.events()
+    );
+}
+
+#[test]
+fn a_request_of_the_wrong_family_is_refused_with_an_event() {
+    let (api, dir) = fake("family");
+    let mut v4 = lb("v4");
+    v4["metadata"]["annotations"] = json!({ "strait.dev/load-balancer-ip": "2001:db8:100::5" });
+    api.apply(v4);
+    api.apply(lb("web"));
+    let mut st = settings(Mode::DsrL2);
+    st.pools.push("2001:db8:100::/120".parse().unwrap());
+    let (src, rx) = start(&api, &dir, st);
+    let l = until(&rx, 20, "web", |l| !l.is_empty());
+    assert_eq!(
+        names(&l),
+        ["default/web/http/203.0.113.17"],
+        "no VIP for v4"
+    );
+    eventually(10, "an AddressFamilyMismatch event", || {
+        has_event(&api, "AddressFamilyMismatch", "v4")
+    });
+    let ev = api
+        .events()
+        .into_iter()
+        .find(|e| e["reason"] == "AddressFamilyMismatch")
+        .unwrap();
+    assert_eq!(ev["type"], "Warning");
+    assert!(
+        ev["note"].as_str().unwrap().contains("SingleStack IPv4"),
+        "{ev}"
+    );
+    eventually(10, "web's status", || {
+        has_status(&api, "web", "203.0.113.17")
+    });
+    assert!(status_ips(&api, "v4").is_empty(), "no status written");
+    assert_eq!(src.stats().addresses(), 1);
+}
+
+#[test]
+fn a_forged_status_address_is_not_claimed_and_is_corrected() {
+    let (api, dir) = fake("forged");
+    let mut forged = lb("forged");
+    forged["status"] = json!({ "loadBalancer": { "ingress": [{ "ip": "203.0.113.200" }] } });
+    api.apply(forged);
+    let (_src, rx) = start(&api, &dir, settings(Mode::DsrL2));
+    let l = until(&rx, 20, "forged, on a pool address", |l| !l.is_empty());
+    assert_eq!(names(&l), ["default/forged/http/203.0.113.17"]);
+    eventually(10, "the status corrected", || {
+        status_ips(&api, "forged") == ["203.0.113.17"]
+    });
+    eventually(10, "an AddressNotInPool event", || {
+        has_event(&api, "AddressNotInPool", "forged")
+    });
+    while let Ok(l) = rx.try_recv() {
+        assert!(
+            l.iter().all(|s| !s.name.contains("203.0.113.200")),
+            "{l:#?}"
+        );
+    }
+}
+
+#[test]
+fn the_cluster_node_check_asks_kube_proxy_for_healthz() {
+    use clap::Parser;
+    let (api, dir) = fake("healthz");
+    api.apply(lb("web"));
+    let cli = Cli::try_parse_from([
+        "strait",
+        "--kube",
+        "--kube-mode",
+        "dsr-l2",
+        "--kube-pool",
+        "203.0.113.16/29",
+        "--kube-proxy-health-port",
+        "10256",
+    ])
+    .unwrap();
+    let mut st = cli.kube.settings(&gateway());
+    st.backoff = settings(Mode::DsrL2).backoff;
+    let (_src, rx) = start(&api, &dir, st);
+    let l = until(&rx, 20, "web on three nodes", |l| {
+        backend_count(l, "default/web/") == Some(3)
+    });
+    let hc = l[0].health_check.as_ref().expect("a node check");
+    assert_eq!(
+        (hc.port, &hc.kind),
+        (
+            Some(10256),
+            &HealthKind::Http {
+                path: "/healthz".into()
+            }
+        )
+    );
+}
+
+/// The status code of `GET path` from the admin API at `addr`.
+fn admin_get(addr: std::net::SocketAddr, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: strait\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = c.read_to_string(&mut answer);
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"))
+}
+
+#[test]
+fn the_gateway_is_ready_once_the_first_list_is_applied() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let (api, dir) = fake("ready");
+    api.apply(lb("web"));
+    api.apply(slice("web-a", "web", vec![ready("192.0.2.11", "n1")]));
+    api.set_down(true);
+    // The gateway as `strait run --kube` has it, without workers or VIPs (no root).
+    let file =
+        strait_config::parse("[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n").unwrap();
+    let mut gw = strait_control::run::Gateway::with_ports(
+        strait_control::run::Source::Builtin,
+        file,
+        vec![strait_dataplane::table::Port::new([2, 0, 0, 0, 0, 1], 1500)],
+    )
+    .unwrap();
+    let shared = Arc::clone(&gw.shared);
+    let (reload_tx, reload_rx) = mpsc::channel();
+    let admin = strait_control::admin::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::clone(&shared),
+        reload_tx,
+    )
+    .unwrap();
+    let (tx, lists) = mpsc::channel();
+    let _src = kube::spawn_feed(
+        Some(&api.kubeconfig(dir.path())),
+        settings(Mode::Nat),
+        move |p| {
+            let _ = tx.send(p);
+        },
+    )
+    .unwrap();
+    gw.follow_kube(lists);
+    let stop = Arc::new(AtomicBool::new(false));
+    let serving = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || gw.serve(&stop, &AtomicBool::new(false), &reload_rx))
+    };
+
+    // The cluster cannot be listed: not ready, however long it takes.
+    let until_ = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until_ {
+        assert_eq!(admin_get(admin, "/healthz"), 503);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    api.set_down(false);
+    eventually(20, "/healthz answers 200", || {
+        admin_get(admin, "/healthz") == 200
+    });
+    // Ready means the cluster's Services are in the table.
+    let services: Vec<String> = shared
+        .config()
+        .services
+        .iter()
+        .map(|s| s.name.clone())
+        .collect();
+    assert_eq!(services, ["default/web/http/203.0.113.17"]);
+    stop.store(true, Ordering::Relaxed);
+    serving.join().unwrap();
 }
 
 #[test]

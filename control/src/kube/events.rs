@@ -14,7 +14,7 @@ use kube::Client;
 /// Severity of a [`Notice`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum NoticeType {
-    /// Something happened as asked (an address was assigned).
+    /// Something happened as asked (an address was assigned or released).
     Normal,
     /// Something could not be done (a pool is exhausted, a request cannot be met).
     Warning,
@@ -27,7 +27,8 @@ pub struct Notice {
     pub regarding: ObjectReference,
     /// Severity.
     pub type_: NoticeType,
-    /// Short PascalCase reason (`PoolExhausted`, `AddressNotInPool`, ...).
+    /// Short PascalCase reason (`AddressAssigned`, `AddressReleased`, `PoolExhausted`,
+    /// `AddressNotInPool`, `AddressInUse`, `AddressFamilyMismatch`, `InvalidAddress`, ...).
     pub reason: String,
     /// A sentence for people.
     pub message: String,
@@ -107,7 +108,12 @@ impl Emitter {
             reason: n.reason.clone(),
             // The API refuses notes above 1 kB.
             note: Some(n.message.chars().take(1000).collect()),
-            action: "AssignAddress".to_owned(),
+            action: if n.reason == "AddressReleased" {
+                "ReleaseAddress"
+            } else {
+                "AssignAddress"
+            }
+            .to_owned(),
             secondary: None,
         };
         self.recorder.publish(&ev, &n.regarding).await

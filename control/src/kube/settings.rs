@@ -32,8 +32,8 @@ pub struct Settings {
     /// Address pools LoadBalancer addresses are allocated from (IPv4 and IPv6 CIDRs).
     pub pools: Vec<IpNet>,
     /// Health check of DSR node backends under `externalTrafficPolicy: Cluster`, as
-    /// `(port, path)`: kube-proxy's own health endpoint (`10256`, `/livez`) tells whether
-    /// the node forwards at all. `None`: node backends are taken as healthy.
+    /// `(port, path)`: kube-proxy's health endpoint for load balancers (`10256`,
+    /// [`KUBE_PROXY_HEALTH_PATH`]). `None`: node backends are taken as healthy.
     pub cluster_node_check: Option<(u16, String)>,
     /// Shortest and longest wait between reconnection attempts to the API server.
     pub backoff: (Duration, Duration),
@@ -53,6 +53,14 @@ pub const DEFAULT_CLASS: &str = "strait.dev/gateway";
 /// (one per family for dual-stack). Takes precedence over the deprecated
 /// `spec.loadBalancerIP`.
 pub const ADDRESS_ANNOTATION: &str = "strait.dev/load-balancer-ip";
+
+/// Path of kube-proxy's health endpoint for load balancers (on `healthzBindAddress`,
+/// port 10256 by default): 503 while kube-proxy's rules are stale and, with
+/// [KEP-3836](https://github.com/kubernetes/enhancements/tree/master/keps/sig-network/3836-kube-proxy-improved-ingress-connectivity-reliability)
+/// (on by default since Kubernetes 1.30), while the node is being deleted or is tainted
+/// `ToBeDeletedByClusterAutoscaler`, so traffic drains from a node before it goes.
+/// `/livez` does not fail then, and kube-proxies before 1.28 answer it with 404.
+pub const KUBE_PROXY_HEALTH_PATH: &str = "/healthz";
 
 /// Annotation overriding the forwarding mode of one Service (`dsr-l2`, `dsr-ipip`,
 /// `dsr-gue`, `nat`).
@@ -121,7 +129,7 @@ pub struct Args {
     #[arg(long = "kube-all-external-ips", requires = "kube")]
     pub all_external_ips: bool,
     /// Health-check DSR node backends of `externalTrafficPolicy: Cluster` Services on
-    /// kube-proxy's health port (`/livez`), e.g. 10256.
+    /// kube-proxy's health port (`/healthz`), e.g. 10256.
     #[arg(
         long = "kube-proxy-health-port",
         value_name = "PORT",
@@ -175,7 +183,7 @@ impl Args {
         s.cluster_node_check = self
             .kube_proxy_health_port
             .filter(|&p| p != 0)
-            .map(|p| (p, "/livez".to_owned()));
+            .map(|p| (p, KUBE_PROXY_HEALTH_PATH.to_owned()));
         s
     }
 }

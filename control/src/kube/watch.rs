@@ -6,6 +6,7 @@
 //! watcher(Nodes) ──────────┘   Apply / Delete: applied to the live set
 //!        (kube-rs, back-off on errors)
 //!                               │ every kind listed once?  no ─► publish nothing yet
+//!                               │ a Service changed? collect events 50 ms more
 //!                               ▼
 //!        Controller::reconcile: address plan (when Services changed)
 //!                               ─► translate + validate the Services the events touched
@@ -35,7 +36,7 @@ use kube::runtime::utils::Backoff as KubeBackoff;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use serde::de::DeserializeOwned;
-use serde_json::json;
+use serde_json::{json, Value};
 use strait_config::model;
 use tracing::{debug, info, warn};
 
@@ -57,6 +58,15 @@ const TICK: Duration = Duration::from_secs(1);
 
 /// Wait between retries of failed status writes.
 const RETRY: Duration = Duration::from_secs(2);
+
+/// How long the loop goes on collecting events after a Service changed, before it plans
+/// addresses. `kubectl apply -f` of several Services creates them one request after the
+/// other, milliseconds apart; taken into one round, a newer Service's requested address
+/// is honoured before an older one is given the lowest free address (see [`pool::plan`]),
+/// where one round each would have given the older one that address first. 50 ms covers
+/// such a burst from a client near the API server and costs 50 ms on a Service change
+/// only; EndpointSlice and Node changes do not wait.
+const SERVICE_SETTLE: Duration = Duration::from_millis(50);
 
 /// Most warnings logged per round; the rest are counted only.
 const MAX_LOGGED_WARNINGS: usize = 20;
@@ -303,12 +313,12 @@ impl Controller {
         }
         let mut notices = Vec::new();
         if std::mem::take(&mut self.plan_dirty) {
-            let owned: Vec<&Service> = translate::by_age(&self.services.live)
+            let all: Vec<&Service> = translate::by_age(&self.services.live)
                 .into_iter()
                 .map(|(_, s)| s)
-                .filter(|s| translate::owns(&self.settings, s))
                 .collect();
-            let plan = pool::plan(&mut self.alloc, &owned);
+            let settings = &self.settings;
+            let plan = pool::plan(&mut self.alloc, &all, |s| translate::owns(settings, s));
             // Services whose addresses changed are translated again.
             for (key, addrs) in &plan.assigned {
                 if self.lb.get(key) != Some(addrs) {
@@ -501,10 +511,19 @@ where
         tokio::select! {
             next = events.next() => {
                 let Some((kind, r)) = next else { return Err(KubeError::StreamsEnded) };
+                let mut settle = service_change(kind, &r);
                 let mut dirty = handle(&mut ctl, &stats, kind, r);
                 // Take whatever else is already there, so a burst becomes one round.
                 while let Some(Some((kind, r))) = events.next().now_or_never() {
+                    settle |= service_change(kind, &r);
                     dirty |= handle(&mut ctl, &stats, kind, r);
+                }
+                if settle && ctl.ready() {
+                    let until = tokio::time::Instant::now() + SERVICE_SETTLE;
+                    while let Ok(next) = tokio::time::timeout_at(until, events.next()).await {
+                        let Some((kind, r)) = next else { return Err(KubeError::StreamsEnded) };
+                        dirty |= handle(&mut ctl, &stats, kind, r);
+                    }
                 }
                 if dirty && round(&mut ctl, &client, &emitter, &stats, &mut publish).await {
                     retry.get_or_insert_with(|| tokio::time::Instant::now() + RETRY);
@@ -523,6 +542,12 @@ where
             }
         }
     }
+}
+
+/// Whether `r` is a change of one Service (after which the loop waits
+/// [`SERVICE_SETTLE`] for more).
+fn service_change(kind: Kind, r: &Result<watcher::Event<DynamicObject>, watcher::Error>) -> bool {
+    kind == Kind::Services && matches!(r, Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)))
 }
 
 /// Applies one watcher outcome; returns whether the view changed.
@@ -662,7 +687,18 @@ async fn write_status(client: &Client, up: &StatusUpdate) -> bool {
         .iter()
         .map(|a| json!({ "ip": a.to_string(), "ipMode": "VIP" }))
         .collect();
-    let patch = json!({ "status": { "loadBalancer": { "ingress": ingress } } });
+    // A JSON merge patch removes a field set to null: a cleared status has no ingress.
+    let ingress = if ingress.is_empty() {
+        Value::Null
+    } else {
+        Value::Array(ingress)
+    };
+    let mut patch = json!({ "status": { "loadBalancer": { "ingress": ingress } } });
+    if let Some(rv) = &up.resource_version {
+        // A precondition: the API server refuses the write (409 Conflict) if the Service
+        // changed since, and the next round decides again on what the watch brings.
+        patch["metadata"] = json!({ "resourceVersion": rv });
+    }
     let pp = PatchParams::default();
     match tokio::time::timeout(
         WRITE_TIMEOUT,

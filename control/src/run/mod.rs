@@ -434,8 +434,14 @@ impl Gateway {
                 .map(|k| k.try_iter().collect())
                 .unwrap_or_default();
             if !lists.is_empty() {
-                if let Err(e) = self.handle(Event::Kube(lists)) {
-                    warn!("kubernetes: rebuild refused, keeping the running table:\n{e}");
+                match self.handle(Event::Kube(lists)) {
+                    // The first publication is the cluster's first complete list: only
+                    // now does the gateway serve the cluster's Services (`--kube`
+                    // readiness; `run` leaves it to this).
+                    Ok(()) => self.shared.ready.store(true, Ordering::Relaxed),
+                    Err(e) => {
+                        warn!("kubernetes: rebuild refused, keeping the running table:\n{e}");
+                    }
                 }
             }
             while let Ok(request) = requests.try_recv() {
@@ -555,7 +561,9 @@ pub fn run(source: Source, kube: &crate::kube::Args) -> anyhow::Result<()> {
     } else {
         None
     };
-    gateway.shared.ready.store(true, Ordering::Relaxed);
+    if !kube.kube {
+        gateway.shared.ready.store(true, Ordering::Relaxed);
+    }
     info!("forwarding");
     crate::supervise::ready("forwarding");
     gateway.serve(&stop, &hup, &request_rx);
