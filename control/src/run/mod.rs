@@ -438,7 +438,11 @@ impl Gateway {
                     // The first publication is the cluster's first complete list: only
                     // now does the gateway serve the cluster's Services (`--kube`
                     // readiness; `run` leaves it to this).
-                    Ok(()) => self.shared.ready.store(true, Ordering::Relaxed),
+                    Ok(()) => {
+                        if !self.shared.ready.swap(true, Ordering::Relaxed) {
+                            crate::supervise::ready("forwarding the cluster's services");
+                        }
+                    }
                     Err(e) => {
                         warn!("kubernetes: rebuild refused, keeping the running table:\n{e}");
                     }
@@ -561,11 +565,11 @@ pub fn run(source: Source, kube: &crate::kube::Args) -> anyhow::Result<()> {
     } else {
         None
     };
+    info!("forwarding");
     if !kube.kube {
         gateway.shared.ready.store(true, Ordering::Relaxed);
+        crate::supervise::ready("forwarding");
     }
-    info!("forwarding");
-    crate::supervise::ready("forwarding");
     gateway.serve(&stop, &hup, &request_rx);
     // The routes go first, so that routers stop sending before the workers do.
     gateway.stop_speaker();
