@@ -1870,7 +1870,7 @@ fn the_gateway_is_ready_once_the_first_list_is_applied() {
     let mut gw = strait_control::run::Gateway::with_ports(
         strait_control::run::Source::Builtin,
         file,
-        vec![strait_dataplane::table::Port::new([2, 0, 0, 0, 0, 1], 1500)],
+        vec![strait_dataplane::table::Port::new(strait_config::model::MacAddr([2, 0, 0, 0, 0, 1]), 1500)],
     )
     .unwrap();
     let shared = Arc::clone(&gw.shared);
