@@ -1870,7 +1870,10 @@ fn the_gateway_is_ready_once_the_first_list_is_applied() {
     let mut gw = strait_control::run::Gateway::with_ports(
         strait_control::run::Source::Builtin,
         file,
-        vec![strait_dataplane::table::Port::new(strait_config::model::MacAddr([2, 0, 0, 0, 0, 1]), 1500)],
+        vec![strait_dataplane::table::Port::new(
+            strait_config::model::MacAddr([2, 0, 0, 0, 0, 1]),
+            1500,
+        )],
     )
     .unwrap();
     let shared = Arc::clone(&gw.shared);
@@ -2003,6 +2006,9 @@ fn the_deploy_files_agree_with_the_code() {
         "[\"get\", \"list\", \"watch\"]",
         "[\"update\", \"patch\"]",
         "[\"create\", \"patch\"]",
+        "\"coordination.k8s.io\"",
+        "[\"leases\"]",
+        "[\"get\", \"update\"]",
     ] {
         assert!(rbac.contains(needed), "deploy/rbac.yaml lacks {needed}");
     }
@@ -2164,4 +2170,104 @@ fn the_fake_api_speaks_the_wire_format_kube_rs_expects() {
             .boxed();
         assert!(matches!(w.next().await, Some(Ok(WatchEvent::Error(s))) if s.code == 410));
     });
+}
+
+// ---- several gateways: one writer, elected by a Lease ------------------------------------
+
+fn with_lease(identity: &str) -> Settings {
+    let mut s = settings(Mode::DsrL2);
+    s.lease = Some(kube::lease::LeaseSettings {
+        namespace: "strait-system".into(),
+        name: "strait-gateway".into(),
+        identity: identity.into(),
+        duration: Duration::from_secs(2),
+    });
+    s
+}
+
+fn holder(api: &FakeApi) -> Option<String> {
+    api.get(Res::Leases, "strait-system", "strait-gateway")
+        .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+}
+
+/// Status writes of Service `name` so far.
+fn status_writes(api: &FakeApi, name: &str) -> usize {
+    let path = format!("/services/{name}/status");
+    api.requests()
+        .iter()
+        .filter(|r| r.starts_with("PATCH") && r.contains(&path))
+        .count()
+}
+
+#[test]
+fn one_gateway_writes_status_and_hands_over_when_it_stops() {
+    let (api, dir) = fake("lease");
+    api.apply(node("n1", "198.51.100.21"));
+    let (a, rx_a) = start(&api, &dir, with_lease("gw-a"));
+    eventually(5, "gw-a holds the lease", || {
+        holder(&api).as_deref() == Some("gw-a")
+    });
+    let (b, rx_b) = start(&api, &dir, with_lease("gw-b"));
+    api.apply(lb("web"));
+    // Both serve it; only the leader writes its status, once.
+    for rx in [&rx_a, &rx_b] {
+        until(rx, 10, "web served", |l| {
+            l.iter().any(|s| s.name.contains("web"))
+        });
+    }
+    let ip = |name: &str| {
+        api.get(Res::Services, "default", name).and_then(|s| {
+            s["status"]["loadBalancer"]["ingress"][0]["ip"]
+                .as_str()
+                .map(str::to_owned)
+        })
+    };
+    eventually(5, "web's status", || ip("web").is_some());
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(status_writes(&api, "web"), 1, "{:#?}", api.requests());
+    assert_eq!(holder(&api).as_deref(), Some("gw-a"));
+    // The leader stops (it releases the lease): gw-b takes over within the duration and
+    // writes what is new.
+    drop(a);
+    let stopped = Instant::now();
+    eventually(3, "gw-b holds the lease", || {
+        holder(&api).as_deref() == Some("gw-b")
+    });
+    eprintln!("handed over in {:?}", stopped.elapsed());
+    api.apply(lb("api"));
+    eventually(5, "api's status, written by gw-b", || ip("api").is_some());
+    assert_ne!(ip("api"), ip("web"));
+    drop(b);
+}
+
+#[test]
+fn a_silent_leader_is_replaced_after_the_lease_duration() {
+    let (api, dir) = fake("lease-expiry");
+    // A leader that died without releasing: its record never changes again.
+    api.apply(json!({
+        "kind": "Lease", "apiVersion": "coordination.k8s.io/v1",
+        "metadata": { "name": "strait-gateway", "namespace": "strait-system" },
+        "spec": {
+            "holderIdentity": "gw-dead", "leaseDurationSeconds": 2,
+            "renewTime": "2026-01-01T00:00:00.000000Z", "leaseTransitions": 3
+        }
+    }));
+    let t = Instant::now();
+    let (b, _rx) = start(&api, &dir, with_lease("gw-b"));
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(
+        holder(&api).as_deref(),
+        Some("gw-dead"),
+        "taken before the duration"
+    );
+    eventually(5, "gw-b takes over", || {
+        holder(&api).as_deref() == Some("gw-b")
+    });
+    let took = t.elapsed();
+    assert!(took >= Duration::from_secs(2), "took over after {took:?}");
+    let l = api
+        .get(Res::Leases, "strait-system", "strait-gateway")
+        .unwrap();
+    assert_eq!(l["spec"]["leaseTransitions"], 4);
+    drop(b);
 }

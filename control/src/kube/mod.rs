@@ -27,9 +27,11 @@
 //! | [`pool`] | LoadBalancer address allocation, pure |
 //! | [`watch`] | watchers, the reconcile loop, status writes |
 //! | [`events`] | Kubernetes Events, de-duplicated |
+//! | [`lease`] | the Lease that elects the one gateway writing status and Events |
 //! | [`stats`] | connection state and counters for `/metrics` |
 
 pub mod events;
+pub mod lease;
 pub mod pool;
 pub mod settings;
 pub mod stats;
@@ -194,13 +196,25 @@ where
         .name("kube".into())
         .spawn(move || {
             rt.block_on(async move {
+                // Without a Lease this gateway leads; with one, the election says.
+                let (leading_tx, leading) = tokio::sync::watch::channel(settings.lease.is_none());
+                let (release, released) = tokio::sync::oneshot::channel::<()>();
+                let election = settings
+                    .lease
+                    .clone()
+                    .map(|l| tokio::spawn(lease::elect(client.clone(), l, leading_tx, released)));
                 tokio::select! {
-                    r = run_source(client, settings, thread_stats, publish) => {
+                    r = run_source(client, settings, thread_stats, publish, leading) => {
                         if let Err(e) = r {
                             error!("kubernetes source stopped: {e}");
                         }
                     }
                     _ = stopped => {}
+                }
+                // Hand the Lease on before going.
+                if let Some(e) = election {
+                    let _ = release.send(());
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(3), e).await;
                 }
             });
         })

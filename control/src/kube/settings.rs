@@ -44,6 +44,9 @@ pub struct Settings {
     /// (the smallest of those sizes) sizes each table from its backend count; 65537 gives
     /// every Service at least Katran's fixed size.
     pub maglev_min_table_size: u32,
+    /// The Lease that elects the one gateway writing Service status and Events, when
+    /// several run (`--kube-lease`); `None`: this gateway writes them.
+    pub lease: Option<super::lease::LeaseSettings>,
 }
 
 /// Default `loadBalancerClass` of the Services Strait owns.
@@ -89,6 +92,7 @@ impl Settings {
             backoff: (Self::DEFAULT_BACKOFF_MIN, Self::DEFAULT_BACKOFF_MAX),
             reporter: "strait".to_owned(),
             maglev_min_table_size: strait_dataplane::maglev::SIZES[0],
+            lease: None,
         }
     }
 }
@@ -146,6 +150,40 @@ pub struct Args {
         requires = "kube"
     )]
     pub maglev_min_table_size: u32,
+    /// With several gateways on one cluster: the Lease (`NAMESPACE/NAME`,
+    /// coordination.k8s.io/v1) that elects the one writing Service status and Events; the
+    /// others serve traffic and follow. Without it this gateway writes them.
+    #[arg(long = "kube-lease", value_name = "NAMESPACE/NAME", value_parser = parse_lease, requires = "kube")]
+    pub lease: Option<(String, String)>,
+    /// This gateway's identity in the Lease (default: the host name).
+    #[arg(long = "kube-identity", value_name = "NAME", requires = "lease")]
+    pub identity: Option<String>,
+    /// The Lease's duration: how long a silent leader is waited for before another takes
+    /// over.
+    #[arg(
+        long = "kube-lease-duration",
+        value_name = "DURATION",
+        default_value = "15s",
+        value_parser = humantime::parse_duration,
+        requires = "lease"
+    )]
+    pub lease_duration: Duration,
+}
+
+/// A `--kube-lease`: `NAMESPACE/NAME`, both DNS labels.
+fn parse_lease(s: &str) -> Result<(String, String), String> {
+    let label = |x: &str| {
+        !x.is_empty()
+            && x.len() <= 63
+            && x.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+    };
+    match s.split_once('/') {
+        Some((ns, name)) if label(ns) && label(name) => Ok((ns.to_owned(), name.to_owned())),
+        _ => Err(format!(
+            "{s:?} is not NAMESPACE/NAME (lower-case names, e.g. strait-system/strait-gateway)"
+        )),
+    }
 }
 
 /// A `--kube-maglev-min-table-size`: a prime within the sizes a service may have.
@@ -184,6 +222,24 @@ impl Args {
             .kube_proxy_health_port
             .filter(|&p| p != 0)
             .map(|p| (p, KUBE_PROXY_HEALTH_PATH.to_owned()));
+        s.lease = self
+            .lease
+            .as_ref()
+            .map(|(namespace, name)| super::lease::LeaseSettings {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                identity: self.identity.clone().unwrap_or_else(host_name),
+                duration: self.lease_duration,
+            });
         s
     }
+}
+
+/// The host name, for a gateway's identity in the Lease.
+fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("strait-{}", std::process::id()))
 }

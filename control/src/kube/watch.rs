@@ -482,6 +482,7 @@ pub async fn run_source<F>(
     settings: Settings,
     stats: Arc<Stats>,
     mut publish: F,
+    mut leading: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), KubeError>
 where
     F: FnMut(Publication) + Send,
@@ -506,6 +507,7 @@ where
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut retry: Option<tokio::time::Instant> = None;
+    let mut electing = true;
     info!("kubernetes: watching services, endpointslices and nodes");
     loop {
         tokio::select! {
@@ -525,8 +527,18 @@ where
                         dirty |= handle(&mut ctl, &stats, kind, r);
                     }
                 }
-                if dirty && round(&mut ctl, &client, &emitter, &stats, &mut publish).await {
+                let lead = *leading.borrow();
+                if dirty && round(&mut ctl, &client, &emitter, &stats, &mut publish, lead).await {
                     retry.get_or_insert_with(|| tokio::time::Instant::now() + RETRY);
+                }
+            }
+            changed = leading.changed(), if electing => {
+                if changed.is_err() {
+                    // No election (a lone gateway), or it ended: the last word stands.
+                    electing = false;
+                } else if *leading.borrow_and_update() {
+                    // A new leader writes what the plan wants at once.
+                    retry = Some(tokio::time::Instant::now());
                 }
             }
             _ = tick.tick() => {
@@ -535,7 +547,8 @@ where
                 }
                 if retry.is_some_and(|at| tokio::time::Instant::now() >= at) {
                     retry = None;
-                    if round(&mut ctl, &client, &emitter, &stats, &mut publish).await {
+                    let lead = *leading.borrow();
+                    if round(&mut ctl, &client, &emitter, &stats, &mut publish, lead).await {
                         retry = Some(tokio::time::Instant::now() + RETRY);
                     }
                 }
@@ -617,13 +630,16 @@ async fn probe(client: &Client, stats: &Stats) {
     }
 }
 
-/// One round with its IO. Returns whether something failed and wants a retry.
+/// One round with its IO; status writes and Events only when `lead` (this gateway holds
+/// the Lease, or there is none). Returns whether something failed, or a follower left
+/// status writes to the leader, and wants another round.
 async fn round<F>(
     ctl: &mut Controller,
     client: &Client,
     emitter: &Emitter,
     stats: &Stats,
     publish: &mut F,
+    lead: bool,
 ) -> bool
 where
     F: FnMut(Publication) + Send,
@@ -652,6 +668,11 @@ where
             services: r.services,
             changes: r.changes,
         });
+    }
+    if !lead {
+        // The leader writes them; this gateway sees them come back through the watch, and
+        // tries again (as leader, should it become one) while some are still wanted.
+        return !r.status.is_empty();
     }
     let mut failed = false;
     for up in &r.status {

@@ -39,6 +39,9 @@ pub enum Res {
     EndpointSlices,
     /// `v1` Nodes (cluster-scoped).
     Nodes,
+    /// `coordination.k8s.io/v1` Leases (namespaced): get, create, replace with the
+    /// `resourceVersion` precondition (409 Conflict), as the real server.
+    Leases,
 }
 
 impl Res {
@@ -47,6 +50,7 @@ impl Res {
             "Service" => Some(Res::Services),
             "EndpointSlice" => Some(Res::EndpointSlices),
             "Node" => Some(Res::Nodes),
+            "Lease" => Some(Res::Leases),
             _ => None,
         }
     }
@@ -56,6 +60,7 @@ impl Res {
             Res::Services => "Service",
             Res::EndpointSlices => "EndpointSlice",
             Res::Nodes => "Node",
+            Res::Leases => "Lease",
         }
     }
 
@@ -63,6 +68,7 @@ impl Res {
         match self {
             Res::Services | Res::Nodes => "v1",
             Res::EndpointSlices => "discovery.k8s.io/v1",
+            Res::Leases => "coordination.k8s.io/v1",
         }
     }
 
@@ -71,6 +77,7 @@ impl Res {
             Res::Services => "services",
             Res::EndpointSlices => "endpointslices",
             Res::Nodes => "nodes",
+            Res::Leases => "leases",
         }
     }
 
@@ -748,22 +755,27 @@ fn status(code: u16, reason: &str, message: &str) -> Value {
 fn resource_path(path: &str) -> Option<(Res, Option<String>, Vec<String>)> {
     let rest = path
         .strip_prefix("/api/v1/")
-        .map(|r| (r, false))
+        .map(|r| (r, ""))
         .or_else(|| {
             path.strip_prefix("/apis/discovery.k8s.io/v1/")
-                .map(|r| (r, true))
+                .map(|r| (r, "discovery.k8s.io"))
+        })
+        .or_else(|| {
+            path.strip_prefix("/apis/coordination.k8s.io/v1/")
+                .map(|r| (r, "coordination.k8s.io"))
         });
-    let (rest, discovery) = rest?;
+    let (rest, group) = rest?;
     let mut seg: Vec<String> = rest.split('/').map(str::to_owned).collect();
     let mut ns = None;
     if seg.first().map(String::as_str) == Some("namespaces") && seg.len() >= 3 {
         ns = Some(seg[1].clone());
         seg.drain(..2);
     }
-    let res = match (seg.first()?.as_str(), discovery) {
-        ("services", false) => Res::Services,
-        ("nodes", false) if ns.is_none() => Res::Nodes,
-        ("endpointslices", true) => Res::EndpointSlices,
+    let res = match (seg.first()?.as_str(), group) {
+        ("services", "") => Res::Services,
+        ("nodes", "") if ns.is_none() => Res::Nodes,
+        ("endpointslices", "discovery.k8s.io") => Res::EndpointSlices,
+        ("leases", "coordination.k8s.io") if ns.is_some() => Res::Leases,
         _ => return None,
     };
     seg.remove(0);
@@ -801,10 +813,10 @@ fn attributes(req: &Request) -> Option<(String, String, &'static str)> {
         return Some((group.to_owned(), "events".to_owned(), verb_of(collection)?));
     }
     let (res, _, rest) = resource_path(&req.path)?;
-    let group = if res == Res::EndpointSlices {
-        "discovery.k8s.io"
-    } else {
-        ""
+    let group = match res {
+        Res::EndpointSlices => "discovery.k8s.io",
+        Res::Leases => "coordination.k8s.io",
+        _ => "",
     };
     let resource = match rest.as_slice() {
         [_, sub] => format!("{}/{sub}", res.plural()),
@@ -885,6 +897,12 @@ fn route(shared: &Shared, req: &Request) -> Answer {
         }
         ("PATCH", [name, sub]) if sub == "status" && res == Res::Services => {
             patch_status(shared, res, ns.unwrap_or_default(), name, &req.body)
+        }
+        ("POST", []) if res == Res::Leases => {
+            create_lease(shared, ns.unwrap_or_default(), &req.body)
+        }
+        ("PUT", [name]) if res == Res::Leases => {
+            replace_lease(shared, ns.unwrap_or_default(), name, &req.body)
         }
         _ => Answer::Json(
             405,
@@ -977,6 +995,66 @@ fn patch_status(shared: &Shared, res: Res, ns: String, name: &str, body: &[u8]) 
         merge(&mut obj["status"], s);
     }
     st.record(res, ns, "MODIFIED", &mut obj);
+    st.objects.insert(key, obj.clone());
+    drop(st);
+    shared.wake();
+    Answer::Json(200, obj)
+}
+
+/// `POST .../leases`: 409 AlreadyExists when the name is taken.
+fn create_lease(shared: &Shared, ns: String, body: &[u8]) -> Answer {
+    let Ok(mut obj) = serde_json::from_slice::<Value>(body) else {
+        return Answer::Json(400, status(400, "BadRequest", "body is not JSON"));
+    };
+    let Some(name) = obj["metadata"]["name"].as_str().map(str::to_owned) else {
+        return Answer::Json(422, status(422, "Invalid", "metadata.name is required"));
+    };
+    let mut st = shared.lock();
+    let key = (Res::Leases, ns.clone(), name.clone());
+    if st.objects.contains_key(&key) {
+        return Answer::Json(
+            409,
+            status(
+                409,
+                "AlreadyExists",
+                &format!("leases \"{name}\" already exists"),
+            ),
+        );
+    }
+    obj["apiVersion"] = json!(Res::Leases.api_version());
+    obj["kind"] = json!("Lease");
+    obj["metadata"]["namespace"] = json!(ns);
+    st.record(Res::Leases, ns, "ADDED", &mut obj);
+    st.objects.insert(key, obj.clone());
+    drop(st);
+    shared.wake();
+    Answer::Json(201, obj)
+}
+
+/// `PUT .../leases/{name}`: the body's `metadata.resourceVersion` must be the stored one
+/// (409 Conflict otherwise), as optimistic concurrency on the real server.
+fn replace_lease(shared: &Shared, ns: String, name: &str, body: &[u8]) -> Answer {
+    let Ok(mut obj) = serde_json::from_slice::<Value>(body) else {
+        return Answer::Json(400, status(400, "BadRequest", "body is not JSON"));
+    };
+    let mut st = shared.lock();
+    let key = (Res::Leases, ns.clone(), name.to_owned());
+    let Some(old) = st.objects.get(&key) else {
+        return Answer::Json(404, not_found(Res::Leases, name));
+    };
+    if obj["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"] {
+        return Answer::Json(
+            409,
+            status(
+                409,
+                "Conflict",
+                &format!("Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"),
+            ),
+        );
+    }
+    obj["apiVersion"] = json!(Res::Leases.api_version());
+    obj["kind"] = json!("Lease");
+    st.record(Res::Leases, ns, "MODIFIED", &mut obj);
     st.objects.insert(key, obj.clone());
     drop(st);
     shared.wake();
