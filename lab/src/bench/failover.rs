@@ -136,6 +136,12 @@ pub struct EventResult {
     pub window_ms: u64,
     /// The streams reset, by the backend they were on.
     pub reset_by_backend: BTreeMap<String, usize>,
+    /// The event's gateway's share of the packets all gateways received in the second
+    /// before it (about 1/N when the router spreads the flows): the event hit live traffic.
+    pub gateway_share: f64,
+    /// From the event to the router's route losing the gateway (`ip route`, polled every
+    /// 10 ms): the withdrawal's way from the gateway to the router's kernel.
+    pub withdrawn_ms: u64,
 }
 
 /// What `--json` writes.
@@ -204,71 +210,110 @@ fn events(bed: &Testbed, fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<E
     let mut results = Vec::new();
 
     // kill
-    let w = client.window_start(o.streams)?;
+    let (w, share) = begin(&client, fleet, first, o.streams)?;
+    let t = Instant::now();
     fleet.kill(first);
     fleet.wait_paths(n - 1)?;
+    let withdrawn = t.elapsed();
     fleet.start(first, None)?;
     fleet.wait_paths(n)?;
     thread::sleep(SETTLE);
-    results.push(client.window_end(&w, "kill", n, false));
-    eprintln!("{}", line(results.last()));
+    results.push(finish(&client, &w, "kill", n, false, share, withdrawn));
 
     // drain
-    let w = client.window_start(o.streams)?;
+    let (w, share) = begin(&client, fleet, second, o.streams)?;
+    let t = Instant::now();
     fleet.drain(second)?;
     fleet.wait_paths(n - 1)?;
+    let withdrawn = t.elapsed();
     fleet.wait_exit(second, DRAIN_EXIT)?;
     fleet.start(second, None)?;
     fleet.wait_paths(n)?;
     thread::sleep(SETTLE);
-    results.push(client.window_end(&w, "drain", n, false));
-    eprintln!("{}", line(results.last()));
+    results.push(finish(&client, &w, "drain", n, false, share, withdrawn));
 
     // restart after a backend change: the last backend dropped from one gateway.
-    let w = client.window_start(o.streams)?;
+    let (w, share) = begin(&client, fleet, third, o.streams)?;
+    let t = Instant::now();
     fleet.terminate(third);
     fleet.wait_paths(n - 1)?;
+    let withdrawn = t.elapsed();
     fleet.wait_exit(third, DRAIN_EXIT)?;
     fleet.start(third, Some(fewer))?;
     fleet.wait_paths(n)?;
     thread::sleep(SETTLE);
-    results.push(client.window_end(&w, "restart", n, true));
-    eprintln!("{}", line(results.last()));
+    results.push(finish(&client, &w, "restart", n, true, share, withdrawn));
 
     // backend change during a kill: every survivor reloads the full set (the restarted one
     // gets its backend back) as the first gateway dies; it comes back with the full set.
-    let w = client.window_start(o.streams)?;
+    let (w, share) = begin(&client, fleet, first, o.streams)?;
     for i in 0..n {
         fleet.write_config(i, &all)?;
     }
+    let t = Instant::now();
     fleet.kill(first);
     for i in (0..n).filter(|&i| i != first) {
         fleet.reload(i)?;
     }
     fleet.wait_paths(n - 1)?;
+    let withdrawn = t.elapsed();
     fleet.start(first, None)?;
     fleet.wait_paths(n)?;
     thread::sleep(SETTLE);
-    results.push(client.window_end(&w, "backend-change-during-kill", n, true));
-    eprintln!("{}", line(results.last()));
+    let event = "backend-change-during-kill";
+    results.push(finish(&client, &w, event, n, true, share, withdrawn));
 
     client.stop();
     Ok(results)
 }
 
-fn line(r: Option<&EventResult>) -> String {
-    r.map(|r| {
-        format!(
-            "bench failover: {}: {}/{} streams reset, {}/{} requests failed, recovery {} ms",
-            r.event, r.streams_reset, r.streams, r.requests_failed, r.requests, r.recovery_ms
-        )
-    })
-    .unwrap_or_default()
+/// Opens an event's window on gateway `k`: every stream open, a second of traffic, and
+/// `k`'s share of that second's packets.
+fn begin(
+    client: &Client,
+    fleet: &Fleet,
+    k: usize,
+    streams: usize,
+) -> anyhow::Result<(Window, f64)> {
+    let before = fleet.rx_all();
+    let w = client.window_start(streams)?;
+    let after = fleet.rx_all();
+    let delta: Vec<f64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    let total: f64 = delta.iter().sum();
+    let share = if total > 0.0 { delta[k] / total } else { 0.0 };
+    Ok((w, share))
+}
+
+fn finish(
+    client: &Client,
+    w: &Window,
+    event: &'static str,
+    gateways: usize,
+    moves: bool,
+    share: f64,
+    withdrawn: Duration,
+) -> EventResult {
+    let mut r = client.window_end(w, event, gateways, moves);
+    r.gateway_share = (share * 1000.0).round() / 1000.0;
+    r.withdrawn_ms = ms_of(withdrawn);
+    eprintln!(
+        "bench failover: {}: {}/{} streams reset, {}/{} requests failed, recovery {} ms, \
+         route withdrawn in {} ms, the gateway had {:.0} % of the packets",
+        r.event,
+        r.streams_reset,
+        r.streams,
+        r.requests_failed,
+        r.requests,
+        r.recovery_ms,
+        r.withdrawn_ms,
+        r.gateway_share * 100.0
+    );
+    r
 }
 
 fn print_table(r: &Report) {
     println!(
-        "{:<28} {:>8} {:>7} {:>6} {:>5} {:>8} {:>7} {:>11} {:>7} {:>6}",
+        "{:<28} {:>8} {:>7} {:>6} {:>5} {:>8} {:>7} {:>11} {:>7} {:>6} {:>9} {:>6}",
         "event",
         "gateways",
         "streams",
@@ -278,11 +323,13 @@ fn print_table(r: &Report) {
         "req",
         "recovery ms",
         "retrans",
-        "moved"
+        "moved",
+        "withdrawn",
+        "share"
     );
     for e in &r.results {
         println!(
-            "{:<28} {:>8} {:>7} {:>6} {:>5} {:>8} {:>7} {:>11} {:>7} {:>6}",
+            "{:<28} {:>8} {:>7} {:>6} {:>5} {:>8} {:>7} {:>11} {:>7} {:>6} {:>6} ms {:>5.0}%",
             e.event,
             e.gateways,
             e.streams,
@@ -292,7 +339,9 @@ fn print_table(r: &Report) {
             e.requests,
             e.recovery_ms,
             e.packets_lost,
-            e.flows_moved_backend
+            e.flows_moved_backend,
+            e.withdrawn_ms,
+            e.gateway_share * 100.0
         );
     }
     for n in &r.notes {
@@ -401,6 +450,21 @@ impl Fleet {
             }
             thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// `strait_rx_packets_total` of every gateway (0 for one that does not answer).
+    fn rx_all(&self) -> Vec<f64> {
+        self.gateways
+            .iter()
+            .map(|g| {
+                admin(&g.namespace, "GET", "/metrics")
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.starts_with("strait_rx_packets_total"))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum()
+            })
+            .collect()
     }
 
     fn pid(&self, i: usize) -> Option<u32> {
@@ -715,6 +779,8 @@ impl Client {
             flows_moved_backend: if moves { rst } else { 0 },
             window_ms: t1 - w.t0,
             reset_by_backend,
+            gateway_share: 0.0,
+            withdrawn_ms: 0,
         }
     }
 
