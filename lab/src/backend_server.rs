@@ -533,6 +533,33 @@ mod tests {
     }
 
     #[test]
+    fn echo_names_the_backend_then_returns_every_byte() {
+        let server = loopback();
+        let mut s = TcpStream::connect(server.tcp_addrs()[0]).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // The first line may arrive with the request head, as a client in a hurry sends it.
+        s.write_all(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\nfirst\n")
+            .unwrap();
+        let mut reader = BufReader::new(s.try_clone().unwrap());
+        let mut head = String::new();
+        while !head.ends_with("\r\n\r\n") {
+            assert!(reader.read_line(&mut head).unwrap() > 0, "{head}");
+        }
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(head.contains("X-Strait-Backend: b7\r\n"), "{head}");
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert_eq!(line, "first\n");
+        for i in 0..3 {
+            let msg = format!("line {i}\n");
+            s.write_all(msg.as_bytes()).unwrap();
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+            assert_eq!(line, msg);
+        }
+    }
+
+    #[test]
     fn http_names_backend_and_peer() {
         let server = loopback();
         let addr = server.tcp_addrs()[0];

@@ -975,6 +975,15 @@ fn append(path: &Path, line: &str) -> Result<(), Error> {
         })
 }
 
+/// Records `pid` (a process started in testbed `prefix`, such as a gateway) with the
+/// testbed's servers, so `down` ends it too if whoever started it could not (a Ctrl-C).
+///
+/// # Errors
+/// The testbed's pid file cannot be appended to.
+pub fn record_pid(prefix: &str, pid: u32, name: &str) -> Result<(), Error> {
+    append(&run_dir(prefix).join("pids"), &pid_line(pid, name))
+}
+
 /// `"{pid} {start time} {name}\n"`: the start time tells a recycled pid from ours.
 fn pid_line(pid: u32, name: &str) -> String {
     format!("{pid} {} {name}\n", start_time(pid).unwrap_or(0))

@@ -82,6 +82,27 @@ const ROUTE_CHANGE: Duration = Duration::from_secs(15);
 /// The gateways' drain grace (testbed configuration) plus the margin an exit may take.
 const DRAIN_EXIT: Duration = Duration::from_secs(10);
 
+/// Set by SIGINT and SIGTERM.
+static STOP: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
+
+/// An error once SIGINT or SIGTERM arrived.
+fn interrupted() -> anyhow::Result<()> {
+    if STOP.get().is_some_and(|s| s.load(Ordering::Relaxed)) {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+/// Sleeps `d`, waking for a signal.
+fn pause(d: Duration) -> anyhow::Result<()> {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        interrupted()?;
+        thread::sleep(Duration::from_millis(50).min(d.saturating_sub(t.elapsed())));
+    }
+    Ok(())
+}
+
 /// `strait-lab bench failover` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
@@ -164,6 +185,14 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     );
     ensure!(o.streams > 0, "--streams must be at least 1");
     ensure!(o.backends >= 2, "--backends must be at least 2");
+    // Ctrl-C or SIGTERM ends the bench at its next step, and everything it made is removed
+    // on the way out (the client, the gateways, the testbed).
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("installing the SIGINT/SIGTERM handler")?;
+    }
+    let _ = STOP.set(stop);
     let bed = testbed::up(&testbed::Opts {
         backends: o.backends,
         prefix: o.prefix.clone(),
@@ -217,7 +246,7 @@ fn events(bed: &Testbed, fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<E
     let withdrawn = t.elapsed();
     fleet.start(first, None)?;
     fleet.wait_paths(n)?;
-    thread::sleep(SETTLE);
+    pause(SETTLE)?;
     results.push(finish(&client, &w, "kill", n, false, share, withdrawn));
 
     // drain
@@ -229,7 +258,7 @@ fn events(bed: &Testbed, fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<E
     fleet.wait_exit(second, DRAIN_EXIT)?;
     fleet.start(second, None)?;
     fleet.wait_paths(n)?;
-    thread::sleep(SETTLE);
+    pause(SETTLE)?;
     results.push(finish(&client, &w, "drain", n, false, share, withdrawn));
 
     // restart after a backend change: the last backend dropped from one gateway.
@@ -241,7 +270,7 @@ fn events(bed: &Testbed, fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<E
     fleet.wait_exit(third, DRAIN_EXIT)?;
     fleet.start(third, Some(fewer))?;
     fleet.wait_paths(n)?;
-    thread::sleep(SETTLE);
+    pause(SETTLE)?;
     results.push(finish(&client, &w, "restart", n, true, share, withdrawn));
 
     // backend change during a kill: every survivor reloads the full set (the restarted one
@@ -259,7 +288,7 @@ fn events(bed: &Testbed, fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<E
     let withdrawn = t.elapsed();
     fleet.start(first, None)?;
     fleet.wait_paths(n)?;
-    thread::sleep(SETTLE);
+    pause(SETTLE)?;
     let event = "backend-change-during-kill";
     results.push(finish(&client, &w, event, n, true, share, withdrawn));
 
@@ -373,6 +402,7 @@ struct Fleet {
     dir: PathBuf,
     router_ns: String,
     layout: testbed::Layout,
+    prefix: String,
 }
 
 impl Fleet {
@@ -386,6 +416,7 @@ impl Fleet {
             dir: testbed::run_dir(bed.prefix()),
             router_ns: router.namespace.clone(),
             layout: bed.layout().clone(),
+            prefix: bed.prefix().to_owned(),
         };
         for i in 0..fleet.gateways.len() {
             fleet.start(i, None)?;
@@ -425,6 +456,8 @@ impl Fleet {
             .process_group(0)
             .spawn()
             .with_context(|| format!("starting {} in {}", self.strait.display(), g.namespace))?;
+        // `down` ends it if this bench cannot (a Ctrl-C: its own process group is spared).
+        testbed::record_pid(&self.prefix, child.id(), &g.name)?;
         self.children[i] = Some(child);
         let t = Instant::now();
         loop {
@@ -441,6 +474,7 @@ impl Fleet {
                     );
                 }
             }
+            interrupted()?;
             if t.elapsed() > GATEWAY_UP {
                 bail!(
                     "{} not ready after {GATEWAY_UP:?}; its log:\n{}",
@@ -521,6 +555,7 @@ impl Fleet {
                 self.children[i] = None;
                 return Ok(());
             }
+            interrupted()?;
             ensure!(
                 t.elapsed() < timeout,
                 "{name} still running after {timeout:?}"
@@ -537,6 +572,7 @@ impl Fleet {
             if now == n {
                 return Ok(());
             }
+            interrupted()?;
             ensure!(
                 t.elapsed() < ROUTE_CHANGE.max(GATEWAY_UP),
                 "the router's route to {VIP4} has {now} next hops, not {n}, after {:?}",
@@ -701,6 +737,7 @@ impl Client {
     fn wait_all_open(&self, n: usize, timeout: Duration) -> anyhow::Result<()> {
         let t = Instant::now();
         while self.open() < n {
+            interrupted()?;
             ensure!(
                 t.elapsed() < timeout,
                 "only {} of {n} streams open after {timeout:?}",
@@ -714,7 +751,7 @@ impl Client {
     fn window_start(&self, n: usize) -> anyhow::Result<Window> {
         self.wait_all_open(n, Duration::from_secs(30))?;
         // A second of undisturbed traffic before each event.
-        thread::sleep(Duration::from_secs(1));
+        pause(Duration::from_secs(1))?;
         Ok(Window {
             t0: self.now(),
             open: self.open(),
@@ -800,7 +837,15 @@ impl Client {
         .unwrap_or(0)
     }
 
-    fn stop(mut self) {
+    fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Client {
+    /// Stops every stream and request thread (also when an event failed half-way), before
+    /// the fleet and the testbed go.
+    fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(h) = self.handle.take() {
             let _ = h.join();
