@@ -21,7 +21,14 @@ const TC: gate::Tool = ("tc", "-V", "iproute2");
 fn privileged() -> bool {
     gate::privileged(
         "failover",
-        &[gate::IP, gate::CURL, gate::BIRD, gate::ETHTOOL, TC],
+        &[
+            gate::IP,
+            gate::CURL,
+            gate::PING,
+            gate::BIRD,
+            gate::ETHTOOL,
+            TC,
+        ],
     )
 }
 
@@ -65,6 +72,16 @@ fn three_gateways_behind_a_router_share_the_vip_and_down_leaves_nothing() {
     assert_eq!(gateways.len(), 3, "{}", bed.info);
     assert_eq!(bed.info["router"]["namespace"], format!("{p}-rt"));
     assert_eq!(paths(&bed), 0, "no route before a gateway announces");
+    let tc = bed.must("rt", &["tc", "filter", "show", "dev", "c0", "ingress"]);
+    assert!(
+        tc.contains("strait_rehash"),
+        "no hash reset on the router:\n{tc}"
+    );
+    let policy = bed.must(
+        "rt",
+        &["sysctl", "-n", "net.ipv4.fib_multipath_hash_policy"],
+    );
+    assert_eq!(policy.trim(), "1");
 
     let mut procs = Vec::new();
     for g in &gateways {
@@ -164,4 +181,36 @@ fn killing_one_of_three_gateways_resets_no_stream() {
         Default::default(),
         "the bench left namespaces"
     );
+}
+
+#[test]
+fn the_l2_layout_puts_gateways_on_the_client_segment_without_vips() {
+    let Some(_serial) = serial_if(privileged) else {
+        return;
+    };
+    let p = prefix("c");
+    let bed = Bed::up(&p, &["--gateways", "2", "--l2", "--backends", "2"]);
+    assert!(bed.info["router"].is_null(), "{}", bed.info);
+    let names = namespaces(&p);
+    assert!(!names.contains(&format!("{p}-rt")), "{names:?}");
+    for (i, g) in bed.info["gateways"]
+        .as_array()
+        .expect("gateways")
+        .iter()
+        .enumerate()
+    {
+        let ns = g["namespace"].as_str().unwrap();
+        assert_eq!(ns, format!("{p}-gw{}", i + 1));
+        // Only strait claims VIPs; the testbed puts none on a gateway.
+        let lo = text(&run(&mut in_ns(ns, ["ip", "addr", "show", "dev", "lo"])).stdout);
+        assert!(!lo.contains(VIP), "{ns} holds the VIP:\n{lo}");
+        // On the client's segment: reachable from the client without a router.
+        let addr = g["client_address"].as_str().unwrap();
+        let ping = bed.exec("client", &["ping", "-c", "1", "-W", "2", addr]);
+        assert!(ping.status.success(), "{addr}: {}", text(&ping.stdout));
+        let config = std::fs::read_to_string(g["config"].as_str().unwrap()).unwrap();
+        assert!(!config.contains("[gateway.bgp]"), "{config}");
+    }
+    drop(bed);
+    assert_eq!(namespaces(&p), Default::default(), "namespaces left");
 }

@@ -33,6 +33,12 @@
 //!   RST from it. In kill and drain every gateway has the same backends, so nothing moves;
 //!   their RSTs (`streams_reset_by_rst`) come from a killed gateway's kernel.
 //!
+//! The client is threads of this process that entered the client namespace (`setns`, as
+//! `bench control` does for its worker): they share their log with the bench directly, so
+//! there is no second process to start, watch and talk to over a pipe, and they stop with
+//! it. The gateways are `strait run` processes (the product binary), one per namespace,
+//! recorded in the testbed's pid file so `testbed down` ends them after a hard stop.
+//!
 //! The L2 layout (`--l2`) has no event yet: its failover is VRRP in the gateway
 //! (`[gateway.l2]`), which the gateway does not have; `l2-kill` is left out and the output
 //! says so.
