@@ -125,7 +125,15 @@ fn three_gateways_behind_a_router_share_the_vip_and_down_leaves_nothing() {
         "only {used} of 3 gateways forwarded 30 connections"
     );
 
-    drop(procs);
+    // SIGTERM to all at once (each withdraws, forwards through its 2 s drain grace and
+    // exits 0, its BIRD directory removed), then collect them.
+    for proc in &procs {
+        proc.signal("TERM");
+    }
+    for mut proc in procs {
+        let status = proc.stop(Duration::from_secs(10));
+        assert!(status.success(), "a gateway exited with {status}");
+    }
     let out = run(std::process::Command::new(LAB).args(["testbed", "down", "--prefix", &p]));
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(namespaces(&p), Default::default(), "namespaces left");
