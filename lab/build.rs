@@ -1,14 +1,15 @@
 //! Compiles the lab's XDP programs `bpf/*.bpf.c` with clang into `$OUT_DIR/*.bpf.o`, which
 //! the lab embeds with `include_bytes!` (`embedded_object!`): `sink` (the line-rate bench's
-//! counter and probe reflector, `sink::program`) and `redirect` (the `limit` forwarder's
-//! redirect-everything program, `l2fwd::forwarder`). The compiler invocation is the
+//! counter and probe reflector, `sink::program`), `redirect` (the `limit` forwarder's
+//! redirect-everything program, `l2fwd::forwarder`) and `rehash` (the tc program that makes
+//! the testbed's router hash headers, `testbed::router`). The compiler invocation is the
 //! dataplane's, shared through `include!`.
 
 use std::env;
 use std::path::PathBuf;
 use std::process::Command;
 
-const PROGRAMS: [&str; 2] = ["sink", "redirect"];
+const PROGRAMS: [&str; 3] = ["sink", "redirect", "rehash"];
 
 fn main() {
     for name in PROGRAMS {

@@ -3,6 +3,7 @@
 //! ```text
 //! client ──TCP──> [::]:80, [::]:8080     HTTP/1.1: GET /healthz -> 200 "ok\n"
 //!                                          GET /stream  -> a line every 100 ms until the client leaves
+//!                                          GET /echo    -> then every byte sent comes back
 //!                                          anything else -> 200 "backend=b1 client=IP:PORT\n"
 //! client ──UDP──> ADDR:5353 (each given)  any datagram   -> "backend=b1 client=IP:PORT\n"
 //! ```
@@ -394,6 +395,9 @@ fn handle_connection(stream: TcpStream, name: &str) -> io::Result<()> {
         if path == "/stream" {
             return stream_lines(&mut writer, name, peer);
         }
+        if path == "/echo" {
+            return echo_bytes(&mut writer, reader, name);
+        }
         let body = if path == "/healthz" {
             "ok\n".to_owned()
         } else {
@@ -430,6 +434,29 @@ fn stream_lines(writer: &mut TcpStream, name: &str, peer: SocketAddr) -> io::Res
         std::thread::sleep(STREAM_EVERY);
     }
     Ok(())
+}
+
+/// `GET /echo`: a response head naming the backend (`X-Strait-Backend`), then every byte
+/// the client sends comes back, until it leaves: the failover bench's long-lived streams,
+/// each write checked end to end. A stream moved to another backend meets one that does
+/// not know the connection, and a RST.
+fn echo_bytes(writer: &mut TcpStream, mut reader: impl Read, name: &str) -> io::Result<()> {
+    writer.write_all(
+        format!("HTTP/1.1 200 OK\r\nX-Strait-Backend: {name}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )?;
+    // Small writes go out at once, not after the peer's delayed ACK.
+    writer.set_nodelay(true)?;
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        writer.write_all(&buf[..n])?;
+    }
 }
 
 /// Interval between two lines of `GET /stream`: ten a second makes a one-second stall
@@ -503,6 +530,33 @@ mod tests {
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
         out
+    }
+
+    #[test]
+    fn echo_names_the_backend_then_returns_every_byte() {
+        let server = loopback();
+        let mut s = TcpStream::connect(server.tcp_addrs()[0]).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // The first line may arrive with the request head, as a client in a hurry sends it.
+        s.write_all(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\nfirst\n")
+            .unwrap();
+        let mut reader = BufReader::new(s.try_clone().unwrap());
+        let mut head = String::new();
+        while !head.ends_with("\r\n\r\n") {
+            assert!(reader.read_line(&mut head).unwrap() > 0, "{head}");
+        }
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(head.contains("X-Strait-Backend: b7\r\n"), "{head}");
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert_eq!(line, "first\n");
+        for i in 0..3 {
+            let msg = format!("line {i}\n");
+            s.write_all(msg.as_bytes()).unwrap();
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+            assert_eq!(line, msg);
+        }
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //! strait-lab bench rule-update [--json] [--services N]   endpoint change: Strait vs iptables/nft
 //! strait-lab bench line-rate [--quick] [--json FILE] [--plot FILE]   Mpps through one core:
 //!                                      Strait vs kube-proxy's iptables/nftables vs limit
+//! strait-lab bench failover [--gateways 3] [--streams 200] [--json F]   streams and requests
+//!                                      through N gateways while one is killed, drained, restarted
 //! ```
 #![forbid(unsafe_code)]
 
@@ -87,6 +89,11 @@ enum Bench {
     /// services) and a bare AF_XDP forwarder (limit), new-flow and established UDP traffic.
     /// Needs root, iptables, nftables and curl, and the `strait` binary beside this one.
     LineRate(bench::line::Options),
+    /// Gateway failover behind a BGP/ECMP router: long-lived TCP streams and short requests
+    /// through N gateways while one is killed, one drained, one restarted after a backend
+    /// change, and one killed during a backend change. Needs root, bird2, and the `strait`
+    /// binary beside this one.
+    Failover(bench::failover::Options),
 }
 
 fn main() -> ExitCode {
@@ -106,6 +113,7 @@ fn main() -> ExitCode {
             Bench::RuleUpdate { json, services } => bench::rules::run(json, services),
             Bench::LineRate(options) => bench::line::run(&options),
             Bench::Control(r) => bench::control::run(r),
+            Bench::Failover(o) => bench::failover::run(&o),
         },
     };
     match result {

@@ -14,8 +14,14 @@
 //! namespace it is started from (each veth is created with its peer directly in the other
 //! namespace), uses documentation addresses only, and removes what it made also when a
 //! step fails half-way ([`Testbed`] cleans up on drop). `down` removes only the namespaces
-//! named `{prefix}-client`, `-gw`, `-sw`, `-bN` and kills only processes it recorded whose
+//! named `{prefix}-client`, `-gw`, `-gwN`, `-rt`, `-sw`, `-bN` and kills only processes it recorded whose
 //! start time still matches, so a recycled pid is left alone.
+//!
+//! `--gateways N` (2 to 4) and `--l2` build the layouts of `fleet.rs` instead: N gateway
+//! namespaces `{prefix}-gw1..N`, each with a configuration of its own
+//! (`/run/strait/{prefix}/gwN.toml`), behind a router namespace `{prefix}-rt` that runs BIRD
+//! 2 (BGP to every gateway, the VIP as a kernel multipath route), or on the client's
+//! segment. The router's BIRD is a recorded server like the backends, so `down` ends it.
 //!
 //! The backends are real processes (`strait-lab testbed serve`, see `backend_server`) rather
 //! than threads: a thread cannot enter another network namespace without `setns`, which
@@ -23,6 +29,7 @@
 //! its own to test failover.
 
 mod config;
+mod fleet;
 mod plan;
 
 use std::fmt;
@@ -37,7 +44,18 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-pub use plan::{owns, valid_prefix, Layout, MAX_BACKENDS, VIP4, VIP6};
+pub use fleet::{GatewaySpec, GATEWAY_ASN, ROUTER_ASN, ROUTER_BACKEND4, ROUTER_CLIENT4};
+pub use plan::{
+    owns, valid_prefix, BackendSpec, Front, Layout, HTTP_PORT, MAX_BACKENDS, MAX_GATEWAYS, VIP4,
+    VIP6,
+};
+
+/// The router's tc program (`bpf/rehash.bpf.c`): it clears the socket hash a packet brings
+/// from the client's TCP stack, so the router's multipath choice hashes the headers.
+static REHASH_OBJECT: &strait_dataplane::xsk::Aligned<[u8]> =
+    strait_dataplane::embedded_object!("rehash");
+/// How long the router's BIRD may take to open its control socket.
+const ROUTER_READY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where testbeds keep their state: `{RUN_DIR}/{prefix}/` holds the generated
 /// configuration (by default), the backend pids and the backend logs.
@@ -77,6 +95,11 @@ pub struct Opts {
     /// The `strait` binary the backends run (`strait-lab testbed serve`). Default: the
     /// running executable.
     pub server_binary: Option<PathBuf>,
+    /// Gateway namespaces, 1 ..= [`MAX_GATEWAYS`]. Default 1: the layout as it always was.
+    /// More: a router namespace with BGP and ECMP in front of them (see `fleet`).
+    pub gateways: usize,
+    /// The gateways on the client segment, no router (see `fleet`).
+    pub l2: bool,
 }
 
 impl Default for Opts {
@@ -87,6 +110,8 @@ impl Default for Opts {
             prefix: "strait".to_owned(),
             config_path: None,
             server_binary: None,
+            gateways: 1,
+            l2: false,
         }
     }
 }
@@ -99,6 +124,10 @@ pub enum Error {
     Prefix(String),
     /// The backend count is 0 or more than [`MAX_BACKENDS`].
     Backends(usize),
+    /// The gateway count is 0 or more than [`MAX_GATEWAYS`].
+    Gateways(usize),
+    /// Options that do not go together.
+    Options(&'static str),
     /// Namespaces of this prefix exist already.
     Exists {
         /// The prefix asked for.
@@ -159,6 +188,10 @@ impl fmt::Display for Error {
             Error::Backends(n) => {
                 write!(f, "{n} backends: the testbed has 1 to {MAX_BACKENDS}")
             }
+            Error::Gateways(n) => {
+                write!(f, "{n} gateways: the testbed has 1 to {MAX_GATEWAYS}")
+            }
+            Error::Options(why) => f.write_str(why),
             Error::Exists { prefix, namespaces } => write!(
                 f,
                 "testbed {prefix:?} exists already ({}); remove it with `strait-lab testbed down --prefix {prefix}`",
@@ -242,6 +275,40 @@ pub struct BackendInfo {
     pub udp: Vec<SocketAddr>,
 }
 
+/// A gateway of a running testbed: where to start `strait run`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GatewayInfo {
+    /// `gw` (the single gateway) or `gw1` ..= `gw4`.
+    pub name: String,
+    /// `{prefix}-{name}`.
+    pub namespace: String,
+    /// Its generated configuration.
+    pub config: PathBuf,
+    /// Its address on the client side (its BGP router id in the router layout).
+    pub client_address: Ipv4Addr,
+    /// Its address on the backend segment.
+    pub backend_address: Ipv4Addr,
+    /// Its BGP peer, the router's end of its link (router layout only).
+    pub peer: Option<Ipv4Addr>,
+    /// The MAC of its interfaces.
+    pub mac: String,
+    /// Its admin API, inside its namespace.
+    pub admin: SocketAddr,
+}
+
+/// The router of the router layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RouterInfo {
+    /// `{prefix}-rt`.
+    pub namespace: String,
+    /// Its BIRD's control socket (`birdc -s SOCKET show route`).
+    pub socket: PathBuf,
+    /// Its BIRD's configuration.
+    pub config: PathBuf,
+    /// Pid of its BIRD.
+    pub pid: u32,
+}
+
 /// What `strait-lab testbed up --json` prints.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Summary {
@@ -263,6 +330,10 @@ pub struct Summary {
     pub vip6: Option<Ipv6Addr>,
     /// The backends.
     pub backends: Vec<BackendInfo>,
+    /// The gateways: one (`config` and `gateway_namespace` above) or several.
+    pub gateways: Vec<GatewayInfo>,
+    /// The router, when there are several gateways behind one.
+    pub router: Option<RouterInfo>,
 }
 
 /// A running testbed. Dropping it tears it down (servers killed, namespaces deleted,
@@ -273,6 +344,8 @@ pub struct Testbed {
     layout: Layout,
     config_path: PathBuf,
     backends: Vec<BackendInfo>,
+    gateways: Vec<GatewayInfo>,
+    router: Option<RouterInfo>,
     servers: Vec<Child>,
     armed: bool,
 }
@@ -293,9 +366,9 @@ impl Testbed {
         self.layout.client_ns()
     }
 
-    /// `{prefix}-gw`.
+    /// `{prefix}-gw` (`{prefix}-gw1` when there are several).
     pub fn gateway_namespace(&self) -> String {
-        self.layout.gateway_ns()
+        self.layout.gateway(1).namespace
     }
 
     /// The backends, in order.
@@ -303,9 +376,31 @@ impl Testbed {
         &self.backends
     }
 
-    /// The generated gateway configuration.
+    /// The generated gateway configuration (of the first gateway, when there are several).
     pub fn config_path(&self) -> &Path {
         &self.config_path
+    }
+
+    /// The gateways, in order.
+    pub fn gateways(&self) -> &[GatewayInfo] {
+        &self.gateways
+    }
+
+    /// The router, when there is one.
+    pub fn router(&self) -> Option<&RouterInfo> {
+        self.router.as_ref()
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The configuration of gateway `i` (1-based) of a layout with several gateways, with
+    /// only the backends named in `backends` (`b1`, ...): what the failover bench writes to
+    /// change one gateway's backend set.
+    pub fn gateway_config(&self, i: usize, backends: &[&str], path: &Path) -> String {
+        gateway_config(&self.layout, i, backends, path)
     }
 
     /// Everything above, serializable.
@@ -325,11 +420,16 @@ impl Testbed {
             vip4: VIP4,
             vip6: self.layout.ipv6.then_some(VIP6),
             backends: self.backends().to_vec(),
+            gateways: self.gateways.clone(),
+            router: self.router.clone(),
         }
     }
 
-    /// What is where and how to start the gateway, for people.
+    /// What is where and how to start the gateways, for people.
     pub fn instructions(&self) -> String {
+        if self.layout.front() != Front::Direct {
+            return self.fleet_instructions();
+        }
         let exe = std::env::current_exe()
             .map_or_else(|_| "strait".to_owned(), |p| p.display().to_string());
         let prefix = self.prefix();
@@ -349,6 +449,45 @@ impl Testbed {
             gw = self.gateway_namespace(),
             client = self.client_namespace(),
         )
+    }
+
+    fn fleet_instructions(&self) -> String {
+        let exe = std::env::current_exe()
+            .map_or_else(|_| "strait-lab".to_owned(), |p| p.display().to_string());
+        let strait = crate::strait_binary()
+            .map_or_else(|_| "strait".to_owned(), |p| p.display().to_string());
+        let prefix = self.prefix();
+        let how = match self.layout.front() {
+            Front::L2 => "gateways on the client segment, no router; dsr-l2",
+            _ => "a BGP/ECMP router in front; dsr-l2",
+        };
+        let mut s = format!(
+            "testbed {prefix:?} is up ({n} gateways, {how}, {m} backends)\n{layout}",
+            n = self.gateways.len(),
+            m = self.backends.len(),
+            layout = self.layout.describe(),
+        );
+        for g in &self.gateways {
+            s.push_str(&format!(
+                "start {}:  ip netns exec {} {strait} run --config {}\n",
+                g.name,
+                g.namespace,
+                g.config.display()
+            ));
+        }
+        if let Some(r) = &self.router {
+            s.push_str(&format!(
+                "the router's routes:  ip -n {} route show {VIP4}; birdc -s {} show protocols\n",
+                r.namespace,
+                r.socket.display()
+            ));
+        }
+        s.push_str(&format!(
+            "try it:       ip netns exec {client} curl -s http://{VIP4}/\n\
+             tear down:    {exe} testbed down --prefix {prefix}\n",
+            client = self.client_namespace(),
+        ));
+        s
     }
 
     /// Leaves the testbed running (for `strait-lab testbed up`); `down(prefix)` removes it
@@ -394,6 +533,20 @@ pub fn up(opts: &Opts) -> Result<Testbed, Error> {
     if opts.backends == 0 || opts.backends > MAX_BACKENDS {
         return Err(Error::Backends(opts.backends));
     }
+    if opts.gateways == 0 || opts.gateways > MAX_GATEWAYS {
+        return Err(Error::Gateways(opts.gateways));
+    }
+    let fleet = opts.gateways > 1 || opts.l2;
+    if fleet && opts.topology != Topology::OneArm {
+        return Err(Error::Options(
+            "several gateways (or --l2) run dsr-l2 on the one-arm backend segment: leave out --topology two-arm",
+        ));
+    }
+    if fleet && opts.config_path.is_some() {
+        return Err(Error::Options(
+            "--config names one file; with several gateways (or --l2) each configuration goes to /run/strait/PREFIX/gwN.toml",
+        ));
+    }
     let existing = namespaces_of(&opts.prefix)?;
     if !existing.is_empty() {
         return Err(Error::Exists {
@@ -413,19 +566,26 @@ pub fn up(opts: &Opts) -> Result<Testbed, Error> {
         prefix: opts.prefix.clone(),
         topology: opts.topology,
         backends: opts.backends,
-        ipv6: Path::new("/proc/sys/net/ipv6").exists(),
+        ipv6: !fleet && Path::new("/proc/sys/net/ipv6").exists(),
+        gateways: opts.gateways,
+        l2: opts.l2,
     };
     let dir = run_dir(&layout.prefix);
-    let config_path = opts
-        .config_path
-        .clone()
-        .unwrap_or_else(|| dir.join("strait.toml"));
+    let config_path = opts.config_path.clone().unwrap_or_else(|| {
+        if fleet {
+            dir.join("gw1.toml")
+        } else {
+            dir.join("strait.toml")
+        }
+    });
 
     // From here on, a failure drops `testbed`, which removes whatever exists.
     let mut testbed = Testbed {
         layout,
         config_path,
         backends: Vec::new(),
+        gateways: Vec::new(),
+        router: None,
         servers: Vec::new(),
         armed: true,
     };
@@ -440,16 +600,37 @@ pub fn up(opts: &Opts) -> Result<Testbed, Error> {
         run("ip", &args)?;
     }
 
-    let text = config::render(&layout, &testbed.config_path);
-    strait_config::parse(&text).map_err(|e| Error::Config(e.to_string()))?;
-    if let Some(parent) = testbed.config_path.parent() {
-        fs::create_dir_all(parent).map_err(|source| Error::Io {
-            action: "create",
-            path: parent.to_owned(),
-            source,
-        })?;
+    if fleet {
+        let specs = layout.backend_specs();
+        for g in layout.gateway_specs() {
+            let path = dir.join(format!("{}.toml", g.name));
+            let text = config::render_gateway(&layout, &g, &specs, &path);
+            strait_config::parse(&text).map_err(|e| Error::Config(e.to_string()))?;
+            write(&path, &text)?;
+            testbed.gateways.push(gateway_info(&g, path));
+        }
+    } else {
+        let text = config::render(&layout, &testbed.config_path);
+        strait_config::parse(&text).map_err(|e| Error::Config(e.to_string()))?;
+        if let Some(parent) = testbed.config_path.parent() {
+            fs::create_dir_all(parent).map_err(|source| Error::Io {
+                action: "create",
+                path: parent.to_owned(),
+                source,
+            })?;
+        }
+        write(&testbed.config_path, &text)?;
+        testbed.gateways.push(gateway_info(
+            &layout.gateway(1),
+            testbed.config_path.clone(),
+        ));
     }
-    write(&testbed.config_path, &text)?;
+    if layout.front() == Front::Router {
+        let (child, info) = start_router(&layout, &dir)?;
+        testbed.servers.push(child);
+        append(&dir.join("pids"), &pid_line(info.pid, "router"))?;
+        testbed.router = Some(info);
+    }
 
     let specs = layout.backend_specs();
     for b in &specs {
@@ -458,10 +639,110 @@ pub fn up(opts: &Opts) -> Result<Testbed, Error> {
         append(&dir.join("pids"), &pid_line(info.pid, &info.name))?;
         testbed.backends.push(info);
     }
-    for (b, child) in specs.iter().zip(&mut testbed.servers) {
+    let routers = usize::from(testbed.router.is_some());
+    for (b, child) in specs.iter().zip(&mut testbed.servers[routers..]) {
         wait_ready(&b.name, child, &dir.join(format!("{}.log", b.name)))?;
     }
     Ok(testbed)
+}
+
+/// The configuration of gateway `i` (1-based) of `layout` (several gateways) with only the
+/// backends named in `backends`, to be written to `path`.
+pub fn gateway_config(layout: &Layout, i: usize, backends: &[&str], path: &Path) -> String {
+    let specs: Vec<BackendSpec> = layout
+        .backend_specs()
+        .into_iter()
+        .filter(|b| backends.contains(&b.name.as_str()))
+        .collect();
+    config::render_gateway(layout, &layout.gateway(i), &specs, path)
+}
+
+fn gateway_info(g: &GatewaySpec, config: PathBuf) -> GatewayInfo {
+    GatewayInfo {
+        name: g.name.clone(),
+        namespace: g.namespace.clone(),
+        config,
+        client_address: g.client,
+        backend_address: g.backend,
+        peer: g.peer,
+        mac: g.mac.to_string(),
+        admin: SocketAddr::from(([127, 0, 0, 1], 9900)),
+    }
+}
+
+/// The router of the router layout: the hash reset on its client-facing veth (tc), then
+/// BIRD with one session per gateway, in the foreground as a recorded server process.
+fn start_router(layout: &Layout, dir: &Path) -> Result<(Child, RouterInfo), Error> {
+    let ns = layout.router_ns();
+    let object = dir.join("rehash.bpf.o");
+    fs::write(&object, &REHASH_OBJECT.0).map_err(|source| Error::Io {
+        action: "write",
+        path: object.clone(),
+        source,
+    })?;
+    let dev = fleet::ROUTER_CLIENT_IF;
+    let tc = |args: &str| {
+        let mut v = vec!["-n".to_owned(), ns.clone()];
+        v.extend(args.split_whitespace().map(str::to_owned));
+        run("tc", &v)
+    };
+    tc(&format!("qdisc add dev {dev} clsact"))?;
+    tc(&format!(
+        "filter add dev {dev} ingress bpf direct-action obj {} sec tc",
+        object.display()
+    ))?;
+
+    let config = dir.join("router.conf");
+    let socket = dir.join("router.ctl");
+    write(&config, &layout.router_config())?;
+    let log_path = dir.join("router.log");
+    let io_err = |source| Error::Io {
+        action: "create",
+        path: log_path.clone(),
+        source,
+    };
+    let log = fs::File::create(&log_path).map_err(io_err)?;
+    let log2 = log.try_clone().map_err(io_err)?;
+    let mut cmd = Process::new("ip");
+    cmd.args(["netns", "exec", &ns, "bird", "-f", "-c"])
+        .arg(&config)
+        .arg("-s")
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2)
+        .process_group(0);
+    let mut child = cmd.spawn().map_err(|source| Error::Spawn {
+        command: format!("ip netns exec {ns} bird -f -c {}", config.display()),
+        source,
+    })?;
+    let deadline = Instant::now() + ROUTER_READY_TIMEOUT;
+    while strait_control::bgp::bird::Control::connect(&socket).is_err() {
+        let failed = |detail: String| Error::Server {
+            name: "router".to_owned(),
+            detail,
+            log: log_path.clone(),
+            tail: tail(&log_path),
+        };
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(failed(format!(
+                "(bird) exited ({status}); is bird2 installed?"
+            )));
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(failed("(bird) opened no control socket".to_owned()));
+        }
+        thread::sleep(POLL);
+    }
+    let info = RouterInfo {
+        namespace: ns,
+        socket,
+        config,
+        pid: child.id(),
+    };
+    Ok((child, info))
 }
 
 fn start_server(
@@ -694,6 +975,15 @@ fn append(path: &Path, line: &str) -> Result<(), Error> {
         })
 }
 
+/// Records `pid` (a process started in testbed `prefix`, such as a gateway) with the
+/// testbed's servers, so `down` ends it too if whoever started it could not (a Ctrl-C).
+///
+/// # Errors
+/// The testbed's pid file cannot be appended to.
+pub fn record_pid(prefix: &str, pid: u32, name: &str) -> Result<(), Error> {
+    append(&run_dir(prefix).join("pids"), &pid_line(pid, name))
+}
+
 /// `"{pid} {start time} {name}\n"`: the start time tells a recycled pid from ours.
 fn pid_line(pid: u32, name: &str) -> String {
     format!("{pid} {} {name}\n", start_time(pid).unwrap_or(0))
@@ -740,6 +1030,13 @@ pub enum Command {
         /// Where to write the gateway configuration (default /run/strait/PREFIX/strait.toml).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Gateway namespaces, 1 to 4. More than one: a router namespace (BIRD, BGP, ECMP)
+        /// between the client and the gateways, each with its own configuration.
+        #[arg(long, default_value_t = 1)]
+        gateways: usize,
+        /// The gateways share the client segment (no router), for L2 failover.
+        #[arg(long)]
+        l2: bool,
         /// Print a JSON description instead of instructions.
         #[arg(long)]
         json: bool,
@@ -777,6 +1074,8 @@ pub fn run_command(command: Command) -> anyhow::Result<()> {
             topology,
             prefix,
             config,
+            gateways,
+            l2,
             json,
         } => {
             let testbed = up(&Opts {
@@ -785,6 +1084,8 @@ pub fn run_command(command: Command) -> anyhow::Result<()> {
                 prefix,
                 config_path: config,
                 server_binary: None,
+                gateways,
+                l2,
             })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&testbed.summary())?);

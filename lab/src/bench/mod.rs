@@ -1,6 +1,7 @@
 //! Every bench of the lab, one module each; `strait-lab bench NAME` runs one.
 
 pub mod control;
+pub mod failover;
 pub mod line;
 pub mod maglev;
 pub mod pipeline;

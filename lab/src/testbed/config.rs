@@ -10,7 +10,8 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::plan::{Layout, HTTP_PORT, NAT_PORT, NAT_UDP_PORT, UDP_PORT, VIP4, VIP6};
+use super::fleet::{GatewaySpec, GATEWAY_ASN, ROUTER_ASN};
+use super::plan::{BackendSpec, Layout, HTTP_PORT, NAT_PORT, NAT_UDP_PORT, UDP_PORT, VIP4, VIP6};
 use super::Topology;
 
 /// Renders the configuration; `path` is where it will be written (quoted in the header).
@@ -93,6 +94,92 @@ role = \"{role}\"
     s
 }
 
+/// The configuration of gateway `gw` of a layout with several gateways (`fleet`): `web`
+/// (TCP 80, its backends also serve the failover bench's `GET /echo` streams) and `echo`
+/// (UDP 5353) in `dsr-l2` to `backends` (normally every backend; the failover bench drops
+/// one to change a gateway's backend set), and in the router layout `[gateway.bgp]` with
+/// the router as the peer.
+pub fn render_gateway(
+    layout: &Layout,
+    gw: &GatewaySpec,
+    backends: &[BackendSpec],
+    path: &Path,
+) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "\
+# Strait configuration of gateway {name} of the testbed \"{prefix}\" ({n} gateways, {m} backends),
+# written by `strait-lab testbed up`; `strait-lab testbed down --prefix {prefix}` removes it.
+#
+# Start the gateway in its namespace:
+#   ip netns exec {ns} strait run --config {path}
+# and try it from the client:
+#   ip netns exec {client} curl -s http://{VIP4}/
+
+[gateway]
+admin_listen = \"127.0.0.1:9900\"
+# Withdraw, then forward this long: the testbed's router moves traffic in milliseconds.
+drain_grace = \"2s\"
+",
+        name = gw.name,
+        prefix = layout.prefix,
+        n = layout.gateways,
+        m = backends.len(),
+        ns = gw.namespace,
+        client = layout.client_ns(),
+        path = path.display(),
+    );
+    for (name, role) in layout.gateway_interfaces() {
+        let _ = write!(
+            s,
+            "
+[[gateway.interfaces]]
+name = \"{name}\"
+queues = [0]
+role = \"{role}\"
+"
+        );
+    }
+    if let Some(peer) = gw.peer {
+        let _ = write!(
+            s,
+            "
+# One eBGP session to the testbed's router, which merges the gateways' equal paths into a
+# multipath route. hold_time at its floor: a gateway lost without a Cease is gone in 3 s.
+[gateway.bgp]
+asn = {GATEWAY_ASN}
+router_id = \"{id}\"
+
+[[gateway.bgp.peers]]
+address = \"{peer}\"
+asn = {ROUTER_ASN}
+hold_time = \"3s\"
+",
+            id = gw.client,
+        );
+    }
+    service(
+        &mut s,
+        "HTTP in dsr-l2: the backends hold the VIP on lo and answer the client directly.",
+        ("web", &VIP4.to_string(), HTTP_PORT, "tcp", "dsr-l2"),
+        None,
+        backends
+            .iter()
+            .map(|b| (b.ipv4.to_string(), HTTP_PORT, b.mac)),
+    );
+    service(
+        &mut s,
+        "UDP echo in dsr-l2, health-checked over HTTP.",
+        ("echo", &VIP4.to_string(), UDP_PORT, "udp", "dsr-l2"),
+        Some(HTTP_PORT),
+        backends
+            .iter()
+            .map(|b| (b.ipv4.to_string(), UDP_PORT, b.mac)),
+    );
+    s
+}
+
 /// One `[[services]]` table with its health check and backends.
 fn service(
     s: &mut String,
@@ -145,6 +232,8 @@ mod tests {
             topology,
             backends: 3,
             ipv6,
+            gateways: 1,
+            l2: false,
         };
         let text = render(&layout, Path::new("/run/strait/st9/strait.toml"));
         strait_config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
@@ -188,6 +277,42 @@ mod tests {
             c.services[2].backends[2].address.to_string(),
             "2001:db8:b::13"
         );
+    }
+
+    #[test]
+    fn every_gateway_of_a_router_layout_peers_with_its_link() {
+        let layout = Layout {
+            prefix: "st9".to_owned(),
+            topology: Topology::OneArm,
+            backends: 3,
+            ipv6: false,
+            gateways: 3,
+            l2: false,
+        };
+        let gw = layout.gateway(2);
+        let all = layout.backend_specs();
+        let text = render_gateway(&layout, &gw, &all[..2], Path::new("/x.toml"));
+        let c = strait_config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let bgp = c.gateway.bgp.as_ref().expect("[gateway.bgp]");
+        assert_eq!(bgp.asn, 64512);
+        assert_eq!(bgp.router_id.to_string(), "192.0.2.34");
+        assert_eq!(bgp.peers[0].address.to_string(), "192.0.2.33");
+        assert_eq!(bgp.peers[0].asn, 64500);
+        assert_eq!(c.services[0].mode, Mode::DsrL2);
+        assert_eq!(c.services[0].backends.len(), 2);
+        let ifs: Vec<(&str, Role)> = c
+            .gateway
+            .interfaces
+            .iter()
+            .map(|i| (i.name.as_str(), i.role))
+            .collect();
+        assert_eq!(ifs, [("veth-c", Role::Client), ("veth-b", Role::Backend)]);
+
+        let l2 = Layout { l2: true, ..layout };
+        let text = render_gateway(&l2, &l2.gateway(1), &all, Path::new("/x.toml"));
+        let c = strait_config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert!(c.gateway.bgp.is_none());
+        assert_eq!(c.gateway.interfaces[0].name, "veth-gw");
     }
 
     #[test]

@@ -92,8 +92,23 @@ pub const NAT_UDP_PORT: u16 = 53;
 /// Longest accepted prefix; the names stay readable in `ip netns list`.
 pub const MAX_PREFIX: usize = 32;
 
+/// Most gateways of one testbed (`testbed up --gateways N`).
+pub const MAX_GATEWAYS: usize = 4;
+
+/// How the client reaches the gateways.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Front {
+    /// One gateway, the client's next hop (the layout drawn above).
+    Direct,
+    /// A router namespace between the client and the gateways, BGP and ECMP
+    /// (`--gateways N`, see `fleet`).
+    Router,
+    /// The gateways on the client's segment, no router (`--gateways N --l2`).
+    L2,
+}
+
 /// Name of the bridge in the switch namespace.
-const BRIDGE: &str = "br0";
+pub(super) const BRIDGE: &str = "br0";
 
 /// Whether `prefix` may name a testbed: 1 to [`MAX_PREFIX`] bytes of `[a-z0-9-]`,
 /// starting with a letter or digit. Keeps names safe in paths and in `ip` arguments.
@@ -107,7 +122,7 @@ pub fn valid_prefix(prefix: &str) -> bool {
 }
 
 /// Whether namespace `name` belongs to the testbed `prefix`: `{prefix}-client`, `-gw`,
-/// `-sw` or `-b{digits}`, nothing else. A prefix that is a prefix of another one
+/// `-sw`, `-rt`, `-gw{digits}` or `-b{digits}`, nothing else. A prefix that is a prefix of another one
 /// (`strait` and `strait-x`) does not claim the other's namespaces.
 pub fn owns(prefix: &str, name: &str) -> bool {
     let Some(role) = name
@@ -116,12 +131,11 @@ pub fn owns(prefix: &str, name: &str) -> bool {
     else {
         return false;
     };
-    match role {
-        "client" | "gw" | "sw" => true,
-        _ => role
-            .strip_prefix('b')
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
-    }
+    let numbered = |letter: &str| {
+        role.strip_prefix(letter)
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    matches!(role, "client" | "gw" | "sw" | "rt") || numbered("b") || numbered("gw")
 }
 
 /// A backend namespace and what is in it.
@@ -158,7 +172,7 @@ pub fn backend_mac(i: usize) -> MacAddr {
 
 /// MAC of the bridge-side port whose peer has `peer`: the same address with 0xfe in the
 /// fourth octet, unique because the peers are.
-fn port_mac(peer: MacAddr) -> MacAddr {
+pub(super) fn port_mac(peer: MacAddr) -> MacAddr {
     let mut m = peer.0;
     m[3] = 0xfe;
     MacAddr(m)
@@ -185,11 +199,27 @@ pub struct Layout {
     pub topology: Topology,
     /// Number of backend namespaces.
     pub backends: usize,
-    /// Whether to configure IPv6 (the kernel may have it off).
+    /// Whether to configure IPv6 (the kernel may have it off; the layouts with several
+    /// gateways are IPv4 only).
     pub ipv6: bool,
+    /// Gateway namespaces, 1 ..= [`MAX_GATEWAYS`]; 1 without `l2` is the layout above.
+    pub gateways: usize,
+    /// The gateways share the client segment (no router): the L2 failover layout.
+    pub l2: bool,
 }
 
 impl Layout {
+    /// How the client reaches the gateways.
+    pub fn front(&self) -> Front {
+        if self.l2 {
+            Front::L2
+        } else if self.gateways > 1 {
+            Front::Router
+        } else {
+            Front::Direct
+        }
+    }
+
     /// `{prefix}-client`.
     pub fn client_ns(&self) -> String {
         format!("{}-client", self.prefix)
@@ -223,6 +253,9 @@ impl Layout {
 
     /// Every namespace, in creation order.
     pub fn namespaces(&self) -> Vec<String> {
+        if self.front() != Front::Direct {
+            return self.fleet_namespaces();
+        }
         let mut all = vec![self.switch_ns(), self.client_ns(), self.gateway_ns()];
         all.extend(self.backend_specs().into_iter().map(|b| b.namespace));
         all
@@ -231,6 +264,11 @@ impl Layout {
     /// The gateway's data interfaces and the side each faces.
     pub fn gateway_interfaces(&self) -> Vec<(&'static str, strait_config::Role)> {
         use strait_config::Role;
+        match self.front() {
+            Front::Router => return vec![("veth-c", Role::Client), ("veth-b", Role::Backend)],
+            Front::L2 => return vec![("veth-gw", Role::Both)],
+            Front::Direct => {}
+        }
         match self.topology {
             Topology::OneArm => vec![("veth-gw", Role::Both)],
             Topology::TwoArm => vec![("veth-c", Role::Client), ("veth-b", Role::Backend)],
@@ -288,6 +326,9 @@ impl Layout {
     /// Each one is `netns add NS`, `-n NS ...` or `netns exec NS sysctl|ethtool ...` with
     /// NS one of [`Layout::namespaces`]: nothing touches the namespace `strait` runs in.
     pub fn commands(&self) -> Vec<Vec<String>> {
+        if self.front() != Front::Direct {
+            return self.fleet_commands();
+        }
         let mut c = Commands::default();
         let (client, gw, sw) = (self.client_ns(), self.gateway_ns(), self.switch_ns());
         let backends = self.backend_specs();
@@ -482,6 +523,9 @@ impl Layout {
 
     /// A short human description: what is where and how to use it.
     pub fn describe(&self) -> String {
+        if self.front() != Front::Direct {
+            return self.fleet_describe();
+        }
         let mut s = String::new();
         let _ = writeln!(
             s,
@@ -516,7 +560,7 @@ impl Layout {
 
 /// Accumulates `ip` argument lists.
 #[derive(Default)]
-struct Commands(Vec<Vec<String>>);
+pub(super) struct Commands(pub(super) Vec<Vec<String>>);
 
 impl Commands {
     fn push(&mut self, head: &[&str], rest: &str) {
@@ -525,22 +569,22 @@ impl Commands {
         self.0.push(v);
     }
 
-    fn add_ns(&mut self, ns: &str) {
+    pub(super) fn add_ns(&mut self, ns: &str) {
         self.push(&["netns", "add", ns], "");
     }
 
     /// `ip -n NS ARGS`.
-    fn ip(&mut self, ns: &str, args: &str) {
+    pub(super) fn ip(&mut self, ns: &str, args: &str) {
         self.push(&["-n", ns], args);
     }
 
     /// `ip netns exec NS ARGS`.
-    fn exec(&mut self, ns: &str, args: &str) {
+    pub(super) fn exec(&mut self, ns: &str, args: &str) {
         self.push(&["netns", "exec", ns], args);
     }
 
     /// A veth from the bridge in `sw` (port `port`) to `ifname` in `ns`, created in place.
-    fn port(&mut self, sw: &str, port: &str, ns: &str, ifname: &str, mac: MacAddr) {
+    pub(super) fn port(&mut self, sw: &str, port: &str, ns: &str, ifname: &str, mac: MacAddr) {
         let port_mac = port_mac(mac);
         self.ip(
             sw,
@@ -564,28 +608,46 @@ mod tests {
             topology,
             backends,
             ipv6,
+            gateways: 1,
+            l2: false,
         }
+    }
+
+    /// Every layout: one gateway in each topology, with and without IPv6; several gateways
+    /// behind a router and on the client segment.
+    fn every_layout() -> Vec<Layout> {
+        let mut all = Vec::new();
+        for topology in [Topology::OneArm, Topology::TwoArm] {
+            for ipv6 in [true, false] {
+                all.push(layout(topology, 3, ipv6));
+            }
+        }
+        for (gateways, l2) in [(2, false), (MAX_GATEWAYS, false), (1, true), (3, true)] {
+            all.push(Layout {
+                gateways,
+                l2,
+                ..layout(Topology::OneArm, 3, false)
+            });
+        }
+        all
     }
 
     #[test]
     fn every_command_stays_in_the_testbed_namespaces() {
-        for topology in [Topology::OneArm, Topology::TwoArm] {
-            for ipv6 in [true, false] {
-                let l = layout(topology, 3, ipv6);
-                let ours = l.namespaces();
-                for cmd in l.commands() {
-                    let ns = match cmd.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-                        ["netns", "add", ns] => ns,
-                        ["-n", ns, ..] => ns,
-                        ["netns", "exec", ns, "sysctl" | "ethtool", ..] => ns,
-                        _ => panic!("unexpected command {cmd:?}"),
-                    };
-                    assert!(ours.iter().any(|o| o == ns), "{cmd:?} leaves the testbed");
-                    assert!(owns("st9", ns));
-                    // A veth peer is only ever created in one of ours, too.
-                    if let Some(p) = cmd.iter().position(|a| a == "netns").filter(|&p| p > 0) {
-                        assert!(ours.contains(&cmd[p + 1]), "{cmd:?}");
-                    }
+        for l in every_layout() {
+            let ours = l.namespaces();
+            for cmd in l.commands() {
+                let ns = match cmd.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+                    ["netns", "add", ns] => ns,
+                    ["-n", ns, ..] => ns,
+                    ["netns", "exec", ns, "sysctl" | "ethtool", ..] => ns,
+                    _ => panic!("unexpected command {cmd:?}"),
+                };
+                assert!(ours.iter().any(|o| o == ns), "{cmd:?} leaves the testbed");
+                assert!(owns("st9", ns));
+                // A veth peer is only ever created in one of ours, too.
+                if let Some(p) = cmd.iter().position(|a| a == "netns").filter(|&p| p > 0) {
+                    assert!(ours.contains(&cmd[p + 1]), "{cmd:?}");
                 }
             }
         }
@@ -593,13 +655,14 @@ mod tests {
 
     #[test]
     fn addresses_are_documentation_ranges() {
-        let l = layout(Topology::OneArm, MAX_BACKENDS, true);
+        let mut layouts = every_layout();
+        layouts.push(layout(Topology::OneArm, MAX_BACKENDS, true));
         let doc4 = |a: Ipv4Addr| {
             let [a, b, c, _] = a.octets();
             matches!((a, b, c), (192, 0, 2) | (198, 51, 100) | (203, 0, 113))
         };
         let doc6 = |a: Ipv6Addr| a.segments()[..2] == [0x2001, 0xdb8];
-        for cmd in l.commands() {
+        for cmd in layouts.iter().flat_map(Layout::commands) {
             for arg in &cmd {
                 let addr = arg.split('/').next().unwrap_or_default();
                 match addr.parse::<IpAddr>() {
@@ -609,7 +672,7 @@ mod tests {
                 }
             }
         }
-        let last = l.backend(MAX_BACKENDS);
+        let last = layout(Topology::OneArm, MAX_BACKENDS, true).backend(MAX_BACKENDS);
         assert_eq!(last.ipv4, Ipv4Addr::new(198, 51, 100, 210));
         assert_eq!(last.ipv6, Some("2001:db8:b::210".parse().unwrap()));
         assert_eq!(last.mac.to_string(), "02:00:00:00:01:d8");
@@ -675,6 +738,9 @@ mod tests {
             "strait-sw",
             "strait-b1",
             "strait-b200",
+            "strait-rt",
+            "strait-gw1",
+            "strait-gw4",
         ] {
             assert!(owns("strait", yes), "{yes}");
         }
@@ -686,6 +752,8 @@ mod tests {
             "strait-x-client",
             "straitx-client",
             "strait-client2",
+            "strait-gwx",
+            "strait-rt1",
             "other-client",
         ] {
             assert!(!owns("strait", no), "{no}");

@@ -1,0 +1,224 @@
+//! Several gateways behind a router (issue 11, points 6 and 7): `testbed up --gateways 3`
+//! builds a router namespace running BIRD with a session per gateway; three `strait run`s
+//! announce the VIP and the router installs one route with three next hops; traffic flows
+//! through more than one gateway; `testbed down` leaves nothing. `bench failover` with 20
+//! streams resets none of them when a gateway is killed. Needs root, bird2, iproute2 (tc),
+//! ethtool and curl; fails with a clear message without them unless
+//! `STRAIT_SKIP_PRIVILEGED=1`.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::Value;
+use support::bed::Bed;
+use support::harness::{in_ns, namespaces, run, serial_if, strait, text, wait_for, Proc, LAB};
+use support::privileged as gate;
+
+const VIP: &str = "203.0.113.10";
+const TC: gate::Tool = ("tc", "-V", "iproute2");
+
+fn privileged() -> bool {
+    gate::privileged(
+        "failover",
+        &[
+            gate::IP,
+            gate::CURL,
+            gate::PING,
+            gate::BIRD,
+            gate::ETHTOOL,
+            TC,
+        ],
+    )
+}
+
+fn prefix(tag: &str) -> String {
+    format!("fo{}{tag}", std::process::id() % 100_000)
+}
+
+/// Next hops of the router's route to the VIP.
+fn paths(bed: &Bed) -> usize {
+    let out = bed.exec("rt", &["ip", "route", "show", &format!("{VIP}/32")]);
+    let t = text(&out.stdout);
+    match t.matches("nexthop via").count() {
+        0 => usize::from(t.contains(" via ")),
+        n => n,
+    }
+}
+
+/// `GET path` on the admin API of the gateway in `ns`.
+fn admin(ns: &str, path: &str) -> String {
+    let url = format!("http://127.0.0.1:9900{path}");
+    text(&run(&mut in_ns(ns, ["curl", "-s", "--max-time", "3", &url])).stdout)
+}
+
+/// The sum of the samples of `strait_rx_packets_total` of the gateway in `ns`.
+fn rx_packets(ns: &str) -> f64 {
+    admin(ns, "/metrics")
+        .lines()
+        .filter(|l| l.starts_with("strait_rx_packets_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn three_gateways_behind_a_router_share_the_vip_and_down_leaves_nothing() {
+    let Some(_serial) = serial_if(privileged) else {
+        return;
+    };
+    let p = prefix("a");
+    let bed = Bed::up(&p, &["--gateways", "3", "--backends", "3"]);
+    let gateways = bed.info["gateways"].as_array().expect("gateways").clone();
+    assert_eq!(gateways.len(), 3, "{}", bed.info);
+    assert_eq!(bed.info["router"]["namespace"], format!("{p}-rt"));
+    assert_eq!(paths(&bed), 0, "no route before a gateway announces");
+    let tc = bed.must("rt", &["tc", "filter", "show", "dev", "c0", "ingress"]);
+    assert!(
+        tc.contains("strait_rehash"),
+        "no hash reset on the router:\n{tc}"
+    );
+    let policy = bed.must(
+        "rt",
+        &["sysctl", "-n", "net.ipv4.fib_multipath_hash_policy"],
+    );
+    assert_eq!(policy.trim(), "1");
+
+    let mut procs = Vec::new();
+    for g in &gateways {
+        let ns = g["namespace"].as_str().expect("namespace").to_owned();
+        let config = g["config"].as_str().expect("config");
+        let log = std::fs::File::create(bed.dir.join(&format!("{ns}.log"))).expect("log");
+        procs.push(Proc::spawn(
+            in_ns(&ns, [strait(), "run", "--config", config])
+                .stdout(std::process::Stdio::null())
+                .stderr(log),
+        ));
+        wait_for(&format!("{ns} ready"), Duration::from_secs(20), || {
+            (admin(&ns, "/healthz") == "ok\n").then_some(())
+        });
+    }
+    wait_for(
+        "a route with 3 next hops on the router",
+        Duration::from_secs(20),
+        || (paths(&bed) == 3).then_some(()),
+    );
+    let route = bed.must("rt", &["ip", "route", "show", &format!("{VIP}/32")]);
+    eprintln!("the router's route:\n{route}");
+    for g in &gateways {
+        let via = format!("nexthop via {}", g["client_address"].as_str().unwrap());
+        assert!(route.contains(&via), "{via} missing:\n{route}");
+    }
+
+    // Thirty connections, each on a new source port: the L4 hash spreads them.
+    for i in 0..30 {
+        let answer = bed
+            .curl(&format!("http://{VIP}/"))
+            .unwrap_or_else(|e| panic!("request {i} through the router failed: {e}"));
+        assert!(answer.starts_with("backend=b"), "{answer}");
+    }
+    let used = gateways
+        .iter()
+        .filter(|g| rx_packets(g["namespace"].as_str().unwrap()) > 0.0)
+        .count();
+    assert!(
+        used >= 2,
+        "only {used} of 3 gateways forwarded 30 connections"
+    );
+
+    // SIGTERM to all at once (each withdraws, forwards through its 2 s drain grace and
+    // exits 0, its BIRD directory removed), then collect them.
+    for proc in &procs {
+        proc.signal("TERM");
+    }
+    for mut proc in procs {
+        let status = proc.stop(Duration::from_secs(10));
+        assert!(status.success(), "a gateway exited with {status}");
+    }
+    let out = run(std::process::Command::new(LAB).args(["testbed", "down", "--prefix", &p]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(namespaces(&p), Default::default(), "namespaces left");
+    assert!(
+        !std::path::Path::new(&format!("/run/strait/{p}")).exists(),
+        "/run/strait/{p} left"
+    );
+}
+
+#[test]
+fn killing_one_of_three_gateways_resets_no_stream() {
+    let Some(_serial) = serial_if(privileged) else {
+        return;
+    };
+    let p = prefix("b");
+    // Takes the testbed down if the bench dies half-way.
+    let guard = Bed::guard(&p);
+    let json = guard.dir.join("failover.json");
+    let out = run(std::process::Command::new(LAB)
+        .env("STRAIT_BIN", strait())
+        .args(["bench", "failover", "--gateways", "3", "--streams", "20"])
+        .args(["--prefix", &p, "--json"])
+        .arg(&json));
+    assert!(
+        out.status.success(),
+        "bench failover failed:\n{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    eprintln!("{}", text(&out.stdout));
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON report"))
+            .expect("JSON");
+    let results = report["results"].as_array().expect("results");
+    let events: Vec<&str> = results.iter().filter_map(|r| r["event"].as_str()).collect();
+    assert_eq!(
+        events,
+        ["kill", "drain", "restart", "backend-change-during-kill"]
+    );
+    for r in results {
+        assert_eq!(r["gateways"], 3, "{r}");
+        assert_eq!(r["streams"], 20, "{r}");
+        assert!(r["recovery_ms"].is_u64(), "{r}");
+        assert!(r["flows_moved_backend"].is_u64(), "{r}");
+    }
+    let kill = &results[0];
+    assert_eq!(
+        kill["streams_reset"], 0,
+        "streams reset by a SIGKILL: {kill}"
+    );
+    assert_eq!(
+        namespaces(&p),
+        Default::default(),
+        "the bench left namespaces"
+    );
+}
+
+#[test]
+fn the_l2_layout_puts_gateways_on_the_client_segment_without_vips() {
+    let Some(_serial) = serial_if(privileged) else {
+        return;
+    };
+    let p = prefix("c");
+    let bed = Bed::up(&p, &["--gateways", "2", "--l2", "--backends", "2"]);
+    assert!(bed.info["router"].is_null(), "{}", bed.info);
+    let names = namespaces(&p);
+    assert!(!names.contains(&format!("{p}-rt")), "{names:?}");
+    for (i, g) in bed.info["gateways"]
+        .as_array()
+        .expect("gateways")
+        .iter()
+        .enumerate()
+    {
+        let ns = g["namespace"].as_str().unwrap();
+        assert_eq!(ns, format!("{p}-gw{}", i + 1));
+        // Only strait claims VIPs; the testbed puts none on a gateway.
+        let lo = text(&run(&mut in_ns(ns, ["ip", "addr", "show", "dev", "lo"])).stdout);
+        assert!(!lo.contains(VIP), "{ns} holds the VIP:\n{lo}");
+        // On the client's segment: reachable from the client without a router.
+        let addr = g["client_address"].as_str().unwrap();
+        let ping = bed.exec("client", &["ping", "-c", "1", "-W", "2", addr]);
+        assert!(ping.status.success(), "{addr}: {}", text(&ping.stdout));
+        let config = std::fs::read_to_string(g["config"].as_str().unwrap()).unwrap();
+        assert!(!config.contains("[gateway.bgp]"), "{config}");
+    }
+    drop(bed);
+    assert_eq!(namespaces(&p), Default::default(), "namespaces left");
+}
