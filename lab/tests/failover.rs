@@ -2,9 +2,11 @@
 //! builds a router namespace running BIRD with a session per gateway; three `strait run`s
 //! announce the VIP and the router installs one route with three next hops; traffic flows
 //! through more than one gateway; `testbed down` leaves nothing. `bench failover` with 20
-//! streams resets none of them when a gateway is killed. Needs root, bird2, iproute2 (tc),
-//! ethtool and curl; fails with a clear message without them unless
-//! `STRAIT_SKIP_PRIVILEGED=1`.
+//! streams resets none of them when a gateway is killed. The L2 layout: two gateways on the
+//! client segment elect the VIP's owner with VRRP; SIGKILL of the owner hands the VIP to
+//! the other within a second and resets no stream, and so does a drain. Needs root,
+//! bird2, keepalived, iproute2 (tc), ethtool and curl; fails with a clear message without
+//! them unless `STRAIT_SKIP_PRIVILEGED=1`.
 
 mod support;
 
@@ -26,6 +28,7 @@ fn privileged() -> bool {
             gate::CURL,
             gate::PING,
             gate::BIRD,
+            gate::KEEPALIVED,
             gate::ETHTOOL,
             TC,
         ],
@@ -218,7 +221,56 @@ fn the_l2_layout_puts_gateways_on_the_client_segment_without_vips() {
         assert!(ping.status.success(), "{addr}: {}", text(&ping.stdout));
         let config = std::fs::read_to_string(g["config"].as_str().unwrap()).unwrap();
         assert!(!config.contains("[gateway.bgp]"), "{config}");
+        assert!(config.contains("[gateway.l2]"), "{config}");
     }
     drop(bed);
     assert_eq!(namespaces(&p), Default::default(), "namespaces left");
+}
+
+#[test]
+fn killing_or_draining_the_vrrp_owner_moves_the_vip_in_a_second_and_resets_no_stream() {
+    let Some(_serial) = serial_if(privileged) else {
+        return;
+    };
+    let p = prefix("d");
+    let guard = Bed::guard(&p);
+    let json = guard.dir.join("failover-l2.json");
+    let out = run(std::process::Command::new(LAB)
+        .env("STRAIT_BIN", strait())
+        .args([
+            "bench",
+            "failover",
+            "--l2",
+            "--gateways",
+            "2",
+            "--streams",
+            "20",
+        ])
+        .args(["--prefix", &p, "--json"])
+        .arg(&json));
+    assert!(
+        out.status.success(),
+        "bench failover --l2 failed:\n{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    eprintln!("{}", text(&out.stdout));
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON report"))
+            .expect("JSON");
+    let results = report["results"].as_array().expect("results");
+    let events: Vec<&str> = results.iter().filter_map(|r| r["event"].as_str()).collect();
+    assert_eq!(events, ["l2-kill", "l2-drain"]);
+    for r in results {
+        assert_eq!(r["streams_reset"], 0, "streams reset: {r}");
+        assert!(
+            r["withdrawn_ms"].as_u64().is_some_and(|ms| ms < 1000),
+            "the VIP took a second or more to move: {r}"
+        );
+    }
+    assert_eq!(
+        namespaces(&p),
+        Default::default(),
+        "the bench left namespaces"
+    );
 }

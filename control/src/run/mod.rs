@@ -139,8 +139,14 @@ impl Gateway {
     /// # Errors
     /// When a VIP cannot be added.
     pub fn own_vips(&mut self) -> anyhow::Result<()> {
-        // With `[gateway.l2]`, keepalived puts each VIP on the gateway that owns it.
-        if self.core.file().gateway.l2.is_none() {
+        // With `[gateway.l2]` keepalived puts each VIP on the gateway that owns it. With
+        // `[gateway.bgp]` routers send traffic to the gateway's own address, so the kernel
+        // need not own the VIPs; it must not, in fact: after a SIGKILL (XDP program left,
+        // workers gone) it would answer the packets still on their way, until the routers
+        // withdrew the route, with resets, where a kernel that does not own them drops them
+        // and TCP retransmits to the gateway the routers moved to.
+        let g = &self.core.file().gateway;
+        if g.l2.is_none() && g.bgp.is_none() {
             self.vips = Some(Vips::new(self.core.file(), None));
         }
         self.core.handle(Instant::now(), Event::Forwarding)?;

@@ -39,9 +39,9 @@
 //! it. The gateways are `strait run` processes (the product binary), one per namespace,
 //! recorded in the testbed's pid file so `testbed down` ends them after a hard stop.
 //!
-//! The L2 layout (`--l2`) has no event yet: its failover is VRRP in the gateway
-//! (`[gateway.l2]`), which the gateway does not have; `l2-kill` is left out and the output
-//! says so.
+//! The L2 layout (`--l2`): the gateways elect the VIP's owner with VRRP (`[gateway.l2]`);
+//! `l2-kill` kills the owner with SIGKILL, `l2-drain` drains the next one, and "withdrawn"
+//! is the time until another gateway owns the VIP.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -128,8 +128,8 @@ pub struct Options {
     /// The testbed's namespace prefix.
     #[arg(long, default_value = "sfo")]
     pub prefix: String,
-    /// The L2 layout (no router): l2-kill needs `[gateway.l2]` in the gateway, which it
-    /// does not have yet, so nothing is measured.
+    /// The L2 layout (no router, VRRP between the gateways): the events are l2-kill and
+    /// l2-drain.
     #[arg(long)]
     pub l2: bool,
 }
@@ -206,20 +206,14 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         l2: o.l2,
         ..testbed::Opts::default()
     })?;
-    let mut notes = Vec::new();
+    let notes = Vec::new();
+    let mut fleet = Fleet::up(&bed)?;
     let results = if o.l2 {
-        let note = "l2-kill left out: the gateways have no [gateway.l2] (VRRP) yet, so no \
-                    gateway takes a killed one's VIPs; the L2 layout was built and removed"
-            .to_owned();
-        eprintln!("bench failover: {note}");
-        notes.push(note);
-        Vec::new()
+        l2_events(&bed, &mut fleet, o)?
     } else {
-        let mut fleet = Fleet::up(&bed)?;
-        let results = events(&bed, &mut fleet, o)?;
-        fleet.stop_all();
-        results
+        events(&bed, &mut fleet, o)?
     };
+    fleet.stop_all();
     let report = Report {
         results,
         cpu: cpu_model(),
@@ -298,6 +292,35 @@ fn events(bed: &Testbed, fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<E
     let event = "backend-change-during-kill";
     results.push(finish(&client, &w, event, n, true, share, withdrawn));
 
+    client.stop();
+    Ok(results)
+}
+
+/// The L2 layout's events: SIGKILL of the VIP's owner (`l2-kill`), and a drain of the
+/// next owner (`l2-drain`); "withdrawn" is the time until another gateway owns the VIP.
+fn l2_events(bed: &Testbed, fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<EventResult>> {
+    let n = o.gateways;
+    let client = Client::start(&bed.client_namespace(), o.streams)?;
+    client.wait_all_open(o.streams, Duration::from_secs(30))?;
+    let mut results = Vec::new();
+    for (event, drain) in [("l2-kill", false), ("l2-drain", true)] {
+        let k = fleet.wait_owner(None)?;
+        let (w, share) = begin(&client, fleet, k, o.streams)?;
+        let t = Instant::now();
+        if drain {
+            fleet.drain(k)?;
+        } else {
+            fleet.kill(k);
+        }
+        fleet.wait_owner(Some(k))?;
+        let moved = t.elapsed();
+        if drain {
+            fleet.wait_exit(k, DRAIN_EXIT)?;
+        }
+        fleet.start(k, None)?;
+        pause(SETTLE)?;
+        results.push(finish(&client, &w, event, n, false, share, moved));
+    }
     client.stop();
     Ok(results)
 }
@@ -413,22 +436,62 @@ struct Fleet {
 
 impl Fleet {
     fn up(bed: &Testbed) -> anyhow::Result<Fleet> {
-        let router = bed.router().context("the testbed has no router")?;
+        let router_ns = match bed.router() {
+            Some(r) => r.namespace.clone(),
+            None if bed.layout().l2 => String::new(),
+            None => bail!("the testbed has no router"),
+        };
         let strait = crate::strait_binary()?;
         let mut fleet = Fleet {
             gateways: bed.gateways().to_vec(),
             children: (0..bed.gateways().len()).map(|_| None).collect(),
             strait,
             dir: testbed::run_dir(bed.prefix()),
-            router_ns: router.namespace.clone(),
+            router_ns,
             layout: bed.layout().clone(),
             prefix: bed.prefix().to_owned(),
         };
         for i in 0..fleet.gateways.len() {
             fleet.start(i, None)?;
         }
-        fleet.wait_paths(fleet.gateways.len())?;
+        if fleet.layout.l2 {
+            fleet.wait_owner(None)?;
+        } else {
+            fleet.wait_paths(fleet.gateways.len())?;
+        }
         Ok(fleet)
+    }
+
+    /// The gateway whose `/routes` says it owns the VIP (VRRP master), if one does.
+    fn owner(&self) -> Option<usize> {
+        let vip = VIP4.to_string();
+        self.gateways.iter().position(|g| {
+            admin(&g.namespace, "GET", "/routes")
+                .ok()
+                .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
+                .is_some_and(|r| {
+                    r["l2"]["owned"]
+                        .as_array()
+                        .is_some_and(|o| o.iter().any(|v| v == vip.as_str()))
+                })
+        })
+    }
+
+    /// Waits until a gateway other than `not` owns the VIP; which.
+    fn wait_owner(&self, not: Option<usize>) -> anyhow::Result<usize> {
+        let t = Instant::now();
+        loop {
+            if let Some(k) = self.owner().filter(|&k| Some(k) != not) {
+                return Ok(k);
+            }
+            interrupted()?;
+            ensure!(
+                t.elapsed() < ROUTE_CHANGE.max(GATEWAY_UP),
+                "no gateway owns {VIP4} after {:?}",
+                t.elapsed()
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
     }
 
     fn write_config(&self, i: usize, backends: &[&str]) -> anyhow::Result<()> {
@@ -517,7 +580,10 @@ impl Fleet {
             let pid = c.id();
             let _ = c.kill();
             let _ = c.wait();
-            let _ = fs::remove_dir_all(std::env::temp_dir().join(format!("strait-bgp-{pid}")));
+            for speaker in ["bgp", "vrrp"] {
+                let dir = std::env::temp_dir().join(format!("strait-{speaker}-{pid}"));
+                let _ = fs::remove_dir_all(dir);
+            }
         }
     }
 

@@ -158,6 +158,21 @@ hold_time = \"3s\"
 ",
             id = gw.client,
         );
+    } else if layout.l2 {
+        let members: Vec<String> = (1..=layout.gateways)
+            .map(|i| format!("\"gw{i}\""))
+            .collect();
+        let _ = write!(
+            s,
+            "
+# The gateways on the client segment elect one owner per VIP with VRRP (keepalived).
+[gateway.l2]
+name = \"{name}\"
+members = [{members}]
+",
+            name = gw.name,
+            members = members.join(", "),
+        );
     }
     service(
         &mut s,
@@ -312,6 +327,12 @@ mod tests {
         let text = render_gateway(&l2, &l2.gateway(1), &all, Path::new("/x.toml"));
         let c = strait_config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         assert!(c.gateway.bgp.is_none());
+        let l2 = c.gateway.l2.as_ref().expect("[gateway.l2]");
+        assert_eq!(
+            l2.members.len(),
+            l2.members.iter().filter(|m| m.starts_with("gw")).count()
+        );
+        assert!(l2.members.contains(&l2.name));
         assert_eq!(c.gateway.interfaces[0].name, "veth-gw");
     }
 
