@@ -13,6 +13,7 @@
 //! strait-lab bench line-rate [--quick] [--json FILE] [--plot FILE]   Mpps through one core:
 //!                                      Strait vs kube-proxy's iptables/nftables vs limit
 //! strait-lab bench failover [--gateways 3] [--streams 200] [--json F]   streams and requests
+//! strait-lab bench flood [--flood syn|udp|both] [--flow-capacity N] [--json F]  floods
 //!                                      through N gateways while one is killed, drained, restarted
 //! ```
 #![forbid(unsafe_code)]
@@ -94,6 +95,11 @@ enum Bench {
     /// change, and one killed during a backend change. Needs root, bird2, and the `strait`
     /// binary beside this one.
     Failover(bench::failover::Options),
+    /// A spoofed-source SYN flood and a UDP flood at the generator's full rate against one
+    /// gateway, with long-lived TCP streams and new connections running: streams reset,
+    /// the longest stall, the share of new connections that succeeded, flow-table numbers.
+    /// Needs root and the `strait` binary beside this one.
+    Flood(bench::flood::Options),
 }
 
 fn main() -> ExitCode {
@@ -114,6 +120,7 @@ fn main() -> ExitCode {
             Bench::LineRate(options) => bench::line::run(&options),
             Bench::Control(r) => bench::control::run(r),
             Bench::Failover(o) => bench::failover::run(&o),
+            Bench::Flood(o) => bench::flood::run(&o),
         },
     };
     match result {

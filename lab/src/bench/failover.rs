@@ -91,8 +91,20 @@ const DRAIN_EXIT: Duration = Duration::from_secs(10);
 /// Set by SIGINT and SIGTERM.
 static STOP: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
 
+/// Ctrl-C or SIGTERM ends the bench at its next step, and everything it made is removed on
+/// the way out (the client, the gateways, the testbed).
+pub(crate) fn catch_stop() -> anyhow::Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("installing the SIGINT/SIGTERM handler")?;
+    }
+    let _ = STOP.set(stop);
+    Ok(())
+}
+
 /// An error once SIGINT or SIGTERM arrived.
-fn interrupted() -> anyhow::Result<()> {
+pub(crate) fn interrupted() -> anyhow::Result<()> {
     if STOP.get().is_some_and(|s| s.load(Ordering::Relaxed)) {
         bail!("interrupted");
     }
@@ -100,7 +112,7 @@ fn interrupted() -> anyhow::Result<()> {
 }
 
 /// Sleeps `d`, waking for a signal.
-fn pause(d: Duration) -> anyhow::Result<()> {
+pub(crate) fn pause(d: Duration) -> anyhow::Result<()> {
     let t = Instant::now();
     while t.elapsed() < d {
         interrupted()?;
@@ -191,14 +203,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     );
     ensure!(o.streams > 0, "--streams must be at least 1");
     ensure!(o.backends >= 2, "--backends must be at least 2");
-    // Ctrl-C or SIGTERM ends the bench at its next step, and everything it made is removed
-    // on the way out (the client, the gateways, the testbed).
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop))
-            .context("installing the SIGINT/SIGTERM handler")?;
-    }
-    let _ = STOP.set(stop);
+    catch_stop()?;
     let bed = testbed::up(&testbed::Opts {
         backends: o.backends,
         prefix: o.prefix.clone(),
@@ -408,7 +413,7 @@ fn print_table(r: &Report) {
     println!("cpu: {}", r.cpu);
 }
 
-fn cpu_model() -> String {
+pub(crate) fn cpu_model() -> String {
     let info = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = info
         .lines()
@@ -424,7 +429,7 @@ fn cpu_model() -> String {
 // The gateways.
 
 /// One `strait run` per gateway namespace.
-struct Fleet {
+pub(crate) struct Fleet {
     gateways: Vec<GatewayInfo>,
     children: Vec<Option<Child>>,
     strait: PathBuf,
@@ -435,10 +440,11 @@ struct Fleet {
 }
 
 impl Fleet {
-    fn up(bed: &Testbed) -> anyhow::Result<Fleet> {
+    pub(crate) fn up(bed: &Testbed) -> anyhow::Result<Fleet> {
         let router_ns = match bed.router() {
             Some(r) => r.namespace.clone(),
-            None if bed.layout().l2 => String::new(),
+            // The L2 layout, or a lone gateway (`bench flood`): no router to watch.
+            None if bed.layout().l2 || bed.gateways().len() == 1 => String::new(),
             None => bail!("the testbed has no router"),
         };
         let strait = crate::strait_binary()?;
@@ -456,7 +462,7 @@ impl Fleet {
         }
         if fleet.layout.l2 {
             fleet.wait_owner(None)?;
-        } else {
+        } else if !fleet.router_ns.is_empty() {
             fleet.wait_paths(fleet.gateways.len())?;
         }
         Ok(fleet)
@@ -654,7 +660,7 @@ impl Fleet {
         }
     }
 
-    fn stop_all(&mut self) {
+    pub(crate) fn stop_all(&mut self) {
         for i in 0..self.children.len() {
             self.kill(i);
         }
@@ -706,7 +712,7 @@ fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> anyhow::Result<T
 }
 
 /// One request to a gateway's admin API (loopback, inside its namespace); the body.
-fn admin(ns: &str, method: &str, path: &str) -> anyhow::Result<String> {
+pub(crate) fn admin(ns: &str, method: &str, path: &str) -> anyhow::Result<String> {
     in_netns(ns, || -> anyhow::Result<String> {
         let addr = SocketAddr::from(([127, 0, 0, 1], 9900));
         let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
@@ -745,7 +751,7 @@ struct Log {
     requests: Vec<(u64, bool)>,
 }
 
-struct Client {
+pub(crate) struct Client {
     log: Arc<Mutex<Log>>,
     stop: Arc<AtomicBool>,
     start: Instant,
@@ -754,14 +760,14 @@ struct Client {
 }
 
 /// An event's beginning.
-struct Window {
+pub(crate) struct Window {
     t0: u64,
     open: usize,
     retrans: u64,
 }
 
 impl Client {
-    fn start(ns: &str, streams: usize) -> anyhow::Result<Client> {
+    pub(crate) fn start(ns: &str, streams: usize) -> anyhow::Result<Client> {
         let log = Arc::new(Mutex::new(Log::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let start = Instant::now();
@@ -806,7 +812,7 @@ impl Client {
         log.streams.iter().filter(|s| s.ended.is_none()).count()
     }
 
-    fn wait_all_open(&self, n: usize, timeout: Duration) -> anyhow::Result<()> {
+    pub(crate) fn wait_all_open(&self, n: usize, timeout: Duration) -> anyhow::Result<()> {
         let t = Instant::now();
         while self.open() < n {
             interrupted()?;
@@ -820,7 +826,7 @@ impl Client {
         Ok(())
     }
 
-    fn window_start(&self, n: usize) -> anyhow::Result<Window> {
+    pub(crate) fn window_start(&self, n: usize) -> anyhow::Result<Window> {
         self.wait_all_open(n, Duration::from_secs(30))?;
         // A second of undisturbed traffic before each event.
         pause(Duration::from_secs(1))?;
@@ -831,7 +837,7 @@ impl Client {
         })
     }
 
-    fn window_end(
+    pub(crate) fn window_end(
         &self,
         w: &Window,
         event: &'static str,
@@ -893,6 +899,25 @@ impl Client {
         }
     }
 
+    /// The longest stall (no echo for [`STALL`] or more) of any stream within the window
+    /// from `w` to now, in ms; a stream still silent counts up to now.
+    pub(crate) fn longest_stall(&self, w: &Window) -> u64 {
+        let t1 = self.now();
+        let log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut longest = 0;
+        for s in &log.streams {
+            for &(a, b) in &s.stalls {
+                if b >= w.t0 && a <= t1 {
+                    longest = longest.max(b - a);
+                }
+            }
+            if s.ended.is_none() && t1.saturating_sub(s.last_ok_ms) >= ms_of(STALL) {
+                longest = longest.max(t1 - s.last_ok_ms.max(w.t0));
+            }
+        }
+        longest
+    }
+
     /// `RetransSegs` of the client namespace.
     fn retransmissions(&self) -> u64 {
         in_netns(&self.ns, || {
@@ -909,7 +934,7 @@ impl Client {
         .unwrap_or(0)
     }
 
-    fn stop(self) {
+    pub(crate) fn stop(self) {
         drop(self);
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod control;
 pub mod failover;
+pub mod flood;
 pub mod line;
 pub mod maglev;
 pub mod pipeline;
