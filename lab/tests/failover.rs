@@ -274,3 +274,70 @@ fn killing_or_draining_the_vrrp_owner_moves_the_vip_in_a_second_and_resets_no_st
         "the bench left namespaces"
     );
 }
+
+/// `bench flood` (issue 13, point 3): spoofed-source SYN and UDP floods far above the
+/// gateway's new-flow rate limit (20,000 frames/s against 1,000 new flows/s: every flood
+/// flow past the limit is forwarded without an entry), with 50 streams and new connections
+/// running; then the same with a flow table of 4,096 entries, far below the flood's flows.
+/// The debug build's gateway takes this rate; the full-rate figures of a release build are
+/// in the README.
+#[test]
+fn floods_reset_no_stream_and_fail_no_new_connection() {
+    let Some(_serial) = serial_if(privileged) else {
+        return;
+    };
+    for (tag, extra) in [("e", None), ("f", Some("4096"))] {
+        let p = prefix(tag);
+        let guard = Bed::guard(&p);
+        let json = guard.dir.join("flood.json");
+        let mut cmd = std::process::Command::new(LAB);
+        cmd.env("STRAIT_BIN", strait())
+            .args(["bench", "flood", "--streams", "50", "--seconds", "4"])
+            .args(["--rate", "20000", "--new-flows-per-second", "1000"])
+            .args(["--prefix", &p, "--json"])
+            .arg(&json);
+        if let Some(cap) = extra {
+            cmd.args(["--flow-capacity", cap]);
+        }
+        let out = run(&mut cmd);
+        assert!(
+            out.status.success(),
+            "bench flood failed:\n{}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        eprintln!("{}", text(&out.stderr));
+        let report: Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON report"))
+                .expect("JSON");
+        let results = report["results"].as_array().expect("results");
+        assert_eq!(results.len(), 2, "{report}");
+        for r in results {
+            assert_eq!(r["streams_reset"], 0, "{r}");
+            assert!(
+                r["longest_stall_ms"].as_u64().is_some_and(|ms| ms < 1000),
+                "{r}"
+            );
+            assert!(r["requests"].as_u64().is_some_and(|n| n > 0), "{r}");
+            assert!(
+                r["requests_ok_ratio"].as_f64().is_some_and(|x| x >= 0.99),
+                "{r}"
+            );
+            assert!(
+                r["sent"].as_u64().is_some_and(|n| n > 40_000),
+                "the flood did not run: {r}"
+            );
+            // Far above the rate limit: most flood flows forwarded without an entry.
+            assert!(r["flows_stateless"].as_u64().is_some_and(|n| n > 0), "{r}");
+            if extra.is_some() {
+                assert!(r["entries_after"].as_u64() <= r["capacity"].as_u64(), "{r}");
+            }
+        }
+        drop(guard);
+        assert_eq!(
+            namespaces(&p),
+            Default::default(),
+            "the bench left namespaces"
+        );
+    }
+}

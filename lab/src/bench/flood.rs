@@ -53,6 +53,13 @@ pub struct Options {
     /// The gateway's `flow_capacity_per_core` (default: the configuration's, 2^20).
     #[arg(long)]
     pub flow_capacity: Option<u32>,
+    /// The gateway's `new_flows_per_second_per_core` (default: the configuration's,
+    /// 125,000): above it new flows are forwarded by Maglev without an entry.
+    #[arg(long)]
+    pub new_flows_per_second: Option<u32>,
+    /// The flood's rate in frames per second, or `max` (the generator's full rate).
+    #[arg(long, default_value = "max")]
+    pub rate: String,
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -113,14 +120,17 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         prefix: o.prefix.clone(),
         ..testbed::Opts::default()
     })?;
+    let mut keys = String::new();
     if let Some(cap) = o.flow_capacity {
+        keys += &format!("flow_capacity_per_core = {cap}\n");
+    }
+    if let Some(rate) = o.new_flows_per_second {
+        keys += &format!("new_flows_per_second_per_core = {rate}\n");
+    }
+    if !keys.is_empty() {
         let path = bed.config_path().to_path_buf();
         let text = std::fs::read_to_string(&path)?;
-        let text = text.replacen(
-            "[gateway]\n",
-            &format!("[gateway]\nflow_capacity_per_core = {cap}\n"),
-            1,
-        );
+        let text = text.replacen("[gateway]\n", &format!("[gateway]\n{keys}"), 1);
         std::fs::write(&path, text)?;
     }
     let mut fleet = Fleet::up(&bed)?;
@@ -140,7 +150,8 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         interrupted()?;
         let before = flow_numbers(&gw);
         let w = client.window_start(o.streams)?;
-        let (sent, offered_pps) = generate(&bed.client_namespace(), traffic, to, o.seconds)?;
+        let (sent, offered_pps) =
+            generate(&bed.client_namespace(), traffic, to, o.seconds, &o.rate)?;
         let longest = client.longest_stall(&w);
         let r = client.window_end(&w, name, 1, false);
         let after = flow_numbers(&gw);
@@ -199,8 +210,14 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
 }
 
 /// Runs `strait-lab gen` in the client namespace: `traffic` to `to`, every packet a new
-/// spoofed source, at full rate for `seconds`; (frames sent, rate).
-fn generate(ns: &str, traffic: &str, to: &str, seconds: f64) -> anyhow::Result<(u64, f64)> {
+/// spoofed source, at `rate` for `seconds`; (frames sent, rate).
+fn generate(
+    ns: &str,
+    traffic: &str,
+    to: &str,
+    seconds: f64,
+    rate: &str,
+) -> anyhow::Result<(u64, f64)> {
     let exe = std::env::current_exe().context("finding the strait-lab binary")?;
     let mac = testbed::GW_MAC.to_string();
     let secs = seconds.to_string();
@@ -215,7 +232,7 @@ fn generate(ns: &str, traffic: &str, to: &str, seconds: f64) -> anyhow::Result<(
             "--src-range",
             "192.0.2.16-192.0.2.250",
         ])
-        .args(["--rate", "max", "--duration", &secs, "--json"])
+        .args(["--rate", rate, "--duration", &secs, "--json"])
         .stdin(Stdio::null())
         .output()
         .context("running strait-lab gen")?;
