@@ -49,6 +49,15 @@ pub(crate) struct RawGateway {
     pub interfaces: Vec<RawInterface>,
     pub drain_grace: Option<String>,
     pub bgp: Option<RawBgp>,
+    pub sync: Option<RawSync>,
+}
+
+/// `[gateway.sync]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSync {
+    pub listen: Option<String>,
+    pub peers: Option<Vec<String>>,
 }
 
 /// `[gateway.bgp]`.
@@ -315,11 +324,12 @@ fn check_config(doc: &Spanned<DeValue<'_>>, errors: &mut Errors) {
 }
 
 fn check_gateway(gateway: &Spanned<DeValue<'_>>, errors: &mut Errors) {
-    let (rest, nested) = split(gateway, &["timeouts", "interfaces", "bgp"]);
+    let (rest, nested) = split(gateway, &["timeouts", "interfaces", "bgp", "sync"]);
     try_as::<RawGateway>(&rest, errors);
     for (key, value) in nested {
         match key {
             "timeouts" => try_as::<RawTimeouts>(&value, errors),
+            "sync" => try_as::<RawSync>(&value, errors),
             "bgp" => {
                 let (rest, peers) = split(&value, &["peers"]);
                 try_as::<RawBgp>(&rest, errors);
@@ -432,6 +442,10 @@ impl From<&Config> for RawConfig {
                     .collect(),
                 drain_grace: Some(duration(g.drain_grace)),
                 bgp: g.bgp.as_ref().map(raw_bgp),
+                sync: g.sync.as_ref().map(|s| RawSync {
+                    listen: Some(s.listen.to_string()),
+                    peers: Some(s.peers.iter().map(ToString::to_string).collect()),
+                }),
             },
             services: config.services.iter().map(raw_service).collect(),
         }

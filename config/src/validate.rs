@@ -6,6 +6,7 @@
 //! were themselves valid, so a bad value yields one problem, not a cascade.
 
 mod bgp;
+mod sync;
 
 use std::collections::HashMap;
 use std::fmt::Display;
@@ -341,7 +342,12 @@ impl Checker {
             None => Some(None),
             Some(b) => self.bgp(b).map(Some),
         };
+        let sync = match &raw.sync {
+            None => Some(None),
+            Some(s) => self.sync(s).map(Some),
+        };
         Some(Gateway {
+            sync: sync?,
             admin_listen: admin_listen?,
             default_mode: default_mode?,
             flow_capacity_per_core: flow_capacity_per_core?,

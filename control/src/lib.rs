@@ -25,6 +25,7 @@
 //! | [`footprint`] | the memory a configuration takes, known before anything is allocated |
 //! | [`shared`] | what the control loop, the workers and the admin API share |
 //! | [`status`] | `strait status`: the admin API's `/services` as a table |
+//! | [`sync`] | flow sync with the peer gateways: the thread between the workers' sync rings and UDP |
 //!
 //! The lab (testbed, generators, benches) is another crate, `strait-lab`, that depends on
 //! this one; nothing here knows it.
@@ -44,5 +45,6 @@ pub mod neigh;
 pub mod run;
 pub mod shared;
 pub mod status;
+pub mod sync;
 pub mod vip;
 pub mod workers;

@@ -346,6 +346,7 @@ pub fn config(specs: &[SvcSpec]) -> Config {
             }],
             drain_grace: std::time::Duration::ZERO,
             bgp: None,
+            sync: None,
         },
         services: specs
             .iter()

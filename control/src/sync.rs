@@ -1,0 +1,571 @@
+//! Flow sync with the peer gateways (`[gateway.sync]`): the thread between the workers' sync
+//! rings and a UDP socket.
+//!
+//! ```text
+//!   workers' out rings ──► batch (22 records a datagram) ──► every peer
+//!   every peer ──► check sender, decode ──► owner worker's in ring (nat) / every worker's (DSR)
+//!   start: dump request to every peer (repeated until each answers) ──► their workers walk
+//!          their tables ──► dump records back to the requesters only
+//! ```
+//!
+//! The dataplane half (what a record is, when workers emit and how they import) is
+//! `strait_dataplane::sync`. This thread never touches a flow table, so it needs no lock
+//! with the workers: rings in, rings out.
+//!
+//! # Wire format
+//!
+//! One datagram: an 8-byte header, `b"SF"`, version ([`VERSION`]), kind ([`Kind`]), record
+//! count (u16, big-endian), two zero bytes; then `count` 64-byte records
+//! (`SyncRecord::to_bytes`). At most [`MAX_RECORDS`] records, so a datagram (1416 bytes)
+//! fits an Ethernet MTU over IPv4 or IPv6 without fragments. Decoding is defensive: a
+//! datagram whose length, magic, version, kind or any record is wrong is dropped whole and
+//! counted; datagrams from an address that is not a configured peer are dropped before
+//! decoding. There is no authentication beyond the sender's address: put sync on a network
+//! only the gateways reach (as with IPVS's sync daemon and loxilb's).
+//!
+//! # Against the anchors
+//!
+//! - IPVS's sync daemon (`ip_vs_sync.c`) takes a spinlock on a shared buffer for every
+//!   synced packet in softirq context and sends from a kernel thread; it sends on state
+//!   changes and every `sync_threshold` packets, and a backup that restarts learns nothing
+//!   of the connections already running (no bulk sync). Here the packet path pushes to a
+//!   per-core ring (no lock, no atomic read-modify-write), records are sent on creation,
+//!   state change and a 17-minute refresh only, and a restarted gateway asks for a dump.
+//! - loxilb's conntrack sync copies the eBPF conntrack map to user space periodically and
+//!   ships it over gRPC: the walk costs every entry each period, and what changed between two
+//!   walks is lost with the node. Here each record leaves within about a millisecond of the
+//!   flow's creation ([`POLL`]).
+//!
+//! What is still lost: records dropped on a full ring or by the network (UDP, no
+//! retransmission; a later state change or refresh repairs the copy), the idle time of a
+//! flow (an imported entry starts its idle clock at import), and flows created in the last
+//! millisecond before a gateway dies.
+
+use std::collections::HashSet;
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use strait_config::model::FlowSync;
+use strait_dataplane::pipeline::owner_core;
+use strait_dataplane::sync::{flags, RecordKind, SyncRecord, ThreadEnds, RECORD_BYTES};
+use tracing::{debug, info, warn};
+
+/// Version of the wire format; a datagram of another version is dropped (and counted).
+pub const VERSION: u8 = 1;
+
+const MAGIC: [u8; 2] = *b"SF";
+
+/// Header bytes in front of the records.
+pub const HEADER: usize = 8;
+
+/// Records per datagram: (1452 - 8) / 64 = 22, 1452 being the UDP payload of a 1500-byte
+/// IPv6 packet (IPv4: 1472), so a full datagram is never fragmented.
+pub const MAX_RECORDS: usize = 22;
+
+/// Largest datagram this thread sends.
+pub const MAX_DATAGRAM: usize = HEADER + MAX_RECORDS * RECORD_BYTES;
+
+/// How long the thread sleeps when a turn found nothing to do: a record waits at most this
+/// long in its ring (plus a turn), and an idle thread wakes 1000 times a second, a few
+/// microseconds of CPU each.
+pub const POLL: Duration = Duration::from_millis(1);
+
+/// Interval between dump requests to a peer that has not answered yet.
+pub const DUMP_RETRY: Duration = Duration::from_secs(1);
+
+/// Dump requests sent to a silent peer before giving up (it may simply not be running yet;
+/// then it asks us when it starts, and we learn its new flows as they come).
+pub const DUMP_TRIES: u32 = 10;
+
+/// What a datagram carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Records (news or dump answers).
+    Records = 1,
+    /// "Send me every flow you know": sent by a starting gateway. No records.
+    DumpRequest = 2,
+}
+
+/// Why a datagram was dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Shorter than a header, or not `count` records long.
+    Length,
+    /// Not `b"SF"`.
+    Magic,
+    /// Another version of the format.
+    Version(u8),
+    /// An unknown kind.
+    Kind(u8),
+    /// Record `index` does not decode.
+    Record(usize),
+}
+
+/// A decoded datagram.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Message {
+    /// Records, in order.
+    Records(Vec<SyncRecord>),
+    /// A dump request.
+    DumpRequest,
+}
+
+/// Writes a datagram of `kind` with `records` (at most [`MAX_RECORDS`]) into `buf` (at least
+/// [`MAX_DATAGRAM`] bytes); returns its length.
+///
+/// # Panics
+/// If `records` or `buf` exceed those bounds (a caller's bug).
+pub fn encode(kind: Kind, records: &[SyncRecord], buf: &mut [u8]) -> usize {
+    assert!(
+        records.len() <= MAX_RECORDS,
+        "at most {MAX_RECORDS} records"
+    );
+    let len = HEADER + records.len() * RECORD_BYTES;
+    buf[..2].copy_from_slice(&MAGIC);
+    buf[2] = VERSION;
+    buf[3] = kind as u8;
+    buf[4..6].copy_from_slice(&(records.len() as u16).to_be_bytes());
+    buf[6..8].fill(0);
+    for (r, out) in records
+        .iter()
+        .zip(buf[HEADER..len].chunks_exact_mut(RECORD_BYTES))
+    {
+        out.copy_from_slice(&r.to_bytes());
+    }
+    len
+}
+
+/// Reads a datagram. Never panics, whatever the bytes.
+///
+/// # Errors
+/// [`DecodeError`]: the datagram is dropped whole.
+pub fn decode(buf: &[u8]) -> Result<Message, DecodeError> {
+    let h = buf.get(..HEADER).ok_or(DecodeError::Length)?;
+    if h[..2] != MAGIC {
+        return Err(DecodeError::Magic);
+    }
+    if h[2] != VERSION {
+        return Err(DecodeError::Version(h[2]));
+    }
+    let count = u16::from_be_bytes([h[4], h[5]]) as usize;
+    if count > MAX_RECORDS || buf.len() != HEADER + count * RECORD_BYTES {
+        return Err(DecodeError::Length);
+    }
+    match h[3] {
+        1 => buf[HEADER..]
+            .chunks_exact(RECORD_BYTES)
+            .enumerate()
+            .map(|(i, c)| {
+                let mut b = [0u8; RECORD_BYTES];
+                b.copy_from_slice(c);
+                SyncRecord::from_bytes(&b).map_err(|_| DecodeError::Record(i))
+            })
+            .collect::<Result<_, _>>()
+            .map(Message::Records),
+        2 if count == 0 => Ok(Message::DumpRequest),
+        2 => Err(DecodeError::Length),
+        k => Err(DecodeError::Kind(k)),
+    }
+}
+
+/// The sync thread's counters, read by the admin API.
+#[derive(Debug, Default)]
+pub struct SyncStats {
+    /// Datagrams sent (each to one peer).
+    pub datagrams_sent: AtomicU64,
+    /// Records sent, counted once per peer.
+    pub records_sent: AtomicU64,
+    /// Datagrams received from peers.
+    pub datagrams_received: AtomicU64,
+    /// Records received from peers.
+    pub records_received: AtomicU64,
+    /// Received records dropped because a worker's in ring was full.
+    pub dropped_inbound_full: AtomicU64,
+    /// Datagrams dropped: not a configured peer.
+    pub dropped_unknown_peer: AtomicU64,
+    /// Datagrams dropped: did not decode.
+    pub dropped_malformed: AtomicU64,
+    /// `sendto` failures (peer unreachable, buffer full): the datagram is lost.
+    pub send_errors: AtomicU64,
+    /// Dump requests sent.
+    pub dump_requests_sent: AtomicU64,
+    /// Dump requests received.
+    pub dump_requests_received: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// The running sync thread.
+#[derive(Debug)]
+pub struct SyncThread {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+    /// Its counters.
+    pub stats: Arc<SyncStats>,
+    /// The address it is bound to (useful when `listen` had port 0, as in tests).
+    pub local: SocketAddr,
+}
+
+impl SyncThread {
+    /// Binds `cfg.listen` and starts the thread over the workers' `ends` (element `c` for the
+    /// pipeline of core `c` of `ends.len()`).
+    ///
+    /// # Errors
+    /// When the socket cannot be bound or configured.
+    pub fn spawn(
+        cfg: &FlowSync,
+        ends: Vec<ThreadEnds>,
+        stats: Arc<SyncStats>,
+    ) -> io::Result<SyncThread> {
+        let sock = UdpSocket::bind(cfg.listen)?;
+        sock.set_nonblocking(true)?;
+        let local = sock.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut state = Sync {
+            sock,
+            peers: cfg.peers.clone(),
+            ends,
+            stats: Arc::clone(&stats),
+            news: Vec::with_capacity(MAX_RECORDS),
+            dumps: Vec::with_capacity(MAX_RECORDS),
+            dump_to: HashSet::new(),
+            dump_gen: 0,
+            heard: vec![false; cfg.peers.len()],
+            buf: vec![0; MAX_DATAGRAM],
+            rbuf: vec![0; 65536],
+        };
+        let s = Arc::clone(&stop);
+        let handle = std::thread::Builder::new()
+            .name("flow sync".into())
+            .spawn(move || state.run(&s))?;
+        info!(%local, peers = ?cfg.peers, "flow sync started");
+        Ok(SyncThread {
+            stop,
+            handle: Some(handle),
+            stats,
+            local,
+        })
+    }
+
+    /// Stops the thread and waits for it.
+    pub fn stop(mut self) {
+        self.stop_in_place();
+    }
+
+    fn stop_in_place(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            if h.join().is_err() {
+                warn!("the flow sync thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for SyncThread {
+    fn drop(&mut self) {
+        self.stop_in_place();
+    }
+}
+
+struct Sync {
+    sock: UdpSocket,
+    peers: Vec<SocketAddr>,
+    ends: Vec<ThreadEnds>,
+    stats: Arc<SyncStats>,
+    /// Records to send to every peer.
+    news: Vec<SyncRecord>,
+    /// Dump answers, for `dump_to` only.
+    dumps: Vec<SyncRecord>,
+    /// Peers (indices) waiting for the dump being walked.
+    dump_to: HashSet<usize>,
+    /// Generation of the latest dump asked of the workers.
+    dump_gen: u64,
+    /// Peers that sent us anything (so stop asking them for a dump).
+    heard: Vec<bool>,
+    buf: Vec<u8>,
+    rbuf: Vec<u8>,
+}
+
+impl Sync {
+    fn run(&mut self, stop: &AtomicBool) {
+        let mut asked = 0u32;
+        let mut next_ask = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            if asked < DUMP_TRIES && Instant::now() >= next_ask && self.heard.contains(&false) {
+                asked += 1;
+                next_ask = Instant::now() + DUMP_RETRY;
+                let n = encode(Kind::DumpRequest, &[], &mut self.buf);
+                for (i, &p) in self.peers.iter().enumerate() {
+                    if !self.heard[i] {
+                        self.send_to(p, n, 0);
+                        bump(&self.stats.dump_requests_sent, 1);
+                    }
+                }
+            }
+            let received = self.receive();
+            let sent = self.drain_workers();
+            if received == 0 && sent == 0 {
+                std::thread::sleep(POLL);
+            }
+        }
+    }
+
+    fn send_to(&self, to: SocketAddr, len: usize, records: usize) {
+        match self.sock.send_to(&self.buf[..len], to) {
+            Ok(_) => {
+                bump(&self.stats.datagrams_sent, 1);
+                bump(&self.stats.records_sent, records as u64);
+            }
+            Err(e) => {
+                bump(&self.stats.send_errors, 1);
+                debug!(%to, error = %e, "flow sync datagram not sent");
+            }
+        }
+    }
+
+    /// Sends `news` to every peer, or `dumps` to the dump requesters.
+    fn flush(&mut self, dump: bool) {
+        let records = if dump { &self.dumps } else { &self.news };
+        if records.is_empty() {
+            return;
+        }
+        let n = encode(Kind::Records, records, &mut self.buf);
+        let count = records.len();
+        for (i, &p) in self.peers.iter().enumerate() {
+            if !dump || self.dump_to.contains(&i) {
+                self.send_to(p, n, count);
+            }
+        }
+        if dump {
+            self.dumps.clear();
+        } else {
+            self.news.clear();
+        }
+    }
+
+    /// Moves the workers' records into datagrams; returns how many records.
+    fn drain_workers(&mut self) -> usize {
+        // Seen before draining: a worker's `done` is stored after its last dump record was
+        // pushed, so every record of a finished dump is in the rings drained below.
+        let dump_over = !self.dump_to.is_empty()
+            && self
+                .ends
+                .iter()
+                .all(|e| e.dump.done.load(Ordering::Acquire) >= self.dump_gen);
+        let mut n = 0;
+        for w in 0..self.ends.len() {
+            while let Some(r) = self.ends[w].from_worker.pop() {
+                let Ok(r) = r else { continue };
+                n += 1;
+                if r.flags & flags::DUMP != 0 {
+                    self.dumps.push(r);
+                    if self.dumps.len() == MAX_RECORDS {
+                        self.flush(true);
+                    }
+                } else {
+                    self.news.push(r);
+                    if self.news.len() == MAX_RECORDS {
+                        self.flush(false);
+                    }
+                }
+            }
+        }
+        self.flush(false);
+        self.flush(true);
+        if dump_over {
+            info!(peers = ?self.dump_to.iter().map(|&i| self.peers[i]).collect::<Vec<_>>(), "flow dump sent");
+            self.dump_to.clear();
+        }
+        n
+    }
+
+    /// Reads every waiting datagram; returns how many.
+    fn receive(&mut self) -> usize {
+        let mut n = 0;
+        loop {
+            let (len, from) = match self.sock.recv_from(&mut self.rbuf) {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return n,
+                Err(e) => {
+                    // ICMP port unreachable from a peer that is down shows up here on Linux.
+                    debug!(error = %e, "flow sync receive");
+                    return n;
+                }
+            };
+            n += 1;
+            let Some(peer) = self.peers.iter().position(|&p| p == from) else {
+                bump(&self.stats.dropped_unknown_peer, 1);
+                continue;
+            };
+            match decode(&self.rbuf[..len]) {
+                Err(e) => {
+                    bump(&self.stats.dropped_malformed, 1);
+                    debug!(%from, ?e, "malformed flow sync datagram dropped");
+                }
+                Ok(Message::DumpRequest) => {
+                    self.heard[peer] = true;
+                    bump(&self.stats.datagrams_received, 1);
+                    bump(&self.stats.dump_requests_received, 1);
+                    // A request during a walk restarts it, so this requester gets everything.
+                    self.dump_gen += 1;
+                    self.dump_to.insert(peer);
+                    for e in &self.ends {
+                        e.dump.requested.store(self.dump_gen, Ordering::Release);
+                    }
+                    info!(%from, "flow dump requested");
+                }
+                Ok(Message::Records(records)) => {
+                    self.heard[peer] = true;
+                    bump(&self.stats.datagrams_received, 1);
+                    bump(&self.stats.records_received, records.len() as u64);
+                    self.deliver(&records);
+                }
+            }
+        }
+    }
+
+    /// Hands records to the workers that import them.
+    fn deliver(&mut self, records: &[SyncRecord]) {
+        let cores = self.ends.len() as u16;
+        let mut full = 0;
+        for r in records {
+            if r.everywhere() || r.kind == RecordKind::Affinity {
+                for e in &mut self.ends {
+                    full += u64::from(!e.to_worker.push(r));
+                }
+            } else {
+                let owner = owner_core(&r.key.src, r.key.src_port, cores) as usize;
+                if let Some(e) = self.ends.get_mut(owner) {
+                    full += u64::from(!e.to_worker.push(r));
+                }
+            }
+        }
+        if full > 0 {
+            bump(&self.stats.dropped_inbound_full, full);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strait_dataplane::flow::FlowState;
+    use strait_dataplane::key::{proto, v4_mapped};
+    use strait_dataplane::sync::{mesh, SYNC_SLOTS};
+    use strait_dataplane::FlowKey;
+
+    fn rec(i: u16) -> SyncRecord {
+        SyncRecord {
+            key: FlowKey {
+                src: v4_mapped([198, 51, 100, 7]),
+                dst: v4_mapped([203, 0, 113, 10]),
+                src_port: 1000 + i,
+                dst_port: 80,
+                proto: proto::TCP,
+            },
+            backend: v4_mapped([192, 0, 2, 21]),
+            backend_port: 8080,
+            state: FlowState::TcpSyn,
+            kind: RecordKind::Flow,
+            flags: 0,
+            peer_mac: [2, 0, 0, 0, 0, 1],
+        }
+    }
+
+    #[test]
+    fn datagrams_round_trip() {
+        let mut buf = vec![0; MAX_DATAGRAM];
+        let recs: Vec<_> = (0..MAX_RECORDS as u16).map(rec).collect();
+        let n = encode(Kind::Records, &recs, &mut buf);
+        assert_eq!(n, MAX_DATAGRAM);
+        assert!(n <= 1452, "fits an IPv6 packet in a 1500-byte MTU");
+        assert_eq!(decode(&buf[..n]), Ok(Message::Records(recs)));
+        let n = encode(Kind::DumpRequest, &[], &mut buf);
+        assert_eq!(decode(&buf[..n]), Ok(Message::DumpRequest));
+    }
+
+    #[test]
+    fn malformed_datagrams_are_refused_never_a_panic() {
+        let mut buf = vec![0; MAX_DATAGRAM];
+        let n = encode(Kind::Records, &[rec(1), rec(2)], &mut buf);
+        let good = buf[..n].to_vec();
+        assert_eq!(decode(&good[..5]), Err(DecodeError::Length));
+        assert_eq!(decode(&good[..n - 1]), Err(DecodeError::Length));
+        let mut b = good.clone();
+        b[0] = b'X';
+        assert_eq!(decode(&b), Err(DecodeError::Magic));
+        let mut b = good.clone();
+        b[2] = 9;
+        assert_eq!(decode(&b), Err(DecodeError::Version(9)));
+        let mut b = good.clone();
+        b[3] = 7;
+        assert_eq!(decode(&b), Err(DecodeError::Kind(7)));
+        let mut b = good.clone();
+        b[HEADER + RECORD_BYTES + 55] = 0;
+        assert_eq!(decode(&b), Err(DecodeError::Record(1)));
+        let mut b = good.clone();
+        b[4..6].copy_from_slice(&u16::MAX.to_be_bytes());
+        assert_eq!(decode(&b), Err(DecodeError::Length));
+        // Every truncation and every single-byte corruption: an answer, never a panic.
+        for len in 0..good.len() {
+            let _ = decode(&good[..len]);
+        }
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..good.len() {
+            let mut b = good.clone();
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            b[i] = seed as u8;
+            let _ = decode(&b);
+        }
+    }
+
+    fn wait(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn a_sync_thread_asks_its_peers_for_a_dump_and_refuses_strangers() {
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let (_workers, ends) = mesh(2, SYNC_SLOTS);
+        let me = SyncThread::spawn(
+            &FlowSync {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                peers: vec![peer.local_addr().unwrap()],
+            },
+            ends,
+            Arc::default(),
+        )
+        .unwrap();
+        let mut buf = vec![0; 2048];
+        let (n, from) = peer.recv_from(&mut buf).unwrap();
+        assert_eq!(from, me.local);
+        assert_eq!(decode(&buf[..n]), Ok(Message::DumpRequest));
+        // A stranger is refused; garbage from the peer is counted, not fatal.
+        let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut out = vec![0; MAX_DATAGRAM];
+        let n = encode(Kind::Records, &[rec(1)], &mut out);
+        stranger.send_to(&out[..n], me.local).unwrap();
+        peer.send_to(b"not a datagram of ours", me.local).unwrap();
+        wait("both dropped", || {
+            me.stats.dropped_unknown_peer.load(Ordering::Relaxed) == 1
+                && me.stats.dropped_malformed.load(Ordering::Relaxed) == 1
+        });
+        assert_eq!(me.stats.records_received.load(Ordering::Relaxed), 0);
+        me.stop();
+    }
+}
