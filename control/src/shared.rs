@@ -29,6 +29,8 @@ pub struct CoreSample {
     pub new_flows: Vec<u64>,
     /// The AF_XDP worker's own numbers: frames it could not send on, ring wake-ups.
     pub worker: strait_dataplane::xsk::WorkerStats,
+    /// Flow sync with the peer gateways, this worker's side (zero when sync is off).
+    pub sync: strait_dataplane::sync::SyncCounters,
 }
 
 /// A worker's slot for publishing its numbers.
@@ -77,6 +79,8 @@ pub struct Shared {
     pub bgp: Mutex<Option<Arc<Mutex<crate::bgp::Status>>>>,
     /// Set once the gateway drains: `/healthz` answers 503 from then on.
     pub draining: AtomicBool,
+    /// The flow sync thread's counters, while `[gateway.sync]` is configured.
+    pub sync: Mutex<Option<Arc<crate::sync::SyncStats>>>,
 }
 
 impl Shared {
@@ -101,6 +105,7 @@ impl Shared {
             routes: Mutex::default(),
             bgp: Mutex::new(None),
             draining: AtomicBool::new(false),
+            sync: Mutex::new(None),
         }
     }
 

@@ -45,14 +45,18 @@ use std::collections::HashSet;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use prometheus_client::encoding::DescriptorEncoder;
 use strait_config::model::FlowSync;
 use strait_dataplane::pipeline::owner_core;
 use strait_dataplane::sync::{flags, RecordKind, SyncRecord, ThreadEnds, RECORD_BYTES};
 use tracing::{debug, info, warn};
+
+use crate::metrics::counter;
+use crate::shared::{CoreSample, Shared};
 
 /// Version of the wire format; a datagram of another version is dropped (and counted).
 pub const VERSION: u8 = 1;
@@ -452,6 +456,111 @@ impl Sync {
             bump(&self.stats.dropped_inbound_full, full);
         }
     }
+}
+
+/// Writes the flow sync families: each worker's records by outcome, and the thread's
+/// datagrams and records sent, received and dropped by reason. Nothing when sync is off.
+pub(crate) fn metrics(
+    enc: &mut DescriptorEncoder<'_>,
+    samples: &[(String, CoreSample)],
+    shared: &Shared,
+) -> std::fmt::Result {
+    let Some(st) = shared
+        .sync
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+    else {
+        return Ok(());
+    };
+    let per_worker: Vec<_> = samples
+        .iter()
+        .flat_map(|(n, s)| {
+            let c = &s.sync;
+            [
+                ("exported", c.exported),
+                ("dumped", c.dumped),
+                ("export_ring_full", c.export_full),
+                ("imported", c.imported),
+                ("refreshed", c.refreshed),
+                ("conflict", c.conflict),
+                ("unknown_service", c.unknown_service),
+                ("unknown_backend", c.unknown_backend),
+                ("table_full", c.table_full),
+                ("malformed", c.malformed),
+            ]
+            .map(|(o, v)| (vec![("core", n.clone()), ("outcome", o.to_string())], v))
+        })
+        .collect();
+    counter(
+        enc,
+        "flow_sync_worker_records",
+        "Flow sync records per worker and outcome: exported (new flow, state change, refresh), \
+         dumped (answering a peer's dump), export_ring_full (dropped), imported, refreshed (key \
+         held with the same backend), and dropped on import: conflict (held with another \
+         backend), unknown_service, unknown_backend, table_full, malformed.",
+        &per_worker,
+    )?;
+    let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    counter(
+        enc,
+        "flow_sync_sent",
+        "Flow sync datagrams and records sent (records once per peer), and dump requests.",
+        &[
+            (
+                vec![("what", "datagrams".to_string())],
+                get(&st.datagrams_sent),
+            ),
+            (vec![("what", "records".to_string())], get(&st.records_sent)),
+            (
+                vec![("what", "dump_requests".to_string())],
+                get(&st.dump_requests_sent),
+            ),
+        ],
+    )?;
+    counter(
+        enc,
+        "flow_sync_received",
+        "Flow sync datagrams and records received from configured peers, and dump requests.",
+        &[
+            (
+                vec![("what", "datagrams".to_string())],
+                get(&st.datagrams_received),
+            ),
+            (
+                vec![("what", "records".to_string())],
+                get(&st.records_received),
+            ),
+            (
+                vec![("what", "dump_requests".to_string())],
+                get(&st.dump_requests_received),
+            ),
+        ],
+    )?;
+    counter(
+        enc,
+        "flow_sync_dropped",
+        "Flow sync losses in the sync thread by reason: inbound_ring_full (records), \
+         unknown_peer and malformed (datagrams), send_error (datagrams not sent).",
+        &[
+            (
+                vec![("reason", "inbound_ring_full".to_string())],
+                get(&st.dropped_inbound_full),
+            ),
+            (
+                vec![("reason", "unknown_peer".to_string())],
+                get(&st.dropped_unknown_peer),
+            ),
+            (
+                vec![("reason", "malformed".to_string())],
+                get(&st.dropped_malformed),
+            ),
+            (
+                vec![("reason", "send_error".to_string())],
+                get(&st.send_errors),
+            ),
+        ],
+    )
 }
 
 #[cfg(test)]
