@@ -110,15 +110,6 @@ pub enum DecodeError {
     Record(usize),
 }
 
-/// A decoded datagram.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Message {
-    /// Records, in order.
-    Records(Vec<SyncRecord>),
-    /// A dump request.
-    DumpRequest,
-}
-
 /// Writes a datagram of `kind` with `records` (at most [`MAX_RECORDS`]) into `buf` (at least
 /// [`MAX_DATAGRAM`] bytes); returns its length.
 ///
@@ -144,11 +135,13 @@ pub fn encode(kind: Kind, records: &[SyncRecord], buf: &mut [u8]) -> usize {
     len
 }
 
-/// Reads a datagram. Never panics, whatever the bytes.
+/// Reads a datagram: its kind, and its records into `out` (cleared first; with a capacity of
+/// [`MAX_RECORDS`] this never allocates). Never panics, whatever the bytes.
 ///
 /// # Errors
-/// [`DecodeError`]: the datagram is dropped whole.
-pub fn decode(buf: &[u8]) -> Result<Message, DecodeError> {
+/// [`DecodeError`]: the datagram is dropped whole (`out` may hold part of it).
+pub fn decode(buf: &[u8], out: &mut Vec<SyncRecord>) -> Result<Kind, DecodeError> {
+    out.clear();
     let h = buf.get(..HEADER).ok_or(DecodeError::Length)?;
     if h[..2] != MAGIC {
         return Err(DecodeError::Magic);
@@ -161,17 +154,15 @@ pub fn decode(buf: &[u8]) -> Result<Message, DecodeError> {
         return Err(DecodeError::Length);
     }
     match h[3] {
-        1 => buf[HEADER..]
-            .chunks_exact(RECORD_BYTES)
-            .enumerate()
-            .map(|(i, c)| {
+        1 => {
+            for (i, c) in buf[HEADER..].chunks_exact(RECORD_BYTES).enumerate() {
                 let mut b = [0u8; RECORD_BYTES];
                 b.copy_from_slice(c);
-                SyncRecord::from_bytes(&b).map_err(|_| DecodeError::Record(i))
-            })
-            .collect::<Result<_, _>>()
-            .map(Message::Records),
-        2 if count == 0 => Ok(Message::DumpRequest),
+                out.push(SyncRecord::from_bytes(&b).map_err(|_| DecodeError::Record(i))?);
+            }
+            Ok(Kind::Records)
+        }
+        2 if count == 0 => Ok(Kind::DumpRequest),
         2 => Err(DecodeError::Length),
         k => Err(DecodeError::Kind(k)),
     }
@@ -244,6 +235,7 @@ impl SyncThread {
             heard: vec![false; cfg.peers.len()],
             buf: vec![0; MAX_DATAGRAM],
             rbuf: vec![0; 65536],
+            received: Vec::with_capacity(MAX_RECORDS),
         };
         let s = Arc::clone(&stop);
         let handle = std::thread::Builder::new()
@@ -296,6 +288,8 @@ struct Sync {
     heard: Vec<bool>,
     buf: Vec<u8>,
     rbuf: Vec<u8>,
+    /// The records of the datagram being delivered.
+    received: Vec<SyncRecord>,
 }
 
 impl Sync {
@@ -409,12 +403,12 @@ impl Sync {
                 bump(&self.stats.dropped_unknown_peer, 1);
                 continue;
             };
-            match decode(&self.rbuf[..len]) {
+            match decode(&self.rbuf[..len], &mut self.received) {
                 Err(e) => {
                     bump(&self.stats.dropped_malformed, 1);
                     debug!(%from, ?e, "malformed flow sync datagram dropped");
                 }
-                Ok(Message::DumpRequest) => {
+                Ok(Kind::DumpRequest) => {
                     self.heard[peer] = true;
                     bump(&self.stats.datagrams_received, 1);
                     bump(&self.stats.dump_requests_received, 1);
@@ -426,21 +420,21 @@ impl Sync {
                     }
                     info!(%from, "flow dump requested");
                 }
-                Ok(Message::Records(records)) => {
+                Ok(Kind::Records) => {
                     self.heard[peer] = true;
                     bump(&self.stats.datagrams_received, 1);
-                    bump(&self.stats.records_received, records.len() as u64);
-                    self.deliver(&records);
+                    bump(&self.stats.records_received, self.received.len() as u64);
+                    self.deliver();
                 }
             }
         }
     }
 
     /// Hands records to the workers that import them.
-    fn deliver(&mut self, records: &[SyncRecord]) {
+    fn deliver(&mut self) {
         let cores = self.ends.len() as u16;
         let mut full = 0;
-        for r in records {
+        for r in &self.received {
             if r.everywhere() || r.kind == RecordKind::Affinity {
                 for e in &mut self.ends {
                     full += u64::from(!e.to_worker.push(r));
@@ -596,9 +590,12 @@ mod tests {
         let n = encode(Kind::Records, &recs, &mut buf);
         assert_eq!(n, MAX_DATAGRAM);
         assert!(n <= 1452, "fits an IPv6 packet in a 1500-byte MTU");
-        assert_eq!(decode(&buf[..n]), Ok(Message::Records(recs)));
+        let mut out = Vec::with_capacity(MAX_RECORDS);
+        assert_eq!(decode(&buf[..n], &mut out), Ok(Kind::Records));
+        assert_eq!(out, recs);
         let n = encode(Kind::DumpRequest, &[], &mut buf);
-        assert_eq!(decode(&buf[..n]), Ok(Message::DumpRequest));
+        assert_eq!(decode(&buf[..n], &mut out), Ok(Kind::DumpRequest));
+        assert!(out.is_empty());
     }
 
     #[test]
@@ -606,26 +603,27 @@ mod tests {
         let mut buf = vec![0; MAX_DATAGRAM];
         let n = encode(Kind::Records, &[rec(1), rec(2)], &mut buf);
         let good = buf[..n].to_vec();
-        assert_eq!(decode(&good[..5]), Err(DecodeError::Length));
-        assert_eq!(decode(&good[..n - 1]), Err(DecodeError::Length));
+        let mut out = Vec::new();
+        assert_eq!(decode(&good[..5], &mut out), Err(DecodeError::Length));
+        assert_eq!(decode(&good[..n - 1], &mut out), Err(DecodeError::Length));
         let mut b = good.clone();
         b[0] = b'X';
-        assert_eq!(decode(&b), Err(DecodeError::Magic));
+        assert_eq!(decode(&b, &mut out), Err(DecodeError::Magic));
         let mut b = good.clone();
         b[2] = 9;
-        assert_eq!(decode(&b), Err(DecodeError::Version(9)));
+        assert_eq!(decode(&b, &mut out), Err(DecodeError::Version(9)));
         let mut b = good.clone();
         b[3] = 7;
-        assert_eq!(decode(&b), Err(DecodeError::Kind(7)));
+        assert_eq!(decode(&b, &mut out), Err(DecodeError::Kind(7)));
         let mut b = good.clone();
         b[HEADER + RECORD_BYTES + 55] = 0;
-        assert_eq!(decode(&b), Err(DecodeError::Record(1)));
+        assert_eq!(decode(&b, &mut out), Err(DecodeError::Record(1)));
         let mut b = good.clone();
         b[4..6].copy_from_slice(&u16::MAX.to_be_bytes());
-        assert_eq!(decode(&b), Err(DecodeError::Length));
+        assert_eq!(decode(&b, &mut out), Err(DecodeError::Length));
         // Every truncation and every single-byte corruption: an answer, never a panic.
         for len in 0..good.len() {
-            let _ = decode(&good[..len]);
+            let _ = decode(&good[..len], &mut out);
         }
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         for i in 0..good.len() {
@@ -634,7 +632,7 @@ mod tests {
             seed ^= seed >> 7;
             seed ^= seed << 17;
             b[i] = seed as u8;
-            let _ = decode(&b);
+            let _ = decode(&b, &mut out);
         }
     }
 
@@ -663,7 +661,7 @@ mod tests {
         let mut buf = vec![0; 2048];
         let (n, from) = peer.recv_from(&mut buf).unwrap();
         assert_eq!(from, me.local);
-        assert_eq!(decode(&buf[..n]), Ok(Message::DumpRequest));
+        assert_eq!(decode(&buf[..n], &mut Vec::new()), Ok(Kind::DumpRequest));
         // A stranger is refused; garbage from the peer is counted, not fatal.
         let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
         let mut out = vec![0; MAX_DATAGRAM];
