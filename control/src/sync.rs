@@ -78,7 +78,7 @@ pub const MAX_DATAGRAM: usize = HEADER + MAX_RECORDS * RECORD_BYTES;
 /// microseconds of CPU each.
 pub const POLL: Duration = Duration::from_millis(1);
 
-/// Interval between dump requests to a peer that has not answered yet.
+/// Interval between dump requests to a peer whose answer has not begun to arrive.
 pub const DUMP_RETRY: Duration = Duration::from_secs(1);
 
 /// Dump requests sent to a silent peer before giving up (it may simply not be running yet;
@@ -284,7 +284,10 @@ struct Sync {
     dump_to: HashSet<usize>,
     /// Generation of the latest dump asked of the workers.
     dump_gen: u64,
-    /// Peers that sent us anything (so stop asking them for a dump).
+    /// Peers whose dump answer has begun to arrive (so stop asking them). News or a dump
+    /// request of theirs does not count: a peer that restarts with us has nothing, one that
+    /// sends news may not have seen our request. A peer with an empty table is asked
+    /// [`DUMP_TRIES`] times, each an empty walk.
     heard: Vec<bool>,
     buf: Vec<u8>,
     rbuf: Vec<u8>,
@@ -409,7 +412,6 @@ impl Sync {
                     debug!(%from, ?e, "malformed flow sync datagram dropped");
                 }
                 Ok(Kind::DumpRequest) => {
-                    self.heard[peer] = true;
                     bump(&self.stats.datagrams_received, 1);
                     bump(&self.stats.dump_requests_received, 1);
                     // A request during a walk restarts it, so this requester gets everything.
@@ -421,7 +423,9 @@ impl Sync {
                     info!(%from, "flow dump requested");
                 }
                 Ok(Kind::Records) => {
-                    self.heard[peer] = true;
+                    if self.received.iter().any(|r| r.flags & flags::DUMP != 0) {
+                        self.heard[peer] = true;
+                    }
                     bump(&self.stats.datagrams_received, 1);
                     bump(&self.stats.records_received, self.received.len() as u64);
                     self.deliver();

@@ -570,7 +570,11 @@ fn import(flows: &mut FlowTable, c: &mut SyncCounters, t: &ServiceTable, r: &Syn
     if let Some(v) = flows.lookup(&key, now) {
         if v.backend == b.id && v.incarnation == b.incarnation {
             v.touch(now);
-            v.state = state;
+            // A late record (reordered, or from a gateway that saw less of the flow) does
+            // not take an established entry back to half-open and evictable.
+            if !(v.state == FlowState::TcpEstablished && state == FlowState::TcpSyn) {
+                v.state = state;
+            }
             c.refreshed += 1;
             return;
         }
@@ -902,10 +906,25 @@ mod pipeline_tests {
             backend: crate::key::v4_mapped([198, 51, 100, 12]),
             ..good
         };
-        for r in [good, good, unknown_backend, unknown_service, other_backend] {
+        let late_syn = SyncRecord {
+            state: FlowState::TcpSyn,
+            ..good
+        };
+        for r in [
+            good,
+            late_syn,
+            unknown_backend,
+            unknown_service,
+            other_backend,
+        ] {
             assert!(th.to_worker.push(&r));
         }
         assert_eq!(p.sync_turn(&t, SEC), 5);
+        assert_eq!(
+            p.flows.lookup(&good.key, SEC).map(|v| v.state),
+            Some(FlowState::TcpEstablished),
+            "a late record does not demote an established entry"
+        );
         let c = p.sync.as_ref().unwrap().counters;
         assert_eq!(
             (
