@@ -1321,7 +1321,7 @@ fn sync_is_read() {
     let c = accepted(&sync(
         "listen = \"192.0.2.1:7946\"\npeers = [\"192.0.2.2:7946\", \"192.0.2.3:7000\"]",
     ));
-    let s = c.gateway.sync.expect("sync configured");
+    let s = c.gateway.sync.clone().expect("sync configured");
     assert_eq!(s.listen, "192.0.2.1:7946".parse().unwrap());
     assert_eq!(
         s.peers,
@@ -1331,6 +1331,11 @@ fn sync_is_read() {
         ]
     );
     assert!(accepted(IFACE).gateway.sync.is_none(), "off by default");
+    let summary = strait_config::summary(&c);
+    assert!(
+        summary.contains("flow sync: listen 192.0.2.1:7946, peers 192.0.2.2:7946, 192.0.2.3:7000"),
+        "{summary}"
+    );
 }
 
 #[test]

@@ -726,6 +726,29 @@ mod tests {
         assert_eq!(SyncRecord::from_bytes(&bad), Err(RecordError::Proto(1)));
     }
 
+    proptest::proptest! {
+        /// Any 64 bytes either are refused or are a record whose encoding is those bytes:
+        /// decoding never panics and the wire form is canonical.
+        #[test]
+        fn any_bytes_decode_canonically_or_not_at_all(
+            b in proptest::collection::vec(proptest::prelude::any::<u8>(), RECORD_BYTES),
+            state in 0u8..8,
+            kind in 0u8..4,
+            proto in proptest::prelude::prop_oneof![proptest::prelude::Just(6u8), proptest::prelude::Just(17u8), proptest::prelude::any::<u8>()],
+        ) {
+            let mut a = [0u8; RECORD_BYTES];
+            a.copy_from_slice(&b);
+            // Bias the checked bytes toward valid values, so both outcomes are common.
+            a[54] = proto;
+            a[55] = state;
+            a[56] = kind;
+            if let Ok(r) = SyncRecord::from_bytes(&a) {
+                proptest::prop_assert_eq!(r.to_bytes(), a);
+                proptest::prop_assert_eq!(SyncRecord::from_words(&r.to_words()), Ok(r));
+            }
+        }
+    }
+
     #[test]
     fn the_ring_keeps_order_refuses_when_full_and_recovers() {
         let (mut tx, mut rx) = ring(4);
