@@ -679,4 +679,58 @@ mod tests {
         assert_eq!(me.stats.records_received.load(Ordering::Relaxed), 0);
         me.stop();
     }
+
+    #[derive(Debug)]
+    struct Families(Arc<Shared>);
+
+    impl prometheus_client::collector::Collector for Families {
+        fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
+            metrics(&mut enc, &self.0.samples(), &self.0)
+        }
+    }
+
+    #[test]
+    fn metrics_name_every_outcome_and_reason_and_are_absent_when_sync_is_off() {
+        let cfg = strait_config::example();
+        let ports = [strait_dataplane::table::Port::new(
+            strait_config::MacAddr([2, 0, 0, 0, 0, 1]),
+            1500,
+        )];
+        let table = strait_dataplane::table::Builder::new()
+            .build(&cfg, &ports, |_, _, _| false)
+            .unwrap();
+        let core = Arc::new(crate::shared::CoreStats {
+            name: "veth-gw/0".into(),
+            ..Default::default()
+        });
+        core.sample.lock().unwrap().sync.imported = 7;
+        let shared = Arc::new(Shared::new(
+            cfg,
+            Arc::new(table),
+            Arc::default(),
+            vec![core],
+        ));
+        let text = |shared: &Arc<Shared>| {
+            let mut r = prometheus_client::registry::Registry::with_prefix("strait");
+            r.register_collector(Box::new(Families(Arc::clone(shared))));
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
+            out
+        };
+        assert!(!text(&shared).contains("flow_sync"), "off: no families");
+        let stats = Arc::new(SyncStats::default());
+        stats.dropped_malformed.store(3, Ordering::Relaxed);
+        *shared.sync.lock().unwrap() = Some(stats);
+        let m = text(&shared);
+        for line in [
+            "strait_flow_sync_worker_records_total{core=\"veth-gw/0\",outcome=\"imported\"} 7",
+            "strait_flow_sync_worker_records_total{core=\"veth-gw/0\",outcome=\"export_ring_full\"} 0",
+            "strait_flow_sync_sent_total{what=\"records\"} 0",
+            "strait_flow_sync_received_total{what=\"dump_requests\"} 0",
+            "strait_flow_sync_dropped_total{reason=\"malformed\"} 3",
+            "strait_flow_sync_dropped_total{reason=\"inbound_ring_full\"} 0",
+        ] {
+            assert!(m.contains(line), "{line} missing from\n{m}");
+        }
+    }
 }
