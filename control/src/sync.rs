@@ -2,7 +2,7 @@
 //! rings and a UDP socket.
 //!
 //! ```text
-//!   workers' out rings ──► batch (22 records a datagram) ──► every peer
+//!   workers' out rings ──► batch (45 IPv4 or 22 IPv6 records a datagram) ──► every peer
 //!   every peer ──► check sender, decode ──► owner worker's in ring (nat) / every worker's (DSR)
 //!   start: dump request to every peer (repeated until each answers) ──► their workers walk
 //!          their tables ──► dump records back to the requesters only
@@ -15,9 +15,15 @@
 //! # Wire format
 //!
 //! One datagram: an 8-byte header, `b"SF"`, version ([`VERSION`]), kind ([`Kind`]), record
-//! count (u16, big-endian), two zero bytes; then `count` 64-byte records
-//! (`SyncRecord::to_bytes`). At most [`MAX_RECORDS`] records, so a datagram (1416 bytes)
-//! fits an Ethernet MTU over IPv4 or IPv6 without fragments. Decoding is defensive: a
+//! count (u16, big-endian), form ([`Form`]), a zero byte; then `count` records of that
+//! form: 64 bytes (`SyncRecord::to_bytes`), or 32 when client, VIP and backend are all IPv4
+//! (the three addresses in 4 bytes each). At most [`MAX_RECORDS`] full or
+//! [`MAX_V4_RECORDS`] compact records, so a datagram (at most 1448 bytes) fits an Ethernet
+//! MTU over IPv4 or IPv6 without fragments. An IPv4 flow then costs 32 bytes, plus its
+//! 1/45th share of the datagram's IP, UDP and sync headers: 33 bytes on the wire. The IPVS
+//! sync daemon's default format (version 1, `struct ip_vs_sync_v4` in
+//! `include/net/ip_vs.h`) takes 36 bytes for an IPv4 connection before options; its
+//! version 0 took 24, without the TCP state's timeout or IPv6. Decoding is defensive: a
 //! datagram whose length, magic, version, kind or any record is wrong is dropped whole and
 //! counted; datagrams from an address that is not a configured peer are dropped before
 //! decoding. There is no authentication beyond the sender's address: put sync on a network
@@ -51,6 +57,7 @@ use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::DescriptorEncoder;
 use strait_config::model::FlowSync;
+use strait_dataplane::key::{is_v4, v4_mapped};
 use strait_dataplane::pipeline::owner_core;
 use strait_dataplane::sync::{flags, RecordKind, SyncRecord, ThreadEnds, RECORD_BYTES};
 use tracing::{debug, info, warn};
@@ -66,12 +73,84 @@ const MAGIC: [u8; 2] = *b"SF";
 /// Header bytes in front of the records.
 pub const HEADER: usize = 8;
 
-/// Records per datagram: (1452 - 8) / 64 = 22, 1452 being the UDP payload of a 1500-byte
-/// IPv6 packet (IPv4: 1472), so a full datagram is never fragmented.
-pub const MAX_RECORDS: usize = 22;
+/// Bytes of a record in the compact IPv4 form: three 4-byte addresses, the rest as in the
+/// full form, padded with zeros to 32.
+pub const V4_RECORD_BYTES: usize = 32;
+
+/// The UDP payload of a 1500-byte IPv6 packet (IPv4: 1472): no datagram is larger, so none
+/// is fragmented.
+const PAYLOAD: usize = 1452;
+
+/// Full-form records per datagram: (1452 - 8) / 64 = 22.
+pub const MAX_RECORDS: usize = (PAYLOAD - HEADER) / RECORD_BYTES;
+
+/// Compact IPv4 records per datagram: (1452 - 8) / 32 = 45.
+pub const MAX_V4_RECORDS: usize = (PAYLOAD - HEADER) / V4_RECORD_BYTES;
 
 /// Largest datagram this thread sends.
-pub const MAX_DATAGRAM: usize = HEADER + MAX_RECORDS * RECORD_BYTES;
+pub const MAX_DATAGRAM: usize = HEADER + MAX_V4_RECORDS * V4_RECORD_BYTES;
+
+/// How a datagram's records are written (header byte 6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Form {
+    /// 64 bytes a record, 16-byte addresses: any record.
+    Full = 0,
+    /// 32 bytes a record, 4-byte addresses: records whose client, VIP and backend are all
+    /// IPv4, which halves the bytes per flow of an IPv4 deployment.
+    V4 = 4,
+}
+
+impl Form {
+    /// The form `r` can travel in, the compact one when it can.
+    pub fn of(r: &SyncRecord) -> Form {
+        if is_v4(&r.key.src) && is_v4(&r.key.dst) && is_v4(&r.backend) {
+            Form::V4
+        } else {
+            Form::Full
+        }
+    }
+
+    /// Bytes of one record.
+    pub const fn record_bytes(self) -> usize {
+        match self {
+            Form::Full => RECORD_BYTES,
+            Form::V4 => V4_RECORD_BYTES,
+        }
+    }
+
+    /// Records of a full datagram.
+    pub const fn max_records(self) -> usize {
+        match self {
+            Form::Full => MAX_RECORDS,
+            Form::V4 => MAX_V4_RECORDS,
+        }
+    }
+}
+
+/// The compact form of a full record `b` (`SyncRecord::to_bytes`) whose addresses are
+/// IPv4-mapped: the last 4 bytes of each address, then bytes 48..64 unchanged.
+fn compact(b: &[u8; RECORD_BYTES], out: &mut [u8]) {
+    out[0..4].copy_from_slice(&b[12..16]);
+    out[4..8].copy_from_slice(&b[28..32]);
+    out[8..12].copy_from_slice(&b[44..48]);
+    out[12..28].copy_from_slice(&b[48..64]);
+    out[28..32].fill(0);
+}
+
+/// The full form of compact record `c`; `None` if its padding is not zero.
+fn expand(c: &[u8]) -> Option<[u8; RECORD_BYTES]> {
+    if c[28..32] != [0; 4] {
+        return None;
+    }
+    let mut b = [0u8; RECORD_BYTES];
+    for (i, at) in [0usize, 16, 32].into_iter().enumerate() {
+        b[at..at + 16].copy_from_slice(&v4_mapped([0; 4]));
+        b[at + 12..at + 16].copy_from_slice(&c[i * 4..i * 4 + 4]);
+    }
+    b[48..64].copy_from_slice(&c[12..28]);
+    Some(b)
+}
 
 /// How long the thread sleeps when a turn found nothing to do: a record waits at most this
 /// long in its ring (plus a turn), and an idle thread wakes 1000 times a second, a few
@@ -108,35 +187,49 @@ pub enum DecodeError {
     Kind(u8),
     /// Record `index` does not decode.
     Record(usize),
+    /// Header byte 6 names no [`Form`], or byte 7 is not zero.
+    Form(u8),
 }
 
-/// Writes a datagram of `kind` with `records` (at most [`MAX_RECORDS`]) into `buf` (at least
-/// [`MAX_DATAGRAM`] bytes); returns its length.
+/// Writes a datagram of `kind` with `records` in `form` (at most `form.max_records()`, each
+/// of that form, see [`Form::of`]) into `buf` (at least [`MAX_DATAGRAM`] bytes); returns its
+/// length.
 ///
 /// # Panics
-/// If `records` or `buf` exceed those bounds (a caller's bug).
-pub fn encode(kind: Kind, records: &[SyncRecord], buf: &mut [u8]) -> usize {
+/// If `records` or `buf` exceed those bounds, or a record does not fit `form` (a caller's
+/// bug).
+pub fn encode(kind: Kind, form: Form, records: &[SyncRecord], buf: &mut [u8]) -> usize {
     assert!(
-        records.len() <= MAX_RECORDS,
-        "at most {MAX_RECORDS} records"
+        records.len() <= form.max_records(),
+        "at most {} records",
+        form.max_records()
     );
-    let len = HEADER + records.len() * RECORD_BYTES;
+    let size = form.record_bytes();
+    let len = HEADER + records.len() * size;
     buf[..2].copy_from_slice(&MAGIC);
     buf[2] = VERSION;
     buf[3] = kind as u8;
     buf[4..6].copy_from_slice(&(records.len() as u16).to_be_bytes());
-    buf[6..8].fill(0);
-    for (r, out) in records
-        .iter()
-        .zip(buf[HEADER..len].chunks_exact_mut(RECORD_BYTES))
-    {
-        out.copy_from_slice(&r.to_bytes());
+    buf[6] = form as u8;
+    buf[7] = 0;
+    for (r, out) in records.iter().zip(buf[HEADER..len].chunks_exact_mut(size)) {
+        match form {
+            Form::Full => out.copy_from_slice(&r.to_bytes()),
+            Form::V4 => {
+                assert_eq!(
+                    Form::of(r),
+                    Form::V4,
+                    "an IPv6 record in a compact datagram"
+                );
+                compact(&r.to_bytes(), out);
+            }
+        }
     }
     len
 }
 
 /// Reads a datagram: its kind, and its records into `out` (cleared first; with a capacity of
-/// [`MAX_RECORDS`] this never allocates). Never panics, whatever the bytes.
+/// [`MAX_V4_RECORDS`] this never allocates). Never panics, whatever the bytes.
 ///
 /// # Errors
 /// [`DecodeError`]: the datagram is dropped whole (`out` may hold part of it).
@@ -149,15 +242,30 @@ pub fn decode(buf: &[u8], out: &mut Vec<SyncRecord>) -> Result<Kind, DecodeError
     if h[2] != VERSION {
         return Err(DecodeError::Version(h[2]));
     }
+    let form = match h[6] {
+        0 => Form::Full,
+        4 => Form::V4,
+        f => return Err(DecodeError::Form(f)),
+    };
+    if h[7] != 0 {
+        return Err(DecodeError::Form(h[7]));
+    }
     let count = u16::from_be_bytes([h[4], h[5]]) as usize;
-    if count > MAX_RECORDS || buf.len() != HEADER + count * RECORD_BYTES {
+    let size = form.record_bytes();
+    if count > form.max_records() || buf.len() != HEADER + count * size {
         return Err(DecodeError::Length);
     }
     match h[3] {
         1 => {
-            for (i, c) in buf[HEADER..].chunks_exact(RECORD_BYTES).enumerate() {
-                let mut b = [0u8; RECORD_BYTES];
-                b.copy_from_slice(c);
+            for (i, c) in buf[HEADER..].chunks_exact(size).enumerate() {
+                let b = match form {
+                    Form::Full => {
+                        let mut b = [0u8; RECORD_BYTES];
+                        b.copy_from_slice(c);
+                        b
+                    }
+                    Form::V4 => expand(c).ok_or(DecodeError::Record(i))?,
+                };
                 out.push(SyncRecord::from_bytes(&b).map_err(|_| DecodeError::Record(i))?);
             }
             Ok(Kind::Records)
@@ -228,14 +336,13 @@ impl SyncThread {
             peers: cfg.peers.clone(),
             ends,
             stats: Arc::clone(&stats),
-            news: Vec::with_capacity(MAX_RECORDS),
-            dumps: Vec::with_capacity(MAX_RECORDS),
+            pending: std::array::from_fn(|_| Vec::with_capacity(MAX_V4_RECORDS)),
             dump_to: HashSet::new(),
             dump_gen: 0,
             heard: vec![false; cfg.peers.len()],
             buf: vec![0; MAX_DATAGRAM],
             rbuf: vec![0; 65536],
-            received: Vec::with_capacity(MAX_RECORDS),
+            received: Vec::with_capacity(MAX_V4_RECORDS),
         };
         let s = Arc::clone(&stop);
         let handle = std::thread::Builder::new()
@@ -276,10 +383,9 @@ struct Sync {
     peers: Vec<SocketAddr>,
     ends: Vec<ThreadEnds>,
     stats: Arc<SyncStats>,
-    /// Records to send to every peer.
-    news: Vec<SyncRecord>,
-    /// Dump answers, for `dump_to` only.
-    dumps: Vec<SyncRecord>,
+    /// Records waiting for a datagram, by [`Sync::batch`]: news (to every peer) and dump
+    /// answers (to `dump_to` only), each in full and compact form.
+    pending: [Vec<SyncRecord>; 4],
     /// Peers (indices) waiting for the dump being walked.
     dump_to: HashSet<usize>,
     /// Generation of the latest dump asked of the workers.
@@ -303,7 +409,7 @@ impl Sync {
             if asked < DUMP_TRIES && Instant::now() >= next_ask && self.heard.contains(&false) {
                 asked += 1;
                 next_ask = Instant::now() + DUMP_RETRY;
-                let n = encode(Kind::DumpRequest, &[], &mut self.buf);
+                let n = encode(Kind::DumpRequest, Form::Full, &[], &mut self.buf);
                 for (i, &p) in self.peers.iter().enumerate() {
                     if !self.heard[i] {
                         self.send_to(p, n, 0);
@@ -332,24 +438,26 @@ impl Sync {
         }
     }
 
-    /// Sends `news` to every peer, or `dumps` to the dump requesters.
-    fn flush(&mut self, dump: bool) {
-        let records = if dump { &self.dumps } else { &self.news };
+    /// The batch of `pending` for a record: news or dump answer, in which form.
+    fn batch(dump: bool, form: Form) -> usize {
+        usize::from(dump) * 2 + usize::from(form == Form::V4)
+    }
+
+    /// Sends batch `b` of `pending`: news to every peer, dump answers to the requesters.
+    fn flush(&mut self, b: usize) {
+        let (dump, form) = (b >= 2, if b % 2 == 1 { Form::V4 } else { Form::Full });
+        let records = &self.pending[b];
         if records.is_empty() {
             return;
         }
-        let n = encode(Kind::Records, records, &mut self.buf);
+        let n = encode(Kind::Records, form, records, &mut self.buf);
         let count = records.len();
         for (i, &p) in self.peers.iter().enumerate() {
             if !dump || self.dump_to.contains(&i) {
                 self.send_to(p, n, count);
             }
         }
-        if dump {
-            self.dumps.clear();
-        } else {
-            self.news.clear();
-        }
+        self.pending[b].clear();
     }
 
     /// Moves the workers' records into datagrams; returns how many records.
@@ -366,21 +474,17 @@ impl Sync {
             while let Some(r) = self.ends[w].from_worker.pop() {
                 let Ok(r) = r else { continue };
                 n += 1;
-                if r.flags & flags::DUMP != 0 {
-                    self.dumps.push(r);
-                    if self.dumps.len() == MAX_RECORDS {
-                        self.flush(true);
-                    }
-                } else {
-                    self.news.push(r);
-                    if self.news.len() == MAX_RECORDS {
-                        self.flush(false);
-                    }
+                let form = Form::of(&r);
+                let b = Self::batch(r.flags & flags::DUMP != 0, form);
+                self.pending[b].push(r);
+                if self.pending[b].len() == form.max_records() {
+                    self.flush(b);
                 }
             }
         }
-        self.flush(false);
-        self.flush(true);
+        for b in 0..self.pending.len() {
+            self.flush(b);
+        }
         if dump_over {
             info!(peers = ?self.dump_to.iter().map(|&i| self.peers[i]).collect::<Vec<_>>(), "flow dump sent");
             self.dump_to.clear();
@@ -590,14 +694,30 @@ mod tests {
     #[test]
     fn datagrams_round_trip() {
         let mut buf = vec![0; MAX_DATAGRAM];
-        let recs: Vec<_> = (0..MAX_RECORDS as u16).map(rec).collect();
-        let n = encode(Kind::Records, &recs, &mut buf);
+        let recs: Vec<_> = (0..MAX_V4_RECORDS as u16).map(rec).collect();
+        let n = encode(Kind::Records, Form::V4, &recs, &mut buf);
         assert_eq!(n, MAX_DATAGRAM);
         assert!(n <= 1452, "fits an IPv6 packet in a 1500-byte MTU");
-        let mut out = Vec::with_capacity(MAX_RECORDS);
+        let mut out = Vec::with_capacity(MAX_V4_RECORDS);
         assert_eq!(decode(&buf[..n], &mut out), Ok(Kind::Records));
-        assert_eq!(out, recs);
-        let n = encode(Kind::DumpRequest, &[], &mut buf);
+        assert_eq!(out, recs, "the compact form carries every field");
+        // The full form, for any record; an IPv6 record needs it.
+        let mut v6 = rec(7);
+        v6.key.src = "2001:db8::7"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets();
+        assert_eq!(Form::of(&v6), Form::Full);
+        let full: Vec<_> = (0..MAX_RECORDS as u16)
+            .map(rec)
+            .chain([v6])
+            .skip(1)
+            .collect();
+        let n = encode(Kind::Records, Form::Full, &full, &mut buf);
+        assert!(n <= 1452);
+        assert_eq!(decode(&buf[..n], &mut out), Ok(Kind::Records));
+        assert_eq!(out, full);
+        let n = encode(Kind::DumpRequest, Form::Full, &[], &mut buf);
         assert_eq!(decode(&buf[..n], &mut out), Ok(Kind::DumpRequest));
         assert!(out.is_empty());
     }
@@ -605,7 +725,7 @@ mod tests {
     #[test]
     fn malformed_datagrams_are_refused_never_a_panic() {
         let mut buf = vec![0; MAX_DATAGRAM];
-        let n = encode(Kind::Records, &[rec(1), rec(2)], &mut buf);
+        let n = encode(Kind::Records, Form::V4, &[rec(1), rec(2)], &mut buf);
         let good = buf[..n].to_vec();
         let mut out = Vec::new();
         assert_eq!(decode(&good[..5], &mut out), Err(DecodeError::Length));
@@ -619,9 +739,23 @@ mod tests {
         let mut b = good.clone();
         b[3] = 7;
         assert_eq!(decode(&b, &mut out), Err(DecodeError::Kind(7)));
+        // Record 1's state byte (compact form: byte 19), then its padding.
         let mut b = good.clone();
-        b[HEADER + RECORD_BYTES + 55] = 0;
+        b[HEADER + V4_RECORD_BYTES + 19] = 0;
         assert_eq!(decode(&b, &mut out), Err(DecodeError::Record(1)));
+        let mut b = good.clone();
+        b[HEADER + V4_RECORD_BYTES + 30] = 1;
+        assert_eq!(decode(&b, &mut out), Err(DecodeError::Record(1)));
+        let mut b = good.clone();
+        b[6] = 6;
+        assert_eq!(decode(&b, &mut out), Err(DecodeError::Form(6)));
+        let mut b = good.clone();
+        b[6] = Form::Full as u8;
+        assert_eq!(
+            decode(&b, &mut out),
+            Err(DecodeError::Length),
+            "2 x 32 is not 2 x 64"
+        );
         let mut b = good.clone();
         b[4..6].copy_from_slice(&u16::MAX.to_be_bytes());
         assert_eq!(decode(&b, &mut out), Err(DecodeError::Length));
@@ -669,7 +803,7 @@ mod tests {
         // A stranger is refused; garbage from the peer is counted, not fatal.
         let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
         let mut out = vec![0; MAX_DATAGRAM];
-        let n = encode(Kind::Records, &[rec(1)], &mut out);
+        let n = encode(Kind::Records, Form::V4, &[rec(1)], &mut out);
         stranger.send_to(&out[..n], me.local).unwrap();
         peer.send_to(b"not a datagram of ours", me.local).unwrap();
         wait("both dropped", || {
