@@ -120,6 +120,7 @@ pub fn config(mode: Mode, services: usize) -> Config {
             drain_grace: std::time::Duration::ZERO,
             bgp: None,
             l2: None,
+            sync: None,
         },
         services: (0..services)
             .map(|s| Service {

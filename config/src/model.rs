@@ -65,6 +65,19 @@ pub struct Gateway {
     /// VIP failover between gateways on one segment by VRRP (`[gateway.l2]`), if
     /// configured.
     pub l2: Option<L2>,
+    /// Flow-state sync with peer gateways (`[gateway.sync]`), if configured.
+    pub sync: Option<FlowSync>,
+}
+
+/// Flow-state sync with peer gateways (`[gateway.sync]`): every flow this gateway creates is
+/// sent to the peers, and theirs are learnt here, so that a flow keeps its backend when a
+/// router moves it to another gateway or this one restarts (see `strait_dataplane::sync`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowSync {
+    /// The UDP address this gateway sends from and receives on.
+    pub listen: SocketAddr,
+    /// The peers' `listen` addresses; datagrams from any other address are refused.
+    pub peers: Vec<SocketAddr>,
 }
 
 impl Gateway {

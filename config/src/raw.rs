@@ -52,6 +52,7 @@ pub(crate) struct RawGateway {
     pub drain_grace: Option<String>,
     pub bgp: Option<RawBgp>,
     pub l2: Option<RawL2>,
+    pub sync: Option<RawSync>,
 }
 
 /// `[gateway.l2]`.
@@ -62,6 +63,14 @@ pub(crate) struct RawL2 {
     pub members: Option<Vec<String>>,
     pub advert_interval: Option<String>,
     pub daemon: Option<String>,
+}
+
+/// `[gateway.sync]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSync {
+    pub listen: Option<String>,
+    pub peers: Option<Vec<String>>,
 }
 
 /// `[gateway.bgp]`.
@@ -328,12 +337,13 @@ fn check_config(doc: &Spanned<DeValue<'_>>, errors: &mut Errors) {
 }
 
 fn check_gateway(gateway: &Spanned<DeValue<'_>>, errors: &mut Errors) {
-    let (rest, nested) = split(gateway, &["timeouts", "interfaces", "bgp", "l2"]);
+    let (rest, nested) = split(gateway, &["timeouts", "interfaces", "bgp", "l2", "sync"]);
     try_as::<RawGateway>(&rest, errors);
     for (key, value) in nested {
         match key {
             "timeouts" => try_as::<RawTimeouts>(&value, errors),
             "l2" => try_as::<RawL2>(&value, errors),
+            "sync" => try_as::<RawSync>(&value, errors),
             "bgp" => {
                 let (rest, peers) = split(&value, &["peers"]);
                 try_as::<RawBgp>(&rest, errors);
@@ -453,6 +463,10 @@ impl From<&Config> for RawConfig {
                     members: Some(l.members.clone()),
                     advert_interval: Some(duration(l.advert_interval)),
                     daemon: Some(l.daemon.display().to_string()),
+                }),
+                sync: g.sync.as_ref().map(|s| RawSync {
+                    listen: Some(s.listen.to_string()),
+                    peers: Some(s.peers.iter().map(ToString::to_string).collect()),
                 }),
             },
             services: config.services.iter().map(raw_service).collect(),

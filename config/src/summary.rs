@@ -112,6 +112,15 @@ pub fn summary(config: &Config) -> String {
             );
         }
     }
+    if let Some(s) = &g.sync {
+        let peers: Vec<String> = s.peers.iter().map(ToString::to_string).collect();
+        let _ = writeln!(
+            out,
+            "flow sync: listen {}, peers {}",
+            s.listen,
+            peers.join(", ")
+        );
+    }
     if config.services.is_empty() {
         out.push_str("services: none\n");
     }

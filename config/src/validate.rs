@@ -7,6 +7,7 @@
 
 mod bgp;
 mod l2;
+mod sync;
 
 use std::collections::HashMap;
 use std::fmt::Display;
@@ -357,7 +358,12 @@ impl Checker {
             }
             Some(l) => self.l2(l).map(Some),
         };
+        let sync = match &raw.sync {
+            None => Some(None),
+            Some(s) => self.sync(s).map(Some),
+        };
         Some(Gateway {
+            sync: sync?,
             admin_listen: admin_listen?,
             admin_socket: admin_socket?,
             admin_token_file: admin_token_file?,

@@ -1368,3 +1368,85 @@ fn admin_socket_and_token_file_are_absolute_paths() {
         "gateway.admin_token_file: \"admin.token\" is not an absolute path",
     );
 }
+
+// ---- [gateway.sync] ------------------------------------------------------------------
+
+fn sync(fields: &str) -> String {
+    format!("{IFACE}\n[gateway.sync]\n{fields}\n")
+}
+
+#[test]
+fn sync_is_read() {
+    let c = accepted(&sync(
+        "listen = \"192.0.2.1:7946\"\npeers = [\"192.0.2.2:7946\", \"192.0.2.3:7000\"]",
+    ));
+    let s = c.gateway.sync.clone().expect("sync configured");
+    assert_eq!(s.listen, "192.0.2.1:7946".parse().unwrap());
+    assert_eq!(
+        s.peers,
+        [
+            "192.0.2.2:7946".parse().unwrap(),
+            "192.0.2.3:7000".parse().unwrap()
+        ]
+    );
+    assert!(accepted(IFACE).gateway.sync.is_none(), "off by default");
+    let summary = strait_config::summary(&c);
+    assert!(
+        summary.contains("flow sync: listen 192.0.2.1:7946, peers 192.0.2.2:7946, 192.0.2.3:7000"),
+        "{summary}"
+    );
+}
+
+#[test]
+fn sync_rules() {
+    refused(
+        &sync("peers = [\"192.0.2.2:7946\"]"),
+        "gateway.sync.listen: is required",
+    );
+    refused(
+        &sync("listen = \"192.0.2.1:7946\""),
+        "gateway.sync.peers: is required",
+    );
+    refused(
+        &sync("listen = \"192.0.2.1\"\npeers = [\"192.0.2.2:7946\"]"),
+        "gateway.sync.listen: \"192.0.2.1\" is not an address:port like \"192.0.2.1:7946\"",
+    );
+    refused(
+        &sync("listen = \"192.0.2.1:0\"\npeers = [\"192.0.2.2:7946\"]"),
+        "gateway.sync.listen: port 0 is not a port to exchange flows on",
+    );
+    refused(
+        &sync("listen = \"192.0.2.1:7946\"\npeers = []"),
+        "gateway.sync.peers: is empty; name at least one peer gateway's sync.listen",
+    );
+    refused(
+        &sync("listen = \"192.0.2.1:7946\"\npeers = [\"192.0.2.2:7946\", \"192.0.2.2:7946\"]"),
+        "gateway.sync.peers[1]: 192.0.2.2:7946 is listed twice",
+    );
+    refused(
+        &sync("listen = \"192.0.2.1:7946\"\npeers = [\"192.0.2.1:7946\"]"),
+        "gateway.sync.peers[0]: 192.0.2.1:7946 is this gateway's own sync.listen",
+    );
+    refused(
+        &sync("listen = \"192.0.2.1:7946\"\npeers = [\"[2001:db8::2]:7946\"]"),
+        "gateway.sync.peers[0]: [2001:db8::2]:7946 is not of sync.listen's address family (records go out from it)",
+    );
+    refused(
+        &sync("listen = \"192.0.2.1:7946\"\npeers = [\"0.0.0.0:7946\"]"),
+        "gateway.sync.peers[0]: 0.0.0.0 is not a peer's address",
+    );
+    refused(
+        &sync("listen = \"192.0.2.1:7946\"\npeers = [\"224.0.0.1:7946\"]"),
+        "gateway.sync.peers[0]: 224.0.0.1 is a multicast address",
+    );
+    let p = problems(&sync(
+        "listen = \"192.0.2.1:7946\"\npeers = [\"192.0.2.2:7946\"]\nport = 3",
+    ));
+    assert!(
+        p.len() == 1
+            && p[0].starts_with(
+                "gateway.sync.port: unknown field `port`, expected `listen` or `peers`"
+            ),
+        "{p:?}"
+    );
+}

@@ -919,6 +919,7 @@ impl Collector for Metrics {
              dropped as no_next_hop).",
             &[(Vec::new(), unresolved as i64)],
         )?;
+        crate::sync::metrics(&mut enc, &samples, shared)?;
         Ok(())
     }
 }

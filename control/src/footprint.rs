@@ -12,6 +12,7 @@ use std::fmt;
 use strait_config::model::Config;
 use strait_dataplane::flow::FlowTable;
 use strait_dataplane::maglev;
+use strait_dataplane::sync::{RECORD_BYTES, SYNC_SLOTS};
 use strait_dataplane::xsk::{HandoffConfig, FRAME_COUNT, FRAME_SIZE, HANDOFF_SLOTS};
 
 /// Bytes a configuration takes, by part.
@@ -25,6 +26,9 @@ pub struct Footprint {
     pub umem: u64,
     /// Hand-off rings: one from every worker to every other.
     pub handoff: u64,
+    /// Flow-sync rings (`[gateway.sync]`): two per worker, [`SYNC_SLOTS`] records of
+    /// [`RECORD_BYTES`] each; zero without sync.
+    pub sync: u64,
     /// Maglev tables of the configured services, twice: the live table's and the builder's
     /// copy for the next build.
     pub maglev: u64,
@@ -57,6 +61,11 @@ impl Footprint {
             handoff: workers
                 .saturating_mul(workers.saturating_sub(1))
                 .saturating_mul(u64::from(HANDOFF_SLOTS) * handoff_slot),
+            sync: if cfg.gateway.sync.is_some() {
+                workers.saturating_mul(2 * u64::from(SYNC_SLOTS) * RECORD_BYTES as u64)
+            } else {
+                0
+            },
             maglev: maglev.saturating_mul(2),
         }
     }
@@ -66,6 +75,7 @@ impl Footprint {
         self.flow_tables
             .saturating_add(self.umem)
             .saturating_add(self.handoff)
+            .saturating_add(self.sync)
             .saturating_add(self.maglev)
     }
 
@@ -109,14 +119,17 @@ impl fmt::Display for Footprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} worker{}: flow tables {}, UMEM {}, hand-off rings {}; Maglev tables {}",
+            "{} worker{}: flow tables {}, UMEM {}, hand-off rings {}",
             self.workers,
             if self.workers == 1 { "" } else { "s" },
             mib(self.flow_tables),
             mib(self.umem),
             mib(self.handoff),
-            mib(self.maglev)
-        )
+        )?;
+        if self.sync > 0 {
+            write!(f, ", flow-sync rings {}", mib(self.sync))?;
+        }
+        write!(f, "; Maglev tables {}", mib(self.maglev))
     }
 }
 
@@ -162,7 +175,7 @@ mod tests {
         assert!(f.handoff > 0);
         assert_eq!(
             f.total(),
-            f.flow_tables + f.umem + f.handoff + f.maglev,
+            f.flow_tables + f.umem + f.handoff + f.sync + f.maglev,
             "{f}"
         );
     }

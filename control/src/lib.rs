@@ -27,6 +27,7 @@
 //! | [`shared`] | what the control loop, the workers and the admin API share |
 //! | [`supervise`] | systemd: readiness, stopping, a watchdog fed only while every worker makes progress |
 //! | [`status`] | `strait status`: the admin API's `/services` as a table |
+//! | [`sync`] | flow sync with the peer gateways: the thread between the workers' sync rings and UDP |
 //!
 //! The lab (testbed, generators, benches) is another crate, `strait-lab`, that depends on
 //! this one; nothing here knows it.
@@ -49,5 +50,6 @@ pub mod run;
 pub mod shared;
 pub mod status;
 pub mod supervise;
+pub mod sync;
 pub mod vip;
 pub mod workers;

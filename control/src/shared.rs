@@ -29,6 +29,8 @@ pub struct CoreSample {
     pub new_flows: Vec<u64>,
     /// The AF_XDP worker's own numbers: frames it could not send on, ring wake-ups.
     pub worker: strait_dataplane::xsk::WorkerStats,
+    /// Flow sync with the peer gateways, this worker's side (zero when sync is off).
+    pub sync: strait_dataplane::sync::SyncCounters,
 }
 
 /// A worker's slot for publishing its numbers.
@@ -84,6 +86,8 @@ pub struct Shared {
     pub l2: Mutex<Option<Arc<Mutex<crate::l2::Status>>>>,
     /// Set once the gateway drains: `/healthz` answers 503 from then on.
     pub draining: AtomicBool,
+    /// The flow sync thread's counters, while `[gateway.sync]` is configured.
+    pub sync: Mutex<Option<Arc<crate::sync::SyncStats>>>,
 }
 
 impl Shared {
@@ -109,6 +113,7 @@ impl Shared {
             bgp: Mutex::new(None),
             l2: Mutex::new(None),
             draining: AtomicBool::new(false),
+            sync: Mutex::new(None),
         }
     }
 

@@ -39,6 +39,8 @@ use strait_dataplane::xsk::{
 use tracing::{info, warn};
 
 use crate::shared::{CoreStats, Shared};
+use crate::sync::{SyncStats, SyncThread};
+use strait_dataplane::sync::SYNC_SLOTS;
 
 /// The running workers and the steering programs they depend on.
 pub struct Workers {
@@ -46,6 +48,8 @@ pub struct Workers {
     threads: Vec<(String, JoinHandle<anyhow::Result<WorkerStats>>)>,
     /// One steering program per interface; their maps must follow every table.
     pub progs: Vec<SteerProgram>,
+    /// Flow sync with the peer gateways, if configured.
+    sync: Option<SyncThread>,
 }
 
 impl std::fmt::Debug for Workers {
@@ -154,6 +158,7 @@ pub fn start(cfg: &Config, shared: &Arc<Shared>) -> anyhow::Result<Workers> {
         stop: Arc::new(AtomicBool::new(false)),
         threads: Vec::new(),
         progs: Vec::new(),
+        sync: None,
     };
     match spawn_all(cfg, shared, &plans, &handoff_cfg, &mut workers) {
         Ok(()) => Ok(workers),
@@ -196,6 +201,18 @@ fn spawn_all(
     }
     let total = plans.len();
     let mut ends = Handoff::mesh(total, handoff_cfg).into_iter();
+    let mut sync_ends = match &g.sync {
+        Some(s) => {
+            let (workers, thread) = strait_dataplane::sync::mesh(total, SYNC_SLOTS);
+            let stats = Arc::new(SyncStats::default());
+            let t = SyncThread::spawn(s, thread, Arc::clone(&stats))
+                .with_context(|| format!("starting flow sync on {}", s.listen))?;
+            *shared.sync.lock().unwrap_or_else(PoisonError::into_inner) = Some(stats);
+            w.sync = Some(t);
+            Some(workers.into_iter())
+        }
+        None => None,
+    };
     for (index, p) in plans.iter().enumerate() {
         let members = p
             .members
@@ -226,6 +243,10 @@ fn spawn_all(
             shared.table.load().timeouts,
             g.new_flows_per_second_per_core,
         );
+        let pipe = match sync_ends.as_mut().and_then(Iterator::next) {
+            Some(ends) => pipe.with_sync(ends),
+            None => pipe,
+        };
         let name = slot.name.clone();
         let core = p.core;
         let (shared, stop) = (Arc::clone(shared), Arc::clone(&w.stop));
@@ -282,6 +303,7 @@ fn worker(
             s.flows = p.flows.stats();
             s.flow_capacity = capacity;
             s.worker = *w;
+            s.sync = p.sync.as_ref().map(|y| y.counters).unwrap_or_default();
             let used = shared.table.load().backends.len().min(p.new_flows.len());
             s.new_flows.clear();
             s.new_flows.extend_from_slice(&p.new_flows[..used]);
@@ -346,6 +368,9 @@ impl Workers {
                 Ok(Err(e)) => warn!(worker = %name, "worker failed: {e:#}"),
                 Err(_) => warn!(worker = %name, "worker panicked"),
             }
+        }
+        if let Some(s) = self.sync.take() {
+            s.stop();
         }
         // Dropping the programs detaches them.
         self.progs.clear();

@@ -642,6 +642,35 @@ impl FlowTable {
         value: FlowValue,
         now: u64,
     ) -> Result<&mut FlowValue, InsertError> {
+        self.insert_inner(key, hash, value, now, true)
+    }
+
+    /// [`FlowTable::insert`] without the rate limit: for entries learnt from peer gateways
+    /// (`crate::sync`), which come only from configured peers and arrive in bursts (a dump).
+    ///
+    /// # Errors
+    ///
+    /// [`InsertError::Full`] as [`FlowTable::insert`].
+    #[inline]
+    pub fn insert_unlimited(
+        &mut self,
+        key: FlowKey,
+        value: FlowValue,
+        now: u64,
+    ) -> Result<&mut FlowValue, InsertError> {
+        let hash = key.hash(SEED_FLOW);
+        self.insert_inner(key, hash, value, now, false)
+    }
+
+    #[inline(always)]
+    fn insert_inner(
+        &mut self,
+        key: FlowKey,
+        hash: u64,
+        value: FlowValue,
+        now: u64,
+        limited: bool,
+    ) -> Result<&mut FlowValue, InsertError> {
         debug_assert_eq!(
             hash,
             key.hash(SEED_FLOW),
@@ -659,7 +688,7 @@ impl FlowTable {
             self.free(b, w);
             self.stats.expired += 1;
         }
-        if !self.limiter.admit(now) {
+        if limited && !self.limiter.admit(now) {
             self.stats.rate_limited += 1;
             return Err(InsertError::RateLimited);
         }
@@ -739,6 +768,37 @@ impl FlowTable {
         }
         self.stats.expired += removed as u64;
         removed
+    }
+
+    /// `key`'s entry, live or expired (check with [`FlowTable::is_live`]), without reclaiming
+    /// anything: a read-only lookup for walks over the table.
+    #[inline]
+    pub fn peek(&self, key: &FlowKey) -> Option<&FlowValue> {
+        let (b, tag) = self.split(key.hash(SEED_FLOW));
+        let (b, w) = self.find(b, tag, key)?;
+        Some(&self.entries[b][w].value)
+    }
+
+    /// Buckets in the table ([`FlowTable::capacity`] / [`WAYS`]).
+    #[inline]
+    pub fn buckets(&self) -> usize {
+        self.mask + 1
+    }
+
+    /// Calls `f` on every entry stored in bucket `b` (home or overflow), live or expired but
+    /// not yet reclaimed. Bounded work ([`WAYS`] entries): a dump walks the table a few
+    /// buckets per turn with it. Nothing for `b >= buckets()`.
+    #[inline]
+    pub fn for_each_in_bucket(&self, b: usize, mut f: impl FnMut(&FlowKey, &FlowValue)) {
+        if b > self.mask {
+            return;
+        }
+        for w in 0..WAYS {
+            if self.tags(b)[w] != 0 {
+                let e = &self.entries[b][w];
+                f(&e.key, &e.value);
+            }
+        }
     }
 
     /// Entries held, live or expired but not yet reclaimed.

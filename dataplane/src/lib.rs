@@ -24,6 +24,7 @@ pub mod maglev;
 pub mod pipeline;
 pub mod rewrite;
 pub mod stats;
+pub mod sync;
 pub mod table;
 pub mod wire;
 #[cfg(feature = "xsk")]

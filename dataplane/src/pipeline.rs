@@ -24,6 +24,7 @@ use crate::hash::{hash_words, mix64, SEED_FLOW, SEED_MAGLEV};
 use crate::key::{is_v4, proto, FlowKey};
 use crate::rewrite::{self, Encap, EncapError, Frame, Macs, Outer};
 use crate::stats::{Counters, DropReason};
+use crate::sync::{self, RecordKind, SyncRecord, WorkerSync};
 use crate::table::{Backend, FragmentService, Frontend, Health, Port, Service, ServiceTable};
 use crate::wire::parse::{parse_into, Embedded, Frag, Parsed};
 use crate::wire::tcp::flags;
@@ -161,6 +162,9 @@ pub struct Pipeline {
     staged: Box<[Staged]>,
     /// Per frame of the batch: the flow-table hash of a new nat flow's reply tuple, 0 if none.
     reply_hashes: [u64; BATCH],
+    /// This core's ends of flow sync with the peer gateways ([`crate::sync`]); `None` when
+    /// sync is off.
+    pub sync: Option<WorkerSync>,
 }
 
 /// Backend ids with a new-flow counter of their own; larger ids share slots. Allocated once
@@ -209,6 +213,7 @@ impl Pipeline {
             ]
             .into_boxed_slice(),
             reply_hashes: [0; BATCH],
+            sync: None,
         }
     }
 
@@ -447,9 +452,17 @@ impl Pipeline {
         if let Some(v) = self.flows.lookup_hashed(key, fh, now) {
             match t.backend(v.backend) {
                 Some(b) if b.keeps_flows() && b.incarnation == v.incarnation => {
+                    let (seen, state) = (v.last_seen_ms(), v.state);
                     v.touch(now);
                     if tcp {
                         v.state = v.state.on_tcp_flags(p.tcp_flags);
+                    }
+                    if let Some(sy) = &mut self.sync {
+                        // A state change, or a busy flow crossing a refresh boundary: the
+                        // peers' copy takes the new timeout or restarts its idle clock.
+                        if v.state != state || (seen ^ v.last_seen_ms()) >= sync::REFRESH_MS {
+                            sy.export(&record(key, s, b, v.state, RecordKind::Flow, frame));
+                        }
                     }
                     return Ok(b);
                 }
@@ -497,6 +510,7 @@ impl Pipeline {
         match self.flows.insert_hashed(*key, fh, value, now) {
             Ok(_) => {
                 self.counters.flows_created += 1;
+                let mut kept = true;
                 if let Some((rkey, rh)) = reply {
                     let mut reply = value;
                     reply.peer_mac.copy_from_slice(&frame.data()[6..12]);
@@ -505,7 +519,11 @@ impl Pipeline {
                         // stays symmetric, and count the flow as stateless.
                         self.flows.remove(key);
                         self.counters.stateless_full += 1;
+                        kept = false;
                     }
+                }
+                if let (Some(sy), true) = (&mut self.sync, kept) {
+                    sy.export(&record(key, s, b, state, RecordKind::Flow, frame));
                 }
             }
             Err(InsertError::Full) => self.counters.stateless_full += 1,
@@ -547,7 +565,20 @@ impl Pipeline {
         let b = pick(t, s, maglev_hash(ah))?;
         let mut value = FlowValue::new(b.id, b.incarnation, FlowState::Other, now);
         value.timeout_override = s.affinity_secs;
-        let _ = self.flows.insert_hashed(akey, ah, value, now);
+        if self.flows.insert_hashed(akey, ah, value, now).is_ok() {
+            if let Some(sy) = &mut self.sync {
+                let peer_mac = [0; 6];
+                sy.export(&SyncRecord {
+                    key: akey,
+                    backend: b.addr,
+                    backend_port: b.port,
+                    state: FlowState::Other,
+                    kind: RecordKind::Affinity,
+                    flags: steering(s),
+                    peer_mac,
+                });
+            }
+        }
         Some(b)
     }
 
@@ -665,6 +696,45 @@ impl Pipeline {
     }
 }
 
+/// The [`sync::flags`] steering bit of a service's records: DSR flows are imported by every
+/// worker, nat flows by their owner core (see [`crate::sync`], "Steering").
+#[inline(always)]
+fn steering(s: &Service) -> u8 {
+    if s.mode == Mode::Nat {
+        0
+    } else {
+        sync::flags::EVERYWHERE
+    }
+}
+
+/// The sync record of flow `key` of service `s` to backend `b`. In nat mode it carries the
+/// MAC the frame came from, where the importer's reverse entry sends replies.
+#[inline(always)]
+fn record(
+    key: &FlowKey,
+    s: &Service,
+    b: &Backend,
+    state: FlowState,
+    kind: RecordKind,
+    frame: &Frame<'_>,
+) -> SyncRecord {
+    let mut peer_mac = [0; 6];
+    if s.mode == Mode::Nat {
+        if let Some(m) = frame.data().get(6..12) {
+            peer_mac.copy_from_slice(m);
+        }
+    }
+    SyncRecord {
+        key: *key,
+        backend: b.addr,
+        backend_port: b.port,
+        state,
+        kind,
+        flags: steering(s),
+        peer_mac,
+    }
+}
+
 /// Loads, ahead of deciding, what a new flow's packet will read: its service, its Maglev slot
 /// and backend, and in nat mode the bucket of its reply tuple (probably in DRAM, and looked up
 /// only after the Maglev choice, so otherwise a serial miss per new flow). Returns the reply
@@ -692,7 +762,7 @@ fn warm_new_flow(t: &ServiceTable, flows: &FlowTable, p: &Parsed, fh: u64, si: u
 
 /// The reply tuple of a nat flow to backend `b`: backend:port to client:port.
 #[inline(always)]
-fn reply_key(k: &FlowKey, b: &Backend) -> FlowKey {
+pub(crate) fn reply_key(k: &FlowKey, b: &Backend) -> FlowKey {
     FlowKey {
         src: b.addr,
         dst: k.src,
@@ -705,7 +775,7 @@ fn reply_key(k: &FlowKey, b: &Backend) -> FlowKey {
 /// The backend a flow entry names, if the snapshot still has it: same id and incarnation (an
 /// id reused for another backend has another incarnation).
 #[inline(always)]
-fn current<'t>(t: &'t ServiceTable, v: &FlowValue) -> Option<&'t Backend> {
+pub(crate) fn current<'t>(t: &'t ServiceTable, v: &FlowValue) -> Option<&'t Backend> {
     t.backend(v.backend)
         .filter(|b| b.incarnation == v.incarnation)
 }
@@ -783,21 +853,25 @@ fn forward(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     //! Flows across table rebuilds: what a flow entry's backend id and incarnation protect.
 
     use super::*;
     use crate::rewrite::HEADROOM;
     use crate::table::{Builder, Port};
 
-    const GW_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
-    const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xc1];
-    const SEC: u64 = 1_000_000_000;
+    pub(crate) const GW_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
+    pub(crate) const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xc1];
+    pub(crate) const SEC: u64 = 1_000_000_000;
 
     /// Service `a` (dsr-l2 or nat) on 203.0.113.10:80 with backends at `a`, service `b` on
     /// 203.0.113.20:80 with backends at `b`; `(address, last byte of its MAC)`, port 80 (8080
     /// in nat).
-    fn config(mode: &str, a: &[(&str, u8)], b: &[(&str, u8)]) -> strait_config::model::Config {
+    pub(crate) fn config(
+        mode: &str,
+        a: &[(&str, u8)],
+        b: &[(&str, u8)],
+    ) -> strait_config::model::Config {
         let port = if mode == "nat" { 8080 } else { 80 };
         let list = |bs: &[(&str, u8)]| {
             bs.iter()
@@ -835,13 +909,13 @@ backends = [{}]
         .expect("test config")
     }
 
-    fn build(b: &mut Builder, cfg: &strait_config::model::Config) -> ServiceTable {
+    pub(crate) fn build(b: &mut Builder, cfg: &strait_config::model::Config) -> ServiceTable {
         let ports = [Port::new(strait_config::model::MacAddr(GW_MAC), 1500)];
         b.build(cfg, &ports, |_, _, _| false).expect("table builds")
     }
 
     /// An Ethernet/IPv4/TCP frame from `src` to `dst` with `flags`.
-    fn tcp(src: ([u8; 4], u16), dst: ([u8; 4], u16), syn: bool) -> Vec<u8> {
+    pub(crate) fn tcp(src: ([u8; 4], u16), dst: ([u8; 4], u16), syn: bool) -> Vec<u8> {
         let t = etherparse::PacketBuilder::ethernet2(CLIENT_MAC, GW_MAC)
             .ipv4(src.0, dst.0, 64)
             .tcp(src.1, dst.1, 1, 65535);
@@ -851,7 +925,12 @@ backends = [{}]
         out
     }
 
-    fn run(pipe: &mut Pipeline, t: &ServiceTable, now: u64, frame: &[u8]) -> (Verdict, Vec<u8>) {
+    pub(crate) fn run(
+        pipe: &mut Pipeline,
+        t: &ServiceTable,
+        now: u64,
+        frame: &[u8],
+    ) -> (Verdict, Vec<u8>) {
         let mut buf = vec![0u8; HEADROOM + frame.len() + 64];
         buf[HEADROOM..HEADROOM + frame.len()].copy_from_slice(frame);
         let mut f = Frame::new(&mut buf, HEADROOM, frame.len());
@@ -859,10 +938,10 @@ backends = [{}]
         (v, f.data().to_vec())
     }
 
-    const CLIENT: ([u8; 4], u16) = ([192, 0, 2, 7], 40000);
-    const VIP_A: ([u8; 4], u16) = ([203, 0, 113, 10], 80);
+    pub(crate) const CLIENT: ([u8; 4], u16) = ([192, 0, 2, 7], 40000);
+    pub(crate) const VIP_A: ([u8; 4], u16) = ([203, 0, 113, 10], 80);
 
-    fn backend_by_mac(t: &ServiceTable, mac: &[u8]) -> Backend {
+    pub(crate) fn backend_by_mac(t: &ServiceTable, mac: &[u8]) -> Backend {
         t.backends
             .iter()
             .flatten()

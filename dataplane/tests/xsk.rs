@@ -61,10 +61,12 @@ use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
 use libbpf_rs::{MapCore, MapHandle};
 use packet_socket::PacketSocket;
 use strait_config::model::{self, Mode};
+use strait_dataplane::flow::FlowState;
 use strait_dataplane::flow::Timeouts;
 use strait_dataplane::key::addr_bytes;
 use strait_dataplane::pipeline::{owner_core, Pipeline};
 use strait_dataplane::stats::{Counters, DropReason};
+use strait_dataplane::sync::{flags as sync_flags, mesh, RecordKind, SyncCounters, SyncRecord};
 use strait_dataplane::table::{Builder, Change, ServiceTable};
 use strait_dataplane::xsk::{
     interface_port, run_worker, Accounting, AttachMode, AttachPolicy, BindMode, GroupConfig,
@@ -334,6 +336,9 @@ enum Cmd {
 struct Report {
     worker: WorkerStats,
     counters: Counters,
+    /// The worker's flow-sync counters, and the records its out ring held at the end.
+    sync: SyncCounters,
+    sync_records: u64,
     accounting: Accounting,
     steer: SteerCounters,
     kernel: KernelStats,
@@ -385,11 +390,27 @@ fn gateway(
         sync,
     }));
 
+    // Flow sync on: the worker exports the flows it creates and imports one flow a peer
+    // "sent" before it started (client 192.0.2.99:5555 to web-tcp), all under the counting
+    // allocator.
+    let (mut sync_ends, mut sync_thread) = mesh(1, 1024);
+    let mut sync_thread = sync_thread.pop().expect("one worker");
+    let learnt = SyncRecord {
+        key: strait_dataplane::FlowKey::new([192, 0, 2, 99].into(), VIP.into(), 6, 5555, 80),
+        backend: addr_bytes(CLIENT.into()),
+        backend_port: 80,
+        state: FlowState::TcpEstablished,
+        kind: RecordKind::Flow,
+        flags: sync_flags::EVERYWHERE,
+        peer_mac: [0; 6],
+    };
+    assert!(sync_thread.to_worker.push(&learnt));
     let stop = Arc::new(AtomicBool::new(false));
     let worker = {
         let stop = stop.clone();
+        let sync = sync_ends.pop().expect("one worker");
         thread::spawn(move || {
-            let mut pipe = Pipeline::new(0, 1, 4096, Timeouts::default(), 0);
+            let mut pipe = Pipeline::new(0, 1, 4096, Timeouts::default(), 0).with_sync(sync);
             let clock = MonotonicClock::new();
             COUNTING.with(|c| c.set(true));
             let mut handoff = Handoff::none();
@@ -429,9 +450,15 @@ fn gateway(
     }
     let steer = prog.counters().map_err(|e| e.to_string())?;
     let kernel = port.kernel_stats().map_err(|e| e.to_string())?;
+    let mut sync_records = 0;
+    while sync_thread.from_worker.pop().is_some() {
+        sync_records += 1;
+    }
     Ok(Report {
         worker,
         counters: pipe.counters,
+        sync: pipe.sync.as_ref().map(|s| s.counters).unwrap_or_default(),
+        sync_records,
         accounting,
         steer,
         kernel,
@@ -772,6 +799,17 @@ fn round_trip(case: &str, policy: AttachPolicy, want: AttachMode) {
     assert_eq!(c.tx as usize, first.total, "every frame sent came back");
     assert_eq!(c.rx, report.worker.rx);
     assert_eq!(c.tx, report.worker.tx);
+    // Flow sync in the real worker loop: the peer's flow was imported, and every flow the
+    // worker created went out as a record.
+    let y = &report.sync;
+    assert_eq!(
+        (y.imported, y.unknown_backend, y.unknown_service),
+        (1, 0, 0),
+        "{y:?}"
+    );
+    assert!(y.exported > 0, "{y:?}");
+    assert_eq!(y.export_full, 0, "{y:?}");
+    assert_eq!(report.sync_records, y.exported, "{y:?}");
     assert_eq!(
         report.worker.pass_unsent, 0,
         "the XDP program redirects only our traffic"

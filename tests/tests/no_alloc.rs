@@ -285,8 +285,14 @@ fn grew(before: &Counters, after: &Counters, f: fn(&Counters) -> u64) -> u64 {
     f(after) - f(before)
 }
 
+/// The tests of this file share [`ALLOCS`]: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn the_packet_path_does_not_allocate() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     // A small table (4096 entries) so that new flows fill it: evictions and stateless flows
     // are exercised too. One core (no handoff) and core 0 of 4 (handoffs).
     let mut bed = Bed::new(CONFIG);
@@ -371,5 +377,109 @@ fn the_packet_path_does_not_allocate() {
     assert_eq!(
         events, 0,
         "the packet path allocated, reallocated or freed {events} times in 100,000 frames"
+    );
+}
+
+/// Flow sync's worker side allocates nothing either: exporting new flows and state changes
+/// into the out ring (and dropping on a full one), importing records of every outcome from
+/// the in ring, walking a dump; and the sync thread's ends of the rings.
+#[test]
+fn the_sync_paths_do_not_allocate() {
+    use strait_dataplane::sync::{mesh, SyncRecord};
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+
+    let mut bed = Bed::new(CONFIG);
+    let (mut ends, mut thread) = mesh(1, 256);
+    bed.pipe =
+        Pipeline::new(0, 1, 4096, Default::default(), 0).with_sync(ends.pop().expect("one worker"));
+    let mut th = thread.pop().expect("one worker");
+    let mut four = Bed::with(CONFIG, 1500, 4, 0).pipe;
+    let (mut ends4, _thread4) = mesh(4, 256);
+    four = four.with_sync(ends4.swap_remove(0));
+    let shapes = shapes();
+    let mut buf = vec![0u8; HEADROOM + 2048];
+    let mut port = 0u16;
+    let mut import_port = 1u16;
+
+    let mut round = |bed: &mut Bed,
+                     four: &mut Pipeline,
+                     th: &mut strait_dataplane::sync::ThreadEnds,
+                     port: &mut u16,
+                     i: u64| {
+        let _ = run(
+            &bed.table,
+            &mut bed.pipe,
+            four,
+            &shapes,
+            &mut buf,
+            &mut bed.now,
+            port,
+            2_000,
+        );
+        // The sync thread's part, in miniature: every exported record comes back as a peer's
+        // copy of it (refreshed), as a flow new here (imported), and with a backend or a
+        // frontend this table does not have.
+        while let Some(r) = th.from_worker.pop() {
+            let r = r.expect("decodes");
+            import_port = import_port.wrapping_add(1).max(1);
+            let new = SyncRecord {
+                key: strait_dataplane::FlowKey {
+                    src_port: import_port,
+                    ..r.key
+                },
+                ..r
+            };
+            let mut gone = r;
+            gone.backend[15] ^= 0xff;
+            let mut elsewhere = r;
+            elsewhere.key.dst_port ^= 0x5a5a;
+            for rec in [r, new, gone, elsewhere] {
+                let _ = th.to_worker.push(&rec);
+            }
+            while bed.pipe.sync_turn(&bed.table, bed.now) > 0 {}
+        }
+        if i.is_multiple_of(8) {
+            th.dump
+                .requested
+                .store(i / 8 + 1, std::sync::atomic::Ordering::Release);
+        }
+        let _ = four.sync_turn(&bed.table, bed.now);
+    };
+    for i in 0..10 {
+        round(&mut bed, &mut four, &mut th, &mut port, i);
+    }
+    let before = bed.pipe.sync.as_ref().expect("sync").counters;
+    ALLOCS.store(0, Ordering::Relaxed);
+    COUNTING.with(|c| c.set(true));
+    for i in 10..60 {
+        round(&mut bed, &mut four, &mut th, &mut port, i);
+    }
+    COUNTING.with(|c| c.set(false));
+    let events = ALLOCS.load(Ordering::Relaxed);
+    let after = bed.pipe.sync.as_ref().expect("sync").counters;
+    for (name, a, b) in [
+        ("exported", after.exported, before.exported),
+        ("export_full", after.export_full, before.export_full),
+        ("imported", after.imported, before.imported),
+        ("refreshed", after.refreshed, before.refreshed),
+        (
+            "unknown_backend",
+            after.unknown_backend,
+            before.unknown_backend,
+        ),
+        (
+            "unknown_service",
+            after.unknown_service,
+            before.unknown_service,
+        ),
+        ("dumped", after.dumped, before.dumped),
+    ] {
+        assert!(a > b, "{name} did not grow: {after:?}");
+    }
+    assert_eq!(
+        events, 0,
+        "the sync paths allocated, reallocated or freed {events} times"
     );
 }

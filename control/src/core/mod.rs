@@ -116,6 +116,9 @@ pub enum Error {
     /// close every session to take it).
     #[error("reload: gateway.bgp changed; restart strait (after `strait drain`) to change the BGP speaker")]
     BgpChanged,
+    /// A reload changed `[gateway.l2]` or `[gateway.sync]`, which only a restart can do.
+    #[error("reload: gateway.{0} changed; restart strait (after `strait drain`) to change it")]
+    RestartNeeded(&'static str),
     /// The table does not build.
     #[error("{why}: the table does not build: {source}")]
     Table {
@@ -360,6 +363,12 @@ impl Control {
         }
         if loaded.config.gateway.bgp != self.file.gateway.bgp {
             return Err(Error::BgpChanged);
+        }
+        if loaded.config.gateway.l2 != self.file.gateway.l2 {
+            return Err(Error::RestartNeeded("l2"));
+        }
+        if loaded.config.gateway.sync != self.file.gateway.sync {
+            return Err(Error::RestartNeeded("sync"));
         }
         let (merged, dropped) = crate::kube::merge(&loaded.config, &self.kube);
         for d in dropped {

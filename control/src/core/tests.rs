@@ -323,6 +323,27 @@ fn a_reload_that_changes_bgp_is_refused() {
     };
     let e = c.handle(Event::Reload(Ok(Box::new(loaded)))).unwrap_err();
     assert!(matches!(e, Error::BgpChanged), "{e}");
+    // So is one that changes [gateway.l2] or [gateway.sync].
+    for (section, what) in [
+        ("[gateway.l2]\nname = \"gw1\"\nmembers = [\"gw1\"]\n", "l2"),
+        (
+            "[gateway.sync]\nlisten = \"192.0.2.1:7946\"\npeers = [\"192.0.2.2:7946\"]\n",
+            "sync",
+        ),
+    ] {
+        let config = strait_config::parse(&toml.replace(
+            "[[gateway.interfaces]]",
+            &format!("{section}[[gateway.interfaces]]"),
+        ))
+        .unwrap();
+        let loaded = Loaded {
+            config,
+            locals: Vec::new(),
+            neighbours: Neighbours::default(),
+        };
+        let e = c.handle(Event::Reload(Ok(Box::new(loaded)))).unwrap_err();
+        assert!(matches!(e, Error::RestartNeeded(w) if w == what), "{e}");
+    }
 }
 
 #[test]

@@ -296,6 +296,9 @@ pub struct ServiceTable {
     by_vip_proto: HashMap<([u8; 16], u8), VipProto>,
     /// nat backends (address, port, protocol), each with the number of services that have it.
     nat_backends: HashMap<([u8; 16], u16, u8), u32>,
+    /// Every backend by (frontend, address, port): how a flow learnt from a peer gateway,
+    /// which names its backend by address (`crate::sync`), finds this table's backend.
+    by_addr: HashMap<(Frontend, [u8; 16], u16), BackendId>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -340,6 +343,7 @@ impl ServiceTable {
             frontends: HashMap::new(),
             by_vip_proto: HashMap::new(),
             nat_backends: HashMap::new(),
+            by_addr: HashMap::new(),
         }
     }
 
@@ -362,6 +366,13 @@ impl ServiceTable {
     #[inline(always)]
     pub fn is_nat_backend(&self, addr: &[u8; 16], port: u16, proto: u8) -> bool {
         !self.nat_backends.is_empty() && self.nat_backends.contains_key(&(*addr, port, proto))
+    }
+
+    /// The backend of frontend `f` at `addr:port`, if this table has it.
+    #[inline]
+    pub fn backend_at(&self, f: &Frontend, addr: &[u8; 16], port: u16) -> Option<&Backend> {
+        let id = *self.by_addr.get(&(*f, *addr, port))?;
+        self.backend(id)
     }
 
     /// A backend by id.

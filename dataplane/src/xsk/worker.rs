@@ -5,8 +5,10 @@
 //! rings; if a socket or an inbound handoff ring has frames, load the service-table snapshot
 //! once and read the clock once, then, per socket, read up to [`BATCH`] frames from its RX
 //! ring and run them as one batch, and finally drain up to [`BATCH`] frames handed over by
-//! other workers and run those; then kick TX where the kernel asked for it. Nothing in the
-//! loop allocates.
+//! other workers and run those; then one turn of flow sync (`Pipeline::sync_turn`: a bounded
+//! number of records learnt from peer gateways, a bounded slice of a dump walk; also on idle
+//! turns when it has work); then kick TX where the kernel asked for it. Nothing in the loop
+//! allocates.
 //!
 //! A batch: the held frames are lent to the pipeline as [`Frame`]s in a stack array (each over
 //! its own UMEM chunk; the group checks that no frame is lent twice, so they are disjoint), [`Pipeline::process_batch`]
@@ -211,6 +213,13 @@ where
                 publish(pipe, &st);
             }
             pipe.flows.sweep(clock.now_ns(), SWEEP_BUCKETS);
+            if pipe.sync_pending() {
+                // Flows learnt from the peers, or a dump to walk: not idle.
+                let table = snapshot();
+                if pipe.sync_turn(&table, clock.now_ns()) > 0 {
+                    idle = 0;
+                }
+            }
             if idle >= IDLE_SPINS {
                 idle = 0;
                 st.idle_polls += 1;
@@ -261,6 +270,7 @@ where
                 &mut st,
             );
         }
+        pipe.sync_turn(&table, now);
         drop(table);
         st.tx_kicks += group.drain_tx()? as u64;
         if st.batches / PUBLISH_EVERY != batches / PUBLISH_EVERY {

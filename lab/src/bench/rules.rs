@@ -349,6 +349,7 @@ pub fn config(specs: &[SvcSpec]) -> Config {
             drain_grace: std::time::Duration::ZERO,
             bgp: None,
             l2: None,
+            sync: None,
         },
         services: specs
             .iter()
