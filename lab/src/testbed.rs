@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub use config::{without_sync, SYNC_PORT};
 pub use fleet::{GatewaySpec, GATEWAY_ASN, ROUTER_ASN, ROUTER_BACKEND4, ROUTER_CLIENT4};
 pub use plan::{
     owns, valid_prefix, BackendSpec, Front, Layout, GW_MAC, HTTP_PORT, MAX_BACKENDS, MAX_GATEWAYS,

@@ -144,6 +144,10 @@ pub struct Options {
     /// l2-drain.
     #[arg(long)]
     pub l2: bool,
+    /// Run the gateways without flow sync (`[gateway.sync]` taken out of their
+    /// configurations): what a restart after a backend change costs without it.
+    #[arg(long)]
+    pub no_sync: bool,
 }
 
 /// One event's numbers.
@@ -189,6 +193,8 @@ struct Report {
     results: Vec<EventResult>,
     cpu: String,
     notes: Vec<String>,
+    /// Whether the gateways shared flow state (`[gateway.sync]`).
+    flow_sync: bool,
 }
 
 /// Runs the bench.
@@ -212,7 +218,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         ..testbed::Opts::default()
     })?;
     let notes = Vec::new();
-    let mut fleet = Fleet::up(&bed)?;
+    let mut fleet = Fleet::up_with(&bed, !o.no_sync)?;
     let results = if o.l2 {
         l2_events(&bed, &mut fleet, o)?
     } else {
@@ -223,6 +229,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         results,
         cpu: cpu_model(),
         notes,
+        flow_sync: !o.no_sync,
     };
     print_table(&report);
     if let Some(path) = &o.json {
@@ -437,10 +444,17 @@ pub(crate) struct Fleet {
     router_ns: String,
     layout: testbed::Layout,
     prefix: String,
+    /// Whether the gateways run `[gateway.sync]`.
+    sync: bool,
 }
 
 impl Fleet {
     pub(crate) fn up(bed: &Testbed) -> anyhow::Result<Fleet> {
+        Self::up_with(bed, true)
+    }
+
+    /// [`Fleet::up`], with flow sync between the gateways or without it.
+    pub(crate) fn up_with(bed: &Testbed, sync: bool) -> anyhow::Result<Fleet> {
         let router_ns = match bed.router() {
             Some(r) => r.namespace.clone(),
             // The L2 layout, or a lone gateway (`bench flood`): no router to watch.
@@ -456,7 +470,14 @@ impl Fleet {
             router_ns,
             layout: bed.layout().clone(),
             prefix: bed.prefix().to_owned(),
+            sync,
         };
+        if !sync {
+            for g in &fleet.gateways {
+                let text = fs::read_to_string(&g.config)?;
+                fs::write(&g.config, testbed::without_sync(&text))?;
+            }
+        }
         for i in 0..fleet.gateways.len() {
             fleet.start(i, None)?;
         }
@@ -502,7 +523,10 @@ impl Fleet {
 
     fn write_config(&self, i: usize, backends: &[&str]) -> anyhow::Result<()> {
         let path = &self.gateways[i].config;
-        let text = testbed::gateway_config(&self.layout, i + 1, backends, path);
+        let mut text = testbed::gateway_config(&self.layout, i + 1, backends, path);
+        if !self.sync {
+            text = testbed::without_sync(&text);
+        }
         fs::write(path, text).with_context(|| format!("writing {}", path.display()))
     }
 

@@ -94,11 +94,31 @@ role = \"{role}\"
     s
 }
 
+/// The UDP port of the gateways' flow sync on the testbed.
+pub const SYNC_PORT: u16 = 7946;
+
+/// `text` without its `[gateway.sync]` section (a bench's "without flow sync" runs).
+pub fn without_sync(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut skipping = false;
+    for line in text.lines() {
+        if line.starts_with('[') {
+            skipping = line.trim() == "[gateway.sync]";
+        }
+        if !skipping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// The configuration of gateway `gw` of a layout with several gateways (`fleet`): `web`
 /// (TCP 80, its backends also serve the failover bench's `GET /echo` streams) and `echo`
 /// (UDP 5353) in `dsr-l2` to `backends` (normally every backend; the failover bench drops
 /// one to change a gateway's backend set), and in the router layout `[gateway.bgp]` with
-/// the router as the peer.
+/// the router as the peer, in the L2 layout `[gateway.l2]`; and `[gateway.sync]` with the other
+/// gateways.
 pub fn render_gateway(
     layout: &Layout,
     gw: &GatewaySpec,
@@ -172,6 +192,26 @@ members = [{members}]
 ",
             name = gw.name,
             members = members.join(", "),
+        );
+    }
+    if layout.gateways > 1 || layout.l2 {
+        let peers: Vec<String> = layout
+            .gateway_specs()
+            .into_iter()
+            .filter(|g| g.name != gw.name)
+            .map(|g| format!("\"{}:{SYNC_PORT}\"", g.backend))
+            .collect();
+        let _ = write!(
+            s,
+            "
+# Flow sync with the other gateways, over the backend segment: a flow keeps its backend when
+# the router moves it to another gateway or this one restarts, even after a backend change.
+[gateway.sync]
+listen = \"{me}:{SYNC_PORT}\"
+peers = [{peers}]
+",
+            me = gw.backend,
+            peers = peers.join(", "),
         );
     }
     service(
