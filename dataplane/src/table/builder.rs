@@ -285,7 +285,6 @@ impl Builder {
                 t.frontends.clone_from(&prev.frontends);
                 t.by_vip_proto.clone_from(&prev.by_vip_proto);
                 t.nat_backends.clone_from(&prev.nat_backends);
-                t.by_addr.clone_from(&prev.by_addr);
                 t.client_port = prev.client_port;
                 t.tunnel_src_v4 = prev.tunnel_src_v4;
                 t.tunnel_src_v6 = prev.tunnel_src_v6;
@@ -459,7 +458,6 @@ impl Builder {
                     .entry((entry.addr, entry.port, frontend.proto))
                     .or_insert(0) += 1;
             }
-            t.by_addr.insert(key, id);
             t.backends[slot] = Some(entry);
         }
         let input: MaglevInput = (
@@ -532,9 +530,6 @@ impl Builder {
                     }
                 }
             }
-            if t.by_addr.get(&(f, b.addr, b.port)) == Some(&id) {
-                t.by_addr.remove(&(f, b.addr, b.port));
-            }
             if let Some(slot) = t.backends.get_mut(id.0 as usize) {
                 *slot = None;
             }
@@ -603,7 +598,6 @@ fn copy(t: &ServiceTable) -> ServiceTable {
         frontends: t.frontends.clone(),
         by_vip_proto: t.by_vip_proto.clone(),
         nat_backends: t.nat_backends.clone(),
-        by_addr: t.by_addr.clone(),
     }
 }
 
