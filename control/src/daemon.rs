@@ -38,3 +38,113 @@ pub fn spawn(cmd: &mut Command, on_parent_death: Signal) -> anyhow::Result<Child
     cmd.spawn()
         .with_context(|| format!("starting {}", cmd.get_program().to_string_lossy()))
 }
+
+/// What a daemon's thread is told: the VIPs it is to announce or own now, or to stop.
+#[derive(Debug)]
+enum Msg {
+    Vips(Vec<std::net::IpAddr>),
+    Stop,
+}
+
+/// The side of a daemon's thread the gateway holds: the VIPs go in, the daemon's state
+/// comes out, and `stop` (or drop) ends the thread, which stops the daemon in order.
+#[derive(Debug)]
+pub struct Supervised<S> {
+    tx: std::sync::mpsc::Sender<Msg>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    status: std::sync::Arc<std::sync::Mutex<S>>,
+}
+
+/// The thread side: what a daemon's owner implements.
+pub trait Owner: Send + 'static {
+    /// Runs first, on the thread: where a daemon is started, since the parent-death signal
+    /// is bound to the thread that forks ([`spawn`]).
+    fn begin(&mut self) {}
+    /// Takes the VIPs of the latest message.
+    fn vips(&mut self, vips: Vec<std::net::IpAddr>);
+    /// Runs between messages, at least every poll interval (a dead daemon, its state).
+    fn watch(&mut self);
+    /// Stops the daemon in order.
+    fn shutdown(&mut self);
+}
+
+impl<S: Clone + Send + 'static> Supervised<S> {
+    /// Starts thread `name` running `owner`, waking at least every `poll`; `status` is the
+    /// state it shares.
+    ///
+    /// # Errors
+    /// When the thread cannot be started.
+    pub fn spawn(
+        name: &str,
+        mut owner: impl Owner,
+        status: std::sync::Arc<std::sync::Mutex<S>>,
+        poll: std::time::Duration,
+    ) -> anyhow::Result<Self> {
+        use std::sync::mpsc::RecvTimeoutError;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                owner.begin();
+                loop {
+                    match rx.recv_timeout(poll) {
+                        Ok(Msg::Vips(mut vips)) => {
+                            // Only the last of a burst matters.
+                            for m in rx.try_iter() {
+                                match m {
+                                    Msg::Vips(v) => vips = v,
+                                    Msg::Stop => return owner.shutdown(),
+                                }
+                            }
+                            owner.vips(vips);
+                        }
+                        Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => {
+                            return owner.shutdown()
+                        }
+                        Err(RecvTimeoutError::Timeout) => {}
+                    }
+                    owner.watch();
+                }
+            })?;
+        Ok(Self {
+            tx,
+            thread: Some(thread),
+            status,
+        })
+    }
+
+    /// Hands the thread the VIPs to announce or own now.
+    pub fn set(&self, vips: Vec<std::net::IpAddr>) {
+        let _ = self.tx.send(Msg::Vips(vips));
+    }
+
+    /// The state now.
+    pub fn status(&self) -> S {
+        self.status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A handle on the state, for the admin API.
+    pub fn status_handle(&self) -> std::sync::Arc<std::sync::Mutex<S>> {
+        std::sync::Arc::clone(&self.status)
+    }
+
+    /// Stops the daemon in order and ends the thread.
+    pub fn stop(&mut self) {
+        let _ = self.tx.send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl<S> Drop for Supervised<S> {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -124,30 +124,12 @@ impl Shared {
 
     /// A copy of the VRRP side's state, when it runs.
     pub fn l2(&self) -> Option<crate::l2::Status> {
-        let handle = self
-            .l2
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()?;
-        let status = handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        Some(status)
+        copy_of(&self.l2)
     }
 
     /// A copy of the BGP speaker's state, when it runs.
     pub fn bgp(&self) -> Option<crate::bgp::Status> {
-        let handle = self
-            .bgp
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()?;
-        let status = handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        Some(status)
+        copy_of(&self.bgp)
     }
 
     /// The running configuration: the file's with the Kubernetes services merged in.
@@ -175,4 +157,17 @@ impl Shared {
             })
             .collect()
     }
+}
+
+/// A copy of the state behind a daemon's status handle, when there is one.
+fn copy_of<S: Clone>(slot: &Mutex<Option<Arc<Mutex<S>>>>) -> Option<S> {
+    let handle = slot
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()?;
+    let status = handle
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    Some(status)
 }

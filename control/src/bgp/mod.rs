@@ -29,9 +29,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -39,6 +37,7 @@ use strait_config::model::Bgp;
 use tracing::{info, warn};
 
 use crate::core::{Route, RouteMap};
+use crate::daemon::{Owner, Supervised};
 
 /// How often the sessions' states are read from BIRD.
 const POLL: Duration = Duration::from_millis(500);
@@ -81,18 +80,9 @@ pub struct Status {
     pub restarts: u64,
 }
 
-enum Msg {
-    Routes(Vec<IpAddr>),
-    Stop,
-}
-
 /// The BGP speaker: a thread that owns the BIRD child.
 #[derive(Debug)]
-pub struct Speaker {
-    tx: Sender<Msg>,
-    thread: Option<JoinHandle<()>>,
-    status: Arc<Mutex<Status>>,
-}
+pub struct Speaker(Supervised<Status>);
 
 impl Speaker {
     /// Starts BIRD for `bgp`, announcing nothing yet.
@@ -115,8 +105,7 @@ impl Speaker {
             sessions: sessions(&bgp, &[]),
             ..Status::default()
         }));
-        let (tx, rx) = mpsc::channel();
-        let mut speaker = Bird {
+        let bird = Bird {
             bgp,
             conf: dir.join("bird.conf"),
             socket: dir.join("bird.ctl"),
@@ -127,52 +116,34 @@ impl Speaker {
             status: Arc::clone(&status),
             restart_at: None,
         };
-        speaker.write_config()?;
-        let thread = std::thread::Builder::new()
-            .name("bgp".into())
-            .spawn(move || speaker.run(&rx))?;
-        Ok(Self {
-            tx,
-            thread: Some(thread),
-            status,
-        })
+        bird.write_config()?;
+        Ok(Self(Supervised::spawn("bgp", bird, status, POLL)?))
     }
 
     /// Announces exactly the VIPs `routes` marks announced.
     pub fn announce(&self, routes: &RouteMap) {
-        let vips = routes
-            .iter()
-            .filter(|(_, r)| **r == Route::Announced)
-            .map(|(v, _)| *v)
-            .collect();
-        let _ = self.tx.send(Msg::Routes(vips));
+        self.0.set(
+            routes
+                .iter()
+                .filter(|(_, r)| **r == Route::Announced)
+                .map(|(v, _)| *v)
+                .collect(),
+        );
     }
 
     /// The speaker's state now.
     pub fn status(&self) -> Status {
-        self.status
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.0.status()
     }
 
     /// A handle on the state, for the admin API.
     pub fn status_handle(&self) -> Arc<Mutex<Status>> {
-        Arc::clone(&self.status)
+        self.0.status_handle()
     }
 
     /// Closes every session (the routers drop the routes) and stops BIRD.
     pub fn stop(&mut self) {
-        let _ = self.tx.send(Msg::Stop);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for Speaker {
-    fn drop(&mut self) {
-        self.stop();
+        self.0.stop();
     }
 }
 
@@ -209,30 +180,27 @@ struct Bird {
     restart_at: Option<Instant>,
 }
 
-impl Bird {
-    fn run(&mut self, rx: &Receiver<Msg>) {
+impl Owner for Bird {
+    fn begin(&mut self) {
         if let Err(e) = self.spawn() {
             self.failed(&e);
         }
-        loop {
-            match rx.recv_timeout(POLL) {
-                Ok(Msg::Routes(mut vips)) => {
-                    // Only the last of a burst matters.
-                    for m in rx.try_iter() {
-                        match m {
-                            Msg::Routes(v) => vips = v,
-                            Msg::Stop => return self.shutdown(),
-                        }
-                    }
-                    self.set_routes(vips);
-                }
-                Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return self.shutdown(),
-                Err(RecvTimeoutError::Timeout) => {}
-            }
-            self.watch();
-        }
     }
 
+    fn vips(&mut self, vips: Vec<IpAddr>) {
+        self.set_routes(vips);
+    }
+
+    fn watch(&mut self) {
+        Bird::watch(self);
+    }
+
+    fn shutdown(&mut self) {
+        Bird::shutdown(self);
+    }
+}
+
+impl Bird {
     fn set_routes(&mut self, vips: Vec<IpAddr>) {
         if vips == self.announced {
             return;

@@ -30,9 +30,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -41,6 +39,7 @@ use strait_config::model::L2;
 use tracing::{info, warn};
 
 use crate::core::{Route, RouteMap};
+use crate::daemon::{Owner, Supervised};
 
 /// How often the VIPs on the interface are read.
 const POLL: Duration = Duration::from_millis(500);
@@ -66,18 +65,9 @@ pub struct Status {
     pub restarts: u64,
 }
 
-enum Msg {
-    Vips(Vec<IpAddr>),
-    Stop,
-}
-
 /// The VRRP side: a thread that owns the keepalived child.
 #[derive(Debug)]
-pub struct Vrrp {
-    tx: Sender<Msg>,
-    thread: Option<JoinHandle<()>>,
-    status: Arc<Mutex<Status>>,
-}
+pub struct Vrrp(Supervised<Status>);
 
 impl Vrrp {
     /// Starts the VRRP side for `l2` on `interface`; keepalived starts with the first VIP.
@@ -95,8 +85,7 @@ impl Vrrp {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let status = Arc::new(Mutex::new(Status::default()));
-        let (tx, rx) = mpsc::channel();
-        let mut keeper = Keeper {
+        let keeper = Keeper {
             l2,
             interface,
             dir,
@@ -105,45 +94,30 @@ impl Vrrp {
             status: Arc::clone(&status),
             restart_at: None,
         };
-        let thread = std::thread::Builder::new()
-            .name("vrrp".into())
-            .spawn(move || keeper.run(&rx))?;
-        Ok(Self {
-            tx,
-            thread: Some(thread),
-            status,
-        })
+        Ok(Self(Supervised::spawn("vrrp", keeper, status, POLL)?))
     }
 
     /// Takes part in the election of every VIP `routes` gives a route to (announced, or
     /// without a serving backend: ownership follows the gateway, not each service); none
     /// while draining.
     pub fn own(&self, routes: &RouteMap) {
-        let vips = routes
-            .iter()
-            .filter(|(_, r)| matches!(r, Route::Announced | Route::NoServingBackend))
-            .map(|(v, _)| *v)
-            .collect();
-        let _ = self.tx.send(Msg::Vips(vips));
+        self.0.set(
+            routes
+                .iter()
+                .filter(|(_, r)| matches!(r, Route::Announced | Route::NoServingBackend))
+                .map(|(v, _)| *v)
+                .collect(),
+        );
     }
 
     /// A handle on the state, for the admin API.
     pub fn status_handle(&self) -> Arc<Mutex<Status>> {
-        Arc::clone(&self.status)
+        self.0.status_handle()
     }
 
     /// Stops keepalived in order (the VIPs move at once) and the thread.
     pub fn stop(&mut self) {
-        let _ = self.tx.send(Msg::Stop);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for Vrrp {
-    fn drop(&mut self) {
-        self.stop();
+        self.0.stop();
     }
 }
 
@@ -158,26 +132,21 @@ struct Keeper {
     restart_at: Option<Instant>,
 }
 
-impl Keeper {
-    fn run(&mut self, rx: &Receiver<Msg>) {
-        loop {
-            match rx.recv_timeout(POLL) {
-                Ok(Msg::Vips(mut vips)) => {
-                    for m in rx.try_iter() {
-                        match m {
-                            Msg::Vips(v) => vips = v,
-                            Msg::Stop => return self.shutdown(),
-                        }
-                    }
-                    self.set(vips);
-                }
-                Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return self.shutdown(),
-                Err(RecvTimeoutError::Timeout) => {}
-            }
-            self.watch();
-        }
+impl Owner for Keeper {
+    fn vips(&mut self, vips: Vec<IpAddr>) {
+        self.set(vips);
     }
 
+    fn watch(&mut self) {
+        Keeper::watch(self);
+    }
+
+    fn shutdown(&mut self) {
+        Keeper::shutdown(self);
+    }
+}
+
+impl Keeper {
     fn conf(&self) -> PathBuf {
         self.dir.join("keepalived.conf")
     }
