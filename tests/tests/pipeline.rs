@@ -639,3 +639,85 @@ fn batches_take_and_refuse_frames_as_single_frames_do() {
         (16, 8, 8, 8)
     );
 }
+
+/// Two gateways with one configuration choose the same backend for 10,000 flows (issue 11):
+/// Maglev is a function of the configuration, not of a gateway's history. The second
+/// gateway's builder made a table of another service order first, so its backend ids
+/// differ; every frame leaves both gateways the same, and their flow tables name the same
+/// backend (by address and port) for every flow.
+#[test]
+fn two_gateways_with_one_configuration_choose_the_same_backend_for_10000_flows() {
+    use std::sync::Arc;
+    use strait_config::model::{MacAddr, Protocol};
+    use strait_dataplane::flow::Timeouts;
+    use strait_dataplane::pipeline::Pipeline;
+    use strait_dataplane::table::{Builder, Port};
+
+    let cfg = strait_config::parse(CONFIG).unwrap();
+    let ports: Vec<Port> = cfg
+        .gateway
+        .interfaces
+        .iter()
+        .map(|_| Port::new(MacAddr(GW_MAC), 1500))
+        .collect();
+    let ta = Builder::new().build(&cfg, &ports, |_, _, _| false).unwrap();
+    let tb = {
+        let mut b = Builder::new();
+        let mut other = cfg.clone();
+        other.services.reverse();
+        let first = b.build(&other, &ports, |_, _, _| false).unwrap();
+        b.recycle(Arc::new(first));
+        b.build(&cfg, &ports, |_, _, _| false).unwrap()
+    };
+    let frontends: Vec<_> = cfg
+        .services
+        .iter()
+        .filter(|s| s.vip.is_ipv4() && s.protocol == Protocol::Tcp)
+        .filter(|s| s.source_ranges.is_empty() && s.session_affinity.is_none())
+        .map(|s| (s.vip.to_string(), s.port))
+        .collect();
+    assert!(frontends.len() >= 3, "{frontends:?}");
+    let (mut a, mut b) = (
+        Pipeline::new(0, 1, 1 << 15, Timeouts::default(), 0),
+        Pipeline::new(0, 1, 1 << 15, Timeouts::default(), 0),
+    );
+    let mut differ = 0;
+    for i in 0..10_000u32 {
+        let (vip, port) = &frontends[i as usize % frontends.len()];
+        let client = format!("192.0.2.{}", 16 + i % 200);
+        let syn = tcp(&client, 10_000 + (i / 200) as u16, vip, *port, "S", &[]);
+        let (va, oa) = strait_tests::run_with(&mut a, &ta, SEC, &syn);
+        let (vb, ob) = strait_tests::run_with(&mut b, &tb, SEC, &syn);
+        assert!(
+            matches!(va, Verdict::Tx { .. }),
+            "{va:?} for {client} -> {vip}:{port}"
+        );
+        if (va, &oa) != (vb, &ob) {
+            differ += 1;
+        }
+    }
+    assert_eq!(differ, 0, "frames that left the two gateways differently");
+    // The flow tables: every flow, the same backend by address and port.
+    let backend_of = |t: &strait_dataplane::table::ServiceTable,
+                      v: &strait_dataplane::flow::FlowValue| {
+        t.backend(v.backend).map(|x| x.socket_addr())
+    };
+    // A nat flow has a reverse entry besides.
+    assert!(a.flows.len() >= 10_000, "{}", a.flows.len());
+    assert_eq!(a.flows.len(), b.flows.len());
+    let mut ids_differ = 0;
+    for (key, va) in a.flows.iter() {
+        let va = *va;
+        let vb = *b
+            .flows
+            .lookup(key, SEC)
+            .expect("the other gateway has the flow");
+        ids_differ += usize::from(va.backend != vb.backend);
+        assert_eq!(backend_of(&ta, &va), backend_of(&tb, &vb), "{key:?}");
+    }
+    // The histories did differ: the check is not of two identical tables.
+    assert!(
+        ids_differ > 0,
+        "the two gateways' backend ids happen to be the same"
+    );
+}
