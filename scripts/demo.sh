@@ -10,6 +10,9 @@
 # AF_XDP).
 #
 #   REQUESTS=300 ./scripts/demo.sh
+#   ./scripts/demo.sh failover      three gateways behind a BGP/ECMP router (BIRD), 100 live
+#                                   TCP streams: one gateway killed, one drained, one
+#                                   restarted; then two gateways on one segment (VRRP)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +27,15 @@ bash scripts/deps.sh
 cargo build --release -p strait-control -p strait-lab
 strait="$PWD/target/release/strait"
 lab="$PWD/target/release/strait-lab"
+
+if [ "${1:-}" = "failover" ]; then
+  # The bench brings its own testbed up and down (also on Ctrl-C).
+  echo "== three gateways behind a router: kill, drain, restart, with 100 streams"
+  "$lab" bench failover --gateways 3 --streams 100 --prefix "$prefix-fo"
+  echo "== two gateways on one segment (VRRP): the owner killed, then drained"
+  "$lab" bench failover --l2 --gateways 2 --streams 100 --prefix "$prefix-l2"
+  exit 0
+fi
 log="$(mktemp -t strait-demo.XXXXXX.log)"
 
 gw=""
