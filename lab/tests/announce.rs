@@ -319,8 +319,11 @@ fn a_gateway_whose_peer_never_answers_starts_and_says_so() {
     let cfg = config(&s.bed, "192.0.2.99", "");
     let g = start(&s.bed, &cfg);
     assert!(s.bed.curl(&format!("http://{VIP}/")).is_ok(), "forwards");
-    let r = routes(&g);
-    assert_eq!(r["bgp"]["running"], true, "{r}");
+    // BIRD runs once its control socket answers (the speaker's thread starts it).
+    let r = wait_for("the speaker running", Duration::from_secs(5), || {
+        let r = routes(&g);
+        (r["bgp"]["running"] == true).then_some(r)
+    });
     assert_eq!(r["bgp"]["sessions"][0]["up"], false, "{r}");
     assert_eq!(r["bgp"]["sessions"][0]["peer"], "192.0.2.99", "{r}");
     // The route is the gateway's decision; the session is what keeps it from the peer.
@@ -375,14 +378,19 @@ fn l2_owner_holds_the_vip_on_its_client_interface_and_gives_it_up_when_killed() 
             .curl(&format!("http://{VIP}/"))
             .unwrap_or_else(|e| panic!("through the VRRP owner: {e}"));
     }
-    let r = routes(&g);
-    assert_eq!(r["l2"]["running"], true, "{r}");
-    assert!(
-        r["l2"]["owned"]
-            .as_array()
-            .is_some_and(|o| o.iter().any(|v| v == VIP)),
-        "{r}"
+    // The VRRP side reads the interface's addresses every 500 ms.
+    let r = wait_for(
+        "/routes to show the VIP owned",
+        Duration::from_secs(2),
+        || {
+            let r = routes(&g);
+            r["l2"]["owned"]
+                .as_array()
+                .is_some_and(|o| o.iter().any(|v| v == VIP))
+                .then_some(r)
+        },
     );
+    assert_eq!(r["l2"]["running"], true, "{r}");
     assert_eq!(g.metric("strait_vrrp_running"), Some(1.0));
     // SIGKILL: keepalived gets SIGTERM, removes the VIP and tells the segment (priority 0).
     let pid = g.pid();
