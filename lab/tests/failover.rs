@@ -64,6 +64,34 @@ fn rx_packets(ns: &str) -> f64 {
         .sum()
 }
 
+/// Runs `strait-lab bench ARGS --prefix P --json F` under a guard that takes the testbed
+/// down should the bench die half-way; its JSON report. Panics with the bench's output when
+/// it fails, and when it left a namespace behind.
+fn bench(p: &str, args: &[&str]) -> Value {
+    let guard = Bed::guard(p);
+    let json = guard.dir.join("report.json");
+    let out = run(std::process::Command::new(LAB)
+        .env("STRAIT_BIN", strait())
+        .arg("bench")
+        .args(args)
+        .args(["--prefix", p, "--json"])
+        .arg(&json));
+    assert!(
+        out.status.success(),
+        "bench {args:?} failed:\n{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    eprintln!("{}{}", text(&out.stdout), text(&out.stderr));
+    let report = serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON report"))
+        .expect("JSON");
+    // Before the guard takes down whatever is left: the bench itself must leave nothing.
+    let left = namespaces(p);
+    drop(guard);
+    assert!(left.is_empty(), "the bench left namespaces: {left:?}");
+    report
+}
+
 #[test]
 fn three_gateways_behind_a_router_share_the_vip_and_down_leaves_nothing() {
     let Some(_serial) = serial_if(privileged) else {
@@ -152,24 +180,7 @@ fn killing_one_of_three_gateways_resets_no_stream() {
         return;
     };
     let p = prefix("b");
-    // Takes the testbed down if the bench dies half-way.
-    let guard = Bed::guard(&p);
-    let json = guard.dir.join("failover.json");
-    let out = run(std::process::Command::new(LAB)
-        .env("STRAIT_BIN", strait())
-        .args(["bench", "failover", "--gateways", "3", "--streams", "20"])
-        .args(["--prefix", &p, "--json"])
-        .arg(&json));
-    assert!(
-        out.status.success(),
-        "bench failover failed:\n{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    eprintln!("{}", text(&out.stdout));
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON report"))
-            .expect("JSON");
+    let report = bench(&p, &["failover", "--gateways", "3", "--streams", "20"]);
     let results = report["results"].as_array().expect("results");
     let events: Vec<&str> = results.iter().filter_map(|r| r["event"].as_str()).collect();
     assert_eq!(
@@ -233,31 +244,10 @@ fn killing_or_draining_the_vrrp_owner_moves_the_vip_in_a_second_and_resets_no_st
         return;
     };
     let p = prefix("d");
-    let guard = Bed::guard(&p);
-    let json = guard.dir.join("failover-l2.json");
-    let out = run(std::process::Command::new(LAB)
-        .env("STRAIT_BIN", strait())
-        .args([
-            "bench",
-            "failover",
-            "--l2",
-            "--gateways",
-            "2",
-            "--streams",
-            "20",
-        ])
-        .args(["--prefix", &p, "--json"])
-        .arg(&json));
-    assert!(
-        out.status.success(),
-        "bench failover --l2 failed:\n{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
+    let report = bench(
+        &p,
+        &["failover", "--l2", "--gateways", "2", "--streams", "20"],
     );
-    eprintln!("{}", text(&out.stdout));
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON report"))
-            .expect("JSON");
     let results = report["results"].as_array().expect("results");
     let events: Vec<&str> = results.iter().filter_map(|r| r["event"].as_str()).collect();
     assert_eq!(events, ["l2-kill", "l2-drain"]);
@@ -288,28 +278,12 @@ fn floods_reset_no_stream_and_fail_no_new_connection() {
     };
     for (tag, extra) in [("e", None), ("f", Some("4096"))] {
         let p = prefix(tag);
-        let guard = Bed::guard(&p);
-        let json = guard.dir.join("flood.json");
-        let mut cmd = std::process::Command::new(LAB);
-        cmd.env("STRAIT_BIN", strait())
-            .args(["bench", "flood", "--streams", "50", "--seconds", "4"])
-            .args(["--rate", "20000", "--new-flows-per-second", "1000"])
-            .args(["--prefix", &p, "--json"])
-            .arg(&json);
+        let mut args = vec!["flood", "--streams", "50", "--seconds", "4"];
+        args.extend(["--rate", "20000", "--new-flows-per-second", "1000"]);
         if let Some(cap) = extra {
-            cmd.args(["--flow-capacity", cap]);
+            args.extend(["--flow-capacity", cap]);
         }
-        let out = run(&mut cmd);
-        assert!(
-            out.status.success(),
-            "bench flood failed:\n{}{}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-        eprintln!("{}", text(&out.stderr));
-        let report: Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON report"))
-                .expect("JSON");
+        let report = bench(&p, &args);
         let results = report["results"].as_array().expect("results");
         assert_eq!(results.len(), 2, "{report}");
         for r in results {
@@ -333,7 +307,6 @@ fn floods_reset_no_stream_and_fail_no_new_connection() {
                 assert!(r["entries_after"].as_u64() <= r["capacity"].as_u64(), "{r}");
             }
         }
-        drop(guard);
         assert_eq!(
             namespaces(&p),
             Default::default(),
