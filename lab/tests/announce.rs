@@ -49,12 +49,17 @@ struct Scene {
 }
 
 fn scene(tag: &str) -> Option<Scene> {
+    scene_with(tag, Router::start)
+}
+
+/// [`scene`] with a router of `router`'s making.
+fn scene_with(tag: &str, router: impl FnOnce(&Bed) -> Router) -> Option<Scene> {
     let serial = serial_if(privileged)?;
     let bed = Bed::up(
         &format!("bg{}{tag}", std::process::id() % 100_000),
         &["--backends", "2"],
     );
-    let router = Router::start(&bed);
+    let router = router(&bed);
     Some(Scene {
         router,
         bed,
@@ -72,14 +77,19 @@ struct Router {
 
 impl Router {
     fn start(bed: &Bed) -> Router {
+        Router::with(bed, "hold time 3;\n  keepalive time 1;", "")
+    }
+
+    /// A router whose session has `timers`, with `extra` protocols besides.
+    fn with(bed: &Bed, timers: &str, extra: &str) -> Router {
         let conf = bed.dir.join("router.conf");
         let socket = bed.dir.join("router.ctl");
         std::fs::write(
             &conf,
             format!(
-                "router id {ROUTER};\nlog stderr all;\nprotocol device {{ scan time 10; }}\n\
+                "router id {ROUTER};\nlog stderr all;\nprotocol device {{ scan time 10; }}\n{extra}\n\
                  protocol bgp to_strait {{\n  local {ROUTER} as 64500;\n  neighbor {GATEWAY} as 64512;\n\
-                 hold time 3;\n  keepalive time 1;\n  connect retry time 1;\n  error wait time 1, 5;\n\
+                 {timers}\n  connect retry time 1;\n  error wait time 1, 5;\n\
                  ipv4 {{ import all; export none; }};\n}}\n"
             ),
         )
@@ -449,4 +459,45 @@ fn systemd_hears_ready_watchdog_and_stopping() {
         }
     }
     assert!(rest.iter().any(|m| m.contains("STOPPING=1")), "{rest:?}");
+}
+
+/// A dead machine, found by BFD: the gateway's BIRD frozen (SIGSTOP: its TCP session stays
+/// open, the kernel still acknowledges), a 9 s hold time on both sides; BFD at 100 ms x 3
+/// takes the route away in well under the hold time.
+#[test]
+fn bfd_finds_a_frozen_gateway_long_before_the_hold_timer() {
+    // This test's router speaks BFD and holds the session 9 s.
+    let Some(s) = scene_with("f", |bed| {
+        Router::with(
+            bed,
+            "hold time 9;\n  keepalive time 3;\n  bfd on;",
+            "protocol bfd { interface \"*\" { min rx interval 100 ms; min tx interval 100 ms; multiplier 3; }; }",
+        )
+    }) else {
+        return;
+    };
+    let cfg = with_section(
+        &s.bed,
+        "",
+        &format!(
+            "[gateway.bgp]\nasn = 64512\nrouter_id = \"{GATEWAY}\"\n\
+             [[gateway.bgp.peers]]\naddress = \"{ROUTER}\"\nasn = 64500\nhold_time = \"9s\"\nbfd = true\n"
+        ),
+    );
+    let mut g = start(&s.bed, &cfg);
+    let prefix = format!("{VIP}/32");
+    s.router.wait(&prefix, true, Duration::from_secs(20));
+    let speaker_dir = format!("/tmp/strait-bgp-{}", g.pid());
+    let bird = sh(&["cat", &format!("{speaker_dir}/bird.pid")])
+        .trim()
+        .to_owned();
+    sh(&["kill", "-STOP", &bird]);
+    let gone = s.router.wait(&prefix, false, Duration::from_secs(3));
+    sh(&["kill", "-CONT", &bird]);
+    eprintln!("route gone {gone:?} after the gateway's BIRD froze (hold time 9 s)");
+    assert!(
+        gone < Duration::from_millis(2000),
+        "{gone:?}: not BFD's doing"
+    );
+    assert!(g.stop().success(), "{}", g.log_text());
 }
