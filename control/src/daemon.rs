@@ -118,14 +118,6 @@ impl<S: Clone + Send + 'static> Supervised<S> {
         let _ = self.tx.send(Msg::Vips(vips));
     }
 
-    /// The state now.
-    pub fn status(&self) -> S {
-        self.status
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
     /// A handle on the state, for the admin API.
     pub fn status_handle(&self) -> std::sync::Arc<std::sync::Mutex<S>> {
         std::sync::Arc::clone(&self.status)

@@ -89,7 +89,7 @@ impl Speaker {
     ///
     /// # Errors
     /// When the daemon is not installed or its directory cannot be made; a daemon that
-    /// starts but cannot reach its peers is no error (see [`Speaker::status`]).
+    /// starts but cannot reach its peers is no error (see [`Speaker::status_handle`]).
     pub fn start(bgp: Bgp) -> anyhow::Result<Self> {
         if !bgp.daemon.exists() {
             bail!(
@@ -129,11 +129,6 @@ impl Speaker {
                 .map(|(v, _)| *v)
                 .collect(),
         );
-    }
-
-    /// The speaker's state now.
-    pub fn status(&self) -> Status {
-        self.0.status()
     }
 
     /// A handle on the state, for the admin API.

@@ -80,7 +80,7 @@ use crate::neigh::{Neighbours, NextHops};
 
 pub use event::{Changed, Effect, Event, Loaded};
 pub use merge::BULK;
-pub use routes::{serves, Route, RouteMap};
+pub use routes::{Route, RouteMap};
 
 /// How often the kernel's neighbour table is read again while some backend takes its next
 /// hop from it: a next hop that resolved or changed its MAC is in the table within a second,
