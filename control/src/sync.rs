@@ -5,8 +5,13 @@
 //!   workers' out rings ──► batch (45 IPv4 or 22 IPv6 records a datagram) ──► every peer
 //!   every peer ──► check sender, decode ──► owner worker's in ring (nat) / every worker's (DSR)
 //!   start: dump request to every peer (repeated until each answers) ──► their workers walk
-//!          their tables ──► dump records back to the requesters only
+//!          their tables ──► dump records back to the requesters only, then a dump end
 //! ```
+//!
+//! A starting gateway announces its routes only once every peer's dump has ended, or after
+//! [`DUMP_WAIT`] (a peer that is down never answers): the routers send it no flow it has
+//! not imported yet, so a restart after a backend change moves no flow to another backend
+//! ([`SyncThread::wait_dumps`], called by [`crate::run`] before the VIPs are claimed).
 //!
 //! The dataplane half (what a record is, when workers emit and how they import) is
 //! `strait_dataplane::sync`. This thread never touches a flow table, so it needs no lock
@@ -160,6 +165,10 @@ pub const POLL: Duration = Duration::from_millis(1);
 /// Interval between dump requests to a peer whose answer has not begun to arrive.
 pub const DUMP_RETRY: Duration = Duration::from_secs(1);
 
+/// How long a starting gateway waits for its peers' dumps before it announces its routes
+/// anyway: two dump requests to a peer that does not answer (down, or not yet started).
+pub const DUMP_WAIT: Duration = Duration::from_secs(2);
+
 /// Dump requests sent to a silent peer before giving up (it may simply not be running yet;
 /// then it asks us when it starts, and we learn its new flows as they come).
 pub const DUMP_TRIES: u32 = 10;
@@ -172,6 +181,9 @@ pub enum Kind {
     Records = 1,
     /// "Send me every flow you know": sent by a starting gateway. No records.
     DumpRequest = 2,
+    /// "That was my whole table": sent to the requesters after the last record of a dump
+    /// (also of an empty one). No records.
+    DumpEnd = 3,
 }
 
 /// Why a datagram was dropped.
@@ -271,7 +283,8 @@ pub fn decode(buf: &[u8], out: &mut Vec<SyncRecord>) -> Result<Kind, DecodeError
             Ok(Kind::Records)
         }
         2 if count == 0 => Ok(Kind::DumpRequest),
-        2 => Err(DecodeError::Length),
+        3 if count == 0 => Ok(Kind::DumpEnd),
+        2 | 3 => Err(DecodeError::Length),
         k => Err(DecodeError::Kind(k)),
     }
 }
@@ -299,6 +312,9 @@ pub struct SyncStats {
     pub dump_requests_sent: AtomicU64,
     /// Dump requests received.
     pub dump_requests_received: AtomicU64,
+    /// Peers whose dump has ended since this gateway started, and whose records the workers
+    /// have all taken from their rings (each peer counted once).
+    pub dumps_complete: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -314,6 +330,8 @@ pub struct SyncThread {
     pub stats: Arc<SyncStats>,
     /// The address it is bound to (useful when `listen` had port 0, as in tests).
     pub local: SocketAddr,
+    /// How many peers it has.
+    peers: usize,
 }
 
 impl SyncThread {
@@ -340,6 +358,8 @@ impl SyncThread {
             dump_to: HashSet::new(),
             dump_gen: 0,
             heard: vec![false; cfg.peers.len()],
+            ended: vec![false; cfg.peers.len()],
+            unsettled: 0,
             buf: vec![0; MAX_DATAGRAM],
             rbuf: vec![0; 65536],
             received: Vec::with_capacity(MAX_V4_RECORDS),
@@ -354,7 +374,26 @@ impl SyncThread {
             handle: Some(handle),
             stats,
             local,
+            peers: cfg.peers.len(),
         })
+    }
+
+    /// Waits until every peer's dump has ended and the workers have taken its records, at
+    /// most `timeout`; returns how many peers' dumps are complete.
+    pub fn wait_dumps(&self, timeout: Duration) -> usize {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let n = self.stats.dumps_complete.load(Ordering::Acquire) as usize;
+            if n >= self.peers || Instant::now() >= deadline {
+                return n.min(self.peers);
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// How many peers it has.
+    pub fn peers(&self) -> usize {
+        self.peers
     }
 
     /// Stops the thread and waits for it.
@@ -395,6 +434,11 @@ struct Sync {
     /// sends news may not have seen our request. A peer with an empty table is asked
     /// [`DUMP_TRIES`] times, each an empty walk.
     heard: Vec<bool>,
+    /// Peers whose dump has ended (a [`Kind::DumpEnd`] came).
+    ended: Vec<bool>,
+    /// Of those, how many are not yet in `dumps_complete`: their records may still wait in
+    /// the workers' rings.
+    unsettled: u64,
     buf: Vec<u8>,
     rbuf: Vec<u8>,
     /// The records of the datagram being delivered.
@@ -419,6 +463,14 @@ impl Sync {
             }
             let received = self.receive();
             let sent = self.drain_workers();
+            // A dump counts as complete once the workers took every record delivered so
+            // far (the end came after the dump's last record).
+            if self.unsettled > 0 && self.ends.iter_mut().all(|e| e.to_worker.is_drained()) {
+                self.stats
+                    .dumps_complete
+                    .fetch_add(self.unsettled, Ordering::Release);
+                self.unsettled = 0;
+            }
             if received == 0 && sent == 0 {
                 std::thread::sleep(POLL);
             }
@@ -486,8 +538,13 @@ impl Sync {
             self.flush(b);
         }
         if dump_over {
-            info!(peers = ?self.dump_to.iter().map(|&i| self.peers[i]).collect::<Vec<_>>(), "flow dump sent");
-            self.dump_to.clear();
+            let n = encode(Kind::DumpEnd, Form::Full, &[], &mut self.buf);
+            let mut to: Vec<usize> = self.dump_to.drain().collect();
+            to.sort_unstable();
+            for &i in &to {
+                self.send_to(self.peers[i], n, 0);
+            }
+            info!(peers = ?to.iter().map(|&i| self.peers[i]).collect::<Vec<_>>(), "flow dump sent");
         }
         n
     }
@@ -525,6 +582,15 @@ impl Sync {
                         e.dump.requested.store(self.dump_gen, Ordering::Release);
                     }
                     info!(%from, "flow dump requested");
+                }
+                Ok(Kind::DumpEnd) => {
+                    bump(&self.stats.datagrams_received, 1);
+                    self.heard[peer] = true;
+                    if !self.ended[peer] {
+                        self.ended[peer] = true;
+                        self.unsettled += 1;
+                        info!(%from, "flow dump received");
+                    }
                 }
                 Ok(Kind::Records) => {
                     if self.received.iter().any(|r| r.flags & flags::DUMP != 0) {
@@ -623,7 +689,8 @@ pub(crate) fn metrics(
     counter(
         enc,
         "flow_sync_received",
-        "Flow sync datagrams and records received from configured peers, and dump requests.",
+        "Flow sync datagrams and records received from configured peers, dump requests, and \
+         peers whose whole table arrived (dumps_complete).",
         &[
             (
                 vec![("what", "datagrams".to_string())],
@@ -636,6 +703,10 @@ pub(crate) fn metrics(
             (
                 vec![("what", "dump_requests".to_string())],
                 get(&st.dump_requests_received),
+            ),
+            (
+                vec![("what", "dumps_complete".to_string())],
+                get(&st.dumps_complete),
             ),
         ],
     )?;
@@ -800,6 +871,19 @@ mod tests {
         let (n, from) = peer.recv_from(&mut buf).unwrap();
         assert_eq!(from, me.local);
         assert_eq!(decode(&buf[..n], &mut Vec::new()), Ok(Kind::DumpRequest));
+        assert_eq!(me.peers(), 1);
+        assert_eq!(me.wait_dumps(Duration::ZERO), 0, "no dump has ended yet");
+        // The peer's (empty) dump ends: the wait is over, once however often it is said.
+        let mut end = vec![0; MAX_DATAGRAM];
+        let n = encode(Kind::DumpEnd, Form::Full, &[], &mut end);
+        assert_eq!(decode(&end[..n], &mut Vec::new()), Ok(Kind::DumpEnd));
+        peer.send_to(&end[..n], me.local).unwrap();
+        peer.send_to(&end[..n], me.local).unwrap();
+        assert_eq!(me.wait_dumps(Duration::from_secs(5)), 1);
+        wait("both ends", || {
+            me.stats.datagrams_received.load(Ordering::Relaxed) == 2
+        });
+        assert_eq!(me.stats.dumps_complete.load(Ordering::Relaxed), 1);
         // A stranger is refused; garbage from the peer is counted, not fatal.
         let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
         let mut out = vec![0; MAX_DATAGRAM];

@@ -52,6 +52,17 @@ pub struct Workers {
     sync: Option<SyncThread>,
 }
 
+impl Workers {
+    /// With flow sync, waits until every peer gateway's flow dump has ended, at most
+    /// `timeout` (see [`SyncThread::wait_dumps`]): `Some((dumps ended, peers))`; `None`
+    /// without flow sync.
+    pub fn wait_for_peers(&self, timeout: std::time::Duration) -> Option<(usize, usize)> {
+        self.sync
+            .as_ref()
+            .map(|s| (s.wait_dumps(timeout), s.peers()))
+    }
+}
+
 impl std::fmt::Debug for Workers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Workers")

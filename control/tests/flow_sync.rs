@@ -176,11 +176,14 @@ fn a_restarted_gateway_learns_its_peers_flows_and_keeps_their_backends() {
             .count();
         assert!(moved > 0, "{mode}: the test needs flows Maglev would move");
 
-        // B starts (a restart), asks A for a dump and learns every flow.
+        // B starts (a restart), asks A for a dump and learns every flow. Its dump complete
+        // (what a starting gateway waits for before it announces routes: the end came and
+        // the workers took every record) means every flow is imported.
         let mut b = Gateway::start(b_addr, a_addr);
-        until("the dump", &mut a, &ta, &mut b, &tb, |b| {
-            b.counters().imported == u64::from(flows) * copies
+        until("the dump's end", &mut a, &ta, &mut b, &tb, |b| {
+            b.sync.wait_dumps(Duration::ZERO) == 1
         });
+        assert_eq!(b.counters().imported, u64::from(flows) * copies, "{mode}");
         assert!(a.counters().dumps >= CORES as u64);
         for &(port, mac) in &chosen {
             let c = Gateway::core(port);

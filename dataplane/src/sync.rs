@@ -336,6 +336,12 @@ impl RecordTx {
         free
     }
 
+    /// Whether the consumer has taken every record published so far.
+    pub fn is_drained(&mut self) -> bool {
+        let size = self.ring.mask + 1;
+        self.room(size) == size
+    }
+
     /// Publishes `r`; `false` (ring unchanged) when full.
     #[inline]
     pub fn push(&mut self, r: &SyncRecord) -> bool {

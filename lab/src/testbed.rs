@@ -43,8 +43,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use strait_config::BackendState;
 
-pub use config::{without_sync, SYNC_PORT};
+pub use config::SYNC_PORT;
 pub use fleet::{GatewaySpec, GATEWAY_ASN, ROUTER_ASN, ROUTER_BACKEND4, ROUTER_CLIENT4};
 pub use plan::{
     owns, valid_prefix, BackendSpec, Front, Layout, GW_MAC, HTTP_PORT, MAX_BACKENDS, MAX_GATEWAYS,
@@ -397,13 +398,6 @@ impl Testbed {
         &self.layout
     }
 
-    /// The configuration of gateway `i` (1-based) of a layout with several gateways, with
-    /// only the backends named in `backends` (`b1`, ...): what the failover bench writes to
-    /// change one gateway's backend set.
-    pub fn gateway_config(&self, i: usize, backends: &[&str], path: &Path) -> String {
-        gateway_config(&self.layout, i, backends, path)
-    }
-
     /// Everything above, serializable.
     pub fn summary(&self) -> Summary {
         Summary {
@@ -602,10 +596,14 @@ pub fn up(opts: &Opts) -> Result<Testbed, Error> {
     }
 
     if fleet {
-        let specs = layout.backend_specs();
+        let specs: Vec<(BackendSpec, BackendState)> = layout
+            .backend_specs()
+            .into_iter()
+            .map(|b| (b, BackendState::Active))
+            .collect();
         for g in layout.gateway_specs() {
             let path = dir.join(format!("{}.toml", g.name));
-            let text = config::render_gateway(&layout, &g, &specs, &path);
+            let text = config::render_gateway(&layout, &g, &specs, true, &path);
             strait_config::parse(&text).map_err(|e| Error::Config(e.to_string()))?;
             write(&path, &text)?;
             testbed.gateways.push(gateway_info(&g, path));
@@ -647,15 +645,30 @@ pub fn up(opts: &Opts) -> Result<Testbed, Error> {
     Ok(testbed)
 }
 
-/// The configuration of gateway `i` (1-based) of `layout` (several gateways) with only the
-/// backends named in `backends`, to be written to `path`.
-pub fn gateway_config(layout: &Layout, i: usize, backends: &[&str], path: &Path) -> String {
-    let specs: Vec<BackendSpec> = layout
+/// The configuration of gateway `i` (1-based) of `layout` (several gateways), to be written
+/// to `path`: every backend, those named in `draining` (`b1`, ...) with `state =
+/// "draining"` (what the failover bench writes to change the backend set), and flow sync
+/// with the other gateways if `sync`.
+pub fn gateway_config(
+    layout: &Layout,
+    i: usize,
+    draining: &[&str],
+    sync: bool,
+    path: &Path,
+) -> String {
+    let specs: Vec<(BackendSpec, BackendState)> = layout
         .backend_specs()
         .into_iter()
-        .filter(|b| backends.contains(&b.name.as_str()))
+        .map(|b| {
+            let state = if draining.contains(&b.name.as_str()) {
+                BackendState::Draining
+            } else {
+                BackendState::Active
+            };
+            (b, state)
+        })
         .collect();
-    config::render_gateway(layout, &layout.gateway(i), &specs, path)
+    config::render_gateway(layout, &layout.gateway(i), &specs, sync, path)
 }
 
 fn gateway_info(g: &GatewaySpec, config: PathBuf) -> GatewayInfo {

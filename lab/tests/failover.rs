@@ -175,7 +175,7 @@ fn three_gateways_behind_a_router_share_the_vip_and_down_leaves_nothing() {
 }
 
 #[test]
-fn killing_one_of_three_gateways_resets_no_stream() {
+fn no_event_of_three_gateways_resets_a_stream() {
     let Some(_serial) = serial_if(privileged) else {
         return;
     };
@@ -193,11 +193,12 @@ fn killing_one_of_three_gateways_resets_no_stream() {
         assert!(r["recovery_ms"].is_u64(), "{r}");
         assert!(r["flows_moved_backend"].is_u64(), "{r}");
     }
-    let kill = &results[0];
-    assert_eq!(
-        kill["streams_reset"], 0,
-        "streams reset by a SIGKILL: {kill}"
-    );
+    // With flow sync (the testbed's default) no event resets a stream: not the SIGKILL, not
+    // the drain, and not the restart after a backend change, nor the kill during one.
+    for r in results {
+        assert_eq!(r["streams_reset"], 0, "streams reset: {r}");
+        assert_eq!(r["flows_moved_backend"], 0, "flows moved: {r}");
+    }
     assert_eq!(
         namespaces(&p),
         Default::default(),

@@ -224,6 +224,27 @@ impl Gateway {
         Ok(())
     }
 
+    /// With flow sync, waits (at most [`crate::sync::DUMP_WAIT`]) until every peer gateway
+    /// has sent its flow table, so that no route brings this gateway a flow it has not
+    /// imported yet: a restart after a backend change moves no flow (issue 11).
+    pub fn wait_for_peers(&self) {
+        let Some(w) = &self.workers else { return };
+        let t = Instant::now();
+        match w.wait_for_peers(crate::sync::DUMP_WAIT) {
+            Some((got, of)) if got == of => {
+                info!(peers = of, took = ?t.elapsed(), "flow sync: every peer's flows imported");
+            }
+            Some((got, of)) => warn!(
+                answered = got,
+                peers = of,
+                "flow sync: not every peer sent its flows within {:?}; announcing anyway \
+                 (they are asked again, and their new flows still arrive)",
+                crate::sync::DUMP_WAIT
+            ),
+            None => {}
+        }
+    }
+
     /// Stops the workers and detaches the XDP programs.
     pub fn stop_workers(&mut self) {
         if let Some(w) = self.workers.take() {
@@ -553,6 +574,8 @@ pub fn run(source: Source, kube: &crate::kube::Args) -> anyhow::Result<()> {
     // Steering first, then the VIPs: once the kernel owns a VIP it would answer service
     // traffic itself (with resets) if the XDP program were not there yet to redirect it.
     gateway.start_workers()?;
+    // Then the peers' flows, before any route brings this gateway traffic.
+    gateway.wait_for_peers();
     gateway.own_vips()?;
     // Kept alive until `run` returns; dropping it stops the source's thread.
     let _kube_source = if kube.kube {

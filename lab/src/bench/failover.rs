@@ -12,10 +12,12 @@
 //!          kill       SIGKILL gw1; it is started again once the router dropped it
 //!          drain      POST /drain to gw2 (withdraw, forward through drain_grace, exit 0);
 //!                     started again
-//!          restart    gw3 stopped (SIGTERM) and started with b4 dropped from its backends
+//!          restart    a backend change and a restart: gw3 stopped (SIGTERM); b4 set
+//!                     `draining` in every gateway's configuration (it keeps its flows, takes
+//!                     no new ones: Maglev moves its slots), the others reload; gw3 started
 //!          backend-change-during-kill
-//!                     SIGKILL gw1 while the others reload the full backend set (gw3 gets
-//!                     b4 back); gw1 started again with it
+//!                     SIGKILL gw1 while the others reload with b4 active again (Maglev
+//!                     moves slots back to it); gw1 started again with it
 //! ```
 //!
 //! Per event, over the window from the event to the fleet whole again plus a settle time:
@@ -131,7 +133,7 @@ pub struct Options {
     /// Long-lived TCP streams.
     #[arg(long, default_value_t = 200)]
     pub streams: usize,
-    /// Backends (the restart drops the last one from a gateway).
+    /// Backends (the restart sets the last one draining).
     #[arg(long, default_value_t = 4)]
     pub backends: usize,
     /// Write the results as JSON to this file.
@@ -246,7 +248,7 @@ fn events(bed: &Testbed, fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<E
     client.wait_all_open(o.streams, Duration::from_secs(30))?;
     let all: Vec<String> = bed.backends().iter().map(|b| b.name.clone()).collect();
     let all: Vec<&str> = all.iter().map(String::as_str).collect();
-    let fewer = &all[..all.len() - 1];
+    let last = &all[all.len() - 1..];
     let (first, second, third) = (0, 1 % n, 2 % n);
     let mut results = Vec::new();
 
@@ -256,7 +258,7 @@ fn events(bed: &Testbed, fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<E
     fleet.kill(first);
     fleet.wait_paths(n - 1)?;
     let withdrawn = t.elapsed();
-    fleet.start(first, None)?;
+    fleet.start(first)?;
     fleet.wait_paths(n)?;
     pause(SETTLE)?;
     results.push(finish(&client, &w, "kill", n, false, share, withdrawn));
@@ -268,28 +270,35 @@ fn events(bed: &Testbed, fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<E
     fleet.wait_paths(n - 1)?;
     let withdrawn = t.elapsed();
     fleet.wait_exit(second, DRAIN_EXIT)?;
-    fleet.start(second, None)?;
+    fleet.start(second)?;
     fleet.wait_paths(n)?;
     pause(SETTLE)?;
     results.push(finish(&client, &w, "drain", n, false, share, withdrawn));
 
-    // restart after a backend change: the last backend dropped from one gateway.
+    // restart after a backend change: the last backend set draining everywhere while the
+    // third gateway is down; a fresh Maglev table sends that backend's flows elsewhere.
     let (w, share) = begin(&client, fleet, third, o.streams)?;
     let t = Instant::now();
     fleet.terminate(third);
     fleet.wait_paths(n - 1)?;
     let withdrawn = t.elapsed();
     fleet.wait_exit(third, DRAIN_EXIT)?;
-    fleet.start(third, Some(fewer))?;
+    for i in 0..n {
+        fleet.write_config(i, last)?;
+    }
+    for i in (0..n).filter(|&i| i != third) {
+        fleet.reload(i)?;
+    }
+    fleet.start(third)?;
     fleet.wait_paths(n)?;
     pause(SETTLE)?;
     results.push(finish(&client, &w, "restart", n, true, share, withdrawn));
 
-    // backend change during a kill: every survivor reloads the full set (the restarted one
-    // gets its backend back) as the first gateway dies; it comes back with the full set.
+    // backend change during a kill: every survivor reloads with the last backend active
+    // again as the first gateway dies; it comes back with the same configuration.
     let (w, share) = begin(&client, fleet, first, o.streams)?;
     for i in 0..n {
-        fleet.write_config(i, &all)?;
+        fleet.write_config(i, &[])?;
     }
     let t = Instant::now();
     fleet.kill(first);
@@ -298,7 +307,7 @@ fn events(bed: &Testbed, fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<E
     }
     fleet.wait_paths(n - 1)?;
     let withdrawn = t.elapsed();
-    fleet.start(first, None)?;
+    fleet.start(first)?;
     fleet.wait_paths(n)?;
     pause(SETTLE)?;
     let event = "backend-change-during-kill";
@@ -329,7 +338,7 @@ fn l2_events(bed: &Testbed, fleet: &mut Fleet, o: &Options) -> anyhow::Result<Ve
         if drain {
             fleet.wait_exit(k, DRAIN_EXIT)?;
         }
-        fleet.start(k, None)?;
+        fleet.start(k)?;
         pause(SETTLE)?;
         results.push(finish(&client, &w, event, n, false, share, moved));
     }
@@ -472,14 +481,11 @@ impl Fleet {
             prefix: bed.prefix().to_owned(),
             sync,
         };
-        if !sync {
-            for g in &fleet.gateways {
-                let text = fs::read_to_string(&g.config)?;
-                fs::write(&g.config, testbed::without_sync(&text))?;
-            }
-        }
         for i in 0..fleet.gateways.len() {
-            fleet.start(i, None)?;
+            if !sync {
+                fleet.write_config(i, &[])?;
+            }
+            fleet.start(i)?;
         }
         if fleet.layout.l2 {
             fleet.wait_owner(None)?;
@@ -521,21 +527,17 @@ impl Fleet {
         }
     }
 
-    fn write_config(&self, i: usize, backends: &[&str]) -> anyhow::Result<()> {
+    /// Writes gateway `i`'s configuration: every backend, those in `draining` draining, flow
+    /// sync as the bench was asked.
+    fn write_config(&self, i: usize, draining: &[&str]) -> anyhow::Result<()> {
         let path = &self.gateways[i].config;
-        let mut text = testbed::gateway_config(&self.layout, i + 1, backends, path);
-        if !self.sync {
-            text = testbed::without_sync(&text);
-        }
+        let text = testbed::gateway_config(&self.layout, i + 1, draining, self.sync, path);
         fs::write(path, text).with_context(|| format!("writing {}", path.display()))
     }
 
-    /// Starts gateway `i`, with only `backends` if given (else the configuration as it is),
-    /// and waits until it answers `ok` on `/healthz`.
-    fn start(&mut self, i: usize, backends: Option<&[&str]>) -> anyhow::Result<()> {
-        if let Some(b) = backends {
-            self.write_config(i, b)?;
-        }
+    /// Starts gateway `i` with its configuration file as it is, and waits until it answers
+    /// `ok` on `/healthz`.
+    fn start(&mut self, i: usize) -> anyhow::Result<()> {
         let g = &self.gateways[i];
         let log_path = self.dir.join(format!("{}.log", g.name));
         let log = fs::OpenOptions::new()

@@ -13,6 +13,7 @@ use std::path::Path;
 use super::fleet::{GatewaySpec, GATEWAY_ASN, ROUTER_ASN};
 use super::plan::{BackendSpec, Layout, HTTP_PORT, NAT_PORT, NAT_UDP_PORT, UDP_PORT, VIP4, VIP6};
 use super::Topology;
+use strait_config::BackendState;
 
 /// Renders the configuration; `path` is where it will be written (quoted in the header).
 pub fn render(layout: &Layout, path: &Path) -> String {
@@ -67,9 +68,14 @@ role = \"{role}\"
         &format!("HTTP in {mode}: {why}."),
         ("web", &VIP4.to_string(), web_port, "tcp", mode),
         None,
-        backends
-            .iter()
-            .map(|b| (b.ipv4.to_string(), backend_port, b.mac)),
+        backends.iter().map(|b| {
+            (
+                b.ipv4.to_string(),
+                backend_port,
+                b.mac,
+                BackendState::Active,
+            )
+        }),
     );
     service(
         &mut s,
@@ -78,7 +84,7 @@ role = \"{role}\"
         Some(backend_port),
         backends
             .iter()
-            .map(|b| (b.ipv4.to_string(), UDP_PORT, b.mac)),
+            .map(|b| (b.ipv4.to_string(), UDP_PORT, b.mac, BackendState::Active)),
     );
     if layout.ipv6 {
         service(
@@ -86,9 +92,14 @@ role = \"{role}\"
             &format!("HTTP over IPv6 in {mode}."),
             ("web6", &VIP6.to_string(), web_port, "tcp", mode),
             None,
-            backends
-                .iter()
-                .filter_map(|b| Some((b.ipv6?.to_string(), backend_port, b.mac))),
+            backends.iter().filter_map(|b| {
+                Some((
+                    b.ipv6?.to_string(),
+                    backend_port,
+                    b.mac,
+                    BackendState::Active,
+                ))
+            }),
         );
     }
     s
@@ -97,32 +108,17 @@ role = \"{role}\"
 /// The UDP port of the gateways' flow sync on the testbed.
 pub const SYNC_PORT: u16 = 7946;
 
-/// `text` without its `[gateway.sync]` section (a bench's "without flow sync" runs).
-pub fn without_sync(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut skipping = false;
-    for line in text.lines() {
-        if line.starts_with('[') {
-            skipping = line.trim() == "[gateway.sync]";
-        }
-        if !skipping {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
-}
-
 /// The configuration of gateway `gw` of a layout with several gateways (`fleet`): `web`
 /// (TCP 80, its backends also serve the failover bench's `GET /echo` streams) and `echo`
-/// (UDP 5353) in `dsr-l2` to `backends` (normally every backend; the failover bench drops
-/// one to change a gateway's backend set), and in the router layout `[gateway.bgp]` with
-/// the router as the peer, in the L2 layout `[gateway.l2]`; and `[gateway.sync]` with the other
-/// gateways.
+/// (UDP 5353) in `dsr-l2` to `backends` (normally every backend; the failover bench marks
+/// one `draining` to change the backend set), and in the router layout `[gateway.bgp]` with
+/// the router as the peer, in the L2 layout `[gateway.l2]`; and, if `sync`, `[gateway.sync]`
+/// with the other gateways.
 pub fn render_gateway(
     layout: &Layout,
     gw: &GatewaySpec,
-    backends: &[BackendSpec],
+    backends: &[(BackendSpec, BackendState)],
+    sync: bool,
     path: &Path,
 ) -> String {
     let mut s = String::new();
@@ -194,7 +190,7 @@ members = [{members}]
             members = members.join(", "),
         );
     }
-    if layout.gateways > 1 || layout.l2 {
+    if sync && (layout.gateways > 1 || layout.l2) {
         let peers: Vec<String> = layout
             .gateway_specs()
             .into_iter()
@@ -221,7 +217,7 @@ peers = [{peers}]
         None,
         backends
             .iter()
-            .map(|b| (b.ipv4.to_string(), HTTP_PORT, b.mac)),
+            .map(|(b, state)| (b.ipv4.to_string(), HTTP_PORT, b.mac, *state)),
     );
     service(
         &mut s,
@@ -230,7 +226,7 @@ peers = [{peers}]
         Some(HTTP_PORT),
         backends
             .iter()
-            .map(|b| (b.ipv4.to_string(), UDP_PORT, b.mac)),
+            .map(|(b, state)| (b.ipv4.to_string(), UDP_PORT, b.mac, *state)),
     );
     s
 }
@@ -241,7 +237,7 @@ fn service(
     comment: &str,
     (name, vip, port, protocol, mode): (&str, &str, u16, &str, &str),
     check_port: Option<u16>,
-    backends: impl Iterator<Item = (String, u16, strait_config::MacAddr)>,
+    backends: impl Iterator<Item = (String, u16, strait_config::MacAddr, BackendState)>,
 ) {
     let _ = write!(
         s,
@@ -263,7 +259,7 @@ path = \"/healthz\"
         let _ = writeln!(s, "port = {p}");
     }
     s.push_str("interval = \"500ms\"\ntimeout = \"250ms\"\nrise = 2\nfall = 2\n");
-    for (address, port, mac) in backends {
+    for (address, port, mac, state) in backends {
         let _ = write!(
             s,
             "
@@ -273,6 +269,9 @@ port = {port}
 mac = \"{mac}\"
 "
         );
+        if state != BackendState::Active {
+            let _ = writeln!(s, "state = \"{}\"", state.as_str());
+        }
     }
 }
 
@@ -346,7 +345,7 @@ mod tests {
         };
         let gw = layout.gateway(2);
         let all = layout.backend_specs();
-        let text = render_gateway(&layout, &gw, &all[..2], Path::new("/x.toml"));
+        let text = render_gateway(&layout, &gw, &active(&all[..2]), true, Path::new("/x.toml"));
         let c = strait_config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         let bgp = c.gateway.bgp.as_ref().expect("[gateway.bgp]");
         assert_eq!(bgp.asn, 64512);
@@ -364,7 +363,13 @@ mod tests {
         assert_eq!(ifs, [("veth-c", Role::Client), ("veth-b", Role::Backend)]);
 
         let l2 = Layout { l2: true, ..layout };
-        let text = render_gateway(&l2, &l2.gateway(1), &all, Path::new("/x.toml"));
+        let text = render_gateway(
+            &l2,
+            &l2.gateway(1),
+            &active(&all),
+            true,
+            Path::new("/x.toml"),
+        );
         let c = strait_config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         assert!(c.gateway.bgp.is_none());
         let l2 = c.gateway.l2.as_ref().expect("[gateway.l2]");
@@ -374,6 +379,48 @@ mod tests {
         );
         assert!(l2.members.contains(&l2.name));
         assert_eq!(c.gateway.interfaces[0].name, "veth-gw");
+        assert!(c.gateway.sync.is_some());
+    }
+
+    /// The failover bench's backend change: the last backend draining in both services, and
+    /// its runs without flow sync.
+    #[test]
+    fn a_fleet_gateway_can_have_a_draining_backend_and_no_sync() {
+        let layout = Layout {
+            prefix: "st9".to_owned(),
+            topology: Topology::OneArm,
+            backends: 3,
+            ipv6: false,
+            gateways: 2,
+            l2: false,
+        };
+        let mut backends = active(&layout.backend_specs());
+        backends[2].1 = BackendState::Draining;
+        let text = render_gateway(
+            &layout,
+            &layout.gateway(1),
+            &backends,
+            false,
+            Path::new("/x"),
+        );
+        let c = strait_config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert!(c.gateway.sync.is_none());
+        for service in &c.services {
+            let states: Vec<BackendState> = service.backends.iter().map(|b| b.state).collect();
+            let want = [
+                BackendState::Active,
+                BackendState::Active,
+                BackendState::Draining,
+            ];
+            assert_eq!(states, want, "{}", service.name);
+        }
+    }
+
+    fn active(specs: &[BackendSpec]) -> Vec<(BackendSpec, BackendState)> {
+        specs
+            .iter()
+            .map(|b| (b.clone(), BackendState::Active))
+            .collect()
     }
 
     #[test]
