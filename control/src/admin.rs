@@ -61,6 +61,35 @@ const MAX_REQUEST: usize = 8 * 1024;
 /// process's file limit.
 const MAX_CONNECTIONS: usize = 4096;
 
+/// Connections the kernel queues for the endpoint before it accepts them (capped by
+/// `net.core.somaxconn`, 4096 by default). The standard library's 128 overflows when a
+/// thousand clients connect at once: the kernel drops the SYNs beyond it, and each of those
+/// clients, `/healthz` probes among them, waits a second for its SYN's retransmission.
+const BACKLOG: i32 = MAX_CONNECTIONS as i32;
+
+/// A non-blocking TCP listener on `addr` with [`BACKLOG`].
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.bind(&addr.into())?;
+    s.listen(BACKLOG)?;
+    s.set_nonblocking(true)?;
+    Ok(s.into())
+}
+
+/// A non-blocking Unix stream listener at `path` with [`BACKLOG`].
+fn listen_unix(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let s = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+    s.bind(&SockAddr::unix(path)?)?;
+    s.listen(BACKLOG)?;
+    s.set_nonblocking(true)?;
+    Ok(std::os::unix::net::UnixListener::from(
+        std::os::fd::OwnedFd::from(s),
+    ))
+}
+
 /// Where the endpoint listens, and who may change things.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -100,9 +129,7 @@ pub fn start_with(
     requests: Sender<Request>,
 ) -> anyhow::Result<SocketAddr> {
     let addr = opts.listen;
-    let listener =
-        TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("admin API: bind {addr}: {e}"))?;
-    listener.set_nonblocking(true)?;
+    let listener = listen(addr).map_err(|e| anyhow::anyhow!("admin API: bind {addr}: {e}"))?;
     let local = listener.local_addr()?;
     let unix = match &opts.socket {
         None => None,
@@ -110,10 +137,9 @@ pub fn start_with(
             use std::os::unix::fs::PermissionsExt as _;
             // A socket file left by a killed run would refuse the bind.
             let _ = std::fs::remove_file(path);
-            let l = std::os::unix::net::UnixListener::bind(path)
+            let l = listen_unix(path)
                 .map_err(|e| anyhow::anyhow!("admin API: bind {}: {e}", path.display()))?;
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-            l.set_nonblocking(true)?;
             Some(l)
         }
     };

@@ -13,8 +13,9 @@
 //! strait-lab bench line-rate [--quick] [--json FILE] [--plot FILE]   Mpps through one core:
 //!                                      Strait vs kube-proxy's iptables/nftables vs limit
 //! strait-lab bench failover [--gateways 3] [--streams 200] [--json F]   streams and requests
-//! strait-lab bench flood [--flood syn|udp|both] [--flow-capacity N] [--json F]  floods
 //!                                      through N gateways while one is killed, drained, restarted
+//! strait-lab bench flood [--flood syn|udp|both] [--flow-capacity N] [--json F]  floods
+//! strait-lab bench admin [--seconds S] [--rate R] [--json F]   forwarding under admin abuse
 //! ```
 #![forbid(unsafe_code)]
 
@@ -100,6 +101,10 @@ enum Bench {
     /// the longest stall, the share of new connections that succeeded, flow-table numbers.
     /// Needs root and the `strait` binary beside this one.
     Flood(bench::flood::Options),
+    /// Forwarding and `/healthz` while the admin API is abused (1,000 idle connections,
+    /// slow clients, malformed, oversized and scrape requests), against a quiet phase in the
+    /// same run. Needs root and the `strait` binary beside this one.
+    Admin(bench::admin_load::Options),
 }
 
 fn main() -> ExitCode {
@@ -121,6 +126,7 @@ fn main() -> ExitCode {
             Bench::Control(r) => bench::control::run(r),
             Bench::Failover(o) => bench::failover::run(&o),
             Bench::Flood(o) => bench::flood::run(&o),
+            Bench::Admin(o) => bench::admin_load::run(&o),
         },
     };
     match result {

@@ -4,7 +4,8 @@
 //! through more than one gateway; `testbed down` leaves nothing. `bench failover` with 20
 //! streams resets none of them when a gateway is killed. The L2 layout: two gateways on the
 //! client segment elect the VIP's owner with VRRP; SIGKILL of the owner hands the VIP to
-//! the other within a second and resets no stream, and so does a drain. Needs root,
+//! the other within a second and resets no stream, and so does a drain. The one-gateway
+//! benches run here too: floods, and an abused admin API. Needs root,
 //! bird2, keepalived, iproute2 (tc), ethtool and curl; fails with a clear message without
 //! them unless `STRAIT_SKIP_PRIVILEGED=1`.
 
@@ -314,4 +315,59 @@ fn floods_reset_no_stream_and_fail_no_new_connection() {
             "the bench left namespaces"
         );
     }
+}
+
+/// `bench admin` (issue 13, point 7): the admin API held by 1,000 idle connections and 50
+/// slow clients and sent malformed, oversized and scrape requests, while UDP and 20 TCP
+/// streams go through the gateway: what the gateway was handed is forwarded, no stream breaks,
+/// every new connection is served, `/healthz` answers every probe, and the abusers met the
+/// API's limits (idle and slow clients cut off at the deadline, 400s and 431s).
+#[test]
+fn an_abused_admin_api_costs_forwarding_nothing_and_healthz_answers() {
+    let Some(_serial) = serial_if(privileged) else {
+        return;
+    };
+    let p = prefix("g");
+    let args = [
+        "admin",
+        "--seconds",
+        "8",
+        "--rate",
+        "5000",
+        "--streams",
+        "20",
+        "--abuse-rate",
+        "200",
+    ];
+    let report = bench(&p, &args);
+    let results = report["results"].as_array().expect("results");
+    let phases: Vec<&str> = results.iter().filter_map(|r| r["phase"].as_str()).collect();
+    assert_eq!(phases, ["quiet", "abused"], "{report}");
+    for r in results {
+        assert!(
+            r["redirected"].as_u64().is_some_and(|n| n > 20_000),
+            "the traffic did not run: {r}"
+        );
+        // A shared CI machine may preempt the worker for a moment in either phase: allow
+        // 0.1 % of the frames, far below what a worker starved by the abusers would lose.
+        let (lost, redirected) = (r["lost"].as_u64(), r["redirected"].as_u64());
+        assert!(
+            lost.zip(redirected).is_some_and(|(l, n)| l * 1000 <= n),
+            "frames lost in the gateway: {r}"
+        );
+        assert_eq!(r["streams_reset"], 0, "{r}");
+        assert_eq!(r["requests_failed"], 0, "{r}");
+        assert!(r["healthz"].as_u64().is_some_and(|n| n > 50), "{r}");
+        assert_eq!(r["healthz_failed"], 0, "{r}");
+    }
+    let abuse = &results[1]["abuse"];
+    assert_eq!(abuse["idle_open"], 1000, "{abuse}");
+    assert!(
+        abuse["slow_cut_off"].as_u64().is_some_and(|n| n >= 50),
+        "slow clients not cut off at the deadline: {abuse}"
+    );
+    for status in ["answered_200", "answered_400", "answered_431"] {
+        assert!(abuse[status].as_u64().is_some_and(|n| n > 0), "{abuse}");
+    }
+    assert_eq!(abuse["other"], 0, "requests unanswered: {abuse}");
 }

@@ -1,5 +1,6 @@
 //! Every bench of the lab, one module each; `strait-lab bench NAME` runs one.
 
+pub mod admin_load;
 pub mod control;
 pub mod failover;
 pub mod flood;
