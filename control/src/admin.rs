@@ -161,15 +161,14 @@ pub fn start_with(
     thread::Builder::new().name("admin".into()).spawn(move || {
         runtime.block_on(async move {
             let open = Arc::new(AtomicUsize::new(0));
-            let tcp = accept(
-                listener,
-                Arc::clone(&endpoint),
-                trusted_tcp,
-                Arc::clone(&open),
-            );
+            let tcp = tokio::net::TcpListener::from_std(listener).map(Listener::Tcp);
+            let tcp = accept(tcp, Arc::clone(&endpoint), trusted_tcp, Arc::clone(&open));
             match unix {
+                // The Unix socket is mode 0600: whoever reaches it is root, so mutating
+                // requests are taken there.
                 Some(u) => {
-                    tokio::join!(tcp, accept_unix(u, endpoint, open));
+                    let u = tokio::net::UnixListener::from_std(u).map(Listener::Unix);
+                    tokio::join!(tcp, accept(u, endpoint, true, open));
                 }
                 None => tcp.await,
             }
@@ -207,16 +206,22 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
-/// Takes TCP connections, each on a task of its own, so that idle or slow clients never
-/// keep `/healthz` from answering; `trusted` says whether mutating requests are taken
-/// without the token.
+/// A listener of the endpoint.
+enum Listener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+/// Takes connections, each on a task of its own, so that idle or slow clients never keep
+/// `/healthz` from answering; `trusted` says whether mutating requests are taken without
+/// the token.
 async fn accept(
-    listener: TcpListener,
+    listener: std::io::Result<Listener>,
     endpoint: Arc<Endpoint>,
     trusted: bool,
     open: Arc<AtomicUsize>,
 ) {
-    let listener = match tokio::net::TcpListener::from_std(listener) {
+    let listener = match listener {
         Ok(l) => l,
         Err(e) => {
             tracing::error!("admin API: {e}");
@@ -224,31 +229,18 @@ async fn accept(
         }
     };
     loop {
-        match listener.accept().await {
-            Ok((conn, _)) => take(conn, &endpoint, trusted, &open),
-            Err(e) => back_off(&e).await,
-        }
-    }
-}
-
-/// Takes connections on the Unix socket (mode 0600: whoever reaches it is root), where
-/// mutating requests are taken.
-async fn accept_unix(
-    listener: std::os::unix::net::UnixListener,
-    endpoint: Arc<Endpoint>,
-    open: Arc<AtomicUsize>,
-) {
-    let listener = match tokio::net::UnixListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!("admin API: {e}");
-            return;
-        }
-    };
-    loop {
-        match listener.accept().await {
-            Ok((conn, _)) => take(conn, &endpoint, true, &open),
-            Err(e) => back_off(&e).await,
+        let taken = match &listener {
+            Listener::Tcp(l) => l
+                .accept()
+                .await
+                .map(|(conn, _)| take(conn, &endpoint, trusted, &open)),
+            Listener::Unix(l) => l
+                .accept()
+                .await
+                .map(|(conn, _)| take(conn, &endpoint, trusted, &open)),
+        };
+        if let Err(e) = taken {
+            back_off(&e).await;
         }
     }
 }
