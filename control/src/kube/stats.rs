@@ -13,6 +13,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::metrics::{counter, gauge, gauge_of, one, Rows};
 
+use super::events::{NoticeType, WARNING_REASONS};
 use super::translate::WarningKind;
 
 /// The kinds of object the source watches.
@@ -66,6 +67,8 @@ pub struct Stats {
     event_errors: AtomicU64,
     addresses: AtomicU64,
     skipped: Mutex<BTreeMap<WarningKind, u64>>,
+    notices: Mutex<BTreeMap<(NoticeType, String), u64>>,
+    address_warnings: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Stats {
@@ -149,6 +152,40 @@ impl Stats {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Address notices (Events) made so far, by type and reason; a follower counts the
+    /// notices it decided on though the leader publishes them.
+    pub fn notices(&self) -> BTreeMap<(NoticeType, String), u64> {
+        self.notices
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Services with a standing address warning (no address, or not the one asked for),
+    /// by reason, as of the last address plan.
+    pub fn address_warnings(&self) -> BTreeMap<String, u64> {
+        self.address_warnings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn notice(&self, type_: NoticeType, reason: &str) {
+        *self
+            .notices
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry((type_, reason.to_owned()))
+            .or_insert(0) += 1;
+    }
+
+    pub(crate) fn set_address_warnings(&self, m: BTreeMap<String, u64>) {
+        *self
+            .address_warnings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = m;
     }
 
     pub(crate) fn list_done(&self, kind: Kind, objects: usize) {
@@ -292,6 +329,53 @@ impl Collector for Metrics {
             "LoadBalancer addresses held from the pools.",
             &one(gauge_of(s.addresses())),
         )?;
+        let notices = s.notices();
+        let mut rows: Rows<'static, u64> = Vec::new();
+        for (t, reasons) in [
+            (
+                NoticeType::Normal,
+                &["AddressAssigned", "AddressReleased"][..],
+            ),
+            (NoticeType::Warning, &WARNING_REASONS[..]),
+        ] {
+            for r in reasons {
+                rows.push((
+                    notice_labels(t, r),
+                    notices.get(&(t, (*r).to_owned())).copied().unwrap_or(0),
+                ));
+            }
+        }
+        for ((t, r), n) in &notices {
+            let known = match t {
+                NoticeType::Normal => ["AddressAssigned", "AddressReleased"].contains(&r.as_str()),
+                NoticeType::Warning => WARNING_REASONS.contains(&r.as_str()),
+            };
+            if !known {
+                rows.push((notice_labels(*t, r), *n));
+            }
+        }
+        counter(
+            &mut enc,
+            "kube_address_notices",
+            "Address Events decided (assigned, released, refused), by type and reason.",
+            &rows,
+        )?;
+        let standing = s.address_warnings();
+        let rows: Rows<'static, i64> = WARNING_REASONS
+            .iter()
+            .map(|r| {
+                (
+                    vec![("reason", (*r).to_owned())],
+                    gauge_of(standing.get(*r).copied().unwrap_or(0)),
+                )
+            })
+            .collect();
+        gauge(
+            &mut enc,
+            "kube_address_warnings",
+            "Services with a standing address warning (refused request, no free address, ...), by reason.",
+            &rows,
+        )?;
         let skipped = s.skipped();
         let rows: Rows<'static, i64> = WarningKind::ALL
             .iter()
@@ -309,4 +393,18 @@ impl Collector for Metrics {
             &rows,
         )
     }
+}
+
+fn notice_labels(t: NoticeType, reason: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "type",
+            match t {
+                NoticeType::Normal => "Normal",
+                NoticeType::Warning => "Warning",
+            }
+            .to_owned(),
+        ),
+        ("reason", reason.to_owned()),
+    ]
 }

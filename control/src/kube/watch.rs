@@ -157,6 +157,8 @@ pub struct Round {
     pub status: Vec<StatusUpdate>,
     /// Notices not given before (to become Events).
     pub notices: Vec<Notice>,
+    /// Services with a standing address warning, by reason (of the last address plan).
+    pub address_warnings: BTreeMap<String, u64>,
     /// Everything left out, with reasons.
     pub warnings: Vec<Warning>,
     /// Warnings not present in the previous round (to log).
@@ -220,7 +222,7 @@ impl Controller {
     /// A controller that has seen nothing yet.
     pub fn new(settings: Settings) -> Self {
         Self {
-            alloc: Allocator::new(&settings.pools),
+            alloc: Allocator::with_names(&settings.pools, &settings.named_pools),
             settings,
             services: Store::default(),
             slices: Store::default(),
@@ -272,6 +274,22 @@ impl Controller {
     /// is published and no address allocated.
     pub fn ready(&self) -> bool {
         self.services.listed && self.slices.listed && self.nodes.listed
+    }
+
+    /// Replaces the address pools. When they changed, the next round plans addresses
+    /// again: Services whose addresses left the pools are given new ones, and dual-stack
+    /// Services that lack a family gain it once a pool of that family exists. Returns
+    /// whether they changed.
+    pub fn set_pools(
+        &mut self,
+        pools: Vec<ipnet::IpNet>,
+        named: Vec<(String, ipnet::IpNet)>,
+    ) -> bool {
+        let changed = self.alloc.set_pools(&pools, &named);
+        self.settings.pools = pools;
+        self.settings.named_pools = named;
+        self.plan_dirty |= changed;
+        changed
     }
 
     /// Objects of `kind` in the live view.
@@ -390,6 +408,7 @@ impl Controller {
             changes,
             status,
             notices,
+            address_warnings: self.dedup.standing(),
             warnings,
             new_warnings,
             addresses: self.alloc.count(),
@@ -649,6 +668,10 @@ where
     };
     stats.set_skipped(r.counts());
     stats.set_addresses(r.addresses);
+    stats.set_address_warnings(r.address_warnings.clone());
+    for n in &r.notices {
+        stats.notice(n.type_, &n.reason);
+    }
     for w in r.new_warnings.iter().take(MAX_LOGGED_WARNINGS) {
         warn!(reason = w.kind.as_str(), "kubernetes: left out: {w}");
     }
