@@ -135,6 +135,13 @@ fn echo(svcs: &mut [Service], p: &pool::AddressPlan) {
 /// share it: all with one sharing key, one namespace, the same backends and no port in
 /// common.
 fn assert_one_group_per_address(svcs: &[Service]) {
+    if let Some(v) = group_violation(svcs) {
+        panic!("{v}");
+    }
+}
+
+/// What breaks the rule of [`assert_one_group_per_address`], if anything.
+fn group_violation(svcs: &[Service]) -> Option<String> {
     let mut by_addr: BTreeMap<IpAddr, Vec<&Service>> = BTreeMap::new();
     for s in svcs {
         for a in pool::status_addresses(s) {
@@ -148,27 +155,28 @@ fn assert_one_group_per_address(svcs: &[Service]) {
         let uses: Vec<pool::Use> = users.iter().map(|s| pool::use_of(s)).collect();
         let names: Vec<&str> = users
             .iter()
-            .map(|s| s.metadata.name.as_deref().unwrap())
+            .map(|s| s.metadata.name.as_deref().unwrap_or(""))
             .collect();
         for (i, u) in uses.iter().enumerate() {
-            assert!(
-                u.sharing.is_some(),
-                "{a}: {names:?}, {} shares nothing",
-                names[i]
-            );
-            assert_eq!(u.sharing, uses[0].sharing, "{a}: {names:?}: keys differ");
-            assert_eq!(u.backends, uses[0].backends, "{a}: {names:?}: backends");
+            if u.sharing.is_none() {
+                return Some(format!("{a}: {names:?}, {} shares nothing", names[i]));
+            }
+            if u.sharing != uses[0].sharing || u.backends != uses[0].backends {
+                return Some(format!("{a}: {names:?}: keys or backends differ"));
+            }
             for (j, v) in uses.iter().enumerate().skip(i + 1) {
-                assert!(
-                    u.ports.is_disjoint(&v.ports),
-                    "{a}: {} and {} overlap on {:?}",
-                    names[i],
-                    names[j],
-                    u.ports.intersection(&v.ports).collect::<Vec<_>>()
-                );
+                if !u.ports.is_disjoint(&v.ports) {
+                    return Some(format!(
+                        "{a}: {} and {} overlap on {:?}",
+                        names[i],
+                        names[j],
+                        u.ports.intersection(&v.ports).collect::<Vec<_>>()
+                    ));
+                }
             }
         }
     }
+    None
 }
 
 fn refs(svcs: &[Service]) -> Vec<&Service> {
@@ -321,6 +329,10 @@ fn an_overlapping_port_is_refused_with_an_event_and_never_shares() {
         .map(|u| (u.name.as_str(), u.addresses.len()))
         .collect();
     assert_eq!(writes, [("clash", 0)]);
+    assert!(
+        group_violation(&svcs).is_some(),
+        "the check sees the overlap until the status write comes back"
+    );
     echo(&mut svcs, &p);
     assert_one_group_per_address(&svcs);
 }
@@ -893,95 +905,119 @@ fn shared_address_end_to_end_both_frontends_served_and_released_with_the_last() 
     api.apply(lb("dns", 1, DNS_UDP, shared("dns")));
     api.apply(lb("dns-tcp", 2, DNS_TCP, shared("dns")));
     let (src, rx) = start(&api, &dir, settings());
-    let l = until(&rx, 20, "both on one address", |l| l.len() == 2);
-    assert_eq!(
-        frontends(&l),
-        [
-            (
-                "default/dns-tcp/dns-tcp/203.0.113.17".to_owned(),
-                ip("203.0.113.17"),
-                53,
-                Protocol::Tcp
-            ),
-            (
-                "default/dns/dns/203.0.113.17".to_owned(),
-                ip("203.0.113.17"),
-                53,
-                Protocol::Udp
-            ),
-        ],
-        "the dataplane gets a frontend for each Service on the one VIP"
-    );
-    for n in ["dns", "dns-tcp"] {
-        eventually(10, &format!("{n}'s status"), || {
-            status_ips(&api, n) == ["203.0.113.17"]
-        });
+    let all = ["dns", "dns-tcp", "clash", "solo"];
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    /// Stops the watcher however the test ends (the scope waits for it).
+    struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
     }
+    let broken = std::thread::scope(|sc| {
+        let _stop = Stop(&stop);
+        // Every stored status, all along: each address one sharing group's.
+        let watcher = sc.spawn(|| {
+            let mut broken = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                broken.extend(group_violation(&stored(&api, &all)));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            broken
+        });
+        let l = until(&rx, 20, "both on one address", |l| l.len() == 2);
+        assert_eq!(
+            frontends(&l),
+            [
+                (
+                    "default/dns-tcp/dns-tcp/203.0.113.17".to_owned(),
+                    ip("203.0.113.17"),
+                    53,
+                    Protocol::Tcp
+                ),
+                (
+                    "default/dns/dns/203.0.113.17".to_owned(),
+                    ip("203.0.113.17"),
+                    53,
+                    Protocol::Udp
+                ),
+            ],
+            "the dataplane gets a frontend for each Service on the one VIP"
+        );
+        for n in ["dns", "dns-tcp"] {
+            eventually(10, &format!("{n}'s status"), || {
+                status_ips(&api, n) == ["203.0.113.17"]
+            });
+        }
 
-    // A third with the key, a port dns-tcp serves, asking for the address (MetalLB's
-    // annotation): refused with an Event, no address, and nothing served for it.
-    api.apply(lb(
-        "clash",
-        3,
-        &[("dns-tcp", "TCP", 53)],
-        json!({ "metallb.io/allow-shared-ip": "dns", "metallb.io/loadBalancerIPs": "203.0.113.17" }),
-    ));
-    eventually(10, "AddressNotShared for clash", || {
-        event_note(&api, "AddressNotShared", "clash").is_some()
-    });
-    let note = event_note(&api, "AddressNotShared", "clash").unwrap();
-    assert!(
-        note.contains("default/dns-tcp already serves TCP/53"),
-        "{note}"
-    );
-    assert!(status_ips(&api, "clash").is_empty());
-    eventually(10, "the standing warning counted", || {
-        src.stats().address_warnings().get("AddressNotShared") == Some(&1)
-    });
-    assert!(src
-        .stats()
-        .notices()
-        .get(&(NoticeType::Warning, "AddressNotShared".to_owned()))
-        .is_some_and(|n| *n >= 1));
-    assert_one_group_per_address(&stored(&api, &["dns", "dns-tcp", "clash"]));
+        // A third with the key, a port dns-tcp serves, asking for the address (MetalLB's
+        // annotation): refused with an Event, no address, and nothing served for it.
+        api.apply(lb(
+            "clash",
+            3,
+            &[("dns-tcp", "TCP", 53)],
+            json!({ "metallb.io/allow-shared-ip": "dns", "metallb.io/loadBalancerIPs": "203.0.113.17" }),
+        ));
+        eventually(10, "AddressNotShared for clash", || {
+            event_note(&api, "AddressNotShared", "clash").is_some()
+        });
+        let note = event_note(&api, "AddressNotShared", "clash").unwrap();
+        assert!(
+            note.contains("default/dns-tcp already serves TCP/53"),
+            "{note}"
+        );
+        assert!(status_ips(&api, "clash").is_empty());
+        eventually(10, "the standing warning counted", || {
+            src.stats().address_warnings().get("AddressNotShared") == Some(&1)
+        });
+        assert!(src
+            .stats()
+            .notices()
+            .get(&(NoticeType::Warning, "AddressNotShared".to_owned()))
+            .is_some_and(|n| *n >= 1));
+        assert_one_group_per_address(&stored(&api, &["dns", "dns-tcp", "clash"]));
 
-    // dns-tcp goes: dns keeps the address; clash's request now fits and it joins.
-    api.delete(Res::Services, "default", "dns-tcp");
-    eventually(10, "clash joins", || {
-        status_ips(&api, "clash") == ["203.0.113.17"]
-    });
-    assert_eq!(status_ips(&api, "dns"), ["203.0.113.17"], "dns kept it");
-    let l = until(&rx, 10, "dns and clash served", |l| {
-        frontends(l)
-            .iter()
-            .map(|f| f.0.as_str())
-            .collect::<Vec<_>>()
-            == [
-                "default/clash/dns-tcp/203.0.113.17",
-                "default/dns/dns/203.0.113.17",
-            ]
-    });
-    assert!(l.iter().all(|s| s.vip == ip("203.0.113.17")));
-    eventually(10, "the warning no longer stands", || {
-        !src.stats()
-            .address_warnings()
-            .contains_key("AddressNotShared")
-    });
-    assert_eq!(src.stats().addresses(), 1, "one address, shared");
+        // dns-tcp goes: dns keeps the address; clash's request now fits and it joins.
+        api.delete(Res::Services, "default", "dns-tcp");
+        eventually(10, "clash joins", || {
+            status_ips(&api, "clash") == ["203.0.113.17"]
+        });
+        assert_eq!(status_ips(&api, "dns"), ["203.0.113.17"], "dns kept it");
+        let l = until(&rx, 10, "dns and clash served", |l| {
+            frontends(l)
+                .iter()
+                .map(|f| f.0.as_str())
+                .collect::<Vec<_>>()
+                == [
+                    "default/clash/dns-tcp/203.0.113.17",
+                    "default/dns/dns/203.0.113.17",
+                ]
+        });
+        assert!(l.iter().all(|s| s.vip == ip("203.0.113.17")));
+        eventually(10, "the warning no longer stands", || {
+            !src.stats()
+                .address_warnings()
+                .contains_key("AddressNotShared")
+        });
+        assert_eq!(src.stats().addresses(), 1, "one address, shared");
 
-    // dns goes: clash keeps it. clash goes: released, and a Service without a key gets it.
-    api.delete(Res::Services, "default", "dns");
-    until(&rx, 10, "clash alone", |l| l.len() == 1);
-    assert_eq!(status_ips(&api, "clash"), ["203.0.113.17"]);
-    assert_eq!(src.stats().addresses(), 1);
-    api.delete(Res::Services, "default", "clash");
-    eventually(10, "released with the last sharer", || {
-        src.stats().addresses() == 0
+        // dns goes: clash keeps it. clash goes: released, and a Service without a key gets it.
+        api.delete(Res::Services, "default", "dns");
+        until(&rx, 10, "clash alone", |l| l.len() == 1);
+        assert_eq!(status_ips(&api, "clash"), ["203.0.113.17"]);
+        assert_eq!(src.stats().addresses(), 1);
+        api.delete(Res::Services, "default", "clash");
+        eventually(10, "released with the last sharer", || {
+            src.stats().addresses() == 0
+        });
+        api.apply(lb("solo", 4, HTTP, json!({})));
+        eventually(10, "solo takes the freed address", || {
+            status_ips(&api, "solo") == ["203.0.113.17"]
+        });
+        drop(_stop);
+        watcher.join().unwrap()
     });
-    api.apply(lb("solo", 4, HTTP, json!({})));
-    eventually(10, "solo takes the freed address", || {
-        status_ips(&api, "solo") == ["203.0.113.17"]
-    });
+    assert!(broken.is_empty(), "{broken:?}");
 }
 
 #[test]

@@ -369,11 +369,34 @@ impl Allocator {
     }
 
     fn take(&mut self, owner: &str, addr: IpAddr, how: &Use) {
+        // Each round claims again what Services hold: no allocation when nothing changed.
+        if let Some(u) = self.owner.get_mut(&addr).and_then(|h| h.get_mut(owner)) {
+            if u != how {
+                u.clone_from(how);
+            }
+            return;
+        }
         self.owner
             .entry(addr)
             .or_default()
             .insert(owner.to_owned(), how.clone());
         self.held.entry(owner.to_owned()).or_default().insert(addr);
+    }
+
+    /// Lets go of every address several Services share, so that [`plan`] claims it again
+    /// for them in order (their ports or keys may have changed since).
+    fn unshare_all(&mut self) {
+        let shared: Vec<(IpAddr, Vec<String>)> = self
+            .owner
+            .iter()
+            .filter(|(_, h)| h.len() > 1)
+            .map(|(a, h)| (*a, h.keys().cloned().collect()))
+            .collect();
+        for (a, holders) in shared {
+            for h in holders {
+                self.release_one(&h, a);
+            }
+        }
     }
 
     /// Records that `owner` holds `addr`, in a pool or not ([`plan`] decides which
@@ -912,17 +935,21 @@ pub fn plan(
         release_unserved(alloc, svc, key, &mut out);
     }
 
-    // 2. What each owned Service may keep; everything is let go and claimed again, first
-    //    what Services held (an incumbent keeps its address against a status that shows
-    //    it elsewhere), then what statuses show, oldest first each time.
+    // 2. What each owned Service may keep; the rest is let go, and so is every shared
+    //    address. Then claims: first what Services held (an incumbent keeps its address
+    //    against a status that shows it elsewhere; sharers whose ports now overlap resolve
+    //    by age), then what statuses show, oldest first each time.
     let mut work = Vec::new();
     for ((svc, key), _) in services.iter().zip(&keys).zip(&owned).filter(|(_, o)| **o) {
         alloc.releasing.remove(key);
         work.push(examine(alloc, svc, key, &mut out));
     }
     for w in &work {
-        alloc.release(w.key);
+        for a in w.held_before.iter().filter(|a| !w.keep.contains(a)) {
+            alloc.release_one(w.key, *a);
+        }
     }
+    alloc.unshare_all();
     for incumbent in [true, false] {
         for w in &work {
             for a in w
