@@ -1130,3 +1130,204 @@ fn address_metrics_are_exported() {
         .any(|l| l
             == "strait_kube_address_notices_total{type=\"Normal\",reason=\"AddressAssigned\"} 0"));
 }
+
+// ---- pools as cluster objects (StraitAddressPool) ------------------------------------
+
+use strait_control::kube::crd::{self, StraitAddressPool};
+
+fn pool_object(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "strait.dev/v1alpha1", "kind": "StraitAddressPool",
+        "metadata": { "name": name },
+        "spec": spec
+    })
+}
+
+#[test]
+fn the_crd_in_deploy_is_the_generated_one() {
+    use ::kube::CustomResourceExt;
+    let generated = serde_json::to_value(StraitAddressPool::crd()).unwrap();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crd.yaml");
+    if std::env::var_os("STRAIT_BLESS").is_some() {
+        std::fs::write(path, crd::crd_yaml().unwrap() + "\n").unwrap();
+    }
+    let file = std::fs::read_to_string(path).expect("deploy/crd.yaml");
+    let in_deploy: Value = serde_json::from_str(&file)
+        .unwrap_or_else(|e| panic!("deploy/crd.yaml is not the JSON form the code writes: {e}"));
+    assert_eq!(
+        in_deploy, generated,
+        "deploy/crd.yaml differs from StraitAddressPool::crd(); regenerate with \
+         STRAIT_BLESS=1 cargo test -p strait-control --test ipam crd_in_deploy"
+    );
+    assert_eq!(generated["spec"]["scope"], "Cluster");
+    assert_eq!(generated["spec"]["group"], "strait.dev");
+    let props = &generated["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+        ["spec"]["properties"];
+    for field in ["addresses", "autoAssign", "avoidBuggyIps"] {
+        assert!(
+            props.get(field).is_some(),
+            "schema lacks spec.{field}: {props}"
+        );
+    }
+}
+
+#[test]
+fn pool_objects_give_pools_or_name_the_bad_field() {
+    let obj = |spec: Value| -> StraitAddressPool {
+        serde_json::from_value(pool_object("p", spec)).unwrap()
+    };
+    let ps = crd::pools_of(&obj(json!({
+        "addresses": ["203.0.113.10-203.0.113.20", "2001:db8:100::/120"],
+        "avoidBuggyIps": true
+    })))
+    .unwrap();
+    let nets: Vec<String> = ps.iter().map(|p| p.net.to_string()).collect();
+    assert_eq!(
+        nets,
+        [
+            "203.0.113.10/31",
+            "203.0.113.12/30",
+            "203.0.113.16/30",
+            "203.0.113.20/32",
+            "2001:db8:100::/120"
+        ],
+        "a range is cut into the CIDRs that cover it exactly"
+    );
+    assert!(ps
+        .iter()
+        .all(|p| p.name.as_deref() == Some("p") && p.auto_assign));
+    assert!(ps.iter().all(|p| p.avoid_buggy));
+    assert_eq!(
+        ps.iter().map(|p| p.whole).collect::<Vec<_>>(),
+        [true, true, true, true, false]
+    );
+    for (spec, field, says) in [
+        (json!({ "addresses": [] }), "spec.addresses", "no addresses"),
+        (
+            json!({ "addresses": ["203.0.113.0/28", "bogus"] }),
+            "spec.addresses[1]",
+            "neither a CIDR",
+        ),
+        (
+            json!({ "addresses": ["203.0.113.20-203.0.113.10"] }),
+            "spec.addresses[0]",
+            "runs backwards",
+        ),
+        (
+            json!({ "addresses": ["203.0.113.1-2001:db8::1"] }),
+            "spec.addresses[0]",
+            "mixes IPv4 and IPv6",
+        ),
+    ] {
+        let e = crd::pools_of(&obj(spec)).unwrap_err();
+        assert_eq!(e.field, field);
+        assert!(e.reason.contains(says), "{e}");
+        assert!(e.to_string().starts_with("StraitAddressPool p: "), "{e}");
+    }
+}
+
+#[test]
+fn a_range_hands_out_every_address_and_buggy_ones_are_avoided() {
+    let obj = |name: &str, spec: Value| -> StraitAddressPool {
+        serde_json::from_value(pool_object(name, spec)).unwrap()
+    };
+    let mut pools = crd::pools_of(&obj(
+        "range",
+        json!({ "addresses": ["198.51.100.254-198.51.101.1"], "avoidBuggyIps": true }),
+    ))
+    .unwrap();
+    pools.extend(
+        crd::pools_of(&obj(
+            "manual",
+            json!({ "addresses": ["192.0.2.0/30"], "autoAssign": false }),
+        ))
+        .unwrap(),
+    );
+    let mut a = Allocator::default();
+    assert!(a.replace_pools(pools));
+    let svcs: Vec<Service> = (0..3)
+        .map(|i| svc(lb(&format!("s{i}"), i, HTTP, json!({}))))
+        .collect();
+    let p = plan(&mut a, &refs(&svcs));
+    // .254, .1 of the next /24; .255 and .0 skipped; the manual pool never auto-assigned.
+    assert_eq!(p.assigned["default/s0"], [ip("198.51.100.254")]);
+    assert_eq!(p.assigned["default/s1"], [ip("198.51.101.1")]);
+    assert!(!p.assigned.contains_key("default/s2"));
+    assert!(has_reason(&p, "default/s2", "PoolExhausted"));
+    // A request for a buggy address of such a pool is refused; the manual pool serves
+    // Services that name it.
+    let asks = svc(lb(
+        "asks",
+        5,
+        HTTP,
+        json!({ "strait.dev/load-balancer-ip": "198.51.100.255" }),
+    ));
+    let names = svc(lb(
+        "names",
+        6,
+        HTTP,
+        json!({ "strait.dev/address-pool": "manual" }),
+    ));
+    let p = plan(&mut a, &[&svcs[0], &svcs[1], &asks, &names]);
+    assert!(has_reason(&p, "default/asks", "AddressNotInPool"));
+    assert_eq!(p.assigned["default/names"], [ip("192.0.2.1")]);
+}
+
+#[test]
+fn pool_objects_apply_live_against_the_api() {
+    let (api, dir) = fake("pool-objects");
+    api.apply(pool_object(
+        "v4",
+        json!({ "addresses": ["203.0.113.32-203.0.113.33"] }),
+    ));
+    let mut ds = lb("ds", 1, HTTP, json!({}));
+    ds["spec"]["ipFamilies"] = json!(["IPv4", "IPv6"]);
+    ds["spec"]["ipFamilyPolicy"] = json!("PreferDualStack");
+    api.apply(ds);
+    let mut st = settings();
+    st.pools.clear();
+    st.pool_objects = true;
+    let (src, rx) = start(&api, &dir, st);
+    until(&rx, 20, "ds on IPv4 from the v4 object", |l| {
+        l.iter().map(|s| s.vip).collect::<Vec<_>>() == [ip("203.0.113.32")]
+    });
+    eventually(10, "ds's status", || {
+        status_ips(&api, "ds") == ["203.0.113.32"]
+    });
+    assert_eq!(src.stats().lists(Kind::AddressPools), 1);
+
+    // An IPv6 pool appears while the gateway runs: ds gains its second family.
+    api.apply(pool_object(
+        "v6",
+        json!({ "addresses": ["2001:db8:100::/126"] }),
+    ));
+    let l = until(&rx, 10, "ds on both families", |l| l.len() == 2);
+    let mut vips: Vec<IpAddr> = l.iter().map(|s| s.vip).collect();
+    vips.sort();
+    assert_eq!(vips, [ip("203.0.113.32"), ip("2001:db8:100::1")]);
+    eventually(10, "both in ds's status", || {
+        status_ips(&api, "ds") == ["203.0.113.32", "2001:db8:100::1"]
+    });
+
+    // A bad object and one overlapping v6 are left out whole and counted.
+    api.apply(pool_object("bad", json!({ "addresses": ["nonsense"] })));
+    api.apply(pool_object(
+        "twin",
+        json!({ "addresses": ["2001:db8:100::2/128"] }),
+    ));
+    eventually(10, "two pool objects left out", || {
+        src.stats()
+            .skipped()
+            .get(&translate::WarningKind::Invalid)
+            .copied()
+            == Some(2)
+    });
+    // The v4 pool is deleted: ds's IPv4 address is no longer trusted and nothing else
+    // gives one, so it keeps IPv6 only.
+    assert!(api.delete(Res::AddressPools, "", "v4"));
+    eventually(10, "ds on IPv6 only", || {
+        status_ips(&api, "ds") == ["2001:db8:100::1"]
+    });
+    let l = until(&rx, 10, "ds served on IPv6 only", |l| l.len() == 1);
+    assert_eq!(l[0].vip, ip("2001:db8:100::1"));
+}

@@ -223,6 +223,28 @@ pub struct Pool {
     pub name: Option<String>,
     /// Its addresses.
     pub net: IpNet,
+    /// Whether Services that name no pool get addresses from it (false: only those
+    /// naming it).
+    pub auto_assign: bool,
+    /// Never hand out IPv4 addresses ending in .0 or .255 (old client firmware takes them
+    /// for broadcast addresses).
+    pub avoid_buggy: bool,
+    /// Every address of `net` may be handed out (a CIDR cut from a range), not only its
+    /// hosts.
+    pub whole: bool,
+}
+
+impl Pool {
+    /// A pool of `net` as `--kube-pool` gives it: auto-assigned, hosts only.
+    pub fn cidr(name: Option<String>, net: IpNet) -> Self {
+        Self {
+            name,
+            net: net.trunc(),
+            auto_assign: true,
+            avoid_buggy: false,
+            whole: false,
+        }
+    }
 }
 
 impl fmt::Display for Pool {
@@ -276,17 +298,17 @@ impl Allocator {
     pub fn set_pools(&mut self, pools: &[IpNet], named: &[(String, IpNet)]) -> bool {
         let new: Vec<Pool> = pools
             .iter()
-            .map(|p| Pool {
-                name: None,
-                net: p.trunc(),
-            })
-            .chain(named.iter().map(|(n, p)| Pool {
-                name: Some(n.clone()),
-                net: p.trunc(),
-            }))
+            .map(|p| Pool::cidr(None, *p))
+            .chain(named.iter().map(|(n, p)| Pool::cidr(Some(n.clone()), *p)))
             .collect();
-        let changed = new != self.pools;
-        self.pools = new;
+        self.replace_pools(new)
+    }
+
+    /// Replaces the pools with `pools` (in the order allocation tries them). Returns
+    /// whether they changed.
+    pub fn replace_pools(&mut self, pools: Vec<Pool>) -> bool {
+        let changed = pools != self.pools;
+        self.pools = pools;
         changed
     }
 
@@ -310,7 +332,7 @@ impl Allocator {
         self.pools
             .iter()
             .filter(|p| name.is_none() || p.name.as_deref() == name)
-            .any(|p| p.net.contains(&addr))
+            .any(|p| p.net.contains(&addr) && !(p.avoid_buggy && buggy(addr)))
     }
 
     /// The pools named `name` (all when `None`), for messages.
@@ -496,12 +518,15 @@ impl Allocator {
         how: &Use,
         pool: Option<&str>,
     ) -> Result<IpAddr, AllocError> {
-        let pools: Vec<IpNet> = self
+        let pools: Vec<Pool> = self
             .pools
             .iter()
             .filter(|p| Family::of(p.net.addr()) == family)
-            .filter(|p| pool.is_none() || p.name.as_deref() == pool)
-            .map(|p| p.net)
+            .filter(|p| match pool {
+                Some(_) => p.name.as_deref() == pool,
+                None => p.auto_assign,
+            })
+            .cloned()
             .collect();
         if pools.is_empty() {
             return Err(AllocError::NoPool {
@@ -511,7 +536,7 @@ impl Allocator {
         }
         if how.sharing.is_some() {
             let joinable = self.owner.iter().find(|(a, holders)| {
-                pools.iter().any(|p| p.contains(*a))
+                pools.iter().any(|p| p.net.contains(*a))
                     && holders
                         .iter()
                         .all(|(k, u)| k == owner || how.conflict(u, k).is_none())
@@ -523,7 +548,7 @@ impl Allocator {
             }
         }
         for p in &pools {
-            if let Some(addr) = self.first_free(*p) {
+            if let Some(addr) = self.first_free(p) {
                 self.take(owner, addr, how);
                 return Ok(addr);
             }
@@ -537,8 +562,13 @@ impl Allocator {
     /// The lowest usable address of `pool` nobody holds and no status shows. Walks the
     /// taken addresses inside the pool in order, so the work is bounded by the number
     /// taken, not the pool's size (an IPv6 /64 is fine).
-    fn first_free(&self, pool: IpNet) -> Option<IpAddr> {
-        let (lo, hi) = usable(pool)?;
+    fn first_free(&self, p: &Pool) -> Option<IpAddr> {
+        let pool = p.net;
+        let (lo, hi) = if p.whole {
+            usable_whole(pool)
+        } else {
+            usable(pool)?
+        };
         let range = to_ip(pool, lo)..=to_ip(pool, hi);
         let mut held = self.owner.range(range.clone()).map(|(a, _)| *a).peekable();
         let mut shown = self.shown.range(range).map(|(a, _)| *a).peekable();
@@ -548,19 +578,20 @@ impl Allocator {
             (Some(_), _) => held.next(),
             (None, _) => shown.next(),
         });
+        let buggy = |v: u128| p.avoid_buggy && buggy(to_ip(pool, v));
         let mut candidate = lo;
-        for t in taken.map(to_u128) {
-            if t > candidate {
-                break;
+        let mut taken = taken.map(to_u128).peekable();
+        loop {
+            while taken.next_if(|t| *t < candidate).is_some() {}
+            let used = taken.peek() == Some(&candidate);
+            if !used && !buggy(candidate) {
+                return Some(to_ip(pool, candidate));
             }
-            if t == candidate {
-                if candidate == hi {
-                    return None;
-                }
-                candidate += 1;
+            if candidate == hi {
+                return None;
             }
+            candidate += 1;
         }
-        Some(to_ip(pool, candidate))
     }
 
     /// Releases everything `owner` holds; returns what it held. A shared address stays
@@ -597,6 +628,17 @@ impl Allocator {
     }
 }
 
+/// First and last address of `pool`, as integers.
+fn usable_whole(pool: IpNet) -> (u128, u128) {
+    match pool {
+        IpNet::V4(n) => (
+            u128::from(u32::from(n.network())),
+            u128::from(u32::from(n.broadcast())),
+        ),
+        IpNet::V6(n) => (u128::from(n.network()), u128::from(n.broadcast())),
+    }
+}
+
 /// First and last address of `pool` that may be handed out, as integers.
 fn usable(pool: IpNet) -> Option<(u128, u128)> {
     let (first, last, bits) = match pool {
@@ -618,6 +660,12 @@ fn usable(pool: IpNet) -> Option<(u128, u128)> {
         (IpNet::V6(_), _) => (first + 1, last),
     };
     (lo <= hi).then_some((lo, hi))
+}
+
+/// An IPv4 address ending in .0 or .255, which some client firmware takes for a broadcast
+/// address.
+fn buggy(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V4(a) if matches!(a.octets()[3], 0 | 255))
 }
 
 fn to_u128(ip: IpAddr) -> u128 {

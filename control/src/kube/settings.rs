@@ -36,6 +36,10 @@ pub struct Settings {
     /// that name no pool are given addresses from [`Settings::pools`] first, then from
     /// these.
     pub named_pools: Vec<(String, IpNet)>,
+    /// Also take pools from `StraitAddressPool` objects (`--kube-pool-objects`; the CRD
+    /// must be installed: deploy/crd.yaml). They apply live; the first list of them is
+    /// awaited before any address is planned.
+    pub pool_objects: bool,
     /// Health check of DSR node backends under `externalTrafficPolicy: Cluster`, as
     /// `(port, path)`: kube-proxy's health endpoint for load balancers (`10256`,
     /// [`KUBE_PROXY_HEALTH_PATH`]). `None`: node backends are taken as healthy.
@@ -131,6 +135,7 @@ impl Settings {
             all_external_ips: false,
             pools: Vec::new(),
             named_pools: Vec::new(),
+            pool_objects: false,
             cluster_node_check: None,
             backoff: (Self::DEFAULT_BACKOFF_MIN, Self::DEFAULT_BACKOFF_MAX),
             reporter: "strait".to_owned(),
@@ -163,6 +168,10 @@ pub struct Args {
     /// several CIDRs of one name.
     #[arg(long = "kube-pool", value_name = "[NAME=]CIDR", value_parser = parse_pool, requires = "kube")]
     pub pools: Vec<(Option<String>, IpNet)>,
+    /// Also take address pools from StraitAddressPool objects (strait.dev/v1alpha1; install
+    /// deploy/crd.yaml first); changes to them apply without a restart.
+    #[arg(long = "kube-pool-objects", requires = "kube")]
+    pub pool_objects: bool,
     /// Serve NodePort Services on ADDRESS:nodePort.
     #[arg(
         long = "kube-node-port-address",
@@ -287,6 +296,7 @@ impl Args {
             }
         }
         s.node_port_address = self.node_port_address;
+        s.pool_objects = self.pool_objects;
         if let Some(mode) = self.mode {
             s.mode = mode;
         }

@@ -25,11 +25,21 @@ pub enum Kind {
     EndpointSlices,
     /// `v1` Nodes.
     Nodes,
+    /// `strait.dev/v1alpha1` StraitAddressPools (watched with `--kube-pool-objects`).
+    AddressPools,
 }
 
 impl Kind {
     /// Every kind.
     pub const ALL: [Kind; 3] = [Kind::Services, Kind::EndpointSlices, Kind::Nodes];
+
+    /// Every kind, the optional address pools too.
+    pub const EVERY: [Kind; 4] = [
+        Kind::Services,
+        Kind::EndpointSlices,
+        Kind::Nodes,
+        Kind::AddressPools,
+    ];
 
     /// The metrics label and log spelling.
     pub fn as_str(self) -> &'static str {
@@ -37,6 +47,7 @@ impl Kind {
             Kind::Services => "services",
             Kind::EndpointSlices => "endpointslices",
             Kind::Nodes => "nodes",
+            Kind::AddressPools => "straitaddresspools",
         }
     }
 
@@ -58,7 +69,7 @@ struct PerKind {
 pub struct Stats {
     connected: AtomicBool,
     disconnects: AtomicU64,
-    kinds: [PerKind; 3],
+    kinds: [PerKind; 4],
     publishes: AtomicU64,
     published_services: AtomicU64,
     status_writes: AtomicU64,
@@ -257,7 +268,7 @@ impl Collector for Metrics {
             &one(s.disconnects()),
         )?;
         let per = |f: &dyn Fn(Kind) -> u64| -> Rows<'static, u64> {
-            Kind::ALL
+            Kind::EVERY
                 .iter()
                 .map(|k| (vec![("kind", k.as_str().to_owned())], f(*k)))
                 .collect()
