@@ -1331,3 +1331,55 @@ fn pool_objects_apply_live_against_the_api() {
     let l = until(&rx, 10, "ds served on IPv6 only", |l| l.len() == 1);
     assert_eq!(l[0].vip, ip("2001:db8:100::1"));
 }
+
+#[test]
+fn service_allocation_scopes_pools_by_namespace_labels_and_priority() {
+    let obj = |name: &str, spec: Value| -> Vec<pool::Pool> {
+        crd::pools_of(&serde_json::from_value(pool_object(name, spec)).unwrap()).unwrap()
+    };
+    let mut pools = obj("general", json!({ "addresses": ["203.0.113.16/30"] }));
+    pools.extend(obj(
+        "team-a",
+        json!({ "addresses": ["198.51.100.0/30"],
+                "serviceAllocation": { "namespaces": ["a"], "priority": 20 } }),
+    ));
+    pools.extend(obj(
+        "gold",
+        json!({ "addresses": ["192.0.2.0/30"],
+                "serviceAllocation": { "priority": 10,
+                    "serviceSelectors": [{ "matchLabels": { "tier": "gold" } }] } }),
+    ));
+    let mut a = Allocator::default();
+    a.replace_pools(pools);
+    let in_ns = |name: &str, ns: &str, labels: Value| {
+        let mut v = lb(name, 1, HTTP, json!({}));
+        v["metadata"]["namespace"] = json!(ns);
+        v["metadata"]["labels"] = labels;
+        svc(v)
+    };
+    let plain = in_ns("plain", "b", json!({}));
+    let team = in_ns("team", "a", json!({}));
+    let gold_a = in_ns("gold", "a", json!({ "tier": "gold" }));
+    let gold_b = in_ns("gold", "b", json!({ "tier": "gold", "x": "y" }));
+    let p = plan(&mut a, &[&plain, &team, &gold_a, &gold_b]);
+    assert_eq!(
+        p.assigned["b/plain"],
+        [ip("203.0.113.17")],
+        "unscoped pool only"
+    );
+    assert_eq!(
+        p.assigned["a/team"],
+        [ip("198.51.100.1")],
+        "its namespace's pool first"
+    );
+    assert_eq!(
+        p.assigned["a/gold"],
+        [ip("192.0.2.1")],
+        "priority 10 before 20"
+    );
+    assert_eq!(p.assigned["b/gold"], [ip("192.0.2.2")]);
+    // The scoped pools full: the next gold Service falls back to what admits it.
+    let more = in_ns("more", "b", json!({ "tier": "gold" }));
+    let p = plan(&mut a, &[&plain, &team, &gold_a, &gold_b, &more]);
+    assert_eq!(p.assigned["b/more"], [ip("203.0.113.18")]);
+}

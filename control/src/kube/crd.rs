@@ -6,7 +6,8 @@
 //! StraitAddressPool ── pools_of() ──► pool::Pool (named after the object; CIDRs as given,
 //!  spec.addresses                      ranges split into the CIDRs that cover them exactly)
 //!  spec.autoAssign                     ├─ auto_assign: Services that name no pool use it
-//!  spec.avoidBuggyIPs                  └─ avoid_buggy: no IPv4 address ending in .0 / .255
+//!  spec.avoidBuggyIPs                  ├─ avoid_buggy: no IPv4 address ending in .0 / .255
+//!  spec.serviceAllocation              └─ scope: namespaces, Service labels, priority
 //! ```
 //!
 //! The schema is generated from these types ([`StraitAddressPool::crd`]); `deploy/crd.yaml`
@@ -20,7 +21,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::pool::Pool;
+use super::pool::{Pool, Scope};
 
 /// The spec of a `StraitAddressPool`: its addresses and how they are handed out.
 #[derive(CustomResource, Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
@@ -49,6 +50,35 @@ pub struct StraitAddressPoolSpec {
     /// firmware takes for broadcast addresses and drops (MetalLB's `avoidBuggyIPs`).
     #[serde(default)]
     pub avoid_buggy_ips: bool,
+    /// Which Services get addresses from this pool automatically, and before which other
+    /// pools (MetalLB's `serviceAllocation`); unset: any Service, after the scoped pools
+    /// that admit it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_allocation: Option<ServiceAllocation>,
+}
+
+/// Which Services a pool serves automatically.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceAllocation {
+    /// Pools with a lower priority are tried first; unset comes after every set one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// Namespaces whose Services it serves; empty: all.
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+    /// Label selectors, one of which a Service must match; empty: all Services.
+    #[serde(default)]
+    pub service_selectors: Vec<Selector>,
+}
+
+/// A label selector (`matchLabels` only).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Selector {
+    /// Labels a Service must all carry, with these values.
+    #[serde(default)]
+    pub match_labels: std::collections::BTreeMap<String, String>,
 }
 
 fn yes() -> bool {
@@ -98,6 +128,15 @@ pub fn pools_of(obj: &StraitAddressPool) -> Result<Vec<Pool>, PoolError> {
             auto_assign: obj.spec.auto_assign,
             avoid_buggy: obj.spec.avoid_buggy_ips,
             whole,
+            scope: obj.spec.service_allocation.as_ref().map(|a| Scope {
+                namespaces: a.namespaces.clone(),
+                service_labels: a
+                    .service_selectors
+                    .iter()
+                    .map(|s| s.match_labels.clone())
+                    .collect(),
+                priority: a.priority,
+            }),
         };
         if let Some((a, b)) = e.split_once('-') {
             let parse = |s: &str| {

@@ -232,6 +232,35 @@ pub struct Pool {
     /// Every address of `net` may be handed out (a CIDR cut from a range), not only its
     /// hosts.
     pub whole: bool,
+    /// Which Services it is handed out to automatically, and before which other pools;
+    /// `None`: any Service, after the scoped pools that admit it.
+    pub scope: Option<Scope>,
+}
+
+/// Which Services a pool's addresses are handed out to automatically (MetalLB's
+/// `serviceAllocation`): in one of `namespaces` (any when empty) and matching one of
+/// `service_labels` (any when empty); pools with a lower `priority` are tried first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// Namespaces admitted; empty: all.
+    pub namespaces: Vec<String>,
+    /// Label sets (`matchLabels`), one of which a Service's labels must contain; empty:
+    /// all Services.
+    pub service_labels: Vec<BTreeMap<String, String>>,
+    /// Lower first; unset after every set one.
+    pub priority: Option<i32>,
+}
+
+impl Scope {
+    /// Whether a Service in `namespace` with `labels` is admitted.
+    pub fn admits(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
+        (self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace))
+            && (self.service_labels.is_empty()
+                || self
+                    .service_labels
+                    .iter()
+                    .any(|sel| sel.iter().all(|(k, v)| labels.get(k) == Some(v))))
+    }
 }
 
 impl Pool {
@@ -243,6 +272,7 @@ impl Pool {
             auto_assign: true,
             avoid_buggy: false,
             whole: false,
+            scope: None,
         }
     }
 }
@@ -502,7 +532,7 @@ impl Allocator {
     /// # Errors
     /// [`AllocError::NoPool`], [`AllocError::Exhausted`].
     pub fn allocate(&mut self, owner: &str, family: Family) -> Result<IpAddr, AllocError> {
-        self.allocate_as(owner, family, &Use::default(), None)
+        self.allocate_as(owner, family, &Use::default(), None, &BTreeMap::new())
     }
 
     /// [`Allocator::allocate`] for a Service using the address as `how` says, from the
@@ -517,17 +547,29 @@ impl Allocator {
         family: Family,
         how: &Use,
         pool: Option<&str>,
+        labels: &BTreeMap<String, String>,
     ) -> Result<IpAddr, AllocError> {
-        let pools: Vec<Pool> = self
+        let mut pools: Vec<Pool> = self
             .pools
             .iter()
             .filter(|p| Family::of(p.net.addr()) == family)
             .filter(|p| match pool {
                 Some(_) => p.name.as_deref() == pool,
-                None => p.auto_assign,
+                None => {
+                    p.auto_assign
+                        && p.scope
+                            .as_ref()
+                            .is_none_or(|s| s.admits(&how.namespace, labels))
+                }
             })
             .cloned()
             .collect();
+        // Scoped pools by priority, then the others, each in the order configured.
+        pools.sort_by_key(|p| {
+            p.scope
+                .as_ref()
+                .map_or((1, 0), |s| (0, s.priority.unwrap_or(i32::MAX)))
+        });
         if pools.is_empty() {
             return Err(AllocError::NoPool {
                 family,
@@ -1289,7 +1331,8 @@ fn allocate(alloc: &mut Allocator, w: &Owned<'_>, out: &mut AddressPlan) {
         if had.contains(&family) {
             continue;
         }
-        match alloc.allocate_as(key, family, &w.how, w.pool.as_deref()) {
+        let labels = svc.metadata.labels.clone().unwrap_or_default();
+        match alloc.allocate_as(key, family, &w.how, w.pool.as_deref(), &labels) {
             Ok(a) => got.push(a),
             Err(e) => failed.push(e),
         }
