@@ -2009,6 +2009,8 @@ fn the_deploy_files_agree_with_the_code() {
         "\"coordination.k8s.io\"",
         "[\"leases\"]",
         "[\"get\", \"update\"]",
+        "[\"strait.dev\"]",
+        "[\"straitaddresspools\"]",
     ] {
         assert!(rbac.contains(needed), "deploy/rbac.yaml lacks {needed}");
     }

@@ -447,6 +447,53 @@ fn b_a_nat_service_gets_a_pool_address_its_status_and_traffic_to_its_endpoints()
         .any(|r| r.starts_with("PATCH /api/v1/namespaces/default/services/web/status")));
 }
 
+/// Two Services sharing one address (issue 12 point 7): `web` on port 80 with its pod on
+/// b1, `api` on port 81 with its pod on b2, one sharing key. Both get the same address,
+/// and each port reaches its own Service's pod only.
+#[test]
+fn b2_two_services_share_one_address_and_each_port_reaches_its_own_pods() {
+    let pool = "203.0.113.40/29";
+    let Some(c) = cluster("b2", "two-arm", 2, "nat", pool) else {
+        return;
+    };
+    let (bed, fake, gw) = (&c.bed, &c.fake, &c.gw);
+    let (b1, b2) = (bed.backend_ip("b1"), bed.backend_ip("b2"));
+    let service = |name: &str, port: u16| {
+        let mut v = web(false);
+        v["metadata"]["name"] = json!(name);
+        v["metadata"]["annotations"] = json!({ "metallb.io/allow-shared-ip": "front" });
+        v["spec"]["selector"] = json!({ "app": name });
+        v["spec"]["ports"] = json!([{ "name": "http", "port": port, "targetPort": 8080 }]);
+        v
+    };
+    let slice = |name: &str, pod: &str, node: &str| {
+        let mut v = web_slice(&[(pod, node, Pod::Ready)]);
+        v["metadata"]["name"] = json!(format!("{name}-1"));
+        v["metadata"]["labels"]["kubernetes.io/service-name"] = json!(name);
+        v
+    };
+    fake.apply(slice("web", &b1, "n1"));
+    fake.apply(slice("api", &b2, "n2"));
+    fake.create(service("web", 80));
+    fake.create(service("api", 81));
+    let vip = written_address(fake, "default", "web");
+    assert!(in_pool(&vip, pool), "{vip} is not from the pool {pool}");
+    assert_eq!(written_address(fake, "default", "api"), vip, "one address");
+    for (port, pod) in [(80, &b1), (81, &b2)] {
+        let backends = wait_for(
+            &format!("{vip}:{port} in /services"),
+            Duration::from_secs(5),
+            || {
+                let b = gw.backends(&vip, port);
+                (!b.is_empty()).then_some(b)
+            },
+        );
+        assert_eq!(backends.keys().collect::<Vec<_>>(), [pod]);
+    }
+    assert_answered(bed, gw, &format!("http://{vip}:80/"), 20, "pod", &["b1"]);
+    assert_answered(bed, gw, &format!("http://{vip}:81/"), 20, "pod", &["b2"]);
+}
+
 // ---- 2. endpoints scale up and down while requests run --------------------------------
 
 #[test]

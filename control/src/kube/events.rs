@@ -11,6 +11,19 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Client;
 
+/// The reasons of Warning notices (Events): each is a metrics label, and
+/// docs/kubernetes.md says what each means.
+pub const WARNING_REASONS: [&str; 8] = [
+    "InvalidAddress",
+    "AddressFamilyMismatch",
+    "AddressNotInPool",
+    "AddressInUse",
+    "AddressNotShared",
+    "UnknownAddressPool",
+    "PoolExhausted",
+    "NoAddressPool",
+];
+
 /// Severity of a [`Notice`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum NoticeType {
@@ -27,8 +40,8 @@ pub struct Notice {
     pub regarding: ObjectReference,
     /// Severity.
     pub type_: NoticeType,
-    /// Short PascalCase reason (`AddressAssigned`, `AddressReleased`, `PoolExhausted`,
-    /// `AddressNotInPool`, `AddressInUse`, `AddressFamilyMismatch`, `InvalidAddress`, ...).
+    /// Short PascalCase reason: `AddressAssigned`, `AddressReleased`, or one of
+    /// [`WARNING_REASONS`].
     pub reason: String,
     /// A sentence for people.
     pub message: String,
@@ -71,6 +84,19 @@ impl Deduper {
         }
         self.seen = now;
         out
+    }
+
+    /// The number of Services with a standing warning, by reason (as of the last
+    /// [`Deduper::fresh`]).
+    pub fn standing(&self) -> BTreeMap<String, u64> {
+        let mut m = BTreeMap::new();
+        for reasons in self.seen.values() {
+            let distinct: BTreeSet<&str> = reasons.iter().map(|(r, _)| r.as_str()).collect();
+            for r in distinct {
+                *m.entry(r.to_owned()).or_insert(0) += 1;
+            }
+        }
+        m
     }
 }
 

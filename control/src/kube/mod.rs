@@ -25,11 +25,13 @@
 //! | [`settings`] | what the source is told (class, pools, mode, NodePort address) and its flags |
 //! | [`translate`] | Service + EndpointSlice + Node → `model::Service`, pure |
 //! | [`pool`] | LoadBalancer address allocation, pure |
+//! | [`crd`] | the `StraitAddressPool` custom resource: pools as cluster objects |
 //! | [`watch`] | watchers, the reconcile loop, status writes |
 //! | [`events`] | Kubernetes Events, de-duplicated |
 //! | [`lease`] | the Lease that elects the one gateway writing status and Events |
 //! | [`stats`] | connection state and counters for `/metrics` |
 
+pub mod crd;
 pub mod events;
 pub mod lease;
 pub mod pool;

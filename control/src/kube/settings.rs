@@ -31,6 +31,15 @@ pub struct Settings {
     pub all_external_ips: bool,
     /// Address pools LoadBalancer addresses are allocated from (IPv4 and IPv6 CIDRs).
     pub pools: Vec<IpNet>,
+    /// Named address pools (`--kube-pool NAME=CIDR`; several CIDRs may share a name, e.g.
+    /// one of each family): a Service selects one with the [`POOL_ANNOTATIONS`]. Services
+    /// that name no pool are given addresses from [`Settings::pools`] first, then from
+    /// these.
+    pub named_pools: Vec<(String, IpNet)>,
+    /// Also take pools from `StraitAddressPool` objects (`--kube-pool-objects`; the CRD
+    /// must be installed: deploy/crd.yaml). They apply live; the first list of them is
+    /// awaited before any address is planned.
+    pub pool_objects: bool,
     /// Health check of DSR node backends under `externalTrafficPolicy: Cluster`, as
     /// `(port, path)`: kube-proxy's health endpoint for load balancers (`10256`,
     /// [`KUBE_PROXY_HEALTH_PATH`]). `None`: node backends are taken as healthy.
@@ -56,6 +65,43 @@ pub const DEFAULT_CLASS: &str = "strait.dev/gateway";
 /// (one per family for dual-stack). Takes precedence over the deprecated
 /// `spec.loadBalancerIP`.
 pub const ADDRESS_ANNOTATION: &str = "strait.dev/load-balancer-ip";
+
+/// Annotations requesting LoadBalancer addresses, the first present wins: Strait's
+/// [`ADDRESS_ANNOTATION`], MetalLB's (current and older spelling) and Cilium LB-IPAM's,
+/// so Services move from those without edits. `spec.loadBalancerIP` comes after them.
+pub const ADDRESS_ANNOTATIONS: [&str; 4] = [
+    ADDRESS_ANNOTATION,
+    "metallb.io/loadBalancerIPs",
+    "metallb.universe.tf/loadBalancerIPs",
+    "lbipam.cilium.io/ips",
+];
+
+/// Annotations naming the sharing key of a Service, the first present wins: Services with
+/// one key share an address when their ports and protocols do not overlap (and, under
+/// `externalTrafficPolicy: Local`, their selectors are equal), as with MetalLB's
+/// `allow-shared-ip` and Cilium's `sharing-key`.
+pub const SHARING_ANNOTATIONS: [&str; 4] = [
+    "strait.dev/allow-shared-ip",
+    "metallb.io/allow-shared-ip",
+    "metallb.universe.tf/allow-shared-ip",
+    "lbipam.cilium.io/sharing-key",
+];
+
+/// Annotations listing the other namespaces (comma-separated, `*` for any) whose
+/// Services may share an address with this one; both sides must allow it (Cilium's rule).
+/// Without them sharing stays within a namespace.
+pub const CROSS_NAMESPACE_ANNOTATIONS: [&str; 2] = [
+    "strait.dev/sharing-cross-namespace",
+    "lbipam.cilium.io/sharing-cross-namespace",
+];
+
+/// Annotations naming the pool (`--kube-pool NAME=CIDR`) a Service's addresses come
+/// from, the first present wins (MetalLB's two spellings after Strait's).
+pub const POOL_ANNOTATIONS: [&str; 3] = [
+    "strait.dev/address-pool",
+    "metallb.io/address-pool",
+    "metallb.universe.tf/address-pool",
+];
 
 /// Path of kube-proxy's health endpoint for load balancers (on `healthzBindAddress`,
 /// port 10256 by default): 503 while kube-proxy's rules are stale and, with
@@ -88,6 +134,8 @@ impl Settings {
             node_port_address: None,
             all_external_ips: false,
             pools: Vec::new(),
+            named_pools: Vec::new(),
+            pool_objects: false,
             cluster_node_check: None,
             backoff: (Self::DEFAULT_BACKOFF_MIN, Self::DEFAULT_BACKOFF_MAX),
             reporter: "strait".to_owned(),
@@ -115,9 +163,15 @@ pub struct Args {
     /// Also serve LoadBalancer Services without a `loadBalancerClass`.
     #[arg(long = "kube-classless", requires = "kube")]
     pub classless: bool,
-    /// Address pool (CIDR) for LoadBalancer addresses; repeat for several pools.
-    #[arg(long = "kube-pool", value_name = "CIDR", requires = "kube")]
-    pub pools: Vec<IpNet>,
+    /// Address pool for LoadBalancer addresses, a CIDR, or NAME=CIDR for a pool Services
+    /// select by name (`strait.dev/address-pool`); repeat for several pools, or for
+    /// several CIDRs of one name.
+    #[arg(long = "kube-pool", value_name = "[NAME=]CIDR", value_parser = parse_pool, requires = "kube")]
+    pub pools: Vec<(Option<String>, IpNet)>,
+    /// Also take address pools from StraitAddressPool objects (strait.dev/v1alpha1; install
+    /// deploy/crd.yaml first); changes to them apply without a restart.
+    #[arg(long = "kube-pool-objects", requires = "kube")]
+    pub pool_objects: bool,
     /// Serve NodePort Services on ADDRESS:nodePort.
     #[arg(
         long = "kube-node-port-address",
@@ -186,6 +240,30 @@ fn parse_lease(s: &str) -> Result<(String, String), String> {
     }
 }
 
+/// A `--kube-pool`: `CIDR` or `NAME=CIDR`, the name a DNS label (as MetalLB's pool names
+/// are object names).
+fn parse_pool(s: &str) -> Result<(Option<String>, IpNet), String> {
+    let (name, cidr) = match s.split_once('=') {
+        Some((n, c)) => (Some(n.trim()), c.trim()),
+        None => (None, s.trim()),
+    };
+    if let Some(n) = name {
+        let ok = !n.is_empty()
+            && n.len() <= 63
+            && n.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+        if !ok {
+            return Err(format!(
+                "pool name {n:?} is not a lower-case name (letters, digits, '-', '.'; e.g. public=203.0.113.0/28)"
+            ));
+        }
+    }
+    let net: IpNet = cidr
+        .parse()
+        .map_err(|e| format!("{cidr:?} is not a CIDR (e.g. 203.0.113.0/28): {e}"))?;
+    Ok((name.map(str::to_owned), net))
+}
+
 /// A `--kube-maglev-min-table-size`: a prime within the sizes a service may have.
 fn parse_table_size(s: &str) -> Result<u32, String> {
     use strait_config::model::{is_prime, Service};
@@ -211,8 +289,14 @@ impl Args {
         let mut s = Settings::new(gateway.clone());
         s.class.clone_from(&self.class);
         s.classless = self.classless;
-        s.pools.clone_from(&self.pools);
+        for (name, net) in &self.pools {
+            match name {
+                Some(n) => s.named_pools.push((n.clone(), *net)),
+                None => s.pools.push(*net),
+            }
+        }
         s.node_port_address = self.node_port_address;
+        s.pool_objects = self.pool_objects;
         if let Some(mode) = self.mode {
             s.mode = mode;
         }

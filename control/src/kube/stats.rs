@@ -13,6 +13,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::metrics::{counter, gauge, gauge_of, one, Rows};
 
+use super::events::{NoticeType, WARNING_REASONS};
 use super::translate::WarningKind;
 
 /// The kinds of object the source watches.
@@ -24,11 +25,21 @@ pub enum Kind {
     EndpointSlices,
     /// `v1` Nodes.
     Nodes,
+    /// `strait.dev/v1alpha1` StraitAddressPools (watched with `--kube-pool-objects`).
+    AddressPools,
 }
 
 impl Kind {
     /// Every kind.
     pub const ALL: [Kind; 3] = [Kind::Services, Kind::EndpointSlices, Kind::Nodes];
+
+    /// Every kind, the optional address pools too.
+    pub const EVERY: [Kind; 4] = [
+        Kind::Services,
+        Kind::EndpointSlices,
+        Kind::Nodes,
+        Kind::AddressPools,
+    ];
 
     /// The metrics label and log spelling.
     pub fn as_str(self) -> &'static str {
@@ -36,6 +47,7 @@ impl Kind {
             Kind::Services => "services",
             Kind::EndpointSlices => "endpointslices",
             Kind::Nodes => "nodes",
+            Kind::AddressPools => "straitaddresspools",
         }
     }
 
@@ -57,7 +69,7 @@ struct PerKind {
 pub struct Stats {
     connected: AtomicBool,
     disconnects: AtomicU64,
-    kinds: [PerKind; 3],
+    kinds: [PerKind; 4],
     publishes: AtomicU64,
     published_services: AtomicU64,
     status_writes: AtomicU64,
@@ -66,6 +78,8 @@ pub struct Stats {
     event_errors: AtomicU64,
     addresses: AtomicU64,
     skipped: Mutex<BTreeMap<WarningKind, u64>>,
+    notices: Mutex<BTreeMap<(NoticeType, String), u64>>,
+    address_warnings: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Stats {
@@ -151,6 +165,40 @@ impl Stats {
             .clone()
     }
 
+    /// Address notices (Events) made so far, by type and reason; a follower counts the
+    /// notices it decided on though the leader publishes them.
+    pub fn notices(&self) -> BTreeMap<(NoticeType, String), u64> {
+        self.notices
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Services with a standing address warning (no address, or not the one asked for),
+    /// by reason, as of the last address plan.
+    pub fn address_warnings(&self) -> BTreeMap<String, u64> {
+        self.address_warnings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn notice(&self, type_: NoticeType, reason: &str) {
+        *self
+            .notices
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry((type_, reason.to_owned()))
+            .or_insert(0) += 1;
+    }
+
+    pub(crate) fn set_address_warnings(&self, m: BTreeMap<String, u64>) {
+        *self
+            .address_warnings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = m;
+    }
+
     pub(crate) fn list_done(&self, kind: Kind, objects: usize) {
         let k = &self.kinds[kind.index()];
         k.lists.fetch_add(1, Ordering::Relaxed);
@@ -220,7 +268,7 @@ impl Collector for Metrics {
             &one(s.disconnects()),
         )?;
         let per = |f: &dyn Fn(Kind) -> u64| -> Rows<'static, u64> {
-            Kind::ALL
+            Kind::EVERY
                 .iter()
                 .map(|k| (vec![("kind", k.as_str().to_owned())], f(*k)))
                 .collect()
@@ -292,6 +340,53 @@ impl Collector for Metrics {
             "LoadBalancer addresses held from the pools.",
             &one(gauge_of(s.addresses())),
         )?;
+        let notices = s.notices();
+        let mut rows: Rows<'static, u64> = Vec::new();
+        for (t, reasons) in [
+            (
+                NoticeType::Normal,
+                &["AddressAssigned", "AddressReleased"][..],
+            ),
+            (NoticeType::Warning, &WARNING_REASONS[..]),
+        ] {
+            for r in reasons {
+                rows.push((
+                    notice_labels(t, r),
+                    notices.get(&(t, (*r).to_owned())).copied().unwrap_or(0),
+                ));
+            }
+        }
+        for ((t, r), n) in &notices {
+            let known = match t {
+                NoticeType::Normal => ["AddressAssigned", "AddressReleased"].contains(&r.as_str()),
+                NoticeType::Warning => WARNING_REASONS.contains(&r.as_str()),
+            };
+            if !known {
+                rows.push((notice_labels(*t, r), *n));
+            }
+        }
+        counter(
+            &mut enc,
+            "kube_address_notices",
+            "Address Events decided (assigned, released, refused), by type and reason.",
+            &rows,
+        )?;
+        let standing = s.address_warnings();
+        let rows: Rows<'static, i64> = WARNING_REASONS
+            .iter()
+            .map(|r| {
+                (
+                    vec![("reason", (*r).to_owned())],
+                    gauge_of(standing.get(*r).copied().unwrap_or(0)),
+                )
+            })
+            .collect();
+        gauge(
+            &mut enc,
+            "kube_address_warnings",
+            "Services with a standing address warning (refused request, no free address, ...), by reason.",
+            &rows,
+        )?;
         let skipped = s.skipped();
         let rows: Rows<'static, i64> = WarningKind::ALL
             .iter()
@@ -309,4 +404,18 @@ impl Collector for Metrics {
             &rows,
         )
     }
+}
+
+fn notice_labels(t: NoticeType, reason: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "type",
+            match t {
+                NoticeType::Normal => "Normal",
+                NoticeType::Warning => "Warning",
+            }
+            .to_owned(),
+        ),
+        ("reason", reason.to_owned()),
+    ]
 }

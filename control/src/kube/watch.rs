@@ -40,8 +40,9 @@ use serde_json::{json, Value};
 use strait_config::model;
 use tracing::{debug, info, warn};
 
+use super::crd::{self, StraitAddressPool};
 use super::events::{Deduper, Emitter, Notice};
-use super::pool::{self, Allocator, StatusUpdate};
+use super::pool::{self, Allocator, Pool, StatusUpdate};
 use super::settings::Settings;
 use super::stats::{Kind, Stats};
 use super::translate::{self, Change, Cluster, Incremental, Translation, Warning, WarningKind};
@@ -157,6 +158,8 @@ pub struct Round {
     pub status: Vec<StatusUpdate>,
     /// Notices not given before (to become Events).
     pub notices: Vec<Notice>,
+    /// Services with a standing address warning, by reason (of the last address plan).
+    pub address_warnings: BTreeMap<String, u64>,
     /// Everything left out, with reasons.
     pub warnings: Vec<Warning>,
     /// Warnings not present in the previous round (to log).
@@ -191,6 +194,11 @@ pub struct Controller {
     services: Store<Service>,
     slices: Store<EndpointSlice>,
     nodes: Store<Node>,
+    pool_objects: Store<StraitAddressPool>,
+    /// Pool objects changed since the last round: the pools are made again.
+    pools_dirty: bool,
+    /// Why pool objects were left out (as of the last time the pools were made).
+    pool_warnings: Vec<Warning>,
     alloc: Allocator,
     dedup: Deduper,
     translation: Incremental,
@@ -220,11 +228,14 @@ impl Controller {
     /// A controller that has seen nothing yet.
     pub fn new(settings: Settings) -> Self {
         Self {
-            alloc: Allocator::new(&settings.pools),
+            alloc: Allocator::with_names(&settings.pools, &settings.named_pools),
             settings,
             services: Store::default(),
             slices: Store::default(),
             nodes: Store::default(),
+            pool_objects: Store::default(),
+            pools_dirty: false,
+            pool_warnings: Vec::new(),
             dedup: Deduper::default(),
             translation: Incremental::default(),
             dirty: BTreeSet::new(),
@@ -251,6 +262,10 @@ impl Controller {
             Kind::Services => self.services.apply(event),
             Kind::EndpointSlices => self.slices.apply(event),
             Kind::Nodes => self.nodes.apply(event),
+            Kind::AddressPools => {
+                self.pools_dirty = true;
+                self.pool_objects.apply(event)
+            }
         };
         self.full |= listed;
         match (kind, key) {
@@ -271,7 +286,84 @@ impl Controller {
     /// Whether every kind has been listed completely at least once: before that, no list
     /// is published and no address allocated.
     pub fn ready(&self) -> bool {
-        self.services.listed && self.slices.listed && self.nodes.listed
+        self.services.listed
+            && self.slices.listed
+            && self.nodes.listed
+            && (!self.settings.pool_objects || self.pool_objects.listed)
+    }
+
+    /// Replaces the address pools. When they changed, the next round plans addresses
+    /// again: Services whose addresses left the pools are given new ones, and dual-stack
+    /// Services that lack a family gain it once a pool of that family exists. Returns
+    /// whether they changed.
+    pub fn set_pools(
+        &mut self,
+        pools: Vec<ipnet::IpNet>,
+        named: Vec<(String, ipnet::IpNet)>,
+    ) -> bool {
+        self.settings.pools = pools;
+        self.settings.named_pools = named;
+        self.make_pools()
+    }
+
+    /// Makes the allocator's pools from the settings' and the pool objects: the
+    /// settings' first, then each object, oldest first. An object that cannot be used, or that
+    /// overlaps a pool before it, is left out whole with a warning. Returns whether the
+    /// pools changed (and the next round plans again).
+    fn make_pools(&mut self) -> bool {
+        let mut pools: Vec<Pool> = self
+            .settings
+            .pools
+            .iter()
+            .map(|p| Pool::cidr(None, *p))
+            .chain(
+                self.settings
+                    .named_pools
+                    .iter()
+                    .map(|(n, p)| Pool::cidr(Some(n.clone()), *p)),
+            )
+            .collect();
+        let mut warnings = Vec::new();
+        // Oldest first: a new object overlapping a pool in use never displaces it.
+        let mut objects: Vec<(&String, &StraitAddressPool)> =
+            self.pool_objects.live.iter().collect();
+        objects.sort_by(|(ka, a), (kb, b)| {
+            let (ta, tb) = (
+                a.metadata.creation_timestamp.as_ref(),
+                b.metadata.creation_timestamp.as_ref(),
+            );
+            (ta.is_none(), ta, ka).cmp(&(tb.is_none(), tb, kb))
+        });
+        for (name, obj) in objects {
+            let warn = |message: String| Warning {
+                kind: WarningKind::Invalid,
+                object: format!("straitaddresspool {name}"),
+                message,
+            };
+            match crd::pools_of(obj) {
+                Err(e) => warnings.push(warn(format!("{}: {}", e.field, e.reason))),
+                Ok(new) => {
+                    let clash = new.iter().find_map(|n| {
+                        pools
+                            .iter()
+                            .find(|p| {
+                                p.net.contains(&n.net.network()) || n.net.contains(&p.net.network())
+                            })
+                            .map(|p| (n.net, p.clone()))
+                    });
+                    match clash {
+                        Some((net, p)) => warnings.push(warn(format!(
+                            "{net} overlaps pool {p}: left out (an address belongs to one pool)"
+                        ))),
+                        None => pools.extend(new),
+                    }
+                }
+            }
+        }
+        self.pool_warnings = warnings;
+        let changed = self.alloc.replace_pools(pools);
+        self.plan_dirty |= changed;
+        changed
     }
 
     /// Objects of `kind` in the live view.
@@ -280,6 +372,7 @@ impl Controller {
             Kind::Services => self.services.live.len(),
             Kind::EndpointSlices => self.slices.live.len(),
             Kind::Nodes => self.nodes.live.len(),
+            Kind::AddressPools => self.pool_objects.live.len(),
         }
     }
 
@@ -306,6 +399,9 @@ impl Controller {
                 .cloned()
                 .collect();
             self.dirty.extend(keys);
+        }
+        if std::mem::take(&mut self.pools_dirty) {
+            self.make_pools();
         }
         if std::mem::take(&mut self.nodes_dirty) {
             let users = self.translation.set_nodes(&self.nodes.live);
@@ -365,10 +461,12 @@ impl Controller {
             std::mem::take(&mut self.dirty),
         );
         let mut warnings = self.translation.warnings();
+        warnings.extend(self.pool_warnings.iter().cloned());
         for (kind, store) in [
             ("service", &self.services.bad),
             ("endpointslice", &self.slices.bad),
             ("node", &self.nodes.bad),
+            ("straitaddresspool", &self.pool_objects.bad),
         ] {
             for (key, err) in store {
                 warnings.push(Warning {
@@ -390,6 +488,7 @@ impl Controller {
             changes,
             status,
             notices,
+            address_warnings: self.dedup.standing(),
             warnings,
             new_warnings,
             addresses: self.alloc.count(),
@@ -494,14 +593,21 @@ where
             .map(move |r| (kind, r))
             .boxed()
     };
-    let mut events = futures::stream::select_all([
+    let mut streams = vec![
         stream(Kind::Services, ApiResource::erase::<Service>(&())),
         stream(
             Kind::EndpointSlices,
             ApiResource::erase::<EndpointSlice>(&()),
         ),
         stream(Kind::Nodes, ApiResource::erase::<Node>(&())),
-    ]);
+    ];
+    if settings.pool_objects {
+        streams.push(stream(
+            Kind::AddressPools,
+            ApiResource::erase::<StraitAddressPool>(&()),
+        ));
+    }
+    let mut events = futures::stream::select_all(streams);
     let emitter = Emitter::new(client.clone(), &settings.reporter);
     let mut ctl = Controller::new(settings);
     let mut tick = tokio::time::interval(TICK);
@@ -649,6 +755,10 @@ where
     };
     stats.set_skipped(r.counts());
     stats.set_addresses(r.addresses);
+    stats.set_address_warnings(r.address_warnings.clone());
+    for n in &r.notices {
+        stats.notice(n.type_, &n.reason);
+    }
     for w in r.new_warnings.iter().take(MAX_LOGGED_WARNINGS) {
         warn!(reason = w.kind.as_str(), "kubernetes: left out: {w}");
     }
@@ -871,6 +981,7 @@ mod tests {
             Kind::Services => service(rng, i),
             Kind::EndpointSlices => slice(rng, i),
             Kind::Nodes => node(rng, i),
+            Kind::AddressPools => unreachable!("no pool objects in this test"),
         }
     }
 

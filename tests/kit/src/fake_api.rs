@@ -42,6 +42,8 @@ pub enum Res {
     /// `coordination.k8s.io/v1` Leases (namespaced): get, create, replace with the
     /// `resourceVersion` precondition (409 Conflict), as the real server.
     Leases,
+    /// `strait.dev/v1alpha1` StraitAddressPools (cluster-scoped custom resources).
+    AddressPools,
 }
 
 impl Res {
@@ -51,6 +53,7 @@ impl Res {
             "EndpointSlice" => Some(Res::EndpointSlices),
             "Node" => Some(Res::Nodes),
             "Lease" => Some(Res::Leases),
+            "StraitAddressPool" => Some(Res::AddressPools),
             _ => None,
         }
     }
@@ -61,6 +64,7 @@ impl Res {
             Res::EndpointSlices => "EndpointSlice",
             Res::Nodes => "Node",
             Res::Leases => "Lease",
+            Res::AddressPools => "StraitAddressPool",
         }
     }
 
@@ -69,6 +73,7 @@ impl Res {
             Res::Services | Res::Nodes => "v1",
             Res::EndpointSlices => "discovery.k8s.io/v1",
             Res::Leases => "coordination.k8s.io/v1",
+            Res::AddressPools => "strait.dev/v1alpha1",
         }
     }
 
@@ -78,11 +83,12 @@ impl Res {
             Res::EndpointSlices => "endpointslices",
             Res::Nodes => "nodes",
             Res::Leases => "leases",
+            Res::AddressPools => "straitaddresspools",
         }
     }
 
     fn namespaced(self) -> bool {
-        !matches!(self, Res::Nodes)
+        !matches!(self, Res::Nodes | Res::AddressPools)
     }
 }
 
@@ -763,6 +769,10 @@ fn resource_path(path: &str) -> Option<(Res, Option<String>, Vec<String>)> {
         .or_else(|| {
             path.strip_prefix("/apis/coordination.k8s.io/v1/")
                 .map(|r| (r, "coordination.k8s.io"))
+        })
+        .or_else(|| {
+            path.strip_prefix("/apis/strait.dev/v1alpha1/")
+                .map(|r| (r, "strait.dev"))
         });
     let (rest, group) = rest?;
     let mut seg: Vec<String> = rest.split('/').map(str::to_owned).collect();
@@ -776,6 +786,7 @@ fn resource_path(path: &str) -> Option<(Res, Option<String>, Vec<String>)> {
         ("nodes", "") if ns.is_none() => Res::Nodes,
         ("endpointslices", "discovery.k8s.io") => Res::EndpointSlices,
         ("leases", "coordination.k8s.io") if ns.is_some() => Res::Leases,
+        ("straitaddresspools", "strait.dev") if ns.is_none() => Res::AddressPools,
         _ => return None,
     };
     seg.remove(0);
@@ -816,6 +827,7 @@ fn attributes(req: &Request) -> Option<(String, String, &'static str)> {
     let group = match res {
         Res::EndpointSlices => "discovery.k8s.io",
         Res::Leases => "coordination.k8s.io",
+        Res::AddressPools => "strait.dev",
         _ => "",
     };
     let resource = match rest.as_slice() {
