@@ -837,3 +837,80 @@ fn sctp_nat_recomputes_the_crc_both_ways_and_drops_damaged_packets() {
     assert_eq!(bed.pipe.counters.drops_for(DropReason::SctpChecksum), 2);
     assert!(bed.pipe.counters.balanced());
 }
+
+/// ICMP errors about SCTP flows reach the flow's backend: in dsr-l2 forwarded as they are,
+/// in nat with the quoted packet translated back to the backend's address and port (the
+/// quoted CRC32c, over a packet the quote holds only part of, is left alone) and the ICMP
+/// checksum kept valid.
+#[test]
+fn icmp_errors_about_sctp_flows_reach_their_backend() {
+    use strait_tests::{sctp, sctp_data, sctp_init};
+
+    let frag_needed = |vip: [u8; 4], quoted: &[u8]| {
+        let mut frame = Vec::new();
+        etherparse::PacketBuilder::ethernet2(CLIENT_MAC, GW_MAC)
+            .ipv4([192, 0, 2, 254], vip, 64)
+            .icmpv4_raw(3, 4, [0, 0, 0x05, 0x00])
+            .write(&mut frame, quoted)
+            .unwrap();
+        frame
+    };
+    let mut bed = Bed::new(CONFIG);
+    // dsr-l2: the VIP's (the backend's) reply quoted with its first 8 SCTP bytes.
+    let (_, out) = bed.run(&sctp(
+        "192.0.2.7",
+        5000,
+        "203.0.113.30",
+        7777,
+        0,
+        &sctp_init(1),
+    ));
+    let reply = sctp(
+        "203.0.113.30",
+        7777,
+        "192.0.2.7",
+        5000,
+        1,
+        &sctp_data(1, b"big"),
+    );
+    let (v, fwd) = bed.run(&frag_needed([203, 0, 113, 30], &reply[14..14 + 28]));
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    assert_eq!(dst_mac(&fwd), dst_mac(&out), "to the association's backend");
+
+    // nat: the whole reply quoted.
+    let _ = bed.run(&sctp(
+        "192.0.2.7",
+        5000,
+        "203.0.113.33",
+        7777,
+        0,
+        &sctp_init(1),
+    ));
+    let reply = sctp(
+        "203.0.113.33",
+        7777,
+        "192.0.2.7",
+        5000,
+        1,
+        &sctp_data(1, b"big"),
+    );
+    let (v, fwd) = bed.run(&frag_needed([203, 0, 113, 33], &reply[14..]));
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    verify(&fwd).expect("outer IPv4 and ICMP checksums");
+    assert_eq!(dst_mac(&fwd), [2, 0, 0, 0, 1, 0x24]);
+    assert_eq!(
+        &fwd[30..34],
+        &[198, 51, 100, 24],
+        "outer destination: the backend"
+    );
+    let q = 14 + 20 + 8;
+    assert_eq!(&fwd[q + 12..q + 16], &[198, 51, 100, 24], "quoted source");
+    assert_eq!(&fwd[q + 20..q + 22], &17777u16.to_be_bytes(), "quoted port");
+    assert_eq!(
+        &fwd[q + 28..],
+        &reply[14 + 28..],
+        "the rest of the quote, CRC32c included, as it was"
+    );
+    assert_eq!(bed.pipe.counters.icmp_errors_forwarded, 2);
+    assert!(bed.pipe.counters.balanced());
+}
