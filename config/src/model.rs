@@ -360,25 +360,29 @@ pub enum Protocol {
     Tcp,
     /// UDP.
     Udp,
+    /// SCTP (RFC 9260): ports like TCP and UDP, a CRC32c checksum over the whole packet.
+    Sctp,
 }
 
 impl Protocol {
     /// Every protocol.
-    pub const ALL: [Protocol; 2] = [Protocol::Tcp, Protocol::Udp];
+    pub const ALL: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
 
-    /// IP protocol number (IANA): 6 for TCP, 17 for UDP.
+    /// IP protocol number (IANA): 6 for TCP, 17 for UDP, 132 for SCTP.
     pub const fn number(self) -> u8 {
         match self {
             Protocol::Tcp => 6,
             Protocol::Udp => 17,
+            Protocol::Sctp => 132,
         }
     }
 
-    /// The configuration spelling: `tcp`, `udp`.
+    /// The configuration spelling: `tcp`, `udp`, `sctp`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Protocol::Tcp => "tcp",
             Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
         }
     }
 }
@@ -736,6 +740,12 @@ mod tests {
     fn protocol_numbers() {
         assert_eq!(Protocol::Tcp.number(), 6);
         assert_eq!(Protocol::Udp.number(), 17);
+        assert_eq!(Protocol::Sctp.number(), 132);
+        assert_eq!("sctp".parse::<Protocol>().unwrap(), Protocol::Sctp);
+        assert_eq!(
+            "icmp".parse::<Protocol>().unwrap_err().to_string(),
+            "\"icmp\" is not one of tcp, udp, sctp"
+        );
     }
 
     #[test]

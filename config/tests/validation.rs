@@ -672,8 +672,16 @@ fn service_port_rules() {
 #[test]
 fn protocol_must_be_known() {
     refused(
-        &service("protocol = \"sctp\""),
-        "services[0].protocol: \"sctp\" is not one of tcp, udp",
+        &service("protocol = \"icmp\""),
+        "services[0].protocol: \"icmp\" is not one of tcp, udp, sctp",
+    );
+    refused(
+        &service("protocol = \"SCTP\""),
+        "services[0].protocol: \"SCTP\" is not one of tcp, udp, sctp",
+    );
+    assert_eq!(
+        accepted(&service("protocol = \"sctp\"")).services[0].protocol,
+        Protocol::Sctp
     );
 }
 

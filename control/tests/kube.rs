@@ -394,7 +394,8 @@ fn node_ports_external_ips_udp_and_sctp() {
             "ports": [
                 { "name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053 },
                 { "name": "dns-tcp", "port": 53, "protocol": "TCP", "nodePort": 30054 },
-                { "name": "sig", "port": 9, "protocol": "SCTP", "nodePort": 30055 }
+                { "name": "sig", "port": 9, "protocol": "SCTP", "nodePort": 30055 },
+                { "name": "odd", "port": 10, "protocol": "DCCP", "nodePort": 30056 }
             ]
         }
     });
@@ -404,7 +405,8 @@ fn node_ports_external_ips_udp_and_sctp() {
         "addressType": "IPv4",
         "ports": [
             { "name": "dns", "port": 5353, "protocol": "UDP" },
-            { "name": "dns-tcp", "port": 5353, "protocol": "TCP" }
+            { "name": "dns-tcp", "port": 5353, "protocol": "TCP" },
+            { "name": "sig", "port": 9999, "protocol": "SCTP" }
         ],
         "endpoints": [ready("192.0.2.21", "n1")]
     });
@@ -416,7 +418,21 @@ fn node_ports_external_ips_udp_and_sctp() {
             "kube-system/dns/dns-tcp/node-port",
             "kube-system/dns/dns/198.51.100.53",
             "kube-system/dns/dns/node-port",
+            "kube-system/dns/sig/198.51.100.53",
+            "kube-system/dns/sig/node-port",
         ]
+    );
+    // SCTP is served like TCP and UDP: one service per frontend, to the slice's port.
+    let sig = find(&t, "kube-system/dns/sig/198.51.100.53");
+    assert_eq!((sig.port, sig.protocol), (9, Protocol::Sctp));
+    assert_eq!(
+        backends(sig),
+        [("192.0.2.21:9999".to_owned(), BackendState::Active)]
+    );
+    let sig_np = find(&t, "kube-system/dns/sig/node-port");
+    assert_eq!(
+        (sig_np.vip, sig_np.port, sig_np.protocol),
+        (ip("192.0.2.1"), 30055, Protocol::Sctp)
     );
     let np = find(&t, "kube-system/dns/dns/node-port");
     assert_eq!(
@@ -429,9 +445,17 @@ fn node_ports_external_ips_udp_and_sctp() {
     );
     let ext = find(&t, "kube-system/dns/dns-tcp/198.51.100.53");
     assert_eq!((ext.port, ext.protocol), (53, Protocol::Tcp));
+    // Only the protocol the API server would never send is left out.
     assert_eq!(
         count(&t, WarningKind::UnsupportedProtocol),
         1,
+        "{:?}",
+        t.warnings
+    );
+    assert!(
+        t.warnings
+            .iter()
+            .any(|w| w.kind == WarningKind::UnsupportedProtocol && w.message.contains("DCCP")),
         "{:?}",
         t.warnings
     );

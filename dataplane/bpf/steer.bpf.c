@@ -12,12 +12,12 @@
 // it or gives it to its VLAN device; broadcast and multicast (ARP, ND) are the kernel's.
 // Of the accepted frames, redirected are:
 //
-//   1. TCP/UDP to a service frontend                 (frontends: {vip, port, proto})
-//   2. TCP/UDP from a nat backend (nat replies)      (nat_backends: {addr, port, proto}),
+//   1. TCP/UDP/SCTP to a service frontend            (frontends: {vip, port, proto})
+//   2. TCP/UDP/SCTP from a nat backend (nat replies) (nat_backends: {addr, port, proto}),
 //      unless addressed to the gateway itself (locals: its health checks' replies)
 //   3. ICMP/ICMPv6 errors whose outer destination is a VIP: they quote a packet the VIP sent,
 //      and the pipeline forwards them to the backend that owns that flow  (vips: {addr})
-//   4. Non-first IP fragments of TCP/UDP to a VIP (they carry no ports) (vips)
+//   4. Non-first IP fragments of TCP/UDP/SCTP to a VIP (they carry no ports) (vips)
 //
 // Userspace (dataplane/src/xsk/prog.rs) writes `port` before attaching, keeps the lookup maps
 // equal to the current service table and puts each AF_XDP socket into `xsks` at its queue
@@ -352,7 +352,8 @@ int strait_steer(struct xdp_md *ctx)
 	if (!l4)
 		return malformed();
 
-	if (f.proto == IPPROTO_TCP || f.proto == IPPROTO_UDP) {
+	// SCTP's ports sit where TCP's and UDP's do (RFC 9260 section 3.1).
+	if (f.proto == IPPROTO_TCP || f.proto == IPPROTO_UDP || f.proto == IPPROTO_SCTP) {
 		if (f.later_fragment)
 			return is_vip(f.dst) ? redirect(ctx, STAT_FRAGMENT) : pass();
 		ports = l4;

@@ -12,6 +12,8 @@ pub mod proto {
     pub const TCP: u8 = 6;
     /// UDP (RFC 768).
     pub const UDP: u8 = 17;
+    /// SCTP (RFC 9260).
+    pub const SCTP: u8 = 132;
     /// ICMPv6 (RFC 4443).
     pub const ICMPV6: u8 = 58;
     /// IPv4 encapsulated in IP (RFC 2003).

@@ -18,6 +18,16 @@
 //! their service by (VIP, protocol) and are dropped as `fragment_ambiguous` when several
 //! services share both. Fragmented nat replies are dropped (`fragmented_reply`): their ports
 //! are only in the first fragment and the gateway does not reassemble.
+//!
+//! SCTP goes the way of TCP: its ports make the flow key (the verification tag does not), and
+//! the first chunk of a packet stands for TCP flags in the flow table
+//! ([`crate::wire::sctp::flow_flags`]): an INIT opens a flow as a SYN does, an ABORT or a
+//! shutdown closes it as a RST or FIN does (an ABORT of an unknown flow makes no state), any
+//! other packet of an unknown flow picks the association up as established, and the TCP
+//! timeouts apply. In nat mode, whose port rewrite recomputes the CRC32c over the packet, a
+//! packet whose CRC32c does not verify is dropped first (`sctp_checksum`), and SCTP fragments
+//! are dropped (`sctp_fragment`: the CRC covers the whole packet and the gateway does not
+//! reassemble).
 
 use crate::flow::{FlowState, FlowTable, FlowValue, InsertError, Timeouts};
 use crate::hash::{hash_words, mix64, SEED_FLOW, SEED_MAGLEV};
@@ -172,12 +182,12 @@ pub struct Pipeline {
 pub const NEW_FLOW_SLOTS: usize = 1 << 16;
 
 /// The flow-table hash of a parsed frame, for the frames that will look up the flow table
-/// by their own 5-tuple (TCP and UDP, unfragmented, not ICMP errors); 0 otherwise.
+/// by their own 5-tuple (TCP, UDP and SCTP, unfragmented, not ICMP errors); 0 otherwise.
 #[inline(always)]
 fn flow_hash(parsed: ParseResult<'_>) -> u64 {
     match parsed {
         Ok(Some(p))
-            if matches!(p.proto, proto::TCP | proto::UDP)
+            if matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP)
                 && p.frag == Frag::None
                 && p.embedded.is_none() =>
         {
@@ -272,10 +282,10 @@ impl Pipeline {
                         crate::hint::prefetch(&s.acl);
                         crate::hint::prefetch(&s.mode);
                         crate::hint::prefetch(&s.affinity_secs);
-                        if p.proto == proto::TCP
+                        if matches!(p.proto, proto::TCP | proto::SCTP)
                             && p.tcp_flags & (flags::SYN | flags::ACK) == flags::SYN
                         {
-                            // A connection's first segment: its flow is almost surely new,
+                            // A connection's first segment (or an SCTP INIT): its flow is almost surely new,
                             // and will need its Maglev slot in pass 2.
                             s.maglev.prefetch(maglev_hash(h));
                         }
@@ -383,7 +393,7 @@ impl Pipeline {
         if let Some(e) = &p.embedded {
             return self.icmp_error(t, now, frame, p, e);
         }
-        if !matches!(p.proto, proto::TCP | proto::UDP) {
+        if !matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP) {
             return Verdict::Pass;
         }
         let si = if p.frag == Frag::Later {
@@ -410,6 +420,10 @@ impl Pipeline {
         if !s.allows(&p.src) {
             return Verdict::Drop(DropReason::SourceNotAllowed);
         }
+        let sctp_nat = p.proto == proto::SCTP && s.mode == Mode::Nat;
+        if sctp_nat && p.frag != Frag::None {
+            return Verdict::Drop(DropReason::SctpFragment);
+        }
         if p.frag != Frag::None {
             self.counters.fragments += 1;
             let h = maglev_hash(p.key().hash3(SEED_FLOW));
@@ -423,6 +437,9 @@ impl Pipeline {
             if owner != self.core {
                 return Verdict::Handoff { core: owner };
             }
+        }
+        if sctp_nat && !rewrite::sctp_intact(frame.data(), p) {
+            return Verdict::Drop(DropReason::SctpChecksum);
         }
         let key = p.key();
         debug_assert_eq!(fh, key.hash(SEED_FLOW));
@@ -447,7 +464,8 @@ impl Pipeline {
         p: &Parsed,
         frame: &Frame<'_>,
     ) -> Result<&'t Backend, Verdict> {
-        let tcp = p.proto == proto::TCP;
+        // SCTP too: its first chunk stands for TCP flags (see the module docs).
+        let tcp = matches!(p.proto, proto::TCP | proto::SCTP);
         let mut stale = None;
         if let Some(v) = self.flows.lookup_hashed(key, fh, now) {
             match t.backend(v.backend) {
@@ -605,6 +623,9 @@ impl Pipeline {
                 return Verdict::Handoff { core: owner };
             }
         }
+        if p.proto == proto::SCTP && !rewrite::sctp_intact(frame.data(), p) {
+            return Verdict::Drop(DropReason::SctpChecksum);
+        }
         let Some(v) = self.flows.lookup_hashed(&p.key(), fh, now) else {
             return Verdict::Drop(DropReason::ReplyNoFlow);
         };
@@ -615,7 +636,7 @@ impl Pipeline {
             return Verdict::Drop(DropReason::ReplyNoFlow);
         };
         v.touch(now);
-        if p.proto == proto::TCP {
+        if matches!(p.proto, proto::TCP | proto::SCTP) {
             v.state = v.state.on_tcp_flags(p.tcp_flags);
         }
         let peer_mac = v.peer_mac;

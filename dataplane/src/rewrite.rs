@@ -11,6 +11,12 @@
 //! the sender's offloads, and the work, one pass over the segment, falls on those frames
 //! only.
 //!
+//! SCTP's CRC32c covers the SCTP packet and no pseudo-header: dsr-l2 and the encapsulations
+//! leave it as it is (completing a zero field left to offload), and nat, which changes a
+//! port, computes it anew over the whole packet once the port is written (a CRC has no
+//! RFC 1624 shortcut). The pipeline checks the CRC before a nat rewrite
+//! ([`sctp_intact`]), so a packet damaged on the way is dropped, not given a valid checksum.
+//!
 //! All functions take the frame and the [`Parsed`] summary of it and trust that summary
 //! (offsets in range); they are called only by the pipeline right after parsing.
 
@@ -18,7 +24,7 @@ use crate::key::is_v4;
 use crate::key::proto;
 use crate::wire::checksum::{self, update16, update_bytes};
 use crate::wire::parse::{Frag, Parsed};
-use crate::wire::{ethernet, icmp, ipv4, ipv6, put16, tcp, udp};
+use crate::wire::{ethernet, icmp, ipv4, ipv6, put16, sctp, tcp, udp};
 
 /// A frame in a buffer with headroom: the packet is `buf[head..head + len]`.
 ///
@@ -124,13 +130,15 @@ pub fn dsr_l2(frame: &mut Frame<'_>, p: &Parsed, m: Macs) {
 /// pseudo-header of the addresses now in `d`'s IP header, so that after a rewrite it covers
 /// the final addresses and ports. The segment is the whole IP payload, as the sender's
 /// device would have summed it (link padding excluded). Cold and out of line: frames from
-/// senders whose checksums are complete (every frame from a NIC) never call it.
+/// senders whose checksums are complete (every frame from a NIC) never call it. For SCTP,
+/// the CRC32c over the packet ([`sctp_checksum`]).
 #[cold]
 #[inline(never)]
 fn complete_l4(d: &mut [u8], p: &Parsed) {
     debug_assert!(p.l4_partial && p.frag == Frag::None);
     let (field, udp) = match p.proto {
         proto::TCP => (tcp::CHECKSUM_OFFSET, false),
+        proto::SCTP => return sctp_checksum(d, p),
         _ => (udp::CHECKSUM_OFFSET, true),
     };
     let end = p.l3 + p.ip_len;
@@ -141,6 +149,24 @@ fn complete_l4(d: &mut [u8], p: &Parsed) {
         checksum::pseudo_header(&ip[12..16], &ip[16..20], p.proto, (end - p.l4) as u32)
     };
     checksum::complete(&mut d[p.l4..end], field, pseudo, udp);
+}
+
+/// Writes the CRC32c of an unfragmented SCTP packet into its checksum field: one pass over
+/// the packet (link padding excluded).
+#[inline]
+fn sctp_checksum(d: &mut [u8], p: &Parsed) {
+    debug_assert!(p.proto == proto::SCTP && p.frag == Frag::None);
+    sctp::fill_checksum(&mut d[p.l4..p.l3 + p.ip_len]);
+}
+
+/// Whether the CRC32c of an unfragmented SCTP packet verifies, or was left to offload (a
+/// zero field, completed by the rewrite): what the pipeline asks before a nat rewrite, which
+/// recomputes the CRC and would otherwise make a damaged packet look whole. One pass over
+/// the packet.
+#[inline]
+pub fn sctp_intact(d: &[u8], p: &Parsed) -> bool {
+    debug_assert!(p.proto == proto::SCTP && p.frag == Frag::None);
+    p.l4_partial || sctp::verify(&d[p.l4..p.l3 + p.ip_len])
 }
 
 /// Offset of the transport checksum for a protocol, if it has one that covers the
@@ -161,8 +187,9 @@ fn l4_checksum_at(p: &Parsed) -> Option<usize> {
 }
 
 /// Rewrites one address (`dst` or `src`) and its port, fixing the IPv4 header checksum and
-/// the transport checksum (updated, or completed when left to offload), and decrements the
-/// TTL / hop limit. The caller checked the TTL.
+/// the transport checksum (updated, or completed when left to offload; SCTP's computed
+/// anew), and decrements the TTL / hop limit. The caller checked the TTL, and for SCTP that
+/// the packet is not a fragment and its CRC32c verifies ([`sctp_intact`]).
 #[inline]
 fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &[u8; 16], port: u16, m: Macs) {
     let d = frame.data_mut();
@@ -194,7 +221,7 @@ fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &[u8; 16], port:
             put16(d, at, c);
         }
     }
-    if p.frag != Frag::Later && matches!(p.proto, proto::TCP | proto::UDP) {
+    if p.frag != Frag::Later && matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP) {
         put16(d, p.l4 + if dst_side { 2 } else { 0 }, port);
     }
     if p.v6 {
@@ -216,7 +243,9 @@ fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &[u8; 16], port:
         }
         ip.decrement_ttl();
     }
-    if p.l4_partial {
+    if p.proto == proto::SCTP {
+        sctp_checksum(d, p);
+    } else if p.l4_partial {
         complete_l4(d, p);
     }
 }
@@ -476,7 +505,9 @@ pub fn icmp_too_big(frame: &mut Frame<'_>, p: &Parsed, inner_mtu: u16, port_mac:
 /// as VIP:port to client) gets its source back to backend:port, so the backend's stack
 /// matches it to its socket. Fixes the embedded IPv4 header checksum, the embedded transport
 /// checksum when the quote holds it (as Linux's nf_nat_icmp_reply_translation does), the ICMP
-/// checksum and the outer header.
+/// checksum and the outer header. An embedded SCTP checksum is left: it covers the whole
+/// packet, of which the quote holds a part, and receivers match an SCTP error by its ports
+/// and verification tag.
 pub fn nat_icmp_error(frame: &mut Frame<'_>, p: &Parsed, addr: &[u8; 16], port: u16, m: Macs) {
     let Some(e) = p.embedded else { return };
     let d = frame.data_mut();
@@ -491,7 +522,7 @@ pub fn nat_icmp_error(frame: &mut Frame<'_>, p: &Parsed, addr: &[u8; 16], port: 
         } else {
             udp::CHECKSUM_OFFSET
         };
-    if l4c + 2 <= e.end {
+    if l4c + 2 <= e.end && e.proto != proto::SCTP {
         let old_l4c = u16::from_be_bytes([d[l4c], d[l4c + 1]]);
         if !(e.proto == proto::UDP && !p.v6 && old_l4c == 0) {
             let (old_a, new_a): (&[u8], &[u8]) = if p.v6 {

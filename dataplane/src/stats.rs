@@ -19,7 +19,8 @@ pub enum DropReason {
     Ipv4HeaderChecksum,
     /// An IPv6 extension-header chain that is too long, misordered or truncated.
     Ipv6ExtensionHeaders,
-    /// A TCP/UDP/ICMP header that does not fit, or has an impossible length.
+    /// A TCP/UDP/SCTP/ICMP header that does not fit (SCTP: shorter than its 12-byte common
+    /// header), or has an impossible length.
     L4Truncated,
     /// An ICMP error whose embedded packet is too short to find the flow.
     IcmpEmbeddedTruncated,
@@ -56,11 +57,18 @@ pub enum DropReason {
     OtherHost,
     /// Tagged with an 802.1Q VLAN the ingress port does not serve.
     VlanNotServed,
+    /// An SCTP packet to be nat-ed (its port rewritten, so its CRC32c recomputed) whose
+    /// CRC32c does not verify: damaged on the way; recomputing would hide it.
+    SctpChecksum,
+    /// An IP fragment of an SCTP packet to be nat-ed: its CRC32c covers the whole SCTP
+    /// packet, which the gateway does not reassemble (SCTP avoids IP fragmentation by
+    /// path-MTU discovery, RFC 9260 section 7.3).
+    SctpFragment,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 21] = [
+    pub const ALL: [DropReason; 23] = [
         DropReason::EthTruncated,
         DropReason::IpTruncated,
         DropReason::IpMalformed,
@@ -82,6 +90,8 @@ impl DropReason {
         DropReason::ReplyNoFlow,
         DropReason::OtherHost,
         DropReason::VlanNotServed,
+        DropReason::SctpChecksum,
+        DropReason::SctpFragment,
     ];
     /// Number of reasons.
     pub const COUNT: usize = Self::ALL.len();
@@ -110,6 +120,8 @@ impl DropReason {
             DropReason::ReplyNoFlow => "reply_no_flow",
             DropReason::OtherHost => "other_host",
             DropReason::VlanNotServed => "vlan_not_served",
+            DropReason::SctpChecksum => "sctp_checksum",
+            DropReason::SctpFragment => "sctp_fragment",
         }
     }
 }
@@ -141,7 +153,7 @@ pub struct Counters {
     pub stateless_rate_limited: u64,
     /// Flows whose backend left the snapshot or failed, re-hashed on their next packet.
     pub flows_rehashed: u64,
-    /// RSTs for unknown flows, forwarded by Maglev without creating state.
+    /// RSTs (and SCTP ABORTs) for unknown flows, forwarded by Maglev without creating state.
     pub rst_without_flow: u64,
     /// IP fragments forwarded by the 3-tuple hash.
     pub fragments: u64,
@@ -150,7 +162,8 @@ pub struct Counters {
     /// ICMP "fragmentation needed" / "packet too big" answers sent to clients.
     pub icmp_too_big_sent: u64,
     /// Frames sent with a TCP/UDP checksum completed by the gateway: their sender left it to
-    /// checksum offload (a local veth or tap), so it held only the pseudo-header sum.
+    /// checksum offload (a local veth or tap), so it held only the pseudo-header sum (an SCTP
+    /// CRC32c: zero).
     pub checksum_completed: u64,
 }
 

@@ -148,7 +148,7 @@ pub enum RecordError {
     State(u8),
     /// The kind byte names no [`RecordKind`].
     Kind(u8),
-    /// A connection record for a protocol other than TCP or UDP.
+    /// A connection record for a protocol other than TCP, UDP or SCTP.
     Proto(u8),
 }
 
@@ -225,7 +225,8 @@ impl SyncRecord {
             k => return Err(RecordError::Kind(k)),
         };
         let proto = b[54];
-        if !matches!(proto, crate::key::proto::TCP | crate::key::proto::UDP) {
+        use crate::key::proto::{SCTP, TCP, UDP};
+        if !matches!(proto, TCP | UDP | SCTP) {
             return Err(RecordError::Proto(proto));
         }
         let mut peer_mac = [0u8; 6];
@@ -730,6 +731,10 @@ mod tests {
         let mut bad = r.to_bytes();
         bad[54] = 1;
         assert_eq!(SyncRecord::from_bytes(&bad), Err(RecordError::Proto(1)));
+        // SCTP associations are flows like TCP connections, and sync as such.
+        let mut sctp = rec(2);
+        sctp.key.proto = crate::key::proto::SCTP;
+        assert_eq!(SyncRecord::from_bytes(&sctp.to_bytes()), Ok(sctp));
     }
 
     proptest::proptest! {

@@ -5,7 +5,7 @@
 //! panics; setters exist only where `T: AsMut<[u8]>`. Views never cast bytes to structs.
 //!
 //! [`parse::parse`] walks a frame once (Ethernet, optional 802.1Q, IPv4 or IPv6 with
-//! extension headers, then TCP, UDP or ICMP) and returns a small `Copy` summary with the
+//! extension headers, then TCP, UDP, SCTP or ICMP) and returns a small `Copy` summary with the
 //! offsets and fields the pipeline needs, so no later step parses again. etherparse is used
 //! by the tests as an independent parser to check this one against.
 
@@ -15,6 +15,7 @@ pub mod icmp;
 pub mod ipv4;
 pub mod ipv6;
 pub mod parse;
+pub mod sctp;
 pub mod tcp;
 pub mod udp;
 

@@ -11,7 +11,8 @@
 //!
 //! Every service's backend is veth-a's own address and MAC, so every forwarded frame comes
 //! straight back to namespace a, where an AF_PACKET socket checks what the gateway did: dsr-l2
-//! (UDP, TCP SYN, IPv6 UDP, an ICMP error about a VIP flow) rewrites the MACs only; dsr-ipip
+//! (UDP, TCP SYN, IPv6 UDP, SCTP INITs injected by the packet socket, an ICMP error about a
+//! VIP flow) rewrites the MACs only, an SCTP CRC32c staying valid; dsr-ipip
 //! encapsulates in front of the received packet, in the UMEM headroom. A nat reply without a
 //! flow is redirected and dropped. TCP to the gateway's own address stays with its kernel (a
 //! connect to port 9 or 22 is refused). The worker's counters balance, its loop makes no
@@ -95,6 +96,8 @@ const CLIENT: [u8; 4] = [192, 0, 2, 2];
 /// Source of the injected ICMP error: a router on the client's side.
 const ROUTER: [u8; 4] = [192, 0, 2, 254];
 const UDP_PACKETS: usize = 32;
+/// SCTP INITs the client injects to VIP:7777 (this kernel may have no SCTP sockets).
+const SCTP_PACKETS: usize = 8;
 
 const CONFIG: &str = r#"
 [gateway]
@@ -121,6 +124,17 @@ name = "web-udp"
 vip = "203.0.113.10"
 port = 80
 protocol = "udp"
+mode = "dsr-l2"
+
+[[services.backends]]
+address = "192.0.2.2"
+mac = "02:00:00:00:0a:02"
+
+[[services]]
+name = "signalling"
+vip = "203.0.113.10"
+port = 7777
+protocol = "sctp"
 mode = "dsr-l2"
 
 [[services.backends]]
@@ -162,9 +176,10 @@ address = "2001:db8::2"
 mac = "02:00:00:00:0a:02"
 "#;
 
-/// Keys of the steering maps for [`CONFIG`]: frontends (TCP and UDP on VIP:80, VIP_IPIP:80,
-/// 203.0.113.12:53, VIP6:80), VIPs, and nat backends (192.0.2.2:5353/udp).
-const FRONTENDS: u32 = 5;
+/// Keys of the steering maps for [`CONFIG`]: frontends (TCP and UDP on VIP:80, SCTP on
+/// VIP:7777, VIP_IPIP:80, 203.0.113.12:53, VIP6:80), VIPs, and nat backends
+/// (192.0.2.2:5353/udp).
+const FRONTENDS: u32 = 6;
 const VIPS: u32 = 4;
 const NAT_BACKENDS: u32 = 1;
 
@@ -478,6 +493,8 @@ struct Returned {
     ipip: usize,
     /// UDP to VIP6:80, MACs rewritten.
     udp6: usize,
+    /// SCTP to VIP:7777, MACs rewritten, CRC32c still valid.
+    sctp: usize,
     /// Every frame that came back from veth-g's MAC.
     total: usize,
     /// Frames to a VIP that left veth-a (the client's own packets).
@@ -541,6 +558,19 @@ fn drain(cap: &mut PacketSocket) -> Returned {
                     continue;
                 }
                 assert_eq!(h.source(), CLIENT, "dsr-l2 keeps the client address");
+                if h.protocol() == IpNumber::SCTP {
+                    let mut sctp = v4.payload().payload.to_vec();
+                    let field: [u8; 4] = sctp[8..12].try_into().expect("SCTP header");
+                    sctp[8..12].copy_from_slice(&[0; 4]);
+                    assert_eq!(
+                        crc32c::crc32c(&sctp).to_le_bytes(),
+                        field,
+                        "dsr-l2 keeps a valid SCTP CRC32c"
+                    );
+                    assert_eq!(sctp[2..4], 7777u16.to_be_bytes());
+                    r.sctp += 1;
+                    continue;
+                }
                 match &p.transport {
                     Some(TransportSlice::Tcp(t)) if t.destination_port() == 80 && t.syn() => {
                         r.tcp_syn += 1
@@ -582,6 +612,25 @@ fn icmp_frag_needed() -> Vec<u8> {
         ))
         .write(&mut out, &quoted)
         .expect("icmp");
+    out
+}
+
+/// An SCTP INIT from the client's port `sport` to VIP:7777, its CRC32c computed here.
+fn sctp_init(sport: u16) -> Vec<u8> {
+    let mut pkt = Vec::new();
+    pkt.extend_from_slice(&sport.to_be_bytes());
+    pkt.extend_from_slice(&7777u16.to_be_bytes());
+    pkt.extend_from_slice(&[0; 8]); // verification tag 0 (an INIT's), checksum
+                                    // INIT, length 20: initiate tag, a_rwnd, streams out/in, initial TSN.
+    pkt.extend_from_slice(&[1, 0, 0, 20, 0, 0, 0x12, 0x34, 0, 1, 0xa0, 0, 0, 10, 0, 10]);
+    pkt.extend_from_slice(&[0, 0, 0x12, 0x34]);
+    let crc = crc32c::crc32c(&pkt);
+    pkt[8..12].copy_from_slice(&crc.to_le_bytes());
+    let mut out = Vec::new();
+    PacketBuilder::ethernet2(MAC_A, MAC_G)
+        .ipv4(CLIENT, VIP, 64)
+        .write(&mut out, IpNumber::SCTP, &pkt)
+        .expect("sctp");
     out
 }
 
@@ -637,6 +686,10 @@ fn client(ns: String) -> Result<ClientReport, String> {
         .map_err(|e| format!("inject icmp: {e}"))?;
     cap.write_all(&nat_reply_without_flow())
         .map_err(|e| format!("inject nat reply: {e}"))?;
+    for i in 0..SCTP_PACKETS {
+        cap.write_all(&sctp_init(5000 + i as u16))
+            .map_err(|e| format!("inject sctp: {e}"))?;
+    }
     let first = drain(&mut cap);
 
     let refused = |port: u16| {
@@ -769,10 +822,14 @@ fn round_trip(case: &str, policy: AttachPolicy, want: AttachMode) {
     );
     assert!(first.tcp_syn >= 1, "the TCP SYN comes back rewritten");
     assert_eq!(first.icmp_error, 1, "the ICMP error goes to the backend");
-    // A packet socket does not capture its own writes: the injected ICMP error is not in
-    // `sent_to_vip`.
     assert_eq!(
-        first.sent_to_vip + 1,
+        first.sctp, SCTP_PACKETS,
+        "every SCTP INIT comes back rewritten"
+    );
+    // A packet socket does not capture its own writes: the injected ICMP error and SCTP
+    // INITs are not in `sent_to_vip`.
+    assert_eq!(
+        first.sent_to_vip + 1 + SCTP_PACKETS,
         first.total,
         "everything sent came back"
     );

@@ -13,7 +13,8 @@ use strait_dataplane::table::{Builder, Port, ServiceTable};
 
 /// A configuration with a service for every mode and edge case the pipeline tests need:
 /// dsr-l2 (4 backends), dsr-ipip, dsr-gue, nat (TCP and UDP on one VIP), source ranges,
-/// ClientIP affinity, IPv6 nat and IPv6-in-IPv6. Shared by the behaviour, fixture and
+/// ClientIP affinity, IPv6 nat and IPv6-in-IPv6, and SCTP in every mode (dsr-l2 in both
+/// families, dsr-ipip, dsr-gue, nat in both families). Shared by the behaviour, fixture and
 /// allocation tests.
 pub const ALL_MODES: &str = r#"
 [gateway]
@@ -109,6 +110,63 @@ port = 80
 mode = "dsr-ipip"
 maglev_table_size = 251
 backends = [{ address = "2001:db8:1::11", port = 80, mac = "02:00:00:00:01:11" }]
+
+[[services]]
+name = "sctp-l2"
+vip = "203.0.113.30"
+port = 7777
+protocol = "sctp"
+mode = "dsr-l2"
+maglev_table_size = 251
+backends = [
+  { address = "198.51.100.11", port = 7777, mac = "02:00:00:00:01:11" },
+  { address = "198.51.100.12", port = 7777, mac = "02:00:00:00:01:12" },
+]
+
+[[services]]
+name = "sctp-v6-l2"
+vip = "2001:db8::30"
+port = 7777
+protocol = "sctp"
+mode = "dsr-l2"
+maglev_table_size = 251
+backends = [{ address = "2001:db8:1::11", port = 7777, mac = "02:00:00:00:01:11" }]
+
+[[services]]
+name = "sctp-ipip"
+vip = "203.0.113.31"
+port = 7777
+protocol = "sctp"
+mode = "dsr-ipip"
+maglev_table_size = 251
+backends = [{ address = "198.51.100.11", port = 7777, mac = "02:00:00:00:01:11" }]
+
+[[services]]
+name = "sctp-gue"
+vip = "203.0.113.32"
+port = 7777
+protocol = "sctp"
+mode = "dsr-gue"
+maglev_table_size = 251
+backends = [{ address = "198.51.100.12", port = 7777, mac = "02:00:00:00:01:12" }]
+
+[[services]]
+name = "sctp-nat"
+vip = "203.0.113.33"
+port = 7777
+protocol = "sctp"
+mode = "nat"
+maglev_table_size = 251
+backends = [{ address = "198.51.100.24", port = 17777, mac = "02:00:00:00:01:24" }]
+
+[[services]]
+name = "sctp-v6-nat"
+vip = "2001:db8::33"
+port = 7777
+protocol = "sctp"
+mode = "nat"
+maglev_table_size = 251
+backends = [{ address = "2001:db8:1::24", port = 17777, mac = "02:00:00:00:01:24" }]
 "#;
 
 /// The gateway's MAC on every port in tests.
@@ -265,10 +323,79 @@ pub fn udp(src: &str, sport: u16, dst: &str, dport: u16, payload: &[u8]) -> Vec<
     out
 }
 
+/// An SCTP packet from `src:sport` to `dst:dport` with verification tag `vtag` and the
+/// given chunks (see [`sctp_chunk`]), in a frame like [`tcp`]'s; its CRC32c (RFC 9260
+/// appendix A, stored least significant byte first) is computed here.
+pub fn sctp(src: &str, sport: u16, dst: &str, dport: u16, vtag: u32, chunks: &[u8]) -> Vec<u8> {
+    let mut pkt = Vec::with_capacity(12 + chunks.len());
+    pkt.extend_from_slice(&sport.to_be_bytes());
+    pkt.extend_from_slice(&dport.to_be_bytes());
+    pkt.extend_from_slice(&vtag.to_be_bytes());
+    pkt.extend_from_slice(&[0; 4]);
+    pkt.extend_from_slice(chunks);
+    let crc = crc32c::crc32c(&pkt);
+    pkt[8..12].copy_from_slice(&crc.to_le_bytes());
+    let b = PacketBuilder::ethernet2(CLIENT_MAC, GW_MAC);
+    let b = match (ip(src), ip(dst)) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => b.ipv4(s.octets(), d.octets(), 64),
+        (IpAddr::V6(s), IpAddr::V6(d)) => b.ipv6(s.octets(), d.octets(), 64),
+        _ => panic!("mixed families"),
+    };
+    let mut out = Vec::new();
+    b.write(&mut out, etherparse::IpNumber::SCTP, &pkt)
+        .expect("build sctp");
+    out
+}
+
+/// One SCTP chunk (RFC 9260 section 3.2): type, flags, length, `value`, padded to 4 bytes.
+pub fn sctp_chunk(kind: u8, flags: u8, value: &[u8]) -> Vec<u8> {
+    let len = 4 + value.len();
+    let mut c = vec![kind, flags];
+    c.extend_from_slice(&(len as u16).to_be_bytes());
+    c.extend_from_slice(value);
+    c.resize(len.next_multiple_of(4), 0);
+    c
+}
+
+/// An INIT chunk (RFC 9260 section 3.3.2) with initiate tag `tag`: a_rwnd 106496, 10
+/// outbound and 65535 inbound streams, initial TSN `tag`, no parameters.
+pub fn sctp_init(tag: u32) -> Vec<u8> {
+    let mut v = tag.to_be_bytes().to_vec();
+    v.extend_from_slice(&106_496u32.to_be_bytes());
+    v.extend_from_slice(&10u16.to_be_bytes());
+    v.extend_from_slice(&65_535u16.to_be_bytes());
+    v.extend_from_slice(&tag.to_be_bytes());
+    sctp_chunk(1, 0, &v)
+}
+
+/// An INIT ACK chunk (section 3.3.3) with initiate tag `tag` and a state cookie.
+pub fn sctp_init_ack(tag: u32, cookie: &[u8]) -> Vec<u8> {
+    let mut v = tag.to_be_bytes().to_vec();
+    v.extend_from_slice(&106_496u32.to_be_bytes());
+    v.extend_from_slice(&10u16.to_be_bytes());
+    v.extend_from_slice(&10u16.to_be_bytes());
+    v.extend_from_slice(&tag.to_be_bytes());
+    // State Cookie parameter (type 7).
+    v.extend_from_slice(&7u16.to_be_bytes());
+    v.extend_from_slice(&((4 + cookie.len()) as u16).to_be_bytes());
+    v.extend_from_slice(cookie);
+    sctp_chunk(2, 0, &v)
+}
+
+/// A DATA chunk (section 3.3.1), unfragmented (B and E flags), stream 0, PPID 0.
+pub fn sctp_data(tsn: u32, payload: &[u8]) -> Vec<u8> {
+    let mut v = tsn.to_be_bytes().to_vec();
+    v.extend_from_slice(&[0, 0, 0, 0]); // stream 0, sequence 0
+    v.extend_from_slice(&[0, 0, 0, 0]); // payload protocol identifier
+    v.extend_from_slice(payload);
+    sctp_chunk(0, 0x03, &v)
+}
+
 /// The frame as a Linux sender whose device offloads checksums hands it to the gateway
 /// (`CHECKSUM_PARTIAL` on a veth or a tap): its TCP/UDP checksum field holds the folded
-/// pseudo-header sum, not complemented, of the whole IP payload. The IP layer is found by
-/// etherparse, the sum done here; a frame without an unfragmented TCP/UDP segment is
+/// pseudo-header sum, not complemented, of the whole IP payload; an SCTP packet's CRC32c
+/// field holds zero (`CHECKSUM_PARTIAL` with `csum_not_inet`). The IP layer is found by
+/// etherparse, the sum done here; a frame without an unfragmented TCP/UDP/SCTP segment is
 /// returned unchanged.
 ///
 /// # Panics
@@ -299,6 +426,12 @@ pub fn offload(frame: &[u8]) -> Vec<u8> {
     let field = match proto {
         6 => 16,
         17 => 6,
+        132 => {
+            let at = seg.as_ptr() as usize - frame.as_ptr() as usize + 8;
+            let mut out = frame.to_vec();
+            out[at..at + 4].copy_from_slice(&[0; 4]);
+            return out;
+        }
         _ => return frame.to_vec(),
     };
     let at = seg.as_ptr() as usize - frame.as_ptr() as usize + field;
@@ -309,8 +442,9 @@ pub fn offload(frame: &[u8]) -> Vec<u8> {
 }
 
 /// Checks every checksum in a frame with etherparse (an independent parser) and a plain
-/// RFC 1071 sum: IPv4 header, TCP/UDP (pseudo-header included), ICMP/ICMPv6, recursively
-/// into IP-in-IP and GUE (UDP) encapsulation. Returns a description of the first problem.
+/// RFC 1071 sum: IPv4 header, TCP/UDP (pseudo-header included), ICMP/ICMPv6, SCTP's CRC32c
+/// (the `crc32c` crate over the packet with the field zeroed), recursively into IP-in-IP and
+/// GUE (UDP) encapsulation. Returns a description of the first problem.
 ///
 /// # Errors
 /// A text naming the bad layer.
@@ -383,6 +517,16 @@ fn verify_net(
         }
         1 if fold(sum(l4)) != 0xffff => return Err("icmp checksum".into()),
         58 if fold(pseudo + sum(l4)) != 0xffff => return Err("icmpv6 checksum".into()),
+        132 => {
+            if l4.len() < 12 {
+                return Err("sctp header".into());
+            }
+            let mut zeroed = l4.to_vec();
+            zeroed[8..12].copy_from_slice(&[0; 4]);
+            if crc32c::crc32c(&zeroed).to_le_bytes() != l4[8..12] {
+                return Err("sctp checksum".into());
+            }
+        }
         4 | 41 => return verify_inner(l4),
         _ => {}
     }

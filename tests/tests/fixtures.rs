@@ -25,11 +25,11 @@
 //! # Independent decoding
 //!
 //! `tshark_decodes_every_fixture` writes every well-formed input and every output into a
-//! pcap and has tshark dissect it with IPv4/TCP/UDP checksum validation on (ICMP and ICMPv6
-//! checksums are always validated) and GUE's port decoded as IP. It fails on any malformed
+//! pcap and has tshark dissect it with IPv4/TCP/UDP checksum validation on, SCTP's CRC32c
+//! validated (ICMP and ICMPv6 checksums are always validated) and GUE's port decoded as IP. It fails on any malformed
 //! packet, any expert info of error severity and any bad checksum, and checks decoded fields
 //! of the interesting fixtures. The inputs of `offloaded` fixtures carry a TCP/UDP checksum
-//! their sender left to offload: both decoders must find exactly that checksum bad on the way
+//! (or an SCTP CRC32c) their sender left to offload: both decoders must find exactly that checksum bad on the way
 //! in, and every checksum good on the way out. `scapy_decodes_every_fixture` has scapy recompute every
 //! checksum, GUE's inner packet included. Without tshark (or scapy) these tests fail unless
 //! `STRAIT_SKIP_TSHARK=1` (or `STRAIT_SKIP_SCAPY=1`) is set, and then say loudly that they
@@ -311,7 +311,7 @@ fn offloaded_fixtures_are_completed_and_counted_once() {
         );
         seen += 1;
     }
-    assert!(seen >= 7, "only {seen} offloaded fixtures");
+    assert!(seen >= 9, "only {seen} offloaded fixtures");
     // Each leaves exactly as the same packet sent with its checksum computed.
     for (offloaded, twin) in [
         ("offload_dsr_l2_v4", "dsr_l2_v4"),
@@ -321,6 +321,8 @@ fn offloaded_fixtures_are_completed_and_counted_once() {
         ("offload_nat_v6", "nat_forward_tcp_v6"),
         ("offload_nat_udp_v4", "nat_forward_udp_v4"),
         ("offload_nat_reply_v4", "nat_reply_tcp_v4"),
+        ("offload_sctp_dsr_l2_v4", "sctp_dsr_l2_v4"),
+        ("offload_sctp_nat_v4", "sctp_nat_forward_v4"),
     ] {
         let (a, b) = (fixture(offloaded), fixture(twin));
         assert_ne!(a.input, b.input, "{offloaded}");
@@ -556,6 +558,7 @@ const FIELDS: &[&str] = &[
     "udp.checksum.status",
     "icmp.checksum.status",
     "icmpv6.checksum.status",
+    "sctp.checksum.status",
     "eth.dst",
     "eth.src",
     "vlan.id",
@@ -576,6 +579,10 @@ const FIELDS: &[&str] = &[
     "tcp.flags.str",
     "udp.srcport",
     "udp.dstport",
+    "sctp.srcport",
+    "sctp.dstport",
+    "sctp.verification_tag",
+    "sctp.chunk_type",
     "icmp.type",
     "icmp.code",
     "icmp.mtu",
@@ -865,6 +872,95 @@ const EXPECT: &[(&str, &str, &str, &str)] = &[
     ("fragment_later_v6", "out", "ipv6.dst", "2001:db8:1::21"),
     ("fragment_later_v6", "out", "tcp.dstport", "8080"),
     ("fragment_later_v6", "out", "tcp.checksum.status", "1"),
+    // SCTP: the CRC32c untouched and valid through DSR, recomputed by nat.
+    ("sctp_dsr_l2_v4", "in", "sctp.checksum.status", "1"),
+    ("sctp_dsr_l2_v4", "in", "sctp.chunk_type", "1"),
+    ("sctp_dsr_l2_v4", "out", "eth.dst", "02:00:00:00:01:12"),
+    ("sctp_dsr_l2_v4", "out", "ip.dst", "203.0.113.30"),
+    ("sctp_dsr_l2_v4", "out", "ip.ttl", "64"),
+    ("sctp_dsr_l2_v4", "out", "sctp.dstport", "7777"),
+    ("sctp_dsr_l2_v4", "out", "sctp.checksum.status", "1"),
+    ("sctp_dsr_l2_v6", "out", "ipv6.dst", "2001:db8::30"),
+    ("sctp_dsr_l2_v6", "out", "sctp.checksum.status", "1"),
+    (
+        "sctp_dsr_l2_abort_without_flow",
+        "out",
+        "sctp.chunk_type",
+        "6",
+    ),
+    (
+        "sctp_dsr_l2_abort_without_flow",
+        "out",
+        "sctp.checksum.status",
+        "1",
+    ),
+    (
+        "sctp_dsr_ipip_v4",
+        "out",
+        "frame.protocols",
+        "eth:ethertype:ip:ip:sctp",
+    ),
+    ("sctp_dsr_ipip_v4", "out", "ip.proto", "4,132"),
+    (
+        "sctp_dsr_ipip_v4",
+        "out",
+        "ip.dst",
+        "198.51.100.11,203.0.113.31",
+    ),
+    (
+        "sctp_dsr_ipip_v4",
+        "out",
+        "sctp.verification_tag",
+        "0x0badcafe",
+    ),
+    ("sctp_dsr_ipip_v4", "out", "sctp.checksum.status", "1"),
+    (
+        "sctp_dsr_gue_v4",
+        "out",
+        "frame.protocols",
+        "eth:ethertype:ip:udp:ip:sctp",
+    ),
+    ("sctp_dsr_gue_v4", "out", "udp.dstport", "6080"),
+    (
+        "sctp_dsr_gue_v4",
+        "out",
+        "ip.dst",
+        "198.51.100.12,203.0.113.32",
+    ),
+    ("sctp_dsr_gue_v4", "out", "sctp.checksum.status", "1"),
+    ("sctp_nat_forward_v4", "out", "eth.dst", "02:00:00:00:01:24"),
+    ("sctp_nat_forward_v4", "out", "ip.src", "192.0.2.7"),
+    ("sctp_nat_forward_v4", "out", "ip.dst", "198.51.100.24"),
+    ("sctp_nat_forward_v4", "out", "ip.ttl", "63"),
+    ("sctp_nat_forward_v4", "out", "ip.checksum.status", "1"),
+    ("sctp_nat_forward_v4", "out", "sctp.srcport", "5000"),
+    ("sctp_nat_forward_v4", "out", "sctp.dstport", "17777"),
+    ("sctp_nat_forward_v4", "out", "sctp.checksum.status", "1"),
+    ("sctp_nat_forward_v6", "out", "ipv6.dst", "2001:db8:1::24"),
+    ("sctp_nat_forward_v6", "out", "ipv6.hlim", "63"),
+    ("sctp_nat_forward_v6", "out", "sctp.dstport", "17777"),
+    ("sctp_nat_forward_v6", "out", "sctp.checksum.status", "1"),
+    ("sctp_nat_forward_data_v4", "out", "ip.dst", "198.51.100.24"),
+    ("sctp_nat_forward_data_v4", "out", "sctp.dstport", "17777"),
+    (
+        "sctp_nat_forward_data_v4",
+        "out",
+        "sctp.checksum.status",
+        "1",
+    ),
+    ("sctp_nat_reply_v4", "in", "sctp.checksum.status", "1"),
+    ("sctp_nat_reply_v4", "out", "ip.src", "203.0.113.33"),
+    ("sctp_nat_reply_v4", "out", "ip.dst", "192.0.2.7"),
+    ("sctp_nat_reply_v4", "out", "eth.dst", "02:00:00:00:00:c1"),
+    ("sctp_nat_reply_v4", "out", "ip.ttl", "63"),
+    ("sctp_nat_reply_v4", "out", "sctp.srcport", "7777"),
+    ("sctp_nat_reply_v4", "out", "sctp.chunk_type", "2"),
+    ("sctp_nat_reply_v4", "out", "sctp.checksum.status", "1"),
+    ("offload_sctp_dsr_l2_v4", "in", "sctp.checksum.status", "0"),
+    ("offload_sctp_dsr_l2_v4", "out", "sctp.checksum.status", "1"),
+    ("offload_sctp_nat_v4", "in", "sctp.checksum.status", "0"),
+    ("offload_sctp_nat_v4", "out", "sctp.dstport", "17777"),
+    ("offload_sctp_nat_v4", "out", "sctp.checksum.status", "1"),
 ];
 
 #[test]
@@ -883,6 +979,8 @@ fn tshark_decodes_every_fixture() {
         "tcp.check_checksum:TRUE",
         "-o",
         "udp.check_checksum:TRUE",
+        "-o",
+        "sctp.checksum:CRC 32c",
         // Fixtures share 4-tuples; sequence analysis across them would only add notes.
         "-o",
         "tcp.analyze_sequence_numbers:FALSE",
@@ -946,10 +1044,14 @@ fn tshark_decodes_every_fixture() {
             "udp.checksum.status",
             "icmp.checksum.status",
             "icmpv6.checksum.status",
+            "sctp.checksum.status",
         ] {
             // 0 = bad, 4 = illegal (e.g. a zero UDP checksum over IPv6).
             let bad = m[k].split(',').filter(|s| *s == "0" || *s == "4").count();
-            let l4 = k == "tcp.checksum.status" || k == "udp.checksum.status";
+            let l4 = matches!(
+                k,
+                "tcp.checksum.status" | "udp.checksum.status" | "sctp.checksum.status"
+            );
             if bad > 0 && (cut_quote || rec.partial) && l4 {
                 excused += bad;
             } else if bad > 0 {
@@ -966,7 +1068,9 @@ fn tshark_decodes_every_fixture() {
         for (i, s) in sev.iter().enumerate() {
             let msg = msg.get(i).copied().unwrap_or("?");
             if *s == SEVERITY_ERROR {
-                if excused > 0 && msg.starts_with("Bad checksum") {
+                let bad_sum =
+                    msg.starts_with("Bad checksum") || msg.starts_with("Bad SCTP checksum");
+                if excused > 0 && bad_sum {
                     excused -= 1;
                 } else {
                     problems.push(format!("{who}: expert error: {msg}"));
@@ -1041,9 +1145,11 @@ fn scapy_decodes_every_fixture() {
         assert_eq!(cols.len(), 4, "scapy line: {line}");
         if rec.partial {
             // Exactly the transport checksum is wrong, and nothing else.
-            let l4_only = cols[3]
-                .split("; ")
-                .all(|p| p.starts_with("TCP.chksum") || p.starts_with("UDP.chksum"));
+            let l4_only = cols[3].split("; ").all(|p| {
+                p.starts_with("TCP.chksum")
+                    || p.starts_with("UDP.chksum")
+                    || p.starts_with("SCTP.chksum")
+            });
             if cols[3].is_empty() || !l4_only {
                 problems.push(format!(
                     "{}.{}: expected only the offloaded checksum bad, got {:?}",
@@ -1120,4 +1226,14 @@ const SCAPY_EXPECT: &[(&str, &str, &str)] = &[
     ("too_big_icmpv6", "out", "ICMPv6PacketTooBig / IPerror6 / TCPerror / Raw [verified: ICMPv6PacketTooBig.cksum]"),
     ("fragment_later_v4", "out", "[verified: IP.chksum reassembled-UDP.chksum]"),
     ("fragment_later_v6", "out", "[verified: reassembled-TCP.chksum]"),
+    ("sctp_dsr_l2_v4", "out", "192.0.2.7 > 203.0.113.30 sctp / SCTP / SCTPChunkInit [verified: IP.chksum SCTP.chksum]"),
+    ("sctp_dsr_l2_v6", "out", "SCTPChunkInit [verified: SCTP.chksum]"),
+    ("sctp_dsr_ipip_v4", "out", "Ether / IP / 192.0.2.7 > 203.0.113.31 sctp / SCTP / SCTPChunkData [verified: IP.chksum IP.chksum SCTP.chksum]"),
+    ("sctp_dsr_gue_v4", "out", "GUE inner: 192.0.2.7 > 203.0.113.32 sctp / SCTP / SCTPChunkInit [verified: IP.chksum GUE-inner-IP.chksum GUE-inner-SCTP.chksum]"),
+    ("sctp_nat_forward_v4", "out", "192.0.2.7 > 198.51.100.24 sctp / SCTP / SCTPChunkInit [verified: IP.chksum SCTP.chksum]"),
+    ("sctp_nat_forward_v6", "out", "2001:db8:2::7 > 2001:db8:1::24 (132) / SCTP / SCTPChunkInit [verified: SCTP.chksum]"),
+    ("sctp_nat_forward_data_v4", "out", "SCTPChunkData [verified: IP.chksum SCTP.chksum]"),
+    ("sctp_nat_reply_v4", "out", "203.0.113.33 > 192.0.2.7 sctp / SCTP / SCTPChunkInitAck [verified: IP.chksum SCTP.chksum]"),
+    ("offload_sctp_dsr_l2_v4", "out", "[verified: IP.chksum SCTP.chksum]"),
+    ("offload_sctp_nat_v4", "out", "[verified: IP.chksum SCTP.chksum]"),
 ];

@@ -4,7 +4,8 @@
 //! The traffic covers every branch a worker takes: new flows and established ones in each
 //! mode (IPv4 and IPv6), nat replies, ClientIP affinity, ICMP errors (forwarded and nat
 //! translated), fragments (first and later), checksums left to offload by the sender
-//! (completed in every mode), ICMP "too big" answers to frames that do not fit
+//! (completed in every mode), SCTP in every mode (its CRC32c verified and recomputed by nat),
+//! ICMP "too big" answers to frames that do not fit
 //! the tunnel, RSTs without a flow, source-ACL drops, malformed frames, replies without a flow,
 //! frames for the kernel, handoffs to another core's nat flows, a flow table small enough to
 //! fill (evictions and stateless flows), a clock that runs long enough for entries to expire,
@@ -16,9 +17,9 @@ use std::sync::atomic::Ordering;
 use etherparse::{icmpv4, Icmpv4Type, PacketBuilder};
 use strait_dataplane::pipeline::{Pipeline, Verdict};
 use strait_dataplane::rewrite::{Frame, HEADROOM};
-use strait_dataplane::stats::Counters;
+use strait_dataplane::stats::{Counters, DropReason};
 use strait_dataplane::table::ServiceTable;
-use strait_tests::{offload, tcp, udp, Bed, CLIENT_MAC, GW_MAC, SEC};
+use strait_tests::{offload, sctp, sctp_data, sctp_init, tcp, udp, Bed, CLIENT_MAC, GW_MAC, SEC};
 
 #[path = "../../dataplane/tests/support/counting_alloc.rs"]
 mod counting;
@@ -182,6 +183,57 @@ fn shapes() -> Vec<Shape> {
         same(arp),
         same(syn[..20].to_vec()),
         same(syn[..40].to_vec()),
+        // SCTP: new associations in every mode (nat's with a CRC32c left to offload, which
+        // the port the loop writes cannot make wrong), an established nat association both
+        // ways (CRC verified, then recomputed), and a damaged one dropped.
+        new4(sctp("192.0.2.7", 1, "203.0.113.30", 7777, 0, &sctp_init(1))),
+        new4(sctp("192.0.2.7", 1, "203.0.113.31", 7777, 0, &sctp_init(1))),
+        new4(sctp("192.0.2.7", 1, "203.0.113.32", 7777, 0, &sctp_init(1))),
+        new4(offload(&sctp(
+            "192.0.2.7",
+            1,
+            "203.0.113.33",
+            7777,
+            0,
+            &sctp_init(1),
+        ))),
+        new6(offload(&sctp(
+            "2001:db8:2::7",
+            1,
+            "2001:db8::33",
+            7777,
+            0,
+            &sctp_init(1),
+        ))),
+        same(sctp(
+            "192.0.2.7",
+            40000,
+            "203.0.113.33",
+            7777,
+            2,
+            &sctp_data(1, b"data"),
+        )),
+        same(sctp(
+            "198.51.100.24",
+            17777,
+            "192.0.2.7",
+            40000,
+            1,
+            &sctp_data(1, b"reply"),
+        )),
+        same({
+            let mut f = sctp(
+                "192.0.2.7",
+                40000,
+                "203.0.113.33",
+                7777,
+                2,
+                &sctp_data(2, b"data"),
+            );
+            let n = f.len();
+            f[n - 1] ^= 1;
+            f
+        }),
         // nat flows owned by other cores: handed off.
         Shape {
             frame: tcp("192.0.2.8", 1, "203.0.113.13", 80, "S", &[]),
@@ -359,6 +411,9 @@ fn the_packet_path_does_not_allocate() {
         ("rst_without_flow", |c| c.rst_without_flow),
         ("checksum_completed", |c| c.checksum_completed),
         ("dropped", |c| c.dropped()),
+        ("sctp_checksum drops", |c| {
+            c.drops_for(DropReason::SctpChecksum)
+        }),
     ] {
         assert!(
             grew(&before, &after, f) > 0,

@@ -721,3 +721,196 @@ fn two_gateways_with_one_configuration_choose_the_same_backend_for_10000_flows()
         "the two gateways' backend ids happen to be the same"
     );
 }
+
+/// SCTP associations through the flow table: INIT opens a half-open flow as a SYN does, the
+/// next client packet (COOKIE ECHO, DATA) makes it established, ABORT and SHUTDOWN COMPLETE
+/// close it, an ABORT of an unknown association makes no state; the verification tag is not
+/// part of the key (every packet of the association stays on its backend, whatever its tag).
+#[test]
+fn sctp_associations_go_through_the_flow_states() {
+    use strait_dataplane::flow::FlowState;
+    use strait_dataplane::key::{proto, FlowKey};
+    use strait_tests::{sctp, sctp_chunk, sctp_data, sctp_init};
+
+    let mut bed = Bed::new(CONFIG);
+    let c = "192.0.2.7";
+    let vip = "203.0.113.30";
+    let key = |sport: u16| {
+        FlowKey::new(
+            c.parse().unwrap(),
+            vip.parse().unwrap(),
+            proto::SCTP,
+            sport,
+            7777,
+        )
+    };
+    let state = |bed: &Bed, sport| bed.pipe.flows.peek(&key(sport)).map(|v| v.state);
+
+    let (v, first) = bed.run(&sctp(c, 5000, vip, 7777, 0, &sctp_init(1)));
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    assert_eq!(
+        state(&bed, 5000),
+        Some(FlowState::TcpSyn),
+        "INIT: half-open"
+    );
+    bed.now += SEC;
+    let cookie_echo = sctp_chunk(10, 0, b"cookie!!");
+    let (_, o) = bed.run(&sctp(c, 5000, vip, 7777, 0xabcd, &cookie_echo));
+    assert_eq!(dst_mac(&o), dst_mac(&first), "same backend, another tag");
+    assert_eq!(state(&bed, 5000), Some(FlowState::TcpEstablished));
+    for tsn in 1..5 {
+        bed.now += SEC;
+        let (_, o) = bed.run(&sctp(c, 5000, vip, 7777, 0xabcd, &sctp_data(tsn, b"x")));
+        assert_eq!(dst_mac(&o), dst_mac(&first));
+    }
+    assert_eq!(state(&bed, 5000), Some(FlowState::TcpEstablished));
+    let (_, o) = bed.run(&sctp(c, 5000, vip, 7777, 0xabcd, &sctp_chunk(14, 0, &[])));
+    assert_eq!(dst_mac(&o), dst_mac(&first));
+    assert_eq!(
+        state(&bed, 5000),
+        Some(FlowState::TcpClosing),
+        "SHUTDOWN COMPLETE"
+    );
+    // A new association from another port, aborted.
+    let _ = bed.run(&sctp(c, 5001, vip, 7777, 0, &sctp_init(2)));
+    let _ = bed.run(&sctp(c, 5001, vip, 7777, 2, &sctp_chunk(6, 0, &[])));
+    assert_eq!(state(&bed, 5001), Some(FlowState::TcpClosing), "ABORT");
+    assert_eq!(bed.pipe.counters.flows_created, 2);
+    // An ABORT for an association never seen: forwarded, no state.
+    let (v, _) = bed.run(&sctp(c, 5002, vip, 7777, 9, &sctp_chunk(6, 0, &[])));
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    assert_eq!(state(&bed, 5002), None);
+    assert_eq!(bed.pipe.counters.rst_without_flow, 1);
+    // A DATA packet of an unknown association picks it up, established.
+    let _ = bed.run(&sctp(c, 5003, vip, 7777, 9, &sctp_data(7, b"y")));
+    assert_eq!(state(&bed, 5003), Some(FlowState::TcpEstablished));
+    assert!(bed.pipe.counters.balanced());
+}
+
+/// nat of SCTP both ways, with the CRC32c recomputed and verified by the independent
+/// checker; a damaged packet is dropped in either direction rather than re-checksummed.
+#[test]
+fn sctp_nat_recomputes_the_crc_both_ways_and_drops_damaged_packets() {
+    use strait_tests::{sctp, sctp_data, sctp_init, sctp_init_ack};
+
+    let mut bed = Bed::new(CONFIG);
+    let init = sctp("192.0.2.7", 5000, "203.0.113.33", 7777, 0, &sctp_init(0x11));
+    let (v, out) = bed.run(&init);
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    verify(&out).expect("forwarded INIT's CRC32c");
+    assert_eq!(&out[30..34], &[198, 51, 100, 24], "to the backend");
+    assert_eq!(&out[36..38], &17777u16.to_be_bytes(), "its port");
+    let mut reply = sctp(
+        "198.51.100.24",
+        17777,
+        "192.0.2.7",
+        5000,
+        0x11,
+        &sctp_init_ack(0x22, b"cook"),
+    );
+    reply[6..12].copy_from_slice(&[2, 0, 0, 0, 1, 0x24]);
+    let (v, back) = bed.run(&reply);
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    verify(&back).expect("translated INIT ACK's CRC32c");
+    assert_eq!(&back[26..30], &[203, 0, 113, 33], "from the VIP");
+    assert_eq!(&back[34..36], &7777u16.to_be_bytes(), "and its port");
+    assert_eq!(dst_mac(&back), CLIENT_MAC);
+
+    let mut bad = sctp(
+        "192.0.2.7",
+        5000,
+        "203.0.113.33",
+        7777,
+        0x22,
+        &sctp_data(1, b"z"),
+    );
+    let n = bad.len();
+    bad[n - 1] ^= 0x40; // a payload bit flipped on the way
+    let (v, o) = bed.run(&bad);
+    assert_eq!(v, Verdict::Drop(DropReason::SctpChecksum));
+    assert_eq!(o, bad, "dropped untouched");
+    let mut bad_reply = reply.clone();
+    let n = bad_reply.len();
+    bad_reply[n - 2] ^= 0x01;
+    let (v, _) = bed.run(&bad_reply);
+    assert_eq!(v, Verdict::Drop(DropReason::SctpChecksum));
+    assert_eq!(bed.pipe.counters.drops_for(DropReason::SctpChecksum), 2);
+    assert!(bed.pipe.counters.balanced());
+}
+
+/// ICMP errors about SCTP flows reach the flow's backend: in dsr-l2 forwarded as they are,
+/// in nat with the quoted packet translated back to the backend's address and port (the
+/// quoted CRC32c, over a packet the quote holds only part of, is left alone) and the ICMP
+/// checksum kept valid.
+#[test]
+fn icmp_errors_about_sctp_flows_reach_their_backend() {
+    use strait_tests::{sctp, sctp_data, sctp_init};
+
+    let frag_needed = |vip: [u8; 4], quoted: &[u8]| {
+        let mut frame = Vec::new();
+        etherparse::PacketBuilder::ethernet2(CLIENT_MAC, GW_MAC)
+            .ipv4([192, 0, 2, 254], vip, 64)
+            .icmpv4_raw(3, 4, [0, 0, 0x05, 0x00])
+            .write(&mut frame, quoted)
+            .unwrap();
+        frame
+    };
+    let mut bed = Bed::new(CONFIG);
+    // dsr-l2: the VIP's (the backend's) reply quoted with its first 8 SCTP bytes.
+    let (_, out) = bed.run(&sctp(
+        "192.0.2.7",
+        5000,
+        "203.0.113.30",
+        7777,
+        0,
+        &sctp_init(1),
+    ));
+    let reply = sctp(
+        "203.0.113.30",
+        7777,
+        "192.0.2.7",
+        5000,
+        1,
+        &sctp_data(1, b"big"),
+    );
+    let (v, fwd) = bed.run(&frag_needed([203, 0, 113, 30], &reply[14..14 + 28]));
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    assert_eq!(dst_mac(&fwd), dst_mac(&out), "to the association's backend");
+
+    // nat: the whole reply quoted.
+    let _ = bed.run(&sctp(
+        "192.0.2.7",
+        5000,
+        "203.0.113.33",
+        7777,
+        0,
+        &sctp_init(1),
+    ));
+    let reply = sctp(
+        "203.0.113.33",
+        7777,
+        "192.0.2.7",
+        5000,
+        1,
+        &sctp_data(1, b"big"),
+    );
+    let (v, fwd) = bed.run(&frag_needed([203, 0, 113, 33], &reply[14..]));
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    verify(&fwd).expect("outer IPv4 and ICMP checksums");
+    assert_eq!(dst_mac(&fwd), [2, 0, 0, 0, 1, 0x24]);
+    assert_eq!(
+        &fwd[30..34],
+        &[198, 51, 100, 24],
+        "outer destination: the backend"
+    );
+    let q = 14 + 20 + 8;
+    assert_eq!(&fwd[q + 12..q + 16], &[198, 51, 100, 24], "quoted source");
+    assert_eq!(&fwd[q + 20..q + 22], &17777u16.to_be_bytes(), "quoted port");
+    assert_eq!(
+        &fwd[q + 28..],
+        &reply[14 + 28..],
+        "the rest of the quote, CRC32c included, as it was"
+    );
+    assert_eq!(bed.pipe.counters.icmp_errors_forwarded, 2);
+    assert!(bed.pipe.counters.balanced());
+}

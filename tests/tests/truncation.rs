@@ -30,8 +30,10 @@
 //!   output's must too.
 //!
 //!   An input whose TCP/UDP checksum field holds its pseudo-header sum (left to offload by
-//!   its sender, or made so by the corruption) is judged as the same input with that
-//!   checksum completed: the gateway completes it before or while rewriting.
+//!   its sender, or made so by the corruption; for SCTP, a zero CRC32c) is judged as the
+//!   same input with that checksum completed: the gateway completes it before or while
+//!   rewriting. SCTP's CRC32c, which nat recomputes, keeps its residual too: nat drops a
+//!   packet whose CRC does not verify, so it never repairs one.
 //!
 //! The residuals are computed by a walker written here, independent of the dataplane's
 //! parser.
@@ -399,6 +401,16 @@ fn walk(f: &[u8]) -> Option<Walk> {
             }
             at + 8
         }
+        132 => {
+            // SCTP's CRC32c covers the packet, no pseudo-header: its residual is the
+            // difference between the field and the CRC of the packet as it stands.
+            if seg.len() >= 12 {
+                residuals
+                    .push(sctp_crc(seg) ^ u32::from_le_bytes([seg[8], seg[9], seg[10], seg[11]]));
+            }
+            // Ports, verification tag and checksum.
+            at + 12
+        }
         1 | 58 if seg.len() >= 8 => {
             let s = if proto == 58 {
                 pseudo(src, dst, 58, seg.len())
@@ -430,8 +442,16 @@ fn walk(f: &[u8]) -> Option<Walk> {
     Some(Walk { residuals, limit })
 }
 
+/// The CRC32c of an SCTP packet (at least 12 bytes) with its checksum field taken as zero.
+fn sctp_crc(seg: &[u8]) -> u32 {
+    let mut z = seg.to_vec();
+    z[8..12].copy_from_slice(&[0; 4]);
+    crc32c::crc32c(&z)
+}
+
 /// `f` with its TCP/UDP checksum completed if the field holds only the pseudo-header sum
-/// (an unfragmented segment, summed to the end of the IP packet); otherwise `f` as it is.
+/// (an unfragmented segment, summed to the end of the IP packet), or its SCTP CRC32c if the
+/// field is zero; otherwise `f` as it is.
 fn completed(f: &[u8]) -> Vec<u8> {
     let mut o = f.to_vec();
     let l3 = l2_len(f);
@@ -470,6 +490,14 @@ fn completed(f: &[u8]) -> Vec<u8> {
     let field = match proto {
         6 => 16,
         17 => 6,
+        132 => {
+            // An SCTP CRC32c left to offload is a zero field.
+            if let Some(seg) = ip.get(l4..).filter(|s| s.len() >= 12 && s[8..12] == [0; 4]) {
+                let at = l3 + l4 + 8;
+                o[at..at + 4].copy_from_slice(&sctp_crc(seg).to_le_bytes());
+            }
+            return o;
+        }
         _ => return o,
     };
     let Some(seg) = ip.get(l4..).filter(|s| s.len() >= field + 2) else {

@@ -1,4 +1,4 @@
-//! One pass over a frame: Ethernet (+802.1Q) → IPv4/IPv6 (+extensions) → TCP/UDP/ICMP.
+//! One pass over a frame: Ethernet (+802.1Q) → IPv4/IPv6 (+extensions) → TCP/UDP/SCTP/ICMP.
 //!
 //! The result is a `Copy` [`Parsed`] summary holding offsets and the fields the pipeline
 //! decides on. Anything not IP is `Ok(None)` (the kernel's business: ARP, LLDP, ...);
@@ -11,9 +11,12 @@
 //! header an ICMP error quotes is not checked: it is read only to find a flow, and routers
 //! may quote it as they altered it. A TCP/UDP checksum left to offload by a local sender
 //! (see [`super::checksum`]) is noted in [`Parsed::l4_partial`], for the rewrite to
-//! complete; it must be detected before a rewrite changes the pseudo-header.
+//! complete; it must be detected before a rewrite changes the pseudo-header. So is an SCTP
+//! CRC32c left to offload (a zero field, [`sctp::is_partial`]); an SCTP checksum is not
+//! otherwise verified here: only a nat rewrite, which must recompute it, checks it first
+//! (the pipeline does), and DSR leaves it to the backend.
 
-use super::{be16, checksum, ethernet, icmp, ipv4, ipv6, tcp, udp, Error};
+use super::{be16, checksum, ethernet, icmp, ipv4, ipv6, sctp, tcp, udp, Error};
 use crate::key::{proto, v4_mapped, FlowKey};
 use crate::stats::DropReason;
 
@@ -79,12 +82,15 @@ pub struct Parsed {
     pub src_port: u16,
     /// Transport destination port (0 when none).
     pub dst_port: u16,
-    /// TCP flags (0 for other protocols).
+    /// TCP flags; for SCTP, the flags its first chunk stands for ([`sctp::flow_flags`]: INIT
+    /// as SYN, ABORT as RST, the shutdowns as FIN, others as ACK), so that the flow table
+    /// follows an association as it follows a connection; 0 for other protocols.
     pub tcp_flags: u8,
     /// The TCP/UDP checksum field holds only the pseudo-header sum, as a sender that left the
-    /// checksum to its device's offload wrote it: whoever sends the packet on completes it.
-    /// Only for unfragmented TCP and UDP (a fragment's segment is not all here, and Linux
-    /// completes checksums before it fragments).
+    /// checksum to its device's offload wrote it (for SCTP: the CRC32c field holds zero):
+    /// whoever sends the packet on completes it. Only for unfragmented TCP, UDP and SCTP (a
+    /// fragment's segment is not all here, and Linux completes checksums before it
+    /// fragments).
     pub l4_partial: bool,
     /// ICMP type (ICMP and ICMPv6 only).
     pub icmp_type: u8,
@@ -233,6 +239,13 @@ pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
                 (p.src_port, p.dst_port) = (h.src_port(), h.dst_port());
             }
         }
+        proto::SCTP => {
+            // The common header, also in a first fragment: ports, tag and checksum.
+            let h = sctp::Packet::new_checked(l4).map_err(|_| DropReason::L4Truncated)?;
+            (p.src_port, p.dst_port) = (h.src_port(), h.dst_port());
+            p.tcp_flags = sctp::flow_flags(h.first_chunk());
+            p.l4_partial = p.frag == Frag::None && sctp::is_partial(l4);
+        }
         proto::ICMP | proto::ICMPV6 if p.frag == Frag::None => {
             let h = icmp::Packet::new_checked(l4).map_err(|_| DropReason::L4Truncated)?;
             p.icmp_type = h.msg_type();
@@ -252,8 +265,8 @@ pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
 
 /// Reads the packet an ICMP error embeds, starting at `at` and ending at `end`. It must hold
 /// the IP header and the first 8 bytes of its transport header (RFC 792 guarantees that much;
-/// RFC 1812 and RFC 4443 include more). `Ok(None)` for an embedded protocol other than TCP
-/// or UDP: no service flow can be behind it (errors about the box's own pings, say), so it is
+/// RFC 1812 and RFC 4443 include more; for SCTP, ports and verification tag). `Ok(None)` for
+/// an embedded protocol other than TCP, UDP or SCTP: no service flow can be behind it (errors about the box's own pings, say), so it is
 /// the kernel's.
 fn embedded(frame: &[u8], at: usize, end: usize) -> Result<Option<Embedded>, DropReason> {
     let b = &frame[at..end];
@@ -283,7 +296,7 @@ fn embedded(frame: &[u8], at: usize, end: usize) -> Result<Option<Embedded>, Dro
         }
         _ => return Err(DropReason::IcmpEmbeddedTruncated),
     };
-    if !matches!(e.proto, proto::TCP | proto::UDP) {
+    if !matches!(e.proto, proto::TCP | proto::UDP | proto::SCTP) {
         return Ok(None);
     }
     if b.len() < hl + 8 {

@@ -9,14 +9,17 @@
 //!
 //! The table covers every forwarding mode in both families, the ICMP paths (errors about
 //! flows, too-big answers), fragments, checksums left to offload by the sender (completed on
-//! the way out), and every drop reason that input bytes can reach
+//! the way out), SCTP in every mode (its CRC32c kept by DSR, recomputed by nat), and every drop reason that input bytes can reach
 //! under [`CONFIG`]. Two reasons cannot be reached from a frame: `no_headroom` (the driver's
 //! headroom, fixed by the test runner) and `no_egress` (a port index outside the table,
 //! which the table builder never produces).
 
 use strait_dataplane::pipeline::Verdict;
 use strait_dataplane::stats::DropReason;
-use strait_tests::{offload, tcp, udp, Bed, CLIENT_MAC, GW_MAC};
+use strait_tests::{
+    offload, sctp, sctp_chunk, sctp_data, sctp_init, sctp_init_ack, tcp, udp, Bed, CLIENT_MAC,
+    GW_MAC,
+};
 
 /// The services of `pipeline.rs`, plus the ones only fixtures need: dsr-l2 over IPv6,
 /// IPv4-in-IPv6 tunnels (ipip and GUE), GUE over IPv6, a VIP shared by two TCP services
@@ -152,8 +155,9 @@ impl Fixture {
         }
     }
 
-    /// Replaces the input's TCP/UDP checksum by its pseudo-header sum, as a Linux sender
-    /// whose device offloads checksums (a veth, a tap) hands the packet over.
+    /// Replaces the input's TCP/UDP checksum by its pseudo-header sum (an SCTP CRC32c by
+    /// zero), as a Linux sender whose device offloads checksums (a veth, a tap) hands the
+    /// packet over.
     fn offloaded(mut self) -> Self {
         self.input = offload(&self.input);
         self.offloaded = true;
@@ -183,6 +187,8 @@ impl Fixture {
                     | DropReason::Ipv6ExtensionHeaders
                     | DropReason::L4Truncated
                     | DropReason::IcmpEmbeddedTruncated
+                    // Well-formed but for its checksum, which is the point.
+                    | DropReason::SctpChecksum
             )
         )
     }
@@ -237,6 +243,7 @@ pub fn all() -> Vec<Fixture> {
     nat(&mut v);
     offload_checksums(&mut v);
     icmp(&mut v);
+    sctp_fixtures(&mut v);
     fragments(&mut v);
     policy(&mut v);
     malformed(&mut v);
@@ -737,6 +744,170 @@ fn icmp(v: &mut Vec<Fixture>) {
         ),
         Verdict::Pass,
     ));
+}
+
+/// SCTP's nat backend (the `sctp-nat` service's only one) and its MAC.
+const SCTP_BACKEND4: &str = "198.51.100.24";
+const SCTP_BACKEND_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x01, 0x24];
+/// The client's initiate tag in its INIT, hence the verification tag of the backend's packets.
+const SCTP_CLIENT_TAG: u32 = 0x5eed_c0de;
+/// The backend's initiate tag, hence the verification tag of the client's later packets.
+const SCTP_BACKEND_TAG: u32 = 0x0bad_cafe;
+
+fn sctp_fixtures(v: &mut Vec<Fixture>) {
+    let init4 = |vip: &str| sctp(C4, 5000, vip, 7777, 0, &sctp_init(SCTP_CLIENT_TAG));
+    let init6 = |vip: &str| sctp(C6, 5000, vip, 7777, 0, &sctp_init(SCTP_CLIENT_TAG));
+    let data4 = |vip: &str| {
+        sctp(
+            C4,
+            5000,
+            vip,
+            7777,
+            SCTP_BACKEND_TAG,
+            &sctp_data(SCTP_CLIENT_TAG, b"hello"),
+        )
+    };
+    v.push(Fixture::new(
+        "sctp_dsr_l2_v4",
+        "An SCTP INIT to a dsr-l2 VIP leaves with only its MACs changed, its CRC32c untouched          and still valid.",
+        init4("203.0.113.30"),
+        TX,
+    ));
+    v.push(Fixture::new(
+        "sctp_dsr_l2_v6",
+        "An SCTP INIT to an IPv6 dsr-l2 VIP leaves with only its MACs changed.",
+        init6("2001:db8::30"),
+        TX,
+    ));
+    v.push(Fixture::new(
+        "sctp_dsr_l2_abort_without_flow",
+        "An SCTP ABORT for an association the gateway never saw is forwarded by Maglev, as a          TCP RST is (and creates no state).",
+        sctp(
+            C4,
+            5001,
+            "203.0.113.30",
+            7777,
+            SCTP_BACKEND_TAG,
+            &sctp_chunk(6, 0, &[]),
+        ),
+        TX,
+    ));
+    v.push(Fixture::new(
+        "sctp_dsr_ipip_v4",
+        "An SCTP DATA packet (an association picked up mid-stream) to a dsr-ipip VIP is          wrapped in an outer IPv4 header, the inner SCTP packet unchanged.",
+        data4("203.0.113.31"),
+        TX,
+    ));
+    v.push(Fixture::new(
+        "sctp_dsr_gue_v4",
+        "An SCTP INIT to a dsr-gue VIP is wrapped in UDP to port 6080, the inner SCTP packet          unchanged.",
+        init4("203.0.113.32"),
+        TX,
+    ));
+    v.push(Fixture::new(
+        "sctp_nat_forward_v4",
+        "An SCTP INIT to a nat VIP gets the backend's address and port (17777) as destination,          TTL decremented, and its CRC32c recomputed over the rewritten packet.",
+        init4("203.0.113.33"),
+        TX,
+    ));
+    v.push(Fixture::new(
+        "sctp_nat_forward_v6",
+        "An SCTP INIT to an IPv6 nat VIP gets the backend's address and port and a recomputed          CRC32c.",
+        init6("2001:db8::33"),
+        TX,
+    ));
+    v.push(
+        Fixture::new(
+            "sctp_nat_forward_data_v4",
+            "A DATA packet of an association a nat flow holds goes to the same backend, port              rewritten, CRC32c recomputed.",
+            data4("203.0.113.33"),
+            TX,
+        )
+        .after(init4("203.0.113.33")),
+    );
+    let mut init_ack = sctp(
+        SCTP_BACKEND4,
+        17777,
+        C4,
+        5000,
+        SCTP_CLIENT_TAG,
+        &sctp_init_ack(SCTP_BACKEND_TAG, b"a cookie of the backend!"),
+    );
+    set_src_mac(&mut init_ack, SCTP_BACKEND_MAC);
+    v.push(
+        Fixture::new(
+            "sctp_nat_reply_v4",
+            "The backend's INIT ACK is translated back: source becomes VIP:7777, TTL              decremented, CRC32c recomputed, sent to the MAC the client's INIT came from.",
+            init_ack,
+            TX,
+        )
+        .after(init4("203.0.113.33")),
+    );
+    let mut bad = init4("203.0.113.33");
+    let at = bad.len() - 20 - 12 + 8; // the CRC32c: 20 bytes of INIT after the common header
+    bad[at] ^= 0x01;
+    v.push(Fixture::new(
+        "sctp_nat_bad_checksum",
+        "An SCTP INIT to a nat VIP whose CRC32c does not verify is dropped (sctp_checksum)          rather than given a valid one by the port rewrite.",
+        bad,
+        drop(DropReason::SctpChecksum),
+    ));
+    // An INIT cut after 16 bytes of its 32 (a multiple of 8, as fragment offsets are).
+    let whole = l4_of(&init4("203.0.113.33"));
+    v.push(Fixture::new(
+        "sctp_nat_fragment",
+        "The first IP fragment of an SCTP packet to a nat VIP is dropped (sctp_fragment): its          CRC32c covers the whole packet, which the gateway does not reassemble.",
+        eth(
+            0x0800,
+            &ipv4(
+                ip4(C4),
+                ip4("203.0.113.33"),
+                132,
+                64,
+                0x2000,
+                0x4321,
+                &[],
+                &whole[..16],
+            ),
+        ),
+        drop(DropReason::SctpFragment),
+    ));
+    v.push(Fixture::new(
+        "l4_truncated_sctp",
+        "An IPv4 packet of protocol SCTP holding 8 bytes, shorter than SCTP's 12-byte common          header, is dropped (l4_truncated).",
+        eth(
+            0x0800,
+            &ipv4(
+                ip4(C4),
+                ip4("203.0.113.30"),
+                132,
+                64,
+                0x4000,
+                0,
+                &[],
+                &whole[..8],
+            ),
+        ),
+        drop(DropReason::L4Truncated),
+    ));
+    v.push(
+        Fixture::new(
+            "offload_sctp_dsr_l2_v4",
+            "An SCTP INIT whose CRC32c was left to offload (a zero field) leaves dsr-l2 with              the CRC32c computed.",
+            init4("203.0.113.30"),
+            TX,
+        )
+        .offloaded(),
+    );
+    v.push(
+        Fixture::new(
+            "offload_sctp_nat_v4",
+            "An SCTP INIT to a nat VIP whose CRC32c was left to offload is translated and              leaves with the CRC32c computed.",
+            init4("203.0.113.33"),
+            TX,
+        )
+        .offloaded(),
+    );
 }
 
 fn fragments(v: &mut Vec<Fixture>) {

@@ -4,7 +4,7 @@
 //! Service ──┬─ frontends: LoadBalancer addresses (owned class, from the address plan),
 //!           │             spec.externalIPs (owned Services, or all if asked),
 //!           │             nodeport address:nodePort (type NodePort)
-//!           ├─ × ports (TCP, UDP; SCTP skipped)           one strait Service per
+//!           ├─ × ports (TCP, UDP, SCTP)                   one strait Service per
 //!           │                                              (frontend, port, protocol)
 //! EndpointSlice ─┬─ nat:   ready → active, serving+terminating → draining, others out
 //!                └─ dsr-*: the nodes (all, or those holding an endpoint under
@@ -14,7 +14,8 @@
 //! ```
 //!
 //! Whatever cannot be used (an FQDN slice, a missing port, an address that does not
-//! parse, an SCTP port, a frontend another Service already serves) is left out with a
+//! parse, a protocol other than TCP, UDP and SCTP, a frontend another Service already
+//! serves) is left out with a
 //! [`Warning`] of a countable [`WarningKind`]; nothing here panics on what the API server
 //! sends. When two Services claim one frontend the older one keeps it, so a newcomer
 //! cannot take over a running Service's traffic.

@@ -408,7 +408,7 @@ impl<'a> Translator<'a> {
                 WarningKind::UnsupportedProtocol,
                 object,
                 format!(
-                    "port {} protocol {}: only TCP and UDP are served",
+                    "port {} protocol {}: only TCP, UDP and SCTP are served",
                     port.port,
                     port.protocol.as_deref().unwrap_or("")
                 ),
@@ -737,6 +737,7 @@ fn protocol_of(p: Option<&str>) -> Option<Protocol> {
     match p.unwrap_or("TCP") {
         "TCP" => Some(Protocol::Tcp),
         "UDP" => Some(Protocol::Udp),
+        "SCTP" => Some(Protocol::Sctp),
         _ => None,
     }
 }

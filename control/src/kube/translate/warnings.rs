@@ -6,7 +6,8 @@ use std::fmt;
 /// Why something was left out. Each kind is a metrics label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum WarningKind {
-    /// A Service port with a protocol other than TCP and UDP (SCTP).
+    /// A Service port with a protocol other than TCP, UDP and SCTP (the API server allows
+    /// no other; kept for what it might send one day).
     UnsupportedProtocol,
     /// A port, nodePort or slice port that is missing or out of range.
     BadPort,
