@@ -15,6 +15,10 @@
 //! strait-lab bench failover [--gateways 3] [--streams 200] [--json F]   streams and requests
 //! strait-lab bench flood [--flood syn|udp|both] [--flow-capacity N] [--json F]  floods
 //!                                      through N gateways while one is killed, drained, restarted
+//! strait-lab bench churn [--minutes 10] [--via reload|kube] [--json F]   1,000 endpoint
+//!                                      changes a minute under requests: failures, memory, fds
+//! strait-lab bench soak [--minutes 10] [--json F]   traffic, churn and health flaps: memory,
+//!                                      fds, UMEM frames, flow table, counters every 10 s
 //! ```
 #![forbid(unsafe_code)]
 
@@ -100,6 +104,16 @@ enum Bench {
     /// the longest stall, the share of new connections that succeeded, flow-table numbers.
     /// Needs root and the `strait` binary beside this one.
     Flood(bench::flood::Options),
+    /// Endpoint churn (1,000 changes a minute by default) through SIGHUP reloads or the
+    /// Kubernetes path (a fake API server), with steady requests: failed requests, whether
+    /// the table generation and steering maps follow, the gateway's memory and descriptors.
+    /// Needs root and the `strait` binary beside this one.
+    Churn(bench::churn::Options),
+    /// A long run of mixed traffic (HTTP and UDP), endpoint churn and health flaps (a
+    /// backend's server killed and started again), sampled every 10 s: memory, descriptors,
+    /// UMEM frames by state, flow-table entries, failures, the counters' identity. Needs
+    /// root and the `strait` binary beside this one.
+    Soak(bench::soak::Options),
 }
 
 fn main() -> ExitCode {
@@ -121,6 +135,8 @@ fn main() -> ExitCode {
             Bench::Control(r) => bench::control::run(r),
             Bench::Failover(o) => bench::failover::run(&o),
             Bench::Flood(o) => bench::flood::run(&o),
+            Bench::Churn(o) => bench::churn::run(&o),
+            Bench::Soak(o) => bench::soak::run(&o),
         },
     };
     match result {

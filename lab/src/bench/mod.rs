@@ -1,5 +1,6 @@
 //! Every bench of the lab, one module each; `strait-lab bench NAME` runs one.
 
+pub mod churn;
 pub mod control;
 pub mod failover;
 pub mod flood;
@@ -7,3 +8,4 @@ pub mod line;
 pub mod maglev;
 pub mod pipeline;
 pub mod rules;
+pub mod soak;
