@@ -34,6 +34,10 @@
 //! owner) is in the sender's `handoff` and in a [`WorkerStats`] drop counter, never in the
 //! owner's `rx`.
 //!
+//! Between batches, at most every [`BOOKS_EVERY_NS`], the worker copies where its UMEM's frames
+//! are ([`QueueGroup::accounting`]) into [`WorkerStats::umem`], for `/metrics`: the books cost
+//! a walk of the frames' owners ten times a second, nothing per packet.
+//!
 //! When the RX ring stays empty for [`IDLE_SPINS`] turns the worker sleeps in `poll(2)` for
 //! at most [`IDLE_POLL_MS`], so an idle gateway does not burn its cores; under load it never
 //! sleeps.
