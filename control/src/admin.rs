@@ -814,6 +814,7 @@ impl Collector for Metrics {
             "Syscalls made to wake the kernel (TX and fill-ring kicks) and idle polls.",
             &per_core(|s| s.worker.tx_kicks + s.worker.fill_kicks + s.worker.idle_polls),
         )?;
+        crate::metrics::umem(&mut enc, &samples)?;
         let occ: Vec<_> = samples
             .iter()
             .map(|(n, s)| (core(n), s.flows.occupancy as i64))
@@ -1120,6 +1121,16 @@ mod tests {
             ..Default::default()
         });
         core.sample.lock().unwrap().counters.rx = 42;
+        core.sample.lock().unwrap().worker.umem = strait_dataplane::xsk::Accounting {
+            total: 4096,
+            held: 2040,
+            fill: 2047,
+            rx: 3,
+            tx: 2,
+            comp: 3,
+            in_kernel: 1,
+            misplaced: 0,
+        };
         let (addr, shared) = endpoint(vec![core]);
 
         assert_eq!(get(addr, "GET", "/healthz"), (503, "starting\n".into()));
@@ -1150,6 +1161,25 @@ mod tests {
             m.contains(
                 "strait_worker_dropped_frames_total{core=\"veth-gw/0\",cause=\"tx_ring_full\"} 0"
             ),
+            "{m}"
+        );
+        // The UMEM's books: every state, adding up to the capacity.
+        let umem: i64 = ["free", "fill", "rx", "tx", "completion", "kernel"]
+            .iter()
+            .map(|state| {
+                let key = format!("strait_umem_frames{{core=\"veth-gw/0\",state=\"{state}\"}} ");
+                let line = m.lines().find(|l| l.starts_with(&key));
+                line.and_then(|l| l[key.len()..].parse::<i64>().ok())
+                    .unwrap_or_else(|| panic!("no {key}in {m}"))
+            })
+            .sum();
+        assert_eq!(umem, 4096);
+        assert!(
+            m.contains("strait_umem_capacity_frames{core=\"veth-gw/0\"} 4096"),
+            "{m}"
+        );
+        assert!(
+            m.contains("strait_umem_misplaced_frames{core=\"veth-gw/0\"} 0"),
             "{m}"
         );
         // No steering program attached here: the families are there, without samples.

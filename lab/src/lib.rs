@@ -3,7 +3,8 @@
 //! ```text
 //!   strait-lab testbed ──► namespaces, veths, backend servers (backend_server), a gateway config
 //!   strait-lab gen ──────► AF_XDP traffic ──► strait run / l2fwd / kernel peers ──► strait-lab sink
-//!   strait-lab bench ────► pipeline, maglev, control, rule-update, line-rate, failover
+//!   strait-lab bench ────► pipeline, maglev, control, rule-update, line-rate, failover, flood,
+//!                          churn, soak
 //! ```
 //!
 //! | module | what it holds |
@@ -12,7 +13,7 @@
 //! | [`backend_server`] | the testbed's HTTP/TCP/UDP backends that name the client they saw |
 //! | [`gen`], [`sink`], [`l2fwd`] | the line-rate instruments: generator, counter/reflector, the `limit` forwarder |
 //! | [`peers`] | the kernel's own options: kube-proxy's iptables and nftables rules in namespaces |
-//! | [`bench`] | every bench: pipeline, Maglev, control plane, rule updates, line rate, gateway failover |
+//! | [`bench`] | every bench: pipeline, Maglev, control plane, rule updates, line rate, gateway failover, floods, endpoint churn, the soak |
 //!
 //! This crate depends on the product crates (`strait-config`, `strait-dataplane`,
 //! `strait-control`); none of them depends on it. The gateway it drives is the product's

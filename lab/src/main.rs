@@ -16,6 +16,10 @@
 //!                                      through N gateways while one is killed, drained, restarted
 //! strait-lab bench flood [--flood syn|udp|both] [--flow-capacity N] [--json F]  floods
 //! strait-lab bench admin [--seconds S] [--rate R] [--json F]   forwarding under admin abuse
+//! strait-lab bench churn [--minutes 10] [--via reload|kube] [--json F]   1,000 endpoint
+//!                                      changes a minute under requests: failures, memory, fds
+//! strait-lab bench soak [--minutes 10] [--json F]   traffic, churn and health flaps: memory,
+//!                                      fds, UMEM frames, flow table, counters every 10 s
 //! ```
 #![forbid(unsafe_code)]
 
@@ -105,6 +109,16 @@ enum Bench {
     /// slow clients, malformed, oversized and scrape requests), against a quiet phase in the
     /// same run. Needs root and the `strait` binary beside this one.
     Admin(bench::admin_load::Options),
+    /// Endpoint churn (1,000 changes a minute by default) through SIGHUP reloads or the
+    /// Kubernetes path (a fake API server), with steady requests: failed requests, whether
+    /// the table generation and steering maps follow, the gateway's memory and descriptors.
+    /// Needs root and the `strait` binary beside this one.
+    Churn(bench::churn::Options),
+    /// A long run of mixed traffic (HTTP and UDP), endpoint churn and health flaps (a
+    /// backend's server killed and started again), sampled every 10 s: memory, descriptors,
+    /// UMEM frames by state, flow-table entries, failures, the counters' identity. Needs
+    /// root and the `strait` binary beside this one.
+    Soak(bench::soak::Options),
 }
 
 fn main() -> ExitCode {
@@ -127,6 +141,8 @@ fn main() -> ExitCode {
             Bench::Failover(o) => bench::failover::run(&o),
             Bench::Flood(o) => bench::flood::run(&o),
             Bench::Admin(o) => bench::admin_load::run(&o),
+            Bench::Churn(o) => bench::churn::run(&o),
+            Bench::Soak(o) => bench::soak::run(&o),
         },
     };
     match result {

@@ -49,7 +49,7 @@ pub use config::SYNC_PORT;
 pub use fleet::{GatewaySpec, GATEWAY_ASN, ROUTER_ASN, ROUTER_BACKEND4, ROUTER_CLIENT4};
 pub use plan::{
     owns, valid_prefix, BackendSpec, Front, Layout, GW_MAC, HTTP_PORT, MAX_BACKENDS, MAX_GATEWAYS,
-    VIP4, VIP6,
+    NAT_PORT, NAT_UDP_PORT, VIP4, VIP6,
 };
 
 /// The router's tc program (`bpf/rehash.bpf.c`): it clears the socket hash a packet brings

@@ -345,12 +345,13 @@ impl Port {
     /// Descriptors on the rings as user space sees them: (fill, rx, tx, comp) published and
     /// not yet taken by the other side.
     pub(crate) fn ring_levels(&self) -> [u32; 4] {
-        [
-            self.fill.pending(),
-            self.rx.pending(),
-            self.tx.pending(),
-            self.comp.pending(),
-        ]
+        // The ring a frame goes to is read before the ring it leaves (RX before fill,
+        // completion before TX): a frame the kernel moves between the two reads is then
+        // counted in neither ring (in the kernel, a moment) rather than in both, so the
+        // books never show more frames than there are.
+        let rx = self.rx.pending();
+        let comp = self.comp.pending();
+        [self.fill.pending(), rx, self.tx.pending(), comp]
     }
 
     /// Moves this socket's completed TX frames to the free list. Returns how many.

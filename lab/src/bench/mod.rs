@@ -1,6 +1,7 @@
 //! Every bench of the lab, one module each; `strait-lab bench NAME` runs one.
 
 pub mod admin_load;
+pub mod churn;
 pub mod control;
 pub mod failover;
 pub mod flood;
@@ -8,3 +9,4 @@ pub mod line;
 pub mod maglev;
 pub mod pipeline;
 pub mod rules;
+pub mod soak;
