@@ -796,6 +796,17 @@ impl Collector for Metrics {
             "Syscalls made to wake the kernel (TX and fill-ring kicks) and idle polls.",
             &per_core(|s| s.worker.tx_kicks + s.worker.fill_kicks + s.worker.idle_polls),
         )?;
+        let busy: Vec<_> = samples
+            .iter()
+            .map(|(n, s)| (core(n), s.worker.busy.seconds()))
+            .collect();
+        crate::metrics::seconds_counter(
+            &mut enc,
+            "worker_busy_seconds",
+            "Time in worker turns that found frames (ring work, pipeline, TX kicks): over the \
+             packets, the worker's CPU per packet.",
+            &busy,
+        )?;
         let occ: Vec<_> = samples
             .iter()
             .map(|(n, s)| (core(n), s.flows.occupancy as i64))
@@ -1102,6 +1113,7 @@ mod tests {
             ..Default::default()
         });
         core.sample.lock().unwrap().counters.rx = 42;
+        core.sample.lock().unwrap().worker.busy.ns = 1_500_000_000;
         let (addr, shared) = endpoint(vec![core]);
 
         assert_eq!(get(addr, "GET", "/healthz"), (503, "starting\n".into()));
@@ -1132,6 +1144,10 @@ mod tests {
             m.contains(
                 "strait_worker_dropped_frames_total{core=\"veth-gw/0\",cause=\"tx_ring_full\"} 0"
             ),
+            "{m}"
+        );
+        assert!(
+            m.contains("strait_worker_busy_seconds_total{core=\"veth-gw/0\"} 1.5"),
             "{m}"
         );
         // No steering program attached here: the families are there, without samples.

@@ -154,6 +154,8 @@ pub struct WorkerStats {
     /// Handed-in frames the pipeline wanted to hand off again (dropped rather than bounced:
     /// the mesh and the pipelines disagree on core numbers).
     pub handoff_loop: u64,
+    /// Time in turns that found frames (RX or handed in), start of the turn to its TX kick.
+    pub busy: crate::stats::BusyTime,
 }
 
 /// Batches between two calls of the `publish` hook while busy: at 1 Mpps and 64-frame
@@ -172,10 +174,11 @@ pub const SWEEP_BUCKETS: usize = 64;
 /// be `pipe`'s core, and the mesh as large as `pipe`'s core count), or [`Handoff::none`] for a
 /// lone worker. `snapshot` is called once per turn with frames for the current service table:
 /// `|| swap.load_full()` with arc-swap, or `|| &table` for a fixed one. `clock` gives the
-/// pipeline's `now`, read once per such turn. The pipeline's counters stay in `pipe`;
-/// `publish` sees them (and the worker's statistics) when the worker turns idle and every
-/// [`PUBLISH_EVERY`] batches, to copy them where the admin API reads. While idle the worker
-/// also expires flows, [`SWEEP_BUCKETS`] buckets a turn.
+/// pipeline's `now`, read once per such turn, and times the turns that found work
+/// ([`WorkerStats::busy`], read at a turn's start and after its TX kick). The pipeline's
+/// counters stay in `pipe`; `publish` sees them (and the worker's statistics) when the
+/// worker turns idle and every [`PUBLISH_EVERY`] batches, to copy them where the admin API
+/// reads. While idle the worker also expires flows, [`SWEEP_BUCKETS`] buckets a turn.
 ///
 /// An idle worker sleeps in `poll(2)` on its sockets, so a frame handed to it then waits up to
 /// [`IDLE_POLL_MS`].
@@ -203,6 +206,7 @@ where
     let mut idle = 0u32;
     let sockets = group.ports().len();
     while !stop.load(Ordering::Relaxed) {
+        let turn = clock.now_ns();
         st.completed += group.reap_completions() as u64;
         group.refill();
         if !group.rx_ready() && !handoff.is_ready() {
@@ -273,6 +277,7 @@ where
         pipe.sync_turn(&table, now);
         drop(table);
         st.tx_kicks += group.drain_tx()? as u64;
+        st.busy.turn(turn, clock.now_ns());
         if st.batches / PUBLISH_EVERY != batches / PUBLISH_EVERY {
             publish(pipe, &st);
         }
