@@ -815,6 +815,17 @@ impl Collector for Metrics {
             &per_core(|s| s.worker.tx_kicks + s.worker.fill_kicks + s.worker.idle_polls),
         )?;
         crate::metrics::umem(&mut enc, &samples)?;
+        let busy: Vec<_> = samples
+            .iter()
+            .map(|(n, s)| (core(n), s.worker.busy.seconds()))
+            .collect();
+        crate::metrics::seconds_counter(
+            &mut enc,
+            "worker_busy_seconds",
+            "Time in worker turns that found frames (ring work, pipeline, TX kicks): over the \
+             packets, the worker's CPU per packet.",
+            &busy,
+        )?;
         let occ: Vec<_> = samples
             .iter()
             .map(|(n, s)| (core(n), s.flows.occupancy as i64))
@@ -1131,6 +1142,7 @@ mod tests {
             in_kernel: 1,
             misplaced: 0,
         };
+        core.sample.lock().unwrap().worker.busy.ns = 1_500_000_000;
         let (addr, shared) = endpoint(vec![core]);
 
         assert_eq!(get(addr, "GET", "/healthz"), (503, "starting\n".into()));
@@ -1180,6 +1192,10 @@ mod tests {
         );
         assert!(
             m.contains("strait_umem_misplaced_frames{core=\"veth-gw/0\"} 0"),
+            "{m}"
+        );
+        assert!(
+            m.contains("strait_worker_busy_seconds_total{core=\"veth-gw/0\"} 1.5"),
             "{m}"
         );
         // No steering program attached here: the families are there, without samples.

@@ -24,6 +24,21 @@ pub(crate) fn counter(
     Ok(())
 }
 
+/// Writes counter family `name` of seconds (a float) with one sample per row.
+pub(crate) fn seconds_counter(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: &[(Vec<(&str, String)>, f64)],
+) -> std::fmt::Result {
+    let probe = ConstCounter::new(0f64);
+    let mut fam = enc.encode_descriptor(name, help, None, probe.metric_type())?;
+    for (labels, v) in rows {
+        ConstCounter::new(*v).encode(fam.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
 /// Writes gauge family `name` with one sample per row.
 pub(crate) fn gauge(
     enc: &mut DescriptorEncoder<'_>,

@@ -210,6 +210,37 @@ impl Counters {
     }
 }
 
+/// Time a worker spends on turns that found work: the forwarding CPU's cost of its packets.
+///
+/// A busy-polling worker's thread uses its whole core whether frames arrive or not, so its
+/// CPU time says nothing about what a packet costs; the time of the turns that moved frames
+/// (ring work, the pipeline, the TX kicks) does: `ns / packets` is the worker's CPU per
+/// packet, whatever the offered rate. The loop reads its monotonic clock at the start and the
+/// end of such a turn (vDSO, no syscall) and hands both readings to [`BusyTime::turn`].
+/// Wall time, so what interrupts a turn on the same core (an interrupt, softirq work the TX
+/// kick triggers, another thread preempting) is in it too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BusyTime {
+    /// Nanoseconds in turns that found work.
+    pub ns: u64,
+    /// Turns that found work.
+    pub turns: u64,
+}
+
+impl BusyTime {
+    /// Counts one busy turn from `start_ns` to `end_ns` (a clock that went back counts 0).
+    #[inline(always)]
+    pub fn turn(&mut self, start_ns: u64, end_ns: u64) {
+        self.ns += end_ns.saturating_sub(start_ns);
+        self.turns += 1;
+    }
+
+    /// The busy time in seconds.
+    pub fn seconds(&self) -> f64 {
+        self.ns as f64 / 1e9
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,5 +273,16 @@ mod tests {
         assert_eq!(t.rx, 6);
         assert_eq!(t.drops_for(DropReason::NoBackend), 2);
         assert!(t.balanced());
+    }
+
+    #[test]
+    fn busy_time_adds_turns_and_ignores_a_clock_going_back() {
+        let mut b = BusyTime::default();
+        b.turn(1_000, 1_500);
+        b.turn(2_000, 2_000);
+        b.turn(3_000, 2_900);
+        assert_eq!(b, BusyTime { ns: 500, turns: 3 });
+        b.turn(0, 1_000_000_000);
+        assert!((b.seconds() - 1.0000005).abs() < 1e-12);
     }
 }

@@ -873,6 +873,14 @@ fn round_trip(case: &str, policy: AttachPolicy, want: AttachMode) {
     );
     assert_eq!(report.worker.invalid_rx, 0);
     assert_eq!(report.worker.completed, report.worker.tx);
+    // Every batch ran in a timed turn (a turn may hold an RX and a handed-in batch).
+    let busy = report.worker.busy;
+    assert!(busy.ns > 0, "{busy:?}");
+    assert!(
+        (1..=report.worker.batches).contains(&busy.turns),
+        "{busy:?}, {} batches",
+        report.worker.batches
+    );
 
     let s = &report.steer;
     assert_eq!(s.frontend + s.icmp_error + s.nat_reply, report.worker.rx);

@@ -288,4 +288,12 @@ fn forwards_udp_and_tcp_with_new_macs_without_allocating() {
     );
     assert_eq!(r.allocs, 0, "the forwarding loop allocated");
     assert!(r.accounting.at_rest(), "{:?}", r.accounting);
+    // Every batch was in a timed turn, and a turn takes time.
+    let busy = r.stats.busy;
+    assert!(
+        busy.turns >= 1 && busy.turns <= r.stats.batches,
+        "{:?}",
+        r.stats
+    );
+    assert!(busy.ns > 0, "{:?}", r.stats);
 }

@@ -76,7 +76,9 @@ fn every_system_comes_up_and_forwards() {
 }
 
 /// A tiny run: one scale, 1 s per point, every system and both traffic types; the JSON
-/// has the shape, every point delivered packets, and the chart is a PNG.
+/// has the shape, every point delivered packets and has its CPU cost per packet
+/// (positive and finite, with its parts; the ratios between systems are too noisy at 1 s to
+/// assert on), the chart is a PNG, and `kernel.bpf_stats_enabled` is back as it was.
 #[test]
 fn a_tiny_run_measures_every_system() {
     let Some(_serial) = privileged("line-rate smoke run") else {
@@ -86,6 +88,8 @@ fn a_tiny_run_measures_every_system() {
     let dir = Scratch::new(&format!("strait-line-rate-test-{prefix}"));
     let json = dir.join("line-rate.json");
     let png = dir.join("line-rate.png");
+    let bpf_stats = || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap();
+    let stats_before = bpf_stats();
     let out = bench(&[
         "--services",
         "10",
@@ -99,6 +103,11 @@ fn a_tiny_run_measures_every_system() {
         png.to_str().unwrap(),
     ]);
     assert_eq!(namespaces(&prefix), BTreeSet::new());
+    assert_eq!(
+        bpf_stats(),
+        stats_before,
+        "kernel.bpf_stats_enabled not restored"
+    );
     assert!(out.status.success(), "{}", explain(&out));
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     check_report(&report, &out);
@@ -141,6 +150,7 @@ fn check_report(r: &Value, out: &Output) {
             p["received"].as_u64().unwrap() <= p["sent"].as_u64().unwrap() + 10,
             "{p}"
         );
+        check_cpu(p, out);
         seen.push((system.to_owned(), traffic.to_owned()));
     }
     seen.sort();
@@ -166,4 +176,49 @@ fn check_report(r: &Value, out: &Output) {
         .expect("a limit point");
     let pct = limit["pct_of_limit"].as_f64().expect("pct_of_limit");
     assert!((pct - 100.0).abs() < 1e-9, "{limit}");
+}
+
+/// A positive, finite number.
+fn positive(p: &Value, v: &Value, what: &str) -> f64 {
+    let x = v
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number: {p}"));
+    assert!(x.is_finite() && x > 0.0, "{what} = {x}: {p}");
+    x
+}
+
+/// A point's CPU cost per packet: the total and its parts by the system's method, and the
+/// ratios to the kernel peers where they compare (every system with services).
+fn check_cpu(p: &Value, out: &Output) {
+    let system = p["system"].as_str().unwrap();
+    let total = positive(p, &p["cpu_ns_per_packet"], "cpu_ns_per_packet");
+    // Above a nanosecond and below the 1 s of the point: a unit slip would leave this range.
+    assert!(total > 1.0 && total < 1e9, "{p}\n{}", explain(out));
+    let c = &p["cpu"];
+    for k in [
+        "softirq_ns_per_packet",
+        "irq_ns_per_packet",
+        "system_ns_per_packet",
+    ] {
+        let v = c[k].as_f64().unwrap_or_else(|| panic!("cpu.{k}: {p}"));
+        assert!(v.is_finite() && v >= 0.0, "cpu.{k}: {p}");
+    }
+    if system == "iptables" || system == "nftables" {
+        assert_eq!(c["method"], "softirq+irq", "{p}");
+        // The kernel forwards in the forwarder CPU's softirq (RPS sends it there).
+        positive(p, &c["softirq_ns_per_packet"], "cpu.softirq_ns_per_packet");
+    } else {
+        assert_eq!(c["method"], "worker-busy+xdp", "{p}");
+        let worker = positive(p, &c["worker_ns_per_packet"], "cpu.worker_ns_per_packet");
+        let xdp = positive(p, &c["xdp_ns_per_packet"], "cpu.xdp_ns_per_packet");
+        positive(p, &c["xdp_ns_per_run"], "cpu.xdp_ns_per_run");
+        assert!((worker + xdp - total).abs() <= 1e-6 * total, "{p}");
+    }
+    if system == "limit" {
+        assert!(p["cpu_ratio_to_iptables"].is_null(), "{p}");
+        assert!(p["cpu_ratio_to_nftables"].is_null(), "{p}");
+    } else {
+        positive(p, &p["cpu_ratio_to_iptables"], "cpu_ratio_to_iptables");
+        positive(p, &p["cpu_ratio_to_nftables"], "cpu_ratio_to_nftables");
+    }
 }

@@ -162,6 +162,8 @@ pub struct WorkerStats {
     /// Where the UMEM's frames were at the latest look ([`QueueGroup::accounting`], taken
     /// between batches at most every [`BOOKS_EVERY_NS`], and when the worker stops).
     pub umem: Accounting,
+    /// Time in turns that found frames (RX or handed in), start of the turn to its TX kick.
+    pub busy: crate::stats::BusyTime,
 }
 
 /// Batches between two calls of the `publish` hook while busy: at 1 Mpps and 64-frame
@@ -186,11 +188,12 @@ pub const BOOKS_EVERY_NS: u64 = 100_000_000;
 /// be `pipe`'s core, and the mesh as large as `pipe`'s core count), or [`Handoff::none`] for a
 /// lone worker. `snapshot` is called once per turn with frames for the current service table:
 /// `|| swap.load_full()` with arc-swap, or `|| &table` for a fixed one. `clock` gives the
-/// pipeline's `now`, read once per such turn. The pipeline's counters stay in `pipe`;
-/// `publish` sees them (and the worker's statistics) when the worker turns idle, every
-/// [`PUBLISH_EVERY`] batches and, while idle, with each look at the UMEM's books, to copy
-/// them where the admin API reads. While idle the worker
-/// also expires flows, [`SWEEP_BUCKETS`] buckets a turn.
+/// pipeline's `now`, read once per such turn, and times the turns that found work
+/// ([`WorkerStats::busy`], read at a turn's start and after its TX kick). The pipeline's
+/// counters stay in `pipe`; `publish` sees them (and the worker's statistics) when the
+/// worker turns idle, every [`PUBLISH_EVERY`] batches and, while idle, with each look at the
+/// UMEM's books, to copy them where the admin API reads. While idle the worker also expires
+/// flows, [`SWEEP_BUCKETS`] buckets a turn.
 ///
 /// An idle worker sleeps in `poll(2)` on its sockets, so a frame handed to it then waits up to
 /// [`IDLE_POLL_MS`].
@@ -222,6 +225,7 @@ where
     let mut idle = 0u32;
     let sockets = group.ports().len();
     while !stop.load(Ordering::Relaxed) {
+        let turn = clock.now_ns();
         st.completed += group.reap_completions() as u64;
         group.refill();
         if !group.rx_ready() && !handoff.is_ready() {
@@ -296,6 +300,7 @@ where
         pipe.sync_turn(&table, now);
         drop(table);
         st.tx_kicks += group.drain_tx()? as u64;
+        st.busy.turn(turn, clock.now_ns());
         if st.batches / PUBLISH_EVERY != batches / PUBLISH_EVERY {
             let _ = look_at_books(group, &mut st, &mut books_at, now);
             publish(pipe, &st);

@@ -12,7 +12,16 @@
 //!     P-gen:  strait-lab gen --iface gen0 --rate max --duration D --latency-port 900 --json
 //!     delivered = sink received / gen seconds; loss = 1 - received / sent;
 //!     p99 = the generator's probes, reflected by the sink back through the forwarder
+//!     cpu_ns_per_packet = what the forwarding CPU spent from the generator's start to the
+//!       drain ([`cpu`]: AF_XDP busy turns + XDP programs, or the kernel's softirq + irq on
+//!       the forwarder CPU) / received; then over iptables' and nftables' at the same point
 //! ```
+//!
+//! `limit` is started for each point, so its summary's busy time is that point's; Strait's
+//! comes from `/metrics` before and after. The XDP programs' cost needs the kernel's BPF
+//! statistics, on for the run (`kernel.bpf_stats_enabled`, restored after). The systems are
+//! [`System::ALL`]; a new one (a DPDK port, say) needs its arm in `run_group` and in
+//! `set_cpu`'s method, and `chart::BARS` draws it.
 //!
 //! # What is measured, and where it runs
 //!
@@ -53,6 +62,7 @@
 //! have; the report says so rather than leaving it out silently.
 
 mod chart;
+pub mod cpu;
 mod topo;
 
 use std::collections::HashMap;
@@ -263,6 +273,51 @@ pub struct Point {
     pub pct_of_limit: Option<f64>,
     /// `delivered_mpps` over `iptables`' at the same scale and traffic.
     pub ratio_to_iptables: Option<f64>,
+    /// The forwarding CPU's cost per delivered packet, nanoseconds ([`cpu`]): an AF_XDP
+    /// forwarder's busy time plus its XDP programs' run time, or, for the kernel peers, the
+    /// forwarder CPU's softirq and irq time; null where not measured.
+    #[serde(default)]
+    pub cpu_ns_per_packet: Option<f64>,
+    /// `cpu_ns_per_packet` over `iptables`' at the same scale and traffic (under 1: cheaper).
+    #[serde(default)]
+    pub cpu_ratio_to_iptables: Option<f64>,
+    /// `cpu_ns_per_packet` over `nftables`' at the same scale and traffic.
+    #[serde(default)]
+    pub cpu_ratio_to_nftables: Option<f64>,
+    /// Where `cpu_ns_per_packet` comes from, and what else the forwarder CPU did, per
+    /// delivered packet.
+    #[serde(default)]
+    pub cpu: Option<CpuCost>,
+}
+
+/// The parts of a point's CPU cost, nanoseconds per delivered packet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuCost {
+    /// `worker-busy+xdp` (Strait, `limit`) or `softirq+irq` (the kernel peers).
+    pub method: String,
+    /// The AF_XDP forwarder's busy time (Strait's `strait_worker_busy_seconds_total`,
+    /// l2fwd's `busy_seconds`) times `on_cpu_share`: its own CPU in those turns.
+    pub worker_ns_per_packet: Option<f64>,
+    /// The busy time as the forwarder's clock measured it (wall time).
+    pub worker_wall_ns_per_packet: Option<f64>,
+    /// The share of the point the forwarding thread ran while it was runnable (its
+    /// `schedstat`): below 1 when other processes took its core.
+    pub on_cpu_share: Option<f64>,
+    /// The forwarder's XDP programs (steering or redirect), from the kernel's BPF statistics;
+    /// on a veth they run on the generator's CPU.
+    pub xdp_ns_per_packet: Option<f64>,
+    /// The same per program run (a run per frame received, delivered or not).
+    pub xdp_ns_per_run: Option<f64>,
+    /// The forwarder CPU's softirq time (`/proc/stat`): the kernel peers' forwarding, and
+    /// for every system the veth delivery to the sink.
+    pub softirq_ns_per_packet: f64,
+    /// The forwarder CPU's hard-interrupt time.
+    pub irq_ns_per_packet: f64,
+    /// The forwarder CPU's system time: other tasks' system calls there, not counted in
+    /// `cpu_ns_per_packet` (see [`cpu`]).
+    pub system_ns_per_packet: f64,
+    /// The sink's XDP counter, which runs on the forwarder CPU for every system.
+    pub sink_xdp_ns_per_packet: Option<f64>,
 }
 
 /// A system the report names without numbers, and why.
@@ -332,6 +387,12 @@ pub fn run(opts: &Options) -> Result<()> {
             .context("installing the SIGINT/SIGTERM handler")?;
     }
     let _ = STOP.set(stop);
+    // On for the run (the XDP programs' cost per packet), back as it was when this drops.
+    let _bpf_stats = if opts.setup_only {
+        None
+    } else {
+        Some(cpu::BpfStats::enable()?)
+    };
     let exe = std::env::current_exe().context("finding the strait-lab binary")?;
     let prefix = opts
         .prefix
@@ -652,26 +713,8 @@ fn run_group(
         services(TARGETS, false)
     };
     let mut fwd = match system {
-        System::Limit if setup_only => None,
-        System::Limit => {
-            progress.message(&format!("{label}: starting l2fwd"));
-            let args = [
-                "l2fwd",
-                "--rx",
-                topo::FWD_IN,
-                "--tx",
-                topo::FWD_OUT,
-                "--dst-mac",
-                topo::SINK_MAC,
-                "--core",
-                &FORWARDER_CORE.to_string(),
-                "--json",
-            ]
-            .map(String::from);
-            let mut p = Proc::spawn("l2fwd", topo.dir(), topo.fwd(), exe, &args)?;
-            wait_xdp(&mut p, topo.fwd(), topo::FWD_IN)?;
-            Some(Forwarder::Process(p))
-        }
+        // Started for each point: its summary's busy time is then that point's.
+        System::Limit => None,
         System::StraitDsrL2 | System::StraitNat => {
             let mode = if dsr { Mode::DsrL2 } else { Mode::Nat };
             let path = topo.dir().join("strait.toml");
@@ -728,19 +771,41 @@ fn run_group(
             plan.seconds
         ));
         interrupted()?;
-        let point = measure(exe, &topo, system, n, traffic, &to, plan.seconds)?;
+        if system == System::Limit {
+            progress.message(&format!("{label} {}: starting l2fwd", traffic.as_str()));
+            fwd = Some(Forwarder::Process(l2fwd(exe, &topo, traffic)?));
+        }
+        let pid = match &fwd {
+            Some(Forwarder::Process(p)) => p.pid(),
+            _ => None,
+        };
+        let (mut point, mut spent) =
+            measure(exe, &topo, system, n, traffic, &to, plan.seconds, pid)?;
         interrupted()?;
         if let Some(f) = fwd.as_mut() {
             f.check()?;
         }
+        if system == System::Limit {
+            if let Some(Forwarder::Process(p)) = fwd.take() {
+                let out = p.terminate().context("stopping l2fwd after its point")?;
+                let s: L2fwdSummary = serde_json::from_str(out.trim()).with_context(|| {
+                    format!("l2fwd's summary is not what `strait-lab l2fwd --json` prints: {out:?}")
+                })?;
+                spent.worker_ns = Some((s.busy_seconds * 1e9) as u64);
+            }
+        }
+        set_cpu(&mut point, &spent);
         progress.done(&format!(
-            "{label:<20} {:<12} {:>8.3} Mpps  loss {:>5.1}%  p99 {}",
+            "{label:<20} {:<12} {:>8.3} Mpps  loss {:>5.1}%  p99 {}  cpu {}",
             traffic.as_str(),
             point.delivered_mpps,
             point.loss_pct,
             point
                 .p99_us
-                .map_or_else(|| "-".to_owned(), |v| format!("{v:.0} us"))
+                .map_or_else(|| "-".to_owned(), |v| format!("{v:.0} us")),
+            point
+                .cpu_ns_per_packet
+                .map_or_else(|| "-".to_owned(), |v| format!("{v:.0} ns/packet"))
         ));
         report.results.push(point);
     }
@@ -750,6 +815,37 @@ fn run_group(
     }
     drop(topo);
     Ok(())
+}
+
+/// Starts `strait-lab l2fwd` (the `limit` system) in the forwarder namespace for one point.
+fn l2fwd(exe: &Path, topo: &Topology, traffic: Traffic) -> Result<Proc> {
+    let args = [
+        "l2fwd",
+        "--rx",
+        topo::FWD_IN,
+        "--tx",
+        topo::FWD_OUT,
+        "--dst-mac",
+        topo::SINK_MAC,
+        "--core",
+        &FORWARDER_CORE.to_string(),
+        "--json",
+    ]
+    .map(String::from);
+    let name = format!("l2fwd-{}", traffic.as_str());
+    let mut p = Proc::spawn(&name, topo.dir(), topo.fwd(), exe, &args)?;
+    wait_xdp(&mut p, topo.fwd(), topo::FWD_IN)?;
+    Ok(p)
+}
+
+/// The names (`comm` prefixes) of the AF_XDP forwarders' polling threads: the gateway's
+/// workers (`xsk IFACE+IFACE/QUEUE`) and l2fwd's.
+const FORWARDING_THREADS: &[&str] = &["xsk ", "l2fwd"];
+
+/// l2fwd's `--json` summary (the field used here).
+#[derive(Debug, Clone, Deserialize)]
+struct L2fwdSummary {
+    busy_seconds: f64,
 }
 
 /// The generator's `--json` summary (the fields used here).
@@ -779,7 +875,10 @@ struct SinkSummary {
     reflected: u64,
 }
 
-/// One point: sink up, generator for `seconds`, sink stopped; the numbers.
+/// One point: sink up, generator for `seconds`, sink stopped; the numbers, and the CPU spent
+/// from just before the generator started until it stopped and the forwarder drained
+/// (`limit`'s busy time is its summary's, read by the caller).
+#[allow(clippy::too_many_arguments, reason = "one call site, all distinct")]
 fn measure(
     exe: &Path,
     topo: &Topology,
@@ -788,7 +887,8 @@ fn measure(
     traffic: Traffic,
     to: &[SocketAddrV4],
     seconds: f64,
-) -> Result<Point> {
+    fwd_pid: Option<u32>,
+) -> Result<(Point, cpu::Delta)> {
     let tag = format!("{}-{services}-{}", system.as_str(), traffic.as_str());
     let lport = LATENCY_PORT.to_string();
     let sink_args = [
@@ -847,6 +947,18 @@ fn measure(
             gen_args.extend(["--flows".to_owned(), ESTABLISHED_FLOWS.to_string()]);
         }
     }
+    let metrics = format!("http://127.0.0.1:{ADMIN_PORT}/metrics");
+    let metrics = matches!(system, System::StraitDsrL2 | System::StraitNat).then_some(&*metrics);
+    let read = || {
+        cpu::Reading::take(
+            FORWARDER_CORE,
+            (topo.fwd(), &[topo::FWD_IN, topo::FWD_OUT]),
+            (topo.sink(), topo::SINK_IF),
+            metrics,
+            fwd_pid.map(|pid| (pid, FORWARDING_THREADS)),
+        )
+    };
+    let before = read()?;
     let gen = Proc::spawn(
         &format!("gen-{tag}"),
         topo.dir(),
@@ -856,6 +968,7 @@ fn measure(
     )?;
     let gen_out = gen.finish(Duration::from_secs_f64(seconds) + GEN_GRACE)?;
     thread::sleep(DRAIN);
+    let spent = before.until(&read()?);
     let sink_out = sink.terminate()?;
     let g: GenSummary = serde_json::from_str(gen_out.trim()).with_context(|| {
         format!("the generator's summary is not what `strait-lab gen --json` prints: {gen_out:?}")
@@ -863,7 +976,7 @@ fn measure(
     let s: SinkSummary = serde_json::from_str(sink_out.trim()).with_context(|| {
         format!("the sink's summary is not what `strait-lab sink --json` prints: {sink_out:?}")
     })?;
-    Ok(point(system, services, traffic, &g, &s))
+    Ok((point(system, services, traffic, &g, &s), spent))
 }
 
 /// The numbers of one point from the two summaries.
@@ -908,10 +1021,45 @@ fn point(
         probes_received: probes.map_or(0, |p| p.received),
         pct_of_limit: None,
         ratio_to_iptables: None,
+        cpu_ns_per_packet: None,
+        cpu_ratio_to_iptables: None,
+        cpu_ratio_to_nftables: None,
+        cpu: None,
     }
 }
 
-/// Fills `pct_of_limit` and `ratio_to_iptables` from the other points.
+/// Fills `p`'s CPU cost from what was spent during it (`d`): see [`cpu`] for the methods.
+fn set_cpu(p: &mut Point, d: &cpu::Delta) {
+    if p.received == 0 {
+        return;
+    }
+    let per = |ns: u64| ns as f64 / p.received as f64;
+    let kernel = d.softirq_ns + d.irq_ns;
+    let xdp = (d.xdp_runs > 0).then(|| per(d.xdp_ns));
+    let (method, total) = match p.system {
+        System::Iptables | System::Nftables => ("softirq+irq", Some(per(kernel))),
+        System::StraitDsrL2 | System::StraitNat | System::Limit => (
+            "worker-busy+xdp",
+            d.worker_cpu_ns()
+                .map(|w| w / p.received as f64 + xdp.unwrap_or(0.0)),
+        ),
+    };
+    p.cpu_ns_per_packet = total.filter(|v| v.is_finite() && *v > 0.0);
+    p.cpu = Some(CpuCost {
+        method: method.to_owned(),
+        worker_ns_per_packet: d.worker_cpu_ns().map(|w| w / p.received as f64),
+        worker_wall_ns_per_packet: d.worker_ns.map(per),
+        on_cpu_share: d.on_cpu,
+        xdp_ns_per_packet: xdp,
+        xdp_ns_per_run: (d.xdp_runs > 0).then(|| d.xdp_ns as f64 / d.xdp_runs as f64),
+        softirq_ns_per_packet: per(d.softirq_ns),
+        irq_ns_per_packet: per(d.irq_ns),
+        system_ns_per_packet: per(d.system_ns),
+        sink_xdp_ns_per_packet: (d.sink_xdp_ns > 0).then(|| per(d.sink_xdp_ns)),
+    });
+}
+
+/// Fills `pct_of_limit`, `ratio_to_iptables` and the CPU ratios from the other points.
 pub fn derive(results: &mut [Point]) {
     let limit: HashMap<Traffic, f64> = results
         .iter()
@@ -932,6 +1080,23 @@ pub fn derive(results: &mut [Point]) {
             .get(&(p.services, p.traffic))
             .filter(|&&i| i > 0.0 && p.system.has_services())
             .map(|i| p.delivered_mpps / i);
+    }
+    let cpu_of = |system: System| -> HashMap<(usize, Traffic), f64> {
+        results
+            .iter()
+            .filter(|p| p.system == system)
+            .filter_map(|p| Some(((p.services, p.traffic), p.cpu_ns_per_packet?)))
+            .collect()
+    };
+    let (ipt, nft) = (cpu_of(System::Iptables), cpu_of(System::Nftables));
+    for p in results.iter_mut() {
+        let ratio = |peer: &HashMap<(usize, Traffic), f64>| {
+            let mine = p.cpu_ns_per_packet?;
+            let theirs = *peer.get(&(p.services, p.traffic))?;
+            (theirs > 0.0 && p.system.has_services()).then(|| mine / theirs)
+        };
+        p.cpu_ratio_to_iptables = ratio(&ipt);
+        p.cpu_ratio_to_nftables = ratio(&nft);
     }
 }
 
@@ -957,7 +1122,13 @@ pub fn table(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<14} {:>8} {:<12} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10}",
+        "cpu ns: the forwarding CPU's time per delivered packet (AF_XDP: busy worker turns + \
+         XDP programs; kernel: the forwarder CPU's softirq + irq); cpu/ipt, cpu/nft: \
+         over iptables' and nftables' (under 1: cheaper)"
+    );
+    let _ = writeln!(
+        s,
+        "{:<14} {:>8} {:<12} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9} {:>8} {:>8}",
         "system",
         "services",
         "traffic",
@@ -966,7 +1137,10 @@ pub fn table(r: &Report) -> String {
         "loss %",
         "p99 us",
         "% limit",
-        "x iptables"
+        "x iptables",
+        "cpu ns",
+        "cpu/ipt",
+        "cpu/nft"
     );
     for p in &r.results {
         let opt = |v: Option<f64>, prec: usize| {
@@ -977,9 +1151,10 @@ pub fn table(r: &Report) -> String {
         } else {
             "-".to_owned()
         };
+        let ratio = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), significant);
         let _ = writeln!(
             s,
-            "{:<14} {:>8} {:<12} {:>8.3} {:>8.3} {:>8.1} {:>9} {:>8} {:>10}",
+            "{:<14} {:>8} {:<12} {:>8.3} {:>8.3} {:>8.1} {:>9} {:>8} {:>10} {:>9} {:>8} {:>8}",
             p.system.as_str(),
             services,
             p.traffic.as_str(),
@@ -989,6 +1164,9 @@ pub fn table(r: &Report) -> String {
             opt(p.p99_us, 0),
             opt(p.pct_of_limit, 1),
             opt(p.ratio_to_iptables, 1),
+            opt(p.cpu_ns_per_packet, 0),
+            ratio(p.cpu_ratio_to_iptables),
+            ratio(p.cpu_ratio_to_nftables),
         );
     }
     for l in &r.rule_loads {
@@ -1007,6 +1185,15 @@ pub fn table(r: &Report) -> String {
         let _ = writeln!(s, "INCOMPLETE: {e}");
     }
     s
+}
+
+/// `v` with three significant digits (`0.00832`, `0.214`, `1.00`, `12.3`).
+fn significant(v: f64) -> String {
+    if !v.is_finite() || v <= 0.0 {
+        return format!("{v}");
+    }
+    let decimals = (2 - v.log10().floor() as i32).clamp(0, 9) as usize;
+    format!("{v:.decimals$}")
 }
 
 /// Waits until `iface` in `ns` has an XDP program, or `p` has died.
@@ -1380,7 +1567,7 @@ mod tests {
 
     fn sample() -> Report {
         let mut results = Vec::new();
-        let mut add = |system, services, traffic, mpps: f64| {
+        let mut add = |system, services, traffic, mpps: f64, cpu_ns: f64| {
             let g = GenSummary {
                 sent: 10_000_000,
                 seconds: 10.0,
@@ -1397,20 +1584,42 @@ mod tests {
                 received: (mpps * 1e6 * 10.0) as u64 + 9_990,
                 reflected: 9_990,
             };
-            results.push(point(system, services, traffic, &g, &s));
+            let mut p = point(system, services, traffic, &g, &s);
+            // The cost as the system's method sees it: a quarter of it in the XDP program
+            // for the AF_XDP systems, all of it softirq for the kernel.
+            let total = (cpu_ns * p.received as f64) as u64;
+            let spent = if matches!(system, System::Iptables | System::Nftables) {
+                cpu::Delta {
+                    softirq_ns: total,
+                    ..Default::default()
+                }
+            } else {
+                cpu::Delta {
+                    worker_ns: Some(total - total / 4),
+                    xdp_ns: total / 4,
+                    xdp_runs: p.received,
+                    softirq_ns: total / 10,
+                    ..Default::default()
+                }
+            };
+            set_cpu(&mut p, &spent);
+            results.push(p);
         };
-        add(System::Limit, 0, Traffic::Established, 1.0);
-        add(System::Limit, 0, Traffic::NewFlows, 0.8);
+        add(System::Limit, 0, Traffic::Established, 1.0, 100.0);
+        add(System::Limit, 0, Traffic::NewFlows, 0.8, 120.0);
         for n in [10, 1000] {
-            add(System::StraitDsrL2, n, Traffic::Established, 0.9);
-            add(System::StraitDsrL2, n, Traffic::NewFlows, 0.6);
-            add(System::Iptables, n, Traffic::Established, 0.3);
+            add(System::StraitDsrL2, n, Traffic::Established, 0.9, 200.0);
+            add(System::StraitDsrL2, n, Traffic::NewFlows, 0.6, 400.0);
+            add(System::Iptables, n, Traffic::Established, 0.3, 1000.0);
             add(
                 System::Iptables,
                 n,
                 Traffic::NewFlows,
                 0.2 * 10.0 / n as f64,
+                5000.0 * n as f64 / 10.0,
             );
+            add(System::Nftables, n, Traffic::Established, 0.5, 800.0);
+            add(System::Nftables, n, Traffic::NewFlows, 0.3, 2000.0);
         }
         derive(&mut results);
         Report {
@@ -1448,6 +1657,36 @@ mod tests {
         let l = find(System::Limit, 0, Traffic::Established);
         assert_eq!(l.pct_of_limit, Some(100.0));
         assert_eq!(l.ratio_to_iptables, None);
+        // CPU per packet: the parts add up, the ratios are over the peers' at the same scale.
+        let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-6 * b.max(1.0));
+        assert!(close(p.cpu_ns_per_packet, 400.0), "{p:?}");
+        let c = p.cpu.as_ref().unwrap();
+        assert_eq!(c.method, "worker-busy+xdp");
+        assert!(close(c.worker_ns_per_packet, 300.0) && close(c.xdp_ns_per_packet, 100.0));
+        assert!(close(c.xdp_ns_per_run, 100.0), "{c:?}");
+        assert!((c.softirq_ns_per_packet - 40.0).abs() < 1e-6, "{c:?}");
+        assert!(close(p.cpu_ratio_to_iptables, 400.0 / 500_000.0), "{p:?}");
+        assert!(close(p.cpu_ratio_to_nftables, 400.0 / 2000.0), "{p:?}");
+        let k = find(System::Nftables, 10, Traffic::Established);
+        assert_eq!(k.cpu.as_ref().unwrap().method, "softirq+irq");
+        assert!(close(k.cpu_ns_per_packet, 800.0), "{k:?}");
+        assert!(close(k.cpu_ratio_to_iptables, 0.8) && close(k.cpu_ratio_to_nftables, 1.0));
+        assert_eq!(
+            l.cpu_ratio_to_nftables, None,
+            "limit has no services to compare at"
+        );
+        assert!(close(l.cpu_ns_per_packet, 100.0), "{l:?}");
+        // An AF_XDP point without its busy time has no total rather than the XDP part alone.
+        let mut q = p.clone();
+        set_cpu(
+            &mut q,
+            &cpu::Delta {
+                xdp_ns: 5,
+                xdp_runs: 5,
+                ..Default::default()
+            },
+        );
+        assert_eq!(q.cpu_ns_per_packet, None);
         // No probe back: no latency rather than a zero.
         let g = GenSummary {
             sent: 5,
@@ -1497,9 +1736,10 @@ mod tests {
             .contains(&sys));
             assert!(p["services"].is_u64());
             assert!(["new-flows", "established"].contains(&p["traffic"].as_str().unwrap()));
-            for k in ["delivered_mpps", "loss_pct", "p99_us"] {
+            for k in ["delivered_mpps", "loss_pct", "p99_us", "cpu_ns_per_packet"] {
                 assert!(p[k].is_f64(), "{k} in {p}");
             }
+            assert!(p["cpu"]["softirq_ns_per_packet"].is_f64(), "{p}");
         }
         assert_eq!(v["not_measured"][0]["system"], "ipvs");
         assert!(v.get("incomplete").is_none());
@@ -1514,7 +1754,9 @@ mod tests {
         let rows: Vec<&str> = t
             .lines()
             .filter(|l| {
-                l.starts_with("strait-") || l.starts_with("iptables ") || l.starts_with("limit")
+                ["strait-", "iptables ", "nftables ", "limit"]
+                    .iter()
+                    .any(|s| l.starts_with(s))
             })
             .collect();
         assert_eq!(rows.len(), r.results.len(), "{t}");
@@ -1529,6 +1771,13 @@ mod tests {
             row.contains("0.600") && row.contains("75.0") && row.contains("300.0"),
             "{row}"
         );
+        assert!(
+            row.contains(" 400 ") && row.contains("0.000800") && row.ends_with(" 0.200"),
+            "{row}"
+        );
+        assert_eq!(significant(0.0083219), "0.00832");
+        assert_eq!(significant(12.34), "12.3");
+        assert_eq!(significant(1.0), "1.00");
     }
 
     #[test]

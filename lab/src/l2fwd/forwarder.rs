@@ -15,8 +15,9 @@
 //! make a syscall only when the kernel set `XDP_RING_NEED_WAKEUP` on a ring (always on a TX
 //! ring in copy mode, which sends at most 32 frames per `sendto`, so a turn kicks until its
 //! TX ring is empty, `QueueGroup::drain_tx`), or to sleep in
-//! `poll(2)` after [`IDLE_SPINS`] empty turns. Nothing in the loop allocates. A frame the TX
-//! ring has no room for is dropped and counted.
+//! `poll(2)` after [`IDLE_SPINS`] empty turns. Turns that found frames are timed as the
+//! gateway's workers time theirs ([`BusyTime`]), so the two costs per packet compare. Nothing
+//! in the loop allocates. A frame the TX ring has no room for is dropped and counted.
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,10 +26,11 @@ use std::time::{Duration, Instant};
 use libbpf_rs::{MapCore, MapFlags};
 
 use strait_dataplane::rewrite::Frame;
+use strait_dataplane::stats::BusyTime;
 use strait_dataplane::xsk::worker::{IDLE_POLL_MS, IDLE_SPINS, PUBLISH_EVERY};
 use strait_dataplane::xsk::{
-    interface_port, Aligned, AttachMode, AttachPolicy, BindMode, BindPolicy, GroupConfig, Held,
-    PortConfig, QueueGroup, XdpProgram, XskError, BATCH,
+    interface_port, Aligned, AttachMode, AttachPolicy, BindMode, BindPolicy, Clock, GroupConfig,
+    Held, MonotonicClock, PortConfig, QueueGroup, XdpProgram, XskError, BATCH,
 };
 
 use strait_dataplane::embedded_object;
@@ -109,6 +111,8 @@ pub struct L2fwdStats {
     pub fill_kicks: u64,
     /// Sleeps in `poll(2)` after [`IDLE_SPINS`] empty turns.
     pub idle_polls: u64,
+    /// Time in turns that found frames, as the gateway's workers count it.
+    pub busy: BusyTime,
 }
 
 /// The forwarder: its redirect program on the RX interface and one queue group over both
@@ -201,7 +205,9 @@ impl L2fwd {
         let mut held = [Held::default(); B];
         let mut idle = 0u32;
         let group = &mut self.group;
+        let mut clock = MonotonicClock::new();
         while !stop.load(Ordering::Relaxed) {
+            let turn = clock.now_ns();
             st.forwarded += group.reap_completions() as u64;
             group.refill();
             if !group.rx_ready() {
@@ -230,6 +236,7 @@ impl L2fwd {
                 }
             }
             st.tx_kicks += group.drain_tx()? as u64;
+            st.busy.turn(turn, clock.now_ns());
         }
         let deadline = Instant::now() + DRAIN;
         while st.forwarded < st.tx && Instant::now() < deadline {

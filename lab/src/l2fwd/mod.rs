@@ -5,7 +5,8 @@
 //!
 //! One thread forwards (pinned to `--core` if given); the main thread prints forwarded pps to
 //! stderr once a second and, at the end (`--duration` or SIGINT/SIGTERM), the summary on
-//! stdout, one JSON object with `--json`: `{"forwarded":u64,"seconds":f64,"pps":f64}`.
+//! stdout, one JSON object with `--json`:
+//! `{"forwarded":u64,"seconds":f64,"pps":f64,"busy_seconds":f64}`.
 //! `forwarded` counts frames the kernel reported sent on `--tx`; `seconds` runs from the
 //! forwarder being ready to the stop.
 
@@ -50,12 +51,14 @@ pub struct Args {
     pub json: bool,
 }
 
-/// The summary, in the field order of the benchmark contract.
+/// The summary, in the field order of the benchmark contract; `busy_seconds` (the time in
+/// turns that found frames) over `forwarded` is the forwarder's CPU per packet.
 #[derive(Debug, Serialize)]
 struct Summary {
     forwarded: u64,
     seconds: f64,
     pps: f64,
+    busy_seconds: f64,
 }
 
 /// The forwarding thread's counters as the reporter reads them.
@@ -169,13 +172,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         forwarded: st.forwarded,
         seconds,
         pps: st.forwarded as f64 / seconds,
+        busy_seconds: st.busy.seconds(),
     };
     if args.json {
         println!("{}", serde_json::to_string(&s)?);
     } else {
         println!(
-            "forwarded {} frames in {:.3} s: {:.0} pps",
-            s.forwarded, s.seconds, s.pps
+            "forwarded {} frames in {:.3} s: {:.0} pps, busy {:.3} s",
+            s.forwarded, s.seconds, s.pps, s.busy_seconds
         );
     }
     Ok(())
@@ -191,10 +195,11 @@ mod tests {
             forwarded: 4,
             seconds: 2.0,
             pps: 2.0,
+            busy_seconds: 0.5,
         };
         assert_eq!(
             serde_json::to_string(&s).expect("serialize"),
-            r#"{"forwarded":4,"seconds":2.0,"pps":2.0}"#
+            r#"{"forwarded":4,"seconds":2.0,"pps":2.0,"busy_seconds":0.5}"#
         );
     }
 }

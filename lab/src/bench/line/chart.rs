@@ -1,7 +1,8 @@
-//! The PNG chart of a line-rate report: one panel per traffic type, a group of bars per
-//! service count (one bar per system with services), `limit` as a line across the panel,
-//! Mpps on a log scale (iptables at 10,000 services and `limit` are two orders of
-//! magnitude apart).
+//! The PNG chart of a line-rate report: a row of panels for delivered Mpps and one for the
+//! forwarding CPU's nanoseconds per delivered packet, one panel per traffic type in each, a
+//! group of bars per service count (one bar per system with services), `limit` as a line
+//! across the panel, both on log scales (iptables at 10,000 services and `limit` are two
+//! orders of magnitude apart). The bars are [`BARS`]: a system added there is drawn.
 //!
 //! Text is drawn with the DejaVu Sans embedded in the binary (plotters' `ab_glyph` back
 //! end), so drawing needs no fontconfig and no system font.
@@ -17,8 +18,8 @@ use plotters::style::FontStyle;
 
 use super::{Report, System, Traffic};
 
-/// Image size in pixels.
-const SIZE: (u32, u32) = (1400, 720);
+/// Image size in pixels: two rows of panels.
+const SIZE: (u32, u32) = (1400, 1340);
 /// The systems drawn as bars, in bar order, with their colours.
 const BARS: [(System, RGBColor); 4] = [
     (System::StraitDsrL2, RGBColor(31, 119, 180)),
@@ -55,7 +56,7 @@ pub fn render(report: &Report, path: &Path) -> Result<()> {
     title
         .draw(&Text::new(
             format!(
-                "strait-lab bench line-rate: delivered Mpps, UDP {}-byte frames, forwarder on one core ({})",
+                "strait-lab bench line-rate: delivered Mpps and CPU per packet, UDP {}-byte frames, forwarder on one core ({})",
                 report.frame_bytes, report.date
             ),
             (20, 12),
@@ -69,11 +70,23 @@ pub fn render(report: &Report, path: &Path) -> Result<()> {
             (FONT, 13).into_font().color(&RGBColor(90, 90, 90)),
         ))
         .map_err(err)?;
-    let panels = body.split_evenly((1, Traffic::ALL.len()));
-    let range = y_range(report.results.iter().map(|p| p.delivered_mpps));
-    // New flows on the left: the headline comparison.
-    for (area, traffic) in panels.iter().zip([Traffic::NewFlows, Traffic::Established]) {
-        panel(area, report, traffic, range)?;
+    let rows = body.split_evenly((2, 1));
+    for (row, metric) in rows.iter().zip([Metric::Mpps, Metric::CpuNs]) {
+        let panels = row.split_evenly((1, Traffic::ALL.len()));
+        let range = match metric {
+            Metric::Mpps => y_range(
+                report.results.iter().map(|p| p.delivered_mpps),
+                (0.001, 10.0),
+            ),
+            Metric::CpuNs => y_range(
+                report.results.iter().filter_map(|p| p.cpu_ns_per_packet),
+                (10.0, 1e6),
+            ),
+        };
+        // New flows on the left: the headline comparison.
+        for (area, traffic) in panels.iter().zip([Traffic::NewFlows, Traffic::Established]) {
+            panel(area, report, traffic, metric, range)?;
+        }
     }
     root.present().map_err(err)?;
     Ok(())
@@ -83,11 +96,45 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("{e:?}")
 }
 
+/// What a row of panels draws.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Metric {
+    /// Delivered Mpps (higher is better).
+    Mpps,
+    /// The forwarding CPU's ns per delivered packet (lower is better).
+    CpuNs,
+}
+
+impl Metric {
+    fn value(self, p: &super::Point) -> Option<f64> {
+        match self {
+            Metric::Mpps => Some(p.delivered_mpps),
+            Metric::CpuNs => p.cpu_ns_per_packet,
+        }
+        .filter(|v| *v > 0.0 && v.is_finite())
+    }
+
+    fn axis(self) -> &'static str {
+        match self {
+            Metric::Mpps => "delivered Mpps (log scale)",
+            Metric::CpuNs => "CPU ns per delivered packet (log scale)",
+        }
+    }
+
+    fn format(self, v: f64) -> String {
+        match self {
+            Metric::Mpps => format_mpps(v),
+            Metric::CpuNs => format_ns(v),
+        }
+    }
+}
+
 /// One traffic type's panel.
 fn panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
     report: &Report,
     traffic: Traffic,
+    metric: Metric,
     (lo, hi): (f64, f64),
 ) -> Result<()>
 where
@@ -113,15 +160,18 @@ where
     let limit = points
         .iter()
         .find(|p| p.system == System::Limit)
-        .map(|p| p.delivered_mpps)
-        .filter(|v| *v > 0.0);
+        .and_then(|p| metric.value(p));
     let per_group = systems.len() + 1;
     // No gap after the last group.
     let slots = (scales.len() * per_group).saturating_sub(1).max(1) as i32;
     let mut chart = ChartBuilder::on(area)
         .caption(
             format!(
-                "{} ({})",
+                "{}: {} ({})",
+                match metric {
+                    Metric::Mpps => "throughput",
+                    Metric::CpuNs => "CPU per packet",
+                },
                 traffic.as_str(),
                 match traffic {
                     Traffic::NewFlows => "every packet a new 5-tuple".to_owned(),
@@ -146,8 +196,11 @@ where
                 .map_or_else(String::new, |g| format!("{} services", scales[g])),
             SegmentValue::Last => String::new(),
         })
-        .y_desc("delivered Mpps (log scale)")
-        .y_label_formatter(&|v| format!("{v}"))
+        .y_desc(metric.axis())
+        .y_label_formatter(&|v| match metric {
+            Metric::Mpps => format!("{v}"),
+            Metric::CpuNs => format_ns(*v),
+        })
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 14))
         .draw()
@@ -161,9 +214,8 @@ where
                 let p = points
                     .iter()
                     .find(|p| p.system == *system && p.services == n)?;
-                Some(((g * per_group + si) as i32, p.delivered_mpps))
+                Some(((g * per_group + si) as i32, metric.value(p)?))
             })
-            .filter(|(_, v)| *v > 0.0)
             .collect();
         let color = *color;
         chart
@@ -186,7 +238,7 @@ where
         chart
             .draw_series(bars.iter().map(|&(x, v)| {
                 Text::new(
-                    format_mpps(v),
+                    metric.format(v),
                     (SegmentValue::CenterOf(x), v),
                     style.clone(),
                 )
@@ -200,7 +252,7 @@ where
                 BLACK.stroke_width(2),
             )))
             .map_err(err)?
-            .label(format!("limit (AF_XDP MAC swap): {}", format_mpps(l)))
+            .label(format!("limit (AF_XDP MAC swap): {}", metric.format(l)))
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], BLACK.stroke_width(2)));
     }
     chart
@@ -214,12 +266,12 @@ where
     Ok(())
 }
 
-/// The y range shared by both panels: whole decades around every positive value, with
-/// most of a decade free above the highest bar for the legend.
-fn y_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
+/// The y range shared by a row's panels: whole decades around every positive value, with
+/// most of a decade free above the highest bar for the legend; `empty` when there is none.
+fn y_range(values: impl Iterator<Item = f64>, empty: (f64, f64)) -> (f64, f64) {
     let values: Vec<f64> = values.filter(|v| *v > 0.0 && v.is_finite()).collect();
     if values.is_empty() {
-        return (0.001, 10.0);
+        return empty;
     }
     let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = values.iter().copied().fold(0.0, f64::max);
@@ -227,6 +279,17 @@ fn y_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
         10f64.powf((lo * 0.5).log10().floor()),
         10f64.powf((hi * 8.0).log10().ceil()),
     )
+}
+
+/// `85 ns`, `4.2 µs`, `125 µs`.
+fn format_ns(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.0} µs", v / 1000.0)
+    } else if v >= 1000.0 {
+        format!("{:.1} µs", v / 1000.0)
+    } else {
+        format!("{v:.0} ns")
+    }
 }
 
 /// `0.612`, `0.0071`: three significant digits.
