@@ -19,7 +19,7 @@ cargo test --workspace
 echo "== DPDK: cargo clippy / test --features dpdk"
 cargo clippy -p strait-control -p strait-lab \
   --features strait-control/dpdk,strait-lab/dpdk --all-targets -- -D warnings
-cargo test -p strait-control --features dpdk --lib
+cargo test -p strait-control --features dpdk --lib --test check_dpdk
 cargo build -p strait-control --features dpdk --bin strait
 cargo test -p strait-lab --features dpdk --test dpdk
 if [ -f fuzz/smoke.sh ]; then

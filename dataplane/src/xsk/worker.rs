@@ -1,5 +1,7 @@
 //! The worker loop: one thread per queue group (queue `q` of every interface, see
 //! [`QueueGroup`]), driving [`Pipeline::process_batch`] over the frames of its sockets.
+//! The loop is generic over its port driver ([`PortDriver`]): AF_XDP's [`QueueGroup`] here,
+//! DPDK's queue group in the `strait-dpdk` crate; the names below are AF_XDP's.
 //!
 //! Each turn: reap the completion rings (sent frames back to the free list), refill the fill
 //! rings; if a socket or an inbound handoff ring has frames, load the service-table snapshot
@@ -19,9 +21,11 @@
 //!   from its new head, whichever socket received it (the UMEM is shared); a port the group
 //!   has no socket for is counted in [`WorkerStats::other_port`] and dropped.
 //! - `Drop`: recycled (the pipeline counted the reason).
-//! - `Pass`: cannot be honoured, because an AF_XDP frame cannot be handed back to the kernel's
-//!   stack, so it is recycled and counted in [`WorkerStats::pass_unsent`] (the steering
-//!   program redirects only gateway traffic, so this should stay near zero).
+//! - `Pass`: given to the driver ([`PortDriver::pass`]). AF_XDP cannot honour it, because an
+//!   AF_XDP frame cannot be handed back to the kernel's stack, so it is recycled and counted
+//!   in [`WorkerStats::pass_unsent`] (the steering program redirects only gateway traffic, so
+//!   this should stay near zero); DPDK writes it to the port's exception TAP
+//!   ([`WorkerStats::passed`]).
 //! - `Handoff { core }`: copied into the ring to that worker ([`Handoff`]) and recycled. The
 //!   owner copies it into a free frame of its own UMEM and runs its pipeline on it, with the
 //!   ingress port it arrived on; it goes out on the owner's sockets.
