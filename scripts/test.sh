@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command of the README: installs what the tests need, then runs formatting,
 # lints, every test (unit, property, golden fixtures decoded by tshark, truncation sweeps,
-# allocation count) and a short fuzz run of the parser and the pipeline.
+# allocation count), the DPDK port driver's build and tests (`--features dpdk`, with Debian's
+# dpdk-dev) and a short fuzz run of the parser and the pipeline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,14 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --workspace
+# The DPDK driver is a cargo feature (the default build needs no DPDK): lint and test the
+# gateway with it, then the end-to-end tests on DPDK ports with a `strait` built with it.
+echo "== DPDK: cargo clippy / test --features dpdk"
+cargo clippy -p strait-control -p strait-lab \
+  --features strait-control/dpdk,strait-lab/dpdk --all-targets -- -D warnings
+cargo test -p strait-control --features dpdk --lib --test check_dpdk
+cargo build -p strait-control --features dpdk --bin strait
+cargo test -p strait-lab --features dpdk --test dpdk
 if [ -f fuzz/smoke.sh ]; then
   echo "== fuzz smoke (${FUZZ_SECONDS:-20} s per target)"
   FUZZ_SECONDS="${FUZZ_SECONDS:-20}" bash fuzz/smoke.sh

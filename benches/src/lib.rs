@@ -116,11 +116,13 @@ pub fn config(mode: Mode, services: usize) -> Config {
                 cores: None,
                 role: Role::Both,
                 vlans: Vec::new(),
+                driver: Default::default(),
             }],
             drain_grace: std::time::Duration::ZERO,
             bgp: None,
             l2: None,
             sync: None,
+            dpdk: None,
         },
         services: (0..services)
             .map(|s| Service {

@@ -67,6 +67,54 @@ pub struct Gateway {
     pub l2: Option<L2>,
     /// Flow-state sync with peer gateways (`[gateway.sync]`), if configured.
     pub sync: Option<FlowSync>,
+    /// DPDK's EAL options (`[gateway.dpdk]`), when interfaces use `driver = "dpdk"`.
+    pub dpdk: Option<Dpdk>,
+}
+
+/// EAL options of a gateway whose interfaces use DPDK (`[gateway.dpdk]`). The EAL cores
+/// come from the interfaces' `cores`, the devices from their `device`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Dpdk {
+    /// Memory EAL reserves at start, in MiB (`-m`). `None`: EAL's default (grown from
+    /// hugepages as needed; 64 MiB with `no_huge`).
+    pub memory_mb: Option<u32>,
+    /// Run without hugepages (`--no-huge`): for vdevs on kernel interfaces (tests, VMs);
+    /// physical NICs need hugepages.
+    pub no_huge: bool,
+    /// EAL's runtime directory name (`--file-prefix`); two DPDK processes on one machine need
+    /// different ones. `None`: `strait-PID`.
+    pub file_prefix: Option<String>,
+}
+
+impl Dpdk {
+    /// Smallest `memory_mb`: EAL alone needs tens of MiB.
+    pub const MIN_MEMORY_MB: u32 = 64;
+    /// Largest `memory_mb` (1 TiB), beyond any machine: a larger number is a mistake.
+    pub const MAX_MEMORY_MB: u32 = 1 << 20;
+}
+
+/// How an interface's frames reach the workers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum Driver {
+    /// AF_XDP sockets and the XDP steering program on a kernel interface (the default).
+    #[default]
+    AfXdp,
+    /// A DPDK port; the kernel sees it through a TAP of the interface's name.
+    Dpdk {
+        /// The EAL device: a PCI address (`0000:03:00.0`) or a vdev
+        /// (`net_af_packet0,iface=eth1`).
+        device: String,
+    },
+}
+
+impl Driver {
+    /// `af_xdp` or `dpdk`, as in the file.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Driver::AfXdp => "af_xdp",
+            Driver::Dpdk { .. } => "dpdk",
+        }
+    }
 }
 
 /// Flow-state sync with peer gateways (`[gateway.sync]`): every flow this gateway creates is
@@ -290,6 +338,8 @@ pub struct Interface {
     /// frame of any other VLAN is left to the kernel by the steering program, or dropped
     /// (`vlan_not_served`) by a worker it reaches.
     pub vlans: Vec<u16>,
+    /// AF_XDP (the default) or DPDK; every interface of a gateway uses the same one.
+    pub driver: Driver,
 }
 
 impl Interface {

@@ -53,6 +53,16 @@ pub(crate) struct RawGateway {
     pub bgp: Option<RawBgp>,
     pub l2: Option<RawL2>,
     pub sync: Option<RawSync>,
+    pub dpdk: Option<RawDpdk>,
+}
+
+/// `[gateway.dpdk]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDpdk {
+    pub memory_mb: Option<i64>,
+    pub no_huge: Option<bool>,
+    pub file_prefix: Option<String>,
 }
 
 /// `[gateway.l2]`.
@@ -117,6 +127,8 @@ pub(crate) struct RawInterface {
     pub cores: Option<Vec<i64>>,
     pub role: Option<String>,
     pub vlans: Option<Vec<i64>>,
+    pub driver: Option<String>,
+    pub device: Option<String>,
 }
 
 /// `[[services]]`.
@@ -337,13 +349,17 @@ fn check_config(doc: &Spanned<DeValue<'_>>, errors: &mut Errors) {
 }
 
 fn check_gateway(gateway: &Spanned<DeValue<'_>>, errors: &mut Errors) {
-    let (rest, nested) = split(gateway, &["timeouts", "interfaces", "bgp", "l2", "sync"]);
+    let (rest, nested) = split(
+        gateway,
+        &["timeouts", "interfaces", "bgp", "l2", "sync", "dpdk"],
+    );
     try_as::<RawGateway>(&rest, errors);
     for (key, value) in nested {
         match key {
             "timeouts" => try_as::<RawTimeouts>(&value, errors),
             "l2" => try_as::<RawL2>(&value, errors),
             "sync" => try_as::<RawSync>(&value, errors),
+            "dpdk" => try_as::<RawDpdk>(&value, errors),
             "bgp" => {
                 let (rest, peers) = split(&value, &["peers"]);
                 try_as::<RawBgp>(&rest, errors);
@@ -454,6 +470,14 @@ impl From<&Config> for RawConfig {
                         role: Some(i.role.to_string()),
                         vlans: (!i.vlans.is_empty())
                             .then(|| i.vlans.iter().map(|&v| v.into()).collect()),
+                        driver: match &i.driver {
+                            crate::model::Driver::AfXdp => None,
+                            d => Some(d.name().to_owned()),
+                        },
+                        device: match &i.driver {
+                            crate::model::Driver::AfXdp => None,
+                            crate::model::Driver::Dpdk { device } => Some(device.clone()),
+                        },
                     })
                     .collect(),
                 drain_grace: Some(duration(g.drain_grace)),
@@ -463,6 +487,11 @@ impl From<&Config> for RawConfig {
                     members: Some(l.members.clone()),
                     advert_interval: Some(duration(l.advert_interval)),
                     daemon: Some(l.daemon.display().to_string()),
+                }),
+                dpdk: g.dpdk.as_ref().map(|d| RawDpdk {
+                    memory_mb: d.memory_mb.map(i64::from),
+                    no_huge: Some(d.no_huge),
+                    file_prefix: d.file_prefix.clone(),
                 }),
                 sync: g.sync.as_ref().map(|s| RawSync {
                     listen: Some(s.listen.to_string()),

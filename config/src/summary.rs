@@ -53,6 +53,9 @@ pub fn summary(config: &Config) -> String {
             if !i.vlans.is_empty() {
                 let _ = write!(s, " vlans {}", join(&i.vlans));
             }
+            if let crate::model::Driver::Dpdk { device } = &i.driver {
+                let _ = write!(s, " driver dpdk device {device}");
+            }
             s
         })
         .collect();

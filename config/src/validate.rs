@@ -6,6 +6,7 @@
 //! were themselves valid, so a bad value yields one problem, not a cascade.
 
 mod bgp;
+mod dpdk;
 mod l2;
 mod sync;
 
@@ -362,8 +363,16 @@ impl Checker {
             None => Some(None),
             Some(s) => self.sync(s).map(Some),
         };
+        if let Some(interfaces) = &interfaces {
+            self.drivers_agree(interfaces, raw.dpdk.as_ref());
+        }
+        let dpdk = match &raw.dpdk {
+            None => Some(None),
+            Some(d) => self.dpdk(d).map(Some),
+        };
         Some(Gateway {
             sync: sync?,
+            dpdk: dpdk?,
             admin_listen: admin_listen?,
             admin_socket: admin_socket?,
             admin_token_file: admin_token_file?,
@@ -501,14 +510,16 @@ impl Checker {
                 Role::default(),
             );
             let vlans = self.vlans(&path, iface.vlans.as_deref().unwrap_or_default());
-            out.push(match (name, queues, cores, role, vlans) {
-                (Some(name), Some(queues), Some(cores), Some(role), Some(vlans)) => {
+            let driver = self.driver(&path, iface);
+            out.push(match (name, queues, cores, role, vlans, driver) {
+                (Some(name), Some(queues), Some(cores), Some(role), Some(vlans), Some(driver)) => {
                     Some(Interface {
                         name: name.to_owned(),
                         queues,
                         cores,
                         role,
                         vlans,
+                        driver,
                     })
                 }
                 _ => None,

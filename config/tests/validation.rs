@@ -1124,10 +1124,8 @@ fn unknown_fields_everywhere_are_refused() {
             gateway("[gateway.timeouts]\nicmp = \"1s\""),
             "gateway.timeouts.icmp",
         ),
-        (
-            format!("{IFACE}driver = \"ice\"\n"),
-            "gateway.interfaces[0].driver",
-        ),
+        (format!("{IFACE}numa = 0\n"), "gateway.interfaces[0].numa"),
+        (gateway("[gateway.dpdk]\nhuge = false"), "gateway.dpdk.huge"),
         (
             service("[services.session_affinity]\nkind = \"ClientIP\""),
             "services[0].session_affinity.kind",
@@ -1457,4 +1455,91 @@ fn sync_rules() {
             ),
         "{p:?}"
     );
+}
+
+const DPDK_IFACE: &str = "[[gateway.interfaces]]\nname = \"eth1\"\nqueues = [0]\ndriver = \"dpdk\"\ndevice = \"net_af_packet0,iface=dp1\"\n";
+
+#[test]
+fn a_dpdk_interface_and_its_eal_options_are_read() {
+    let cfg = parse(&format!(
+        "[gateway.dpdk]\nno_huge = true\nmemory_mb = 1024\nfile_prefix = \"gw-a\"\n\n{DPDK_IFACE}\
+         [[gateway.interfaces]]\nname = \"eth2\"\nqueues = [0]\ndriver = \"dpdk\"\ndevice = \"0000:03:00.0\"\n"
+    ))
+    .expect("valid");
+    let g = &cfg.gateway;
+    assert_eq!(
+        g.interfaces[0].driver,
+        strait_config::model::Driver::Dpdk {
+            device: "net_af_packet0,iface=dp1".into()
+        }
+    );
+    assert_eq!(g.interfaces[1].driver.name(), "dpdk");
+    let d = g.dpdk.as_ref().expect("[gateway.dpdk]");
+    assert_eq!(
+        (d.no_huge, d.memory_mb, d.file_prefix.as_deref()),
+        (true, Some(1024), Some("gw-a"))
+    );
+    // Written back out, it reads the same.
+    assert_eq!(
+        parse(&strait_config::to_toml(&cfg)).expect("round trip"),
+        cfg
+    );
+    // AF_XDP stays the default.
+    let plain = parse(IFACE).expect("valid");
+    assert_eq!(plain.gateway.interfaces[0].driver, Default::default());
+    assert_eq!(plain.gateway.dpdk, None);
+}
+
+#[test]
+fn bad_dpdk_settings_are_refused_with_their_field() {
+    let cases = [
+        (
+            format!("{IFACE}driver = \"ice\"\n"),
+            "gateway.interfaces[0].driver: \"ice\" is not a driver",
+        ),
+        (
+            format!("{IFACE}driver = \"dpdk\"\n"),
+            "gateway.interfaces[0].device: ",
+        ),
+        (
+            format!("{IFACE}device = \"0000:03:00.0\"\n"),
+            "gateway.interfaces[0].device: is only for driver = \"dpdk\"",
+        ),
+        (
+            format!("{IFACE}driver = \"dpdk\"\ndevice = \"net_tap0 iface=x\"\n"),
+            "gateway.interfaces[0].device: \"net_tap0 iface=x\" contains whitespace",
+        ),
+        (
+            format!("{IFACE}driver = \"dpdk\"\ndevice = \"--no-pci\"\n"),
+            "gateway.interfaces[0].device: \"--no-pci\" starts with '-'",
+        ),
+        (
+            format!("{DPDK_IFACE}[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n"),
+            "gateway.interfaces[1].driver: \"af_xdp\" differs from gateway.interfaces[0]'s \"dpdk\"",
+        ),
+        (
+            format!(
+                "{DPDK_IFACE}[[gateway.interfaces]]\nname = \"eth2\"\nqueues = [0]\ndriver = \"dpdk\"\n\
+                 device = \"net_af_packet0,iface=dp2\"\n"
+            ),
+            "gateway.interfaces[1].device: \"net_af_packet0\" is already the device of gateway.interfaces[0]",
+        ),
+        (
+            gateway("[gateway.dpdk]\nno_huge = true"),
+            "gateway.dpdk: no interface has driver = \"dpdk\"",
+        ),
+        (
+            format!("[gateway.dpdk]\nmemory_mb = 8\n\n{DPDK_IFACE}"),
+            "gateway.dpdk.memory_mb: ",
+        ),
+        (
+            format!("[gateway.dpdk]\nfile_prefix = \"../x\"\n\n{DPDK_IFACE}"),
+            "gateway.dpdk.file_prefix: \"../x\" is not a directory name",
+        ),
+    ];
+    for (text, want) in cases {
+        let p = problems(&text);
+        assert_eq!(p.len(), 1, "{text}\n{p:?}");
+        assert!(p[0].starts_with(want), "{text}\nwanted {want}\ngot {p:?}");
+    }
 }

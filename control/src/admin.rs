@@ -804,6 +804,20 @@ impl Collector for Metrics {
         )?;
         counter(
             &mut enc,
+            "worker_kernel_passed_frames",
+            "Frames the pipeline passed that the worker gave to the kernel (DPDK: written to the \
+             port's exception TAP; AF_XDP passes in its steering program instead).",
+            &per_core(|s| s.worker.passed),
+        )?;
+        counter(
+            &mut enc,
+            "worker_kernel_sent_frames",
+            "Frames the kernel sent that the worker put on the wire (DPDK: read from the \
+             port's exception TAP).",
+            &per_core(|s| s.worker.exception_out),
+        )?;
+        counter(
+            &mut enc,
             "worker_handed_in_frames",
             "Frames received from other cores' handoff rings.",
             &per_core(|s| s.worker.handed_in),
@@ -886,6 +900,64 @@ impl Collector for Metrics {
              the workers) and reason. Their sum is every frame the interface received.",
             &xdp,
         )?;
+        let dpdk = shared
+            .dpdk
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(reader) = dpdk {
+            let ports = crate::dpdk::port_counters(&reader);
+            let per_port = |f: fn(&crate::dpdk::PortCounters) -> u64| -> Vec<_> {
+                ports
+                    .iter()
+                    .map(|(n, c)| (vec![("interface", n.clone())], f(c)))
+                    .collect()
+            };
+            for (name, help, f) in [
+                (
+                    "dpdk_port_rx_packets",
+                    "Frames the DPDK port received (ethdev ipackets); every one goes to a worker.",
+                    (|c| c.rx_packets) as fn(&crate::dpdk::PortCounters) -> u64,
+                ),
+                (
+                    "dpdk_port_tx_packets",
+                    "Frames the DPDK port sent (opackets).",
+                    |c| c.tx_packets,
+                ),
+                (
+                    "dpdk_port_rx_missed",
+                    "Frames the DPDK port dropped for lack of RX descriptors (imissed).",
+                    |c| c.rx_missed,
+                ),
+                (
+                    "dpdk_port_rx_errors",
+                    "Receive errors of the DPDK port.",
+                    |c| c.rx_errors,
+                ),
+                (
+                    "dpdk_port_tx_errors",
+                    "Send errors of the DPDK port.",
+                    |c| c.tx_errors,
+                ),
+                (
+                    "dpdk_port_rx_nombuf",
+                    "Receive failures of the DPDK port for lack of mbufs.",
+                    |c| c.rx_nombuf,
+                ),
+            ] {
+                counter(&mut enc, name, help, &per_port(f))?;
+            }
+            let link: Vec<_> = ports
+                .iter()
+                .map(|(n, c)| (vec![("interface", n.clone())], i64::from(c.link_up)))
+                .collect();
+            gauge(
+                &mut enc,
+                "dpdk_port_link_up",
+                "1 when the DPDK port's link is up.",
+                &link,
+            )?;
+        }
         counter(
             &mut enc,
             "interface_rx_packets",

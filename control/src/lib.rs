@@ -40,6 +40,7 @@ pub mod admin;
 pub mod bgp;
 pub mod core;
 pub mod daemon;
+pub mod dpdk;
 pub mod footprint;
 pub mod health;
 pub mod kube;

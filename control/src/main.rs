@@ -125,6 +125,11 @@ fn check(path: Option<PathBuf>) -> ExitCode {
     };
     match loaded {
         Ok(cfg) => {
+            if let Some(why) = strait_control::dpdk::unsupported(&cfg) {
+                eprintln!("{name}: cannot run in this build");
+                eprintln!("{why}");
+                return ExitCode::FAILURE;
+            }
             println!("{name}: valid");
             print!("{}", strait_config::summary(&cfg));
             let footprint = strait_control::footprint::Footprint::of(&cfg);

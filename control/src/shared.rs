@@ -88,6 +88,8 @@ pub struct Shared {
     pub draining: AtomicBool,
     /// The flow sync thread's counters, while `[gateway.sync]` is configured.
     pub sync: Mutex<Option<Arc<crate::sync::SyncStats>>>,
+    /// A reader of the DPDK ports' counters, while DPDK ports run.
+    pub dpdk: Mutex<Option<crate::dpdk::StatsReader>>,
 }
 
 impl Shared {
@@ -114,6 +116,7 @@ impl Shared {
             l2: Mutex::new(None),
             draining: AtomicBool::new(false),
             sync: Mutex::new(None),
+            dpdk: Mutex::new(None),
         }
     }
 

@@ -1,4 +1,4 @@
-//! Starting the AF_XDP workers: one per queue index across the configured interfaces, each on
+//! Starting the workers: one per queue index across the configured interfaces, each on
 //! its own thread, pinned to its configured core, owning its queue group (the sockets of that
 //! queue on every interface, sharing one UMEM), its pipeline (flow table and counters) and its
 //! ends of the handoff mesh.
@@ -19,6 +19,12 @@
 //! then fill the programs' maps from the current table, so no packet is redirected to a
 //! queue without a socket.
 //!
+//! The same loop ([`run_worker`]) drives either port driver, chosen by the interfaces'
+//! `driver`: AF_XDP queue groups with their steering programs, or DPDK queue groups (one
+//! mempool per worker, ports opened by [`crate::dpdk::open`] before the table's ports are
+//! read; no XDP program: the DPDK group gives the kernel its traffic through each port's
+//! TAP). DPDK ports start once every group has set up its queues, before any worker polls.
+//!
 //! A queue listed on some interfaces only makes a group without the others: a frame that
 //! group's worker must send on a missing interface is dropped and counted (`other_port`), so
 //! two-arm configurations should list the same queues on both arms (logged at start). A
@@ -30,11 +36,11 @@ use std::sync::{Arc, PoisonError};
 use std::thread::{self, JoinHandle};
 
 use anyhow::Context;
-use strait_config::model::{Config, Mode};
+use strait_config::model::{Config, Driver, Mode};
 use strait_dataplane::pipeline::Pipeline;
 use strait_dataplane::xsk::{
     run_worker, AttachPolicy, GroupConfig, Handoff, HandoffConfig, MonotonicClock, PortConfig,
-    QueueGroup, SteerProgram, WorkerStats,
+    PortDriver, QueueGroup, SteerProgram, WorkerStats,
 };
 use tracing::{info, warn};
 
@@ -50,6 +56,8 @@ pub struct Workers {
     pub progs: Vec<SteerProgram>,
     /// Flow sync with the peer gateways, if configured.
     sync: Option<SyncThread>,
+    /// The DPDK ports, closed after the workers stopped.
+    dpdk: Option<crate::dpdk::Ports>,
 }
 
 impl Workers {
@@ -128,13 +136,20 @@ pub fn slots(cfg: &Config) -> Vec<Arc<CoreStats>> {
         .collect()
 }
 
-/// Attaches the programs and starts a worker per queue group of `cfg`.
+/// Attaches the programs and starts a worker per queue group of `cfg`; with DPDK
+/// interfaces, sets up a queue group per worker on `dpdk` (from [`crate::dpdk::open`]) and
+/// starts its ports.
 ///
 /// # Errors
 /// When a program cannot be attached or a socket cannot be opened (no AF_XDP, no such queue,
-/// no shared UMEM, not enough privileges), with the interface and queue named. Workers
-/// started before the failure are stopped again.
-pub fn start(cfg: &Config, shared: &Arc<Shared>) -> anyhow::Result<Workers> {
+/// no shared UMEM, not enough privileges), or a DPDK queue or port refuses, with the
+/// interface and queue named; DPDK interfaces without their ports. Workers started before
+/// the failure are stopped again.
+pub fn start(
+    cfg: &Config,
+    shared: &Arc<Shared>,
+    dpdk: Option<crate::dpdk::Ports>,
+) -> anyhow::Result<Workers> {
     let g = &cfg.gateway;
     let plans = plan(cfg);
     let total = plans.len();
@@ -170,6 +185,7 @@ pub fn start(cfg: &Config, shared: &Arc<Shared>) -> anyhow::Result<Workers> {
         threads: Vec::new(),
         progs: Vec::new(),
         sync: None,
+        dpdk,
     };
     match spawn_all(cfg, shared, &plans, &handoff_cfg, &mut workers) {
         Ok(()) => Ok(workers),
@@ -178,6 +194,14 @@ pub fn start(cfg: &Config, shared: &Arc<Shared>) -> anyhow::Result<Workers> {
             Err(e)
         }
     }
+}
+
+/// What every worker gets whatever its driver: its handoff ends, its pipeline, its
+/// statistics slot.
+struct Parts {
+    handoff: Handoff,
+    pipe: Pipeline,
+    slot: Arc<CoreStats>,
 }
 
 /// The body of [`start`]: fills `w` as it goes, so the caller can stop what was started.
@@ -189,26 +213,17 @@ fn spawn_all(
     w: &mut Workers,
 ) -> anyhow::Result<()> {
     let g = &cfg.gateway;
+    let dpdk = g
+        .interfaces
+        .iter()
+        .any(|i| matches!(i.driver, Driver::Dpdk { .. }));
     shared
         .xdp
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clear();
-    for iface in &g.interfaces {
-        let prog = SteerProgram::attach(&iface.name, AttachPolicy::default())
-            .with_context(|| format!("attaching the XDP steering program to {}", iface.name))?;
-        prog.serve_vlans(&iface.vlans)
-            .with_context(|| format!("setting the VLANs {} serves", iface.name))?;
-        let reader = prog
-            .counters_reader()
-            .with_context(|| format!("reading the steering counters of {}", iface.name))?;
-        shared
-            .xdp
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(reader);
-        info!(iface = %iface.name, mode = ?prog.mode(), replaced = ?prog.replaced_programs(), "XDP program attached");
-        w.progs.push(prog);
+    if !dpdk {
+        attach_programs(cfg, shared, w)?;
     }
     let total = plans.len();
     let mut ends = Handoff::mesh(total, handoff_cfg).into_iter();
@@ -224,7 +239,33 @@ fn spawn_all(
         }
         None => None,
     };
-    for (index, p) in plans.iter().enumerate() {
+    let mut parts = Vec::with_capacity(total);
+    for index in 0..total {
+        let handoff = ends
+            .next()
+            .context("the handoff mesh has an end per worker")?;
+        let slot = Arc::clone(&shared.cores[index]);
+        let pipe = Pipeline::new(
+            index as u16,
+            total as u16,
+            g.flow_capacity_per_core as usize,
+            shared.table.load().timeouts,
+            g.new_flows_per_second_per_core,
+        );
+        let pipe = match sync_ends.as_mut().and_then(Iterator::next) {
+            Some(ends) => pipe.with_sync(ends),
+            None => pipe,
+        };
+        parts.push(Parts {
+            handoff,
+            pipe,
+            slot,
+        });
+    }
+    if dpdk {
+        return spawn_dpdk(shared, plans, parts, w);
+    }
+    for (p, parts) in plans.iter().zip(parts) {
         let members = p
             .members
             .iter()
@@ -243,35 +284,135 @@ fn spawn_all(
                 .register(p.queue, port)
                 .with_context(|| format!("registering {} queue {}", port.iface(), p.queue))?;
         }
-        let handoff = ends
-            .next()
-            .context("the handoff mesh has an end per worker")?;
-        let slot = Arc::clone(&shared.cores[index]);
-        let pipe = Pipeline::new(
-            index as u16,
-            total as u16,
-            g.flow_capacity_per_core as usize,
-            shared.table.load().timeouts,
-            g.new_flows_per_second_per_core,
-        );
-        let pipe = match sync_ends.as_mut().and_then(Iterator::next) {
-            Some(ends) => pipe.with_sync(ends),
-            None => pipe,
-        };
-        let name = slot.name.clone();
-        let core = p.core;
-        let (shared, stop) = (Arc::clone(shared), Arc::clone(&w.stop));
-        let handle = thread::Builder::new()
-            .name(format!("xsk {name}"))
-            .spawn(move || worker(group, pipe, handoff, core, &shared, &stop, &slot))
-            .context("spawning a worker thread")?;
-        w.threads.push((name, handle));
+        spawn(w, shared, p, parts, "xsk", move || group)?;
     }
     let table = shared.table.load();
     for (prog, iface) in w.progs.iter_mut().zip(&g.interfaces) {
         let sync = prog.update_maps(&table)?;
         info!(iface = %iface.name, added = sync.added, "steering maps filled");
     }
+    Ok(())
+}
+
+/// Attaches the steering program to every interface, and gives the admin API its counters.
+fn attach_programs(cfg: &Config, shared: &Arc<Shared>, w: &mut Workers) -> anyhow::Result<()> {
+    for iface in &cfg.gateway.interfaces {
+        let prog = SteerProgram::attach(&iface.name, AttachPolicy::default())
+            .with_context(|| format!("attaching the XDP steering program to {}", iface.name))?;
+        prog.serve_vlans(&iface.vlans)
+            .with_context(|| format!("setting the VLANs {} serves", iface.name))?;
+        let reader = prog
+            .counters_reader()
+            .with_context(|| format!("reading the steering counters of {}", iface.name))?;
+        shared
+            .xdp
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(reader);
+        info!(iface = %iface.name, mode = ?prog.mode(), replaced = ?prog.replaced_programs(), "XDP program attached");
+        w.progs.push(prog);
+    }
+    Ok(())
+}
+
+/// Sets up a DPDK queue group per plan, starts the ports, then a worker per group.
+#[cfg(feature = "dpdk")]
+fn spawn_dpdk(
+    shared: &Arc<Shared>,
+    plans: &[Plan],
+    parts: Vec<Parts>,
+    w: &mut Workers,
+) -> anyhow::Result<()> {
+    let dpdk = w
+        .dpdk
+        .as_mut()
+        .context("DPDK interfaces, but no DPDK ports were opened")?;
+    let mut groups = Vec::with_capacity(plans.len());
+    for p in plans {
+        let members: Vec<u8> = p.members.iter().map(|&i| i as u8).collect();
+        let group = dpdk
+            .group(p.queue, &members)
+            .with_context(|| format!("setting up the DPDK queues of {}", p.name))?;
+        groups.push(group);
+    }
+    dpdk.start().context("starting the DPDK ports")?;
+    *shared.dpdk.lock().unwrap_or_else(PoisonError::into_inner) = Some(dpdk.stats_reader());
+    for ((p, parts), group) in plans.iter().zip(parts).zip(groups) {
+        info!(worker = %p.name, "DPDK queue group ready");
+        spawn(w, shared, p, parts, "dpdk", move || {
+            let reg = strait_dpdk::ThreadRegistration::new();
+            if !reg.registered() {
+                warn!("worker not registered with EAL (no free lcore id): no mempool cache");
+            }
+            (group, reg)
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn spawn_dpdk(
+    _shared: &Arc<Shared>,
+    _plans: &[Plan],
+    _parts: Vec<Parts>,
+    _w: &mut Workers,
+) -> anyhow::Result<()> {
+    anyhow::bail!("DPDK interfaces in a build without the `dpdk` feature")
+}
+
+/// What a worker thread runs on: a port driver, and whatever must live as long as it on
+/// that thread (a DPDK worker's EAL registration).
+trait OnThread {
+    type Driver: PortDriver;
+    fn driver(&mut self) -> &mut Self::Driver;
+}
+
+impl OnThread for QueueGroup {
+    type Driver = QueueGroup;
+    fn driver(&mut self) -> &mut QueueGroup {
+        self
+    }
+}
+
+#[cfg(feature = "dpdk")]
+impl OnThread for (strait_dpdk::DpdkGroup, strait_dpdk::ThreadRegistration) {
+    type Driver = strait_dpdk::DpdkGroup;
+    fn driver(&mut self) -> &mut strait_dpdk::DpdkGroup {
+        &mut self.0
+    }
+}
+
+/// Spawns the worker of plan `p` on a thread named `{kind} {name}`; `make` runs first on
+/// that thread and gives the driver.
+fn spawn<T, M>(
+    w: &mut Workers,
+    shared: &Arc<Shared>,
+    p: &Plan,
+    parts: Parts,
+    kind: &str,
+    make: M,
+) -> anyhow::Result<()>
+where
+    T: OnThread,
+    <T::Driver as PortDriver>::Error: std::error::Error + Send + Sync + 'static,
+    M: FnOnce() -> T + Send + 'static,
+{
+    let Parts {
+        handoff,
+        pipe,
+        slot,
+    } = parts;
+    let name = slot.name.clone();
+    let core = p.core;
+    let (shared, stop) = (Arc::clone(shared), Arc::clone(&w.stop));
+    let handle = thread::Builder::new()
+        .name(format!("{kind} {name}"))
+        .spawn(move || {
+            let mut on = make();
+            worker(on.driver(), pipe, handoff, core, &shared, &stop, &slot)
+        })
+        .context("spawning a worker thread")?;
+    w.threads.push((name, handle));
     Ok(())
 }
 
@@ -290,15 +431,19 @@ impl strait_dataplane::xsk::Clock for Beating<'_> {
     }
 }
 
-fn worker(
-    mut group: QueueGroup,
+fn worker<D>(
+    group: &mut D,
     mut pipe: Pipeline,
     mut handoff: Handoff,
     core: Option<usize>,
     shared: &Shared,
     stop: &AtomicBool,
     slot: &CoreStats,
-) -> anyhow::Result<WorkerStats> {
+) -> anyhow::Result<WorkerStats>
+where
+    D: PortDriver,
+    D::Error: std::error::Error + Send + Sync + 'static,
+{
     match core {
         Some(c) if core_affinity::set_for_current(core_affinity::CoreId { id: c }) => {
             info!(worker = %slot.name, core = c, "worker pinned")
@@ -325,7 +470,7 @@ fn worker(
         beat: &slot.heartbeat,
     };
     let stats = run_worker(
-        &mut group,
+        group,
         &mut pipe,
         &mut handoff,
         || shared.table.load_full(),
@@ -348,6 +493,8 @@ fn worker(
         rx = c.rx,
         tx = c.tx,
         pass_unsent = stats.pass_unsent,
+        passed = stats.passed,
+        exception_out = stats.exception_out,
         other_port = stats.other_port,
         handed_out = stats.handed_out,
         handed_in = stats.handed_in,
@@ -385,6 +532,8 @@ impl Workers {
         }
         // Dropping the programs detaches them.
         self.progs.clear();
+        // The DPDK ports close (and EAL cleans up) once no worker uses them.
+        self.dpdk = None;
     }
 }
 

@@ -125,6 +125,21 @@ pub fn dsr_l2(frame: &mut Frame<'_>, p: &Parsed, m: Macs) {
     set_macs(d, m);
 }
 
+/// Completes the TCP/UDP checksum of a frame a local sender left to offload
+/// (`CHECKSUM_PARTIAL` on a veth or TAP: the field holds only the pseudo-header sum), if it
+/// is one; returns whether it was. For drivers that hand `Verdict::Pass` frames to the kernel
+/// as bytes (DPDK's exception TAP), where the kernel would verify, and drop, such a frame;
+/// a frame that does not parse is left as it is.
+pub fn complete_partial(data: &mut [u8]) -> bool {
+    match crate::wire::parse::parse(data) {
+        Ok(Some(p)) if p.l4_partial => {
+            complete_l4(data, &p);
+            true
+        }
+        _ => false,
+    }
+}
+
 /// Completes the TCP/UDP checksum of a packet whose sender left it to offload
 /// (`p.l4_partial`): the full sum over the segment as it stands in `d`, with the
 /// pseudo-header of the addresses now in `d`'s IP header, so that after a rewrite it covers

@@ -72,6 +72,16 @@ const EXIT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Poll interval while waiting for a server to become ready or to exit.
 const POLL: Duration = Duration::from_millis(10);
 
+/// The gateway's port driver on the testbed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PortDriver {
+    /// AF_XDP on the gateway's veths.
+    #[default]
+    AfXdp,
+    /// DPDK `net_af_packet` ports on the veths, a TAP each for the kernel.
+    Dpdk,
+}
+
 /// How the gateway is wired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -102,6 +112,8 @@ pub struct Opts {
     pub gateways: usize,
     /// The gateways on the client segment, no router (see `fleet`).
     pub l2: bool,
+    /// The gateway's ports are DPDK ports (see `plan`'s "DPDK" section).
+    pub dpdk: bool,
 }
 
 impl Default for Opts {
@@ -114,6 +126,7 @@ impl Default for Opts {
             server_binary: None,
             gateways: 1,
             l2: false,
+            dpdk: false,
         }
     }
 }
@@ -537,6 +550,11 @@ pub fn up(opts: &Opts) -> Result<Testbed, Error> {
             "several gateways (or --l2) run dsr-l2 on the one-arm backend segment: leave out --topology two-arm",
         ));
     }
+    if fleet && opts.dpdk {
+        return Err(Error::Options(
+            "--driver dpdk builds the one-gateway layouts only: leave out --gateways and --l2",
+        ));
+    }
     if fleet && opts.config_path.is_some() {
         return Err(Error::Options(
             "--config names one file; with several gateways (or --l2) each configuration goes to /run/strait/PREFIX/gwN.toml",
@@ -564,6 +582,7 @@ pub fn up(opts: &Opts) -> Result<Testbed, Error> {
         ipv6: !fleet && Path::new("/proc/sys/net/ipv6").exists(),
         gateways: opts.gateways,
         l2: opts.l2,
+        dpdk: opts.dpdk,
     };
     let dir = run_dir(&layout.prefix);
     let config_path = opts.config_path.clone().unwrap_or_else(|| {
@@ -1051,6 +1070,11 @@ pub enum Command {
         /// The gateways share the client segment (no router), for L2 failover.
         #[arg(long)]
         l2: bool,
+        /// The gateway's port driver: af-xdp (its interfaces are veths), or dpdk (each veth
+        /// becomes the wire of a DPDK `net_af_packet` port, the kernel sees the port through
+        /// a TAP of the interface's name, and EAL runs without hugepages).
+        #[arg(long, value_enum, default_value_t = PortDriver::AfXdp)]
+        driver: PortDriver,
         /// Print a JSON description instead of instructions.
         #[arg(long)]
         json: bool,
@@ -1090,6 +1114,7 @@ pub fn run_command(command: Command) -> anyhow::Result<()> {
             config,
             gateways,
             l2,
+            driver,
             json,
         } => {
             let testbed = up(&Opts {
@@ -1100,6 +1125,7 @@ pub fn run_command(command: Command) -> anyhow::Result<()> {
                 server_binary: None,
                 gateways,
                 l2,
+                dpdk: driver == PortDriver::Dpdk,
             })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&testbed.summary())?);

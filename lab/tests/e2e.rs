@@ -8,154 +8,20 @@
 
 mod support;
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::ops::Deref;
-use std::path::{Path, PathBuf};
-use std::process::{ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::MutexGuard;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::bed::{assert_client_seen, tally, Bed, Gateway, CLIENT};
-use support::harness::{
-    in_ns, namespaces, serial_if, sh, text, wait_for, while_capturing, Capture, Proc, PYTHON,
+use support::bed::{Gateway, CLIENT};
+use support::e2e::{
+    self, backend_field, counter, dsr_l2_spread, per_backend, start, udp_ten_thousand,
+    write_config, Driver, Scenario, VIP,
 };
-use support::privileged as gate;
+use support::harness::{namespaces, text, while_capturing, Capture};
 
-const VIP: &str = "203.0.113.10";
-
-/// Root and the tools these tests drive (see `strait_testkit::privileged`).
-fn privileged() -> bool {
-    gate::privileged(
-        "end-to-end",
-        &[
-            gate::IP,
-            gate::CURL,
-            gate::PING,
-            gate::TCPDUMP,
-            gate::TSHARK,
-            gate::ARPING,
-            gate::PYTHON,
-        ],
-    )
-}
-
-/// A test's testbed (`se{pid}{tag}`) with the serial lock, which goes after the testbed.
-struct Scenario {
-    bed: Bed,
-    _serial: MutexGuard<'static, ()>,
-}
-
-impl Deref for Scenario {
-    type Target = Bed;
-
-    fn deref(&self) -> &Bed {
-        &self.bed
-    }
-}
-
-/// The serial lock and a testbed of `strait testbed up ARGS..`, if the tests may run.
+/// The serial lock and an AF_XDP testbed of `strait testbed up ARGS..`, if the tests may run.
 fn scenario(tag: &str, args: &[&str]) -> Option<Scenario> {
-    let serial = serial_if(privileged)?;
-    let bed = Bed::up(&format!("se{}{tag}", std::process::id() % 100_000), args);
-    Some(Scenario {
-        bed,
-        _serial: serial,
-    })
-}
-
-/// `strait run --config CONFIG` in the gateway namespace, ready when its admin API answers
-/// and every backend is up.
-fn start(bed: &Bed, config: &Path) -> Gateway {
-    Gateway::spawn(bed, Gateway::command(bed, config), |g| {
-        g.healthy() && g.services().is_some_and(|v| all_up(&v))
-    })
-}
-
-impl Bed {
-    /// `n` HTTP requests to the VIP, each a new connection; the answers.
-    fn vip_requests(&self, n: usize) -> Vec<Option<String>> {
-        self.requests(&format!("http://{VIP}/"), n)
-    }
-
-    /// `tests/e2e/client.py ARGS..` in the client namespace.
-    fn python(&self, args: &[&str]) -> Command {
-        let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/client.py");
-        let mut c = in_ns(&self.ns("client"), [PYTHON]);
-        c.arg(client).args(args);
-        c
-    }
-}
-
-/// A counter of the gateway's `/metrics` (0 when it has no samples).
-fn counter(gw: &Gateway, name: &str) -> u64 {
-    gw.metric(name).map_or(0, |v| v as u64)
-}
-
-/// Every backend up, or without a health check.
-fn all_up(v: &Value) -> bool {
-    v["services"].as_array().is_some_and(|s| {
-        s.iter().all(|s| {
-            s["backends"]
-                .as_array()
-                .is_some_and(|b| b.iter().all(|b| b["health"] != "down"))
-        })
-    })
-}
-
-fn health_of(v: &Value, service: &str, addr: &str) -> String {
-    backend_field(v, service, addr, "health").unwrap_or_default()
-}
-
-/// Field `field` of backend `addr` of `service` in a `/services` answer, when it is a string.
-fn backend_field(v: &Value, service: &str, addr: &str, field: &str) -> Option<String> {
-    v["services"]
-        .as_array()?
-        .iter()
-        .find(|s| s["name"] == service)?["backends"]
-        .as_array()?
-        .iter()
-        .find(|b| b["address"] == addr)?[field]
-        .as_str()
-        .map(str::to_owned)
-}
-
-/// Counts answers per backend name (`backend=bN client=...`), and checks the client address.
-fn per_backend(answers: &[Option<String>]) -> BTreeMap<String, usize> {
-    assert_client_seen(answers, "backend");
-    tally(answers)
-}
-
-/// 300 requests to the VIP: none fails, all `backends` answer, each within half to double
-/// its fair share, and every one saw the client's address.
-fn assert_spread(bed: &Bed, gw: &Gateway, backends: usize) {
-    let answers = bed.vip_requests(300);
-    let failed = answers.iter().filter(|a| a.is_none()).count();
-    assert_eq!(
-        failed,
-        0,
-        "{failed} of 300 requests failed:\n{}",
-        gw.log_text()
-    );
-    let per = per_backend(&answers);
-    assert_eq!(per.len(), backends, "{per:?}");
-    let fair = 300 / backends;
-    for (b, n) in &per {
-        assert!(
-            (fair.div_ceil(2)..=2 * fair).contains(n),
-            "{b} got {n} of 300: outside half to double its fair share ({fair})"
-        );
-    }
-}
-
-/// The testbed's configuration edited by `edit`, in the scratch directory.
-fn write_config(bed: &Bed, edit: impl Fn(&str) -> String) -> PathBuf {
-    let text = std::fs::read_to_string(bed.config()).unwrap();
-    let path = bed.dir.join("edited.toml");
-    std::fs::write(&path, edit(&text)).unwrap();
-    path
+    e2e::scenario(Driver::AfXdp, tag, args)
 }
 
 #[test]
@@ -164,13 +30,7 @@ fn a_dsr_l2_http_reaches_every_backend_with_the_client_address_and_i_leaves_noth
         return;
     };
     let mut gw = start(&s, &s.config());
-    assert_spread(&s, &gw, 4);
-    // The client's veth keeps its default offloads, so its TCP segments reach the gateway
-    // with the checksum left to offload; the answers above prove they were completed.
-    assert!(
-        counter(&gw, "strait_checksum_completed_total") > 0,
-        "no checksum completed: the testbed's endpoints must keep TX offload on"
-    );
+    dsr_l2_spread(&s, &gw);
     // i. SIGTERM: exit 0, no XDP program left on the interface.
     let status = gw.stop();
     assert!(status.success(), "exit {status}:\n{}", gw.log_text());
@@ -215,199 +75,17 @@ fn d_the_kernel_still_owns_everything_else() {
 
 #[test]
 fn e_a_dead_backend_is_taken_out_fast_and_others_streams_do_not_notice() {
-    let Some(s) = scenario("e", &["--backends", "3"]) else {
-        return;
-    };
-    let gw = start(&s, &s.config());
-    // Long-lived streams, opened before the failure, on several backends.
-    let streams = Proc::spawn(s.python(&["stream", VIP, "12", "6"]).stdout(Stdio::piped()));
-    sleep(Duration::from_millis(1500));
-    sh(&["kill", "-KILL", &s.backend_pid("b1").to_string()]);
-    let killed = Instant::now();
-    wait_for(
-        "the dead backend marked down",
-        Duration::from_secs(3),
-        || {
-            let v = gw.services().expect("services");
-            (health_of(&v, "web", "198.51.100.11") == "down").then_some(())
-        },
-    );
-    let down_after = killed.elapsed();
-    let answers = s.vip_requests(60);
-    assert!(
-        answers.iter().all(Option::is_some),
-        "requests failed after the backend was marked down"
-    );
-    assert!(
-        !per_backend(&answers).contains_key("b1"),
-        "new flows still went to the dead backend"
-    );
-    let report = text(&streams.wait().stdout);
-    let mut on_others = 0;
-    for line in report.lines() {
-        if line.starts_with("backend=b1") {
-            continue; // its own connections died with it
-        }
-        on_others += 1;
-        assert!(
-            line.contains("error=none"),
-            "a stream to a live backend broke: {line}\n{report}"
-        );
-        let gap: f64 = line
-            .split("maxgap=")
-            .nth(1)
-            .unwrap()
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert!(
-            gap < 1.0,
-            "a stream to a live backend stalled {gap:.2} s: {line}"
-        );
-    }
-    assert!(
-        on_others > 0,
-        "no stream landed on a live backend:\n{report}"
-    );
-    // It comes back: a new server on b1; it turns up and takes new flows again.
-    let revived = s.serve("b1", "b1", &["--tcp", "[::]:80"]);
-    wait_for("the revived backend up", Duration::from_secs(5), || {
-        let v = gw.services().expect("services");
-        (health_of(&v, "web", "198.51.100.11") == "up").then_some(())
-    });
-    let again = per_backend(&s.vip_requests(60));
-    drop(revived);
-    assert!(
-        again.get("b1").copied().unwrap_or(0) > 0,
-        "the revived backend takes no new flows: {again:?}"
-    );
-    eprintln!("backend marked down {down_after:?} after its server died");
-}
-
-/// Opens keep-alive connections through the gateway; `round()` sends one more request on each.
-struct KeepAlive {
-    client: Proc,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl KeepAlive {
-    fn open(bed: &Bed, n: usize) -> (KeepAlive, Vec<String>) {
-        let mut client = Proc::spawn(
-            bed.python(&["keepalive", VIP, &n.to_string()])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped()),
-        );
-        let stdin = client.child().stdin.take().unwrap();
-        let stdout = BufReader::new(client.child().stdout.take().unwrap());
-        let mut k = KeepAlive {
-            client,
-            stdin,
-            stdout,
-        };
-        let first = k.read_round();
-        (k, first)
-    }
-
-    fn read_round(&mut self) -> Vec<String> {
-        let mut out = Vec::new();
-        loop {
-            let mut line = String::new();
-            assert!(
-                self.stdout.read_line(&mut line).unwrap() > 0,
-                "client exited: {}",
-                self.client.what()
-            );
-            let line = line.trim().to_string();
-            if line == "END" {
-                return out;
-            }
-            out.push(line);
-        }
-    }
-
-    fn round(&mut self) -> Vec<String> {
-        writeln!(self.stdin, "again").unwrap();
-        self.stdin.flush().unwrap();
-        self.read_round()
-    }
-}
-
-fn reload(gw: &Gateway, bed: &Bed, config: &Path) {
-    std::fs::copy(config, bed.config()).unwrap();
-    let answer = gw.admin("POST", "/reload");
-    assert!(answer.starts_with("reloaded"), "reload refused: {answer}");
+    e2e::dead_backend(Driver::AfXdp);
 }
 
 #[test]
 fn f_draining_keeps_existing_connections_and_takes_no_new_ones() {
-    let Some(s) = scenario("f", &["--backends", "3"]) else {
-        return;
-    };
-    let gw = start(&s, &s.config());
-    let (mut conns, first) = KeepAlive::open(&s, 24);
-    assert!(
-        first.iter().any(|a| a.starts_with("backend=b2 ")),
-        "no connection landed on b2: {first:?}"
-    );
-    // Drain b2 (its first service `web`): weight 0 via a reload.
-    let drained = write_config(&s, |t| {
-        t.replacen(
-            "address = \"198.51.100.12\"\nport = 80\n",
-            "address = \"198.51.100.12\"\nport = 80\nweight = 0\n",
-            1,
-        )
-    });
-    reload(&gw, &s, &drained);
-    let second = conns.round();
-    assert_eq!(
-        second, first,
-        "existing connections moved or broke after draining"
-    );
-    let fresh = per_backend(&s.vip_requests(60));
-    assert!(
-        !fresh.contains_key("b2"),
-        "a draining backend took new flows: {fresh:?}"
-    );
+    e2e::draining(Driver::AfXdp);
 }
 
 #[test]
 fn g_a_reload_adding_a_backend_breaks_nothing_and_it_takes_new_flows() {
-    let Some(s) = scenario("g", &["--backends", "3"]) else {
-        return;
-    };
-    // Start with b3 absent from `web`.
-    let without = write_config(&s, |t| {
-        let start = t
-            .find("[[services.backends]]\naddress = \"198.51.100.13\"\nport = 80\n")
-            .expect("b3 in web");
-        let end = t[start + 10..]
-            .find("[[")
-            .map_or(t.len(), |e| start + 10 + e);
-        format!("{}{}", &t[..start], &t[end..])
-    });
-    let full = s.dir.join("full.toml");
-    std::fs::copy(s.config(), &full).unwrap();
-    std::fs::copy(&without, s.config()).unwrap();
-    let gw = start(&s, &s.config());
-    let (mut conns, first) = KeepAlive::open(&s, 24);
-    assert!(
-        !first.iter().any(|a| a.starts_with("backend=b3 ")),
-        "b3 answered before it was configured"
-    );
-    reload(&gw, &s, &full);
-    assert_eq!(
-        conns.round(),
-        first,
-        "an established connection moved or broke on reload"
-    );
-    let fresh = per_backend(&s.vip_requests(90));
-    assert!(
-        fresh.get("b3").copied().unwrap_or(0) > 0,
-        "the added backend took no new flows: {fresh:?}"
-    );
+    e2e::reload_adding(Driver::AfXdp);
 }
 
 #[test]
@@ -429,35 +107,7 @@ fn h_ten_thousand_udp_flows_are_all_delivered_and_the_books_balance() {
             last = now;
         }
     };
-    let out = s
-        .python(&["udp", VIP, "5353", "20000", "10000"])
-        .output()
-        .unwrap();
-    let report = text(&out.stdout);
-    assert!(
-        report.contains("sent=10000 answered=10000"),
-        "{report}{}",
-        text(&out.stderr)
-    );
-    // The workers publish when idle; give them a moment, then the identity must hold exactly.
-    sleep(Duration::from_millis(500));
-    let rx = counter(&gw, "strait_rx_packets_total");
-    let tx = counter(&gw, "strait_tx_packets_total");
-    let pass = counter(&gw, "strait_pass_packets_total");
-    let handoff = counter(&gw, "strait_handoff_packets_total");
-    let drops = counter(&gw, "strait_dropped_packets_total");
-    assert!(rx >= 10_000, "rx {rx}");
-    assert_eq!(
-        rx,
-        tx + pass + handoff + drops,
-        "rx {rx} != tx {tx} + pass {pass} + handoff {handoff} + drops {drops}"
-    );
-    let created =
-        counter(&gw, "strait_flows_created_total") + counter(&gw, "strait_flows_stateless_total");
-    assert!(
-        created >= 10_000,
-        "10,000 distinct 5-tuples made {created} flows"
-    );
+    udp_ten_thousand(&s, &gw);
     // Before the workers: the steering program's verdicts add up to every frame the port
     // received while it was attached (rx_packets also counts what came before), and the
     // workers took what it redirected. One scrape reads both; health-check replies keep
@@ -583,24 +233,7 @@ fn c_ipip_and_gue_leave_encapsulated_with_valid_checksums() {
 
 #[test]
 fn b_nat_two_arm_translates_both_ways_and_keeps_the_client_address() {
-    let Some(s) = scenario("b", &["--topology", "two-arm", "--backends", "4"]) else {
-        return;
-    };
-    // Ready means every backend passed its health check through the gateway's own kernel
-    // path: the replies from backend:8080 to the gateway must not be taken for nat replies.
-    let gw = start(&s, &s.config());
-    assert_spread(&s, &gw, 4);
-    // UDP through nat: 53 on the VIP to 5353 on a backend, and back from the VIP.
-    let out = s
-        .python(&["udp", VIP, "53", "31000", "200"])
-        .output()
-        .unwrap();
-    let report = text(&out.stdout);
-    assert!(report.contains("sent=200 answered=200"), "{report}");
-    let handoff = counter(&gw, "strait_handoff_packets_total");
-    let rx = counter(&gw, "strait_rx_packets_total");
-    let tx = counter(&gw, "strait_tx_packets_total");
-    assert!(tx > 0 && rx >= tx, "rx {rx} tx {tx} handoff {handoff}");
+    e2e::nat_two_arm(Driver::AfXdp);
 }
 
 #[test]

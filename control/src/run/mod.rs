@@ -59,6 +59,9 @@ pub struct Gateway {
     speaker: Option<Speaker>,
     /// The VRRP side, when `[gateway.l2]` is configured.
     vrrp: Option<Vrrp>,
+    /// The DPDK ports (opened at start: their TAPs are the interfaces the table reads),
+    /// until the workers take them.
+    dpdk: Option<crate::dpdk::Ports>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -85,13 +88,17 @@ impl Gateway {
             footprint.fits(memory)?;
         }
         info!("memory: {footprint}");
+        // Before the interfaces are read: a DPDK port's TAP is its interface.
+        let dpdk = crate::dpdk::open(&cfg)?;
         let ports = cfg
             .gateway
             .interfaces
             .iter()
             .map(|i| port_of(&i.name))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Self::with_ports(source, cfg, ports)
+        let mut g = Self::with_ports(source, cfg, ports)?;
+        g.dpdk = dpdk;
+        Ok(g)
     }
 
     /// The state [`Gateway::start`] makes once the interfaces are known: the core with its
@@ -123,6 +130,7 @@ impl Gateway {
             kube: None,
             speaker: None,
             vrrp: None,
+            dpdk: None,
         };
         g.execute();
         Ok(g)
@@ -215,12 +223,17 @@ impl Gateway {
         }
     }
 
-    /// Attaches the XDP programs and starts the AF_XDP workers.
+    /// Attaches the XDP programs and starts the AF_XDP workers, or starts the DPDK ports and
+    /// their workers.
     ///
     /// # Errors
     /// As [`workers::start`].
     pub fn start_workers(&mut self) -> anyhow::Result<()> {
-        self.workers = Some(workers::start(&self.shared.config(), &self.shared)?);
+        self.workers = Some(workers::start(
+            &self.shared.config(),
+            &self.shared,
+            self.dpdk.take(),
+        )?);
         Ok(())
     }
 

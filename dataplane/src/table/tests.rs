@@ -163,6 +163,7 @@ mod incremental {
             cores: None,
             role: Role::Both,
             vlans: Vec::new(),
+            driver: Default::default(),
         }];
         Config {
             gateway: Gateway { ..gateway },

@@ -80,7 +80,7 @@ pub use prog::{AttachMode, AttachPolicy, MapSync, SteerCounters, SteerProgram, S
 pub use ring::LayoutError as RingLayoutError;
 pub use socket::{interface_port, BindMode, BindPolicy, KernelStats, Port, PortConfig, RingSizes};
 pub use umem::{Held, FRAME_COUNT, FRAME_SIZE, MAX_PACKET, RX_OFFSET};
-pub use worker::{run_worker, Clock, MonotonicClock, WorkerStats, BATCH};
+pub use worker::{run_worker, Clock, MonotonicClock, PortDriver, WorkerStats, BATCH};
 
 /// Setup and IO errors of the AF_XDP layer. Each names the call that failed.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,7 @@
 //! The worker loop: one thread per queue group (queue `q` of every interface, see
 //! [`QueueGroup`]), driving [`Pipeline::process_batch`] over the frames of its sockets.
+//! The loop is generic over its port driver ([`PortDriver`]): AF_XDP's [`QueueGroup`] here,
+//! DPDK's queue group in the `strait-dpdk` crate; the names below are AF_XDP's.
 //!
 //! Each turn: reap the completion rings (sent frames back to the free list), refill the fill
 //! rings; if a socket or an inbound handoff ring has frames, load the service-table snapshot
@@ -19,9 +21,11 @@
 //!   from its new head, whichever socket received it (the UMEM is shared); a port the group
 //!   has no socket for is counted in [`WorkerStats::other_port`] and dropped.
 //! - `Drop`: recycled (the pipeline counted the reason).
-//! - `Pass`: cannot be honoured, because an AF_XDP frame cannot be handed back to the kernel's
-//!   stack, so it is recycled and counted in [`WorkerStats::pass_unsent`] (the steering
-//!   program redirects only gateway traffic, so this should stay near zero).
+//! - `Pass`: given to the driver ([`PortDriver::pass`]). AF_XDP cannot honour it, because an
+//!   AF_XDP frame cannot be handed back to the kernel's stack, so it is recycled and counted
+//!   in [`WorkerStats::pass_unsent`] (the steering program redirects only gateway traffic, so
+//!   this should stay near zero); DPDK writes it to the port's exception TAP
+//!   ([`WorkerStats::passed`]).
 //! - `Handoff { core }`: copied into the ring to that worker ([`Handoff`]) and recycled. The
 //!   owner copies it into a free frame of its own UMEM and runs its pipeline on it, with the
 //!   ingress port it arrived on; it goes out on the owner's sockets.
@@ -128,8 +132,14 @@ pub struct WorkerStats {
     pub tx: u64,
     /// Frames the kernel reported sent (completion rings).
     pub completed: u64,
-    /// `Verdict::Pass` frames, dropped because AF_XDP cannot give them to the kernel.
+    /// `Verdict::Pass` frames, dropped because the driver cannot give them to the kernel
+    /// (AF_XDP) or the kernel side was full (DPDK's exception interface).
     pub pass_unsent: u64,
+    /// `Verdict::Pass` frames given to the kernel (DPDK: written to the port's exception
+    /// interface).
+    pub passed: u64,
+    /// Frames the kernel sent through the ports (DPDK: read from the exception interface).
+    pub exception_out: u64,
     /// `Verdict::Tx` to a port the group has no socket for, dropped.
     pub other_port: u64,
     /// Frames to send that found the TX ring full, dropped.
@@ -164,6 +174,187 @@ pub struct WorkerStats {
     pub umem: Accounting,
     /// Time in turns that found frames (RX or handed in), start of the turn to its TX kick.
     pub busy: crate::stats::BusyTime,
+}
+
+/// A port driver: the rings one worker serves (queue `q` of each of its interfaces) and the
+/// frames in them. [`run_worker`] is generic over it, so the loop (rings in,
+/// [`Pipeline::process_batch`], rings out, handoff, counters) is written once; AF_XDP
+/// ([`QueueGroup`]) is one driver, DPDK (the `strait-dpdk` crate) the other.
+///
+/// A port is identified by its index in the driver (`s`, `0..ports()`), and by the service
+/// table's port number (`u8`) that the pipeline's verdicts name.
+///
+/// A [`PortDriver::Held`] names one frame the worker holds. Only the driver makes one
+/// (`read_rx`, `copy_in`); handing it back (`recycle`, `stage_tx`, `pass`) consumes it, so a
+/// driver whose frames are not in books of its own (DPDK's mbufs) can trust that no frame is
+/// held twice. `Held::default()` is a placeholder that names no frame.
+pub trait PortDriver {
+    /// A frame held by the worker.
+    type Held: Default;
+    /// What a failed ring syscall reports.
+    type Error;
+
+    /// Ports served (sockets, DPDK ports).
+    fn ports(&self) -> usize;
+    /// Start of a turn: frames the hardware or kernel is done with back to the free list
+    /// (completions), free frames onto the receive side. Returns the frames completed.
+    fn reap_completions(&mut self) -> u32;
+    /// Free frames onto the receive side (fill rings); DPDK refills in its PMDs.
+    fn refill(&mut self) -> u32;
+    /// Whether a frame is waiting on any port (cheap; called on every turn).
+    fn rx_ready(&mut self) -> bool;
+    /// Reads up to `out.len()` frames (the driver may take fewer) from port `s`; returns
+    /// how many, and how many invalid descriptors were skipped.
+    fn read_rx(&mut self, s: usize, out: &mut [Self::Held]) -> (usize, u32);
+    /// Lends the frames of `batch` to the pipeline, one [`Frame`] each in `out`.
+    fn lend<'a>(&'a mut self, batch: &[Self::Held], out: &mut [Frame<'a>]);
+    /// Records a frame's packet extent after the pipeline moved it.
+    fn set_extent(h: &mut Self::Held, head: usize, len: usize);
+    /// The table port a frame arrived on.
+    fn ingress(h: &Self::Held) -> u8;
+    /// The packet bytes of a held frame.
+    fn packet(&self, h: &Self::Held) -> &[u8];
+    /// A free frame holding a copy of `packet` as received on `ingress`, if one is free.
+    fn copy_in(&mut self, ingress: u8, packet: &[u8]) -> Option<Self::Held>;
+    /// Gives a frame back to the free list.
+    fn recycle(&mut self, h: Self::Held);
+    /// The driver's port that sends on table port `port`, if it has one.
+    fn socket_for(&self, port: u8) -> Option<usize>;
+    /// Stages a frame for sending on port `s`; `Err` gives it back when there is no room.
+    ///
+    /// # Errors
+    /// The frame, when the TX side is full.
+    fn stage_tx(&mut self, s: usize, h: Self::Held) -> Result<(), Self::Held>;
+    /// Sends what was staged; returns how many frames left (or were queued to leave).
+    fn submit_tx(&mut self) -> u32;
+    /// Gives a `Verdict::Pass` frame to the kernel; `Err` gives it back when the driver has
+    /// no way to (AF_XDP: the steering program passes the kernel's traffic before it gets
+    /// here) or the kernel side is full.
+    ///
+    /// # Errors
+    /// The frame, when it could not be passed.
+    fn pass(&mut self, h: Self::Held) -> Result<(), Self::Held>;
+    /// Frames the kernel sends through the ports (the exception path's way back); returns
+    /// how many were forwarded. `busy` says the worker is under load, where a driver may poll
+    /// less often.
+    fn exception(&mut self, _busy: bool) -> u32 {
+        0
+    }
+    /// Kicks TX where the kernel asked for it; returns the syscalls made.
+    ///
+    /// # Errors
+    /// When a kick fails in a way retrying cannot fix.
+    fn flush_tx(&mut self) -> Result<u32, Self::Error>;
+    /// Kicks TX until it is drained (bounded); returns the syscalls made.
+    ///
+    /// # Errors
+    /// As [`PortDriver::flush_tx`].
+    fn drain_tx(&mut self) -> Result<u32, Self::Error>;
+    /// Wakes the receive side where the kernel asked for it; returns the syscalls made.
+    ///
+    /// # Errors
+    /// As [`PortDriver::flush_tx`].
+    fn wake_fill(&mut self) -> Result<u32, Self::Error>;
+    /// Sleeps until a frame may be waiting, at most `timeout_ms`.
+    ///
+    /// # Errors
+    /// When the wait itself fails.
+    fn wait_rx(&mut self, timeout_ms: i32) -> Result<(), Self::Error>;
+    /// Where the driver's frames are (AF_XDP's UMEM books); a driver without such books
+    /// (DPDK's mempools) reports none.
+    fn accounting(&self) -> Accounting {
+        Accounting::default()
+    }
+}
+
+impl PortDriver for QueueGroup {
+    type Held = Held;
+    type Error = XskError;
+
+    #[inline]
+    fn ports(&self) -> usize {
+        QueueGroup::ports(self).len()
+    }
+    #[inline]
+    fn reap_completions(&mut self) -> u32 {
+        QueueGroup::reap_completions(self)
+    }
+    #[inline]
+    fn refill(&mut self) -> u32 {
+        QueueGroup::refill(self)
+    }
+    #[inline]
+    fn rx_ready(&mut self) -> bool {
+        QueueGroup::rx_ready(self)
+    }
+    #[inline]
+    fn read_rx(&mut self, s: usize, out: &mut [Held]) -> (usize, u32) {
+        QueueGroup::read_rx(self, s, out)
+    }
+    #[inline]
+    fn lend<'a>(&'a mut self, batch: &[Held], out: &mut [Frame<'a>]) {
+        QueueGroup::lend(self, batch, out);
+    }
+    #[inline]
+    fn set_extent(h: &mut Held, head: usize, len: usize) {
+        h.head = head as u32;
+        h.len = len as u32;
+    }
+    #[inline]
+    fn ingress(h: &Held) -> u8 {
+        h.ingress
+    }
+    #[inline]
+    fn packet(&self, h: &Held) -> &[u8] {
+        QueueGroup::packet(self, h)
+    }
+    #[inline]
+    fn copy_in(&mut self, ingress: u8, packet: &[u8]) -> Option<Held> {
+        QueueGroup::copy_in(self, ingress, packet)
+    }
+    #[inline]
+    fn recycle(&mut self, h: Held) {
+        QueueGroup::recycle(self, &h);
+    }
+    #[inline]
+    fn socket_for(&self, port: u8) -> Option<usize> {
+        QueueGroup::socket_for(self, port)
+    }
+    #[inline]
+    fn stage_tx(&mut self, s: usize, h: Held) -> Result<(), Held> {
+        if QueueGroup::stage_tx(self, s, &h) {
+            Ok(())
+        } else {
+            Err(h)
+        }
+    }
+    #[inline]
+    fn submit_tx(&mut self) -> u32 {
+        QueueGroup::submit_tx(self)
+    }
+    #[inline]
+    fn pass(&mut self, h: Held) -> Result<(), Held> {
+        // An AF_XDP frame cannot be handed back to the kernel's stack.
+        Err(h)
+    }
+    #[inline]
+    fn flush_tx(&mut self) -> Result<u32, XskError> {
+        QueueGroup::flush_tx(self)
+    }
+    #[inline]
+    fn drain_tx(&mut self) -> Result<u32, XskError> {
+        QueueGroup::drain_tx(self)
+    }
+    #[inline]
+    fn wake_fill(&mut self) -> Result<u32, XskError> {
+        QueueGroup::wake_fill(self)
+    }
+    fn wait_rx(&mut self, timeout_ms: i32) -> Result<(), XskError> {
+        QueueGroup::wait_rx(self, timeout_ms)
+    }
+    fn accounting(&self) -> Accounting {
+        QueueGroup::accounting(self)
+    }
 }
 
 /// Batches between two calls of the `publish` hook while busy: at 1 Mpps and 64-frame
@@ -201,16 +392,17 @@ pub const BOOKS_EVERY_NS: u64 = 100_000_000;
 /// # Errors
 /// [`XskError::Io`] when a `sendto`, `recvfrom` or `poll` on a socket fails in a way
 /// retrying cannot fix; the group stays usable for inspection.
-pub fn run_worker<T, S, C, P>(
-    group: &mut QueueGroup,
+pub fn run_worker<D, T, S, C, P>(
+    group: &mut D,
     pipe: &mut Pipeline,
     handoff: &mut Handoff,
     mut snapshot: S,
     stop: &AtomicBool,
     mut clock: C,
     mut publish: P,
-) -> Result<WorkerStats, XskError>
+) -> Result<WorkerStats, D::Error>
 where
+    D: PortDriver,
     T: Deref<Target = ServiceTable>,
     S: FnMut() -> T,
     C: Clock,
@@ -221,13 +413,14 @@ where
         ..WorkerStats::default()
     };
     let mut books_at = clock.now_ns();
-    let mut held = [Held::default(); B];
+    let mut held: [D::Held; B] = std::array::from_fn(|_| D::Held::default());
     let mut idle = 0u32;
-    let sockets = group.ports().len();
+    let sockets = group.ports();
     while !stop.load(Ordering::Relaxed) {
         let turn = clock.now_ns();
         st.completed += group.reap_completions() as u64;
         group.refill();
+        st.exception_out += group.exception(idle == 0) as u64;
         if !group.rx_ready() && !handoff.is_ready() {
             st.tx_kicks += group.flush_tx()? as u64;
             st.fill_kicks += group.wake_fill()? as u64;
@@ -314,7 +507,7 @@ where
 /// Copies the UMEM's books into `st` if [`BOOKS_EVERY_NS`] passed since the last look;
 /// whether it did. Called between batches, when the worker holds no frame.
 #[inline]
-fn look_at_books(group: &QueueGroup, st: &mut WorkerStats, at: &mut u64, now: u64) -> bool {
+fn look_at_books<D: PortDriver>(group: &D, st: &mut WorkerStats, at: &mut u64, now: u64) -> bool {
     if now.saturating_sub(*at) < BOOKS_EVERY_NS {
         return false;
     }
@@ -328,13 +521,13 @@ fn look_at_books(group: &QueueGroup, st: &mut WorkerStats, at: &mut u64, now: u6
 /// workers (and must not be handed off again).
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn run_batch(
-    group: &mut QueueGroup,
+fn run_batch<D: PortDriver>(
+    group: &mut D,
     pipe: &mut Pipeline,
     handoff: &mut Handoff,
     table: &ServiceTable,
     now: u64,
-    batch: &mut [Held],
+    batch: &mut [D::Held],
     handed_in: bool,
     st: &mut WorkerStats,
 ) {
@@ -350,36 +543,59 @@ fn run_batch(
         // RX batch, usually one for handed-in frames too.
         let mut i = 0;
         while i < n {
-            let ingress = batch[i].ingress;
+            let ingress = D::ingress(&batch[i]);
             let j = i + batch[i..]
                 .iter()
-                .take_while(|h| h.ingress == ingress)
+                .take_while(|h| D::ingress(h) == ingress)
                 .count();
             pipe.process_batch(table, now, ingress, &mut frames[i..j], &mut verdicts[i..j]);
             i = j;
         }
         for (h, f) in batch.iter_mut().zip(&frames[..n]) {
-            h.head = f.head() as u32;
-            h.len = f.len() as u32;
+            D::set_extent(h, f.head(), f.len());
         }
     }
-    for (h, v) in batch.iter().zip(&verdicts[..n]) {
-        match *v {
+    for (h, v) in batch.iter_mut().zip(&verdicts[..n]) {
+        let h = std::mem::take(h);
+        let h = match *v {
             Verdict::Tx { port } => match group.socket_for(port) {
-                Some(s) if group.stage_tx(s, h) => continue,
-                Some(_) => st.tx_ring_full += 1,
-                None => st.other_port += 1,
+                Some(s) => match group.stage_tx(s, h) {
+                    Ok(()) => continue,
+                    Err(h) => {
+                        st.tx_ring_full += 1;
+                        h
+                    }
+                },
+                None => {
+                    st.other_port += 1;
+                    h
+                }
             },
-            Verdict::Drop(_) => {}
-            Verdict::Pass => st.pass_unsent += 1,
-            Verdict::Handoff { .. } if handed_in => st.handoff_loop += 1,
-            Verdict::Handoff { core } => match handoff.send(core, h.ingress, group.packet(h)) {
-                Ok(()) => st.handed_out += 1,
-                Err(HandoffError::Full) => st.handoff_full += 1,
-                Err(HandoffError::TooBig) => st.handoff_too_big += 1,
-                Err(HandoffError::NoRing) => st.handoff_no_ring += 1,
+            Verdict::Drop(_) => h,
+            Verdict::Pass => match group.pass(h) {
+                Ok(()) => {
+                    st.passed += 1;
+                    continue;
+                }
+                Err(h) => {
+                    st.pass_unsent += 1;
+                    h
+                }
             },
-        }
+            Verdict::Handoff { .. } if handed_in => {
+                st.handoff_loop += 1;
+                h
+            }
+            Verdict::Handoff { core } => {
+                match handoff.send(core, D::ingress(&h), group.packet(&h)) {
+                    Ok(()) => st.handed_out += 1,
+                    Err(HandoffError::Full) => st.handoff_full += 1,
+                    Err(HandoffError::TooBig) => st.handoff_too_big += 1,
+                    Err(HandoffError::NoRing) => st.handoff_no_ring += 1,
+                }
+                h
+            }
+        };
         group.recycle(h);
     }
     st.tx += group.submit_tx() as u64;

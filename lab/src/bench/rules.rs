@@ -345,11 +345,13 @@ pub fn config(specs: &[SvcSpec]) -> Config {
                 cores: None,
                 role: Role::Both,
                 vlans: Vec::new(),
+                driver: Default::default(),
             }],
             drain_grace: std::time::Duration::ZERO,
             bgp: None,
             l2: None,
             sync: None,
+            dpdk: None,
         },
         services: specs
             .iter()

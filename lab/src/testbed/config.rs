@@ -15,6 +15,11 @@ use super::plan::{BackendSpec, Layout, HTTP_PORT, NAT_PORT, NAT_UDP_PORT, UDP_PO
 use super::Topology;
 use strait_config::BackendState;
 
+/// EAL memory of a DPDK testbed gateway, in MiB: the mempools of a worker (a few thousand
+/// mbufs, about 20 MiB) and EAL's own, with room to spare, and no more, since without
+/// hugepages it is ordinary memory of the test machine.
+const DPDK_MEMORY_MB: u32 = 512;
+
 /// Renders the configuration; `path` is where it will be written (quoted in the header).
 pub fn render(layout: &Layout, path: &Path) -> String {
     let mut s = String::new();
@@ -42,7 +47,18 @@ admin_listen = \"127.0.0.1:9900\"
         client = layout.client_ns(),
         path = path.display(),
     );
-    for (name, role) in layout.gateway_interfaces() {
+    if layout.dpdk {
+        let _ = write!(
+            s,
+            "
+# DPDK's EAL without hugepages: the ports are net_af_packet vdevs on the testbed's veths.
+[gateway.dpdk]
+no_huge = true
+memory_mb = {DPDK_MEMORY_MB}
+"
+        );
+    }
+    for (i, (name, role)) in layout.gateway_interfaces().into_iter().enumerate() {
         let _ = write!(
             s,
             "
@@ -52,6 +68,13 @@ queues = [0]
 role = \"{role}\"
 "
         );
+        if layout.dpdk {
+            let _ = writeln!(
+                s,
+                "driver = \"dpdk\"\ndevice = \"net_af_packet{i},iface={}\"",
+                layout.wire(name)
+            );
+        }
     }
 
     let (web_port, backend_port, echo_port) = match layout.topology {
@@ -146,7 +169,18 @@ drain_grace = \"2s\"
         client = layout.client_ns(),
         path = path.display(),
     );
-    for (name, role) in layout.gateway_interfaces() {
+    if layout.dpdk {
+        let _ = write!(
+            s,
+            "
+# DPDK's EAL without hugepages: the ports are net_af_packet vdevs on the testbed's veths.
+[gateway.dpdk]
+no_huge = true
+memory_mb = {DPDK_MEMORY_MB}
+"
+        );
+    }
+    for (i, (name, role)) in layout.gateway_interfaces().into_iter().enumerate() {
         let _ = write!(
             s,
             "
@@ -156,6 +190,13 @@ queues = [0]
 role = \"{role}\"
 "
         );
+        if layout.dpdk {
+            let _ = writeln!(
+                s,
+                "driver = \"dpdk\"\ndevice = \"net_af_packet{i},iface={}\"",
+                layout.wire(name)
+            );
+        }
     }
     if let Some(peer) = gw.peer {
         let _ = write!(
@@ -282,6 +323,7 @@ mod tests {
 
     fn render_parse(topology: Topology, ipv6: bool) -> strait_config::Config {
         let layout = Layout {
+            dpdk: false,
             prefix: "st9".to_owned(),
             topology,
             backends: 3,
@@ -336,6 +378,7 @@ mod tests {
     #[test]
     fn every_gateway_of_a_router_layout_peers_with_its_link() {
         let layout = Layout {
+            dpdk: false,
             prefix: "st9".to_owned(),
             topology: Topology::OneArm,
             backends: 3,
@@ -393,6 +436,7 @@ mod tests {
             ipv6: false,
             gateways: 2,
             l2: false,
+            dpdk: false,
         };
         let mut backends = active(&layout.backend_specs());
         backends[2].1 = BackendState::Draining;

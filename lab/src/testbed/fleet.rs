@@ -352,6 +352,7 @@ mod tests {
 
     fn layout(gateways: usize, l2: bool) -> Layout {
         Layout {
+            dpdk: false,
             prefix: "st9".to_owned(),
             topology: Topology::OneArm,
             backends: 3,

@@ -32,6 +32,12 @@
 //! route everything through the gateway, whose kernel forwards (ip_forward on), so the
 //! kernel path is there for comparison when no `strait` runs.
 //!
+//! DPDK (`--driver dpdk`): the gateway's veths are renamed `dp-gw` (`dp-c`, `dp-b`) and
+//! become the wires of `net_af_packet` ports, without addresses and with the kernel's stack
+//! blind to them (an nftables ingress drop); the gateway's addresses go on persistent TAPs named as the
+//! AF_XDP layout's interfaces (`veth-gw`, ...), which the gateway attaches to as its ports'
+//! exception interfaces. Clients and backends see the same addresses and MAC.
+//!
 //! Every endpoint keeps the kernel's default offloads, as a container or a VM's tap does:
 //! its veth hands the gateway `CHECKSUM_PARTIAL` frames whose TCP/UDP checksum field holds
 //! only the pseudo-header sum, which the gateway must complete (`checksum_completed` in its
@@ -206,6 +212,8 @@ pub struct Layout {
     pub gateways: usize,
     /// The gateways share the client segment (no router): the L2 failover layout.
     pub l2: bool,
+    /// The gateway's ports are DPDK ports (one gateway only); see the module docs.
+    pub dpdk: bool,
 }
 
 impl Layout {
@@ -259,6 +267,17 @@ impl Layout {
         let mut all = vec![self.switch_ns(), self.client_ns(), self.gateway_ns()];
         all.extend(self.backend_specs().into_iter().map(|b| b.namespace));
         all
+    }
+
+    /// The veth in the gateway namespace behind gateway interface `ifname`: `ifname` itself
+    /// with AF_XDP; with DPDK the port's wire (`veth-gw` -> `dp-gw`), while `ifname` is the
+    /// port's exception TAP.
+    pub fn wire(&self, ifname: &str) -> String {
+        if self.dpdk {
+            format!("dp-{}", ifname.trim_start_matches("veth-"))
+        } else {
+            ifname.to_owned()
+        }
     }
 
     /// The gateway's data interfaces and the side each faces.
@@ -383,7 +402,8 @@ impl Layout {
                 &client,
                 &format!(
                     "link add name eth0 address {CLIENT_MAC} type veth \
-                     peer name veth-c address {GW_MAC} netns {gw}"
+                     peer name {} address {GW_MAC} netns {gw}",
+                    self.wire("veth-c")
                 ),
             ),
         }
@@ -391,7 +411,34 @@ impl Layout {
             Topology::OneArm => "veth-gw",
             Topology::TwoArm => "veth-b",
         };
-        c.port(&sw, "p-gw", &gw, gw_backend_if, GW_MAC);
+        c.port(&sw, "p-gw", &gw, &self.wire(gw_backend_if), GW_MAC);
+        if self.dpdk {
+            // Each veth is the wire of a DPDK port, as a NIC bound to DPDK would be: no
+            // address, no IPv6, and the kernel's stack blind to what it receives (an
+            // nftables ingress drop, which runs after the packet sockets of `net_af_packet`
+            // took their copy). The kernel's side of the port is the persistent TAP of the interface's
+            // name that the gateway attaches to, with the addresses below.
+            for (ifname, _) in self.gateway_interfaces() {
+                let wire = self.wire(ifname);
+                if self.ipv6 {
+                    c.exec(
+                        &gw,
+                        &format!("sysctl -q -w net.ipv6.conf.{wire}.disable_ipv6=1"),
+                    );
+                }
+                c.ip(&gw, &format!("link set {wire} up"));
+                c.exec(&gw, "nft add table netdev strait-wire");
+                c.exec(
+                    &gw,
+                    &format!(
+                        "nft add chain netdev strait-wire {wire} {{ type filter hook ingress \
+                         device {wire} priority 0 ; policy drop ; }}"
+                    ),
+                );
+                c.ip(&gw, &format!("tuntap add dev {ifname} mode tap"));
+                c.ip(&gw, &format!("link set {ifname} address {GW_MAC}"));
+            }
+        }
         for b in &backends {
             c.port(&sw, &format!("p-{}", b.name), &b.namespace, "eth0", b.mac);
         }
@@ -604,6 +651,7 @@ mod tests {
 
     fn layout(topology: Topology, backends: usize, ipv6: bool) -> Layout {
         Layout {
+            dpdk: false,
             prefix: "st9".to_owned(),
             topology,
             backends,
@@ -624,9 +672,16 @@ mod tests {
         }
         for (gateways, l2) in [(2, false), (MAX_GATEWAYS, false), (1, true), (3, true)] {
             all.push(Layout {
+                dpdk: false,
                 gateways,
                 l2,
                 ..layout(Topology::OneArm, 3, false)
+            });
+        }
+        for topology in [Topology::OneArm, Topology::TwoArm] {
+            all.push(Layout {
+                dpdk: true,
+                ..layout(topology, 2, true)
             });
         }
         all
@@ -640,7 +695,7 @@ mod tests {
                 let ns = match cmd.iter().map(String::as_str).collect::<Vec<_>>()[..] {
                     ["netns", "add", ns] => ns,
                     ["-n", ns, ..] => ns,
-                    ["netns", "exec", ns, "sysctl" | "ethtool", ..] => ns,
+                    ["netns", "exec", ns, "sysctl" | "ethtool" | "nft", ..] => ns,
                     _ => panic!("unexpected command {cmd:?}"),
                 };
                 assert!(ours.iter().any(|o| o == ns), "{cmd:?} leaves the testbed");
