@@ -2271,3 +2271,132 @@ fn a_silent_leader_is_replaced_after_the_lease_duration() {
     assert_eq!(l["spec"]["leaseTransitions"], 4);
     drop(b);
 }
+
+// ---- Node updates that change nothing relevant (issue 12) ----------------------------
+
+/// Node `name` as a kubelet reports it at heartbeat `beat`: the four conditions with their
+/// heartbeat times, capacity, images, labels and annotations that change nothing Strait
+/// reads.
+fn kubelet_node(name: &str, ip: &str, ready: bool, beat: u32) -> Value {
+    let t = format!("2026-01-01T00:{:02}:{:02}Z", beat / 60 % 60, beat % 60);
+    let cond = |ty: &str, status: &str| {
+        json!({ "type": ty, "status": status, "reason": "Kubelet", "lastHeartbeatTime": t,
+                "lastTransitionTime": "2026-01-01T00:00:00Z" })
+    };
+    let mut n = node(name, ip);
+    n["metadata"]["labels"] = json!({ "kubernetes.io/hostname": name, "beat": beat.to_string() });
+    n["metadata"]["annotations"] = json!({ "node.alpha.kubernetes.io/ttl": beat.to_string() });
+    n["status"]["conditions"] = json!([
+        cond("MemoryPressure", "False"),
+        cond("DiskPressure", "False"),
+        cond("PIDPressure", "False"),
+        cond("Ready", if ready { "True" } else { "False" }),
+    ]);
+    n["status"]["images"] =
+        json!([{ "names": [format!("app:v{beat}")], "sizeBytes": 1000 + beat }]);
+    n["status"]["allocatable"] = json!({ "cpu": "8", "memory": format!("{}Mi", 32000 + beat) });
+    n
+}
+
+/// A dsr-l2 Service `name` under `policy`, with `nodePort` so that NodePort rules apply.
+fn dsr_lb(name: &str, policy: &str) -> Value {
+    let mut s = lb(name);
+    s["spec"]["externalTrafficPolicy"] = json!(policy);
+    s
+}
+
+#[test]
+fn a_heartbeat_only_node_update_costs_no_round_and_changes_no_table() {
+    // Two dsr-l2 Services: `all` under Cluster (every Node a backend), `local` under Local
+    // with pods on n1 only.
+    let mut ctl = Controller::new(settings(Mode::DsrL2));
+    list(
+        &mut ctl,
+        Kind::Services,
+        vec![dsr_lb("all", "Cluster"), dsr_lb("local", "Local")],
+    );
+    list(
+        &mut ctl,
+        Kind::EndpointSlices,
+        vec![slice("local-a", "local", vec![ready("192.0.2.11", "n1")])],
+    );
+    let nodes: Vec<Value> = (1..=3)
+        .map(|i| kubelet_node(&format!("n{i}"), &format!("198.51.100.{i}"), true, 0))
+        .collect();
+    list(&mut ctl, Kind::Nodes, nodes);
+    let first = ctl.reconcile().unwrap();
+    assert_eq!(first.translated, 2);
+    let all = first
+        .services
+        .iter()
+        .find(|s| s.name.starts_with("default/all/"))
+        .unwrap();
+    assert_eq!(all.backends.len(), 3);
+
+    // A hundred heartbeats: new times, images, allocatable, an unrelated label and
+    // annotation, a new resource version. None asks for a round; a round made anyway
+    // translates nothing and changes nothing.
+    for beat in 1..=100u32 {
+        let i = beat % 3 + 1;
+        let mut n = kubelet_node(&format!("n{i}"), &format!("198.51.100.{i}"), true, beat);
+        n["metadata"]["resourceVersion"] = json!(beat.to_string());
+        assert!(
+            !ctl.apply(Kind::Nodes, Event::Apply(dynamic(n))),
+            "heartbeat {beat} of n{i} asked for a round"
+        );
+    }
+    let r = ctl.reconcile().unwrap();
+    assert_eq!(r.translated, 0, "a heartbeat re-translated Services");
+    assert!(!r.changed && r.changes.is_empty());
+    // What the heartbeats left equals a translation from scratch of the stored Nodes.
+    let full = ctl.translate_all();
+    let got: Vec<model::Service> = r.services.iter().map(|s| (**s).clone()).collect();
+    assert_eq!(got, full.services);
+
+    // n3 (no pod of `local`) turns NotReady: `all` only is translated again, and its n3
+    // backend drains.
+    let n3 = kubelet_node("n3", "198.51.100.3", false, 101);
+    assert!(ctl.apply(Kind::Nodes, Event::Apply(dynamic(n3))));
+    let r = ctl.reconcile().unwrap();
+    assert_eq!(r.translated, 1, "only the Cluster Service reads n3");
+    assert_eq!(r.changes.len(), 1);
+    let all = r.changes[0].1.as_ref().unwrap();
+    assert!(all.name.starts_with("default/all/"));
+    assert_eq!(
+        backends(all)[2],
+        ("198.51.100.3:80".to_owned(), BackendState::Draining)
+    );
+    // n1 (the pod's) changes its address: both Services.
+    let n1 = kubelet_node("n1", "198.51.100.9", true, 102);
+    assert!(ctl.apply(Kind::Nodes, Event::Apply(dynamic(n1))));
+    let r = ctl.reconcile().unwrap();
+    assert_eq!(r.translated, 2);
+    assert_eq!(r.changes.len(), 2);
+    // A label that excludes n2 from load balancers counts; another label does not.
+    let mut n2 = kubelet_node("n2", "198.51.100.2", true, 103);
+    n2["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!("b");
+    assert!(!ctl.apply(Kind::Nodes, Event::Apply(dynamic(n2.clone()))));
+    n2["metadata"]["labels"]["node.kubernetes.io/exclude-from-external-load-balancers"] = json!("");
+    assert!(ctl.apply(Kind::Nodes, Event::Apply(dynamic(n2))));
+    let r = ctl.reconcile().unwrap();
+    assert_eq!(r.translated, 1);
+    let all = r.changes[0].1.as_ref().unwrap();
+    assert_eq!(all.backends.len(), 2);
+    // A new Node whose InternalIP does not parse: no backend, but a warning, and a round
+    // for it.
+    let mut bad = kubelet_node("n4", "not-an-address", true, 104);
+    bad["metadata"]["resourceVersion"] = json!("104");
+    assert!(ctl.apply(Kind::Nodes, Event::Apply(dynamic(bad.clone()))));
+    let r = ctl.reconcile().unwrap();
+    assert_eq!(r.translated, 0, "an unusable Node is no Service's backend");
+    assert!(r.warnings.iter().any(|w| w.kind == WarningKind::BadAddress));
+    bad["metadata"]["resourceVersion"] = json!("105");
+    assert!(
+        !ctl.apply(Kind::Nodes, Event::Apply(dynamic(bad))),
+        "the same warning again is no change"
+    );
+    let full = ctl.translate_all();
+    let r = ctl.reconcile().unwrap();
+    let got: Vec<model::Service> = r.services.iter().map(|s| (**s).clone()).collect();
+    assert_eq!(got, full.services);
+}

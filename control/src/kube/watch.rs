@@ -163,6 +163,8 @@ pub struct Round {
     pub new_warnings: Vec<Warning>,
     /// LoadBalancer addresses held.
     pub addresses: usize,
+    /// Services translated again in this round.
+    pub translated: usize,
 }
 
 impl Round {
@@ -182,7 +184,8 @@ impl Round {
 ///
 /// A round re-translates only the Services the events since the last round touched (see
 /// [`Incremental`]): a Service event its Service, an EndpointSlice event the Services it
-/// was and is labelled for, a Node event the `dsr-*` Services, and a Service event the
+/// was and is labelled for, a Node event that changes what translation reads of the Node
+/// the `dsr-*` Services that read it (none for a heartbeat), and a Service event the
 /// Services whose LoadBalancer addresses the address plan then changes. A completed
 /// (re)list of any kind re-translates everything.
 #[derive(Debug)]
@@ -198,8 +201,6 @@ pub struct Controller {
     dirty: BTreeSet<String>,
     /// Everything to translate again (no round yet, or a relist completed).
     full: bool,
-    /// Nodes changed since the last round.
-    nodes_dirty: bool,
     /// Services changed since the last round: the address plan is made again.
     plan_dirty: bool,
     /// The last address plan's addresses and status writes.
@@ -229,7 +230,6 @@ impl Controller {
             translation: Incremental::default(),
             dirty: BTreeSet::new(),
             full: true,
-            nodes_dirty: true,
             plan_dirty: true,
             lb: BTreeMap::new(),
             plan_status: Vec::new(),
@@ -240,13 +240,18 @@ impl Controller {
         }
     }
 
-    /// Applies a watcher event of `kind`; returns whether the live view changed.
+    /// Applies a watcher event of `kind`; returns whether the live view changed as
+    /// translation sees it (a Node update that changes none of its addresses, readiness
+    /// or exclusion label does not), so that a round is worth making.
     pub fn apply(&mut self, kind: Kind, event: watcher::Event<DynamicObject>) -> bool {
         let key = match &event {
             watcher::Event::Apply(o) | watcher::Event::Delete(o) => Some(object_key(&o.metadata)),
             _ => None,
         };
         let listed = matches!(event, watcher::Event::InitDone);
+        let was_bad = key
+            .as_ref()
+            .is_some_and(|k| kind == Kind::Nodes && self.nodes.bad.contains_key(k));
         let changed = match kind {
             Kind::Services => self.services.apply(event),
             Kind::EndpointSlices => self.slices.apply(event),
@@ -262,7 +267,19 @@ impl Controller {
                 let now = self.slices.live.get(&key);
                 self.dirty.extend(self.translation.set_slice(&key, now));
             }
-            (Kind::Nodes, Some(_)) => self.nodes_dirty = true,
+            (Kind::Nodes, Some(key)) => {
+                // Only what translation reads of a Node counts: a heartbeat changes
+                // nothing here and asks for no round.
+                let now = self.nodes.live.get(&key);
+                let bad = was_bad || self.nodes.bad.contains_key(&key);
+                return match self.translation.set_node(&key, now) {
+                    Some(users) => {
+                        self.dirty.extend(users);
+                        true
+                    }
+                    None => changed && bad,
+                };
+            }
             _ => {}
         }
         changed
@@ -296,7 +313,8 @@ impl Controller {
         }
         if std::mem::take(&mut self.full) {
             self.translation.reset_slices(&self.slices.live);
-            self.nodes_dirty = true;
+            let users = self.translation.set_nodes(&self.nodes.live);
+            self.dirty.extend(users);
             self.plan_dirty = true;
             let keys: Vec<String> = self
                 .services
@@ -306,10 +324,6 @@ impl Controller {
                 .cloned()
                 .collect();
             self.dirty.extend(keys);
-        }
-        if std::mem::take(&mut self.nodes_dirty) {
-            let users = self.translation.set_nodes(&self.nodes.live);
-            self.dirty.extend(users);
         }
         let mut notices = Vec::new();
         if std::mem::take(&mut self.plan_dirty) {
@@ -393,6 +407,7 @@ impl Controller {
             warnings,
             new_warnings,
             addresses: self.alloc.count(),
+            translated: self.translation.translated(),
         })
     }
 }
