@@ -2400,3 +2400,103 @@ fn a_heartbeat_only_node_update_costs_no_round_and_changes_no_table() {
     let got: Vec<model::Service> = r.services.iter().map(|s| (**s).clone()).collect();
     assert_eq!(got, full.services);
 }
+
+// ---- externalTrafficPolicy: Local by weight (issue 12) -------------------------------
+
+#[test]
+fn local_policy_weights_each_node_by_its_ready_endpoints() {
+    let st = settings(Mode::DsrL2);
+    let mut objs = three_nodes();
+    objs.push(dsr_lb("web", "Local"));
+    // n1 runs ten ready pods; n2 one ready, one not ready and one terminating; n3 only a
+    // terminating one.
+    let mut eps: Vec<Value> = (0..10)
+        .map(|i| ready(&format!("192.0.2.{}", 10 + i), "n1"))
+        .collect();
+    eps.push(ready("192.0.2.30", "n2"));
+    eps.push(ep(
+        "192.0.2.31",
+        "n2",
+        Some(false),
+        Some(false),
+        Some(false),
+    ));
+    eps.push(ep("192.0.2.32", "n2", Some(false), Some(true), Some(true)));
+    eps.push(ep("192.0.2.40", "n3", Some(false), Some(true), Some(true)));
+    objs.push(slice("web-a", "web", eps));
+    let t = tr(&st, &objs, WEB_17);
+    let s = find(&t, "default/web/http/203.0.113.17");
+    let weights: Vec<(String, BackendState, u32)> = s
+        .backends
+        .iter()
+        .map(|b| (b.socket_addr().to_string(), b.state, b.weight))
+        .collect();
+    assert_eq!(
+        weights,
+        [
+            ("198.51.100.1:80".to_owned(), BackendState::Active, 10),
+            ("198.51.100.2:80".to_owned(), BackendState::Active, 1),
+            ("198.51.100.3:80".to_owned(), BackendState::Draining, 1),
+        ]
+    );
+
+    // The table the gateway builds from it: n1 holds ten times n2's share of the Maglev
+    // slots (within 2 %), n3 none.
+    let cfg = model::Config {
+        gateway: st.gateway.clone(),
+        services: t.services.clone(),
+    };
+    let port = strait_dataplane::table::Port::new(model::MacAddr([2, 0, 0, 0, 0, 1]), 1500);
+    let table = strait_dataplane::table::Builder::new()
+        .build(&cfg, &[port], |_, _, _| false)
+        .unwrap();
+    let svc = &table.services[0];
+    let counts = svc.maglev.count_per_backend(svc.members.len());
+    let share: BTreeMap<IpAddr, u32> = svc
+        .members
+        .iter()
+        .zip(&counts)
+        .map(|(&id, &c)| (table.backend(id).unwrap().socket_addr().ip(), c))
+        .collect();
+    assert_eq!(share.len(), 2, "{share:?}");
+    let (n1, n2) = (share[&ip("198.51.100.1")], share[&ip("198.51.100.2")]);
+    assert_eq!(n1 + n2, svc.maglev.size());
+    let ratio = f64::from(n1) / f64::from(n2);
+    assert!(
+        (ratio - 10.0).abs() < 0.2,
+        "n1 {n1} n2 {n2} slots: {ratio:.3}"
+    );
+
+    // Under Cluster every node weighs the same.
+    let mut objs = three_nodes();
+    objs.push(dsr_lb("web", "Cluster"));
+    let t = tr(&st, &objs, WEB_17);
+    let s = find(&t, "default/web/http/203.0.113.17");
+    assert!(s
+        .backends
+        .iter()
+        .all(|b| b.weight == model::Backend::DEFAULT_WEIGHT));
+
+    // A pod more on n2 is a change of its weight, through the controller.
+    let mut ctl = Controller::new(st);
+    list(&mut ctl, Kind::Services, vec![dsr_lb("web", "Local")]);
+    list(&mut ctl, Kind::Nodes, three_nodes());
+    list(
+        &mut ctl,
+        Kind::EndpointSlices,
+        vec![slice("web-a", "web", vec![ready("192.0.2.10", "n2")])],
+    );
+    let r = ctl.reconcile().unwrap();
+    assert_eq!(r.services[0].backends[0].weight, 1);
+    ctl.apply(
+        Kind::EndpointSlices,
+        Event::Apply(dynamic(slice(
+            "web-a",
+            "web",
+            vec![ready("192.0.2.10", "n2"), ready("192.0.2.11", "n2")],
+        ))),
+    );
+    let r = ctl.reconcile().unwrap();
+    assert_eq!(r.changes.len(), 1);
+    assert_eq!(r.services[0].backends[0].weight, 2);
+}

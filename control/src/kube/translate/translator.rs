@@ -601,7 +601,9 @@ impl<'a> Translator<'a> {
     }
 
     /// DSR backends: nodes, at the frontend port. `local` holds the Service port's
-    /// endpoints under `externalTrafficPolicy: Local`.
+    /// endpoints under `externalTrafficPolicy: Local`: then the backends are the nodes
+    /// holding one, each weighted by its ready endpoints (at least 1, at most
+    /// [`Backend::MAX_WEIGHT`]), and a node holding only terminating ones drains.
     fn node_backends(
         &self,
         vip: IpAddr,
@@ -632,17 +634,27 @@ impl<'a> Translator<'a> {
                 }
             }
             Some(eps) => {
-                let mut best: BTreeMap<&str, BackendState> = BTreeMap::new();
+                // Ready local endpoints per node: the node's weight, so that each pod gets
+                // an equal share whichever node it runs on (kube-proxy splits a node's
+                // share evenly among its local pods). A node with serving but
+                // terminating endpoints only keeps its flows.
+                let mut ready: BTreeMap<&str, u32> = BTreeMap::new();
                 for e in eps {
                     let Some(node) = e.node else { continue };
-                    let s = best.entry(node).or_insert(e.state);
+                    let n = ready.entry(node).or_insert(0);
                     if e.state == BackendState::Active {
-                        *s = BackendState::Active;
+                        *n = n.saturating_add(1);
                     }
                 }
-                for (node, state) in best {
+                for (node, n) in ready {
                     if let Some(a) = self.nodes.get(node).and_then(address) {
-                        out.push(backend(a, port, state));
+                        let mut b = if n > 0 {
+                            backend(a, port, BackendState::Active)
+                        } else {
+                            backend(a, port, BackendState::Draining)
+                        };
+                        b.weight = n.clamp(1, Backend::MAX_WEIGHT);
+                        out.push(b);
                     }
                 }
             }
