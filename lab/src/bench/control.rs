@@ -644,7 +644,7 @@ fn node_neighbours(netns: &str, range: std::ops::Range<usize>) -> anyhow::Result
     let batch: String = range
         .map(|k| {
             format!(
-                "-6 neigh replace {} lladdr 02:00:00:01:{:02x}:{:02x} dev bench0 nud permanent\n",
+                "neigh replace {} lladdr 02:00:00:01:{:02x}:{:02x} dev bench0 nud permanent\n",
                 node_address(k),
                 k >> 8,
                 k & 0xff
