@@ -157,6 +157,21 @@ impl<T: DeserializeOwned + kube::Resource> Store<T> {
     }
 }
 
+/// Drops what translation never reads of a Node before it is parsed and stored: its spec
+/// and every status field but `addresses` and `conditions` (images, node info, capacity,
+/// volumes: most of a kubelet's Node), its annotations and managed fields. A heartbeat
+/// then costs the parse of a few fields, and 1,000 Nodes a fraction of their size.
+fn slim_node(o: &mut DynamicObject) {
+    o.metadata.managed_fields = None;
+    o.metadata.annotations = None;
+    if let Some(m) = o.data.as_object_mut() {
+        m.remove("spec");
+        if let Some(status) = m.get_mut("status").and_then(Value::as_object_mut) {
+            status.retain(|k, _| k == "addresses" || k == "conditions");
+        }
+    }
+}
+
 /// What one reconcile round decided.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Round {
@@ -257,7 +272,12 @@ impl Controller {
     /// Applies a watcher event of `kind`; returns whether the live view changed as
     /// translation sees it (a Node update that changes none of its addresses, readiness
     /// or exclusion label does not), so that a round is worth making.
-    pub fn apply(&mut self, kind: Kind, event: watcher::Event<DynamicObject>) -> bool {
+    pub fn apply(&mut self, kind: Kind, mut event: watcher::Event<DynamicObject>) -> bool {
+        if kind == Kind::Nodes {
+            if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = &mut event {
+                slim_node(o);
+            }
+        }
         let key = match &event {
             watcher::Event::Apply(o) | watcher::Event::Delete(o) => Some(object_key(&o.metadata)),
             _ => None,
