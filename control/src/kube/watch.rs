@@ -12,9 +12,15 @@
 //!                               ─► translate + validate the Services the events touched
 //!                               │  (translate::Incremental keeps the rest)
 //!                               ├─► publish(Publication: list + changes) when it changed
-//!                               ├─► PATCH services/{name}/status (merge patch)
-//!                               └─► Events (new notices only)
+//!                               ├─► the status writer (task): the wanted status per Service,
+//!                               │   latest wins, one PATCH services/{name}/status in
+//!                               │   flight per Service, failures retried with exponential
+//!                               │   back-off; successes come back to the loop
+//!                               └─► the Event task (new notices only)
 //! ```
+//!
+//! Writes run beside the loop, never in it: a slow or refusing API server delays the
+//! status, not the next table.
 //!
 //! [`Controller`] is the pure part (no IO, testable with hand-made watcher events);
 //! [`run_source`] drives it from the API server. A lost connection changes nothing that
@@ -57,8 +63,16 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// recovered connection visible within a second and costs nothing when all is well.
 const TICK: Duration = Duration::from_secs(1);
 
-/// Wait between retries of failed status writes.
+/// Wait before a follower, which leaves status writes to the leader, makes a round again
+/// while some are still wanted.
 const RETRY: Duration = Duration::from_secs(2);
+
+/// Most status writes in flight at once. Each holds a connection to the API server; a
+/// slow server holds up to this many and no more, and the next Service's write waits for
+/// one of them rather than opening connections without end. Eight covers a burst of new
+/// Services on a healthy server (a write takes milliseconds) without starving the
+/// watches.
+const MAX_WRITES_IN_FLIGHT: usize = 8;
 
 /// How long the loop goes on collecting events after a Service changed, before it plans
 /// addresses. `kubectl apply -f` of several Services creates them one request after the
@@ -144,6 +158,21 @@ impl<T: DeserializeOwned + kube::Resource> Store<T> {
     }
 }
 
+/// Drops what translation never reads of a Node before it is parsed and stored: its spec
+/// and every status field but `addresses` and `conditions` (images, node info, capacity,
+/// volumes: most of a kubelet's Node), its annotations and managed fields. A heartbeat
+/// then costs the parse of a few fields, and 1,000 Nodes a fraction of their size.
+fn slim_node(o: &mut DynamicObject) {
+    o.metadata.managed_fields = None;
+    o.metadata.annotations = None;
+    if let Some(m) = o.data.as_object_mut() {
+        m.remove("spec");
+        if let Some(status) = m.get_mut("status").and_then(Value::as_object_mut) {
+            status.retain(|k, _| k == "addresses" || k == "conditions");
+        }
+    }
+}
+
 /// What one reconcile round decided.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Round {
@@ -166,6 +195,8 @@ pub struct Round {
     pub new_warnings: Vec<Warning>,
     /// LoadBalancer addresses held.
     pub addresses: usize,
+    /// Services translated again in this round.
+    pub translated: usize,
 }
 
 impl Round {
@@ -185,7 +216,8 @@ impl Round {
 ///
 /// A round re-translates only the Services the events since the last round touched (see
 /// [`Incremental`]): a Service event its Service, an EndpointSlice event the Services it
-/// was and is labelled for, a Node event the `dsr-*` Services, and a Service event the
+/// was and is labelled for, a Node event that changes what translation reads of the Node
+/// the `dsr-*` Services that read it (none for a heartbeat), and a Service event the
 /// Services whose LoadBalancer addresses the address plan then changes. A completed
 /// (re)list of any kind re-translates everything.
 #[derive(Debug)]
@@ -206,8 +238,6 @@ pub struct Controller {
     dirty: BTreeSet<String>,
     /// Everything to translate again (no round yet, or a relist completed).
     full: bool,
-    /// Nodes changed since the last round.
-    nodes_dirty: bool,
     /// Services changed since the last round: the address plan is made again.
     plan_dirty: bool,
     /// The last address plan's addresses and status writes.
@@ -240,7 +270,6 @@ impl Controller {
             translation: Incremental::default(),
             dirty: BTreeSet::new(),
             full: true,
-            nodes_dirty: true,
             plan_dirty: true,
             lb: BTreeMap::new(),
             plan_status: Vec::new(),
@@ -251,13 +280,23 @@ impl Controller {
         }
     }
 
-    /// Applies a watcher event of `kind`; returns whether the live view changed.
-    pub fn apply(&mut self, kind: Kind, event: watcher::Event<DynamicObject>) -> bool {
+    /// Applies a watcher event of `kind`; returns whether the live view changed as
+    /// translation sees it (a Node update that changes none of its addresses, readiness
+    /// or exclusion label does not), so that a round is worth making.
+    pub fn apply(&mut self, kind: Kind, mut event: watcher::Event<DynamicObject>) -> bool {
+        if kind == Kind::Nodes {
+            if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = &mut event {
+                slim_node(o);
+            }
+        }
         let key = match &event {
             watcher::Event::Apply(o) | watcher::Event::Delete(o) => Some(object_key(&o.metadata)),
             _ => None,
         };
         let listed = matches!(event, watcher::Event::InitDone);
+        let was_bad = key
+            .as_ref()
+            .is_some_and(|k| kind == Kind::Nodes && self.nodes.bad.contains_key(k));
         let changed = match kind {
             Kind::Services => self.services.apply(event),
             Kind::EndpointSlices => self.slices.apply(event),
@@ -277,7 +316,19 @@ impl Controller {
                 let now = self.slices.live.get(&key);
                 self.dirty.extend(self.translation.set_slice(&key, now));
             }
-            (Kind::Nodes, Some(_)) => self.nodes_dirty = true,
+            (Kind::Nodes, Some(key)) => {
+                // Only what translation reads of a Node counts: a heartbeat changes
+                // nothing here and asks for no round.
+                let now = self.nodes.live.get(&key);
+                let bad = was_bad || self.nodes.bad.contains_key(&key);
+                return match self.translation.set_node(&key, now) {
+                    Some(users) => {
+                        self.dirty.extend(users);
+                        true
+                    }
+                    None => changed && bad,
+                };
+            }
             _ => {}
         }
         changed
@@ -389,7 +440,8 @@ impl Controller {
         }
         if std::mem::take(&mut self.full) {
             self.translation.reset_slices(&self.slices.live);
-            self.nodes_dirty = true;
+            let users = self.translation.set_nodes(&self.nodes.live);
+            self.dirty.extend(users);
             self.plan_dirty = true;
             let keys: Vec<String> = self
                 .services
@@ -402,10 +454,6 @@ impl Controller {
         }
         if std::mem::take(&mut self.pools_dirty) {
             self.make_pools();
-        }
-        if std::mem::take(&mut self.nodes_dirty) {
-            let users = self.translation.set_nodes(&self.nodes.live);
-            self.dirty.extend(users);
         }
         let mut notices = Vec::new();
         if std::mem::take(&mut self.plan_dirty) {
@@ -492,6 +540,7 @@ impl Controller {
             warnings,
             new_warnings,
             addresses: self.alloc.count(),
+            translated: self.translation.translated(),
         })
     }
 }
@@ -608,7 +657,21 @@ where
         ));
     }
     let mut events = futures::stream::select_all(streams);
-    let emitter = Emitter::new(client.clone(), &settings.reporter);
+    let (writes, wanted) = tokio::sync::watch::channel(Vec::new());
+    let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+    let _writer = AbortOnDrop(tokio::spawn(write_statuses(
+        client.clone(),
+        Arc::clone(&stats),
+        settings.backoff,
+        wanted,
+        done_tx,
+    )));
+    let (notices, notices_rx) = tokio::sync::mpsc::unbounded_channel();
+    let _events = AbortOnDrop(tokio::spawn(post_events(
+        Emitter::new(client.clone(), &settings.reporter),
+        Arc::clone(&stats),
+        notices_rx,
+    )));
     let mut ctl = Controller::new(settings);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -634,9 +697,12 @@ where
                     }
                 }
                 let lead = *leading.borrow();
-                if dirty && round(&mut ctl, &client, &emitter, &stats, &mut publish, lead).await {
+                if dirty && round(&mut ctl, &writes, &notices, &stats, &mut publish, lead) {
                     retry.get_or_insert_with(|| tokio::time::Instant::now() + RETRY);
                 }
+            }
+            Some(up) = done.recv() => {
+                ctl.status_written(&up);
             }
             changed = leading.changed(), if electing => {
                 if changed.is_err() {
@@ -654,7 +720,7 @@ where
                 if retry.is_some_and(|at| tokio::time::Instant::now() >= at) {
                     retry = None;
                     let lead = *leading.borrow();
-                    if round(&mut ctl, &client, &emitter, &stats, &mut publish, lead).await {
+                    if round(&mut ctl, &writes, &notices, &stats, &mut publish, lead) {
                         retry = Some(tokio::time::Instant::now() + RETRY);
                     }
                 }
@@ -736,13 +802,14 @@ async fn probe(client: &Client, stats: &Stats) {
     }
 }
 
-/// One round with its IO; status writes and Events only when `lead` (this gateway holds
-/// the Lease, or there is none). Returns whether something failed, or a follower left
-/// status writes to the leader, and wants another round.
-async fn round<F>(
+/// One round with its IO: the publication at once; the status writes wanted (when
+/// `lead`: this gateway holds the Lease, or there is none) handed to the status writer,
+/// which makes them beside the loop, and the Events to the Event task. Returns whether a
+/// follower left status writes to the leader, and wants another round.
+fn round<F>(
     ctl: &mut Controller,
-    client: &Client,
-    emitter: &Emitter,
+    writes: &tokio::sync::watch::Sender<Vec<StatusUpdate>>,
+    notices: &tokio::sync::mpsc::UnboundedSender<Notice>,
     stats: &Stats,
     publish: &mut F,
     lead: bool,
@@ -782,19 +849,32 @@ where
     if !lead {
         // The leader writes them; this gateway sees them come back through the watch, and
         // tries again (as leader, should it become one) while some are still wanted.
+        writes.send_if_modified(|w| !std::mem::take(w).is_empty());
         return !r.status.is_empty();
     }
-    let mut failed = false;
-    for up in &r.status {
-        let ok = write_status(client, up).await;
-        stats.status_write(ok);
-        if ok {
-            ctl.status_written(up);
+    writes.send_if_modified(|w| {
+        let changed = *w != r.status;
+        if changed {
+            w.clone_from(&r.status);
         }
-        failed |= !ok;
+        changed
+    });
+    for n in r.notices {
+        let _ = notices.send(n);
     }
-    for n in &r.notices {
-        let ok = match tokio::time::timeout(WRITE_TIMEOUT, emitter.emit(n)).await {
+    false
+}
+
+/// Posts Events one after the other as the loop hands them over, each with
+/// [`WRITE_TIMEOUT`]; a failed one is counted and dropped (the notice is not repeated,
+/// as before the writes moved off the loop).
+async fn post_events(
+    emitter: Emitter,
+    stats: Arc<Stats>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Notice>,
+) {
+    while let Some(n) = rx.recv().await {
+        let ok = match tokio::time::timeout(WRITE_TIMEOUT, emitter.emit(&n)).await {
             Ok(Ok(())) => true,
             Ok(Err(e)) => {
                 warn!("kubernetes: event {} for {}: {e}", n.reason, n.key());
@@ -807,11 +887,148 @@ where
         };
         stats.event(ok);
     }
-    failed
+}
+
+/// One Service's status as the writer holds it.
+#[derive(Debug)]
+struct Slot {
+    /// The status wanted now; `None` when no longer wanted (the slot goes once no write is
+    /// in flight).
+    want: Option<StatusUpdate>,
+    /// The last write that succeeded: not made again while it is what is wanted.
+    written: Option<StatusUpdate>,
+    in_flight: bool,
+    /// When the wanted status may be written next.
+    due: tokio::time::Instant,
+    backoff: Backoff,
+}
+
+/// How a status write ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    Ok,
+    /// 409: the Service changed since the version the write was meant for; the watch
+    /// brings the new version, and the plan a new wanted status.
+    Conflict,
+    /// Refused, failed or timed out: retried after a back-off.
+    Failed,
+}
+
+/// The status writer: takes the wanted status writes from `wanted` (each new list replaces
+/// the last: the latest wanted status of a Service wins, one no longer listed is dropped)
+/// and makes them beside the loop, at most [`MAX_WRITES_IN_FLIGHT`] at once and one per
+/// Service at a time, so a newer status is never overtaken by an older one. A failed write
+/// is retried after an exponential back-off of its own (`backoff`: doubling from its
+/// shortest to its longest wait, with jitter), reset by a success. Each success goes back
+/// to the loop through `done`, which records it ([`Controller::status_written`]).
+async fn write_statuses(
+    client: Client,
+    stats: Arc<Stats>,
+    backoff: (Duration, Duration),
+    mut wanted: tokio::sync::watch::Receiver<Vec<StatusUpdate>>,
+    done: tokio::sync::mpsc::UnboundedSender<StatusUpdate>,
+) {
+    let mut slots: BTreeMap<String, Slot> = BTreeMap::new();
+    let mut flying: tokio::task::JoinSet<(String, StatusUpdate, Written)> =
+        tokio::task::JoinSet::new();
+    loop {
+        let now = tokio::time::Instant::now();
+        for (key, slot) in &mut slots {
+            if flying.len() >= MAX_WRITES_IN_FLIGHT {
+                break;
+            }
+            let Some(want) = &slot.want else { continue };
+            if slot.in_flight || slot.due > now || slot.written.as_ref() == Some(want) {
+                continue;
+            }
+            slot.in_flight = true;
+            let (client, key, up) = (client.clone(), key.clone(), want.clone());
+            flying.spawn(async move {
+                let result = write_status(&client, &up).await;
+                (key, up, result)
+            });
+        }
+        let next_due = slots
+            .values()
+            .filter(|s| !s.in_flight && s.want.is_some() && s.want != s.written)
+            .map(|s| s.due)
+            .min()
+            .filter(|_| flying.len() < MAX_WRITES_IN_FLIGHT);
+        tokio::select! {
+            changed = wanted.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let list = wanted.borrow_and_update().clone();
+                let keys: BTreeSet<String> = list.iter().map(StatusUpdate::key).collect();
+                for up in list {
+                    let slot = slots.entry(up.key()).or_insert_with(|| Slot {
+                        want: None,
+                        written: None,
+                        in_flight: false,
+                        due: now,
+                        backoff: Backoff::new(backoff),
+                    });
+                    slot.want = Some(up);
+                }
+                slots.retain(|key, slot| {
+                    if keys.contains(key) {
+                        return true;
+                    }
+                    slot.want = None;
+                    slot.in_flight
+                });
+            }
+            Some(joined) = flying.join_next(), if !flying.is_empty() => {
+                let Ok((key, up, result)) = joined else { continue };
+                stats.status_write(result == Written::Ok);
+                let Some(slot) = slots.get_mut(&key) else { continue };
+                slot.in_flight = false;
+                match result {
+                    Written::Ok => {
+                        slot.backoff.reset();
+                        slot.due = tokio::time::Instant::now();
+                        slot.written = Some(up.clone());
+                        let _ = done.send(up);
+                    }
+                    Written::Conflict => {
+                        // Not retried as it is: only a newer wanted status (for the
+                        // Service's new version) is written.
+                        slot.written = Some(up);
+                    }
+                    Written::Failed => {
+                        let wait = slot.backoff.next().unwrap_or(backoff.1);
+                        slot.due = tokio::time::Instant::now() + wait;
+                        debug!(service = %key, ?wait, "kubernetes: status write retried after a back-off");
+                    }
+                }
+                if slot.want.is_none() {
+                    slots.remove(&key);
+                }
+            }
+            () = sleep_until(next_due), if next_due.is_some() => {}
+        }
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Aborts a task when dropped: the writer tasks end with the source.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// `PATCH services/{name}/status` with a merge patch setting the ingress addresses.
-async fn write_status(client: &Client, up: &StatusUpdate) -> bool {
+async fn write_status(client: &Client, up: &StatusUpdate) -> Written {
     let api: Api<Service> = Api::namespaced(client.clone(), &up.namespace);
     let ingress: Vec<_> = up
         .addresses
@@ -843,21 +1060,24 @@ async fn write_status(client: &Client, up: &StatusUpdate) -> bool {
                 addresses = ?up.addresses,
                 "kubernetes: wrote status.loadBalancer.ingress"
             );
-            true
+            Written::Ok
         }
         Ok(Err(e)) => {
             warn!(
                 "kubernetes: writing the status of {}/{}: {e}",
                 up.namespace, up.name
             );
-            false
+            match e {
+                kube::Error::Api(s) if s.is_conflict() => Written::Conflict,
+                _ => Written::Failed,
+            }
         }
         Err(_) => {
             warn!(
                 "kubernetes: writing the status of {}/{}: timed out",
                 up.namespace, up.name
             );
-            false
+            Written::Failed
         }
     }
 }

@@ -59,6 +59,74 @@ struct Report {
     on_cpu_p99_ms: f64,
     /// Changes that waited for a CPU.
     preempted: usize,
+    /// The dsr-l2 rows, when `--nodes` is above 0.
+    dsr: Option<DsrReport>,
+}
+
+/// The dsr-l2 rows: Services under `externalTrafficPolicy: Local` whose pods run on
+/// [`POD_NODES`] Nodes, and [`CLUSTER_SERVICES`] under `Cluster` (every Node a backend).
+#[derive(Debug, Serialize)]
+struct DsrReport {
+    services: usize,
+    cluster_services: usize,
+    nodes: usize,
+    /// EndpointSlice changes with only the Nodes the pods run on.
+    slice_few_nodes: Timings,
+    /// The same kind of change once every Node is listed, in the same run.
+    slice_all_nodes: Timings,
+    /// Node heartbeats: a Node watch event with new condition heartbeat times and
+    /// resource version, through `Controller::apply` and, when it asks for one, a round
+    /// and the gateway's update (as the source's loop does).
+    heartbeat: Timings,
+    /// Heartbeats that asked for a round.
+    heartbeat_rounds: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct Timings {
+    count: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    on_cpu_p50_ms: f64,
+    on_cpu_p99_ms: f64,
+    preempted: usize,
+}
+
+impl Timings {
+    fn of(mut times: Vec<Duration>, mut on_cpu: Vec<Duration>, preempted: usize) -> Self {
+        times.sort();
+        on_cpu.sort();
+        Self {
+            count: times.len(),
+            p50_ms: ms(at(&times, 0.50)),
+            p99_ms: ms(at(&times, 0.99)),
+            max_ms: ms(times.last().copied().unwrap_or_default()),
+            on_cpu_p50_ms: ms(at(&on_cpu, 0.50)),
+            on_cpu_p99_ms: ms(at(&on_cpu, 0.99)),
+            preempted,
+        }
+    }
+
+    fn line(&self, what: &str) -> String {
+        format!(
+            "{what}, {} samples: p50 {:.4} ms, p99 {:.4} ms, max {:.3} ms; less CPU waits ({} waited): p50 {:.4} ms, p99 {:.4} ms",
+            self.count, self.p50_ms, self.p99_ms, self.max_ms, self.preempted, self.on_cpu_p50_ms, self.on_cpu_p99_ms
+        )
+    }
+}
+
+/// Milliseconds, rounded to 0.1 µs.
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e7).round() / 1e4
+}
+
+/// The `p` quantile of sorted `v` (zero when empty).
+fn at(v: &[Duration], p: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1]
 }
 
 fn service(i: usize) -> Value {
@@ -182,6 +250,14 @@ pub struct Run {
     /// reads (runs without root).
     #[arg(long)]
     pub no_workers: bool,
+    /// Nodes of the dsr-l2 rows (0 leaves them out): slice changes first with the few
+    /// Nodes the pods run on, then with this many, and a heartbeat stream over them.
+    #[arg(long, default_value_t = 1_000)]
+    pub nodes: usize,
+    /// Node heartbeats measured (kubelet status updates that change no address,
+    /// readiness or label).
+    #[arg(long, default_value_t = 2_000)]
+    pub heartbeats: usize,
 }
 
 impl Run {
@@ -205,13 +281,24 @@ pub fn run(opts: Run) -> anyhow::Result<()> {
         opts.services > 0 && opts.changes > 0,
         "--services and --changes must be at least 1"
     );
+    if opts.nodes > 0 {
+        anyhow::ensure!(
+            opts.services >= 2 * opts.changes,
+            "--services must be at least twice --changes (each dsr-l2 change is to a Service of its own)"
+        );
+        anyhow::ensure!(
+            opts.nodes >= POD_NODES,
+            "--nodes must be 0 or at least {POD_NODES}"
+        );
+    }
     if opts.target() == Target::ControlOnly {
-        return measure(opts);
+        return measure(opts, None);
     }
     let ns = bench_namespace().map_err(|e| {
         anyhow::anyhow!("{e:#}\n(the bench with workers needs root; --no-workers measures the control path alone)")
     })?;
     let path = format!("/run/netns/{}", ns.name());
+    let name = ns.name().to_owned();
     // A thread enters the namespace; the worker threads it starts are born in it, and the
     // namespace is deleted once they are stopped.
     std::thread::scope(|s| {
@@ -219,14 +306,14 @@ pub fn run(opts: Run) -> anyhow::Result<()> {
             let f = std::fs::File::open(&path).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
             nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)
                 .map_err(|e| anyhow::anyhow!("entering {path}: {e}"))?;
-            measure(opts)
+            measure(opts, Some(&name))
         })
         .join()
         .map_err(|_| anyhow::anyhow!("the bench thread panicked"))?
     })
 }
 
-fn measure(opts: Run) -> anyhow::Result<()> {
+fn measure(opts: Run, netns: Option<&str>) -> anyhow::Result<()> {
     let Run {
         json: json_out,
         services,
@@ -385,23 +472,25 @@ fn measure(opts: Run) -> anyhow::Result<()> {
         "backends left without a next-hop MAC: the bench measured probing, not forwarding"
     );
     control.stop_workers();
-    times.sort();
-    on_cpu.sort();
-    let ms = |d: Duration| (d.as_secs_f64() * 1e5).round() / 100.0;
-    let at =
-        |v: &[Duration], p: f64| v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1];
-    let pct = |p: f64| at(&times, p);
+    drop(control);
+    let nat = Timings::of(times, on_cpu, preempted);
+    let dsr = if opts.nodes > 0 {
+        Some(measure_dsr(&opts, &file, &ports, netns)?)
+    } else {
+        None
+    };
     let r = Report {
         workers,
         services,
         endpoints_per_service: endpoints,
         changes,
-        p50_ms: ms(pct(0.50)),
-        p99_ms: ms(pct(0.99)),
-        max_ms: ms(*times.last().unwrap_or(&Duration::ZERO)),
-        on_cpu_p50_ms: ms(at(&on_cpu, 0.50)),
-        on_cpu_p99_ms: ms(at(&on_cpu, 0.99)),
-        preempted,
+        p50_ms: nat.p50_ms,
+        p99_ms: nat.p99_ms,
+        max_ms: nat.max_ms,
+        on_cpu_p50_ms: nat.on_cpu_p50_ms,
+        on_cpu_p99_ms: nat.on_cpu_p99_ms,
+        preempted: nat.preempted,
+        dsr,
     };
     if json_out {
         println!("{}", serde_json::to_string(&r)?);
@@ -411,8 +500,369 @@ fn measure(opts: Run) -> anyhow::Result<()> {
              less CPU waits ({} of the changes waited): p50 {:.2} ms, p99 {:.2} ms",
             r.changes, r.p50_ms, r.p99_ms, r.max_ms, r.preempted, r.on_cpu_p50_ms, r.on_cpu_p99_ms
         );
+        if let Some(d) = &r.dsr {
+            println!(
+                "dsr-l2: {} Services under externalTrafficPolicy: Local (pods on {POD_NODES} Nodes) and {} under Cluster",
+                d.services, d.cluster_services
+            );
+            println!(
+                "{}",
+                d.slice_few_nodes
+                    .line(&format!("  EndpointSlice change with {POD_NODES} Nodes"))
+            );
+            println!(
+                "{}",
+                d.slice_all_nodes
+                    .line(&format!("  EndpointSlice change with {} Nodes", d.nodes))
+            );
+            println!(
+                "{}",
+                d.heartbeat.line(&format!(
+                    "  Node heartbeat with {} Nodes ({} asked for a round)",
+                    d.nodes, d.heartbeat_rounds
+                ))
+            );
+        }
     }
     Ok(())
+}
+
+/// Nodes the pods of the dsr-l2 Services run on (each Service has an endpoint on each,
+/// with 10 endpoints).
+const POD_NODES: usize = 10;
+
+/// dsr-l2 Services under `externalTrafficPolicy: Cluster`: every Node is their backend.
+const CLUSTER_SERVICES: usize = 10;
+
+/// Node `k`'s address, on the bench interface's segment (dsr-l2 reaches nodes by MAC).
+fn node_address(k: usize) -> String {
+    format!("2001:db8:1::1:{k:x}")
+}
+
+/// Node `k` as a kubelet reports it, with its `beat`-th heartbeat: labels, annotations,
+/// capacity, four conditions with heartbeat times, addresses, node info and 30 images,
+/// the bulk a Node watch event carries.
+fn node(k: usize, beat: usize) -> Value {
+    let t = format!(
+        "2026-01-01T{:02}:{:02}:{:02}Z",
+        (beat / 3600) % 24,
+        (beat / 60) % 60,
+        beat % 60
+    );
+    let cond = |ty: &str, status: &str, reason: &str, message: &str| {
+        json!({ "type": ty, "status": status, "reason": reason, "message": message,
+                "lastHeartbeatTime": t, "lastTransitionTime": "2026-01-01T00:00:00Z" })
+    };
+    let images: Vec<Value> = (0..30)
+        .map(|m| {
+            json!({ "names": [format!("registry.example/team/app{m}@sha256:{m:064x}"),
+                              format!("registry.example/team/app{m}:v1.{m}")],
+                    "sizeBytes": 10_000_000 + m * 1_000 })
+        })
+        .collect();
+    json!({
+        "kind": "Node", "apiVersion": "v1",
+        "metadata": {
+            "name": format!("node{k}"), "uid": format!("00000000-0000-0000-0000-{k:012}"),
+            "resourceVersion": (beat * 100_000 + k).to_string(),
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "labels": {
+                "kubernetes.io/hostname": format!("node{k}"), "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64", "node.kubernetes.io/instance-type": "m5.large",
+                "topology.kubernetes.io/zone": format!("zone-{}", k % 3)
+            },
+            "annotations": {
+                "node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true"
+            }
+        },
+        "spec": { "podCIDR": format!("2001:db8:3:{k:x}::/64"),
+                  "podCIDRs": [format!("2001:db8:3:{k:x}::/64")] },
+        "status": {
+            "capacity": { "cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi" },
+            "allocatable": { "cpu": "7800m", "memory": "31Gi", "pods": "110", "ephemeral-storage": "92Gi" },
+            "conditions": [
+                cond("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                cond("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+                cond("Ready", "True", "KubeletReady", "kubelet is posting ready status")
+            ],
+            "addresses": [
+                { "type": "InternalIP", "address": node_address(k) },
+                { "type": "Hostname", "address": format!("node{k}") }
+            ],
+            "daemonEndpoints": { "kubeletEndpoint": { "Port": 10250 } },
+            "nodeInfo": {
+                "machineID": format!("{k:032x}"), "systemUUID": format!("{k:032x}"),
+                "bootID": format!("{k:032x}"), "kernelVersion": "6.1.0-18-amd64",
+                "osImage": "Debian GNU/Linux 12 (bookworm)",
+                "containerRuntimeVersion": "containerd://1.7.13", "kubeletVersion": "v1.35.0",
+                "kubeProxyVersion": "v1.35.0", "operatingSystem": "linux", "architecture": "amd64"
+            },
+            "images": images
+        }
+    })
+}
+
+/// A dsr-l2 Service: `svc{i}` under `externalTrafficPolicy: Local`, `cl{i}` under
+/// `Cluster`.
+fn dsr_service(name: &str, local: bool) -> Value {
+    json!({
+        "kind": "Service", "apiVersion": "v1",
+        "metadata": { "name": name, "namespace": "bench",
+                      "creationTimestamp": "2026-01-01T00:00:00Z" },
+        "spec": {
+            "type": "LoadBalancer", "loadBalancerClass": strait_control::kube::settings::DEFAULT_CLASS,
+            "ipFamilies": ["IPv6"], "ipFamilyPolicy": "SingleStack",
+            "externalTrafficPolicy": if local { "Local" } else { "Cluster" },
+            "ports": [{ "name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080 }]
+        }
+    })
+}
+
+/// Service `svc{i}`'s slice: endpoint `e` on Node `(i + e) % POD_NODES`; without its
+/// first endpoint when `drop_first` (its node then holds one pod fewer, or none).
+fn dsr_slice(i: usize, endpoints: usize, drop_first: bool) -> Value {
+    let eps: Vec<Value> = (usize::from(drop_first)..endpoints)
+        .map(|e| {
+            json!({ "addresses": [endpoint(i, e, 0)], "nodeName": format!("node{}", (i + e) % POD_NODES),
+                    "conditions": { "ready": true, "serving": true, "terminating": false } })
+        })
+        .collect();
+    json!({
+        "kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+        "metadata": { "name": format!("svc{i}-abc"), "namespace": "bench",
+                      "labels": { "kubernetes.io/service-name": format!("svc{i}") } },
+        "addressType": "IPv6",
+        "ports": [{ "name": "http", "port": 8080, "protocol": "TCP" }],
+        "endpoints": eps
+    })
+}
+
+/// Permanent neighbour entries for Nodes `range` in the bench's namespace.
+fn node_neighbours(netns: &str, range: std::ops::Range<usize>) -> anyhow::Result<()> {
+    let batch: String = range
+        .map(|k| {
+            format!(
+                "neigh replace {} lladdr 02:00:00:01:{:02x}:{:02x} dev bench0 nud permanent\n",
+                node_address(k),
+                k >> 8,
+                k & 0xff
+            )
+        })
+        .collect();
+    crate::peers::run_in(netns, "ip", &["-batch", "-"], Some(&batch))?;
+    Ok(())
+}
+
+/// What [`through`] measured: the time, the CPU wait during it, and the round's list and
+/// number of changes when the event asked for a round.
+type Through = (Duration, Duration, Option<(Vec<Arc<Service>>, usize)>);
+
+/// Makes a publication of a round's list and changes.
+type Publish<'a> = dyn FnMut(&[Arc<Service>], &[strait_control::kube::Change]) -> strait_control::kube::Publication
+    + 'a;
+
+/// One watch event through the controller and, when it asks for a round, the round, the
+/// publication (not timed) and the gateway's update, as the source's loop and the control
+/// loop run them.
+fn through(
+    ctl: &mut Controller,
+    control: &mut strait_control::run::Gateway,
+    publication: &mut Publish<'_>,
+    kind: Kind,
+    obj: DynamicObject,
+) -> anyhow::Result<Through> {
+    let waited = crate::bench::rules::run_queue_wait();
+    let t0 = Instant::now();
+    if !ctl.apply(kind, Event::Apply(obj)) {
+        let took = t0.elapsed();
+        let wait = crate::bench::rules::run_queue_wait()
+            .zip(waited)
+            .map_or(Duration::ZERO, |(b, a)| b.saturating_sub(a));
+        return Ok((took, wait, None));
+    }
+    let round = ctl
+        .reconcile()
+        .ok_or_else(|| anyhow::anyhow!("controller not ready"))?;
+    let controller = t0.elapsed();
+    let p = publication(&round.services, &round.changes);
+    let t1 = Instant::now();
+    control.handle(ControlEvent::Kube(vec![p]))?;
+    let took = controller + t1.elapsed();
+    let wait = crate::bench::rules::run_queue_wait()
+        .zip(waited)
+        .map_or(Duration::ZERO, |(b, a)| b.saturating_sub(a));
+    Ok((took, wait, Some((round.services, round.changes.len()))))
+}
+
+/// The dsr-l2 rows (see [`DsrReport`]).
+fn measure_dsr(
+    opts: &Run,
+    file: &strait_config::model::Config,
+    ports: &[Port],
+    netns: Option<&str>,
+) -> anyhow::Result<DsrReport> {
+    let workers = netns.is_some();
+    let mut settings = Settings::new(file.gateway.clone());
+    settings.mode = Mode::DsrL2;
+    settings.pools = vec!["2001:db8:100::/104".parse()?];
+    let mut objects: std::collections::BTreeMap<String, Value> = (0..opts.services)
+        .map(|i| format!("svc{i}"))
+        .chain((0..CLUSTER_SERVICES).map(|i| format!("cl{i}")))
+        .map(|n| {
+            let v = dsr_service(&n, n.starts_with("svc"));
+            (n, v)
+        })
+        .collect();
+    if let Some(ns) = netns {
+        node_neighbours(ns, 0..POD_NODES)?;
+    }
+    let mut ctl = Controller::new(settings);
+    list(&mut ctl, Kind::Services, objects.values().cloned());
+    list(
+        &mut ctl,
+        Kind::EndpointSlices,
+        (0..opts.services).map(|i| dsr_slice(i, opts.endpoints, false)),
+    );
+    list(&mut ctl, Kind::Nodes, (0..POD_NODES).map(|k| node(k, 0)));
+    let round = ctl
+        .reconcile()
+        .ok_or_else(|| anyhow::anyhow!("controller not ready"))?;
+    for up in &round.status {
+        ctl.status_written(up);
+    }
+    for up in &round.status {
+        let v = objects
+            .get_mut(&up.name)
+            .ok_or_else(|| anyhow::anyhow!("status for an unknown service {}", up.name))?;
+        let ingress: Vec<Value> = up
+            .addresses
+            .iter()
+            .map(|a| json!({ "ip": a.to_string() }))
+            .collect();
+        v["status"] = json!({ "loadBalancer": { "ingress": ingress } });
+        ctl.apply(Kind::Services, Event::Apply(dynamic(v.clone())));
+    }
+    let round = ctl
+        .reconcile()
+        .ok_or_else(|| anyhow::anyhow!("controller not ready"))?;
+    anyhow::ensure!(
+        round.services.len() == opts.services + CLUSTER_SERVICES,
+        "{} of {} dsr services translated",
+        round.services.len(),
+        opts.services + CLUSTER_SERVICES
+    );
+    let mut control = strait_control::run::Gateway::with_ports(
+        strait_control::run::Source::Builtin,
+        file.clone(),
+        ports.to_vec(),
+    )?;
+    if workers {
+        control.start_workers()?;
+    }
+    let mut macs = Macs::default();
+    let mut publication = |services: &[Arc<Service>], changes: &[strait_control::kube::Change]| {
+        if workers {
+            strait_control::kube::Publication {
+                services: services.to_vec(),
+                changes: changes.to_vec(),
+            }
+        } else {
+            macs.publication(services, changes)
+        }
+    };
+    let all: Vec<strait_control::kube::Change> = round
+        .services
+        .iter()
+        .map(|s| (s.name.clone(), Some(Arc::clone(s))))
+        .collect();
+    control.handle(ControlEvent::Kube(vec![publication(&round.services, &all)]))?;
+    let mut last = round.services;
+
+    // Slice changes, each removing one pod of a Service no change touched before.
+    let slice_changes = |ctl: &mut Controller,
+                         control: &mut strait_control::run::Gateway,
+                         publication: &mut Publish<'_>,
+                         from: usize,
+                         last: &mut Vec<Arc<Service>>|
+     -> anyhow::Result<Timings> {
+        let (mut times, mut on_cpu, mut preempted) = (Vec::new(), Vec::new(), 0);
+        for c in from..from + opts.changes {
+            let i = (c * 7919) % opts.services;
+            let obj = dynamic(dsr_slice(i, opts.endpoints, true));
+            let (took, wait, round) =
+                through(ctl, control, publication, Kind::EndpointSlices, obj)?;
+            let (services, n) =
+                round.ok_or_else(|| anyhow::anyhow!("a slice change asked for no round"))?;
+            anyhow::ensure!(n == 1, "dsr change {c}: {n} services changed, not 1");
+            *last = services;
+            preempted += usize::from(!wait.is_zero());
+            on_cpu.push(took.saturating_sub(wait));
+            times.push(took);
+        }
+        Ok(Timings::of(times, on_cpu, preempted))
+    };
+    let slice_few_nodes = slice_changes(&mut ctl, &mut control, &mut publication, 0, &mut last)?;
+
+    // The other Nodes join (not timed): the Cluster Services' backends grow to all.
+    if let Some(ns) = netns {
+        node_neighbours(ns, POD_NODES..opts.nodes)?;
+    }
+    for k in POD_NODES..opts.nodes {
+        ctl.apply(Kind::Nodes, Event::Apply(dynamic(node(k, 0))));
+    }
+    let round = ctl
+        .reconcile()
+        .ok_or_else(|| anyhow::anyhow!("controller not ready"))?;
+    anyhow::ensure!(
+        round.changes.len() == CLUSTER_SERVICES,
+        "{} services changed when the Nodes joined, not the {CLUSTER_SERVICES} under Cluster",
+        round.changes.len()
+    );
+    let p = publication(&round.services, &round.changes);
+    control.handle(ControlEvent::Kube(vec![p]))?;
+    last = round.services;
+    let slice_all_nodes = slice_changes(
+        &mut ctl,
+        &mut control,
+        &mut publication,
+        opts.changes,
+        &mut last,
+    )?;
+
+    // Heartbeats: the Node as the kubelet sends it, new times and resource version.
+    let (mut times, mut on_cpu, mut preempted, mut rounds) = (Vec::new(), Vec::new(), 0, 0);
+    for h in 0..opts.heartbeats {
+        let obj = dynamic(node(h % opts.nodes, 1 + h / opts.nodes));
+        let (took, wait, round) =
+            through(&mut ctl, &mut control, &mut publication, Kind::Nodes, obj)?;
+        if let Some((services, _)) = round {
+            rounds += 1;
+            last = services;
+        }
+        preempted += usize::from(!wait.is_zero());
+        on_cpu.push(took.saturating_sub(wait));
+        times.push(took);
+    }
+    let heartbeat = Timings::of(times, on_cpu, preempted);
+
+    let live = control.shared.table.load_full();
+    check(&ctl, &last, file, ports, &live)?;
+    anyhow::ensure!(
+        live.backends.iter().flatten().all(|b| b.mac.is_some()),
+        "dsr backends left without a next-hop MAC"
+    );
+    control.stop_workers();
+    Ok(DsrReport {
+        services: opts.services,
+        cluster_services: CLUSTER_SERVICES,
+        nodes: opts.nodes,
+        slice_few_nodes,
+        slice_all_nodes,
+        heartbeat,
+        heartbeat_rounds: rounds,
+    })
 }
 
 /// The controller's services with a MAC on every backend, kept across changes so that
@@ -507,6 +957,8 @@ mod tests {
             endpoints: 3,
             changes: 3,
             no_workers: target == super::Target::ControlOnly,
+            nodes: 30,
+            heartbeats: 60,
         }
     }
 

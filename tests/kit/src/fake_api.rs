@@ -15,8 +15,10 @@
 //! Tests drive it from ordinary threads: [`FakeApi::apply`] and [`FakeApi::delete`] change
 //! objects (each change gets the next resource version, as etcd's revision), [`FakeApi::expire`]
 //! forces a 410 on every watch, [`FakeApi::set_down`] drops the listener and every open
-//! connection until it is called again with `false`. The server runs on a runtime and
-//! thread of its own and stops when the value is dropped.
+//! connection until it is called again with `false`, [`FakeApi::set_status_fault`] makes
+//! status writes slow or refused (a loaded or forbidding server) and
+//! [`FakeApi::status_writes`] lists the ones that landed. The server runs on a runtime
+//! and thread of its own and stops when the value is dropped.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -92,6 +94,18 @@ impl Res {
     }
 }
 
+/// What [`FakeApi::set_status_fault`] does to `PATCH .../services/{name}/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StatusFault {
+    /// Answered at once.
+    #[default]
+    None,
+    /// Held this long, then applied and answered (a loaded server: the write lands late).
+    Delay(Duration),
+    /// Refused with this code (403 Forbidden, 500, 503 ...), nothing stored.
+    Refuse(u16),
+}
+
 /// One change in the history.
 #[derive(Debug, Clone)]
 struct Change {
@@ -124,6 +138,11 @@ struct State {
     node_port: u16,
     /// Next cluster IP handed out by [`FakeApi::create`].
     cluster_ip: u8,
+    status_fault: StatusFault,
+    /// Status writes applied, in order: `namespace/name` and the status after the write.
+    status_writes: Vec<(String, Value)>,
+    /// Status writes being held by a [`StatusFault::Delay`] now.
+    status_held: usize,
 }
 
 /// One rule of a ClusterRole: `apiGroups`, `resources` (`services/status` for a
@@ -456,6 +475,23 @@ impl FakeApi {
         self.shared.lock().auth = Some((token.to_owned(), rules));
     }
 
+    /// From now on, status writes (`PATCH .../services/{name}/status`) are answered as
+    /// `fault` says; [`StatusFault::None`] heals the server.
+    pub fn set_status_fault(&self, fault: StatusFault) {
+        self.shared.lock().status_fault = fault;
+    }
+
+    /// The status writes applied so far, in order: `namespace/name` and the Service's
+    /// `status` after each.
+    pub fn status_writes(&self) -> Vec<(String, Value)> {
+        self.shared.lock().status_writes.clone()
+    }
+
+    /// Status writes held by a [`StatusFault::Delay`] right now (received, not answered).
+    pub fn status_writes_held(&self) -> usize {
+        self.shared.lock().status_held
+    }
+
     /// Requests refused so far (401 or 403), as `METHOD path?query: why`.
     pub fn denied(&self) -> Vec<String> {
         self.shared.lock().denied.clone()
@@ -642,8 +678,27 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream) -> io::Result<()> {
             body,
             authorization,
         };
+        let is_status_write = req.method == "PATCH" && req.path.ends_with("/status");
+        let fault = shared.lock().status_fault;
         let answer = match check_access(&shared, &req) {
             Some(refused) => refused,
+            None if is_status_write => match fault {
+                StatusFault::None => route(&shared, &req),
+                StatusFault::Delay(d) => {
+                    shared.lock().status_held += 1;
+                    tokio::time::sleep(d).await;
+                    shared.lock().status_held -= 1;
+                    route(&shared, &req)
+                }
+                StatusFault::Refuse(code) => Answer::Json(
+                    code,
+                    status(
+                        code,
+                        reason(code),
+                        "refused by the test (FakeApi::set_status_fault)",
+                    ),
+                ),
+            },
             None => route(&shared, &req),
         };
         match answer {
@@ -740,6 +795,9 @@ fn reason(code: u16) -> &'static str {
         405 => "Method Not Allowed",
         410 => "Gone",
         415 => "Unsupported Media Type",
+        409 => "Conflict",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
         _ => "Bad Request",
     }
 }
@@ -1006,8 +1064,10 @@ fn patch_status(shared: &Shared, res: Res, ns: String, name: &str, body: &[u8]) 
     if let Some(s) = patch.get("status") {
         merge(&mut obj["status"], s);
     }
-    st.record(res, ns, "MODIFIED", &mut obj);
+    st.record(res, ns.clone(), "MODIFIED", &mut obj);
     st.objects.insert(key, obj.clone());
+    st.status_writes
+        .push((format!("{ns}/{name}"), obj["status"].clone()));
     drop(st);
     shared.wake();
     Answer::Json(200, obj)

@@ -10,7 +10,9 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use strait_config::model;
 
-use super::translator::{index_nodes, slice_use, NodeInfo, SliceUse, Translator};
+use super::translator::{
+    index_nodes, project_node, slice_use, NodeInfo, NodeUse, SliceUse, Translator,
+};
 use super::{owner_key, Age, Candidate, Change, Cluster, Front, Settings, Warning, WarningKind};
 
 /// What one Service translates to on its own.
@@ -19,8 +21,8 @@ struct Entry {
     age: Age,
     candidates: Vec<Candidate>,
     warnings: Vec<Warning>,
-    /// Whether its backends are nodes (a `dsr-*` Service), so Node changes touch it.
-    uses_nodes: bool,
+    /// Which Nodes it read, so that changes of those Nodes (only) touch it.
+    node_use: NodeUse,
 }
 
 impl Entry {
@@ -46,13 +48,27 @@ struct Won {
 /// ```
 ///
 /// The caller says which Services are dirty: a Service that changed, the Services named
-/// by a changed EndpointSlice ([`Incremental::set_slice`]), the `dsr-*` Services when
-/// Nodes change ([`Incremental::set_nodes`]), those whose addresses changed. Fed every
-/// Service at once it gives what [`translate`] gives (which is made that way).
+/// by a changed EndpointSlice ([`Incremental::set_slice`]), the `dsr-*` Services that
+/// read a Node whose projection changed ([`Incremental::set_node`]), those whose addresses
+/// changed. Fed every Service at once it gives what [`translate`] gives (which is made
+/// that way).
+///
+/// A Node is read as its projection (addresses, readiness, the exclusion label) only: a
+/// kubelet heartbeat or any other status churn leaves it as it was and touches no Service.
+/// One whose projection changed touches the `dsr-*` Services under
+/// `externalTrafficPolicy: Cluster` (every Node is their backend) and those under `Local`
+/// whose endpoints name it, not the others.
+///
+/// [`translate`]: super::translate
 #[derive(Debug, Default)]
 pub struct Incremental {
     nodes: BTreeMap<String, NodeInfo>,
-    node_warnings: Vec<Warning>,
+    /// Warnings of the Nodes that have some.
+    node_warnings: BTreeMap<String, Vec<Warning>>,
+    /// Services whose backends are every Node.
+    all_node_users: BTreeSet<String>,
+    /// Node name -> the Services whose endpoints name it (under `Local`).
+    node_users: HashMap<String, BTreeSet<String>>,
     /// Usable slice key -> key of the Service it is labelled for.
     slice_owner: HashMap<String, String>,
     /// Service key -> its usable slices.
@@ -71,6 +87,8 @@ pub struct Incremental {
     /// Names with more than one valid contender.
     doubled: BTreeSet<String>,
     out: BTreeMap<String, Arc<model::Service>>,
+    /// Services translated by the last [`Incremental::update`].
+    translated: usize,
 }
 
 impl Incremental {
@@ -81,7 +99,7 @@ impl Incremental {
 
     /// Everything left out, sorted, each once.
     pub fn warnings(&self) -> Vec<Warning> {
-        let mut w: Vec<Warning> = self.node_warnings.clone();
+        let mut w: Vec<Warning> = self.node_warnings.values().flatten().cloned().collect();
         w.extend(self.slice_warnings.values().cloned());
         for key in &self.warned {
             if let Some(e) = self.entries.get(key) {
@@ -134,17 +152,94 @@ impl Incremental {
         w
     }
 
-    /// Takes the Nodes as they are now; returns the keys of the Services whose backends
-    /// are nodes (to mark dirty).
+    /// Takes the Nodes as they are now (after a relist); returns the keys of the Services
+    /// that read a Node whose projection changed (to mark dirty).
     pub fn set_nodes(&mut self, nodes: &BTreeMap<String, Node>) -> Vec<String> {
         let (index, warnings) = index_nodes(nodes);
-        self.nodes = index;
+        let old = std::mem::replace(&mut self.nodes, index);
         self.node_warnings = warnings;
-        self.entries
-            .iter()
-            .filter(|(_, e)| e.uses_nodes)
-            .map(|(k, _)| k.clone())
-            .collect()
+        let mut changed: BTreeSet<&String> = BTreeSet::new();
+        for (name, info) in &old {
+            if self.nodes.get(name) != Some(info) {
+                changed.insert(name);
+            }
+        }
+        for name in self.nodes.keys() {
+            if !old.contains_key(name) {
+                changed.insert(name);
+            }
+        }
+        let mut users: BTreeSet<String> = BTreeSet::new();
+        if !changed.is_empty() {
+            users.extend(self.all_node_users.iter().cloned());
+        }
+        for name in changed {
+            users.extend(self.node_users.get(name).into_iter().flatten().cloned());
+        }
+        users.into_iter().collect()
+    }
+
+    /// Takes Node `name` as it is now (`None`: deleted or unparsable). Returns `None` when
+    /// nothing translation reads of it changed (its projection and its warnings: a
+    /// heartbeat, say), else the keys of the Services that read it (to mark dirty; empty
+    /// when only its warnings changed).
+    pub fn set_node(&mut self, name: &str, node: Option<&Node>) -> Option<Vec<String>> {
+        let (info, warnings) = match node {
+            Some(n) => project_node(name, n),
+            None => (None, Vec::new()),
+        };
+        let warnings_changed =
+            self.node_warnings.get(name).map_or(&[][..], Vec::as_slice) != warnings.as_slice();
+        if warnings_changed {
+            if warnings.is_empty() {
+                self.node_warnings.remove(name);
+            } else {
+                self.node_warnings.insert(name.to_owned(), warnings);
+            }
+        }
+        if self.nodes.get(name) == info.as_ref() {
+            return warnings_changed.then(Vec::new);
+        }
+        match info {
+            Some(i) => {
+                self.nodes.insert(name.to_owned(), i);
+            }
+            None => {
+                self.nodes.remove(name);
+            }
+        }
+        let mut users: BTreeSet<String> = self.all_node_users.clone();
+        users.extend(self.node_users.get(name).into_iter().flatten().cloned());
+        Some(users.into_iter().collect())
+    }
+
+    /// Adds (or removes) Service `key`'s use of Nodes to the indexes of who reads a Node.
+    fn index_node_use(&mut self, key: &str, use_: &NodeUse, add: bool) {
+        match use_ {
+            NodeUse::None => {}
+            NodeUse::All => {
+                if add {
+                    self.all_node_users.insert(key.to_owned());
+                } else {
+                    self.all_node_users.remove(key);
+                }
+            }
+            NodeUse::Named(names) => {
+                for n in names {
+                    if add {
+                        self.node_users
+                            .entry(n.clone())
+                            .or_default()
+                            .insert(key.to_owned());
+                    } else if let Some(set) = self.node_users.get_mut(n) {
+                        set.remove(key);
+                        if set.is_empty() {
+                            self.node_users.remove(n);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Takes EndpointSlice `key` as it is now (`None`: deleted or unparsable); returns the
@@ -190,6 +285,12 @@ impl Incremental {
         }
     }
 
+    /// How many Services the last [`Incremental::update`] translated (those it was told
+    /// were dirty and that exist).
+    pub fn translated(&self) -> usize {
+        self.translated
+    }
+
     /// Keys of every Service translated (those that made a service or a warning).
     pub fn keys(&self) -> impl Iterator<Item = &String> {
         self.entries.keys()
@@ -206,6 +307,7 @@ impl Incremental {
         dirty: BTreeSet<String>,
     ) -> Vec<Change> {
         let mut fronts: BTreeSet<Front> = BTreeSet::new();
+        self.translated = 0;
         for key in dirty {
             if let Some(old) = self.entries.remove(&key) {
                 for c in &old.candidates {
@@ -218,15 +320,21 @@ impl Incremental {
                     fronts.insert(c.front);
                 }
                 self.warned.remove(&key);
+                self.index_node_use(&key, &old.node_use, false);
             }
             let Some(svc) = cluster.services.get(&key) else {
                 continue;
             };
+            self.translated += 1;
             let vips = lb.get(&key).map(Vec::as_slice).unwrap_or(&[]);
             let entry = self.translate_one(settings, cluster.slices, &key, svc, vips);
-            if entry.candidates.is_empty() && entry.warnings.is_empty() && !entry.uses_nodes {
+            if entry.candidates.is_empty()
+                && entry.warnings.is_empty()
+                && entry.node_use == NodeUse::None
+            {
                 continue;
             }
+            self.index_node_use(&key, &entry.node_use, true);
             for c in &entry.candidates {
                 self.claims
                     .entry(c.front)
@@ -338,13 +446,13 @@ impl Incremental {
             .flatten()
             .filter_map(|k| slices.get_key_value(k).map(|(k, s)| (k.as_str(), s)))
             .collect();
-        let (out, warnings, uses_nodes) =
+        let (out, warnings, node_use) =
             Translator::new(settings, &self.nodes, (ns, name), list).service(key, svc, vips);
         Entry {
             age: Age::of(key, svc),
             candidates: out,
             warnings,
-            uses_nodes,
+            node_use,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! NodePort address) × ports, each with its backends (the endpoints under `nat`, the nodes
 //! under `dsr-*`), mode, affinity, source ranges, health check and Maglev table size.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -19,8 +19,9 @@ use super::{
     SOURCE_RANGES_ANNOTATION,
 };
 
-/// What translation needs of a Node.
-#[derive(Debug)]
+/// What translation needs of a Node: its projection. A Node update that leaves it (and
+/// the Node's warnings) as they were changes nothing Strait serves, and costs nothing.
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct NodeInfo {
     v4: Option<IpAddr>,
     v6: Option<IpAddr>,
@@ -56,6 +57,19 @@ struct Shape<'a> {
     health_check_node_port: Option<u16>,
 }
 
+/// Which Nodes a Service's translation read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) enum NodeUse {
+    /// None: its backends are endpoints (`nat`), or it has no frontend.
+    #[default]
+    None,
+    /// Every Node (`dsr-*` under `externalTrafficPolicy: Cluster`).
+    All,
+    /// The Nodes its endpoints name (`dsr-*` under `externalTrafficPolicy: Local`),
+    /// whether or not such a Node exists yet.
+    Named(BTreeSet<String>),
+}
+
 /// Translates one Service.
 pub(super) struct Translator<'a> {
     settings: &'a Settings,
@@ -66,64 +80,78 @@ pub(super) struct Translator<'a> {
     /// Frontends this Service asked for so far (a second ask is left out silently).
     seen: HashSet<Front>,
     out: Vec<Candidate>,
-    uses_nodes: bool,
+    node_use: NodeUse,
 }
 
-/// The usable Nodes by name, and warnings for the others.
+/// The usable Nodes by name, and the warnings of each Node that has some.
 pub(super) fn index_nodes(
     nodes: &BTreeMap<String, Node>,
-) -> (BTreeMap<String, NodeInfo>, Vec<Warning>) {
+) -> (BTreeMap<String, NodeInfo>, BTreeMap<String, Vec<Warning>>) {
     let mut index = BTreeMap::new();
-    let mut warnings = Vec::new();
+    let mut warnings = BTreeMap::new();
     for (name, node) in nodes {
-        let excluded = node
-            .metadata
-            .labels
-            .as_ref()
-            .is_some_and(|l| l.contains_key(EXCLUDE_LABEL));
-        if excluded {
-            continue;
+        let (info, w) = project_node(name, node);
+        if let Some(info) = info {
+            index.insert(name.clone(), info);
         }
-        let status = node.status.as_ref();
-        let mut info = NodeInfo {
-            v4: None,
-            v6: None,
-            ready: status
-                .and_then(|s| s.conditions.as_ref())
-                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-                .is_none_or(|c| c.status == "True"),
-        };
-        let internal = status
-            .and_then(|s| s.addresses.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|a| a.type_ == "InternalIP");
-        for a in internal {
-            match a.address.trim().parse::<IpAddr>() {
-                Ok(ip @ IpAddr::V4(_)) => {
-                    info.v4.get_or_insert(ip);
-                }
-                Ok(ip @ IpAddr::V6(_)) => {
-                    info.v6.get_or_insert(ip);
-                }
-                Err(_) => warnings.push(Warning {
-                    kind: WarningKind::BadAddress,
-                    object: format!("node {name}"),
-                    message: format!("InternalIP {:?} is not an IP address", a.address),
-                }),
-            }
+        if !w.is_empty() {
+            warnings.insert(name.clone(), w);
         }
-        if info.v4.is_none() && info.v6.is_none() {
-            warnings.push(Warning {
-                kind: WarningKind::NodeWithoutAddress,
-                object: format!("node {name}"),
-                message: "no InternalIP; not a backend".to_owned(),
-            });
-            continue;
-        }
-        index.insert(name.clone(), info);
     }
     (index, warnings)
+}
+
+/// What translation reads of Node `name`: `None` when it is no backend (excluded by
+/// label, or without an InternalIP), and its warnings. Everything else of a Node (heartbeat
+/// times, other conditions, capacity, images, other labels and annotations) is not read.
+pub(super) fn project_node(name: &str, node: &Node) -> (Option<NodeInfo>, Vec<Warning>) {
+    let mut warnings = Vec::new();
+    let excluded = node
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(EXCLUDE_LABEL));
+    if excluded {
+        return (None, warnings);
+    }
+    let status = node.status.as_ref();
+    let mut info = NodeInfo {
+        v4: None,
+        v6: None,
+        ready: status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .is_none_or(|c| c.status == "True"),
+    };
+    let internal = status
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP");
+    for a in internal {
+        match a.address.trim().parse::<IpAddr>() {
+            Ok(ip @ IpAddr::V4(_)) => {
+                info.v4.get_or_insert(ip);
+            }
+            Ok(ip @ IpAddr::V6(_)) => {
+                info.v6.get_or_insert(ip);
+            }
+            Err(_) => warnings.push(Warning {
+                kind: WarningKind::BadAddress,
+                object: format!("node {name}"),
+                message: format!("InternalIP {:?} is not an IP address", a.address),
+            }),
+        }
+    }
+    if info.v4.is_none() && info.v6.is_none() {
+        warnings.push(Warning {
+            kind: WarningKind::NodeWithoutAddress,
+            object: format!("node {name}"),
+            message: "no InternalIP; not a backend".to_owned(),
+        });
+        return (None, warnings);
+    }
+    (Some(info), warnings)
 }
 
 /// What an EndpointSlice is to translation.
@@ -197,7 +225,7 @@ impl<'a> Translator<'a> {
             slices: by_service,
             seen: HashSet::new(),
             out: Vec::new(),
-            uses_nodes: false,
+            node_use: NodeUse::None,
         }
     }
 
@@ -293,16 +321,17 @@ impl<'a> Translator<'a> {
     }
 
     /// Translates the Service `key`: its candidate services (one per frontend and port),
-    /// the warnings, and whether its backends are nodes (a `dsr-*` Service, which Node
-    /// changes touch). `lb_vips` are its LoadBalancer addresses from the address plan.
+    /// the warnings, and which Nodes it read (a `dsr-*` Service's backends are nodes, so
+    /// changes of those Nodes touch it). `lb_vips` are its LoadBalancer addresses from the
+    /// address plan.
     pub(super) fn service(
         mut self,
         key: &str,
         svc: &'a Service,
         lb_vips: &[IpAddr],
-    ) -> (Vec<Candidate>, Vec<Warning>, bool) {
+    ) -> (Vec<Candidate>, Vec<Warning>, NodeUse) {
         self.add_service(key, svc, lb_vips);
-        (self.out, self.warnings, self.uses_nodes)
+        (self.out, self.warnings, self.node_use)
     }
 
     fn add_service(&mut self, key: &str, svc: &'a Service, lb_vips: &[IpAddr]) {
@@ -317,12 +346,17 @@ impl<'a> Translator<'a> {
             return;
         }
         let mode = self.mode(&object, svc);
-        self.uses_nodes = mode.is_dsr();
+        let local = spec.external_traffic_policy.as_deref() == Some("Local");
+        self.node_use = match (mode.is_dsr(), local) {
+            (false, _) => NodeUse::None,
+            (true, false) => NodeUse::All,
+            (true, true) => NodeUse::Named(BTreeSet::new()),
+        };
         let shape = Shape {
             namespace: svc.metadata.namespace.as_deref().unwrap_or(""),
             name: svc.metadata.name.as_deref().unwrap_or(""),
             mode,
-            local: spec.external_traffic_policy.as_deref() == Some("Local"),
+            local,
             publish_not_ready: spec.publish_not_ready_addresses == Some(true),
             affinity: self.affinity(&object, spec),
             ranges: self.source_ranges(&object, svc),
@@ -528,6 +562,13 @@ impl<'a> Translator<'a> {
                 .as_ref()
                 .map(|(p, path)| http_check(*p, path))
         };
+        if let (true, NodeUse::Named(names)) = (shape.local, &mut self.node_use) {
+            for node in eps.iter().filter_map(|e| e.node) {
+                if !names.contains(node) {
+                    names.insert(node.to_owned());
+                }
+            }
+        }
         let local = shape.local.then_some(eps);
         (self.node_backends(vip, fport, shape.mode, local), hc)
     }
@@ -560,7 +601,9 @@ impl<'a> Translator<'a> {
     }
 
     /// DSR backends: nodes, at the frontend port. `local` holds the Service port's
-    /// endpoints under `externalTrafficPolicy: Local`.
+    /// endpoints under `externalTrafficPolicy: Local`: then the backends are the nodes
+    /// holding one, each weighted by its ready endpoints (at least 1, at most
+    /// [`Backend::MAX_WEIGHT`]), and a node holding only terminating ones drains.
     fn node_backends(
         &self,
         vip: IpAddr,
@@ -591,17 +634,27 @@ impl<'a> Translator<'a> {
                 }
             }
             Some(eps) => {
-                let mut best: BTreeMap<&str, BackendState> = BTreeMap::new();
+                // Ready local endpoints per node: the node's weight, so that each pod gets
+                // an equal share whichever node it runs on (kube-proxy splits a node's
+                // share evenly among its local pods). A node with serving but
+                // terminating endpoints only keeps its flows.
+                let mut ready: BTreeMap<&str, u32> = BTreeMap::new();
                 for e in eps {
                     let Some(node) = e.node else { continue };
-                    let s = best.entry(node).or_insert(e.state);
+                    let n = ready.entry(node).or_insert(0);
                     if e.state == BackendState::Active {
-                        *s = BackendState::Active;
+                        *n = n.saturating_add(1);
                     }
                 }
-                for (node, state) in best {
+                for (node, n) in ready {
                     if let Some(a) = self.nodes.get(node).and_then(address) {
-                        out.push(backend(a, port, state));
+                        let mut b = if n > 0 {
+                            backend(a, port, BackendState::Active)
+                        } else {
+                            backend(a, port, BackendState::Draining)
+                        };
+                        b.weight = n.clamp(1, Backend::MAX_WEIGHT);
+                        out.push(b);
                     }
                 }
             }
