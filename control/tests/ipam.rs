@@ -1557,6 +1557,12 @@ fn a_namespace_selector_scopes_a_pool_and_follows_namespace_labels_live() {
             && status_ips_in(&api, "team-b", "s2") == ["203.0.113.17"]
     });
     assert_eq!(src.stats().lists(Kind::Namespaces), 1);
+    // The pools' status writes and their echoes are over before the labels change, so
+    // only the Namespace events can carry the change.
+    eventually(10, "both pools show one address used", || {
+        pool_status(&api, "team")["assigned"] == 1 && pool_status(&api, "general")["assigned"] == 1
+    });
+    std::thread::sleep(Duration::from_millis(500));
 
     // team-b joins the team: s2 keeps what it holds (as MetalLB: a scope change moves no
     // address); its next Service gets the team pool.

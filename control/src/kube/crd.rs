@@ -3,11 +3,14 @@
 //! `CiliumLoadBalancerIPPool`.
 //!
 //! ```text
-//! StraitAddressPool ── pools_of() ──► pool::Pool (named after the object; CIDRs as given,
-//!  spec.addresses                      ranges split into the CIDRs that cover them exactly)
-//!  spec.autoAssign                     ├─ auto_assign: Services that name no pool use it
-//!  spec.avoidBuggyIPs                  ├─ avoid_buggy: no IPv4 address ending in .0 / .255
-//!  spec.serviceAllocation              └─ scope: namespaces, Service labels, priority
+//! StraitAddressPool ── pools_in() ─► pool::Pool (named after the object; CIDRs as given,
+//!  spec.addresses      ▲               ranges split into the CIDRs that cover them exactly)
+//!  spec.autoAssign     │               ├─ auto_assign: Services that name no pool use it
+//!  spec.avoidBuggyIPs  │               ├─ avoid_buggy: no IPv4 address ending in .0 / .255
+//!  spec.serviceAllocation              └─ scope: namespaces (by name, or picked by the
+//!                      │                  namespaceSelectors), Service labels, priority
+//!      Namespace labels┘
+//!  status (written by the Lease holder, watch.rs): assigned, available, Ready, Invalid
 //! ```
 //!
 //! The schema is generated from these types ([`StraitAddressPool::crd`]); `deploy/crd.yaml`

@@ -3,7 +3,8 @@
 //! ```text
 //! watcher(Services) ───────┐   Init / InitApply / InitDone: a fresh set built aside,
 //! watcher(EndpointSlices) ─┼─► swapped in whole at InitDone (relists after 410 too);
-//! watcher(Nodes) ──────────┘   Apply / Delete: applied to the live set
+//! watcher(Nodes) ──────────┤   Apply / Delete: applied to the live set
+//! watcher(StraitAddressPools, Namespaces) ┘ (--kube-pool-objects: pools made again)
 //!        (kube-rs, back-off on errors)
 //!                               │ every kind listed once?  no ─► publish nothing yet
 //!                               │ a Service changed? collect events 50 ms more
@@ -13,6 +14,7 @@
 //!                               │  (translate::Incremental keeps the rest)
 //!                               ├─► publish(Publication: list + changes) when it changed
 //!                               ├─► PATCH services/{name}/status (merge patch)
+//!                               ├─► PATCH straitaddresspools/{name}/status (counts changed)
 //!                               └─► Events (new notices only)
 //! ```
 //!
