@@ -1753,3 +1753,30 @@ fn only_the_lease_holder_writes_pool_status() {
         pool_status(&api, "p")["assigned"] == 1
     });
 }
+
+#[test]
+fn a_pool_counts_the_addresses_it_may_hand_out() {
+    let size = |spec: Value| -> u128 {
+        crd::pools_of(&serde_json::from_value(pool_object("p", spec)).unwrap())
+            .unwrap()
+            .iter()
+            .map(pool::Pool::size)
+            .sum()
+    };
+    // Hosts of a CIDR; every address of a range; .0 and .255 left out with avoidBuggyIps.
+    assert_eq!(size(json!({ "addresses": ["203.0.113.32/30"] })), 2);
+    assert_eq!(size(json!({ "addresses": ["203.0.113.32/32"] })), 1);
+    assert_eq!(
+        size(json!({ "addresses": ["198.51.100.250-198.51.101.5"] })),
+        12
+    );
+    assert_eq!(
+        size(json!({ "addresses": ["198.51.100.250-198.51.101.5"], "avoidBuggyIps": true })),
+        10
+    );
+    assert_eq!(
+        size(json!({ "addresses": ["192.0.2.0/24"], "avoidBuggyIps": true })),
+        254
+    );
+    assert_eq!(size(json!({ "addresses": ["2001:db8:100::/120"] })), 255);
+}
