@@ -1383,3 +1383,400 @@ fn service_allocation_scopes_pools_by_namespace_labels_and_priority() {
     let p = plan(&mut a, &[&plain, &team, &gold_a, &gold_b, &more]);
     assert_eq!(p.assigned["b/more"], [ip("203.0.113.18")]);
 }
+
+// ---- namespaceSelector and pool status ----------------------------------------------
+
+fn namespace(name: &str, labels: Value) -> Value {
+    json!({
+        "kind": "Namespace", "apiVersion": "v1",
+        "metadata": { "name": name, "labels": labels }
+    })
+}
+
+/// A LoadBalancer Service of our class in namespace `ns`.
+fn lb_in(ns: &str, name: &str, age: u32) -> Value {
+    let mut v = lb(name, age, HTTP, json!({}));
+    v["metadata"]["namespace"] = json!(ns);
+    v
+}
+
+fn status_ips_in(api: &FakeApi, ns: &str, name: &str) -> Vec<String> {
+    api.get(Res::Services, ns, name)
+        .and_then(|s| s["status"]["loadBalancer"]["ingress"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|i| i["ip"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The ClusterRole of `deploy/rbac.yaml`.
+fn deployed_cluster_role() -> Value {
+    let rbac = include_str!("../../deploy/rbac.yaml");
+    serde_yaml::Deserializer::from_str(rbac)
+        .map(|d| -> Value { serde::Deserialize::deserialize(d).expect("deploy/rbac.yaml") })
+        .find(|v| v["kind"] == "ClusterRole")
+        .expect("a ClusterRole")
+}
+
+/// As [`start`], with a bearer token in the kubeconfig (for [`FakeApi::authorize`]).
+fn start_with_token(
+    api: &FakeApi,
+    dir: &Scratch,
+    st: Settings,
+    token: &str,
+) -> (kube::Source, Receiver<Vec<model::Service>>) {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_max_level(tracing::Level::INFO)
+        .try_init();
+    let kc = dir.path().join("kubeconfig-token");
+    std::fs::write(
+        &kc,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+             current-context: fake\nusers:\n- name: fake\n  user:\n    token: {token}\n",
+            api.url()
+        ),
+    )
+    .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let src = kube::spawn_feed(Some(&kc), st, move |p: kube::Publication| {
+        let _ = tx.send(p.services.iter().map(|s| (**s).clone()).collect());
+    })
+    .unwrap();
+    (src, rx)
+}
+
+#[test]
+fn namespace_selectors_pick_namespaces_by_label_with_match_expressions() {
+    let obj = |spec: Value| -> StraitAddressPool {
+        serde_json::from_value(pool_object("p", spec)).unwrap()
+    };
+    let labels = |v: Value| -> BTreeMap<String, String> { serde_json::from_value(v).unwrap() };
+    let namespaces: BTreeMap<String, BTreeMap<String, String>> = [
+        ("a", labels(json!({ "team": "a", "env": "prod" }))),
+        ("b", labels(json!({ "team": "b", "env": "prod" }))),
+        ("c", labels(json!({ "team": "c" }))),
+        ("d", labels(json!({}))),
+    ]
+    .into_iter()
+    .map(|(n, l)| (n.to_owned(), l))
+    .collect();
+    let ps = crd::pools_in(
+        &obj(
+            json!({ "addresses": ["192.0.2.0/30"], "serviceAllocation": {
+            "namespaces": ["d"],
+            "namespaceSelectors": [{
+                "matchLabels": { "env": "prod" },
+                "matchExpressions": [
+                    { "key": "team", "operator": "NotIn", "values": ["b"] },
+                    { "key": "env", "operator": "Exists" }
+                ]
+            }, {
+                "matchExpressions": [{ "key": "team", "operator": "In", "values": ["c"] }]
+            }]
+        } }),
+        ),
+        &namespaces,
+    )
+    .unwrap();
+    let scope = ps[0].scope.as_ref().unwrap();
+    let none = BTreeMap::new();
+    let admitted: Vec<&str> = ["a", "b", "c", "d", "e"]
+        .into_iter()
+        .filter(|n| scope.admits(n, &none))
+        .collect();
+    // a by the first selector, c by the second, d by name; b excluded by NotIn, e unknown.
+    assert_eq!(admitted, ["a", "c", "d"]);
+    // Without Namespaces known, only the named one.
+    let ps = crd::pools_of(&obj(
+        json!({ "addresses": ["192.0.2.0/30"], "serviceAllocation": {
+        "namespaces": ["d"], "namespaceSelectors": [{ "matchLabels": { "env": "prod" } }] } }),
+    ))
+    .unwrap();
+    let scope = ps[0].scope.as_ref().unwrap();
+    assert!(scope.admits("d", &none) && !scope.admits("a", &none));
+
+    for (sel, field, says) in [
+        (
+            json!({ "matchExpressions": [{ "key": "team", "operator": "Like", "values": ["a"] }] }),
+            "spec.serviceAllocation.namespaceSelectors[0].matchExpressions[0].operator",
+            "is not In, NotIn, Exists or DoesNotExist",
+        ),
+        (
+            json!({ "matchExpressions": [{ "key": "team", "operator": "In" }] }),
+            "spec.serviceAllocation.namespaceSelectors[0].matchExpressions[0].values",
+            "needs values",
+        ),
+        (
+            json!({ "matchExpressions": [{ "key": "team", "operator": "Exists", "values": ["x"] }] }),
+            "spec.serviceAllocation.namespaceSelectors[0].matchExpressions[0].values",
+            "takes no values",
+        ),
+    ] {
+        let e = crd::pools_in(
+            &obj(json!({ "addresses": ["192.0.2.0/30"],
+                          "serviceAllocation": { "namespaceSelectors": [sel] } })),
+            &namespaces,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, field, "{e}");
+        assert!(e.reason.contains(says), "{e}");
+    }
+}
+
+#[test]
+fn a_namespace_selector_scopes_a_pool_and_follows_namespace_labels_live() {
+    let (api, dir) = fake("ns-selector");
+    api.apply(namespace("team-a", json!({ "team": "a" })));
+    api.apply(namespace("team-b", json!({ "team": "b" })));
+    api.apply(pool_object(
+        "general",
+        json!({ "addresses": ["203.0.113.16/29"] }),
+    ));
+    api.apply(pool_object(
+        "team",
+        json!({ "addresses": ["198.51.100.0/29"], "serviceAllocation": {
+            "priority": 10,
+            "namespaceSelectors": [{ "matchLabels": { "team": "a" } }]
+        } }),
+    ));
+    api.apply(lb_in("team-a", "s1", 1));
+    api.apply(lb_in("team-b", "s2", 2));
+    // The gateway runs with exactly the permissions of deploy/rbac.yaml: a request it
+    // does not grant (the Namespace watch, a pool status write) is refused with 403.
+    let token = format!("strait-ns-{}", std::process::id());
+    api.authorize(&token, &deployed_cluster_role());
+    let mut st = settings();
+    st.pools.clear();
+    st.pool_objects = true;
+    let (src, _rx) = start_with_token(&api, &dir, st, &token);
+    eventually(20, "s1 from the team pool, s2 from the general one", || {
+        status_ips_in(&api, "team-a", "s1") == ["198.51.100.1"]
+            && status_ips_in(&api, "team-b", "s2") == ["203.0.113.17"]
+    });
+    assert_eq!(src.stats().lists(Kind::Namespaces), 1);
+    // The pools' status writes and their echoes are over before the labels change, so
+    // only the Namespace events can carry the change.
+    eventually(10, "both pools show one address used", || {
+        pool_status(&api, "team")["assigned"] == 1 && pool_status(&api, "general")["assigned"] == 1
+    });
+    std::thread::sleep(Duration::from_millis(500));
+
+    // team-b joins the team: s2 keeps what it holds (as MetalLB: a scope change moves no
+    // address); its next Service gets the team pool.
+    api.apply(namespace("team-b", json!({ "team": "a" })));
+    // And team-a leaves it: s1 keeps its address too.
+    api.apply(namespace("team-a", json!({ "team": "x" })));
+    // Wait until the gateway has seen both relabels: a new Service in each namespace.
+    api.apply(lb_in("team-b", "s3", 3));
+    eventually(10, "s3 from the team pool", || {
+        status_ips_in(&api, "team-b", "s3") == ["198.51.100.2"]
+    });
+    api.apply(lb_in("team-a", "s4", 4));
+    eventually(10, "s4 from the general pool", || {
+        status_ips_in(&api, "team-a", "s4") == ["203.0.113.18"]
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(status_ips_in(&api, "team-a", "s1"), ["198.51.100.1"]);
+    assert_eq!(status_ips_in(&api, "team-b", "s2"), ["203.0.113.17"]);
+    assert!(api.denied().is_empty(), "refused: {:#?}", api.denied());
+}
+
+/// The pool's status, as stored.
+fn pool_status(api: &FakeApi, name: &str) -> Value {
+    api.get(Res::AddressPools, "", name)
+        .map(|p| p["status"].clone())
+        .unwrap_or(Value::Null)
+}
+
+fn condition(status: &Value, type_: &str) -> Value {
+    status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_).cloned())
+        .unwrap_or(Value::Null)
+}
+
+/// Pool status writes of `name` so far.
+fn pool_status_writes(api: &FakeApi, name: &str) -> usize {
+    let path = format!("/straitaddresspools/{name}/status");
+    api.requests()
+        .iter()
+        .filter(|r| r.starts_with("PATCH") && r.contains(&path))
+        .count()
+}
+
+#[test]
+fn pool_status_counts_used_and_free_addresses_and_names_a_bad_field() {
+    let (api, dir) = fake("pool-status");
+    // Two usable hosts: .33 and .34.
+    api.apply(pool_object(
+        "p",
+        json!({ "addresses": ["203.0.113.32/30"] }),
+    ));
+    api.apply(lb("a", 1, HTTP, json!({})));
+    let token = format!("strait-status-{}", std::process::id());
+    api.authorize(&token, &deployed_cluster_role());
+    let mut st = settings();
+    st.pools.clear();
+    st.pool_objects = true;
+    let (_src, _rx) = start_with_token(&api, &dir, st, &token);
+    let counts = |s: &Value| (s["assigned"].clone(), s["available"].clone());
+    eventually(20, "p shows 1 used, 1 free", || {
+        counts(&pool_status(&api, "p")) == (json!(1), json!(1))
+    });
+    let s = pool_status(&api, "p");
+    let ready = condition(&s, "Ready");
+    assert_eq!(ready["status"], "True", "{s:#}");
+    assert_eq!(ready["reason"], "Serving");
+    assert_eq!(ready["observedGeneration"], 1);
+    assert!(ready["lastTransitionTime"].as_str().is_some(), "{s:#}");
+    assert_eq!(condition(&s, "Invalid")["status"], "False");
+
+    // Allocation: the pool is full.
+    api.apply(lb("b", 2, HTTP, json!({})));
+    eventually(10, "p shows 2 used, 0 free", || {
+        counts(&pool_status(&api, "p")) == (json!(2), json!(0))
+    });
+    assert_eq!(
+        condition(&pool_status(&api, "p"), "Ready")["reason"],
+        "Exhausted"
+    );
+    let since = condition(&pool_status(&api, "p"), "Ready")["lastTransitionTime"].clone();
+    assert_eq!(
+        since, ready["lastTransitionTime"],
+        "Ready stayed True: its transition time stands"
+    );
+
+    // Release.
+    assert!(api.delete(Res::Services, "default", "a"));
+    eventually(10, "p shows 1 used, 1 free again", || {
+        counts(&pool_status(&api, "p")) == (json!(1), json!(1))
+    });
+
+    // Changes that move no count write nothing: a Node and a Service annotation.
+    std::thread::sleep(Duration::from_millis(500));
+    let writes = pool_status_writes(&api, "p");
+    assert_eq!(
+        writes,
+        3,
+        "one write per change of counts: {:#?}",
+        api.requests()
+    );
+    api.apply(node("n3", "198.51.100.3"));
+    api.apply(lb("b", 2, HTTP, json!({ "note": "touched" })));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(pool_status_writes(&api, "p"), writes);
+
+    // A refused pool: Invalid names the field, Ready is False.
+    api.apply(pool_object(
+        "bad",
+        json!({ "addresses": ["203.0.113.64/30", "nonsense"] }),
+    ));
+    eventually(10, "bad is Invalid", || {
+        condition(&pool_status(&api, "bad"), "Invalid")["status"] == "True"
+    });
+    let s = pool_status(&api, "bad");
+    let invalid = condition(&s, "Invalid");
+    assert_eq!(invalid["reason"], "InvalidField");
+    let msg = invalid["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("spec.addresses[1]: ") && msg.contains("neither a CIDR"),
+        "{msg}"
+    );
+    assert_eq!(condition(&s, "Ready")["status"], "False");
+    assert_eq!(counts(&s), (json!(0), json!(0)));
+    // One overlapping a pool before it: Invalid too, with the reason.
+    api.apply(pool_object(
+        "twin",
+        json!({ "addresses": ["203.0.113.34/32"] }),
+    ));
+    eventually(10, "twin is Invalid (Overlap)", || {
+        condition(&pool_status(&api, "twin"), "Invalid")["reason"] == "Overlap"
+    });
+    // Fixed: bad serves, with its four addresses (hosts of a /30: two).
+    api.apply(pool_object(
+        "bad",
+        json!({ "addresses": ["203.0.113.64/30"] }),
+    ));
+    eventually(10, "bad is Ready", || {
+        let s = pool_status(&api, "bad");
+        condition(&s, "Ready")["status"] == "True"
+            && condition(&s, "Invalid")["status"] == "False"
+            && counts(&s) == (json!(0), json!(2))
+            && condition(&s, "Ready")["observedGeneration"] == 2
+    });
+    assert!(api.denied().is_empty(), "refused: {:#?}", api.denied());
+}
+
+#[test]
+fn only_the_lease_holder_writes_pool_status() {
+    let (api, dir) = fake("pool-status-lease");
+    // Another gateway leads, and keeps leading for the whole test.
+    api.apply(json!({
+        "kind": "Lease", "apiVersion": "coordination.k8s.io/v1",
+        "metadata": { "name": "strait-gateway", "namespace": "strait-system" },
+        "spec": {
+            "holderIdentity": "gw-other", "leaseDurationSeconds": 3600,
+            "renewTime": "2026-01-01T00:00:00.000000Z", "leaseTransitions": 1
+        }
+    }));
+    api.apply(pool_object(
+        "p",
+        json!({ "addresses": ["203.0.113.32/30"] }),
+    ));
+    api.apply(lb("a", 1, HTTP, json!({})));
+    let mut st = settings();
+    st.pools.clear();
+    st.pool_objects = true;
+    st.lease = Some(kube::lease::LeaseSettings {
+        namespace: "strait-system".into(),
+        name: "strait-gateway".into(),
+        identity: "gw-follower".into(),
+        duration: Duration::from_secs(2),
+    });
+    let (_src, rx) = start(&api, &dir, st);
+    until(&rx, 20, "a served from p", |l| {
+        l.iter().any(|s| s.vip == ip("203.0.113.33"))
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        pool_status_writes(&api, "p"),
+        0,
+        "a follower writes no pool status"
+    );
+    assert_eq!(pool_status(&api, "p"), Value::Null);
+    // The leader goes away (its Lease deleted): this gateway takes over and writes.
+    assert!(api.delete(Res::Leases, "strait-system", "strait-gateway"));
+    eventually(20, "the new leader writes p's status", || {
+        pool_status(&api, "p")["assigned"] == 1
+    });
+}
+
+#[test]
+fn a_pool_counts_the_addresses_it_may_hand_out() {
+    let size = |spec: Value| -> u128 {
+        crd::pools_of(&serde_json::from_value(pool_object("p", spec)).unwrap())
+            .unwrap()
+            .iter()
+            .map(pool::Pool::size)
+            .sum()
+    };
+    // Hosts of a CIDR; every address of a range; .0 and .255 left out with avoidBuggyIps.
+    assert_eq!(size(json!({ "addresses": ["203.0.113.32/30"] })), 2);
+    assert_eq!(size(json!({ "addresses": ["203.0.113.32/32"] })), 1);
+    assert_eq!(
+        size(json!({ "addresses": ["198.51.100.250-198.51.101.5"] })),
+        12
+    );
+    assert_eq!(
+        size(json!({ "addresses": ["198.51.100.250-198.51.101.5"], "avoidBuggyIps": true })),
+        10
+    );
+    assert_eq!(
+        size(json!({ "addresses": ["192.0.2.0/24"], "avoidBuggyIps": true })),
+        254
+    );
+    assert_eq!(size(json!({ "addresses": ["2001:db8:100::/120"] })), 255);
+}

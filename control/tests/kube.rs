@@ -2648,3 +2648,59 @@ fn a_slow_or_refusing_api_server_delays_no_table_update_and_the_latest_status_la
     assert_eq!(web.last().unwrap()[0]["ip"], "203.0.113.21", "{web:?}");
     assert_eq!(status_ips(&api, "web"), ["203.0.113.21"]);
 }
+
+/// The ClusterRole's rules in `deploy/rbac.yaml`, as (API group, resource, verbs).
+fn cluster_role_rules() -> Vec<(String, String, Vec<String>)> {
+    let rbac = include_str!("../../deploy/rbac.yaml");
+    let mut out = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(rbac) {
+        let v: Value = serde::Deserialize::deserialize(doc).expect("deploy/rbac.yaml parses");
+        if v["kind"] != "ClusterRole" {
+            continue;
+        }
+        for rule in v["rules"].as_array().expect("rules") {
+            let strings = |k: &str| -> Vec<String> {
+                rule[k]
+                    .as_array()
+                    .unwrap_or_else(|| panic!("a rule without {k}: {rule}"))
+                    .iter()
+                    .map(|s| s.as_str().expect("a string").to_owned())
+                    .collect()
+            };
+            for g in strings("apiGroups") {
+                for r in strings("resources") {
+                    out.push((g.clone(), r, strings("verbs")));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_cluster_role_grants_namespaces_and_pool_status_exactly() {
+    let rules = cluster_role_rules();
+    let verbs = |group: &str, resource: &str| -> Vec<String> {
+        let mut v: Vec<String> = rules
+            .iter()
+            .filter(|(g, r, _)| g == group && r == resource)
+            .flat_map(|(_, _, v)| v.clone())
+            .collect();
+        v.sort();
+        v
+    };
+    // The Namespace watch (labels for pools' namespaceSelectors): read only.
+    assert_eq!(verbs("", "namespaces"), ["get", "list", "watch"]);
+    // Pool status goes through the status subresource with a merge patch, nothing else.
+    assert_eq!(verbs("strait.dev", "straitaddresspools/status"), ["patch"]);
+    assert_eq!(
+        verbs("strait.dev", "straitaddresspools"),
+        ["get", "list", "watch"]
+    );
+    assert!(
+        rules
+            .iter()
+            .all(|(_, r, v)| !v.iter().any(|v| v == "*") && r != "*"),
+        "no wildcard: {rules:?}"
+    );
+}

@@ -238,15 +238,19 @@ pub struct Pool {
 }
 
 /// Which Services a pool's addresses are handed out to automatically (MetalLB's
-/// `serviceAllocation`): in one of `namespaces` (any when empty) and matching one of
-/// `service_labels` (any when empty); pools with a lower `priority` are tried first.
+/// `serviceAllocation`): in one of `namespaces` or of the namespaces `namespace_selectors`
+/// picked (any namespace when both are empty), and matching one of `service_labels` (any
+/// Service when empty); pools with a lower `priority` are tried first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Scope {
-    /// Namespaces admitted; empty: all.
+    /// Namespaces admitted by name.
     pub namespaces: Vec<String>,
-    /// Label sets (`matchLabels`), one of which a Service's labels must contain; empty:
-    /// all Services.
-    pub service_labels: Vec<BTreeMap<String, String>>,
+    /// Namespaces admitted because their labels match one of the pool's
+    /// `namespaceSelectors`, as of the Namespaces last seen; `None`: the pool has no
+    /// namespace selector.
+    pub selected_namespaces: Option<BTreeSet<String>>,
+    /// Label selectors, one of which a Service's labels must match; empty: all Services.
+    pub service_labels: Vec<LabelSelector>,
     /// Lower first; unset after every set one.
     pub priority: Option<i32>,
 }
@@ -254,12 +258,53 @@ pub struct Scope {
 impl Scope {
     /// Whether a Service in `namespace` with `labels` is admitted.
     pub fn admits(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
-        (self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace))
+        let by_name = self.namespaces.iter().any(|n| n == namespace);
+        let ns_ok = match &self.selected_namespaces {
+            None => self.namespaces.is_empty() || by_name,
+            Some(picked) => by_name || picked.contains(namespace),
+        };
+        ns_ok
             && (self.service_labels.is_empty()
-                || self
-                    .service_labels
-                    .iter()
-                    .any(|sel| sel.iter().all(|(k, v)| labels.get(k) == Some(v))))
+                || self.service_labels.iter().any(|sel| sel.matches(labels)))
+    }
+}
+
+/// A checked Kubernetes label selector: `matchLabels` and `matchExpressions`, all of
+/// which must hold (an empty selector matches everything).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LabelSelector {
+    /// Labels that must be present with these values.
+    pub labels: BTreeMap<String, String>,
+    /// `(key, operator, values)` requirements.
+    pub exprs: Vec<(String, SelectorOp, BTreeSet<String>)>,
+}
+
+/// A `matchExpressions` operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SelectorOp {
+    /// The label is present with one of the values.
+    In,
+    /// The label is absent or has none of the values.
+    NotIn,
+    /// The label is present.
+    Exists,
+    /// The label is absent.
+    DoesNotExist,
+}
+
+impl LabelSelector {
+    /// Whether `labels` satisfy the selector.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+            && self.exprs.iter().all(|(k, op, values)| {
+                let v = labels.get(k);
+                match op {
+                    SelectorOp::In => v.is_some_and(|v| values.contains(v)),
+                    SelectorOp::NotIn => v.is_none_or(|v| !values.contains(v)),
+                    SelectorOp::Exists => v.is_some(),
+                    SelectorOp::DoesNotExist => v.is_none(),
+                }
+            })
     }
 }
 
@@ -274,6 +319,29 @@ impl Pool {
             whole: false,
             scope: None,
         }
+    }
+
+    /// How many addresses of the pool may be handed out (hosts only unless `whole`,
+    /// without the .0 / .255 addresses when `avoid_buggy`).
+    pub fn size(&self) -> u128 {
+        let (lo, hi) = if self.whole {
+            usable_whole(self.net)
+        } else {
+            match usable(self.net) {
+                Some(r) => r,
+                None => return 0,
+            }
+        };
+        let all = hi - lo + 1;
+        if !(self.avoid_buggy && matches!(self.net, IpNet::V4(_))) {
+            return all;
+        }
+        // Addresses in lo..=hi congruent to r modulo 256.
+        let congruent = |r: u128| {
+            let upto = |x: u128| if x < r { 0 } else { (x - r) / 256 + 1 };
+            upto(hi) - if lo == 0 { 0 } else { upto(lo - 1) }
+        };
+        all - congruent(0) - congruent(255)
     }
 }
 

@@ -37,8 +37,9 @@ pub struct Settings {
     /// these.
     pub named_pools: Vec<(String, IpNet)>,
     /// Also take pools from `StraitAddressPool` objects (`--kube-pool-objects`; the CRD
-    /// must be installed: deploy/crd.yaml). They apply live; the first list of them is
-    /// awaited before any address is planned.
+    /// must be installed: deploy/crd.yaml), with Namespaces watched for their
+    /// `namespaceSelectors`. They apply live; the first list of both is awaited before any
+    /// address is planned.
     pub pool_objects: bool,
     /// Health check of DSR node backends under `externalTrafficPolicy: Cluster`, as
     /// `(port, path)`: kube-proxy's health endpoint for load balancers (`10256`,
@@ -169,7 +170,8 @@ pub struct Args {
     #[arg(long = "kube-pool", value_name = "[NAME=]CIDR", value_parser = parse_pool, requires = "kube")]
     pub pools: Vec<(Option<String>, IpNet)>,
     /// Also take address pools from StraitAddressPool objects (strait.dev/v1alpha1; install
-    /// deploy/crd.yaml first); changes to them apply without a restart.
+    /// deploy/crd.yaml first); changes to them and to Namespace labels apply without a
+    /// restart, and the pools' status shows addresses assigned and available.
     #[arg(long = "kube-pool-objects", requires = "kube")]
     pub pool_objects: bool,
     /// Serve NodePort Services on ADDRESS:nodePort.

@@ -27,6 +27,9 @@ pub enum Kind {
     Nodes,
     /// `strait.dev/v1alpha1` StraitAddressPools (watched with `--kube-pool-objects`).
     AddressPools,
+    /// `v1` Namespaces (their labels, for pools' `namespaceSelectors`; watched with
+    /// `--kube-pool-objects`).
+    Namespaces,
 }
 
 impl Kind {
@@ -34,11 +37,12 @@ impl Kind {
     pub const ALL: [Kind; 3] = [Kind::Services, Kind::EndpointSlices, Kind::Nodes];
 
     /// Every kind, the optional address pools too.
-    pub const EVERY: [Kind; 4] = [
+    pub const EVERY: [Kind; 5] = [
         Kind::Services,
         Kind::EndpointSlices,
         Kind::Nodes,
         Kind::AddressPools,
+        Kind::Namespaces,
     ];
 
     /// The metrics label and log spelling.
@@ -48,6 +52,7 @@ impl Kind {
             Kind::EndpointSlices => "endpointslices",
             Kind::Nodes => "nodes",
             Kind::AddressPools => "straitaddresspools",
+            Kind::Namespaces => "namespaces",
         }
     }
 
@@ -69,7 +74,7 @@ struct PerKind {
 pub struct Stats {
     connected: AtomicBool,
     disconnects: AtomicU64,
-    kinds: [PerKind; 4],
+    kinds: [PerKind; 5],
     publishes: AtomicU64,
     published_services: AtomicU64,
     status_writes: AtomicU64,

@@ -3,7 +3,8 @@
 //! ```text
 //! watcher(Services) ───────┐   Init / InitApply / InitDone: a fresh set built aside,
 //! watcher(EndpointSlices) ─┼─► swapped in whole at InitDone (relists after 410 too);
-//! watcher(Nodes) ──────────┘   Apply / Delete: applied to the live set
+//! watcher(Nodes) ──────────┤   Apply / Delete: applied to the live set
+//! watcher(StraitAddressPools, Namespaces) ┘ (--kube-pool-objects: pools made again)
 //!        (kube-rs, back-off on errors)
 //!                               │ every kind listed once?  no ─► publish nothing yet
 //!                               │ a Service changed? collect events 50 ms more
@@ -16,6 +17,8 @@
 //!                               │   latest wins, one PATCH services/{name}/status in
 //!                               │   flight per Service, failures retried with exponential
 //!                               │   back-off; successes come back to the loop
+//!                               ├─► the pool status writer (task): PATCH
+//!                               │   straitaddresspools/{name}/status when counts changed
 //!                               └─► the Event task (new notices only)
 //! ```
 //!
@@ -35,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::utils::Backoff as KubeBackoff;
@@ -46,7 +49,7 @@ use serde_json::{json, Value};
 use strait_config::model;
 use tracing::{debug, info, warn};
 
-use super::crd::{self, StraitAddressPool};
+use super::crd::{self, PoolCondition, StraitAddressPool, StraitAddressPoolStatus};
 use super::events::{Deduper, Emitter, Notice};
 use super::pool::{self, Allocator, Pool, StatusUpdate};
 use super::settings::Settings;
@@ -197,6 +200,18 @@ pub struct Round {
     pub addresses: usize,
     /// Services translated again in this round.
     pub translated: usize,
+    /// `StraitAddressPool` status writes to make (only pools whose status changed).
+    pub pool_status: Vec<PoolStatusWrite>,
+}
+
+/// A `StraitAddressPool` status to write through the status subresource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolStatusWrite {
+    /// The pool object's name.
+    pub name: String,
+    /// The whole status; conditions whose status changed have no transition time yet
+    /// (stamped when written).
+    pub status: StraitAddressPoolStatus,
 }
 
 impl Round {
@@ -231,6 +246,17 @@ pub struct Controller {
     pools_dirty: bool,
     /// Why pool objects were left out (as of the last time the pools were made).
     pool_warnings: Vec<Warning>,
+    /// Each pool object's pools, or the refused field and why (as of the last time the
+    /// pools were made).
+    pool_verdicts: BTreeMap<String, Result<Vec<Pool>, Refused>>,
+    /// Pool statuses written whose echo the pool watch has not brought back yet.
+    pool_written: BTreeMap<String, StraitAddressPoolStatus>,
+    /// The pool status writes wanted; `None` when the plan, the pools or the writes made
+    /// changed since they were worked out (rounds that touch none of these, as
+    /// EndpointSlice and Node changes, reuse them).
+    pool_status_due: Option<Vec<PoolStatusWrite>>,
+    /// Namespaces (for pools' `namespaceSelectors`), watched with the pool objects.
+    namespaces: Store<Namespace>,
     alloc: Allocator,
     dedup: Deduper,
     translation: Incremental,
@@ -266,6 +292,10 @@ impl Controller {
             pool_objects: Store::default(),
             pools_dirty: false,
             pool_warnings: Vec::new(),
+            pool_verdicts: BTreeMap::new(),
+            pool_written: BTreeMap::new(),
+            pool_status_due: None,
+            namespaces: Store::default(),
             dedup: Deduper::default(),
             translation: Incremental::default(),
             dirty: BTreeSet::new(),
@@ -303,7 +333,15 @@ impl Controller {
             Kind::Nodes => self.nodes.apply(event),
             Kind::AddressPools => {
                 self.pools_dirty = true;
+                self.pool_status_due = None;
                 self.pool_objects.apply(event)
+            }
+            Kind::Namespaces => {
+                // Labels may move a namespace in or out of a pool's namespaceSelectors:
+                // the pools are made again (and the plan only if a pool's scope changed).
+                let changed = self.namespaces.apply(event);
+                self.pools_dirty |= changed;
+                changed
             }
         };
         self.full |= listed;
@@ -340,7 +378,7 @@ impl Controller {
         self.services.listed
             && self.slices.listed
             && self.nodes.listed
-            && (!self.settings.pool_objects || self.pool_objects.listed)
+            && (!self.settings.pool_objects || (self.pool_objects.listed && self.namespaces.listed))
     }
 
     /// Replaces the address pools. When they changed, the next round plans addresses
@@ -375,6 +413,13 @@ impl Controller {
             )
             .collect();
         let mut warnings = Vec::new();
+        let mut verdicts = BTreeMap::new();
+        let ns_labels: BTreeMap<String, BTreeMap<String, String>> = self
+            .namespaces
+            .live
+            .iter()
+            .map(|(k, n)| (k.clone(), n.metadata.labels.clone().unwrap_or_default()))
+            .collect();
         // Oldest first: a new object overlapping a pool in use never displaces it.
         let mut objects: Vec<(&String, &StraitAddressPool)> =
             self.pool_objects.live.iter().collect();
@@ -391,8 +436,18 @@ impl Controller {
                 object: format!("straitaddresspool {name}"),
                 message,
             };
-            match crd::pools_of(obj) {
-                Err(e) => warnings.push(warn(format!("{}: {}", e.field, e.reason))),
+            match crd::pools_in(obj, &ns_labels) {
+                Err(e) => {
+                    warnings.push(warn(format!("{}: {}", e.field, e.reason)));
+                    verdicts.insert(
+                        name.clone(),
+                        Err(Refused {
+                            reason: "InvalidField",
+                            field: e.field,
+                            message: e.reason,
+                        }),
+                    );
+                }
                 Ok(new) => {
                     let clash = new.iter().find_map(|n| {
                         pools
@@ -403,15 +458,31 @@ impl Controller {
                             .map(|p| (n.net, p.clone()))
                     });
                     match clash {
-                        Some((net, p)) => warnings.push(warn(format!(
-                            "{net} overlaps pool {p}: left out (an address belongs to one pool)"
-                        ))),
-                        None => pools.extend(new),
+                        Some((net, p)) => {
+                            let message = format!(
+                                "{net} overlaps pool {p}: left out (an address belongs to one pool)"
+                            );
+                            warnings.push(warn(message.clone()));
+                            verdicts.insert(
+                                name.clone(),
+                                Err(Refused {
+                                    reason: "Overlap",
+                                    field: "spec.addresses".into(),
+                                    message,
+                                }),
+                            );
+                        }
+                        None => {
+                            verdicts.insert(name.clone(), Ok(new.clone()));
+                            pools.extend(new);
+                        }
                     }
                 }
             }
         }
         self.pool_warnings = warnings;
+        self.pool_verdicts = verdicts;
+        self.pool_status_due = None;
         let changed = self.alloc.replace_pools(pools);
         self.plan_dirty |= changed;
         changed
@@ -424,6 +495,7 @@ impl Controller {
             Kind::EndpointSlices => self.slices.live.len(),
             Kind::Nodes => self.nodes.live.len(),
             Kind::AddressPools => self.pool_objects.live.len(),
+            Kind::Namespaces => self.namespaces.live.len(),
         }
     }
 
@@ -485,6 +557,7 @@ impl Controller {
                     .is_some_and(|s| pool::status_addresses(s) != *addrs)
             });
             self.status = None;
+            self.pool_status_due = None;
         }
         let written = &self.written;
         let plan_status = &self.plan_status;
@@ -530,7 +603,9 @@ impl Controller {
         let services: Vec<Arc<model::Service>> = self.translation.services().cloned().collect();
         let changed = self.published.is_none() || !changes.is_empty();
         self.published = Some(services.len());
+        let pool_status = self.pool_status();
         Some(Round {
+            pool_status,
             services,
             changed,
             changes,
@@ -566,6 +641,193 @@ impl Controller {
     pub fn status_written(&mut self, update: &StatusUpdate) {
         self.written.insert(update.key(), update.addresses.clone());
         self.status = None;
+    }
+}
+
+/// Why a pool object is refused: an Event-style reason, the field, what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Refused {
+    reason: &'static str,
+    field: String,
+    message: String,
+}
+
+impl Controller {
+    /// The pool objects whose status differs from what it should be (addresses held and
+    /// free as of the last address plan, Ready / Invalid), except those written and not
+    /// seen back yet. Nothing when no count, condition or generation changed, so rounds
+    /// that change no pool write nothing.
+    fn pool_status(&mut self) -> Vec<PoolStatusWrite> {
+        if !self.settings.pool_objects {
+            return Vec::new();
+        }
+        if let Some(due) = &self.pool_status_due {
+            return due.clone();
+        }
+        let held: BTreeSet<IpAddr> = self.lb.values().flatten().copied().collect();
+        let mut out = Vec::new();
+        for (name, obj) in &self.pool_objects.live {
+            let Some(verdict) = self.pool_verdicts.get(name) else {
+                continue;
+            };
+            let want = desired_pool_status(obj, verdict, &held);
+            let shown = obj.status.as_ref();
+            if shown.is_some_and(|s| same_status(s, &want)) {
+                self.pool_written.remove(name);
+                continue;
+            }
+            if self
+                .pool_written
+                .get(name)
+                .is_some_and(|w| same_status(w, &want))
+            {
+                continue;
+            }
+            out.push(PoolStatusWrite {
+                name: name.clone(),
+                status: want,
+            });
+        }
+        // Pools deleted meanwhile need no memory.
+        let live = &self.pool_objects.live;
+        self.pool_written.retain(|k, _| live.contains_key(k));
+        self.pool_status_due = Some(out.clone());
+        out
+    }
+
+    /// Records a successful pool status write, so it is not repeated before the pool
+    /// watch brings the object back with it.
+    pub fn pool_status_written(&mut self, w: &PoolStatusWrite) {
+        self.pool_written.insert(w.name.clone(), w.status.clone());
+        self.pool_status_due = None;
+    }
+}
+
+/// The status pool `obj` should show, given its verdict and the addresses held.
+fn desired_pool_status(
+    obj: &StraitAddressPool,
+    verdict: &Result<Vec<Pool>, Refused>,
+    held: &BTreeSet<IpAddr>,
+) -> StraitAddressPoolStatus {
+    let old = obj.status.as_ref();
+    let generation = obj.metadata.generation;
+    let condition = |type_: &str, ok: bool, reason: &str, message: String| {
+        let status = if ok { "True" } else { "False" };
+        // The transition time moves only when the status does.
+        let since = old
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+            .filter(|c| c.status == status)
+            .and_then(|c| c.last_transition_time.clone());
+        PoolCondition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message,
+            observed_generation: generation,
+            last_transition_time: since,
+        }
+    };
+    let clamp = |n: u128| u64::try_from(n).unwrap_or(u64::MAX).min(i64::MAX as u64);
+    match verdict {
+        Ok(pools) => {
+            let assigned = held
+                .iter()
+                .filter(|a| pools.iter().any(|p| p.net.contains(*a)))
+                .count() as u128;
+            let size: u128 = pools.iter().map(Pool::size).fold(0, u128::saturating_add);
+            let free = size.saturating_sub(assigned);
+            StraitAddressPoolStatus {
+                assigned: clamp(assigned),
+                available: clamp(free),
+                conditions: vec![
+                    condition(
+                        "Ready",
+                        true,
+                        if free == 0 { "Exhausted" } else { "Serving" },
+                        format!("{assigned} addresses in use, {free} free"),
+                    ),
+                    condition("Invalid", false, "Valid", "the spec is accepted".into()),
+                ],
+            }
+        }
+        Err(r) => StraitAddressPoolStatus {
+            assigned: 0,
+            available: 0,
+            conditions: vec![
+                condition(
+                    "Ready",
+                    false,
+                    r.reason,
+                    "the pool serves no address: see the Invalid condition".into(),
+                ),
+                condition(
+                    "Invalid",
+                    true,
+                    r.reason,
+                    format!("{}: {}", r.field, r.message),
+                ),
+            ],
+        },
+    }
+}
+
+/// Whether two pool statuses say the same, transition times aside.
+fn same_status(a: &StraitAddressPoolStatus, b: &StraitAddressPoolStatus) -> bool {
+    let strip = |s: &StraitAddressPoolStatus| {
+        let mut s = s.clone();
+        for c in &mut s.conditions {
+            c.last_transition_time = None;
+        }
+        s
+    };
+    strip(a) == strip(b)
+}
+
+/// `PATCH straitaddresspools/{name}/status` (a merge patch of the whole status, through
+/// the status subresource), with new transitions stamped now.
+async fn write_pool_status(client: &Client, w: &PoolStatusWrite) -> bool {
+    let api: Api<StraitAddressPool> = Api::all(client.clone());
+    let mut status = w.status.clone();
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let now = serde_json::to_value(now)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned));
+    for c in &mut status.conditions {
+        if c.last_transition_time.is_none() {
+            c.last_transition_time.clone_from(&now);
+        }
+    }
+    let patch = json!({ "status": status });
+    match tokio::time::timeout(
+        WRITE_TIMEOUT,
+        api.patch_status(&w.name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => {
+            info!(
+                pool = %w.name,
+                assigned = w.status.assigned,
+                available = w.status.available,
+                "kubernetes: wrote the address pool's status"
+            );
+            true
+        }
+        Ok(Err(e)) => {
+            warn!(
+                "kubernetes: writing the status of address pool {}: {e}",
+                w.name
+            );
+            false
+        }
+        Err(_) => {
+            warn!(
+                "kubernetes: writing the status of address pool {}: timed out",
+                w.name
+            );
+            false
+        }
     }
 }
 
@@ -655,6 +917,12 @@ where
             Kind::AddressPools,
             ApiResource::erase::<StraitAddressPool>(&()),
         ));
+        // Always with pool objects, whether or not a pool has namespaceSelectors yet: a
+        // pool gaining one then needs no new watch (nor a wait for its first list).
+        streams.push(stream(
+            Kind::Namespaces,
+            ApiResource::erase::<Namespace>(&()),
+        ));
     }
     let mut events = futures::stream::select_all(streams);
     let (writes, wanted) = tokio::sync::watch::channel(Vec::new());
@@ -665,6 +933,14 @@ where
         settings.backoff,
         wanted,
         done_tx,
+    )));
+    let (pool_writes, pool_wanted) = tokio::sync::mpsc::unbounded_channel();
+    let (pool_done_tx, mut pool_done) = tokio::sync::mpsc::unbounded_channel();
+    let _pool_writer = AbortOnDrop(tokio::spawn(write_pool_statuses(
+        client.clone(),
+        Arc::clone(&stats),
+        pool_wanted,
+        pool_done_tx,
     )));
     let (notices, notices_rx) = tokio::sync::mpsc::unbounded_channel();
     let _events = AbortOnDrop(tokio::spawn(post_events(
@@ -697,12 +973,19 @@ where
                     }
                 }
                 let lead = *leading.borrow();
-                if dirty && round(&mut ctl, &writes, &notices, &stats, &mut publish, lead) {
+                if dirty && round(&mut ctl, &writes, &pool_writes, &notices, &stats, &mut publish, lead) {
                     retry.get_or_insert_with(|| tokio::time::Instant::now() + RETRY);
                 }
             }
             Some(up) = done.recv() => {
                 ctl.status_written(&up);
+            }
+            Some((w, ok)) = pool_done.recv() => {
+                if ok {
+                    ctl.pool_status_written(&w);
+                } else {
+                    retry.get_or_insert_with(|| tokio::time::Instant::now() + RETRY);
+                }
             }
             changed = leading.changed(), if electing => {
                 if changed.is_err() {
@@ -720,7 +1003,7 @@ where
                 if retry.is_some_and(|at| tokio::time::Instant::now() >= at) {
                     retry = None;
                     let lead = *leading.borrow();
-                    if round(&mut ctl, &writes, &notices, &stats, &mut publish, lead) {
+                    if round(&mut ctl, &writes, &pool_writes, &notices, &stats, &mut publish, lead) {
                         retry = Some(tokio::time::Instant::now() + RETRY);
                     }
                 }
@@ -809,6 +1092,7 @@ async fn probe(client: &Client, stats: &Stats) {
 fn round<F>(
     ctl: &mut Controller,
     writes: &tokio::sync::watch::Sender<Vec<StatusUpdate>>,
+    pool_writes: &tokio::sync::mpsc::UnboundedSender<Vec<PoolStatusWrite>>,
     notices: &tokio::sync::mpsc::UnboundedSender<Notice>,
     stats: &Stats,
     publish: &mut F,
@@ -850,7 +1134,7 @@ where
         // The leader writes them; this gateway sees them come back through the watch, and
         // tries again (as leader, should it become one) while some are still wanted.
         writes.send_if_modified(|w| !std::mem::take(w).is_empty());
-        return !r.status.is_empty();
+        return !r.status.is_empty() || !r.pool_status.is_empty();
     }
     writes.send_if_modified(|w| {
         let changed = *w != r.status;
@@ -859,10 +1143,43 @@ where
         }
         changed
     });
+    if !r.pool_status.is_empty() {
+        let _ = pool_writes.send(r.pool_status);
+    }
     for n in r.notices {
         let _ = notices.send(n);
     }
     false
+}
+
+/// Writes `StraitAddressPool` statuses beside the loop as it hands them over (the latest
+/// batch wins; a status equal to the last one written for that pool is not written again),
+/// and gives each outcome back to the loop: a success is remembered there, a failure asks
+/// for another round.
+async fn write_pool_statuses(
+    client: Client,
+    stats: Arc<Stats>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<PoolStatusWrite>>,
+    done: tokio::sync::mpsc::UnboundedSender<(PoolStatusWrite, bool)>,
+) {
+    let mut written: BTreeMap<String, StraitAddressPoolStatus> = BTreeMap::new();
+    while let Some(mut batch) = rx.recv().await {
+        while let Ok(newer) = rx.try_recv() {
+            batch = newer;
+        }
+        for w in batch {
+            if written.get(&w.name) == Some(&w.status) {
+                let _ = done.send((w, true));
+                continue;
+            }
+            let ok = write_pool_status(&client, &w).await;
+            stats.status_write(ok);
+            if ok {
+                written.insert(w.name.clone(), w.status.clone());
+            }
+            let _ = done.send((w, ok));
+        }
+    }
 }
 
 /// Posts Events one after the other as the loop hands them over, each with
@@ -1201,7 +1518,7 @@ mod tests {
             Kind::Services => service(rng, i),
             Kind::EndpointSlices => slice(rng, i),
             Kind::Nodes => node(rng, i),
-            Kind::AddressPools => unreachable!("no pool objects in this test"),
+            Kind::AddressPools | Kind::Namespaces => unreachable!("no pool objects in this test"),
         }
     }
 

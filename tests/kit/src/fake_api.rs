@@ -7,9 +7,11 @@
 //! | `GET /api/v1/services`, `/api/v1/namespaces/{ns}/services` | `ServiceList` (paged by `limit` / `continue`) |
 //! | `GET /apis/discovery.k8s.io/v1[/namespaces/{ns}]/endpointslices` | `EndpointSliceList` |
 //! | `GET /api/v1/nodes` | `NodeList` |
+//! | `GET /api/v1/namespaces` | `NamespaceList` |
+//! | `GET /apis/strait.dev/v1alpha1/straitaddresspools` | `StraitAddressPoolList` (cluster-scoped; writes of the object keep its status, `metadata.generation` counts spec changes) |
 //! | the same with `watch=1` / `watch=true` | chunked JSON lines `{"type":"ADDED","object":{..}}` from `resourceVersion` on, `BOOKMARK`s every second with `allowWatchBookmarks`, ended after `timeoutSeconds`; an `ERROR` event with a 410 `Status` ("Expired") when the version is compacted or [`FakeApi::expire`] is called |
 //! | `GET /api/v1/namespaces/{ns}/services/{name}` | the Service |
-//! | `PATCH /api/v1/namespaces/{ns}/services/{name}/status` | JSON merge patch of `status` only, stored, seen by later lists and watches |
+//! | `PATCH /api/v1/namespaces/{ns}/services/{name}/status`, `PATCH /apis/strait.dev/v1alpha1/straitaddresspools/{name}/status` | JSON merge patch of `status` only, stored, seen by later lists and watches |
 //! | `POST /apis/events.k8s.io/v1/namespaces/{ns}/events`, `POST /api/v1/namespaces/{ns}/events`, `PATCH .../events/{name}` | stored, readable with [`FakeApi::events`] |
 //!
 //! Tests drive it from ordinary threads: [`FakeApi::apply`] and [`FakeApi::delete`] change
@@ -44,8 +46,12 @@ pub enum Res {
     /// `coordination.k8s.io/v1` Leases (namespaced): get, create, replace with the
     /// `resourceVersion` precondition (409 Conflict), as the real server.
     Leases,
-    /// `strait.dev/v1alpha1` StraitAddressPools (cluster-scoped custom resources).
+    /// `strait.dev/v1alpha1` StraitAddressPools (cluster-scoped custom resources with a
+    /// status subresource: writes of the object keep its status, and
+    /// `metadata.generation` counts spec changes only).
     AddressPools,
+    /// `v1` Namespaces (cluster-scoped).
+    Namespaces,
 }
 
 impl Res {
@@ -56,6 +62,7 @@ impl Res {
             "Node" => Some(Res::Nodes),
             "Lease" => Some(Res::Leases),
             "StraitAddressPool" => Some(Res::AddressPools),
+            "Namespace" => Some(Res::Namespaces),
             _ => None,
         }
     }
@@ -67,12 +74,13 @@ impl Res {
             Res::Nodes => "Node",
             Res::Leases => "Lease",
             Res::AddressPools => "StraitAddressPool",
+            Res::Namespaces => "Namespace",
         }
     }
 
     fn api_version(self) -> &'static str {
         match self {
-            Res::Services | Res::Nodes => "v1",
+            Res::Services | Res::Nodes | Res::Namespaces => "v1",
             Res::EndpointSlices => "discovery.k8s.io/v1",
             Res::Leases => "coordination.k8s.io/v1",
             Res::AddressPools => "strait.dev/v1alpha1",
@@ -86,11 +94,12 @@ impl Res {
             Res::Nodes => "nodes",
             Res::Leases => "leases",
             Res::AddressPools => "straitaddresspools",
+            Res::Namespaces => "namespaces",
         }
     }
 
     fn namespaced(self) -> bool {
-        !matches!(self, Res::Nodes | Res::AddressPools)
+        !matches!(self, Res::Nodes | Res::AddressPools | Res::Namespaces)
     }
 }
 
@@ -354,12 +363,30 @@ impl FakeApi {
             Some(old) => {
                 obj["metadata"]["uid"] = old["metadata"]["uid"].clone();
                 obj["metadata"]["creationTimestamp"] = old["metadata"]["creationTimestamp"].clone();
+                if res == Res::AddressPools {
+                    // With a status subresource, writes of the object keep its status, and
+                    // the generation moves only when the spec changes.
+                    match old.get("status") {
+                        Some(st) => obj["status"] = st.clone(),
+                        None => {
+                            if let Some(m) = obj.as_object_mut() {
+                                m.remove("status");
+                            }
+                        }
+                    }
+                    let g = old["metadata"]["generation"].as_i64().unwrap_or(1);
+                    let g = if old["spec"] == obj["spec"] { g } else { g + 1 };
+                    obj["metadata"]["generation"] = json!(g);
+                }
                 "MODIFIED"
             }
             None => {
                 st.seq += 1;
                 obj["metadata"]["uid"] = json!(format!("uid-{}", st.seq));
                 obj["metadata"]["creationTimestamp"] = json!(timestamp(st.seq));
+                if res == Res::AddressPools {
+                    obj["metadata"]["generation"] = json!(1);
+                }
                 "ADDED"
             }
         };
@@ -842,6 +869,7 @@ fn resource_path(path: &str) -> Option<(Res, Option<String>, Vec<String>)> {
     let res = match (seg.first()?.as_str(), group) {
         ("services", "") => Res::Services,
         ("nodes", "") if ns.is_none() => Res::Nodes,
+        ("namespaces", "") if ns.is_none() => Res::Namespaces,
         ("endpointslices", "discovery.k8s.io") => Res::EndpointSlices,
         ("leases", "coordination.k8s.io") if ns.is_some() => Res::Leases,
         ("straitaddresspools", "strait.dev") if ns.is_none() => Res::AddressPools,
@@ -965,7 +993,9 @@ fn route(shared: &Shared, req: &Request) -> Answer {
                 None => Answer::Json(404, not_found(res, name)),
             }
         }
-        ("PATCH", [name, sub]) if sub == "status" && res == Res::Services => {
+        ("PATCH", [name, sub])
+            if sub == "status" && matches!(res, Res::Services | Res::AddressPools) =>
+        {
             patch_status(shared, res, ns.unwrap_or_default(), name, &req.body)
         }
         ("POST", []) if res == Res::Leases => {
