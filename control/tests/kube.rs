@@ -2704,3 +2704,68 @@ fn the_cluster_role_grants_namespaces_and_pool_status_exactly() {
         "no wildcard: {rules:?}"
     );
 }
+
+/// Issue 12, point 11: what translation leaves out of a Service is an Event on it (so
+/// `kubectl describe svc` says why), given once while it stands, counted in the metrics.
+#[test]
+fn what_translation_leaves_out_of_a_service_is_an_event_on_it_once() {
+    let (api, dir) = fake("left-out");
+    let mut odd = lb("odd");
+    odd["spec"]["ports"] = json!([
+        { "name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080 },
+        { "name": "x", "port": 9, "protocol": "DCCP", "nodePort": 30081 }
+    ]);
+    odd["spec"]["loadBalancerSourceRanges"] = json!(["not-a-cidr"]);
+    api.apply(odd);
+    api.apply(lb("fine"));
+    let mut st = settings(Mode::DsrL2);
+    st.pools = vec!["203.0.113.16/29".parse().unwrap()];
+    let (src, rx) = start(&api, &dir, st);
+    // odd's one source range does not parse, so no IPv4 client may reach it: its frontend is
+    // left out too (a second BadSourceRange); fine is served.
+    until(&rx, 20, "fine", |l| {
+        backend_count(l, "default/fine/").is_some()
+    });
+    for reason in ["UnsupportedProtocol", "BadSourceRange"] {
+        eventually(10, reason, || has_event(&api, reason, "odd"));
+    }
+    let ev = api
+        .events()
+        .into_iter()
+        .find(|e| e["reason"] == "UnsupportedProtocol")
+        .unwrap();
+    assert_eq!(ev["type"], "Warning", "{ev}");
+    assert!(ev["note"].as_str().unwrap().contains("DCCP"), "{ev}");
+    assert!(
+        !api.events()
+            .iter()
+            .any(|e| e["regarding"]["name"] == "fine" && e["type"] == "Warning"),
+        "{:?}",
+        api.events()
+    );
+    // More rounds (a Node comes and goes) give no second Event while the problem stands.
+    api.apply(node("n9", "198.51.100.9"));
+    api.delete(Res::Nodes, "", "n9");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let given: Vec<(String, String)> = api
+        .events()
+        .iter()
+        .filter(|e| e["regarding"]["name"] == "odd" && e["type"] == "Warning")
+        .map(|e| (e["reason"].to_string(), e["note"].to_string()))
+        .collect();
+    let distinct: std::collections::BTreeSet<_> = given.iter().cloned().collect();
+    assert_eq!(
+        given.len(),
+        distinct.len(),
+        "an Event given twice: {given:?}"
+    );
+    // The two BadSourceRange notices are one Event series (the recorder's aggregation).
+    let reasons: std::collections::BTreeSet<&str> =
+        given.iter().map(|(r, _)| r.trim_matches('"')).collect();
+    assert_eq!(
+        reasons,
+        ["BadSourceRange", "UnsupportedProtocol"].into(),
+        "{given:?}"
+    );
+    assert!(src.stats().events() >= 2);
+}

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::translate::WarningKind;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Client;
@@ -136,6 +137,9 @@ impl Emitter {
             note: Some(n.message.chars().take(1000).collect()),
             action: if n.reason == "AddressReleased" {
                 "ReleaseAddress"
+            } else if WarningKind::ALL.iter().any(|k| k.reason() == n.reason) {
+                // Something the translation left out of the Service.
+                "ServeService"
             } else {
                 "AssignAddress"
             }

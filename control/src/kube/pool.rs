@@ -1464,6 +1464,11 @@ fn unshared_reason(alloc: &Allocator, key: &str, how: &Use, addr: IpAddr) -> Opt
 }
 
 fn notice(svc: &Service, type_: NoticeType, reason: &str, message: String) -> Notice {
+    service_notice(svc, type_, reason, message)
+}
+
+/// A notice about `svc`: an Event on it once given.
+pub fn service_notice(svc: &Service, type_: NoticeType, reason: &str, message: String) -> Notice {
     Notice {
         regarding: service_reference(svc),
         type_,

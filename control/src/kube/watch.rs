@@ -50,7 +50,7 @@ use strait_config::model;
 use tracing::{debug, info, warn};
 
 use super::crd::{self, PoolCondition, StraitAddressPool, StraitAddressPoolStatus};
-use super::events::{Deduper, Emitter, Notice};
+use super::events::{Deduper, Emitter, Notice, NoticeType};
 use super::pool::{self, Allocator, Pool, StatusUpdate};
 use super::settings::Settings;
 use super::stats::{Kind, Stats};
@@ -259,6 +259,8 @@ pub struct Controller {
     namespaces: Store<Namespace>,
     alloc: Allocator,
     dedup: Deduper,
+    /// The Events of what translation left out of Services, given once while they stand.
+    translation_dedup: Deduper,
     translation: Incremental,
     /// Service keys to translate again.
     dirty: BTreeSet<String>,
@@ -297,6 +299,7 @@ impl Controller {
             pool_status_due: None,
             namespaces: Store::default(),
             dedup: Deduper::default(),
+            translation_dedup: Deduper::default(),
             translation: Incremental::default(),
             dirty: BTreeSet::new(),
             full: true,
@@ -597,6 +600,20 @@ impl Controller {
                 });
             }
         }
+        // What translation left out of a Service is an Event on it too, given once while it
+        // stands (its own deduper: this runs every round, the plan's only when it is made).
+        let mut left_out = Vec::new();
+        for w in &warnings {
+            if let Some(svc) = self.warned_service(&w.object) {
+                left_out.push(pool::service_notice(
+                    svc,
+                    NoticeType::Warning,
+                    w.kind.reason(),
+                    w.message.clone(),
+                ));
+            }
+        }
+        notices.extend(self.translation_dedup.fresh(left_out));
         let now: BTreeSet<Warning> = warnings.iter().cloned().collect();
         let new_warnings = now.difference(&self.last_warnings).cloned().collect();
         self.last_warnings = now;
@@ -621,6 +638,18 @@ impl Controller {
 }
 
 impl Controller {
+    /// The Service a translation warning's object names (`service NAMESPACE/NAME`, or a
+    /// model name beginning with it), if it is live.
+    fn warned_service(&self, object: &str) -> Option<&Service> {
+        let name = object.strip_prefix("service ")?;
+        let live = &self.services.live;
+        live.get(name).or_else(|| {
+            let mut parts = name.splitn(3, '/');
+            let key = format!("{}/{}", parts.next()?, parts.next()?);
+            live.get(&key)
+        })
+    }
+
     /// Translates the whole live view from scratch, with the last address plan's
     /// addresses: what [`Controller::reconcile`]'s incremental translation must equal
     /// (benchmarks and tests check it).

@@ -55,6 +55,25 @@ impl WarningKind {
         WarningKind::Malformed,
     ];
 
+    /// The reason of the Event a Service gets for it (`kubectl describe svc`).
+    pub fn reason(self) -> &'static str {
+        match self {
+            WarningKind::UnsupportedProtocol => "UnsupportedProtocol",
+            WarningKind::BadPort => "BadPort",
+            WarningKind::BadAddress => "BadAddress",
+            WarningKind::UnsupportedSlice => "UnsupportedSlice",
+            WarningKind::HugeSlice => "HugeSlice",
+            WarningKind::SliceWithoutPorts => "SliceWithoutPorts",
+            WarningKind::BadSourceRange => "BadSourceRange",
+            WarningKind::BadValue => "BadValue",
+            WarningKind::FrontendConflict => "FrontendConflict",
+            WarningKind::TooManyBackends => "TooManyBackends",
+            WarningKind::NodeWithoutAddress => "NodeWithoutAddress",
+            WarningKind::Invalid => "InvalidService",
+            WarningKind::Malformed => "Malformed",
+        }
+    }
+
     /// The metrics label.
     pub fn as_str(self) -> &'static str {
         match self {
