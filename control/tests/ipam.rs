@@ -6,8 +6,8 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::time::{Duration, Instant};
+use std::sync::mpsc::{self, Receiver};
+use std::time::Duration;
 
 use ::kube::api::DynamicObject;
 use ::kube::runtime::watcher::Event;
@@ -25,6 +25,9 @@ use strait_control::kube::watch::Controller;
 use strait_testkit::fake_api::{FakeApi, Res};
 use strait_testkit::harness::Scratch;
 use strait_testkit::objects::{node, CLASS};
+
+mod common;
+use common::{eventually, start, until};
 
 // ---- objects ------------------------------------------------------------------------
 
@@ -811,57 +814,6 @@ fn fake(tag: &str) -> (FakeApi, Scratch) {
         api,
         Scratch::new(&format!("strait-ipam-{}-{tag}", std::process::id())),
     )
-}
-
-fn start(
-    api: &FakeApi,
-    dir: &Scratch,
-    st: Settings,
-) -> (kube::Source, Receiver<Vec<model::Service>>) {
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_max_level(tracing::Level::INFO)
-        .try_init();
-    let kc = api.kubeconfig(dir.path());
-    let (tx, rx) = mpsc::channel();
-    let src = kube::spawn_feed(Some(&kc), st, move |p: kube::Publication| {
-        let _ = tx.send(p.services.iter().map(|s| (**s).clone()).collect());
-    })
-    .unwrap();
-    (src, rx)
-}
-
-fn until(
-    rx: &Receiver<Vec<model::Service>>,
-    secs: u64,
-    what: &str,
-    pred: impl Fn(&[model::Service]) -> bool,
-) -> Vec<model::Service> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let mut last = None;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(l) => {
-                if pred(&l) {
-                    return l;
-                }
-                last = Some(l);
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                panic!("timed out waiting for {what}; last list: {last:#?}")
-            }
-            Err(RecvTimeoutError::Disconnected) => panic!("source stopped waiting for {what}"),
-        }
-    }
-}
-
-fn eventually(secs: u64, what: &str, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn status_ips(api: &FakeApi, name: &str) -> Vec<String> {

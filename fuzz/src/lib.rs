@@ -151,15 +151,18 @@ fn check_offsets(p: &Parsed, len: usize) {
         (6, Frag::None) => 20,
         (6, Frag::First) => 14,
         (17, _) => 8,
+        // SCTP's common header (ports, tag, checksum), also in a first fragment.
+        (132, _) => 12,
         (1 | 58, Frag::None) => 8,
         _ => 0,
     };
     assert!(p.l4 + need <= end, "l4 header {}+{need} past {end}", p.l4);
-    if p.frag == Frag::Later || !matches!(p.proto, 6 | 17) {
+    if p.frag == Frag::Later || !matches!(p.proto, 6 | 17 | 132) {
         assert_eq!((p.src_port, p.dst_port), (0, 0), "ports without a header");
     }
-    if p.proto != 6 {
-        assert_eq!(p.tcp_flags, 0, "tcp flags outside tcp");
+    // SCTP's first chunk stands for TCP-like flags (INIT a SYN, ABORT a RST, ...).
+    if !matches!(p.proto, 6 | 132) || p.frag == Frag::Later {
+        assert_eq!(p.tcp_flags, 0, "tcp flags outside tcp and sctp");
     }
     if let Some(e) = p.embedded {
         assert!(matches!(p.proto, 1 | 58) && p.frag == Frag::None);

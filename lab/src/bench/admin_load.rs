@@ -24,7 +24,6 @@ use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
@@ -34,6 +33,7 @@ use anyhow::{ensure, Context};
 use serde::Serialize;
 
 use super::failover::{admin, catch_stop, cpu_model, interrupted, Client, Fleet};
+use super::flood::gen;
 use crate::testbed;
 
 /// `strait-lab bench admin` options.
@@ -251,32 +251,27 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
 /// Runs `strait-lab gen` in the client namespace: established UDP to the VIP's echo port,
 /// 1,000 flows from the client's own address, at `rate` for `seconds`; (frames sent, rate).
 fn generate(ns: &str, seconds: f64, rate: u64) -> anyhow::Result<(u64, f64)> {
-    let exe = std::env::current_exe().context("finding the strait-lab binary")?;
-    let mac = testbed::GW_MAC.to_string();
     let to = format!("{}:5353", testbed::VIP4);
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .arg(&exe)
-        .args(["gen", "--iface", "eth0", "--dst-mac", &mac, "--to", &to])
-        .args(["--traffic", "udp", "--flows", "1000"])
-        .args(["--src-range", "192.0.2.2-192.0.2.2"])
-        .args(["--sport-range", "20000-20999"])
-        .args(["--rate", &rate.to_string()])
-        .args(["--duration", &seconds.to_string(), "--json"])
-        .stdin(Stdio::null())
-        .output()
-        .context("running strait-lab gen")?;
-    ensure!(
-        out.status.success(),
-        "strait-lab gen failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).context("strait-lab gen --json")?;
-    Ok((
-        v["sent"].as_u64().unwrap_or(0),
-        v["offered_pps"].as_f64().unwrap_or(0.0),
-    ))
+    let (rate, secs) = (rate.to_string(), seconds.to_string());
+    gen(
+        ns,
+        &[
+            "--to",
+            &to,
+            "--traffic",
+            "udp",
+            "--flows",
+            "1000",
+            "--src-range",
+            "192.0.2.2-192.0.2.2",
+            "--sport-range",
+            "20000-20999",
+            "--rate",
+            &rate,
+            "--duration",
+            &secs,
+        ],
+    )
 }
 
 /// The gateway's frame counters, summed over its cores and interfaces.

@@ -218,21 +218,36 @@ fn generate(
     seconds: f64,
     rate: &str,
 ) -> anyhow::Result<(u64, f64)> {
-    let exe = std::env::current_exe().context("finding the strait-lab binary")?;
-    let mac = testbed::GW_MAC.to_string();
     let secs = seconds.to_string();
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .arg(&exe)
-        .args(["gen", "--iface", "eth0", "--dst-mac", &mac, "--to", to])
-        .args([
+    gen(
+        ns,
+        &[
+            "--to",
+            to,
             "--traffic",
             traffic,
             "--new-flows",
             "--src-range",
             "192.0.2.16-192.0.2.250",
-        ])
-        .args(["--rate", rate, "--duration", &secs, "--json"])
+            "--rate",
+            rate,
+            "--duration",
+            &secs,
+        ],
+    )
+}
+
+/// Runs `strait-lab gen --iface eth0 --dst-mac <the gateway's> ARGS --json` in namespace
+/// `ns` (the testbed's client) until it ends; (frames sent, rate offered).
+pub(crate) fn gen(ns: &str, args: &[&str]) -> anyhow::Result<(u64, f64)> {
+    let exe = std::env::current_exe().context("finding the strait-lab binary")?;
+    let mac = testbed::GW_MAC.to_string();
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(&exe)
+        .args(["gen", "--iface", "eth0", "--dst-mac", &mac])
+        .args(args)
+        .arg("--json")
         .stdin(Stdio::null())
         .output()
         .context("running strait-lab gen")?;
