@@ -701,15 +701,22 @@ impl Controller {
             };
             let want = desired_pool_status(obj, verdict, &held);
             let shown = obj.status.as_ref();
-            if shown.is_some_and(|s| same_status(s, &want)) {
-                self.pool_written.remove(name);
-                continue;
+            // A write handed to the writer and not seen back yet is what the pool will
+            // show: compare with it, not with the (older) status the watch shows now.
+            if let Some(w) = self.pool_written.get(name) {
+                if shown.is_some_and(|s| same_status(s, w)) {
+                    self.pool_written.remove(name);
+                } else if same_status(w, &want) {
+                    continue;
+                } else {
+                    out.push(PoolStatusWrite {
+                        name: name.clone(),
+                        status: want,
+                    });
+                    continue;
+                }
             }
-            if self
-                .pool_written
-                .get(name)
-                .is_some_and(|w| same_status(w, &want))
-            {
+            if shown.is_some_and(|s| same_status(s, &want)) {
                 continue;
             }
             out.push(PoolStatusWrite {
@@ -728,6 +735,18 @@ impl Controller {
     /// watch brings the object back with it.
     pub fn pool_status_written(&mut self, w: &PoolStatusWrite) {
         self.pool_written.insert(w.name.clone(), w.status.clone());
+        self.pool_status_due = None;
+    }
+
+    /// Forgets a pool status write that failed, so the next round works it out again.
+    pub fn pool_status_failed(&mut self, w: &PoolStatusWrite) {
+        if self
+            .pool_written
+            .get(&w.name)
+            .is_some_and(|s| same_status(s, &w.status))
+        {
+            self.pool_written.remove(&w.name);
+        }
         self.pool_status_due = None;
     }
 }
@@ -1010,9 +1029,8 @@ where
                 ctl.status_written(&up);
             }
             Some((w, ok)) = pool_done.recv() => {
-                if ok {
-                    ctl.pool_status_written(&w);
-                } else {
+                if !ok {
+                    ctl.pool_status_failed(&w);
                     retry.get_or_insert_with(|| tokio::time::Instant::now() + RETRY);
                 }
             }
@@ -1173,6 +1191,11 @@ where
         changed
     });
     if !r.pool_status.is_empty() {
+        // Recorded as written now, so no round asks for them again while they are in
+        // flight; a failure is forgotten when the writer reports it.
+        for w in &r.pool_status {
+            ctl.pool_status_written(w);
+        }
         let _ = pool_writes.send(r.pool_status);
     }
     for n in r.notices {
@@ -1181,10 +1204,10 @@ where
     false
 }
 
-/// Writes `StraitAddressPool` statuses beside the loop as it hands them over (the latest
-/// batch wins; a status equal to the last one written for that pool is not written again),
-/// and gives each outcome back to the loop: a success is remembered there, a failure asks
-/// for another round.
+/// Writes `StraitAddressPool` statuses beside the loop as it hands them over, in order (a
+/// status equal to the last one written for that pool is not written again), and gives each
+/// outcome back to the loop, which recorded the write when it handed it over: a failure is
+/// forgotten there and asks for another round.
 async fn write_pool_statuses(
     client: Client,
     stats: Arc<Stats>,
@@ -1192,10 +1215,7 @@ async fn write_pool_statuses(
     done: tokio::sync::mpsc::UnboundedSender<(PoolStatusWrite, bool)>,
 ) {
     let mut written: BTreeMap<String, StraitAddressPoolStatus> = BTreeMap::new();
-    while let Some(mut batch) = rx.recv().await {
-        while let Ok(newer) = rx.try_recv() {
-            batch = newer;
-        }
+    while let Some(batch) = rx.recv().await {
         for w in batch {
             if written.get(&w.name) == Some(&w.status) {
                 let _ = done.send((w, true));
