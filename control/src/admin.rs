@@ -840,6 +840,17 @@ impl Collector for Metrics {
              packets, the worker's CPU per packet.",
             &busy,
         )?;
+        let kicks: Vec<_> = samples
+            .iter()
+            .map(|(n, s)| (core(n), s.worker.busy.kick_seconds()))
+            .collect();
+        crate::metrics::seconds_counter(
+            &mut enc,
+            "worker_kick_seconds",
+            "Of the busy time, the TX kicks (copy-mode AF_XDP: the kernel copies and transmits \
+             each frame inside the sendto; DPDK: the PMD's TX burst).",
+            &kicks,
+        )?;
         let occ: Vec<_> = samples
             .iter()
             .map(|(n, s)| (core(n), s.flows.occupancy as i64))
@@ -1215,6 +1226,7 @@ mod tests {
             misplaced: 0,
         };
         core.sample.lock().unwrap().worker.busy.ns = 1_500_000_000;
+        core.sample.lock().unwrap().worker.busy.kick_ns = 500_000_000;
         let (addr, shared) = endpoint(vec![core]);
 
         assert_eq!(get(addr, "GET", "/healthz"), (503, "starting\n".into()));
@@ -1268,6 +1280,10 @@ mod tests {
         );
         assert!(
             m.contains("strait_worker_busy_seconds_total{core=\"veth-gw/0\"} 1.5"),
+            "{m}"
+        );
+        assert!(
+            m.contains("strait_worker_kick_seconds_total{core=\"veth-gw/0\"} 0.5"),
             "{m}"
         );
         // No steering program attached here: the families are there, without samples.

@@ -24,7 +24,7 @@ use strait_control::kube::translate;
 use strait_control::kube::watch::Controller;
 use strait_testkit::fake_api::{FakeApi, Res};
 use strait_testkit::harness::Scratch;
-use strait_testkit::objects::{node, CLASS};
+use strait_testkit::objects::{lb_service as lb, node, with_status};
 
 mod common;
 use common::{eventually, start, until};
@@ -49,32 +49,6 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-/// A LoadBalancer Service of our class in `default`, with `ports` as (name, protocol,
-/// port), `annotations`, and creation time `age` seconds after a fixed instant.
-fn lb(name: &str, age: u32, ports: &[(&str, &str, u16)], annotations: Value) -> Value {
-    let ports: Vec<Value> = ports
-        .iter()
-        .map(|(n, p, port)| json!({ "name": n, "protocol": p, "port": port, "targetPort": 8080 }))
-        .collect();
-    json!({
-        "kind": "Service", "apiVersion": "v1",
-        "metadata": {
-            "name": name, "namespace": "default", "uid": format!("uid-{name}"),
-            "creationTimestamp": format!("2024-01-01T00:00:{age:02}Z"),
-            "annotations": annotations
-        },
-        "spec": {
-            "type": "LoadBalancer",
-            "loadBalancerClass": CLASS,
-            "ipFamilies": ["IPv4"],
-            "ipFamilyPolicy": "SingleStack",
-            "externalTrafficPolicy": "Cluster",
-            "selector": { "app": name },
-            "ports": ports
-        }
-    })
-}
-
 const HTTP: &[(&str, &str, u16)] = &[("http", "TCP", 80)];
 const HTTPS: &[(&str, &str, u16)] = &[("https", "TCP", 443)];
 const DNS_UDP: &[(&str, &str, u16)] = &[("dns", "UDP", 53)];
@@ -86,12 +60,6 @@ fn shared(key: &str) -> Value {
 
 fn svc(v: Value) -> Service {
     serde_json::from_value(v).unwrap()
-}
-
-fn with_status(mut v: Value, addrs: &[&str]) -> Value {
-    let ing: Vec<Value> = addrs.iter().map(|a| json!({ "ip": a })).collect();
-    v["status"] = json!({ "loadBalancer": { "ingress": ing } });
-    v
 }
 
 fn pools(s: &[&str]) -> Vec<ipnet::IpNet> {

@@ -24,7 +24,7 @@ use strait_control::kube::translate::{self, Cluster, Translation, WarningKind};
 use strait_control::kube::watch::Controller;
 use strait_testkit::fake_api::{FakeApi, Res};
 use strait_testkit::harness::Scratch;
-use strait_testkit::objects::{node, CLASS};
+use strait_testkit::objects::{lb_service, node, with_status, CLASS};
 
 mod common;
 use common::{eventually, start, until};
@@ -669,15 +669,13 @@ fn a_refused_service_is_dropped_with_the_rule_named() {
 // ---- address planning ---------------------------------------------------------------
 
 fn svc(name: &str, age: u32, status: &[&str], annotation: Option<&str>) -> Service {
-    let mut v = lb(name);
-    v["metadata"]["creationTimestamp"] = json!(format!("2024-01-01T00:00:{age:02}Z"));
-    v["metadata"]["uid"] = json!(format!("uid-{name}"));
+    let annotations = match annotation {
+        Some(a) => json!({ "strait.dev/load-balancer-ip": a }),
+        None => json!({}),
+    };
+    let mut v = lb_service(name, age, &[("http", "TCP", 80)], annotations);
     if !status.is_empty() {
-        let ing: Vec<Value> = status.iter().map(|a| json!({ "ip": a })).collect();
-        v["status"] = json!({ "loadBalancer": { "ingress": ing } });
-    }
-    if let Some(a) = annotation {
-        v["metadata"]["annotations"] = json!({ "strait.dev/load-balancer-ip": a });
+        v = with_status(v, status);
     }
     serde_json::from_value(v).unwrap()
 }

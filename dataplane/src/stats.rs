@@ -219,25 +219,41 @@ impl Counters {
 /// end of such a turn (vDSO, no syscall) and hands both readings to [`BusyTime::turn`].
 /// Wall time, so what interrupts a turn on the same core (an interrupt, softirq work the TX
 /// kick triggers, another thread preempting) is in it too.
+///
+/// The turn's last part, the TX kick (the port driver's `drain_tx`), is also counted on its
+/// own in `kick_ns`, read once more from the clock before it: on copy-mode AF_XDP the kernel
+/// copies every frame into an skb and transmits it inside that `sendto` (on a veth, the
+/// peer's receive with it), work a zero-copy driver leaves to the NIC; on DPDK it is the PMD's
+/// TX burst. `ns - kick_ns` is the worker's own part: ring work and the pipeline.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BusyTime {
     /// Nanoseconds in turns that found work.
     pub ns: u64,
+    /// Of `ns`, the nanoseconds in those turns' TX kicks.
+    pub kick_ns: u64,
     /// Turns that found work.
     pub turns: u64,
 }
 
 impl BusyTime {
-    /// Counts one busy turn from `start_ns` to `end_ns` (a clock that went back counts 0).
+    /// Counts one busy turn from `start_ns` to `end_ns` whose TX kick began at `kick_ns`
+    /// (a clock that went back counts 0; the kick is clamped into the turn).
     #[inline(always)]
-    pub fn turn(&mut self, start_ns: u64, end_ns: u64) {
-        self.ns += end_ns.saturating_sub(start_ns);
+    pub fn turn(&mut self, start_ns: u64, kick_ns: u64, end_ns: u64) {
+        let total = end_ns.saturating_sub(start_ns);
+        self.ns += total;
+        self.kick_ns += end_ns.saturating_sub(kick_ns).min(total);
         self.turns += 1;
     }
 
     /// The busy time in seconds.
     pub fn seconds(&self) -> f64 {
         self.ns as f64 / 1e9
+    }
+
+    /// The TX kicks' part of the busy time, in seconds.
+    pub fn kick_seconds(&self) -> f64 {
+        self.kick_ns as f64 / 1e9
     }
 }
 
@@ -278,11 +294,22 @@ mod tests {
     #[test]
     fn busy_time_adds_turns_and_ignores_a_clock_going_back() {
         let mut b = BusyTime::default();
-        b.turn(1_000, 1_500);
-        b.turn(2_000, 2_000);
-        b.turn(3_000, 2_900);
-        assert_eq!(b, BusyTime { ns: 500, turns: 3 });
-        b.turn(0, 1_000_000_000);
-        assert!((b.seconds() - 1.0000005).abs() < 1e-12);
+        b.turn(1_000, 1_400, 1_500);
+        b.turn(2_000, 2_000, 2_000);
+        b.turn(3_000, 2_950, 2_900);
+        assert_eq!(
+            b,
+            BusyTime {
+                ns: 500,
+                kick_ns: 100,
+                turns: 3
+            }
+        );
+        // A kick read before the turn's start (a clock going back) is clamped into the turn.
+        b.turn(10_000, 9_000, 10_200);
+        assert_eq!((b.ns, b.kick_ns), (700, 300));
+        b.turn(0, 500_000_000, 1_000_000_000);
+        assert!((b.seconds() - 1.0000007).abs() < 1e-12);
+        assert!((b.kick_seconds() - 0.5000003).abs() < 1e-12);
     }
 }

@@ -1116,7 +1116,7 @@ pub fn plan(
                 .filter(|a| w.held_before.contains(a) == incumbent)
             {
                 if let Err(e) = alloc.claim_as(w.key, *a, &w.how) {
-                    out.notices.push(notice(
+                    out.notices.push(service_notice(
                         w.svc,
                         NoticeType::Warning,
                         e.reason(),
@@ -1142,7 +1142,7 @@ pub fn plan(
                 continue;
             }
             match alloc.request_as(w.key, *a, &w.how, w.pool.as_deref()) {
-                Ok(()) => out.notices.push(notice(
+                Ok(()) => out.notices.push(service_notice(
                     w.svc,
                     NoticeType::Normal,
                     "AddressAssigned",
@@ -1152,7 +1152,7 @@ pub fn plan(
                     ),
                 )),
                 Err(e) => {
-                    out.notices.push(notice(
+                    out.notices.push(service_notice(
                         w.svc,
                         NoticeType::Warning,
                         e.reason(),
@@ -1182,7 +1182,7 @@ pub fn plan(
             .filter(|a| !addrs.contains(a))
             .collect();
         if !lost.is_empty() {
-            out.notices.push(notice(
+            out.notices.push(service_notice(
                 w.svc,
                 NoticeType::Normal,
                 "AddressReleased",
@@ -1224,7 +1224,7 @@ fn release_unserved(alloc: &mut Allocator, svc: &Service, key: &str, out: &mut A
     let held = alloc.release(key);
     let status = status_addresses(svc);
     if !held.is_empty() {
-        out.notices.push(notice(
+        out.notices.push(service_notice(
             svc,
             NoticeType::Normal,
             "AddressReleased",
@@ -1242,7 +1242,7 @@ fn release_unserved(alloc: &mut Allocator, svc: &Service, key: &str, out: &mut A
             .filter(|a| alloc.in_pool(*a) && !before.contains(a) && !mine.contains(a))
             .collect();
         if !stale.is_empty() {
-            out.notices.push(notice(
+            out.notices.push(service_notice(
                 svc,
                 NoticeType::Normal,
                 "AddressReleased",
@@ -1285,7 +1285,7 @@ fn examine<'a>(
 ) -> Owned<'a> {
     let (requested, bad) = requested_addresses(svc);
     for b in bad {
-        out.notices.push(notice(
+        out.notices.push(service_notice(
             svc,
             NoticeType::Warning,
             "InvalidAddress",
@@ -1300,7 +1300,7 @@ fn examine<'a>(
             .iter()
             .filter_map(|p| p.name.as_deref())
             .collect();
-        out.notices.push(notice(
+        out.notices.push(service_notice(
             svc,
             NoticeType::Warning,
             "UnknownAddressPool",
@@ -1317,7 +1317,7 @@ fn examine<'a>(
     }
     if !refused {
         if let Err(why) = check_families(svc, &requested) {
-            out.notices.push(notice(
+            out.notices.push(service_notice(
                 svc,
                 NoticeType::Warning,
                 "AddressFamilyMismatch",
@@ -1359,7 +1359,7 @@ fn examine<'a>(
             .iter()
             .filter(|a| !alloc.in_named(**a, pool.as_deref()))
         {
-            out.notices.push(notice(
+            out.notices.push(service_notice(
                 svc,
                 NoticeType::Warning,
                 "AddressNotInPool",
@@ -1412,7 +1412,7 @@ fn allocate(alloc: &mut Allocator, w: &Owned<'_>, out: &mut AddressPlan) {
     }
     for a in &got {
         let shared = shared_with(alloc, key, *a);
-        out.notices.push(notice(
+        out.notices.push(service_notice(
             svc,
             NoticeType::Normal,
             "AddressAssigned",
@@ -1427,8 +1427,12 @@ fn allocate(alloc: &mut Allocator, w: &Owned<'_>, out: &mut AddressPlan) {
         if shared.is_empty() && w.how.sharing.is_some() {
             // A sharer that could not join its group's address says why.
             if let Some(why) = unshared_reason(alloc, key, &w.how, *a) {
-                out.notices
-                    .push(notice(svc, NoticeType::Warning, "AddressNotShared", why));
+                out.notices.push(service_notice(
+                    svc,
+                    NoticeType::Warning,
+                    "AddressNotShared",
+                    why,
+                ));
             }
         }
     }
@@ -1439,8 +1443,12 @@ fn allocate(alloc: &mut Allocator, w: &Owned<'_>, out: &mut AddressPlan) {
         if partial_ok && matches!(e, AllocError::NoPool { .. }) {
             continue;
         }
-        out.notices
-            .push(notice(svc, NoticeType::Warning, e.reason(), e.to_string()));
+        out.notices.push(service_notice(
+            svc,
+            NoticeType::Warning,
+            e.reason(),
+            e.to_string(),
+        ));
     }
 }
 
@@ -1461,10 +1469,6 @@ fn unshared_reason(alloc: &Allocator, key: &str, how: &Use, addr: IpAddr) -> Opt
             how.sharing.as_deref().unwrap_or("")
         ))
     })
-}
-
-fn notice(svc: &Service, type_: NoticeType, reason: &str, message: String) -> Notice {
-    service_notice(svc, type_, reason, message)
 }
 
 /// A notice about `svc`: an Event on it once given.

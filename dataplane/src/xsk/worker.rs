@@ -492,8 +492,9 @@ where
         }
         pipe.sync_turn(&table, now);
         drop(table);
+        let kick = clock.now_ns();
         st.tx_kicks += group.drain_tx()? as u64;
-        st.busy.turn(turn, clock.now_ns());
+        st.busy.turn(turn, kick, clock.now_ns());
         if st.batches / PUBLISH_EVERY != batches / PUBLISH_EVERY {
             let _ = look_at_books(group, &mut st, &mut books_at, now);
             publish(pipe, &st);

@@ -235,8 +235,9 @@ impl L2fwd {
                     publish(&st);
                 }
             }
+            let kick = clock.now_ns();
             st.tx_kicks += group.drain_tx()? as u64;
-            st.busy.turn(turn, clock.now_ns());
+            st.busy.turn(turn, kick, clock.now_ns());
         }
         let deadline = Instant::now() + DRAIN;
         while st.forwarded < st.tx && Instant::now() < deadline {
