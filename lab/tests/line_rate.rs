@@ -213,6 +213,12 @@ fn check_cpu(p: &Value, out: &Output) {
         let xdp = positive(p, &c["xdp_ns_per_packet"], "cpu.xdp_ns_per_packet");
         positive(p, &c["xdp_ns_per_run"], "cpu.xdp_ns_per_run");
         assert!((worker + xdp - total).abs() <= 1e-6 * total, "{p}");
+        // The TX kicks are part of the busy time (copy mode: the kernel's transmit), and
+        // what is left is the forwarder's own part.
+        let kick = positive(p, &c["kick_ns_per_packet"], "cpu.kick_ns_per_packet");
+        assert!(kick < worker, "{p}");
+        let own = positive(p, &p["own_cpu_ns_per_packet"], "own_cpu_ns_per_packet");
+        assert!((own + kick - total).abs() <= 1e-6 * total, "{p}");
     }
     if system == "limit" {
         assert!(p["cpu_ratio_to_iptables"].is_null(), "{p}");
@@ -220,5 +226,12 @@ fn check_cpu(p: &Value, out: &Output) {
     } else {
         positive(p, &p["cpu_ratio_to_iptables"], "cpu_ratio_to_iptables");
         positive(p, &p["cpu_ratio_to_nftables"], "cpu_ratio_to_nftables");
+        if system.starts_with("strait") {
+            positive(
+                p,
+                &p["own_cpu_ratio_to_nftables"],
+                "own_cpu_ratio_to_nftables",
+            );
+        }
     }
 }

@@ -284,6 +284,18 @@ pub struct Point {
     /// `cpu_ns_per_packet` over `nftables`' at the same scale and traffic.
     #[serde(default)]
     pub cpu_ratio_to_nftables: Option<f64>,
+    /// An AF_XDP forwarder's own part of `cpu_ns_per_packet`: without its TX kicks, inside
+    /// which copy-mode AF_XDP has the kernel copy every frame into an skb and transmit it
+    /// (work a zero-copy driver leaves to the NIC); the issue's "cycles around the pipeline
+    /// and the ring work". Null for the kernel peers, whose figure has no such part.
+    #[serde(default)]
+    pub own_cpu_ns_per_packet: Option<f64>,
+    /// `own_cpu_ns_per_packet` over `iptables`' `cpu_ns_per_packet` at the same point.
+    #[serde(default)]
+    pub own_cpu_ratio_to_iptables: Option<f64>,
+    /// `own_cpu_ns_per_packet` over `nftables`' `cpu_ns_per_packet` at the same point.
+    #[serde(default)]
+    pub own_cpu_ratio_to_nftables: Option<f64>,
     /// Where `cpu_ns_per_packet` comes from, and what else the forwarder CPU did, per
     /// delivered packet.
     #[serde(default)]
@@ -300,6 +312,10 @@ pub struct CpuCost {
     pub worker_ns_per_packet: Option<f64>,
     /// The busy time as the forwarder's clock measured it (wall time).
     pub worker_wall_ns_per_packet: Option<f64>,
+    /// Of `worker_ns_per_packet`, the TX kicks (`strait_worker_kick_seconds_total`,
+    /// l2fwd's `kick_seconds`), scaled the same way.
+    #[serde(default)]
+    pub kick_ns_per_packet: Option<f64>,
     /// The share of the point the forwarding thread ran while it was runnable (its
     /// `schedstat`): below 1 when other processes took its core.
     pub on_cpu_share: Option<f64>,
@@ -792,6 +808,7 @@ fn run_group(
                     format!("l2fwd's summary is not what `strait-lab l2fwd --json` prints: {out:?}")
                 })?;
                 spent.worker_ns = Some((s.busy_seconds * 1e9) as u64);
+                spent.kick_ns = Some((s.kick_seconds * 1e9) as u64);
             }
         }
         set_cpu(&mut point, &spent);
@@ -846,6 +863,7 @@ const FORWARDING_THREADS: &[&str] = &["xsk ", "l2fwd"];
 #[derive(Debug, Clone, Deserialize)]
 struct L2fwdSummary {
     busy_seconds: f64,
+    kick_seconds: f64,
 }
 
 /// The generator's `--json` summary (the fields used here).
@@ -1024,6 +1042,9 @@ fn point(
         cpu_ns_per_packet: None,
         cpu_ratio_to_iptables: None,
         cpu_ratio_to_nftables: None,
+        own_cpu_ns_per_packet: None,
+        own_cpu_ratio_to_iptables: None,
+        own_cpu_ratio_to_nftables: None,
         cpu: None,
     }
 }
@@ -1045,10 +1066,16 @@ fn set_cpu(p: &mut Point, d: &cpu::Delta) {
         ),
     };
     p.cpu_ns_per_packet = total.filter(|v| v.is_finite() && *v > 0.0);
+    let kick = d.kick_cpu_ns().map(|k| k / p.received as f64);
+    p.own_cpu_ns_per_packet = match (p.cpu_ns_per_packet, kick) {
+        (Some(t), Some(k)) if method == "worker-busy+xdp" => Some((t - k).max(0.0)),
+        _ => None,
+    };
     p.cpu = Some(CpuCost {
         method: method.to_owned(),
         worker_ns_per_packet: d.worker_cpu_ns().map(|w| w / p.received as f64),
         worker_wall_ns_per_packet: d.worker_ns.map(per),
+        kick_ns_per_packet: kick,
         on_cpu_share: d.on_cpu,
         xdp_ns_per_packet: xdp,
         xdp_ns_per_run: (d.xdp_runs > 0).then(|| d.xdp_ns as f64 / d.xdp_runs as f64),
@@ -1090,13 +1117,14 @@ pub fn derive(results: &mut [Point]) {
     };
     let (ipt, nft) = (cpu_of(System::Iptables), cpu_of(System::Nftables));
     for p in results.iter_mut() {
-        let ratio = |peer: &HashMap<(usize, Traffic), f64>| {
-            let mine = p.cpu_ns_per_packet?;
-            let theirs = *peer.get(&(p.services, p.traffic))?;
+        let ratio = |mine: Option<f64>, peer: &HashMap<(usize, Traffic), f64>| {
+            let (mine, theirs) = (mine?, *peer.get(&(p.services, p.traffic))?);
             (theirs > 0.0 && p.system.has_services()).then(|| mine / theirs)
         };
-        p.cpu_ratio_to_iptables = ratio(&ipt);
-        p.cpu_ratio_to_nftables = ratio(&nft);
+        p.cpu_ratio_to_iptables = ratio(p.cpu_ns_per_packet, &ipt);
+        p.cpu_ratio_to_nftables = ratio(p.cpu_ns_per_packet, &nft);
+        p.own_cpu_ratio_to_iptables = ratio(p.own_cpu_ns_per_packet, &ipt);
+        p.own_cpu_ratio_to_nftables = ratio(p.own_cpu_ns_per_packet, &nft);
     }
 }
 
@@ -1128,7 +1156,7 @@ pub fn table(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<14} {:>8} {:<12} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9} {:>8} {:>8}",
+        "{:<14} {:>8} {:<12} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9} {:>8} {:>8} {:>7} {:>8} {:>8}",
         "system",
         "services",
         "traffic",
@@ -1140,7 +1168,10 @@ pub fn table(r: &Report) -> String {
         "x iptables",
         "cpu ns",
         "cpu/ipt",
-        "cpu/nft"
+        "cpu/nft",
+        "own ns",
+        "own/ipt",
+        "own/nft"
     );
     for p in &r.results {
         let opt = |v: Option<f64>, prec: usize| {
@@ -1154,7 +1185,7 @@ pub fn table(r: &Report) -> String {
         let ratio = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), significant);
         let _ = writeln!(
             s,
-            "{:<14} {:>8} {:<12} {:>8.3} {:>8.3} {:>8.1} {:>9} {:>8} {:>10} {:>9} {:>8} {:>8}",
+            "{:<14} {:>8} {:<12} {:>8.3} {:>8.3} {:>8.1} {:>9} {:>8} {:>10} {:>9} {:>8} {:>8} {:>7} {:>8} {:>8}",
             p.system.as_str(),
             services,
             p.traffic.as_str(),
@@ -1167,6 +1198,9 @@ pub fn table(r: &Report) -> String {
             opt(p.cpu_ns_per_packet, 0),
             ratio(p.cpu_ratio_to_iptables),
             ratio(p.cpu_ratio_to_nftables),
+            opt(p.own_cpu_ns_per_packet, 0),
+            ratio(p.own_cpu_ratio_to_iptables),
+            ratio(p.own_cpu_ratio_to_nftables),
         );
     }
     for l in &r.rule_loads {
@@ -1596,6 +1630,7 @@ mod tests {
             } else {
                 cpu::Delta {
                     worker_ns: Some(total - total / 4),
+                    kick_ns: Some(total / 2),
                     xdp_ns: total / 4,
                     xdp_runs: p.received,
                     softirq_ns: total / 10,
@@ -1667,10 +1702,18 @@ mod tests {
         assert!((c.softirq_ns_per_packet - 40.0).abs() < 1e-6, "{c:?}");
         assert!(close(p.cpu_ratio_to_iptables, 400.0 / 500_000.0), "{p:?}");
         assert!(close(p.cpu_ratio_to_nftables, 400.0 / 2000.0), "{p:?}");
+        // Without the TX kicks (half of the total here): the forwarder's own part.
+        assert!(close(c.kick_ns_per_packet, 200.0), "{c:?}");
+        assert!(close(p.own_cpu_ns_per_packet, 200.0), "{p:?}");
+        assert!(close(p.own_cpu_ratio_to_nftables, 200.0 / 2000.0), "{p:?}");
         let k = find(System::Nftables, 10, Traffic::Established);
         assert_eq!(k.cpu.as_ref().unwrap().method, "softirq+irq");
         assert!(close(k.cpu_ns_per_packet, 800.0), "{k:?}");
         assert!(close(k.cpu_ratio_to_iptables, 0.8) && close(k.cpu_ratio_to_nftables, 1.0));
+        assert_eq!(
+            k.own_cpu_ns_per_packet, None,
+            "the kernel has no kick to leave out"
+        );
         assert_eq!(
             l.cpu_ratio_to_nftables, None,
             "limit has no services to compare at"
@@ -1772,7 +1815,11 @@ mod tests {
             "{row}"
         );
         assert!(
-            row.contains(" 400 ") && row.contains("0.000800") && row.ends_with(" 0.200"),
+            row.contains(" 400 ") && row.contains("0.000800") && row.contains(" 0.200 "),
+            "{row}"
+        );
+        assert!(
+            row.contains(" 200 ") && row.contains("0.000400") && row.ends_with(" 0.100"),
             "{row}"
         );
         assert_eq!(significant(0.0083219), "0.00832");

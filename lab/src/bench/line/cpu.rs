@@ -238,6 +238,8 @@ pub struct Reading {
     pub sink_xdp: ProgRun,
     /// The gateway's worker busy time, seconds (Strait only).
     pub worker_busy_s: Option<f64>,
+    /// Of it, the TX kicks (`strait_worker_kick_seconds_total`), seconds.
+    pub worker_kick_s: Option<f64>,
     /// The AF_XDP forwarder's threads' scheduling times.
     pub sched: Option<Sched>,
 }
@@ -269,8 +271,8 @@ impl Reading {
                 .into_iter()
                 .collect::<Vec<_>>(),
         );
-        let worker_busy_s = match metrics {
-            None => None,
+        let (worker_busy_s, worker_kick_s) = match metrics {
+            None => (None, None),
             Some(url) => {
                 let out = Command::new("ip")
                     .args([
@@ -286,10 +288,13 @@ impl Reading {
                     .output()
                     .context("fetching the gateway's /metrics")?;
                 let text = String::from_utf8_lossy(&out.stdout);
-                let name = "strait_worker_busy_seconds_total";
-                Some(
+                let read = |name: &str| {
                     metric_sum(&text, name)
-                        .with_context(|| format!("{url} has no {name} (status {})", out.status))?,
+                        .with_context(|| format!("{url} has no {name} (status {})", out.status))
+                };
+                (
+                    Some(read("strait_worker_busy_seconds_total")?),
+                    Some(read("strait_worker_kick_seconds_total")?),
                 )
             }
         };
@@ -299,6 +304,7 @@ impl Reading {
             xdp,
             sink_xdp,
             worker_busy_s,
+            worker_kick_s,
             sched,
         })
     }
@@ -313,10 +319,8 @@ impl Reading {
             xdp_ns: d(self.xdp.ns, later.xdp.ns),
             xdp_runs: d(self.xdp.runs, later.xdp.runs),
             sink_xdp_ns: d(self.sink_xdp.ns, later.sink_xdp.ns),
-            worker_ns: match (self.worker_busy_s, later.worker_busy_s) {
-                (Some(a), Some(b)) => Some(((b - a).max(0.0) * 1e9) as u64),
-                _ => None,
-            },
+            worker_ns: seconds_between(self.worker_busy_s, later.worker_busy_s),
+            kick_ns: seconds_between(self.worker_kick_s, later.worker_kick_s),
             on_cpu: match (self.sched, later.sched) {
                 (Some(a), Some(b)) => {
                     let run = b.run_ns.saturating_sub(a.run_ns);
@@ -346,6 +350,9 @@ pub struct Delta {
     pub sink_xdp_ns: u64,
     /// The AF_XDP forwarder's busy time, wall clock (the gateway's workers, or l2fwd's loop).
     pub worker_ns: Option<u64>,
+    /// Of `worker_ns`, the TX kicks (`sendto`; on copy-mode AF_XDP the kernel's copy and
+    /// transmit of every frame).
+    pub kick_ns: Option<u64>,
     /// The share of its runnable time the forwarding thread was on the CPU.
     pub on_cpu: Option<f64>,
 }
@@ -357,6 +364,17 @@ impl Delta {
         let w = self.worker_ns? as f64;
         Some(w * self.on_cpu.unwrap_or(1.0).clamp(0.0, 1.0))
     }
+
+    /// The TX kicks' part of [`Self::worker_cpu_ns`], scaled the same way.
+    pub fn kick_cpu_ns(&self) -> Option<f64> {
+        let k = self.kick_ns? as f64;
+        Some(k * self.on_cpu.unwrap_or(1.0).clamp(0.0, 1.0))
+    }
+}
+
+/// Nanoseconds from counter reading `a` to `b`, in seconds; `None` unless both were read.
+fn seconds_between(a: Option<f64>, b: Option<f64>) -> Option<u64> {
+    Some(((b? - a?).max(0.0) * 1e9) as u64)
 }
 
 #[cfg(test)]
@@ -443,6 +461,7 @@ mod tests {
             xdp: ProgRun { ns: 50, runs: 5 },
             sink_xdp: ProgRun::default(),
             worker_busy_s: Some(1.0),
+            worker_kick_s: Some(0.25),
             sched: Some(Sched {
                 run_ns: 1_000,
                 wait_ns: 0,
@@ -457,6 +476,7 @@ mod tests {
             xdp: ProgRun { ns: 150, runs: 15 },
             sink_xdp: ProgRun { ns: 7, runs: 1 },
             worker_busy_s: Some(1.5),
+            worker_kick_s: Some(0.45),
             sched: Some(Sched {
                 run_ns: 4_000,
                 wait_ns: 1_000,
@@ -470,10 +490,17 @@ mod tests {
         // On the CPU 3,000 of the 4,000 ns it was runnable: three quarters of the busy time.
         assert_eq!(d.on_cpu, Some(0.75));
         assert_eq!(d.worker_cpu_ns(), Some(375_000_000.0));
+        assert_eq!(d.kick_ns, Some(200_000_000));
+        assert_eq!(d.kick_cpu_ns(), Some(150_000_000.0));
         let cold = Reading::default().until(&b);
         assert_eq!(
-            (cold.worker_ns, cold.on_cpu, cold.worker_cpu_ns()),
-            (None, None, None)
+            (
+                cold.worker_ns,
+                cold.kick_ns,
+                cold.on_cpu,
+                cold.worker_cpu_ns()
+            ),
+            (None, None, None, None)
         );
     }
 }
