@@ -1,0 +1,197 @@
+"""SCTP peers for Strait's end-to-end tests (lab/tests/sctp.rs). The test machine's kernel
+has no SCTP module, so both ends speak SCTP over raw IP sockets, with scapy (an
+implementation independent of Strait's) building and parsing every packet and computing
+its CRC32c.
+
+    sctp.py serve NAME PORT            on a backend: answer every SCTP packet to PORT; an
+                                       INIT with an INIT ACK whose state cookie is
+                                       `backend=NAME`, a DATA chunk with a SACK and a DATA
+                                       chunk `backend=NAME`; print `ready` once listening
+    sctp.py assoc SRC VIP PORT FIRST N DATA
+                                       from SRC: one association from each source port
+                                       FIRST..FIRST+N-1 to VIP:PORT, an INIT, then DATA
+                                       packets of one DATA chunk each, every one waiting for
+                                       its answer; print a line per association
+                                       `sport=P backend=B answers=K` (B the backends that
+                                       answered, `,`-joined; `-` for none), then
+                                       `sent=N answered=M packets=P` (M associations with
+                                       every answer, P packets sent, retries included)
+    sctp.py send SRC VIP PORT FIRST N DATA
+                                       as assoc, without waiting for answers (for tunnels
+                                       the backends cannot end); print `sent=PACKETS`
+
+An answer counts only if it comes from VIP:PORT to the association's port, carries the
+association's verification tag and a valid CRC32c. A raw socket of protocol 132 also keeps
+the kernel from answering SCTP with ICMP protocol-unreachable.
+"""
+import socket
+import sys
+import time
+
+from scapy.layers.inet import IP
+from scapy.layers.sctp import (
+    SCTP,
+    SCTPChunkData,
+    SCTPChunkInit,
+    SCTPChunkInitAck,
+    SCTPChunkParamStateCookie,
+    SCTPChunkSACK,
+    crc32c,
+)
+
+IPPROTO_SCTP = 132
+# An answer crosses the gateway twice at most; on a loaded two-core machine a second is
+# generous, and a lost one is retried once before the association counts as unanswered.
+TIMEOUT = 1.0
+TRIES = 2
+
+
+def receiver():
+    s = socket.socket(socket.AF_INET, socket.SOCK_RAW, IPPROTO_SCTP)
+    s.settimeout(TIMEOUT)
+    return s
+
+
+def sender():
+    # IPPROTO_RAW: the IP header is ours (IP_HDRINCL), so a DSR backend answers from the VIP.
+    return socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+
+
+def send(out, pkt):
+    out.sendto(bytes(pkt), (pkt[IP].dst, 0))
+
+
+def serve(name, port):
+    rx, out = receiver(), sender()
+    rx.settimeout(None)
+    # A whole number of 4-byte words: scapy leaves the padding of an odd-sized last
+    # parameter out of the chunk length, which tshark flags as malformed.
+    cookie = f"backend={name}".ljust(16).encode()
+    print("ready", flush=True)
+    while True:
+        data = rx.recv(65535)
+        ip = IP(data)
+        if SCTP not in ip or ip[SCTP].dport != port:
+            continue
+        s = ip[SCTP]
+        back = IP(src=ip.dst, dst=ip.src) / SCTP(sport=s.dport, dport=s.sport)
+        if SCTPChunkInit in s:
+            init = s[SCTPChunkInit]
+            back[SCTP].tag = init.init_tag
+            back = back / SCTPChunkInitAck(
+                init_tag=init.init_tag ^ 0x5A5A5A5A,
+                a_rwnd=106496,
+                n_out_streams=1,
+                n_in_streams=1,
+                init_tsn=1,
+                params=[SCTPChunkParamStateCookie(cookie=cookie)],
+            )
+        elif SCTPChunkData in s:
+            back[SCTP].tag = s.tag ^ 0x5A5A5A5A
+            back = (
+                back
+                / SCTPChunkSACK(cumul_tsn_ack=s[SCTPChunkData].tsn, a_rwnd=106496)
+                / SCTPChunkData(
+                    tsn=1, beginning=1, ending=1, stream_id=0, proto_id=0, data=cookie
+                )
+            )
+        else:
+            continue
+        send(out, back)
+
+
+def answer(rx, vip, port, sport, tag):
+    """The backend named by the next valid answer to `sport`, or None after TIMEOUT."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            data = rx.recv(65535)
+        except socket.timeout:
+            return None
+        ip = IP(data)
+        if SCTP not in ip or ip.src != vip:
+            continue
+        s = ip[SCTP]
+        if s.sport != port or s.dport != sport or s.tag != tag:
+            continue
+        raw = bytes(data[ip.ihl * 4 :])
+        if crc32c(raw[:8] + b"\0\0\0\0" + raw[12:]) != int.from_bytes(raw[8:12], "big"):
+            print(f"bad CRC32c from {ip.src}:{s.sport} to {sport}", flush=True)
+            continue
+        if SCTPChunkInitAck in s:
+            for p in s[SCTPChunkInitAck].params:
+                if isinstance(p, SCTPChunkParamStateCookie):
+                    return p.cookie.decode().strip()
+        if SCTPChunkData in s:
+            return s[SCTPChunkData].data.decode().strip()
+    return None
+
+
+def packets(src, vip, port, sport, n_data):
+    """The association's packets: its INIT, then DATA packets, with its tags."""
+    tag = 0x10000 + sport
+    init = IP(src=src, dst=vip) / SCTP(sport=sport, dport=port, tag=0) / SCTPChunkInit(
+        init_tag=tag, a_rwnd=106496, n_out_streams=1, n_in_streams=1, init_tsn=tag
+    )
+    peer = tag ^ 0x5A5A5A5A
+    data = [
+        IP(src=src, dst=vip)
+        / SCTP(sport=sport, dport=port, tag=peer)
+        / SCTPChunkData(
+            tsn=tag + i,
+            beginning=1,
+            ending=1,
+            stream_id=0,
+            proto_id=0,
+            data=f"data {i} from {sport}".encode(),
+        )
+        for i in range(1, n_data + 1)
+    ]
+    return tag, init, data
+
+
+def assoc(src, vip, port, first, n, n_data):
+    rx, out = receiver(), sender()
+    answered = sent = 0
+    for sport in range(first, first + n):
+        tag, init, data = packets(src, vip, port, sport, n_data)
+        seen, answers = [], 0
+        # The INIT ACK carries our tag; the SACKs our peer's view of it, the same here.
+        for pkt in [init] + data:
+            for _ in range(TRIES):
+                send(out, pkt)
+                sent += 1
+                who = answer(rx, vip, port, sport, tag)
+                if who is not None:
+                    answers += 1
+                    who = who.removeprefix("backend=")
+                    if who not in seen:
+                        seen.append(who)
+                    break
+        if answers == 1 + n_data:
+            answered += 1
+        print(f"sport={sport} backend={','.join(seen) or '-'} answers={answers}", flush=True)
+    print(f"sent={n} answered={answered} packets={sent}", flush=True)
+
+
+def send_only(src, vip, port, first, n, n_data):
+    out = sender()
+    sent = 0
+    for sport in range(first, first + n):
+        _, init, data = packets(src, vip, port, sport, n_data)
+        for pkt in [init] + data:
+            send(out, pkt)
+            sent += 1
+    print(f"sent={sent}", flush=True)
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    if cmd == "serve":
+        serve(sys.argv[2], int(sys.argv[3]))
+    elif cmd in ("assoc", "send"):
+        src, vip = sys.argv[2], sys.argv[3]
+        port, first, n, n_data = map(int, sys.argv[4:8])
+        (assoc if cmd == "assoc" else send_only)(src, vip, port, first, n, n_data)
+    else:
+        sys.exit(f"unknown command {cmd}")
