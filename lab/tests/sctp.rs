@@ -188,11 +188,17 @@ fn associate(bed: &Bed, vip: &str, port: u16, first: u16, n: usize, data: usize)
 
 /// `sctp.py send`: the same associations' packets without waiting for answers; how many.
 fn send_only(bed: &Bed, port: u16, first: u16, n: usize, data: usize) -> u64 {
+    send_as(bed, "send", port, first, n, data)
+}
+
+/// `sctp.py CMD` (`send`, or `corrupt`: each packet's CRC32c off by one bit) for
+/// [`send_only`]; how many packets.
+fn send_as(bed: &Bed, cmd: &str, port: u16, first: u16, n: usize, data: usize) -> u64 {
     let out = peer(
         bed,
         "client",
         &[
-            "send",
+            cmd,
             CLIENT,
             VIP,
             &port.to_string(),
@@ -202,7 +208,7 @@ fn send_only(bed: &Bed, port: u16, first: u16, n: usize, data: usize) -> u64 {
         ],
     )
     .output()
-    .expect("running sctp.py send");
+    .unwrap_or_else(|e| panic!("running sctp.py {cmd}: {e}"));
     let report = String::from_utf8_lossy(&out.stdout);
     report
         .trim()
@@ -210,7 +216,7 @@ fn send_only(bed: &Bed, port: u16, first: u16, n: usize, data: usize) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| {
             panic!(
-                "sctp.py send: {report}{}",
+                "sctp.py {cmd}: {report}{}",
                 String::from_utf8_lossy(&out.stderr)
             )
         })
@@ -337,6 +343,16 @@ fn books(gw: &Gateway) -> Books {
         "rx != tx + pass + handoff + drops:\n{m}"
     );
     b
+}
+
+/// `strait_dropped_packets_total` of `reason`, over the workers.
+fn dropped(gw: &Gateway, reason: &str) -> u64 {
+    let label = format!("reason=\"{reason}\"");
+    gw.get("/metrics")
+        .lines()
+        .filter(|l| l.starts_with("strait_dropped_packets_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
 }
 
 /// `strait_backend_new_flows_total` of `service` per backend address (port dropped), those
@@ -589,10 +605,32 @@ fn b_nat_translates_sctp_both_ways_with_a_fresh_crc32c() {
     );
     eprintln!("{delivered} SCTP frames translated, {back} answers back; associations per backend {per_backend:?}");
 
-    // The books: the gateway sent exactly what the captures saw arrive, dropped nothing,
-    // and made a flow per association on the backend that answered it.
+    // The books: the gateway took in and sent exactly what the captures saw arrive (its
+    // health checks' replies are the kernel's, not steered to the workers), dropped
+    // nothing, and made a flow per association on the backend that answered it.
+    assert_eq!(after.rx - before.rx, delivered + back, "rx");
     assert_eq!(after.tx - before.tx, delivered + back, "tx");
     assert_eq!(after.drops, before.drops, "drops");
+    assert_new_flows(&s, &gw, "sctp", &per_backend);
+
+    // Packets whose CRC32c fails are not given a valid one: dropped before any rewrite and
+    // counted (`sctp_checksum`), no flow made.
+    let bad = send_as(&s, "corrupt", PORT, 45_000, 4, 1);
+    let dropped = wait_for(
+        "the corrupt packets counted",
+        Duration::from_secs(5),
+        || {
+            let n = dropped(&gw, "sctp_checksum");
+            (n >= bad).then_some(n)
+        },
+    );
+    assert_eq!(dropped, bad, "sctp_checksum drops");
+    let last = books(&gw);
+    assert_eq!(
+        (last.rx - after.rx, last.tx, last.drops - after.drops),
+        (bad, after.tx, bad),
+        "rx, tx and drops after the corrupt packets"
+    );
     assert_new_flows(&s, &gw, "sctp", &per_backend);
 }
 

@@ -19,6 +19,8 @@ its CRC32c.
     sctp.py send SRC VIP PORT FIRST N DATA
                                        as assoc, without waiting for answers (for tunnels
                                        the backends cannot end); print `sent=PACKETS`
+    sctp.py corrupt SRC VIP PORT FIRST N DATA
+                                       as send, each packet's CRC32c off by one bit
 
 An answer counts only if it comes from VIP:PORT to the association's port, carries the
 association's verification tag and a valid CRC32c. A raw socket of protocol 132 also keeps
@@ -174,12 +176,15 @@ def assoc(src, vip, port, first, n, n_data):
     print(f"sent={n} answered={answered} packets={sent}", flush=True)
 
 
-def send_only(src, vip, port, first, n, n_data):
+def send_only(src, vip, port, first, n, n_data, corrupt=False):
     out = sender()
     sent = 0
     for sport in range(first, first + n):
         _, init, data = packets(src, vip, port, sport, n_data)
         for pkt in [init] + data:
+            if corrupt:
+                good = SCTP(bytes(pkt[SCTP])).chksum
+                pkt[SCTP].chksum = good ^ 1
             send(out, pkt)
             sent += 1
     print(f"sent={sent}", flush=True)
@@ -189,9 +194,12 @@ if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "serve":
         serve(sys.argv[2], int(sys.argv[3]))
-    elif cmd in ("assoc", "send"):
+    elif cmd in ("assoc", "send", "corrupt"):
         src, vip = sys.argv[2], sys.argv[3]
         port, first, n, n_data = map(int, sys.argv[4:8])
-        (assoc if cmd == "assoc" else send_only)(src, vip, port, first, n, n_data)
+        if cmd == "assoc":
+            assoc(src, vip, port, first, n, n_data)
+        else:
+            send_only(src, vip, port, first, n, n_data, corrupt=cmd == "corrupt")
     else:
         sys.exit(f"unknown command {cmd}")
