@@ -119,6 +119,11 @@ struct Assocs {
 }
 
 impl Assocs {
+    /// Answers received, over every association.
+    fn answers(&self) -> u64 {
+        self.by_port.values().map(|(_, k)| *k as u64).sum()
+    }
+
     /// Associations per backend, after asserting that all `n` were answered in full, each
     /// by one backend, and that `backends` backends answered.
     fn per_backend(&self, n: usize, backends: usize) -> BTreeMap<String, usize> {
@@ -133,93 +138,108 @@ impl Assocs {
     }
 }
 
-/// `n` associations from the client to `vip`:`port`, from source ports `first..`, each an
-/// INIT and `data` DATA packets waiting for their answers.
-fn associate(bed: &Bed, vip: &str, port: u16, first: u16, n: usize, data: usize) -> Assocs {
-    let out = peer(
-        bed,
-        "client",
-        &[
-            "assoc",
-            CLIENT,
-            vip,
-            &port.to_string(),
-            &first.to_string(),
-            &n.to_string(),
-            &data.to_string(),
-        ],
-    )
-    .output()
-    .expect("running sctp.py assoc");
-    let report = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "sctp.py assoc failed:\n{report}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut a = Assocs {
-        by_port: BTreeMap::new(),
-        answered: 0,
-        packets: 0,
-    };
-    for line in report.lines() {
-        let kv: BTreeMap<&str, &str> = line
-            .split_whitespace()
-            .filter_map(|w| w.split_once('='))
-            .collect();
-        if let (Some(sport), Some(who), Some(k)) =
-            (kv.get("sport"), kv.get("backend"), kv.get("answers"))
-        {
-            let who = who
-                .split(',')
-                .filter(|w| *w != "-")
-                .map(str::to_owned)
-                .collect();
-            a.by_port
-                .insert(sport.parse().unwrap(), (who, k.parse().unwrap()));
-        } else if let (Some(ok), Some(p)) = (kv.get("answered"), kv.get("packets")) {
-            a.answered = ok.parse().unwrap();
-            a.packets = p.parse().unwrap();
-        }
+/// What the client asks of `sctp.py`: a command and its `vip`:`port`, source ports
+/// `first..first + n`, `data` DATA packets each.
+#[derive(Debug, Clone, Copy)]
+struct Run<'a> {
+    cmd: &'a str,
+    vip: &'a str,
+    port: u16,
+    first: u16,
+    n: usize,
+    data: usize,
+}
+
+impl Run<'_> {
+    /// Runs it in the client namespace; its report (stdout), after asserting it succeeded.
+    fn report(self, bed: &Bed) -> String {
+        let out = peer(
+            bed,
+            "client",
+            &[
+                self.cmd,
+                CLIENT,
+                self.vip,
+                &self.port.to_string(),
+                &self.first.to_string(),
+                &self.n.to_string(),
+                &self.data.to_string(),
+            ],
+        )
+        .output()
+        .unwrap_or_else(|e| panic!("running sctp.py {}: {e}", self.cmd));
+        let report = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "sctp.py {} failed:\n{report}{}",
+            self.cmd,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        report
     }
-    assert_eq!(a.by_port.len(), n, "one line per association:\n{report}");
-    a
+
+    /// Runs `assoc` or `data` (associations that wait for their answers); what the client
+    /// saw.
+    fn assocs(self, bed: &Bed) -> Assocs {
+        let report = self.report(bed);
+        let mut a = Assocs {
+            by_port: BTreeMap::new(),
+            answered: 0,
+            packets: 0,
+        };
+        for line in report.lines() {
+            let kv: BTreeMap<&str, &str> = line
+                .split_whitespace()
+                .filter_map(|w| w.split_once('='))
+                .collect();
+            if let (Some(sport), Some(who), Some(k)) =
+                (kv.get("sport"), kv.get("backend"), kv.get("answers"))
+            {
+                let who = who
+                    .split(',')
+                    .filter(|w| *w != "-")
+                    .map(str::to_owned)
+                    .collect();
+                a.by_port
+                    .insert(sport.parse().unwrap(), (who, k.parse().unwrap()));
+            } else if let (Some(ok), Some(p)) = (kv.get("answered"), kv.get("packets")) {
+                a.answered = ok.parse().unwrap();
+                a.packets = p.parse().unwrap();
+            }
+        }
+        assert_eq!(
+            a.by_port.len(),
+            self.n,
+            "one line per association:\n{report}"
+        );
+        a
+    }
+
+    /// Runs `send` or `corrupt` (packets sent without waiting); how many.
+    fn sent(self, bed: &Bed) -> u64 {
+        let report = self.report(bed);
+        report
+            .trim()
+            .strip_prefix("sent=")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("sctp.py {}: {report}", self.cmd))
+    }
 }
 
-/// `sctp.py send`: the same associations' packets without waiting for answers; how many.
-fn send_only(bed: &Bed, port: u16, first: u16, n: usize, data: usize) -> u64 {
-    send_as(bed, "send", port, first, n, data)
-}
-
-/// `sctp.py CMD` (`send`, or `corrupt`: each packet's CRC32c off by one bit) for
-/// [`send_only`]; how many packets.
-fn send_as(bed: &Bed, cmd: &str, port: u16, first: u16, n: usize, data: usize) -> u64 {
-    let out = peer(
-        bed,
-        "client",
-        &[
-            cmd,
-            CLIENT,
-            VIP,
-            &port.to_string(),
-            &first.to_string(),
-            &n.to_string(),
-            &data.to_string(),
-        ],
-    )
-    .output()
-    .unwrap_or_else(|e| panic!("running sctp.py {cmd}: {e}"));
-    let report = String::from_utf8_lossy(&out.stdout);
-    report
-        .trim()
-        .strip_prefix("sent=")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| {
-            panic!(
-                "sctp.py {cmd}: {report}{}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
+/// `sctp.py CMD` from the client to `vip`:`port`, source ports `first..first + n`, `data`
+/// DATA packets each: `assoc` opens associations (an INIT first), `data` carries on those of
+/// the same ports, both waiting for every answer ([`Run::assocs`]); `send` sends the
+/// packets of `assoc` without waiting, `corrupt` each with its CRC32c off by one bit
+/// ([`Run::sent`]).
+fn run<'a>(cmd: &'a str, vip: &'a str, port: u16, first: u16, n: usize, data: usize) -> Run<'a> {
+    Run {
+        cmd,
+        vip,
+        port,
+        first,
+        n,
+        data,
+    }
 }
 
 // ---- captures ----------------------------------------------------------------------------
@@ -257,13 +277,31 @@ fn frames(pcap: &Path) -> Vec<Vec<u8>> {
         }
     };
     let (mut at, mut out) = (24, Vec::new());
-    while at + 16 <= b.len() {
+    // A record tcpdump is still writing is left out.
+    while at + 16 <= b.len() && at + 16 + word(at + 8) as usize <= b.len() {
         let len = word(at + 8) as usize;
         at += 16;
         out.push(b[at..at + len].to_vec());
         at += len;
     }
     out
+}
+
+/// Waits up to 10 s for `pcaps` to hold `want` frames between them: tcpdump writes each
+/// frame as it takes it (`-U`), but on a loaded machine it may take them from the kernel
+/// well after they crossed the wire, and stopping it drops what it has not taken yet.
+fn await_frames(pcaps: &[PathBuf], want: u64) {
+    let count = || -> u64 {
+        pcaps
+            .iter()
+            .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() >= 24))
+            .map(|p| frames(p).len() as u64)
+            .sum()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while count() < want && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// tshark's decoding of every frame of `pcap`: per frame, field name to value (`,`-joined
@@ -416,7 +454,11 @@ fn a_dsr_l2_delivers_sctp_unchanged_but_for_l2_spread_and_sticky_per_association
     const ASSOCS: usize = 40;
     const DATA: usize = 3;
     let a = while_capturing(&mut caps, Duration::ZERO, || {
-        associate(&s, VIP, PORT, 40_000, ASSOCS, DATA)
+        let a = run("assoc", VIP, PORT, 40_000, ASSOCS, DATA).assocs(&s);
+        await_frames(&pcaps[..1], a.packets);
+        await_frames(&pcaps[1..5], a.packets);
+        await_frames(&pcaps[5..], a.answers());
+        a
     });
     let after = books(&gw);
 
@@ -518,7 +560,10 @@ fn b_nat_translates_sctp_both_ways_with_a_fresh_crc32c() {
     const ASSOCS: usize = 24;
     const DATA: usize = 2;
     let a = while_capturing(&mut caps, Duration::ZERO, || {
-        associate(&s, VIP, PORT, 41_000, ASSOCS, DATA)
+        let a = run("assoc", VIP, PORT, 41_000, ASSOCS, DATA).assocs(&s);
+        await_frames(&pcaps[..1], a.packets + a.answers());
+        await_frames(&pcaps[1..], a.packets + a.answers());
+        a
     });
     let after = books(&gw);
 
@@ -615,7 +660,7 @@ fn b_nat_translates_sctp_both_ways_with_a_fresh_crc32c() {
 
     // Packets whose CRC32c fails are not given a valid one: dropped before any rewrite and
     // counted (`sctp_checksum`), no flow made.
-    let bad = send_as(&s, "corrupt", PORT, 45_000, 4, 1);
+    let bad = run("corrupt", VIP, PORT, 45_000, 4, 1).sent(&s);
     let dropped = wait_for(
         "the corrupt packets counted",
         Duration::from_secs(5),
@@ -673,7 +718,11 @@ fn c_sctp_leaves_in_ipip_and_gue_with_the_inner_packet_and_its_crc32c_intact() {
     const ASSOCS: usize = 12;
     const DATA: usize = 2;
     let sent_n = while_capturing(&mut caps, Duration::ZERO, || {
-        send_only(&s, PORT, 42_000, ASSOCS, DATA) + send_only(&s, PORT + 1, 43_000, ASSOCS, DATA)
+        let n = run("send", VIP, PORT, 42_000, ASSOCS, DATA).sent(&s)
+            + run("send", VIP, PORT + 1, 43_000, ASSOCS, DATA).sent(&s);
+        await_frames(&pcaps[..1], n);
+        await_frames(&pcaps[1..], n);
+        n
     });
     let after = books(&gw);
     let mut sent = sent_packets(&pcaps[0]);
@@ -827,8 +876,59 @@ fn d_an_sctp_service_from_kubernetes_is_served_in_nat() {
         "{service:#}"
     );
     let _servers = serve_sctp(&s, NAT_PORT);
-    let a = associate(&s, &vip, PORT, 44_000, 16, 1);
+    let a = run("assoc", &vip, PORT, 44_000, 16, 1).assocs(&s);
     let per_backend = a.per_backend(16, 2);
     let name = service["name"].as_str().expect("service name");
     assert_new_flows(&s, &gw, name, &per_backend);
+}
+
+/// Associations stay on their backend when the backend set changes under them (the flow
+/// table, not Maglev alone, decides for SCTP as for TCP), and the new backend takes new
+/// associations.
+#[test]
+fn e_associations_keep_their_backend_across_a_reload_adding_one() {
+    let Some(s) = scenario("se", &["--backends", "4"]) else {
+        return;
+    };
+    // Start with b4 out of the SCTP service; the full configuration waits in the wings.
+    let full = s.dir.join("full.toml");
+    std::fs::copy(with_sctp(&s, 80, &[("sctp", PORT, "dsr-l2", PORT)]), &full).unwrap();
+    let b4 = s.backend("b4");
+    let b4_entry = format!(
+        "[[services.backends]]\naddress = \"{}\"\nport = {PORT}\nmac = \"{}\"\n",
+        b4["ipv4"].as_str().unwrap(),
+        b4["mac"].as_str().unwrap()
+    );
+    let text = std::fs::read_to_string(&full).unwrap();
+    let (web, sctp) = text.split_at(text.rfind("\n[[services]]").unwrap());
+    assert!(sctp.contains(&b4_entry), "b4 in the SCTP service:\n{sctp}");
+    std::fs::write(s.config(), format!("{web}{}", sctp.replace(&b4_entry, ""))).unwrap();
+    let gw = start(&s, &s.config());
+    let _servers = serve_sctp(&s, PORT);
+    const ASSOCS: usize = 30;
+    let first = run("assoc", VIP, PORT, 46_000, ASSOCS, 1).assocs(&s);
+    first.per_backend(ASSOCS, 3);
+
+    // Adding b4 hands it about a quarter of Maglev's slots: without the flow table, some
+    // of the 30 associations would now hash to it.
+    e2e::reload(&gw, &s, &full);
+    let again = run("data", VIP, PORT, 46_000, ASSOCS, 2).assocs(&s);
+    again.per_backend(ASSOCS, 3);
+    let moved: Vec<_> = first
+        .by_port
+        .iter()
+        .filter(|(p, (who, _))| again.by_port[p].0 != *who)
+        .map(|(p, (who, _))| format!("{p}: {who:?} -> {:?}", again.by_port[p].0))
+        .collect();
+    assert!(moved.is_empty(), "associations moved on reload: {moved:?}");
+
+    // New associations use b4 too, and the flows made match who answered.
+    let fresh = run("assoc", VIP, PORT, 47_000, ASSOCS, 1).assocs(&s);
+    let per = fresh.per_backend(ASSOCS, 4);
+    let mut all = first.per_backend(ASSOCS, 3);
+    for (b, n) in per {
+        *all.entry(b).or_default() += n;
+    }
+    eprintln!("associations per backend, before and after adding b4: {all:?}");
+    assert_new_flows(&s, &gw, "sctp", &all);
 }

@@ -16,6 +16,9 @@ its CRC32c.
                                        answered, `,`-joined; `-` for none), then
                                        `sent=N answered=M packets=P` (M associations with
                                        every answer, P packets sent, retries included)
+    sctp.py data SRC VIP PORT FIRST N DATA
+                                       as assoc, without the INITs: the same associations
+                                       carrying on (the same tags and first TSNs)
     sctp.py send SRC VIP PORT FIRST N DATA
                                        as assoc, without waiting for answers (for tunnels
                                        the backends cannot end); print `sent=PACKETS`
@@ -152,14 +155,14 @@ def packets(src, vip, port, sport, n_data):
     return tag, init, data
 
 
-def assoc(src, vip, port, first, n, n_data):
+def assoc(src, vip, port, first, n, n_data, with_init=True):
     rx, out = receiver(), sender()
     answered = sent = 0
     for sport in range(first, first + n):
         tag, init, data = packets(src, vip, port, sport, n_data)
         seen, answers = [], 0
         # The INIT ACK carries our tag; the SACKs our peer's view of it, the same here.
-        for pkt in [init] + data:
+        for pkt in ([init] if with_init else []) + data:
             for _ in range(TRIES):
                 send(out, pkt)
                 sent += 1
@@ -170,7 +173,7 @@ def assoc(src, vip, port, first, n, n_data):
                     if who not in seen:
                         seen.append(who)
                     break
-        if answers == 1 + n_data:
+        if answers == int(with_init) + n_data:
             answered += 1
         print(f"sport={sport} backend={','.join(seen) or '-'} answers={answers}", flush=True)
     print(f"sent={n} answered={answered} packets={sent}", flush=True)
@@ -194,11 +197,11 @@ if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "serve":
         serve(sys.argv[2], int(sys.argv[3]))
-    elif cmd in ("assoc", "send", "corrupt"):
+    elif cmd in ("assoc", "data", "send", "corrupt"):
         src, vip = sys.argv[2], sys.argv[3]
         port, first, n, n_data = map(int, sys.argv[4:8])
-        if cmd == "assoc":
-            assoc(src, vip, port, first, n, n_data)
+        if cmd in ("assoc", "data"):
+            assoc(src, vip, port, first, n, n_data, with_init=cmd == "assoc")
         else:
             send_only(src, vip, port, first, n, n_data, corrupt=cmd == "corrupt")
     else:
