@@ -521,11 +521,8 @@ fn a_dsr_l2_delivers_sctp_unchanged_but_for_l2_spread_and_sticky_per_association
 
     // The answers, straight from the backends, valid too.
     let answers = decode(&pcaps[5], FIELDS, None);
-    assert_eq!(
-        answers.len(),
-        ASSOCS * (1 + DATA),
-        "answers captured on the client"
-    );
+    // A backend answers every packet it receives, so as many as were delivered.
+    assert_eq!(answers.len(), delivered, "answers captured on the client");
     for f in &answers {
         assert_clean(f, &format!("client: {f:?}"));
         assert_eq!(f["eth.dst"], CLIENT_MAC);

@@ -45,9 +45,10 @@ from scapy.layers.sctp import (
 )
 
 IPPROTO_SCTP = 132
-# An answer crosses the gateway twice at most; on a loaded two-core machine a second is
-# generous, and a lost one is retried once before the association counts as unanswered.
-TIMEOUT = 1.0
+# An answer crosses the gateway twice at most, in milliseconds; two seconds leave room for
+# a loaded two-core machine, and a lost one is retried once before the association counts
+# as unanswered.
+TIMEOUT = 2.0
 TRIES = 2
 
 
