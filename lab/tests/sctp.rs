@@ -16,6 +16,8 @@
 //!     └──── INIT ACK / SACK+DATA: dsr-l2 straight from the backend, nat back through it
 //! ```
 //!
+//! IPv4 throughout, and nat over IPv6 too (the peers speak both families).
+//!
 //! One test at a time, as in `e2e.rs`: each gateway runs a busy-polling worker.
 
 mod support;
@@ -38,10 +40,55 @@ use support::privileged as gate;
 const PORT: u16 = 7777;
 /// The port the `nat` service translates it to on the backends.
 const NAT_PORT: u16 = 17777;
+/// The client's IPv6 address on the testbed.
+const CLIENT6: &str = "2001:db8:c::2";
+/// The IPv6 VIP.
+const VIP6: &str = "2001:db8::10";
 /// The gateway's MAC on every interface of the testbed.
 const GW_MAC: &str = "02:00:00:00:00:01";
 /// The client's MAC.
 const CLIENT_MAC: &str = "02:00:00:00:00:c1";
+
+/// What a test reads and writes differently over IPv4 and IPv6.
+#[derive(Debug)]
+struct Family {
+    vip: &'static str,
+    client: &'static str,
+    /// A backend's address in `testbed up`'s summary.
+    backend_key: &'static str,
+    /// tshark's fields for the source and destination addresses and the TTL / hop limit.
+    src: &'static str,
+    dst: &'static str,
+    ttl: &'static str,
+}
+
+const V4: Family = Family {
+    vip: VIP,
+    client: CLIENT,
+    backend_key: "ipv4",
+    src: "ip.src",
+    dst: "ip.dst",
+    ttl: "ip.ttl",
+};
+
+const V6: Family = Family {
+    vip: VIP6,
+    client: CLIENT6,
+    backend_key: "ipv6",
+    src: "ipv6.src",
+    dst: "ipv6.dst",
+    ttl: "ipv6.hlim",
+};
+
+impl Family {
+    /// The address of backend `name` (`b1`, ...).
+    fn backend(&self, bed: &Bed, name: &str) -> String {
+        bed.backend(name)[self.backend_key]
+            .as_str()
+            .expect("backend address")
+            .to_owned()
+    }
+}
 
 /// The serial lock and an AF_XDP testbed of `strait testbed up ARGS..`, if the tests may
 /// run: root, the end-to-end tools, and scapy for the SCTP peers.
@@ -52,14 +99,20 @@ fn scenario(tag: &str, args: &[&str]) -> Option<Scenario> {
     e2e::scenario(Driver::AfXdp, tag, args)
 }
 
-/// The testbed's configuration plus one SCTP service per `(name, port, mode, backend
-/// port)`, over every backend, health-checked over HTTP on `check` (the backends' own
-/// server: they do not end SCTP in the kernel).
-fn with_sctp(s: &Scenario, check: u16, services: &[(&str, u16, &str, u16)]) -> PathBuf {
+/// The testbed's configuration plus one SCTP service of `family` per `(name, port, mode,
+/// backend port)`, over every backend, health-checked over HTTP on `check` (the backends'
+/// own server: they do not end SCTP in the kernel).
+fn with_sctp(
+    s: &Scenario,
+    family: &Family,
+    check: u16,
+    services: &[(&str, u16, &str, u16)],
+) -> PathBuf {
     let mut extra = String::new();
     for (name, port, mode, backend_port) in services {
+        let vip = family.vip;
         extra += &format!(
-            "\n[[services]]\nname = \"{name}\"\nvip = \"{VIP}\"\nport = {port}\n\
+            "\n[[services]]\nname = \"{name}\"\nvip = \"{vip}\"\nport = {port}\n\
              protocol = \"sctp\"\nmode = \"{mode}\"\n\
              health_check = {{ kind = \"http\", path = \"/healthz\", port = {check}, \
              interval = \"500ms\", timeout = \"250ms\" }}\n"
@@ -67,7 +120,7 @@ fn with_sctp(s: &Scenario, check: u16, services: &[(&str, u16, &str, u16)]) -> P
         for b in s.backends() {
             extra += &format!(
                 "[[services.backends]]\naddress = \"{}\"\nport = {backend_port}\nmac = \"{}\"\n",
-                b["ipv4"].as_str().expect("backend address"),
+                b[family.backend_key].as_str().expect("backend address"),
                 b["mac"].as_str().expect("backend MAC"),
             );
         }
@@ -158,7 +211,11 @@ impl Run<'_> {
             "client",
             &[
                 self.cmd,
-                CLIENT,
+                if self.vip.contains(':') {
+                    CLIENT6
+                } else {
+                    CLIENT
+                },
                 self.vip,
                 &self.port.to_string(),
                 &self.first.to_string(),
@@ -328,6 +385,9 @@ const FIELDS: &[&str] = &[
     "ip.dst",
     "ip.ttl",
     "ip.checksum.status",
+    "ipv6.src",
+    "ipv6.dst",
+    "ipv6.hlim",
     "udp.dstport",
     "udp.checksum.status",
     "sctp.srcport",
@@ -403,6 +463,7 @@ fn new_flows(gw: &Gateway, service: &str) -> BTreeMap<String, u64> {
             let rest = l.strip_prefix(&want)?;
             let (backend, value) = rest.split_once("\"} ")?;
             let addr = backend.rsplit_once(':').map_or(backend, |(a, _)| a);
+            let addr = addr.trim_start_matches('[').trim_end_matches(']');
             Some((addr.to_owned(), value.parse().ok()?))
         })
         .filter(|(_, n)| *n > 0)
@@ -410,11 +471,17 @@ fn new_flows(gw: &Gateway, service: &str) -> BTreeMap<String, u64> {
 }
 
 /// Asserts that `service` made as many flows per backend as `per_backend` (by name) says.
-fn assert_new_flows(bed: &Bed, gw: &Gateway, service: &str, per_backend: &BTreeMap<String, usize>) {
+fn assert_new_flows(
+    bed: &Bed,
+    gw: &Gateway,
+    family: &Family,
+    service: &str,
+    per_backend: &BTreeMap<String, usize>,
+) {
     let flows = new_flows(gw, service);
     let want: BTreeMap<String, u64> = per_backend
         .iter()
-        .map(|(name, n)| (bed.backend_ip(name), *n as u64))
+        .map(|(name, n)| (family.backend(bed, name), *n as u64))
         .collect();
     assert_eq!(flows, want, "new flows per backend of {service}");
 }
@@ -435,7 +502,7 @@ fn a_dsr_l2_delivers_sctp_unchanged_but_for_l2_spread_and_sticky_per_association
     let Some(s) = scenario("sa", &["--backends", "4"]) else {
         return;
     };
-    let cfg = with_sctp(&s, 80, &[("sctp", PORT, "dsr-l2", PORT)]);
+    let cfg = with_sctp(&s, &V4, 80, &[("sctp", PORT, "dsr-l2", PORT)]);
     let gw = start(&s, &cfg);
     let _servers = serve_sctp(&s, PORT);
     let before = books(&gw);
@@ -537,16 +604,35 @@ fn a_dsr_l2_delivers_sctp_unchanged_but_for_l2_spread_and_sticky_per_association
     assert_eq!(after.rx - before.rx, a.packets, "rx");
     assert_eq!(after.tx - before.tx, a.packets, "tx");
     assert_eq!(after.drops, before.drops, "drops");
-    assert_new_flows(&s, &gw, "sctp", &per_backend);
+    assert_new_flows(&s, &gw, &V4, "sctp", &per_backend);
 }
 
 #[test]
 fn b_nat_translates_sctp_both_ways_with_a_fresh_crc32c() {
-    let Some(s) = scenario("sb", &["--topology", "two-arm", "--backends", "3"]) else {
+    nat("sb", &V4);
+}
+
+#[test]
+fn f_nat_translates_sctp_over_ipv6_too() {
+    nat("sf", &V6);
+}
+
+/// nat of `family` on a two-arm testbed: VIP:7777 to backend:17777 and back, the CRC32c
+/// valid both ways, corrupt packets dropped.
+fn nat(tag: &str, family: &Family) {
+    let Some(s) = scenario(tag, &["--topology", "two-arm", "--backends", "3"]) else {
         return;
     };
+    let Family {
+        vip,
+        client,
+        src,
+        dst,
+        ttl,
+        ..
+    } = *family;
     // VIP:7777 to backend:17777; health-checked on the backends' HTTP port.
-    let cfg = with_sctp(&s, 8080, &[("sctp", PORT, "nat", NAT_PORT)]);
+    let cfg = with_sctp(&s, family, 8080, &[("sctp", PORT, "nat", NAT_PORT)]);
     let gw = start(&s, &cfg);
     let _servers = serve_sctp(&s, NAT_PORT);
     let before = books(&gw);
@@ -557,7 +643,7 @@ fn b_nat_translates_sctp_both_ways_with_a_fresh_crc32c() {
     const ASSOCS: usize = 24;
     const DATA: usize = 2;
     let a = while_capturing(&mut caps, Duration::ZERO, || {
-        let a = run("assoc", VIP, PORT, 41_000, ASSOCS, DATA).assocs(&s);
+        let a = run("assoc", vip, PORT, 41_000, ASSOCS, DATA).assocs(&s);
         await_frames(&pcaps[..1], a.packets + a.answers());
         await_frames(&pcaps[1..], a.packets + a.answers());
         a
@@ -570,31 +656,31 @@ fn b_nat_translates_sctp_both_ways_with_a_fresh_crc32c() {
 
     // The client's side: its packets to VIP:7777 out, the answers in from VIP:7777 through
     // the gateway, each with a valid CRC32c after the gateway rewrote its source port.
-    let client = decode(&pcaps[0], FIELDS, None);
+    let on_client = decode(&pcaps[0], FIELDS, None);
     let client_raw = frames(&pcaps[0]);
     let mut sent: BTreeMap<(u32, Vec<u8>), usize> = BTreeMap::new();
     let (mut out, mut back) = (0u64, 0u64);
-    for (f, bytes) in client.iter().zip(&client_raw) {
+    for (f, bytes) in on_client.iter().zip(&client_raw) {
         let at = format!("client: {f:?}");
         assert_clean(f, &at);
-        if f["ip.src"] == CLIENT {
+        if f[src] == client {
             assert_eq!(
-                (f["ip.dst"].as_str(), f["sctp.dstport"].as_str()),
-                (VIP, "7777"),
+                (f[dst].as_str(), f["sctp.dstport"].as_str()),
+                (vip, "7777"),
                 "{at}"
             );
             *sent.entry(chunks(bytes)).or_default() += 1;
             out += 1;
         } else {
-            assert_eq!(f["ip.src"], VIP, "{at}");
+            assert_eq!(f[src], vip, "{at}");
             assert_eq!(f["sctp.srcport"], PORT.to_string(), "{at}");
             assert_eq!(
-                (f["eth.src"].as_str(), f["ip.dst"].as_str()),
-                (GW_MAC, CLIENT),
+                (f["eth.src"].as_str(), f[dst].as_str()),
+                (GW_MAC, client),
                 "{at}"
             );
             // The gateway routes: one hop less than the backend's 64.
-            assert_eq!(f["ip.ttl"], "63", "{at}");
+            assert_eq!(f[ttl], "63", "{at}");
             back += 1;
         }
     }
@@ -607,22 +693,22 @@ fn b_nat_translates_sctp_both_ways_with_a_fresh_crc32c() {
     let mut answered = 0u64;
     for (i, pcap) in pcaps[1..].iter().enumerate() {
         let role = format!("b{}", i + 1);
-        let ip = s.backend_ip(&role);
+        let ip = family.backend(&s, &role);
         for (f, bytes) in decode(pcap, FIELDS, None).iter().zip(frames(pcap)) {
             let at = format!("{role}: {f:?}");
             assert_clean(f, &at);
-            if f["ip.src"] == ip {
+            if f[src] == ip {
                 answered += 1;
                 continue;
             }
             assert_eq!(
-                (f["ip.src"].as_str(), f["ip.dst"].as_str()),
-                (CLIENT, ip.as_str()),
+                (f[src].as_str(), f[dst].as_str()),
+                (client, ip.as_str()),
                 "{at}"
             );
             assert_eq!(f["sctp.dstport"], NAT_PORT.to_string(), "{at}");
             assert_eq!(
-                (f["eth.src"].as_str(), f["ip.ttl"].as_str()),
+                (f["eth.src"].as_str(), f[ttl].as_str()),
                 (GW_MAC, "63"),
                 "{at}"
             );
@@ -653,11 +739,11 @@ fn b_nat_translates_sctp_both_ways_with_a_fresh_crc32c() {
     assert_eq!(after.rx - before.rx, delivered + back, "rx");
     assert_eq!(after.tx - before.tx, delivered + back, "tx");
     assert_eq!(after.drops, before.drops, "drops");
-    assert_new_flows(&s, &gw, "sctp", &per_backend);
+    assert_new_flows(&s, &gw, family, "sctp", &per_backend);
 
     // Packets whose CRC32c fails are not given a valid one: dropped before any rewrite and
     // counted (`sctp_checksum`), no flow made.
-    let bad = run("corrupt", VIP, PORT, 45_000, 4, 1).sent(&s);
+    let bad = run("corrupt", vip, PORT, 45_000, 4, 1).sent(&s);
     let dropped = wait_for(
         "the corrupt packets counted",
         Duration::from_secs(5),
@@ -673,12 +759,16 @@ fn b_nat_translates_sctp_both_ways_with_a_fresh_crc32c() {
         (bad, after.tx, bad),
         "rx, tx and drops after the corrupt packets"
     );
-    assert_new_flows(&s, &gw, "sctp", &per_backend);
+    assert_new_flows(&s, &gw, family, "sctp", &per_backend);
 }
 
 /// An SCTP packet's verification tag and chunks (what nat leaves alone), from its frame.
 fn chunks(frame: &[u8]) -> (u32, Vec<u8>) {
-    let ihl = usize::from(frame[14] & 0x0f) * 4;
+    // IPv6 without extension headers, as the peers send it.
+    let ihl = match frame[14] >> 4 {
+        6 => 40,
+        _ => usize::from(frame[14] & 0x0f) * 4,
+    };
     let sctp = &frame[14 + ihl..];
     (
         u32::from_be_bytes(sctp[4..8].try_into().unwrap()),
@@ -696,6 +786,7 @@ fn c_sctp_leaves_in_ipip_and_gue_with_the_inner_packet_and_its_crc32c_intact() {
     // the backend-facing interface.
     let cfg = with_sctp(
         &s,
+        &V4,
         80,
         &[
             ("ipip", PORT, "dsr-ipip", PORT),
@@ -876,7 +967,7 @@ fn d_an_sctp_service_from_kubernetes_is_served_in_nat() {
     let a = run("assoc", &vip, PORT, 44_000, 16, 1).assocs(&s);
     let per_backend = a.per_backend(16, 2);
     let name = service["name"].as_str().expect("service name");
-    assert_new_flows(&s, &gw, name, &per_backend);
+    assert_new_flows(&s, &gw, &V4, name, &per_backend);
 }
 
 /// Associations stay on their backend when the backend set changes under them (the flow
@@ -889,7 +980,11 @@ fn e_associations_keep_their_backend_across_a_reload_adding_one() {
     };
     // Start with b4 out of the SCTP service; the full configuration waits in the wings.
     let full = s.dir.join("full.toml");
-    std::fs::copy(with_sctp(&s, 80, &[("sctp", PORT, "dsr-l2", PORT)]), &full).unwrap();
+    std::fs::copy(
+        with_sctp(&s, &V4, 80, &[("sctp", PORT, "dsr-l2", PORT)]),
+        &full,
+    )
+    .unwrap();
     let b4 = s.backend("b4");
     let b4_entry = format!(
         "[[services.backends]]\naddress = \"{}\"\nport = {PORT}\nmac = \"{}\"\n",
@@ -927,5 +1022,5 @@ fn e_associations_keep_their_backend_across_a_reload_adding_one() {
         *all.entry(b).or_default() += n;
     }
     eprintln!("associations per backend, before and after adding b4: {all:?}");
-    assert_new_flows(&s, &gw, "sctp", &all);
+    assert_new_flows(&s, &gw, &V4, "sctp", &all);
 }

@@ -29,11 +29,13 @@ An answer counts only if it comes from VIP:PORT to the association's port, carri
 association's verification tag and a valid CRC32c. A raw socket of protocol 132 also keeps
 the kernel from answering SCTP with ICMP protocol-unreachable.
 """
+import select
 import socket
 import sys
 import time
 
 from scapy.layers.inet import IP
+from scapy.layers.inet6 import IPv6
 from scapy.layers.sctp import (
     SCTP,
     SCTPChunkData,
@@ -52,58 +54,86 @@ TIMEOUT = 2.0
 TRIES = 2
 
 
-def receiver():
-    s = socket.socket(socket.AF_INET, socket.SOCK_RAW, IPPROTO_SCTP)
+def receiver(family):
+    s = socket.socket(family, socket.SOCK_RAW, IPPROTO_SCTP)
+    if family == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
     s.settimeout(TIMEOUT)
     return s
 
 
-def sender():
+def receive(rx):
+    """(source, destination, SCTP packet) of the next packet on `rx`: an IPv4 raw socket
+    hands over the IP header, an IPv6 one only the payload (the destination comes from
+    IPV6_PKTINFO)."""
+    if rx.family == socket.AF_INET:
+        data = rx.recv(65535)
+        ip = IP(data)
+        return ip.src, ip.dst, bytes(data[ip.ihl * 4 :])
+    data, anc, _, addr = rx.recvmsg(65535, socket.CMSG_SPACE(20))
+    dst = next(
+        socket.inet_ntop(socket.AF_INET6, d[:16])
+        for level, kind, d in anc
+        if level == socket.IPPROTO_IPV6 and kind == socket.IPV6_PKTINFO
+    )
+    return addr[0], dst, data
+
+
+def family(addr):
+    return socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+
+def sender(family):
     # IPPROTO_RAW: the IP header is ours (IP_HDRINCL), so a DSR backend answers from the VIP.
-    return socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    return socket.socket(family, socket.SOCK_RAW, socket.IPPROTO_RAW)
+
+
+def ip_header(src, dst):
+    return IPv6(src=src, dst=dst) if ":" in dst else IP(src=src, dst=dst)
 
 
 def send(out, pkt):
-    out.sendto(bytes(pkt), (pkt[IP].dst, 0))
+    out.sendto(bytes(pkt), (pkt.dst, 0))
 
 
 def serve(name, port):
-    rx, out = receiver(), sender()
-    rx.settimeout(None)
+    rxs = [receiver(f) for f in (socket.AF_INET, socket.AF_INET6)]
+    outs = {f: sender(f) for f in (socket.AF_INET, socket.AF_INET6)}
     # A whole number of 4-byte words: scapy leaves the padding of an odd-sized last
     # parameter out of the chunk length, which tshark flags as malformed.
     cookie = f"backend={name}".ljust(16).encode()
     print("ready", flush=True)
     while True:
-        data = rx.recv(65535)
-        ip = IP(data)
-        if SCTP not in ip or ip[SCTP].dport != port:
-            continue
-        s = ip[SCTP]
-        back = IP(src=ip.dst, dst=ip.src) / SCTP(sport=s.dport, dport=s.sport)
-        if SCTPChunkInit in s:
-            init = s[SCTPChunkInit]
-            back[SCTP].tag = init.init_tag
-            back = back / SCTPChunkInitAck(
-                init_tag=init.init_tag ^ 0x5A5A5A5A,
-                a_rwnd=106496,
-                n_out_streams=1,
-                n_in_streams=1,
-                init_tsn=1,
-                params=[SCTPChunkParamStateCookie(cookie=cookie)],
-            )
-        elif SCTPChunkData in s:
-            back[SCTP].tag = s.tag ^ 0x5A5A5A5A
-            back = (
-                back
-                / SCTPChunkSACK(cumul_tsn_ack=s[SCTPChunkData].tsn, a_rwnd=106496)
-                / SCTPChunkData(
-                    tsn=1, beginning=1, ending=1, stream_id=0, proto_id=0, data=cookie
+        ready, _, _ = select.select(rxs, [], [])
+        for rx in ready:
+            src, dst, raw = receive(rx)
+            s = SCTP(raw)
+            if s.dport != port:
+                continue
+            back = ip_header(dst, src) / SCTP(sport=s.dport, dport=s.sport)
+            if SCTPChunkInit in s:
+                init = s[SCTPChunkInit]
+                back[SCTP].tag = init.init_tag
+                back = back / SCTPChunkInitAck(
+                    init_tag=init.init_tag ^ 0x5A5A5A5A,
+                    a_rwnd=106496,
+                    n_out_streams=1,
+                    n_in_streams=1,
+                    init_tsn=1,
+                    params=[SCTPChunkParamStateCookie(cookie=cookie)],
                 )
-            )
-        else:
-            continue
-        send(out, back)
+            elif SCTPChunkData in s:
+                back[SCTP].tag = s.tag ^ 0x5A5A5A5A
+                back = (
+                    back
+                    / SCTPChunkSACK(cumul_tsn_ack=s[SCTPChunkData].tsn, a_rwnd=106496)
+                    / SCTPChunkData(
+                        tsn=1, beginning=1, ending=1, stream_id=0, proto_id=0, data=cookie
+                    )
+                )
+            else:
+                continue
+            send(outs[rx.family], back)
 
 
 def answer(rx, vip, port, sport, tag):
@@ -111,18 +141,14 @@ def answer(rx, vip, port, sport, tag):
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
         try:
-            data = rx.recv(65535)
+            src, _, raw = receive(rx)
         except socket.timeout:
             return None
-        ip = IP(data)
-        if SCTP not in ip or ip.src != vip:
+        s = SCTP(raw)
+        if src != vip or s.sport != port or s.dport != sport or s.tag != tag:
             continue
-        s = ip[SCTP]
-        if s.sport != port or s.dport != sport or s.tag != tag:
-            continue
-        raw = bytes(data[ip.ihl * 4 :])
         if crc32c(raw[:8] + b"\0\0\0\0" + raw[12:]) != int.from_bytes(raw[8:12], "big"):
-            print(f"bad CRC32c from {ip.src}:{s.sport} to {sport}", flush=True)
+            print(f"bad CRC32c from {src}:{s.sport} to {sport}", flush=True)
             continue
         if SCTPChunkInitAck in s:
             for p in s[SCTPChunkInitAck].params:
@@ -136,12 +162,12 @@ def answer(rx, vip, port, sport, tag):
 def packets(src, vip, port, sport, n_data):
     """The association's packets: its INIT, then DATA packets, with its tags."""
     tag = 0x10000 + sport
-    init = IP(src=src, dst=vip) / SCTP(sport=sport, dport=port, tag=0) / SCTPChunkInit(
+    init = ip_header(src, vip) / SCTP(sport=sport, dport=port, tag=0) / SCTPChunkInit(
         init_tag=tag, a_rwnd=106496, n_out_streams=1, n_in_streams=1, init_tsn=tag
     )
     peer = tag ^ 0x5A5A5A5A
     data = [
-        IP(src=src, dst=vip)
+        ip_header(src, vip)
         / SCTP(sport=sport, dport=port, tag=peer)
         / SCTPChunkData(
             tsn=tag + i,
@@ -157,7 +183,7 @@ def packets(src, vip, port, sport, n_data):
 
 
 def assoc(src, vip, port, first, n, n_data, with_init=True):
-    rx, out = receiver(), sender()
+    rx, out = receiver(family(vip)), sender(family(vip))
     answered = sent = 0
     for sport in range(first, first + n):
         tag, init, data = packets(src, vip, port, sport, n_data)
@@ -181,7 +207,7 @@ def assoc(src, vip, port, first, n, n_data, with_init=True):
 
 
 def send_only(src, vip, port, first, n, n_data, corrupt=False):
-    out = sender()
+    out = sender(family(vip))
     sent = 0
     for sport in range(first, first + n):
         _, init, data = packets(src, vip, port, sport, n_data)
