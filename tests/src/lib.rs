@@ -4,7 +4,9 @@
 
 use std::net::IpAddr;
 
-use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
+use etherparse::{
+    IpHeaders, NetSlice, PacketBuilder, PacketBuilderStep, SlicedPacket, TransportSlice,
+};
 use strait_config::model::MacAddr;
 use strait_dataplane::flow::Timeouts;
 use strait_dataplane::pipeline::{Pipeline, Verdict};
@@ -283,16 +285,25 @@ fn ip(a: &str) -> IpAddr {
     a.parse().expect("test address")
 }
 
-/// A TCP segment from `src:sport` to `dst:dport` in an Ethernet frame from [`CLIENT_MAC`] to
-/// [`GW_MAC`]. `flags`: a string of `S`, `A`, `F`, `R`, `P`.
-pub fn tcp(src: &str, sport: u16, dst: &str, dport: u16, flags: &str, payload: &[u8]) -> Vec<u8> {
+/// The Ethernet ([`CLIENT_MAC`] to [`GW_MAC`]) and IP (TTL or hop limit 64) layers of a
+/// test frame from `src` to `dst`, the transport left to the caller: every builder below
+/// starts here.
+///
+/// # Panics
+/// If the addresses are of different families.
+fn ip_layers(src: &str, dst: &str) -> PacketBuilderStep<IpHeaders> {
     let b = PacketBuilder::ethernet2(CLIENT_MAC, GW_MAC);
-    let b = match (ip(src), ip(dst)) {
+    match (ip(src), ip(dst)) {
         (IpAddr::V4(s), IpAddr::V4(d)) => b.ipv4(s.octets(), d.octets(), 64),
         (IpAddr::V6(s), IpAddr::V6(d)) => b.ipv6(s.octets(), d.octets(), 64),
         _ => panic!("mixed families"),
-    };
-    let mut t = b.tcp(sport, dport, 1000, 65535);
+    }
+}
+
+/// A TCP segment from `src:sport` to `dst:dport` in an Ethernet frame from [`CLIENT_MAC`] to
+/// [`GW_MAC`]. `flags`: a string of `S`, `A`, `F`, `R`, `P`.
+pub fn tcp(src: &str, sport: u16, dst: &str, dport: u16, flags: &str, payload: &[u8]) -> Vec<u8> {
+    let mut t = ip_layers(src, dst).tcp(sport, dport, 1000, 65535);
     for c in flags.chars() {
         t = match c {
             'S' => t.syn(),
@@ -310,14 +321,9 @@ pub fn tcp(src: &str, sport: u16, dst: &str, dport: u16, flags: &str, payload: &
 
 /// A UDP datagram from `src:sport` to `dst:dport`, like [`tcp`].
 pub fn udp(src: &str, sport: u16, dst: &str, dport: u16, payload: &[u8]) -> Vec<u8> {
-    let b = PacketBuilder::ethernet2(CLIENT_MAC, GW_MAC);
-    let b = match (ip(src), ip(dst)) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => b.ipv4(s.octets(), d.octets(), 64),
-        (IpAddr::V6(s), IpAddr::V6(d)) => b.ipv6(s.octets(), d.octets(), 64),
-        _ => panic!("mixed families"),
-    };
     let mut out = Vec::new();
-    b.udp(sport, dport)
+    ip_layers(src, dst)
+        .udp(sport, dport)
         .write(&mut out, payload)
         .expect("build udp");
     out
@@ -335,14 +341,9 @@ pub fn sctp(src: &str, sport: u16, dst: &str, dport: u16, vtag: u32, chunks: &[u
     pkt.extend_from_slice(chunks);
     let crc = crc32c::crc32c(&pkt);
     pkt[8..12].copy_from_slice(&crc.to_le_bytes());
-    let b = PacketBuilder::ethernet2(CLIENT_MAC, GW_MAC);
-    let b = match (ip(src), ip(dst)) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => b.ipv4(s.octets(), d.octets(), 64),
-        (IpAddr::V6(s), IpAddr::V6(d)) => b.ipv6(s.octets(), d.octets(), 64),
-        _ => panic!("mixed families"),
-    };
     let mut out = Vec::new();
-    b.write(&mut out, etherparse::IpNumber::SCTP, &pkt)
+    ip_layers(src, dst)
+        .write(&mut out, etherparse::IpNumber::SCTP, &pkt)
         .expect("build sctp");
     out
 }
@@ -360,21 +361,23 @@ pub fn sctp_chunk(kind: u8, flags: u8, value: &[u8]) -> Vec<u8> {
 /// An INIT chunk (RFC 9260 section 3.3.2) with initiate tag `tag`: a_rwnd 106496, 10
 /// outbound and 65535 inbound streams, initial TSN `tag`, no parameters.
 pub fn sctp_init(tag: u32) -> Vec<u8> {
+    sctp_chunk(1, 0, &sctp_init_fields(tag, 65_535))
+}
+
+/// The fixed fields INIT and INIT ACK share (RFC 9260 sections 3.3.2 and 3.3.3): initiate
+/// tag `tag`, a_rwnd 106496, 10 outbound and `inbound` inbound streams, initial TSN `tag`.
+fn sctp_init_fields(tag: u32, inbound: u16) -> Vec<u8> {
     let mut v = tag.to_be_bytes().to_vec();
     v.extend_from_slice(&106_496u32.to_be_bytes());
     v.extend_from_slice(&10u16.to_be_bytes());
-    v.extend_from_slice(&65_535u16.to_be_bytes());
+    v.extend_from_slice(&inbound.to_be_bytes());
     v.extend_from_slice(&tag.to_be_bytes());
-    sctp_chunk(1, 0, &v)
+    v
 }
 
 /// An INIT ACK chunk (section 3.3.3) with initiate tag `tag` and a state cookie.
 pub fn sctp_init_ack(tag: u32, cookie: &[u8]) -> Vec<u8> {
-    let mut v = tag.to_be_bytes().to_vec();
-    v.extend_from_slice(&106_496u32.to_be_bytes());
-    v.extend_from_slice(&10u16.to_be_bytes());
-    v.extend_from_slice(&10u16.to_be_bytes());
-    v.extend_from_slice(&tag.to_be_bytes());
+    let mut v = sctp_init_fields(tag, 10);
     // State Cookie parameter (type 7).
     v.extend_from_slice(&7u16.to_be_bytes());
     v.extend_from_slice(&((4 + cookie.len()) as u16).to_be_bytes());

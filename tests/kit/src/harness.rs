@@ -354,20 +354,67 @@ pub struct Capture {
 impl Capture {
     /// `tcpdump -U -n OPTS.. -i IFACE -w PCAP FILTER..` in namespace `ns`.
     pub fn start(ns: &str, iface: &str, pcap: PathBuf, opts: &[&str], filter: &[&str]) -> Capture {
-        let _ = std::fs::remove_file(&pcap);
+        let mut cmd = Capture::command(ns, iface, &pcap, opts, filter);
+        let tcpdump = Proc::spawn(cmd.stderr(std::process::Stdio::null()));
+        Capture {
+            pcap,
+            tcpdump: Some(tcpdump),
+        }
+    }
+
+    /// The tcpdump of [`Capture::start`], its output file removed first.
+    fn command(ns: &str, iface: &str, pcap: &Path, opts: &[&str], filter: &[&str]) -> Command {
+        let _ = std::fs::remove_file(pcap);
         let mut cmd = in_ns(ns, ["tcpdump", "-U", "-n"]);
         cmd.args(opts)
             .args(["-i", iface, "-w"])
-            .arg(&pcap)
+            .arg(pcap)
             .args(filter)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        let mut c = Capture {
+            .stdout(std::process::Stdio::null());
+        cmd
+    }
+
+    /// [`Capture::start`], returning once tcpdump says it is listening (10 s at most), so
+    /// that no frame sent afterwards is missed for a late start. Its stderr is read to the
+    /// end by a thread of its own, so tcpdump never blocks on it.
+    ///
+    /// # Panics
+    ///
+    /// When tcpdump exits or does not listen within 10 s, with what it said.
+    pub fn listening(
+        ns: &str,
+        iface: &str,
+        pcap: PathBuf,
+        opts: &[&str],
+        filter: &[&str],
+    ) -> Capture {
+        use std::io::{BufRead, BufReader};
+        let mut cmd = Capture::command(ns, iface, &pcap, opts, filter);
+        let mut tcpdump = Proc::spawn(cmd.stderr(std::process::Stdio::piped()));
+        let stderr = tcpdump.child().stderr.take().expect("piped stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut said = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains("listening on") => break,
+                Ok(line) => said.push(line),
+                Err(_) => panic!(
+                    "tcpdump on {iface} in {ns} is not listening: {}",
+                    said.join("\n")
+                ),
+            }
+        }
+        Capture {
             pcap,
-            tcpdump: None,
-        };
-        c.tcpdump = Some(Proc::spawn(&mut cmd));
-        c
+            tcpdump: Some(tcpdump),
+        }
     }
 
     /// Stops tcpdump with SIGINT (it flushes the file) and waits for it.
@@ -410,14 +457,15 @@ pub fn while_capturing<T>(
 }
 
 /// tshark's reading of `pcap`: per packet a row of `fields`, with the IPv4, TCP and UDP
-/// checksums verified (`*.checksum.status`: 1 good, 0 bad, 2 unverified) and `decode_as`
-/// (`-d`) if given. Panics with tshark's stderr when it fails.
+/// checksums and SCTP's CRC32c verified (`*.checksum.status`: 1 good, 0 bad, 2
+/// unverified) and `decode_as` (`-d`) if given. Panics with tshark's stderr when it fails.
 pub fn tshark_fields(pcap: &Path, fields: &[&str], decode_as: Option<&str>) -> Vec<Vec<String>> {
     let mut c = Command::new("tshark");
     c.arg("-r").arg(pcap);
     for check in ["ip", "tcp", "udp"] {
         c.args(["-o", &format!("{check}.check_checksum:TRUE")]);
     }
+    c.args(["-o", "sctp.checksum:CRC 32c"]);
     c.args(["-T", "fields", "-E", "separator=/t"]);
     if let Some(d) = decode_as {
         c.args(["-d", d]);
