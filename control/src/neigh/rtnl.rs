@@ -291,7 +291,11 @@ fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
-/// A route netlink socket of the calling thread's network namespace, for dumps.
+/// Routes as [`Neighbours::routes`] holds them.
+type Routes = Vec<(IpNet, Option<IpAddr>)>;
+
+/// A route netlink socket of the calling thread's network namespace, for dumps and
+/// requests.
 struct Rtnl {
     socket: Socket,
     /// The sequence number of the last request.
@@ -305,11 +309,7 @@ struct Rtnl {
 impl Rtnl {
     /// The main table's routes through interface `index`, IPv4 and IPv6 (see [`table`]);
     /// `None` when a dump was interrupted by a change. The error names the failed dump.
-    #[allow(clippy::type_complexity)]
-    fn routes(
-        &mut self,
-        index: u32,
-    ) -> Result<Option<Vec<(IpNet, Option<IpAddr>)>>, (&'static str, io::Error)> {
+    fn routes(&mut self, index: u32) -> Result<Option<Routes>, (&'static str, io::Error)> {
         let mut routes = Vec::new();
         let mut whole = true;
         for (family, call) in [
