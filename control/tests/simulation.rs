@@ -41,7 +41,7 @@ use strait_config::model::{Config, HealthCheck, MacAddr, Mode, Service};
 use strait_control::core::{Changed, Control, Effect, Error, Event, Loaded, Route, RouteMap};
 use strait_control::health::Key;
 use strait_control::kube::Publication;
-use strait_control::neigh::Neighbours;
+use strait_control::neigh::{Neighbours, Scope};
 use strait_dataplane::table::{Builder, Frontend, Port, ServiceTable};
 
 /// File services' names; `ns/k2` is also a Kubernetes name, so the file takes it over.
@@ -106,6 +106,8 @@ struct World {
     probed: BTreeSet<IpAddr>,
     /// The core asked for a read that the world has not answered yet.
     read_outstanding: bool,
+    /// What the last read asked for covers.
+    read_scope: Scope,
     /// The read most recently handed to the core, when it left nothing held.
     last_read: Option<Neighbours>,
     counts: BTreeMap<&'static str, usize>,
@@ -170,6 +172,7 @@ impl World {
             host_mac,
             probed: BTreeSet::new(),
             read_outstanding: false,
+            read_scope: Scope::All,
             last_read: None,
             counts: BTreeMap::new(),
         };
@@ -200,6 +203,7 @@ impl World {
                 Vec::new()
             },
             ifindex: IFINDEX,
+            only: None,
         }
     }
 
@@ -300,7 +304,8 @@ impl World {
                         }
                     }
                 }
-                Effect::ReadNeighbours => {
+                Effect::ReadNeighbours(scope) => {
+                    self.read_scope = scope;
                     if self.rng.u8(..16) == 0 {
                         self.read_outstanding = true;
                         self.count("read left waiting");
@@ -314,13 +319,22 @@ impl World {
 
     fn answer_read(&mut self) {
         self.read_outstanding = false;
-        let read = self.read();
-        // A read that completes a held update fills the changed services only; one that
-        // finds nothing held checks every next hop.
+        let whole = self.read();
+        // As the kernel answers when the read is made: of every entry, or of the asked
+        // targets' next hops only.
+        let (read, all) = match &self.read_scope {
+            Scope::All => (whole.clone(), true),
+            Scope::Targets(t) => (whole.part(t), false),
+        };
+        if !all {
+            self.count("read of some next hops");
+        }
+        // A read that completes a held update fills the changed services only; one of the
+        // whole table that finds nothing held checks every next hop.
         let held = self.core.holding();
-        let r = self.core.handle(self.now, Event::Neighbours(read.clone()));
+        let r = self.core.handle(self.now, Event::Neighbours(read));
         self.check(r.is_ok(), || format!("a read was refused: {r:?}"));
-        self.last_read = (!held).then_some(read);
+        self.last_read = (!held && all).then_some(whole);
     }
 
     fn count(&mut self, what: &'static str) {
@@ -923,6 +937,7 @@ fn random_interleavings_keep_the_invariants() {
         "neighbour vanished",
         "tick",
         "late read answered",
+        "read of some next hops",
         "steps with backends waiting",
     ] {
         w.check(w.counts.get(what).copied().unwrap_or(0) > 0, || {

@@ -8,7 +8,7 @@ use strait_dataplane::table::ServiceTable;
 
 use crate::health::Key;
 use crate::kube::Publication;
-use crate::neigh::Neighbours;
+use crate::neigh::{Neighbours, Scope};
 
 use super::routes::RouteMap;
 
@@ -22,8 +22,9 @@ pub enum Event {
     Kube(Vec<Publication>),
     /// Backends whose health check changed state: `true` is up.
     Health(Vec<(Key, bool)>),
-    /// A read of the kernel's neighbour table and routes on the backend interface (asked
-    /// for with [`Effect::ReadNeighbours`]; an empty one when it could not be read).
+    /// A read of the kernel's neighbour table and routes on the backend interface, as
+    /// [`Effect::ReadNeighbours`] asked for it: of the whole table, or of some next hops
+    /// ([`Neighbours::only`]); an empty one of the whole table when it could not be read.
     Neighbours(Neighbours),
     /// Whether the steering maps took the last table published (or retried): `false` when
     /// some keys are still pending (a full map).
@@ -97,9 +98,10 @@ pub enum Effect {
         /// The backend interface's index.
         ifindex: u32,
     },
-    /// Read the neighbour table and routes of the backend interface and answer with
+    /// Read the routes of the backend interface and its neighbour entries, all of them or
+    /// those of some targets' next hops ([`crate::neigh::backend_read`]), and answer with
     /// [`Event::Neighbours`], before any other event.
-    ReadNeighbours,
+    ReadNeighbours(Scope),
     /// Try the steering-map keys still pending again, against the live table, and answer
     /// with [`Event::Maps`].
     RetryMaps,

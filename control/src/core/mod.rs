@@ -28,12 +28,15 @@
 //!   change gives its service the next-hop MACs the live table already has for it, so a
 //!   flap reads nothing.
 //! - **Next-hop MACs come from reads the driver makes when asked.** A Kubernetes change
-//!   bringing backends without a MAC holds its table update and asks for a read
-//!   ([`Effect::ReadNeighbours`]); the [`Event::Neighbours`] answer completes it. A driver
-//!   answers at once; further Kubernetes changes join the held update, and should a reload
-//!   or a health change come first, the held update completes with the last read the core
-//!   was given (the next read refills what differs). Every second, while some backend takes
-//!   its next hop from the kernel, the timer asks for a read too, and that one is checked
+//!   bringing backends without a MAC holds its table update and asks for a read of those
+//!   backends' next hops only ([`Effect::ReadNeighbours`] with [`Scope::Targets`]: its cost
+//!   is the change's, not the neighbour table's, which holds every node of a large
+//!   cluster); the [`Event::Neighbours`] answer updates the core's copy of the table for
+//!   them ([`Neighbours::update`]) and completes the update. A driver answers at once;
+//!   further Kubernetes changes join the held update, and should a reload or a health change
+//!   come first, the held update completes with what the core knows (the next read refills
+//!   what differs). Every second, while some backend takes its next hop from the kernel,
+//!   the timer asks for a read of the whole table ([`Scope::All`]), and that one is checked
 //!   against every followed next hop ([`NextHops::recheck`], a walk over all of them that a
 //!   Kubernetes change does not pay for). A reload comes
 //!   with its own read ([`Loaded`]): its answer (the admin API waits for it) is immediate.
@@ -76,7 +79,7 @@ use tracing::{info, warn};
 
 use crate::health::Key;
 use crate::kube::Publication;
-use crate::neigh::{Neighbours, NextHops};
+use crate::neigh::{Neighbours, NextHops, Scope};
 
 pub use event::{Changed, Effect, Event, Loaded};
 pub use merge::BULK;
@@ -148,7 +151,8 @@ pub struct Control {
     /// The health checks wanted, and the health the core was told.
     health: checks::Checks,
     hops: NextHops,
-    /// The last neighbour read the core was given.
+    /// The kernel's neighbour table as the core knows it: the last read of the whole table,
+    /// updated by the reads of some next hops since.
     neighbours: Neighbours,
     /// Services whose table update waits for a neighbour read.
     held: Option<BTreeSet<String>>,
@@ -428,49 +432,50 @@ impl Control {
             self.sync_checks(Some(&applied.names));
         }
         let file_len = self.file.services.len();
-        let lacks = applied.names.iter().any(|n| {
-            merge::find(&self.config, file_len, n)
-                .is_some_and(|s| s.backends.iter().any(|b| b.mac.is_none()))
-        });
-        if lacks || self.held.is_some() {
+        let mut targets: Vec<(IpAddr, bool)> = applied
+            .names
+            .iter()
+            .filter_map(|n| merge::find(&self.config, file_len, n))
+            .flat_map(crate::neigh::hops::targets)
+            .collect();
+        if !targets.is_empty() || self.held.is_some() {
+            // While an update is held, a driver's read is outstanding: the services that join
+            // it are filled from what the core knows when its answer comes.
             if self.held.is_none() {
-                self.effects.push_back(Effect::ReadNeighbours);
+                targets.sort();
+                targets.dedup();
+                self.effects
+                    .push_back(Effect::ReadNeighbours(Scope::Targets(targets)));
             }
             self.held
                 .get_or_insert_with(BTreeSet::new)
                 .extend(applied.names);
             return Ok(());
         }
-        self.update(
-            applied.names,
-            Fill::Read(Neighbours::default()),
-            "kubernetes services changed",
-        )
+        self.update(applied.names, Fill::Read, "kubernetes services changed")
     }
 
-    /// Completes the held update with the last read the core was given.
+    /// Completes the held update with what the core knows of the neighbour table.
     fn complete_held(&mut self) -> Result<(), Error> {
         let Some(names) = self.held.take() else {
             return Ok(());
         };
-        let read = self.neighbours.clone();
         self.update(
             names.into_iter().collect(),
-            Fill::Read(read),
+            Fill::Read,
             "kubernetes services changed",
         )
     }
 
     fn neighbours(&mut self, read: Neighbours) -> Result<(), Error> {
-        self.neighbours = read;
+        self.neighbours.update(read);
         // A read asked for only to complete a held update fills the changed services; the
         // check of every followed next hop (a walk over all of them) waits for the timer's.
         let recheck = std::mem::take(&mut self.recheck_asked) || self.held.is_none();
         if let Some(names) = self.held.take() {
-            let read = self.neighbours.clone();
             self.update(
                 names.into_iter().collect(),
-                Fill::Read(read),
+                Fill::Read,
                 "kubernetes services changed",
             )?;
         }
@@ -514,7 +519,7 @@ impl Control {
                 self.probe(hops);
             }
             self.recheck_asked = true;
-            self.effects.push_back(Effect::ReadNeighbours);
+            self.effects.push_back(Effect::ReadNeighbours(Scope::All));
         }
     }
 
@@ -527,11 +532,11 @@ impl Control {
             .filter_map(|n| merge::find(&self.config, file_len, n).cloned())
             .collect();
         match fill {
-            Fill::Read(read) => {
+            Fill::Read => {
                 for n in &names {
                     self.hops.forget(n);
                 }
-                let probes = self.hops.fill(&mut set, &read);
+                let probes = self.hops.fill(&mut set, &self.neighbours);
                 self.probe_unresolved(probes);
             }
             Fill::Live => {
@@ -682,8 +687,9 @@ impl Control {
 
 /// How an update gives the changed services their next-hop MACs.
 enum Fill {
-    /// From this read, following the services' next hops anew.
-    Read(Neighbours),
+    /// From the neighbour table as the core knows it, following the services' next hops
+    /// anew.
+    Read,
     /// From the live table: the services' backends did not change, only their health.
     Live,
 }

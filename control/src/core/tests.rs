@@ -59,8 +59,11 @@ impl Driven {
                     let old = std::mem::replace(&mut self.live, table);
                     self.core.recycle(old);
                 }
-                Effect::ReadNeighbours => {
-                    let read = self.neighbours.clone();
+                Effect::ReadNeighbours(scope) => {
+                    let read = match scope {
+                        Scope::All => self.neighbours.clone(),
+                        Scope::Targets(t) => self.neighbours.part(&t),
+                    };
                     self.core.handle(self.now, Event::Neighbours(read)).unwrap();
                 }
                 Effect::Probe { hops, .. } => self.probed.extend(hops),
@@ -419,4 +422,95 @@ fn an_invalid_reload_changes_nothing() {
         c.core.config().services[0].backends[0].address,
         ip("198.51.100.11")
     );
+}
+
+#[test]
+fn a_kubernetes_change_reads_only_its_backends_next_hops() {
+    let mut c = Driven::new(&config(&["198.51.100.11"]));
+    let node = |k: u16| IpAddr::from(std::net::Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 1, k));
+    // The kernel knows a thousand nodes; the core knows none of them yet.
+    c.neighbours = Neighbours {
+        macs: (0..1000u16)
+            .map(|k| {
+                let [hi, lo] = k.to_be_bytes();
+                (node(k), MacAddr([2, 0, 0, 1, hi, lo]))
+            })
+            .collect(),
+        ..Neighbours::default()
+    };
+    let mut s = c.core.config().services[0].clone();
+    s.name = "default/a".into();
+    s.vip = ip("203.0.113.20");
+    s.backends = [7, 3, 7 + 1000]
+        .iter()
+        .map(|&k| {
+            let mut b = s.backends[0].clone();
+            b.mac = None;
+            b.address = node(k);
+            b
+        })
+        .collect();
+    let s = Arc::new(s);
+    c.core
+        .handle(
+            c.now,
+            Event::Kube(vec![Publication {
+                services: vec![Arc::clone(&s)],
+                changes: vec![(s.name.clone(), Some(Arc::clone(&s)))],
+            }]),
+        )
+        .unwrap();
+    let mut asked = None;
+    let mut rest = Vec::new();
+    while let Some(e) = c.core.poll_effect() {
+        match e {
+            Effect::ReadNeighbours(scope) => asked = Some(scope),
+            e => rest.push(e),
+        }
+    }
+    // dsr-l2: each backend is its own next hop; sorted, once each.
+    let targets = vec![(node(3), false), (node(7), false), (node(1007), false)];
+    assert_eq!(asked, Some(Scope::Targets(targets.clone())));
+    let part = c.neighbours.part(&targets);
+    assert_eq!(part.macs.len(), 2, "node 1007 is not in the kernel's table");
+    c.core.handle(c.now, Event::Neighbours(part)).unwrap();
+    c.run();
+    let t = &c.live;
+    let mac_of = |a: IpAddr| {
+        t.backends
+            .iter()
+            .flatten()
+            .find(|b| b.socket_addr().ip() == a)
+            .and_then(|b| b.mac_addr())
+    };
+    assert_eq!(mac_of(node(7)), Some(MacAddr([2, 0, 0, 1, 0, 7])));
+    assert_eq!(mac_of(node(3)), Some(MacAddr([2, 0, 0, 1, 0, 3])));
+    assert_eq!(mac_of(node(1007)), None);
+    assert_eq!(c.probed, vec![node(1007)], "the unresolved one is probed");
+    // The timer's read is of the whole table, and the probed node resolves with it.
+    c.neighbours
+        .macs
+        .insert(node(1007), MacAddr([2, 0, 0, 1, 3, 0xef]));
+    let at = c.core.poll_timeout().unwrap();
+    c.now = at;
+    c.core.handle(c.now, Event::Tick).unwrap();
+    let mut whole = false;
+    while let Some(e) = c.core.poll_effect() {
+        if let Effect::ReadNeighbours(scope) = e {
+            whole = scope == Scope::All;
+            let read = c.neighbours.clone();
+            c.core.handle(c.now, Event::Neighbours(read)).unwrap();
+            c.run();
+            break;
+        }
+    }
+    assert!(whole, "the timer reads the whole table");
+    let t = &c.live;
+    let resolved = t
+        .backends
+        .iter()
+        .flatten()
+        .find(|b| b.socket_addr().ip() == node(1007))
+        .and_then(|b| b.mac_addr());
+    assert_eq!(resolved, Some(MacAddr([2, 0, 0, 1, 3, 0xef])));
 }

@@ -27,11 +27,7 @@ pub(super) fn fill_one(
     let routed = s.mode != Mode::DsrL2;
     for b in s.backends.iter_mut().filter(|b| b.mac.is_none()) {
         let target = if tunnel { b.tunnel_target() } else { b.address };
-        let hop = if routed {
-            neighbours.next_hop(target)
-        } else {
-            target
-        };
+        let hop = neighbours.hop_of((target, routed));
         let mac = neighbours.macs.get(&hop).copied();
         seen(target, routed, hop, mac);
         match mac {
@@ -42,6 +38,18 @@ pub(super) fn fill_one(
     missing.sort();
     missing.dedup();
     missing
+}
+
+/// The targets of the backends of `s` without a MAC, as [`fill_one`] looks them up: each
+/// backend's address (the tunnel target in the tunnel modes) and whether it may be routed.
+/// What a read of [`super::Scope::Targets`] is to cover for `s`.
+pub fn targets(s: &Service) -> impl Iterator<Item = (IpAddr, bool)> + '_ {
+    let tunnel = s.mode.is_tunnel();
+    let routed = s.mode != Mode::DsrL2;
+    s.backends.iter().filter(|b| b.mac.is_none()).map(move |b| {
+        let target = if tunnel { b.tunnel_target() } else { b.address };
+        (target, routed)
+    })
 }
 
 /// A backend address (the tunnel target in the tunnel modes) whose next hop the table takes

@@ -16,17 +16,24 @@
 //!
 //! | file | part |
 //! |---|---|
-//! | [`rtnl`] | the read: the neighbour table and routes over rtnetlink dumps |
+//! | [`rtnl`] | the read: the neighbour table and routes over rtnetlink, whole or per next hop |
 //! | [`hops`] | [`NextHops`], pure: which next hops the table takes from the kernel, which are still unresolved, and when a fresh read calls for a refill |
-//! | this file | [`Neighbours`] (a read), the backend interface, and the probe that makes the kernel resolve an address |
+//! | this file | [`Neighbours`] (a read) and its [`Scope`], the backend interface, and the probe that makes the kernel resolve an address |
 //!
-//! The control core ([`crate::core`]) asks for a read (every second while some backend takes
-//! its next hop from the kernel, and when a Kubernetes change brings backends without a MAC)
-//! and for probes; the control loop ([`crate::run`]) does both.
+//! The control core ([`crate::core`]) asks for a read and for probes; the control loop
+//! ([`crate::run`]) does both. A read has a [`Scope`]:
 //!
-//! Both are read with rtnetlink dumps (`RTM_GETNEIGH`, `RTM_GETROUTE` for IPv4 and IPv6) on
-//! a socket opened in the calling thread's network namespace: tens of microseconds, cheap
-//! enough to read on every Kubernetes change.
+//! - [`Scope::All`], every second while some backend takes its next hop from the kernel
+//!   (and with a reload): the whole table, which the core checks every followed next hop
+//!   against. rtnetlink dumps (`RTM_GETNEIGH`, `RTM_GETROUTE` for IPv4 and IPv6).
+//! - [`Scope::Targets`], when a Kubernetes change brings backends without a MAC: the routes
+//!   (a dump, filtered by the kernel to the interface), then one `RTM_GETNEIGH` request per
+//!   next hop of the changed backends ([`rtnl::hop_entries`]). A change then costs the same with
+//!   10 neighbour entries as with the 1,000 of a large cluster's nodes on the segment,
+//!   where a dump of the table grows with it. The answer ([`Neighbours::only`] set) updates
+//!   the core's copy of the table for those next hops alone ([`Neighbours::update`]).
+//!
+//! Both are read on a socket opened in the calling thread's network namespace.
 
 pub mod hops;
 pub mod rtnl;
@@ -41,7 +48,7 @@ use strait_config::model::{Config, MacAddr, Role};
 use tracing::warn;
 
 pub use hops::NextHops;
-pub use rtnl::{table, DUMP_ATTEMPTS};
+pub use rtnl::{hop_entries, table, DUMP_ATTEMPTS};
 
 /// What the kernel knows about reaching hosts through one interface.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,6 +59,10 @@ pub struct Neighbours {
     pub routes: Vec<(IpNet, Option<IpAddr>)>,
     /// The interface's index (0: unknown).
     pub ifindex: u32,
+    /// `None` for a read of the whole table. `Some(hops)` (sorted) for a read of these next
+    /// hops only ([`Scope::Targets`]): `macs` holds those of them that are resolved, and
+    /// says nothing of the table's other entries.
+    pub only: Option<Vec<IpAddr>>,
 }
 
 impl Neighbours {
@@ -65,6 +76,76 @@ impl Neighbours {
             .and_then(|(_, via)| *via)
             .unwrap_or(addr)
     }
+
+    /// The next hop of backend target `target` (see [`Scope::Targets`]): [`Neighbours::next_hop`]
+    /// when it may be routed, itself when not.
+    pub fn hop_of(&self, (target, routed): (IpAddr, bool)) -> IpAddr {
+        if routed {
+            self.next_hop(target)
+        } else {
+            target
+        }
+    }
+
+    /// The next hops of `targets`, sorted, once each.
+    pub fn hops_of(&self, targets: &[(IpAddr, bool)]) -> Vec<IpAddr> {
+        let mut hops: Vec<IpAddr> = targets.iter().map(|&t| self.hop_of(t)).collect();
+        hops.sort();
+        hops.dedup();
+        hops
+    }
+
+    /// What a read of `targets` only ([`Scope::Targets`]) finds in this read of the whole
+    /// table: its routes, and the entries of the targets' next hops.
+    pub fn part(&self, targets: &[(IpAddr, bool)]) -> Self {
+        let hops = self.hops_of(targets);
+        Self {
+            macs: hops
+                .iter()
+                .filter_map(|h| Some((*h, *self.macs.get(h)?)))
+                .collect(),
+            routes: self.routes.clone(),
+            ifindex: self.ifindex,
+            only: Some(hops),
+        }
+    }
+
+    /// Takes newer read `read` in: one of the whole table replaces this; one of some next
+    /// hops ([`Neighbours::only`]) sets or removes their entries and replaces the routes
+    /// and the interface index, and leaves the other entries as they were. The work is that
+    /// of the read's size, not of the table's.
+    pub fn update(&mut self, read: Neighbours) {
+        let Some(hops) = read.only else {
+            *self = read;
+            return;
+        };
+        for h in hops {
+            match read.macs.get(&h) {
+                Some(&m) => {
+                    self.macs.insert(h, m);
+                }
+                None => {
+                    self.macs.remove(&h);
+                }
+            }
+        }
+        self.routes = read.routes;
+        if read.ifindex != 0 {
+            self.ifindex = read.ifindex;
+        }
+    }
+}
+
+/// What a read of the kernel's tables ([`crate::core::Effect::ReadNeighbours`]) covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// The whole neighbour table of the backend interface, and its routes.
+    All,
+    /// The routes, and the neighbour entries of these backend targets' next hops only:
+    /// each target is an address (the tunnel target in the tunnel modes) and whether it may
+    /// be routed (`false` in `dsr-l2`, where a backend is its own next hop). Sorted, once
+    /// each. The answer has [`Neighbours::only`] set.
+    Targets(Vec<(IpAddr, bool)>),
 }
 
 /// Why the neighbours or routes of an interface could not be read.
@@ -80,16 +161,26 @@ pub struct Error {
 }
 
 /// The neighbours and routes of the backend interface of `cfg` ([`backend_iface`]), none
-/// when it has none. When they cannot be read, the error is logged, once until it changes or
-/// a read succeeds, and the table is empty: every backend without a MAC stays unresolved
-/// (probed, its frames dropped and counted) until a later read succeeds.
+/// when it has none: [`backend_read`] of the whole table.
 pub fn backend_table(cfg: &Config) -> Neighbours {
+    backend_read(cfg, &Scope::All)
+}
+
+/// The read `scope` asks for ([`table`], or [`hop_entries`] of its targets) on the backend interface
+/// of `cfg` ([`backend_iface`]); an empty read of the whole table when it has none. When
+/// the interface cannot be read, the error is logged, once until it changes or a read
+/// succeeds, and the read is an empty one of the whole table: every backend without a MAC
+/// stays unresolved (probed, its frames dropped and counted) until a later read succeeds.
+pub fn backend_read(cfg: &Config, scope: &Scope) -> Neighbours {
     /// The error logged last, so that a lasting failure is not logged on every change.
     static LOGGED: Mutex<Option<String>> = Mutex::new(None);
     let Some(iface) = backend_iface(cfg) else {
         return Neighbours::default();
     };
-    let read = table(&iface);
+    let read = match scope {
+        Scope::All => table(&iface),
+        Scope::Targets(targets) => hop_entries(&iface, targets),
+    };
     let mut logged = LOGGED.lock().unwrap_or_else(PoisonError::into_inner);
     match read {
         Ok(n) => {

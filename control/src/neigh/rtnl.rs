@@ -1,5 +1,7 @@
-//! Reading a neighbour table and its routes over rtnetlink dumps.
+//! Reading a neighbour table and its routes over rtnetlink: dumps of the whole table
+//! ([`table`]), or a request per next hop ([`hop_entries`]).
 
+use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -64,33 +66,87 @@ pub(super) fn read(iface: &str, kernel_filter: bool) -> Result<Neighbours, Error
             ifindex: index,
             ..Neighbours::default()
         };
-        let mut whole = rtnl
+        let whole = rtnl
             .dump(neighbours_request(index, kernel_filter), |m| {
                 if let RouteNetlinkMessage::NewNeighbour(m) = m {
                     n.macs.extend(resolved(&m, index));
                 }
             })
             .map_err(fail("RTM_GETNEIGH dump"))?;
-        for (family, call) in [
-            (AddressFamily::Inet, "RTM_GETROUTE dump (IPv4)"),
-            (AddressFamily::Inet6, "RTM_GETROUTE dump (IPv6)"),
-        ] {
-            whole &= rtnl
-                .dump(routes_request(family, index), |m| {
-                    if let RouteNetlinkMessage::NewRoute(m) = m {
-                        n.routes.extend(route(&m, index));
-                    }
-                })
-                .map_err(fail(call))?;
-        }
-        if whole {
+        if let (true, Some(routes)) = (whole, rtnl.routes(index).map_err(|(c, e)| fail(c)(e))?) {
+            n.routes = routes;
             return Ok(n);
         }
     }
-    Err(fail("dumps")(io::Error::other(format!(
-        "interrupted by concurrent changes {DUMP_ATTEMPTS} times in a row (NLM_F_DUMP_INTR)"
-    ))))
+    Err(interrupted(iface))
 }
+
+/// The error of a read whose dumps were interrupted [`DUMP_ATTEMPTS`] times in a row.
+fn interrupted(iface: &str) -> Error {
+    Error {
+        iface: iface.to_owned(),
+        call: "dumps",
+        source: io::Error::other(format!(
+            "interrupted by concurrent changes {DUMP_ATTEMPTS} times in a row (NLM_F_DUMP_INTR)"
+        )),
+    }
+}
+
+/// `iface`'s routes as [`table`] reads them, and the neighbour entries of the next hops of
+/// `targets` only (each an address and whether it may be routed: see
+/// [`super::Scope::Targets`]), resolved as [`table`] has them: a read with
+/// [`Neighbours::only`] set to those next hops.
+///
+/// One `RTM_GETNEIGH` request per next hop (`ip neigh get ADDR dev IFACE`), sent
+/// [`GETS_AT_ONCE`] at a time: the work is that of the targets, however many entries the
+/// table holds. A kernel without such requests (before 5.0) answers `EOPNOTSUPP`; the
+/// entries are then taken from a dump of the table.
+///
+/// # Errors
+/// As [`table`]; and a request failing otherwise than with `ENOENT` (no such entry).
+pub fn hop_entries(iface: &str, targets: &[(IpAddr, bool)]) -> Result<Neighbours, Error> {
+    let fail = |call: &'static str| {
+        move |source: io::Error| Error {
+            iface: iface.to_owned(),
+            call,
+            source,
+        }
+    };
+    let index =
+        nix::net::if_::if_nametoindex(iface).map_err(|e| fail("if_nametoindex")(e.into()))?;
+    let mut rtnl = Rtnl::open(true).map_err(fail("socket(NETLINK_ROUTE)"))?;
+    let mut n = Neighbours {
+        ifindex: index,
+        ..Neighbours::default()
+    };
+    // Only when a target may be routed do the routes matter; they are read anyway, as a
+    // read always carries them (few, and filtered by the kernel to the interface).
+    let mut routes = None;
+    for _ in 0..DUMP_ATTEMPTS {
+        routes = rtnl.routes(index).map_err(|(c, e)| fail(c)(e))?;
+        if routes.is_some() {
+            break;
+        }
+    }
+    n.routes = routes.ok_or_else(|| interrupted(iface))?;
+    let hops = n.hops_of(targets);
+    let got = rtnl
+        .neighbours(index, &hops)
+        .map_err(fail("RTM_GETNEIGH"))?;
+    let Some(macs) = got else {
+        return Ok(table(iface)?.part(targets));
+    };
+    n.macs = macs;
+    n.only = Some(hops);
+    Ok(n)
+}
+
+/// How many `RTM_GETNEIGH` requests [`hop_entries`] sends in one datagram before it reads their
+/// answers. Each answer is a datagram of its own, queued on the socket with about a
+/// kilobyte of accounting (`skb->truesize`), so 64 of them take a third of the default
+/// receive buffer (`net.core.rmem_default`, 208 KiB) and none is dropped; a send and a
+/// wake-up per 64 next hops is little next to the answers themselves.
+pub const GETS_AT_ONCE: usize = 64;
 
 /// How often [`table`] reads again when the kernel flags a dump as interrupted by a change
 /// (`NLM_F_DUMP_INTR`: entries may be missing or doubled). A change is a rare event next to
@@ -108,6 +164,26 @@ fn neighbours_request(index: u32, filter: bool) -> RouteNetlinkMessage {
     if filter {
         m.attributes.push(NeighbourAttribute::IfIndex(index));
     }
+    RouteNetlinkMessage::GetNeighbour(m)
+}
+
+/// `RTM_GETNEIGH` request for the entry of `addr` on interface `index`: no flags, state or
+/// type, and `NDA_DST` as the only attribute, as the kernel's strict check of such requests
+/// wants (`neigh_valid_get_req`).
+fn neighbour_request(index: u32, addr: IpAddr) -> RouteNetlinkMessage {
+    let mut m = NeighbourMessage::default();
+    m.header.ifindex = index;
+    let dst = match addr {
+        IpAddr::V4(a) => {
+            m.header.family = AddressFamily::Inet;
+            NeighbourAddress::Inet(a)
+        }
+        IpAddr::V6(a) => {
+            m.header.family = AddressFamily::Inet6;
+            NeighbourAddress::Inet6(a)
+        }
+    };
+    m.attributes.push(NeighbourAttribute::Destination(dst));
     RouteNetlinkMessage::GetNeighbour(m)
 }
 
@@ -215,7 +291,11 @@ fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
-/// A route netlink socket of the calling thread's network namespace, for dumps.
+/// Routes as [`Neighbours::routes`] holds them.
+type Routes = Vec<(IpNet, Option<IpAddr>)>;
+
+/// A route netlink socket of the calling thread's network namespace, for dumps and
+/// requests.
 struct Rtnl {
     socket: Socket,
     /// The sequence number of the last request.
@@ -227,6 +307,104 @@ struct Rtnl {
 }
 
 impl Rtnl {
+    /// The main table's routes through interface `index`, IPv4 and IPv6 (see [`table`]);
+    /// `None` when a dump was interrupted by a change. The error names the failed dump.
+    fn routes(&mut self, index: u32) -> Result<Option<Routes>, (&'static str, io::Error)> {
+        let mut routes = Vec::new();
+        let mut whole = true;
+        for (family, call) in [
+            (AddressFamily::Inet, "RTM_GETROUTE dump (IPv4)"),
+            (AddressFamily::Inet6, "RTM_GETROUTE dump (IPv6)"),
+        ] {
+            whole &= self
+                .dump(routes_request(family, index), |m| {
+                    if let RouteNetlinkMessage::NewRoute(m) = m {
+                        routes.extend(route(&m, index));
+                    }
+                })
+                .map_err(|e| (call, e))?;
+        }
+        Ok(whole.then_some(routes))
+    }
+
+    /// The resolved neighbour entries (as [`resolved`] has them) of `addrs` on interface
+    /// `index`, one `RTM_GETNEIGH` request each, [`GETS_AT_ONCE`] per datagram. `None`
+    /// when the kernel does not take such requests (`EOPNOTSUPP`, before Linux 5.0).
+    fn neighbours(
+        &mut self,
+        index: u32,
+        addrs: &[IpAddr],
+    ) -> io::Result<Option<HashMap<IpAddr, MacAddr>>> {
+        let bad = |e: String| io::Error::new(io::ErrorKind::InvalidData, e);
+        let mut macs = HashMap::new();
+        let mut out = Vec::new();
+        for chunk in addrs.chunks(GETS_AT_ONCE) {
+            out.clear();
+            let first = self.seq.wrapping_add(1);
+            for &addr in chunk {
+                self.seq = self.seq.wrapping_add(1);
+                let mut header = NetlinkHeader::default();
+                header.flags = NLM_F_REQUEST;
+                header.sequence_number = self.seq;
+                let mut req = NetlinkMessage::new(
+                    header,
+                    NetlinkPayload::from(neighbour_request(index, addr)),
+                );
+                req.finalize();
+                let at = out.len();
+                out.resize(at + req.buffer_len(), 0);
+                req.serialize(&mut out[at..]);
+            }
+            self.socket.send(&out, 0)?;
+            // Every request has exactly one answer: the entry, or an error.
+            let mut pending = chunk.len();
+            let mut unsupported = false;
+            while pending > 0 {
+                let n = match self
+                    .socket
+                    .recv(&mut &mut self.buf[..], nix::libc::MSG_TRUNC)
+                {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    r => r?,
+                };
+                if n > self.buf.len() {
+                    return Err(bad(format!(
+                        "a {n}-byte datagram does not fit the {}-byte buffer",
+                        self.buf.len()
+                    )));
+                }
+                let mut at = 0;
+                while at < n {
+                    let m = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&self.buf[at..n])
+                        .map_err(|e| bad(format!("malformed reply: {e}")))?;
+                    at += (m.header.length as usize).next_multiple_of(4);
+                    if m.header.sequence_number.wrapping_sub(first) >= chunk.len() as u32 {
+                        continue;
+                    }
+                    match m.payload {
+                        NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNeighbour(m)) => {
+                            macs.extend(resolved(&m, index));
+                        }
+                        NetlinkPayload::Error(e) if e.code.is_some() => {
+                            let e = e.to_io();
+                            match e.raw_os_error() {
+                                Some(nix::libc::ENOENT) => {}
+                                Some(nix::libc::EOPNOTSUPP) => unsupported = true,
+                                _ => return Err(e),
+                            }
+                        }
+                        _ => {}
+                    }
+                    pending -= 1;
+                }
+            }
+            if unsupported {
+                return Ok(None);
+            }
+        }
+        Ok(Some(macs))
+    }
+
     /// Opens, binds and connects the socket; with `strict` checking of dump requests, so
     /// the kernel filters routes by table and interface. A kernel without it (before 4.20)
     /// dumps everything; the callers filter again.

@@ -264,6 +264,7 @@ fn ip_table(iface: &str) -> Neighbours {
         macs: parse(&run(&["-j", "neigh", "show", "dev", iface])),
         routes,
         ifindex: nix::net::if_::if_nametoindex(iface).unwrap_or(0),
+        only: None,
     }
 }
 
@@ -731,4 +732,220 @@ queues = [0]
     )
     .unwrap();
     assert_eq!(backend_table(&cfg), Neighbours::default());
+}
+
+#[test]
+fn a_read_of_some_next_hops_updates_their_entries_and_keeps_the_others() {
+    let (a, b, c) = (
+        addr("198.51.100.11"),
+        addr("198.51.100.12"),
+        addr("198.51.100.13"),
+    );
+    let mut known = routed(&[("198.51.100.11", 0x11), ("198.51.100.12", 0x12)], &[]);
+    known.ifindex = 7;
+    // The kernel now: b has another MAC, c resolved, and a pod prefix is routed via c.
+    let mut kernel = routed(
+        &[
+            ("198.51.100.11", 0x11),
+            ("198.51.100.12", 0x99),
+            ("198.51.100.13", 0x13),
+        ],
+        &[("203.0.113.64/28", "198.51.100.13")],
+    );
+    kernel.ifindex = 7;
+    // A dsr-l2 backend is its own next hop, also inside the routed prefix; a routed one is
+    // reached through the router.
+    let targets = [
+        (b, false),
+        (addr("203.0.113.65"), true),
+        (addr("203.0.113.66"), false),
+    ];
+    let part = kernel.part(&targets);
+    let hops = vec![b, c, addr("203.0.113.66")];
+    assert_eq!(part.only.as_ref(), Some(&hops), "sorted, once each");
+    assert_eq!(
+        part.macs,
+        [
+            (b, MacAddr([2, 0, 0, 0, 1, 0x99])),
+            (c, MacAddr([2, 0, 0, 0, 1, 0x13]))
+        ]
+        .into(),
+        "the asked next hops' entries only"
+    );
+    assert_eq!(part.routes, kernel.routes);
+    known.update(part);
+    assert_eq!(known.only, None, "what the core knows stays a whole table");
+    assert_eq!(known.macs.len(), 3);
+    assert_eq!(
+        known.macs[&a],
+        MacAddr([2, 0, 0, 0, 1, 0x11]),
+        "not asked: kept"
+    );
+    assert_eq!(
+        known.macs[&b],
+        MacAddr([2, 0, 0, 0, 1, 0x99]),
+        "asked: updated"
+    );
+    assert_eq!(
+        known.macs[&c],
+        MacAddr([2, 0, 0, 0, 1, 0x13]),
+        "asked: added"
+    );
+    assert_eq!(
+        known.routes, kernel.routes,
+        "a read always carries the routes"
+    );
+    // An asked next hop the kernel has no entry for (gone, or FAILED) is gone.
+    let gone = macs(&[]).part(&[(a, false)]);
+    known.update(gone);
+    assert!(!known.macs.contains_key(&a));
+    assert_eq!(
+        known.ifindex, 7,
+        "an unknown interface index keeps the known one"
+    );
+    // A whole read replaces everything.
+    known.update(macs(&[("198.51.100.12", 0x12)]));
+    assert_eq!(known, macs(&[("198.51.100.12", 0x12)]));
+
+    // What a change asks for: the targets of the backends without a MAC.
+    let mut s = nat(&["198.51.100.11", "203.0.113.65"]);
+    s.backends[0].mac = Some(MacAddr([2, 0, 0, 0, 1, 0x11]));
+    assert_eq!(targets_of(&s), vec![(addr("203.0.113.65"), true)]);
+    s.mode = Mode::DsrL2;
+    assert_eq!(targets_of(&s), vec![(addr("203.0.113.65"), false)]);
+}
+
+fn targets_of(s: &Service) -> Vec<(IpAddr, bool)> {
+    super::hops::targets(s).collect()
+}
+
+#[test]
+fn reads_the_entries_of_some_next_hops_among_a_thousand_as_the_whole_table_has_them() {
+    if !privileged("neigh::reads_the_entries_of_some_next_hops_among_a_thousand") {
+        return;
+    }
+    let ns = bed("nh");
+    // A thousand nodes on the segment, as in a large cluster under dsr-l2.
+    let node = |k: usize| format!("2001:db8:1::1:{k:x}");
+    let mut batch: Vec<String> = (0..1000)
+        .map(|k| {
+            format!(
+                "neigh add {} lladdr 02:00:00:01:{:02x}:{:02x} dev v0 nud permanent",
+                node(k),
+                k >> 8,
+                k & 0xff
+            )
+        })
+        .collect();
+    batch.extend(
+        [
+            "neigh add 198.51.100.11 lladdr 02:00:00:00:01:11 dev v0 nud reachable",
+            "neigh add 198.51.100.14 dev v0 nud failed",
+            "neigh add 198.51.100.15 dev v0 nud incomplete",
+            "neigh add 198.51.100.16 lladdr 02:00:00:00:01:16 dev v0 nud noarp",
+            "neigh add 192.0.2.11 lladdr 02:00:00:00:02:11 dev v1 nud permanent",
+            "route add 203.0.113.64/28 via 198.51.100.11 dev v0",
+            "route add 2001:db8:2::/48 via 2001:db8:1::1:5 dev v0",
+        ]
+        .map(String::from),
+    );
+    let mut child = Command::new("ip")
+        .args(["-n", ns.name(), "-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), batch.join("\n").as_bytes()).unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success(), "ip -batch");
+
+    let targets = [
+        // On the segment: their own entries.
+        (addr(&node(7)), false),
+        (addr(&node(999)), false),
+        // Routed: the routers' entries (IPv4 and IPv6).
+        (addr("203.0.113.70"), true),
+        (addr("2001:db8:2::9"), true),
+        // Absent, unresolved, not listed by ip (NOARP), or on the other interface.
+        (addr("2001:db8:1::ffff"), false),
+        (addr("198.51.100.14"), false),
+        (addr("198.51.100.15"), false),
+        (addr("198.51.100.16"), false),
+        (addr("192.0.2.11"), false),
+        // dsr-l2: its own next hop although a route covers it; absent.
+        (addr("203.0.113.71"), false),
+    ];
+    let every: Vec<(IpAddr, bool)> = (0..1000).map(|k| (addr(&node(k)), false)).collect();
+    let reads = 100;
+    let (read, whole, all, on_v1, few, dump) = Netns::run_in(&ns, || {
+        let read = hop_entries("v0", &targets).unwrap();
+        let whole = table("v0").unwrap();
+        let all = hop_entries("v0", &every).unwrap();
+        let on_v1 = hop_entries("v1", &[(addr("192.0.2.11"), false)]).unwrap();
+        let t = Instant::now();
+        for _ in 0..reads {
+            assert_eq!(hop_entries("v0", &targets).unwrap().macs.len(), 4);
+        }
+        let few = t.elapsed();
+        let t = Instant::now();
+        for _ in 0..reads {
+            assert_eq!(table("v0").unwrap().macs.len(), 1001);
+        }
+        (read, whole, all, on_v1, few, t.elapsed())
+    });
+    let mac = |m: [u8; 6]| MacAddr(m);
+    assert_eq!(
+        read.macs,
+        [
+            (addr(&node(7)), mac([2, 0, 0, 1, 0, 7])),
+            (addr(&node(999)), mac([2, 0, 0, 1, 3, 0xe7])),
+            (addr("198.51.100.11"), mac([2, 0, 0, 0, 1, 0x11])),
+            (addr(&node(5)), mac([2, 0, 0, 1, 0, 5])),
+        ]
+        .into(),
+        "the resolved entries of the asked next hops, none else"
+    );
+    let mut hops = vec![
+        addr(&node(7)),
+        addr(&node(999)),
+        addr("198.51.100.11"),
+        addr(&node(5)),
+        addr("2001:db8:1::ffff"),
+        addr("198.51.100.14"),
+        addr("198.51.100.15"),
+        addr("198.51.100.16"),
+        addr("192.0.2.11"),
+        addr("203.0.113.71"),
+    ];
+    hops.sort();
+    assert_eq!(read.only, Some(hops), "every asked next hop, found or not");
+    assert_eq!(read.ifindex, whole.ifindex);
+    assert_eq!(sorted(read.routes.clone()), sorted(whole.routes.clone()));
+    // The same as the whole table's read restricted to them.
+    let mut restricted = whole.part(&targets);
+    restricted.routes = sorted(restricted.routes);
+    let mut sorted_read = read.clone();
+    sorted_read.routes = sorted(sorted_read.routes);
+    assert_eq!(sorted_read, restricted);
+    // More next hops than one datagram of requests: every answer is read, none dropped.
+    assert!(every.len() > GETS_AT_ONCE);
+    assert_eq!(all.macs.len(), 1000);
+    assert!(all.macs.iter().all(|(a, m)| whole.macs.get(a) == Some(m)));
+    // The other interface's entry is its own.
+    assert_eq!(
+        on_v1.macs,
+        [(addr("192.0.2.11"), mac([2, 0, 0, 0, 2, 0x11]))].into()
+    );
+    // An unknown interface is an error naming it.
+    let e = hop_entries("strait-nope0", &targets).unwrap_err();
+    assert_eq!(
+        (e.iface.as_str(), e.call),
+        ("strait-nope0", "if_nametoindex")
+    );
+    eprintln!(
+        "{} entries: a read of {} next hops {:.1} us, of the whole table {:.1} us ({reads} reads each)",
+        whole.macs.len(),
+        targets.len(),
+        few.as_secs_f64() * 1e6 / f64::from(reads),
+        dump.as_secs_f64() * 1e6 / f64::from(reads),
+    );
 }

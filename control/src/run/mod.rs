@@ -358,8 +358,8 @@ impl Gateway {
                     crate::neigh::probe(hop, ifindex);
                 }
             }
-            Effect::ReadNeighbours => {
-                let read = crate::neigh::backend_table(self.core.file());
+            Effect::ReadNeighbours(scope) => {
+                let read = crate::neigh::backend_read(self.core.file(), &scope);
                 self.answer(Event::Neighbours(read));
             }
             Effect::RetryMaps => {

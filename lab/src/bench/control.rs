@@ -7,9 +7,10 @@
 //! ─► a publication                                                       (not timed)
 //! ─► Gateway::handle(Event::Kube), the gateway's own code: the control core edits the
 //!    merged configuration for the changed Services and their health checks, asks for a
-//!    read of the kernel's neighbour table and routes (next-hop MACs), updates the table
-//!    from the live one (Builder::update); the driver reads, swaps (ArcSwap), brings the
-//!    XDP steering maps in line and hands the replaced table back to the builder     (timed)
+//!    read of the routes and of the changed backends' next hops in the kernel's neighbour
+//!    table (their MACs), updates the table from the live one (Builder::update); the
+//!    driver reads, swaps (ArcSwap), brings the XDP steering maps in line and hands the
+//!    replaced table back to the builder                                              (timed)
 //! ```
 //!
 //! Everything `strait run --kube` runs for a change, except the network and the VIPs on an
@@ -80,7 +81,15 @@ struct DsrReport {
     heartbeat: Timings,
     /// Heartbeats that asked for a round.
     heartbeat_rounds: usize,
+    /// With the worker, once every Node joined: one netlink read of the whole neighbour
+    /// table and routes, and one of the routes and a changed Service's next hops (what a
+    /// slice change reads), in milliseconds, each the mean of [`READS`].
+    read_whole_ms: Option<f64>,
+    read_hops_ms: Option<f64>,
 }
+
+/// Reads timed for [`DsrReport::read_whole_ms`] and [`DsrReport::read_hops_ms`].
+const READS: u32 = 50;
 
 #[derive(Debug, Serialize)]
 struct Timings {
@@ -522,6 +531,13 @@ fn measure(opts: Run, netns: Option<&str>) -> anyhow::Result<()> {
                     d.nodes, d.heartbeat_rounds
                 ))
             );
+            if let (Some(whole), Some(hops)) = (d.read_whole_ms, d.read_hops_ms) {
+                println!(
+                    "  netlink reads with {} Nodes' neighbour entries: the whole table {whole:.3} ms, \
+                     the routes and {POD_NODES} next hops {hops:.3} ms",
+                    d.nodes
+                );
+            }
         }
     }
     Ok(())
@@ -823,6 +839,30 @@ fn measure_dsr(
     let p = publication(&round.services, &round.changes);
     control.handle(ControlEvent::Kube(vec![p]))?;
     last = round.services;
+    // What a slice change reads, against the whole table it used to read.
+    let (read_whole_ms, read_hops_ms) = if workers {
+        let targets: Vec<(std::net::IpAddr, bool)> = (0..POD_NODES)
+            .map(|k| Ok((node_address(k).parse()?, false)))
+            .collect::<anyhow::Result<_>>()?;
+        let mean = |read: &dyn Fn() -> anyhow::Result<()>| -> anyhow::Result<f64> {
+            let t = Instant::now();
+            for _ in 0..READS {
+                read()?;
+            }
+            Ok(t.elapsed().as_secs_f64() * 1e3 / f64::from(READS))
+        };
+        let whole = mean(&|| {
+            strait_control::neigh::table("bench0")?;
+            Ok(())
+        })?;
+        let hops = mean(&|| {
+            strait_control::neigh::hop_entries("bench0", &targets)?;
+            Ok(())
+        })?;
+        (Some(whole), Some(hops))
+    } else {
+        (None, None)
+    };
     let slice_all_nodes = slice_changes(
         &mut ctl,
         &mut control,
@@ -862,6 +902,8 @@ fn measure_dsr(
         slice_all_nodes,
         heartbeat,
         heartbeat_rounds: rounds,
+        read_whole_ms,
+        read_hops_ms,
     })
 }
 
