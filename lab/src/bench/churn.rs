@@ -159,6 +159,11 @@ pub struct Report {
     /// The gateway's drops over the run, by reason (packet path) and cause (worker), the
     /// ones not zero: where a failed request's packets went.
     pub gateway_drops: std::collections::BTreeMap<String, u64>,
+    /// New connections on the 5-tuple of a closing flow (the client reused a port within the
+    /// entry's closing timeout), which the gateway gave a backend afresh
+    /// (`strait_flows_reopened_total`): pinned to the old connection's backend, one that had
+    /// begun draining could be removed under them.
+    pub flows_reopened: u64,
     /// TCP segments the client namespace retransmitted (`RetransSegs`): packets lost or late.
     pub client_retransmissions: u64,
     /// Checks that the gateway followed (endpoints, generation, steering maps).
@@ -223,7 +228,8 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     eprintln!(
         "bench churn ({:?}): {} changes in {:.1} min ({:.0}/min); {}/{} requests failed; \
          {} checks, {} failed; generation {} -> {}; RSS {} KiB -> max {} KiB ({:+.2} %); \
-         fds {}..{}; gateway drops {:?}; client retransmissions {}",
+         fds {}..{}; gateway drops {:?}; {} connections on a reused port given a backend \
+         afresh; client retransmissions {}",
         o.via,
         report.changes,
         report.minutes,
@@ -240,6 +246,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         report.fds_min,
         report.fds_max,
         report.gateway_drops,
+        report.flows_reopened,
         report.client_retransmissions,
     );
     Ok(())
@@ -273,13 +280,15 @@ fn churn(world: &mut World, load: &Load, o: &Options) -> anyhow::Result<Report> 
     samples.push(world.sample(t0, world.endpoints.changes, load));
     let (requests, failed, failures) = load.totals();
     let mem = Memory::of(&samples, o.warmup);
+    let m = world.gw.metrics();
     Ok(Report {
         via: o.via,
         minutes,
         changes: world.endpoints.changes,
         changes_per_minute: world.endpoints.changes as f64 / minutes,
         drained: world.endpoints.drain,
-        gateway_drops: drops(&world.gw.metrics()),
+        gateway_drops: drops(&m),
+        flows_reopened: metric(&m, "strait_flows_reopened_total", &[]) as u64,
         client_retransmissions: retransmissions(&world.client),
         requests,
         requests_failed: failed,
@@ -1165,23 +1174,37 @@ fn record(t: &Mutex<Tally>, start: Instant, r: Result<(), String>) {
     }
 }
 
-/// `GET /` on a new connection; Ok if a backend answered 200 with its name.
+/// `GET /` on a new connection; Ok if a backend answered 200 with its name. A failure names
+/// the step that failed, the client's port (a capture's filter) and the time it took.
 fn http_get(to: SocketAddr) -> Result<(), String> {
-    let go = || -> std::io::Result<String> {
-        let mut s = TcpStream::connect_timeout(&to, REQUEST_TIMEOUT)?;
+    let t = Instant::now();
+    let mut port = None;
+    let mut go = || -> std::io::Result<String> {
+        let mut s = TcpStream::connect_timeout(&to, REQUEST_TIMEOUT)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("connect: {e}")))?;
+        port = s.local_addr().ok().map(|a| a.port());
         s.set_read_timeout(Some(REQUEST_TIMEOUT))?;
         s.write_all(b"GET / HTTP/1.0\r\nHost: vip\r\n\r\n")?;
         let mut text = String::new();
         s.read_to_string(&mut text)?;
         Ok(text)
     };
-    match go() {
+    let r = go();
+    let at = || {
+        let ms = t.elapsed().as_millis();
+        match port {
+            Some(p) => format!(" (client port {p}, after {ms} ms)"),
+            None => format!(" (after {ms} ms)"),
+        }
+    };
+    match r {
         Ok(t) if t.starts_with("HTTP/1.1 200") && t.contains("backend=") => Ok(()),
         Ok(t) => Err(format!(
-            "answer: {:?}",
-            t.lines().next().unwrap_or_default()
+            "answer: {:?}{}",
+            t.lines().next().unwrap_or_default(),
+            at()
         )),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(format!("{e}{}", at())),
     }
 }
 
