@@ -41,6 +41,7 @@ use strait_testkit::fake_api::FakeApi;
 use strait_testkit::objects::{node, CLASS};
 
 use super::failover::{admin, catch_stop, cpu_model, interrupted};
+use super::spawn_in_netns;
 use crate::testbed::{self, BackendInfo, Testbed, NAT_PORT, VIP4};
 
 /// How the endpoint changes reach the gateway.
@@ -1068,44 +1069,36 @@ impl Load {
         vip: SocketAddr,
         udp: Option<SocketAddr>,
     ) -> anyhow::Result<Load> {
-        let path = format!("/run/netns/{ns}");
-        let file = fs::File::open(&path).with_context(|| path.clone())?;
         let (tcp, udp_tally) = (Arc::default(), Arc::default());
         let stop = Arc::new(AtomicBool::new(false));
         let start = Instant::now();
         let (t, u, s) = (Arc::clone(&tcp), Arc::clone(&udp_tally), Arc::clone(&stop));
-        let handle = thread::Builder::new()
-            .name("churn-load".into())
-            .spawn(move || {
-                if let Err(e) = nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET) {
-                    eprintln!("bench: entering the client namespace: {e}");
-                    return;
-                }
-                let mut threads = Vec::new();
-                for _ in 0..REQUEST_THREADS {
-                    let (t, s) = (Arc::clone(&t), Arc::clone(&s));
-                    threads.push(thread::spawn(move || {
-                        while !s.load(Ordering::Relaxed) {
-                            let r = http_get(vip);
-                            record(&t, start, r);
-                            thread::sleep(REQUEST_EVERY);
-                        }
-                    }));
-                }
-                if let Some(to) = udp {
-                    let (u, s) = (Arc::clone(&u), Arc::clone(&s));
-                    threads.push(thread::spawn(move || {
-                        while !s.load(Ordering::Relaxed) {
-                            let r = udp_echo(to);
-                            record(&u, start, r);
-                            thread::sleep(REQUEST_EVERY);
-                        }
-                    }));
-                }
-                for t in threads {
-                    let _ = t.join();
-                }
-            })?;
+        let handle = spawn_in_netns(ns, "churn-load", move || {
+            let mut threads = Vec::new();
+            for _ in 0..REQUEST_THREADS {
+                let (t, s) = (Arc::clone(&t), Arc::clone(&s));
+                threads.push(thread::spawn(move || {
+                    while !s.load(Ordering::Relaxed) {
+                        let r = http_get(vip);
+                        record(&t, start, r);
+                        thread::sleep(REQUEST_EVERY);
+                    }
+                }));
+            }
+            if let Some(to) = udp {
+                let (u, s) = (Arc::clone(&u), Arc::clone(&s));
+                threads.push(thread::spawn(move || {
+                    while !s.load(Ordering::Relaxed) {
+                        let r = udp_echo(to);
+                        record(&u, start, r);
+                        thread::sleep(REQUEST_EVERY);
+                    }
+                }));
+            }
+            for t in threads {
+                let _ = t.join();
+            }
+        })?;
         Ok(Load {
             tcp,
             udp: udp_tally,
