@@ -6,7 +6,7 @@
 //!   {prefix}-gw:     strait run --config F           (--via reload: SIGHUP after each write)
 //!                    strait run --kube ...           (--via kube: the fake API server in the
 //!                                                     gateway's namespace, one EndpointSlice)
-//!   {prefix}-client: request threads: GET / on a new connection each, 2 s timeout
+//!   {prefix}-client: request threads: GET / on a new connection each, 4 s timeout
 //!   the bench:       one endpoint change every 60 / RATE s: an endpoint added (ready), a
 //!                    ready one set draining (file: state = "draining"; Kubernetes: serving
 //!                    and terminating), or one drained for DRAIN removed
@@ -200,20 +200,7 @@ pub struct Report {
 /// # Errors
 /// Not root; the testbed, the gateway or the fake API server did not come up.
 pub fn run(o: &Options) -> anyhow::Result<()> {
-    ensure!(o.minutes > 0.0, "--minutes must be more than 0");
-    ensure!(o.rate > 0, "--rate must be at least 1 change a minute");
-    ensure!(
-        (4..=64).contains(&o.backends),
-        "--backends must be 4 to 64, not {}",
-        o.backends
-    );
-    catch_stop()?;
-    let bed = testbed::up(&testbed::Opts {
-        backends: o.backends,
-        topology: testbed::Topology::TwoArm,
-        prefix: o.prefix.clone(),
-        ..testbed::Opts::default()
-    })?;
+    let bed = bed_up(o.minutes, o.rate, o.backends, &o.prefix)?;
     let mut world = World::up(&bed, o.via)?;
     world.endpoints.drain = !o.no_drain;
     let load = Load::start(&bed.client_namespace(), world.vip, None)?;
@@ -221,11 +208,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     drop(load);
     drop(world);
     drop(bed);
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    if let Some(path) = &o.json {
-        fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    write_report(&report, o.json.as_deref())?;
     eprintln!(
         "bench churn ({:?}): {} changes in {:.1} min ({:.0}/min); {}/{} requests failed; \
          {} checks, {} failed; generation {} -> {}; RSS {} KiB -> max {} KiB ({:+.2} %); \
@@ -250,6 +233,48 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         report.flows_reopened,
         report.client_retransmissions,
     );
+    Ok(())
+}
+
+/// Checks the options `bench churn` and `bench soak` share and brings up their testbed:
+/// two-arm (nat), `backends` backends, namespaces prefixed `prefix`.
+///
+/// # Errors
+/// An option out of range; not root; the testbed did not come up.
+pub(crate) fn bed_up(
+    minutes: f64,
+    rate: u32,
+    backends: usize,
+    prefix: &str,
+) -> anyhow::Result<Testbed> {
+    ensure!(minutes > 0.0, "--minutes must be more than 0");
+    ensure!(rate > 0, "--rate must be at least 1 change a minute");
+    ensure!(
+        (4..=64).contains(&backends),
+        "--backends must be 4 to 64, not {backends}"
+    );
+    catch_stop()?;
+    Ok(testbed::up(&testbed::Opts {
+        backends,
+        topology: testbed::Topology::TwoArm,
+        prefix: prefix.to_owned(),
+        ..testbed::Opts::default()
+    })?)
+}
+
+/// Prints `report` as JSON, and writes it to `path` if given.
+///
+/// # Errors
+/// The file cannot be written.
+pub(crate) fn write_report(
+    report: &impl Serialize,
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(report)?;
+    println!("{text}");
+    if let Some(path) = path {
+        fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
 }
 
