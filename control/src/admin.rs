@@ -762,6 +762,13 @@ impl Collector for Metrics {
         )?;
         counter(
             &mut enc,
+            "flows_reopened",
+            "New connections on the 5-tuple of a closing flow (a reused client port), given a \
+             backend afresh.",
+            &per_core(|s| s.counters.flows_reopened),
+        )?;
+        counter(
+            &mut enc,
             "flows_stateless",
             "New flows forwarded without state (table bucket full or above the rate cap).",
             &per_core(|s| s.counters.stateless_full + s.counters.stateless_rate_limited),

@@ -1,4 +1,4 @@
-//! Active health checks: one thread per backend, TCP connect or HTTP GET, on an interval with
+//! Active health checks: one thread per checked backend, TCP connect or HTTP GET, on an interval with
 //! ±10 % jitter (so checks of many backends do not fall into step), a timeout, and rise / fall
 //! counts like HAProxy's: a backend goes down after `fall` consecutive failures and up after
 //! `rise` consecutive successes.
@@ -10,6 +10,13 @@
 //! check. Which checks run is the core's decision ([`crate::core::Effect::StartCheck`]).
 //!
 //! HTTP success is a status of 200 to 399, as for Kubernetes' HTTP probes.
+//!
+//! A check's thread outlives its check: a stopped check's thread parks in an idle pool (at
+//! most [`IDLE_MAX`]) and the next check started takes it. Endpoints come and go by the
+//! thousand a minute in a busy cluster; a thread started and ended for each would make the
+//! allocator give each new thread an arena and a cached stack whose high-water marks creep
+//! up for minutes, so the gateway's resident memory would grow with the churn
+//! (`strait-lab bench soak`). Pooled, the threads and their memory stay as they were.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -53,16 +60,39 @@ impl Default for State {
 /// Shared view of every checked backend's state.
 pub type States = Arc<Mutex<HashMap<Key, State>>>;
 
+/// Idle check threads kept for checks started later: enough for the endpoints a large
+/// Service's rolling update replaces at once; above it a stopped check's thread ends. Each
+/// costs its stack's touched pages (some tens of KiB) while parked.
+pub const IDLE_MAX: usize = 64;
+
+/// One check for a pooled thread to run until `stopped` disconnects; the thread drops `done`
+/// when the check has ended, which [`Checker::stop`] waits for.
+struct Job {
+    key: Key,
+    check: HealthCheck,
+    stopped: mpsc::Receiver<()>,
+    done: Sender<()>,
+}
+
+/// A check thread, running a check or parked waiting for one.
+struct Pooled {
+    jobs: Sender<Job>,
+    thread: JoinHandle<()>,
+}
+
+/// A running check.
 struct Worker {
     check: HealthCheck,
     stop: Sender<()>,
-    thread: JoinHandle<()>,
+    done: mpsc::Receiver<()>,
+    pooled: Pooled,
 }
 
 /// Runs the checks of a configuration and follows its changes.
 pub struct Checker {
     states: States,
     workers: HashMap<Key, Worker>,
+    idle: Vec<Pooled>,
     changed: Sender<Key>,
 }
 
@@ -80,6 +110,7 @@ impl Checker {
         Self {
             states: Arc::default(),
             workers: HashMap::new(),
+            idle: Vec::new(),
             changed,
         }
     }
@@ -124,11 +155,20 @@ impl Checker {
         }
     }
 
-    /// Stops the check of `key` and forgets its state; nothing when none runs.
+    /// Stops the check of `key` and forgets its state; nothing when none runs. Returns once
+    /// the check has ended (a probe under way finishes first, within its timeout), so that
+    /// no result of it is recorded afterwards.
     pub fn stop(&mut self, key: &Key) {
         if let Some(w) = self.workers.remove(key) {
             drop(w.stop);
-            let _ = w.thread.join();
+            // Disconnected when the thread drops the job's `done`: the check has ended.
+            let _ = w.done.recv();
+            if self.idle.len() < IDLE_MAX {
+                self.idle.push(w.pooled);
+            } else {
+                drop(w.pooled.jobs);
+                let _ = w.pooled.thread.join();
+            }
         }
         self.states
             .lock()
@@ -136,8 +176,9 @@ impl Checker {
             .remove(key);
     }
 
-    /// Starts checking `key` with `check`, from the up state. A check already running for
-    /// `key` is replaced when `check` differs, and left as it is otherwise.
+    /// Starts checking `key` with `check`, from the up state, on an idle pooled thread or a
+    /// new one. A check already running for `key` is replaced when `check` differs, and left
+    /// as it is otherwise.
     pub fn start(&mut self, key: Key, check: HealthCheck) {
         match self.workers.get(&key) {
             Some(w) if w.check == check => return,
@@ -149,42 +190,84 @@ impl Checker {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(key.clone(), State::default());
         let (stop, stopped) = mpsc::channel::<()>();
-        let (states, changed, k, hc) = (
-            Arc::clone(&self.states),
-            self.changed.clone(),
-            key.clone(),
-            check.clone(),
-        );
-        let thread = thread::Builder::new()
-            .name(format!("health {}", key.1))
-            .spawn(move || loop {
-                let result = probe(&hc, SocketAddr::new(k.1, hc.port.unwrap_or(k.2)));
-                if record(&states, &k, &hc, result) {
-                    let _ = changed.send(k.clone());
+        let (done_tx, done) = mpsc::channel::<()>();
+        let mut job = Job {
+            key: key.clone(),
+            check: check.clone(),
+            stopped,
+            done: done_tx,
+        };
+        let pooled = loop {
+            let p = self.idle.pop().unwrap_or_else(|| self.spawn());
+            match p.jobs.send(job) {
+                Ok(()) => break p,
+                // The thread has ended (a panic in a probe): take another.
+                Err(mpsc::SendError(j)) => {
+                    job = j;
+                    let _ = p.thread.join();
                 }
-                let jitter = 0.9 + fastrand::f64() * 0.2;
-                match stopped.recv_timeout(hc.interval.mul_f64(jitter)) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    _ => return,
-                }
-            })
-            .expect("spawning a health-check thread");
+            }
+        };
         self.workers.insert(
             key,
             Worker {
                 check,
                 stop,
-                thread,
+                done,
+                pooled,
             },
         );
     }
+
+    /// A new check thread, parked until it is given a job.
+    fn spawn(&self) -> Pooled {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let (states, changed) = (Arc::clone(&self.states), self.changed.clone());
+        let thread = thread::Builder::new()
+            .name("health".into())
+            .spawn(move || {
+                for job in queue {
+                    run(&states, &changed, job);
+                }
+            })
+            .expect("spawning a health-check thread");
+        Pooled { jobs, thread }
+    }
+}
+
+/// Runs one check until it is stopped.
+fn run(states: &States, changed: &Sender<Key>, job: Job) {
+    let Job {
+        key,
+        check,
+        stopped,
+        done,
+    } = job;
+    let addr = SocketAddr::new(key.1, check.port.unwrap_or(key.2));
+    loop {
+        let result = probe(&check, addr);
+        if record(states, &key, &check, result) {
+            let _ = changed.send(key.clone());
+        }
+        let jitter = 0.9 + fastrand::f64() * 0.2;
+        match stopped.recv_timeout(check.interval.mul_f64(jitter)) {
+            Err(RecvTimeoutError::Timeout) => {}
+            _ => break,
+        }
+    }
+    drop(done);
 }
 
 impl Drop for Checker {
     fn drop(&mut self) {
         for (_, w) in self.workers.drain() {
             drop(w.stop);
-            let _ = w.thread.join();
+            drop(w.pooled.jobs);
+            let _ = w.pooled.thread.join();
+        }
+        for p in self.idle.drain(..) {
+            drop(p.jobs);
+            let _ = p.thread.join();
         }
     }
 }
@@ -393,5 +476,46 @@ backends = [{{ address = "127.0.0.1", port = {} }}]
         empty.services[0].backends.clear();
         c.sync(&empty);
         assert!(c.states().lock().unwrap().is_empty());
+    }
+    #[test]
+    fn a_stopped_checks_thread_runs_the_next_check() {
+        let status = Arc::new(AtomicU16::new(200));
+        let addr = server(Arc::clone(&status));
+        let (tx, _rx) = mpsc::channel();
+        let mut c = Checker::new(tx);
+        let key = |i: u16| ("web".to_string(), addr.ip(), 10_000 + i);
+        let check = HealthCheck {
+            port: Some(addr.port()),
+            ..hc(HealthKind::Tcp)
+        };
+        c.start(key(0), check.clone());
+        let first = c.workers[&key(0)].pooled.thread.thread().id();
+        // Endpoints replaced one by one, as a churning EndpointSlice does: one thread serves
+        // them all, each check from a fresh state, and a stopped check records nothing more.
+        for i in 1..50 {
+            c.stop(&key(i - 1));
+            assert_eq!(c.idle.len(), 1);
+            c.start(key(i), check.clone());
+            assert!(c.idle.is_empty());
+            assert_eq!(c.workers[&key(i)].pooled.thread.thread().id(), first);
+            assert_eq!(c.states().lock().unwrap().len(), 1);
+        }
+        let t = std::time::Instant::now();
+        while c.states().lock().unwrap()[&key(49)].checks < 2 {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the pooled thread checks"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+        // Beyond IDLE_MAX idle threads, a stopped check's thread ends.
+        for i in 100..100 + IDLE_MAX as u16 + 3 {
+            c.start(key(i), check.clone());
+        }
+        for i in 100..100 + IDLE_MAX as u16 + 3 {
+            c.stop(&key(i));
+        }
+        assert_eq!(c.idle.len(), IDLE_MAX);
+        drop(c);
     }
 }

@@ -185,7 +185,7 @@ impl FlowState {
     /// | `TcpClosing` | `TcpClosing` | `TcpSyn` | `TcpClosing` | `TcpClosing` |
     ///
     /// FIN and RST win over the other bits. A SYN on a closing entry is the client reusing the
-    /// port for a new connection. A SYN on an established entry does not demote it (it is a
+    /// port for a new connection (see [`FlowState::reopened_by`]). A SYN on an established entry does not demote it (it is a
     /// retransmission or a probe, and demoting would make the entry evictable by a SYN
     /// flood). A new entry first seen with ACK is a connection picked up mid-stream (the entry
     /// had expired, or the gateway restarted), which is established.
@@ -207,6 +207,18 @@ impl FlowState {
             }
             FlowState::TcpSyn | FlowState::Udp | FlowState::Other => FlowState::TcpSyn,
         }
+    }
+
+    /// Whether a TCP segment with `flags` from the client opens a new connection on this
+    /// entry's 5-tuple: a SYN without ACK on a closing entry, the client reusing its port while
+    /// the old connection's entry lingers for [`Timeouts::tcp_closing`]. The pipeline gives
+    /// such a connection a backend afresh, as any new flow, rather than the old connection's
+    /// (which may be draining and take no new flows).
+    #[inline]
+    #[must_use]
+    pub fn reopened_by(self, flags: u8) -> bool {
+        use tcp_flags::{ACK, FIN, RST, SYN};
+        self == FlowState::TcpClosing && flags & (SYN | ACK | FIN | RST) == SYN
     }
 }
 

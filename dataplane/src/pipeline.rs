@@ -468,8 +468,9 @@ impl Pipeline {
         let tcp = matches!(p.proto, proto::TCP | proto::SCTP);
         let mut stale = None;
         if let Some(v) = self.flows.lookup_hashed(key, fh, now) {
+            let reopened = tcp && v.state.reopened_by(p.tcp_flags);
             match t.backend(v.backend) {
-                Some(b) if b.keeps_flows() && b.incarnation == v.incarnation => {
+                Some(b) if b.keeps_flows() && b.incarnation == v.incarnation && !reopened => {
                     let (seen, state) = (v.last_seen_ms(), v.state);
                     v.touch(now);
                     if tcp {
@@ -483,6 +484,13 @@ impl Pipeline {
                         }
                     }
                     return Ok(b);
+                }
+                Some(b) if b.keeps_flows() && b.incarnation == v.incarnation => {
+                    // A new connection on the 5-tuple of a closed one (a reused client port):
+                    // a new flow, which a draining backend must not take. Pinned to the old
+                    // backend, it would outlive that backend's drain and be cut by its removal.
+                    self.counters.flows_reopened += 1;
+                    stale = Some(*v);
                 }
                 _ => {
                     self.counters.flows_rehashed += 1;
@@ -1006,6 +1014,130 @@ backends = [{}]
         let (_, out) = run(&mut pipe, &t3, 3 * SEC, &tcp(CLIENT, VIP_A, false));
         assert_eq!(&out[0..6], &[2, 0, 0, 0, 1, kept.1]);
         assert_eq!(pipe.counters.flows_rehashed, 1);
+    }
+
+    /// A client frame from `CLIENT` to service a's VIP with TCP `flags`.
+    fn client_segment(flags: u8) -> Vec<u8> {
+        let mut f = tcp(CLIENT, VIP_A, false);
+        // Ethernet 14 + IPv4 20: the TCP flags byte is the header's 14th.
+        f[14 + 20 + 13] = flags;
+        let ip = etherparse::Ipv4HeaderSlice::from_slice(&f[14..]).expect("ipv4");
+        let tcp_hdr = etherparse::TcpHeader::from_slice(&f[34..]).expect("tcp").0;
+        let sum = tcp_hdr
+            .calc_checksum_ipv4_raw(ip.source(), ip.destination(), &[])
+            .expect("checksum");
+        f[34 + 16..34 + 18].copy_from_slice(&sum.to_be_bytes());
+        f
+    }
+
+    #[test]
+    fn a_new_connection_on_a_closed_flows_port_avoids_a_draining_backend() {
+        let (x, y) = (("198.51.100.31", 0x31), ("198.51.100.32", 0x32));
+        let mut builder = Builder::new();
+        let t1 = build(&mut builder, &config("nat", &[x, y], &[]));
+        let mut pipe = Pipeline::new(0, 1, 1024, Timeouts::default(), 0);
+        let (v, out) = run(&mut pipe, &t1, SEC, &client_segment(flags::SYN));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        let first = backend_by_mac(&t1, &out[0..6]);
+        let (old, other) = if first.mac == Some([2, 0, 0, 0, 1, x.1]) {
+            (x, y)
+        } else {
+            (y, x)
+        };
+        // The connection ends: the client's FIN, then its last ACK. Its entry lingers as
+        // closing (10 s).
+        for f in [flags::FIN | flags::ACK, flags::ACK] {
+            let (v, out) = run(&mut pipe, &t1, 2 * SEC, &client_segment(f));
+            assert_eq!(v, Verdict::Tx { port: 0 });
+            assert_eq!(&out[0..6], &[2, 0, 0, 0, 1, old.1]);
+        }
+        // Its backend starts draining; the client reuses the port for a new connection within
+        // the closing entry's life. A draining backend takes no new flows, so it is not this
+        // one's: pinned to it, the connection would be cut when the drain ends.
+        let draining = strait_config::parse(&format!(
+            r#"
+[[gateway.interfaces]]
+name = "eth0"
+queues = [0]
+[[services]]
+name = "a"
+vip = "203.0.113.10"
+port = 80
+mode = "nat"
+maglev_table_size = 251
+backends = [
+  {{ address = "{}", port = 8080, mac = "02:00:00:00:01:{:02x}", state = "draining" }},
+  {{ address = "{}", port = 8080, mac = "02:00:00:00:01:{:02x}" }},
+]
+"#,
+            old.0, old.1, other.0, other.1
+        ))
+        .expect("test config");
+        let t2 = build(&mut builder, &draining);
+        // A retransmitted segment of the old connection still reaches its backend.
+        let (_, out) = run(&mut pipe, &t2, 3 * SEC, &client_segment(flags::ACK));
+        assert_eq!(&out[0..6], &[2, 0, 0, 0, 1, old.1]);
+        assert_eq!(pipe.counters.flows_reopened, 0);
+        let (v, out) = run(&mut pipe, &t2, 4 * SEC, &client_segment(flags::SYN));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        assert_eq!(
+            &out[0..6],
+            &[2, 0, 0, 0, 1, other.1],
+            "the new connection goes to the backend that takes new flows"
+        );
+        assert_eq!(pipe.counters.flows_reopened, 1);
+        assert_eq!(pipe.counters.flows_rehashed, 0);
+        // It stays there, and its replies come back from the VIP; the old backend's late
+        // segments to this client port are no longer a flow's.
+        let (_, out) = run(&mut pipe, &t2, 5 * SEC, &client_segment(flags::ACK));
+        assert_eq!(&out[0..6], &[2, 0, 0, 0, 1, other.1]);
+        let addr = |a: &str| a.parse::<core::net::Ipv4Addr>().unwrap().octets();
+        let (v, out) = run(
+            &mut pipe,
+            &t2,
+            5 * SEC,
+            &tcp((addr(other.0), 8080), CLIENT, false),
+        );
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        assert_eq!(&out[26..30], &VIP_A.0);
+        let (v, _) = run(
+            &mut pipe,
+            &t2,
+            5 * SEC,
+            &tcp((addr(old.0), 8080), CLIENT, false),
+        );
+        assert_eq!(v, Verdict::Drop(DropReason::ReplyNoFlow));
+        assert!(pipe.counters.balanced());
+    }
+
+    #[test]
+    fn a_retransmitted_syn_keeps_a_draining_backend() {
+        let (x, y) = (("198.51.100.41", 0x41), ("198.51.100.42", 0x42));
+        let mut builder = Builder::new();
+        let t1 = build(&mut builder, &config("nat", &[x, y], &[]));
+        let mut pipe = Pipeline::new(0, 1, 1024, Timeouts::default(), 0);
+        let (_, out) = run(&mut pipe, &t1, SEC, &client_segment(flags::SYN));
+        let first = backend_by_mac(&t1, &out[0..6]);
+        let old = if first.mac == Some([2, 0, 0, 0, 1, x.1]) {
+            x
+        } else {
+            y
+        };
+        let other = if old == x { y } else { x };
+        let draining = config("nat", &[other], &[]);
+        // `other` alone in a, `old` gone would re-hash; keep `old` draining instead.
+        let mut cfg = draining;
+        let mut b = cfg.services[0].backends[0].clone();
+        b.address = old.0.parse().unwrap();
+        b.mac = Some(strait_config::model::MacAddr([2, 0, 0, 0, 1, old.1]));
+        b.state = strait_config::model::BackendState::Draining;
+        cfg.services[0].backends.push(b);
+        let t2 = build(&mut builder, &cfg);
+        // The handshake's SYN again (its SYN-ACK was lost): the same connection, which the
+        // draining backend keeps.
+        let (_, out) = run(&mut pipe, &t2, 2 * SEC, &client_segment(flags::SYN));
+        assert_eq!(&out[0..6], &[2, 0, 0, 0, 1, old.1]);
+        assert_eq!(pipe.counters.flows_reopened, 0);
     }
 
     #[test]

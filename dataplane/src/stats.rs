@@ -153,6 +153,9 @@ pub struct Counters {
     pub stateless_rate_limited: u64,
     /// Flows whose backend left the snapshot or failed, re-hashed on their next packet.
     pub flows_rehashed: u64,
+    /// New connections (TCP SYN, SCTP INIT) on the 5-tuple of a closing flow, a reused client
+    /// port: given a backend afresh, not the closed connection's.
+    pub flows_reopened: u64,
     /// RSTs (and SCTP ABORTs) for unknown flows, forwarded by Maglev without creating state.
     pub rst_without_flow: u64,
     /// IP fragments forwarded by the 3-tuple hash.
@@ -202,6 +205,7 @@ impl Counters {
         self.stateless_full += o.stateless_full;
         self.stateless_rate_limited += o.stateless_rate_limited;
         self.flows_rehashed += o.flows_rehashed;
+        self.flows_reopened += o.flows_reopened;
         self.rst_without_flow += o.rst_without_flow;
         self.fragments += o.fragments;
         self.icmp_errors_forwarded += o.icmp_errors_forwarded;

@@ -20,7 +20,6 @@
 //! The abusers run on the same two cores as everything else, so they also take CPU from the
 //! generator: the rate offered drops, the share forwarded is what tells the gateway's part.
 
-use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -34,6 +33,7 @@ use serde::Serialize;
 
 use super::failover::{admin, catch_stop, cpu_model, interrupted, Client, Fleet};
 use super::flood::gen;
+use super::spawn_in_netns;
 use crate::testbed;
 
 /// `strait-lab bench admin` options.
@@ -304,22 +304,6 @@ impl Counters {
 const ADMIN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9900);
 
-/// Starts a thread that entered network namespace `ns` and runs `f` there.
-fn spawn_in(ns: &str, name: &str, f: impl FnOnce() + Send + 'static) -> anyhow::Result<Worker> {
-    let path = format!("/run/netns/{ns}");
-    let file = File::open(&path).with_context(|| path.clone())?;
-    let handle = thread::Builder::new()
-        .name(name.to_owned())
-        .spawn(move || {
-            if let Err(e) = nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET) {
-                eprintln!("bench admin: entering {path}: {e}");
-                return;
-            }
-            f();
-        })?;
-    Ok(handle)
-}
-
 type Worker = thread::JoinHandle<()>;
 
 /// A `/healthz` request every 20 ms, its latency recorded.
@@ -354,7 +338,7 @@ impl Probe {
         let stop = Arc::new(AtomicBool::new(false));
         let log = Arc::new(Mutex::new(ProbeLog::default()));
         let (s, l) = (Arc::clone(&stop), Arc::clone(&log));
-        let handle = spawn_in(ns, "admin-probe", move || {
+        let handle = spawn_in_netns(ns, "admin-probe", move || {
             while !s.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 let ok = request(b"GET /healthz HTTP/1.1\r\nHost: strait\r\n\r\n")
@@ -424,13 +408,17 @@ impl Abusers {
         let counts = Arc::new(Counts::default());
         let mut handles = Vec::new();
         let (s, c, idle) = (Arc::clone(&stop), Arc::clone(&counts), o.idle);
-        handles.push(spawn_in(ns, "admin-idle", move || hold_idle(idle, &s, &c))?);
+        handles.push(spawn_in_netns(ns, "admin-idle", move || {
+            hold_idle(idle, &s, &c)
+        })?);
         let (s, c, slow) = (Arc::clone(&stop), Arc::clone(&counts), o.slow);
-        handles.push(spawn_in(ns, "admin-slow", move || trickle(slow, &s, &c))?);
+        handles.push(spawn_in_netns(ns, "admin-slow", move || {
+            trickle(slow, &s, &c)
+        })?);
         let per_thread = (o.abuse_rate / REQUEST_ABUSERS).max(1);
         for k in 0..REQUEST_ABUSERS {
             let (s, c) = (Arc::clone(&stop), Arc::clone(&counts));
-            handles.push(spawn_in(ns, "admin-requests", move || {
+            handles.push(spawn_in_netns(ns, "admin-requests", move || {
                 hostile_requests(k, per_thread, &s, &c);
             })?);
         }

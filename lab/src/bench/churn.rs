@@ -6,7 +6,7 @@
 //!   {prefix}-gw:     strait run --config F           (--via reload: SIGHUP after each write)
 //!                    strait run --kube ...           (--via kube: the fake API server in the
 //!                                                     gateway's namespace, one EndpointSlice)
-//!   {prefix}-client: request threads: GET / on a new connection each, 2 s timeout
+//!   {prefix}-client: request threads: GET / on a new connection each, 4 s timeout
 //!   the bench:       one endpoint change every 60 / RATE s: an endpoint added (ready), a
 //!                    ready one set draining (file: state = "draining"; Kubernetes: serving
 //!                    and terminating), or one drained for DRAIN removed
@@ -41,6 +41,7 @@ use strait_testkit::fake_api::FakeApi;
 use strait_testkit::objects::{node, CLASS};
 
 use super::failover::{admin, catch_stop, cpu_model, interrupted};
+use super::spawn_in_netns;
 use crate::testbed::{self, BackendInfo, Testbed, NAT_PORT, VIP4};
 
 /// How the endpoint changes reach the gateway.
@@ -159,6 +160,11 @@ pub struct Report {
     /// The gateway's drops over the run, by reason (packet path) and cause (worker), the
     /// ones not zero: where a failed request's packets went.
     pub gateway_drops: std::collections::BTreeMap<String, u64>,
+    /// New connections on the 5-tuple of a closing flow (the client reused a port within the
+    /// entry's closing timeout), which the gateway gave a backend afresh
+    /// (`strait_flows_reopened_total`): pinned to the old connection's backend, one that had
+    /// begun draining could be removed under them.
+    pub flows_reopened: u64,
     /// TCP segments the client namespace retransmitted (`RetransSegs`): packets lost or late.
     pub client_retransmissions: u64,
     /// Checks that the gateway followed (endpoints, generation, steering maps).
@@ -194,20 +200,7 @@ pub struct Report {
 /// # Errors
 /// Not root; the testbed, the gateway or the fake API server did not come up.
 pub fn run(o: &Options) -> anyhow::Result<()> {
-    ensure!(o.minutes > 0.0, "--minutes must be more than 0");
-    ensure!(o.rate > 0, "--rate must be at least 1 change a minute");
-    ensure!(
-        (4..=64).contains(&o.backends),
-        "--backends must be 4 to 64, not {}",
-        o.backends
-    );
-    catch_stop()?;
-    let bed = testbed::up(&testbed::Opts {
-        backends: o.backends,
-        topology: testbed::Topology::TwoArm,
-        prefix: o.prefix.clone(),
-        ..testbed::Opts::default()
-    })?;
+    let bed = bed_up(o.minutes, o.rate, o.backends, &o.prefix)?;
     let mut world = World::up(&bed, o.via)?;
     world.endpoints.drain = !o.no_drain;
     let load = Load::start(&bed.client_namespace(), world.vip, None)?;
@@ -215,15 +208,12 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     drop(load);
     drop(world);
     drop(bed);
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    if let Some(path) = &o.json {
-        fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    write_report(&report, o.json.as_deref())?;
     eprintln!(
         "bench churn ({:?}): {} changes in {:.1} min ({:.0}/min); {}/{} requests failed; \
          {} checks, {} failed; generation {} -> {}; RSS {} KiB -> max {} KiB ({:+.2} %); \
-         fds {}..{}; gateway drops {:?}; client retransmissions {}",
+         fds {}..{}; gateway drops {:?}; {} connections on a reused port given a backend \
+         afresh; client retransmissions {}",
         o.via,
         report.changes,
         report.minutes,
@@ -240,8 +230,51 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         report.fds_min,
         report.fds_max,
         report.gateway_drops,
+        report.flows_reopened,
         report.client_retransmissions,
     );
+    Ok(())
+}
+
+/// Checks the options `bench churn` and `bench soak` share and brings up their testbed:
+/// two-arm (nat), `backends` backends, namespaces prefixed `prefix`.
+///
+/// # Errors
+/// An option out of range; not root; the testbed did not come up.
+pub(crate) fn bed_up(
+    minutes: f64,
+    rate: u32,
+    backends: usize,
+    prefix: &str,
+) -> anyhow::Result<Testbed> {
+    ensure!(minutes > 0.0, "--minutes must be more than 0");
+    ensure!(rate > 0, "--rate must be at least 1 change a minute");
+    ensure!(
+        (4..=64).contains(&backends),
+        "--backends must be 4 to 64, not {backends}"
+    );
+    catch_stop()?;
+    Ok(testbed::up(&testbed::Opts {
+        backends,
+        topology: testbed::Topology::TwoArm,
+        prefix: prefix.to_owned(),
+        ..testbed::Opts::default()
+    })?)
+}
+
+/// Prints `report` as JSON, and writes it to `path` if given.
+///
+/// # Errors
+/// The file cannot be written.
+pub(crate) fn write_report(
+    report: &impl Serialize,
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(report)?;
+    println!("{text}");
+    if let Some(path) = path {
+        fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
 }
 
@@ -273,13 +306,15 @@ fn churn(world: &mut World, load: &Load, o: &Options) -> anyhow::Result<Report> 
     samples.push(world.sample(t0, world.endpoints.changes, load));
     let (requests, failed, failures) = load.totals();
     let mem = Memory::of(&samples, o.warmup);
+    let m = world.gw.metrics();
     Ok(Report {
         via: o.via,
         minutes,
         changes: world.endpoints.changes,
         changes_per_minute: world.endpoints.changes as f64 / minutes,
         drained: world.endpoints.drain,
-        gateway_drops: drops(&world.gw.metrics()),
+        gateway_drops: drops(&m),
+        flows_reopened: metric(&m, "strait_flows_reopened_total", &[]) as u64,
         client_retransmissions: retransmissions(&world.client),
         requests,
         requests_failed: failed,
@@ -1059,44 +1094,36 @@ impl Load {
         vip: SocketAddr,
         udp: Option<SocketAddr>,
     ) -> anyhow::Result<Load> {
-        let path = format!("/run/netns/{ns}");
-        let file = fs::File::open(&path).with_context(|| path.clone())?;
         let (tcp, udp_tally) = (Arc::default(), Arc::default());
         let stop = Arc::new(AtomicBool::new(false));
         let start = Instant::now();
         let (t, u, s) = (Arc::clone(&tcp), Arc::clone(&udp_tally), Arc::clone(&stop));
-        let handle = thread::Builder::new()
-            .name("churn-load".into())
-            .spawn(move || {
-                if let Err(e) = nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET) {
-                    eprintln!("bench: entering the client namespace: {e}");
-                    return;
-                }
-                let mut threads = Vec::new();
-                for _ in 0..REQUEST_THREADS {
-                    let (t, s) = (Arc::clone(&t), Arc::clone(&s));
-                    threads.push(thread::spawn(move || {
-                        while !s.load(Ordering::Relaxed) {
-                            let r = http_get(vip);
-                            record(&t, start, r);
-                            thread::sleep(REQUEST_EVERY);
-                        }
-                    }));
-                }
-                if let Some(to) = udp {
-                    let (u, s) = (Arc::clone(&u), Arc::clone(&s));
-                    threads.push(thread::spawn(move || {
-                        while !s.load(Ordering::Relaxed) {
-                            let r = udp_echo(to);
-                            record(&u, start, r);
-                            thread::sleep(REQUEST_EVERY);
-                        }
-                    }));
-                }
-                for t in threads {
-                    let _ = t.join();
-                }
-            })?;
+        let handle = spawn_in_netns(ns, "churn-load", move || {
+            let mut threads = Vec::new();
+            for _ in 0..REQUEST_THREADS {
+                let (t, s) = (Arc::clone(&t), Arc::clone(&s));
+                threads.push(thread::spawn(move || {
+                    while !s.load(Ordering::Relaxed) {
+                        let r = http_get(vip);
+                        record(&t, start, r);
+                        thread::sleep(REQUEST_EVERY);
+                    }
+                }));
+            }
+            if let Some(to) = udp {
+                let (u, s) = (Arc::clone(&u), Arc::clone(&s));
+                threads.push(thread::spawn(move || {
+                    while !s.load(Ordering::Relaxed) {
+                        let r = udp_echo(to);
+                        record(&u, start, r);
+                        thread::sleep(REQUEST_EVERY);
+                    }
+                }));
+            }
+            for t in threads {
+                let _ = t.join();
+            }
+        })?;
         Ok(Load {
             tcp,
             udp: udp_tally,
@@ -1165,23 +1192,37 @@ fn record(t: &Mutex<Tally>, start: Instant, r: Result<(), String>) {
     }
 }
 
-/// `GET /` on a new connection; Ok if a backend answered 200 with its name.
+/// `GET /` on a new connection; Ok if a backend answered 200 with its name. A failure names
+/// the step that failed, the client's port (a capture's filter) and the time it took.
 fn http_get(to: SocketAddr) -> Result<(), String> {
-    let go = || -> std::io::Result<String> {
-        let mut s = TcpStream::connect_timeout(&to, REQUEST_TIMEOUT)?;
+    let t = Instant::now();
+    let mut port = None;
+    let mut go = || -> std::io::Result<String> {
+        let mut s = TcpStream::connect_timeout(&to, REQUEST_TIMEOUT)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("connect: {e}")))?;
+        port = s.local_addr().ok().map(|a| a.port());
         s.set_read_timeout(Some(REQUEST_TIMEOUT))?;
         s.write_all(b"GET / HTTP/1.0\r\nHost: vip\r\n\r\n")?;
         let mut text = String::new();
         s.read_to_string(&mut text)?;
         Ok(text)
     };
-    match go() {
+    let r = go();
+    let at = || {
+        let ms = t.elapsed().as_millis();
+        match port {
+            Some(p) => format!(" (client port {p}, after {ms} ms)"),
+            None => format!(" (after {ms} ms)"),
+        }
+    };
+    match r {
         Ok(t) if t.starts_with("HTTP/1.1 200") && t.contains("backend=") => Ok(()),
         Ok(t) => Err(format!(
-            "answer: {:?}",
-            t.lines().next().unwrap_or_default()
+            "answer: {:?}{}",
+            t.lines().next().unwrap_or_default(),
+            at()
         )),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(format!("{e}{}", at())),
     }
 }
 

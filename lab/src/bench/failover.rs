@@ -46,7 +46,7 @@
 //! is the time until another gateway owns the VIP.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
+use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt as _;
@@ -60,6 +60,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use serde::Serialize;
 
+use super::{in_netns, spawn_in_netns};
 use crate::testbed::{self, GatewayInfo, Testbed, VIP4};
 
 /// Interval between two writes of a stream: 20 writes a second show a stall of a tenth of
@@ -721,22 +722,6 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
-/// Runs `f` on a thread that entered network namespace `ns` (threads it starts are born
-/// there too).
-fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
-    let path = format!("/run/netns/{ns}");
-    thread::scope(|s| {
-        s.spawn(|| {
-            let file = File::open(&path).with_context(|| path.clone())?;
-            nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET)
-                .with_context(|| format!("entering {path}"))?;
-            Ok(f())
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("a thread in {ns} panicked"))?
-    })
-}
-
 /// One request to a gateway's admin API (loopback, inside its namespace); the body.
 pub(crate) fn admin(ns: &str, method: &str, path: &str) -> anyhow::Result<String> {
     in_netns(ns, || -> anyhow::Result<String> {
@@ -797,29 +782,21 @@ impl Client {
         let log = Arc::new(Mutex::new(Log::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let start = Instant::now();
-        let path = format!("/run/netns/{ns}");
-        let file = File::open(&path).with_context(|| path.clone())?;
         let (l, s) = (log.clone(), stop.clone());
-        let handle = thread::Builder::new()
-            .name("failover-client".into())
-            .spawn(move || {
-                if let Err(e) = nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET) {
-                    eprintln!("bench failover: entering the client namespace: {e}");
-                    return;
-                }
-                let mut threads = Vec::new();
-                for slot in 0..streams {
-                    let (l, s) = (l.clone(), s.clone());
-                    threads.push(thread::spawn(move || stream_slot(slot, &l, &s, start)));
-                }
-                for _ in 0..REQUEST_THREADS {
-                    let (l, s) = (l.clone(), s.clone());
-                    threads.push(thread::spawn(move || requests(&l, &s, start)));
-                }
-                for t in threads {
-                    let _ = t.join();
-                }
-            })?;
+        let handle = spawn_in_netns(ns, "failover-client", move || {
+            let mut threads = Vec::new();
+            for slot in 0..streams {
+                let (l, s) = (l.clone(), s.clone());
+                threads.push(thread::spawn(move || stream_slot(slot, &l, &s, start)));
+            }
+            for _ in 0..REQUEST_THREADS {
+                let (l, s) = (l.clone(), s.clone());
+                threads.push(thread::spawn(move || requests(&l, &s, start)));
+            }
+            for t in threads {
+                let _ = t.join();
+            }
+        })?;
         Ok(Client {
             log,
             stop,

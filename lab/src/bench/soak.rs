@@ -31,8 +31,10 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context};
 use serde::Serialize;
 
-use super::churn::{metric, utc_now, Checks, Load, Memory, Sample, Via, World, SAMPLE_EVERY};
-use super::failover::{catch_stop, cpu_model, interrupted, pause};
+use super::churn::{
+    bed_up, metric, utc_now, write_report, Checks, Load, Memory, Sample, Via, World, SAMPLE_EVERY,
+};
+use super::failover::{cpu_model, interrupted, pause};
 use crate::testbed::{self, BackendInfo, VIP4};
 
 /// `strait-lab bench soak` options.
@@ -249,21 +251,8 @@ pub struct Report {
 /// Not root; the testbed or the gateway did not come up; a backend could not be started
 /// again.
 pub fn run(o: &Options) -> anyhow::Result<()> {
-    ensure!(o.minutes > 0.0, "--minutes must be more than 0");
-    ensure!(o.rate > 0, "--rate must be at least 1 change a minute");
     ensure!(o.flap_every > 0.0, "--flap-every must be more than 0");
-    ensure!(
-        (4..=64).contains(&o.backends),
-        "--backends must be 4 to 64, not {}",
-        o.backends
-    );
-    catch_stop()?;
-    let bed = testbed::up(&testbed::Opts {
-        backends: o.backends,
-        topology: testbed::Topology::TwoArm,
-        prefix: o.prefix.clone(),
-        ..testbed::Opts::default()
-    })?;
+    let bed = bed_up(o.minutes, o.rate, o.backends, &o.prefix)?;
     let mut world = World::up(&bed, Via::Reload)?;
     let udp = SocketAddr::from((VIP4, testbed::NAT_UDP_PORT));
     let load = Load::start(&bed.client_namespace(), world.vip, Some(udp))?;
@@ -272,11 +261,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     drop(flapper);
     drop(world);
     drop(bed);
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    if let Some(path) = &o.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    write_report(&report, o.json.as_deref())?;
     eprintln!(
         "bench soak: {:.1} min, {} changes, {} flaps; HTTP {}/{} failed, UDP {}/{} failed \
          ({} in flaps, {} outside); RSS {} KiB -> max {} KiB ({:+.2} %); fds {}..{}; frames \
