@@ -164,7 +164,7 @@ fn report(
     worker: std::thread::JoinHandle<anyhow::Result<L2fwdStats>>,
 ) -> anyhow::Result<()> {
     let mut last = (0u64, 0u64);
-    let seconds = every_second(&stop, args.duration, |dt| {
+    let seconds = every_second(stop, args.duration, |dt| {
         if worker.is_finished() {
             return Ok(false);
         }
