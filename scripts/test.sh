@@ -17,11 +17,16 @@ cargo test --workspace
 # The DPDK driver is a cargo feature (the default build needs no DPDK): lint and test the
 # gateway with it, then the end-to-end tests on DPDK ports with a `strait` built with it.
 echo "== DPDK: cargo clippy / test --features dpdk"
-cargo clippy -p strait-control -p strait-lab \
-  --features strait-control/dpdk,strait-lab/dpdk --all-targets -- -D warnings
+cargo clippy -p strait-control -p strait-lab -p strait-tests \
+  --features strait-control/dpdk,strait-lab/dpdk,strait-tests/dpdk --all-targets -- -D warnings
 cargo test -p strait-control --features dpdk --lib --test check_dpdk
+# The DPDK worker loop under the counting allocator (a net_af_packet port on a veth).
+cargo test -p strait-tests --features dpdk --test no_alloc
 cargo build -p strait-control --features dpdk --bin strait
 cargo test -p strait-lab --features dpdk --test dpdk
+# The line-rate bench's DPDK rows (limit-dpdk, strait-dpdk-*): unit tests and a short run.
+cargo test -p strait-lab --features dpdk --lib bench::line
+cargo test -p strait-lab --features dpdk --test line_rate dpdk
 if [ -f fuzz/smoke.sh ]; then
   echo "== fuzz smoke (${FUZZ_SECONDS:-20} s per target)"
   FUZZ_SECONDS="${FUZZ_SECONDS:-20}" bash fuzz/smoke.sh

@@ -855,7 +855,7 @@ impl Collector for Metrics {
             &mut enc,
             "worker_kick_seconds",
             "Of the busy time, the TX kicks (copy-mode AF_XDP: the kernel copies and transmits \
-             each frame inside the sendto; DPDK: the PMD's TX burst).",
+             each frame inside the sendto; 0 on DPDK, whose PMD sends within the batch).",
             &kicks,
         )?;
         let occ: Vec<_> = samples

@@ -227,8 +227,9 @@ impl Counters {
 /// The turn's last part, the TX kick (the port driver's `drain_tx`), is also counted on its
 /// own in `kick_ns`, read once more from the clock before it: on copy-mode AF_XDP the kernel
 /// copies every frame into an skb and transmits it inside that `sendto` (on a veth, the
-/// peer's receive with it), work a zero-copy driver leaves to the NIC; on DPDK it is the PMD's
-/// TX burst. `ns - kick_ns` is the worker's own part: ring work and the pipeline.
+/// peer's receive with it), work a zero-copy driver leaves to the NIC; a DPDK port sends in
+/// its batch (the PMD's TX burst), so its kick is empty. `ns - kick_ns` is the worker's own
+/// part: ring work and the pipeline.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BusyTime {
     /// Nanoseconds in turns that found work.

@@ -33,6 +33,10 @@ fn privileged(test: &str) -> Option<MutexGuard<'static, ()>> {
     })
 }
 
+/// The AF_XDP and kernel systems: every build has them (a `dpdk` build adds three more,
+/// tested by `dpdk_rows_come_up_and_measure`).
+const BASE_SYSTEMS: &str = "limit,strait-dsr-l2,strait-nat,iptables,nftables";
+
 fn bench(args: &[&str]) -> Output {
     Command::new(LAB)
         .args(["bench", "line-rate"])
@@ -59,7 +63,15 @@ fn every_system_comes_up_and_forwards() {
         return;
     };
     let prefix = format!("lrs{}", std::process::id() % 100_000);
-    let out = bench(&["--setup-only", "--services", "10,300", "--prefix", &prefix]);
+    let out = bench(&[
+        "--setup-only",
+        "--services",
+        "10,300",
+        "--systems",
+        BASE_SYSTEMS,
+        "--prefix",
+        &prefix,
+    ]);
     assert!(out.status.success(), "{}", explain(&out));
     let err = text(&out.stderr);
     let checked = err.matches("set up and checked").count();
@@ -95,6 +107,8 @@ fn a_tiny_run_measures_every_system() {
         "10",
         "--seconds",
         "1",
+        "--systems",
+        BASE_SYSTEMS,
         "--prefix",
         &prefix,
         "--json",
@@ -234,4 +248,91 @@ fn check_cpu(p: &Value, out: &Output) {
             );
         }
     }
+}
+
+/// The DPDK rows (a `dpdk` build, and a `strait` built with DPDK beside `strait-lab`): set up
+/// and checked at 10 services (datagrams from the generator's kernel reach the sink through
+/// the gateway's DPDK ports, its kernel answering ARP through the exception TAP), then a
+/// tiny run: every point delivered packets, its CPU per packet is the busy worker turns
+/// alone (no XDP program on a DPDK port), and `pct_of_limit` is over `limit-dpdk`'s.
+#[cfg(feature = "dpdk")]
+#[test]
+fn dpdk_rows_come_up_and_measure() {
+    let Some(_serial) = privileged("line-rate DPDK rows") else {
+        return;
+    };
+    let systems = "limit-dpdk,strait-dpdk-dsr-l2,strait-dpdk-nat";
+    let prefix = format!("lrd{}", std::process::id() % 100_000);
+    let out = bench(&[
+        "--setup-only",
+        "--services",
+        "10",
+        "--systems",
+        systems,
+        "--prefix",
+        &prefix,
+    ]);
+    assert!(out.status.success(), "{}", explain(&out));
+    let err = text(&out.stderr);
+    for system in ["strait-dpdk-dsr-l2", "strait-dpdk-nat"] {
+        let line = format!("{system} 10: set up and checked, 50 kernel datagrams forwarded");
+        assert!(err.contains(&line), "no {line:?} in\n{}", explain(&out));
+    }
+    assert_eq!(namespaces(&prefix), BTreeSet::new());
+
+    let dir = Scratch::new(&format!("strait-line-rate-test-{prefix}"));
+    let json = dir.join("line-rate.json");
+    let out = bench(&[
+        "--services",
+        "10",
+        "--seconds",
+        "1",
+        "--systems",
+        systems,
+        "--prefix",
+        &prefix,
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(namespaces(&prefix), BTreeSet::new());
+    assert!(out.status.success(), "{}", explain(&out));
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(r.get("incomplete").is_none(), "{r}");
+    let results = r["results"].as_array().expect("results");
+    let mut seen: Vec<String> = Vec::new();
+    for p in results {
+        let system = p["system"].as_str().expect("system");
+        positive(p, &p["delivered_mpps"], "delivered_mpps");
+        let total = positive(p, &p["cpu_ns_per_packet"], "cpu_ns_per_packet");
+        assert!(total > 1.0 && total < 1e9, "{p}\n{}", explain(&out));
+        let c = &p["cpu"];
+        assert_eq!(c["method"], "worker-busy", "{p}");
+        let worker = positive(p, &c["worker_ns_per_packet"], "cpu.worker_ns_per_packet");
+        assert!((worker - total).abs() <= 1e-6 * total, "{p}");
+        // The PMD sends within the batch: no kick to leave out, the own part is (nearly) all.
+        let own = positive(p, &p["own_cpu_ns_per_packet"], "own_cpu_ns_per_packet");
+        assert!(own <= total && own > 0.5 * total, "{p}");
+        assert!(
+            c["xdp_ns_per_packet"].is_null(),
+            "no XDP program on a DPDK port: {p}"
+        );
+        let pct = positive(p, &p["pct_of_limit"], "pct_of_limit");
+        if system == "limit-dpdk" {
+            assert!((pct - 100.0).abs() < 1e-9, "{p}");
+            assert_eq!(p["services"], 0, "{p}");
+        }
+        seen.push(format!("{system} {}", p["traffic"].as_str().unwrap()));
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "limit-dpdk established",
+            "limit-dpdk new-flows",
+            "strait-dpdk-dsr-l2 established",
+            "strait-dpdk-dsr-l2 new-flows",
+            "strait-dpdk-nat established",
+            "strait-dpdk-nat new-flows"
+        ]
+    );
 }

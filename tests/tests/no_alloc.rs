@@ -23,6 +23,9 @@ use strait_tests::{offload, sctp, sctp_data, sctp_init, tcp, udp, Bed, CLIENT_MA
 
 #[path = "../../dataplane/tests/support/counting_alloc.rs"]
 mod counting;
+#[cfg(feature = "dpdk")]
+#[path = "../../dataplane/tests/support/packet_socket.rs"]
+mod packet_socket;
 use counting::{ALLOCS, COUNTING};
 
 use strait_tests::ALL_MODES as CONFIG;
@@ -537,4 +540,375 @@ fn the_sync_paths_do_not_allocate() {
         events, 0,
         "the sync paths allocated, reallocated or freed {events} times"
     );
+}
+
+/// The DPDK worker loop allocates nothing either: the gateway's real worker
+/// ([`strait_dataplane::xsk::run_worker`]) over a real DPDK port
+/// ([`strait_dpdk::DpdkGroup`]: a `net_af_packet` vdev on a veth of a namespace this test
+/// makes, EAL with `--no-huge -m 512` and a file prefix of its own), with a counting
+/// allocator armed on the worker's thread after a warm-up. See [`dpdk`].
+#[cfg(feature = "dpdk")]
+#[test]
+fn the_dpdk_worker_loop_does_not_allocate() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    dpdk::run();
+}
+
+/// The DPDK worker loop under the counting allocator.
+///
+/// ```text
+///   netns sna{pid}-a                         netns sna{pid}-g
+///   veth-a  02:00:00:00:00:c1  <──veth──>  dp-g  02:00:00:00:00:01   (wire: nftables ingress drop)
+///   192.0.2.2/24               AF_PACKET      net_af_packet0 ── worker (run_worker, pipeline)
+///   packet socket: injects                    tap-g 192.0.2.1/24: the exception TAP
+/// ```
+///
+/// Traffic from veth-a: UDP to a dsr-l2 VIP and to a nat VIP (new flows and established),
+/// whose backends are at veth-a's MAC, so every forwarded frame leaves through `tx_burst`
+/// back onto the wire; ARP requests for tap-g's address, passed to the TAP (`write(2)`),
+/// whose kernel's replies the worker reads from the TAP and sends on the port (the
+/// exception path); frames for the kernel and malformed ones. After 2,000 frames of warm-up
+/// (not counted: a lazy first use may allocate once), the worker's clock hook arms the
+/// counter on the worker's own thread at the start of a turn; 20,000 more frames go through
+/// and the hook disarms it. Zero allocations, reallocations or frees are allowed, and the
+/// counted stretch must have forwarded, passed, dropped and sent exception frames. (DPDK's
+/// own C code allocates from its mempools, not the Rust allocator; its per-packet path
+/// takes mbufs from the pools.)
+#[cfg(feature = "dpdk")]
+mod dpdk {
+    use std::io::Write as _;
+    use std::process::Command;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    use strait_dataplane::pipeline::Pipeline;
+    use strait_dataplane::table::Builder;
+    use strait_dataplane::xsk::{interface_port, run_worker, Handoff, WorkerStats};
+    use strait_dpdk::{Dpdk, EalOptions, PortSpec, ThreadRegistration};
+    use strait_testkit::harness::{enter_netns, ip};
+    use strait_testkit::privileged as gate;
+    use strait_tests::{udp, CLIENT_MAC, GW_MAC};
+
+    use super::counting::{ALLOCS, COUNTING};
+    use super::packet_socket::PacketSocket;
+
+    const CONFIG: &str = r#"
+[gateway]
+new_flows_per_second_per_core = 0
+
+[gateway.dpdk]
+no_huge = true
+memory_mb = 512
+
+[[gateway.interfaces]]
+name = "tap-g"
+queues = [0]
+driver = "dpdk"
+device = "net_af_packet0,iface=dp-g"
+
+[[services]]
+name = "dsr"
+vip = "203.0.113.10"
+port = 80
+protocol = "udp"
+mode = "dsr-l2"
+
+[[services.backends]]
+address = "192.0.2.2"
+mac = "02:00:00:00:00:c1"
+
+[[services]]
+name = "nat"
+vip = "203.0.113.12"
+port = 53
+protocol = "udp"
+mode = "nat"
+
+[[services.backends]]
+address = "192.0.2.2"
+port = 5353
+mac = "02:00:00:00:00:c1"
+"#;
+
+    /// Frames of warm-up, and frames counted.
+    const WARM: u64 = 2_000;
+    const COUNTED: u64 = 20_000;
+    /// Frames written before waiting for the worker to take them: well under the PMD's
+    /// receive ring, so none is lost for want of room.
+    const CHUNK: u64 = 128;
+
+    /// The two namespaces (and with them the veth and the TAP), deleted on drop.
+    struct Namespaces {
+        a: String,
+        g: String,
+    }
+
+    impl Drop for Namespaces {
+        fn drop(&mut self) {
+            for ns in [&self.g, &self.a] {
+                if let Err(e) = ip(&["netns", "del", ns]) {
+                    eprintln!("cleanup: {e}");
+                }
+            }
+        }
+    }
+
+    fn must(args: &[&str]) {
+        ip(args).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn nft(ns: &str, rule: &str) {
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns, "nft", rule])
+            .output()
+            .expect("running nft");
+        assert!(
+            out.status.success(),
+            "nft {rule}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// What the worker published last (its hook runs on the worker's thread and only stores).
+    #[derive(Default)]
+    struct Seen {
+        rx: AtomicU64,
+        tx: AtomicU64,
+        passed: AtomicU64,
+        exception_out: AtomicU64,
+        dropped: AtomicU64,
+    }
+
+    impl Seen {
+        fn store(&self, pipe: &Pipeline, st: &WorkerStats) {
+            self.rx.store(st.rx, Ordering::Relaxed);
+            self.tx.store(st.tx, Ordering::Relaxed);
+            self.passed.store(st.passed, Ordering::Relaxed);
+            self.exception_out
+                .store(st.exception_out, Ordering::Relaxed);
+            self.dropped
+                .store(pipe.counters.dropped(), Ordering::Relaxed);
+        }
+
+        fn now(&self) -> [u64; 5] {
+            [
+                &self.rx,
+                &self.tx,
+                &self.passed,
+                &self.exception_out,
+                &self.dropped,
+            ]
+            .map(|a| a.load(Ordering::Relaxed))
+        }
+    }
+
+    /// Frame `i` of the traffic: new dsr-l2 and nat flows, established ones, an ARP request
+    /// for tap-g's address, a frame for the kernel (UDP to the gateway's own address), a
+    /// truncated IPv4 header.
+    fn frame(i: u64) -> Vec<u8> {
+        let port = 1024 + (i % 60_000) as u16;
+        match i % 8 {
+            0 | 1 => udp("192.0.2.2", port, "203.0.113.10", 80, b"dsr"),
+            2 | 3 => udp("192.0.2.2", port, "203.0.113.12", 53, b"nat"),
+            4 => udp("192.0.2.2", 40000, "203.0.113.10", 80, b"established"),
+            5 => {
+                let mut f = vec![0xff; 6];
+                f.extend_from_slice(&CLIENT_MAC);
+                f.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+                f.extend_from_slice(&CLIENT_MAC);
+                f.extend_from_slice(&[192, 0, 2, 2]);
+                f.extend_from_slice(&[0; 6]);
+                f.extend_from_slice(&[192, 0, 2, 1]);
+                f
+            }
+            6 => udp("192.0.2.2", 40001, "192.0.2.1", 9, b"kernel"),
+            _ => udp("192.0.2.2", port, "203.0.113.10", 80, b"x")[..24].to_vec(),
+        }
+    }
+
+    /// Writes frames `range` from veth-a in namespace `ns`, [`CHUNK`] at a time, each chunk
+    /// once the worker has read the one before.
+    fn inject(ns: &str, seen: &Arc<Seen>, range: std::ops::Range<u64>) -> Result<(), String> {
+        let (ns, seen) = (ns.to_owned(), Arc::clone(seen));
+        thread::spawn(move || -> Result<(), String> {
+            enter_netns(&ns);
+            let mut sock = PacketSocket::open("veth-a", Duration::from_millis(50))
+                .map_err(|e| e.to_string())?;
+            let mut i = range.start;
+            while i < range.end {
+                let chunk = CHUNK.min(range.end - i);
+                let target = seen.now()[0] + chunk;
+                for _ in 0..chunk {
+                    sock.write_all(&frame(i))
+                        .map_err(|e| format!("send: {e}"))?;
+                    i += 1;
+                }
+                let t = Instant::now();
+                while seen.now()[0] < target {
+                    if t.elapsed() > Duration::from_secs(20) {
+                        return Err(format!(
+                            "the worker read {} of {target} frames",
+                            seen.now()[0]
+                        ));
+                    }
+                    thread::sleep(Duration::from_micros(200));
+                }
+            }
+            Ok(())
+        })
+        .join()
+        .map_err(|_| "the sender panicked".to_owned())?
+    }
+
+    pub(super) fn run() {
+        if !gate::privileged("DPDK no-allocation", &[gate::IP, gate::NFT]) {
+            return;
+        }
+        let pid = std::process::id();
+        let ns = Namespaces {
+            a: format!("sna{pid}-a"),
+            g: format!("sna{pid}-g"),
+        };
+        must(&["netns", "add", &ns.a]);
+        must(&["netns", "add", &ns.g]);
+        let mac = |m: [u8; 6]| {
+            m.iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(":")
+        };
+        let (mac_a, mac_g) = (mac(CLIENT_MAC), mac(GW_MAC));
+        must(&[
+            "-n", &ns.a, "link", "add", "veth-a", "address", &mac_a, "type", "veth", "peer",
+            "name", "dp-g", "address", &mac_g, "netns", &ns.g,
+        ]);
+        must(&["-n", &ns.a, "addr", "add", "192.0.2.2/24", "dev", "veth-a"]);
+        must(&["-n", &ns.a, "link", "set", "veth-a", "up"]);
+        must(&["-n", &ns.g, "link", "set", "dp-g", "up"]);
+        // The wire of a DPDK port: the kernel of -g ignores what arrives on it (after the
+        // PMD's packet socket has its copy).
+        nft(&ns.g, "add table netdev wire");
+        nft(
+            &ns.g,
+            "add chain netdev wire dp-g { type filter hook ingress device dp-g priority 0 ; policy drop ; }",
+        );
+
+        // This thread (and the worker it spawns) in -g: EAL's packet socket and the TAP are
+        // made here.
+        enter_netns(&ns.g);
+        let cfg = strait_config::parse(CONFIG).unwrap_or_else(|e| panic!("{e}"));
+        let d = cfg.gateway.dpdk.clone().expect("[gateway.dpdk]");
+        let opts = EalOptions {
+            cores: vec![0],
+            memory_mb: d.memory_mb,
+            no_huge: d.no_huge,
+            file_prefix: format!("strait-noalloc-{pid}"),
+        };
+        let spec = PortSpec {
+            name: "tap-g".into(),
+            device: "net_af_packet0,iface=dp-g".into(),
+            table_port: 0,
+            queues: vec![0],
+            mtu: 1500,
+        };
+        let mut ports = Dpdk::open(&opts, &[spec]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ports.mac("tap-g"), Some(GW_MAC), "the port's MAC is dp-g's");
+        must(&["-n", &ns.g, "addr", "add", "192.0.2.1/24", "dev", "tap-g"]);
+        let link = interface_port("tap-g").unwrap_or_else(|e| panic!("{e}"));
+        let table = Arc::new(
+            Builder::new()
+                .build(&cfg, &[link], |_, _, _| false)
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        let mut group = ports.group(0, &[0]).unwrap_or_else(|e| panic!("{e}"));
+        ports.start().unwrap_or_else(|e| panic!("{e}"));
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let arm = Arc::new(AtomicBool::new(false));
+        let armed = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Seen::default());
+        let worker = {
+            let (stop, arm, armed, seen) = (stop.clone(), arm.clone(), armed.clone(), seen.clone());
+            thread::spawn(move || {
+                let _reg = ThreadRegistration::new();
+                let mut pipe = Pipeline::new(0, 1, 4096, Default::default(), 0);
+                let origin = Instant::now();
+                // The clock runs at the start of every turn: there it arms or disarms the
+                // counter of this thread, between turns.
+                let clock = || {
+                    let want = arm.load(Ordering::Relaxed);
+                    if armed.load(Ordering::Relaxed) != want {
+                        COUNTING.with(|c| c.set(want));
+                        armed.store(want, Ordering::Relaxed);
+                    }
+                    origin.elapsed().as_nanos() as u64
+                };
+                let r = run_worker(
+                    &mut group,
+                    &mut pipe,
+                    &mut Handoff::none(),
+                    || table.clone(),
+                    &stop,
+                    clock,
+                    |p: &Pipeline, st: &WorkerStats| seen.store(p, st),
+                );
+                COUNTING.with(|c| c.set(false));
+                (r.map_err(|e| e.to_string()), pipe.counters, group)
+            })
+        };
+
+        let warm = inject(&ns.a, &seen, 0..WARM);
+        // Arm, and wait for the worker to take it at a turn's start.
+        let wait = |what: &str, f: &dyn Fn() -> bool| {
+            let t = Instant::now();
+            while !f() {
+                assert!(t.elapsed() < Duration::from_secs(20), "{what}");
+                thread::sleep(Duration::from_millis(1));
+            }
+        };
+        let before = seen.now();
+        ALLOCS.store(0, Ordering::Relaxed);
+        arm.store(true, Ordering::Relaxed);
+        wait("the worker did not arm", &|| armed.load(Ordering::Relaxed));
+        let counted = match &warm {
+            Ok(()) => inject(&ns.a, &seen, WARM..WARM + COUNTED),
+            Err(_) => Ok(()),
+        };
+        // The kernel's last ARP replies through the TAP, then a worker gone idle.
+        thread::sleep(Duration::from_millis(200));
+        arm.store(false, Ordering::Relaxed);
+        wait("the worker did not disarm", &|| {
+            !armed.load(Ordering::Relaxed)
+        });
+        let events = ALLOCS.load(Ordering::Relaxed);
+        let after = seen.now();
+        stop.store(true, Ordering::Relaxed);
+        let (r, counters, group) = worker.join().expect("worker");
+        drop(group);
+        drop(ports);
+        warm.unwrap_or_else(|e| panic!("warm-up: {e}"));
+        counted.unwrap_or_else(|e| panic!("counted run: {e}"));
+        let st = r.unwrap_or_else(|e| panic!("worker: {e}"));
+        assert!(counters.balanced(), "{counters:?}");
+        let grew = |k: usize| after[k] - before[k];
+        let names = ["rx", "tx", "passed", "exception_out", "dropped"];
+        for (k, name) in names.iter().enumerate() {
+            assert!(
+                grew(k) > 0,
+                "{name} did not grow while counted: {before:?} -> {after:?} ({st:?})"
+            );
+        }
+        assert!(grew(0) >= COUNTED, "{before:?} -> {after:?}");
+        assert_eq!(
+            events,
+            0,
+            "the DPDK worker loop allocated, reallocated or freed {events} times in {} frames",
+            grew(0)
+        );
+        drop(ns);
+    }
 }

@@ -7,21 +7,27 @@
 //!   strait-dsr-l2 | strait-nat   P-fwd: strait run --config <two-arm toml>, /healthz 200
 //!   iptables | nftables          P-fwd: KernelGateway::up (kube-proxy's rules, conntrack)
 //!   limit                        P-fwd: strait-lab l2fwd --rx fwd0 --tx fwd1 (MAC swap only)
+//!   strait-dpdk-dsr-l2 | -nat    P-fwd: strait run, DPDK net_af_packet ports on fwd0/fwd1,
+//!                                       TAPs tap-fwd0/tap-fwd1 for its kernel   (`dpdk` build)
+//!   limit-dpdk                   P-fwd: strait-lab l2fwd --driver dpdk (the same, on DPDK)
 //!   for traffic in [established (10,000 flows), new-flows (every packet a new 5-tuple)]:
 //!     P-sink: strait-lab sink --iface sink0 --json --reflect-port 900       (XDP counter)
 //!     P-gen:  strait-lab gen --iface gen0 --rate max --duration D --latency-port 900 --json
 //!     delivered = sink received / gen seconds; loss = 1 - received / sent;
 //!     p99 = the generator's probes, reflected by the sink back through the forwarder
 //!     cpu_ns_per_packet = what the forwarding CPU spent from the generator's start to the
-//!       drain ([`cpu`]: AF_XDP busy turns + XDP programs, or the kernel's softirq + irq on
-//!       the forwarder CPU) / received; then over iptables' and nftables' at the same point
+//!       drain ([`cpu`]: AF_XDP busy turns + XDP programs, DPDK busy turns, or the kernel's
+//!       softirq + irq on the forwarder CPU) / received; then over iptables' and nftables'
+//!       at the same point; pct_of_limit over the limit of the same port driver
 //! ```
 //!
 //! `limit` is started for each point, so its summary's busy time is that point's; Strait's
 //! comes from `/metrics` before and after. The XDP programs' cost needs the kernel's BPF
 //! statistics, on for the run (`kernel.bpf_stats_enabled`, restored after). The systems are
-//! [`System::ALL`]; a new one (a DPDK port, say) needs its arm in `run_group` and in
-//! `set_cpu`'s method, and `chart::BARS` draws it.
+//! [`System::ALL`]; a new one needs its arm in `run_group` and in `set_cpu`'s method, and
+//! `chart::BARS` draws it. The DPDK systems are in a build with the `dpdk` feature only (the
+//! report names them as not measured otherwise); on this testbed their ports are
+//! `net_af_packet` vdevs on the veths (see `topo` for what the kernel still does for them).
 //!
 //! # What is measured, and where it runs
 //!
@@ -155,16 +161,45 @@ pub enum System {
     Nftables,
     /// `strait-lab l2fwd`: AF_XDP receive, MAC rewrite, AF_XDP send; the ceiling of the path.
     Limit,
+    /// `strait-lab l2fwd --driver dpdk`: the gateway's DPDK port driver on `net_af_packet`
+    /// ports, MAC rewrite, no pipeline; the ceiling of the DPDK rows (a `dpdk` build).
+    LimitDpdk,
+    /// Strait on DPDK ports, services in `dsr-l2` mode (a `dpdk` build).
+    StraitDpdkDsrL2,
+    /// Strait on DPDK ports, services in `nat` mode (a `dpdk` build).
+    StraitDpdkNat,
 }
 
 impl System {
-    /// Every system, in the order they run and are reported.
-    pub const ALL: [System; 5] = [
+    /// Every system this build measures, in the order they run and are reported: the DPDK
+    /// ones ([`System::DPDK`]) only in a build with the `dpdk` feature.
+    #[cfg(feature = "dpdk")]
+    pub const ALL: &'static [System] = &[
+        System::Limit,
+        System::LimitDpdk,
+        System::StraitDsrL2,
+        System::StraitNat,
+        System::StraitDpdkDsrL2,
+        System::StraitDpdkNat,
+        System::Iptables,
+        System::Nftables,
+    ];
+    /// Every system this build measures, in the order they run and are reported: the DPDK
+    /// ones ([`System::DPDK`]) only in a build with the `dpdk` feature.
+    #[cfg(not(feature = "dpdk"))]
+    pub const ALL: &'static [System] = &[
         System::Limit,
         System::StraitDsrL2,
         System::StraitNat,
         System::Iptables,
         System::Nftables,
+    ];
+
+    /// The systems on DPDK ports.
+    pub const DPDK: [System; 3] = [
+        System::LimitDpdk,
+        System::StraitDpdkDsrL2,
+        System::StraitDpdkNat,
     ];
 
     /// The report's spelling.
@@ -175,14 +210,54 @@ impl System {
             System::Iptables => "iptables",
             System::Nftables => "nftables",
             System::Limit => "limit",
+            System::LimitDpdk => "limit-dpdk",
+            System::StraitDpdkDsrL2 => "strait-dpdk-dsr-l2",
+            System::StraitDpdkNat => "strait-dpdk-nat",
         }
     }
 
-    /// Whether the system has services (all but `limit`).
+    /// Whether the system has services (all but the limits).
     pub const fn has_services(self) -> bool {
-        !matches!(self, System::Limit)
+        !self.is_limit()
+    }
+
+    /// `limit` or `limit-dpdk`.
+    pub const fn is_limit(self) -> bool {
+        matches!(self, System::Limit | System::LimitDpdk)
+    }
+
+    /// Whether the system forwards through DPDK ports.
+    pub const fn is_dpdk(self) -> bool {
+        matches!(
+            self,
+            System::LimitDpdk | System::StraitDpdkDsrL2 | System::StraitDpdkNat
+        )
+    }
+
+    /// The gateway's mode, for the Strait systems.
+    pub const fn strait_mode(self) -> Option<Mode> {
+        match self {
+            System::StraitDsrL2 | System::StraitDpdkDsrL2 => Some(Mode::DsrL2),
+            System::StraitNat | System::StraitDpdkNat => Some(Mode::Nat),
+            _ => None,
+        }
+    }
+
+    /// The limit a system is measured against (`pct_of_limit`): the forwarder without the
+    /// pipeline on the same port driver.
+    pub const fn own_limit(self) -> System {
+        if self.is_dpdk() {
+            System::LimitDpdk
+        } else {
+            System::Limit
+        }
     }
 }
+
+/// Why this build leaves the DPDK rows out (a build without the `dpdk` feature).
+pub const NO_DPDK: &str = "not in this build: strait-lab was built without the `dpdk` feature \
+     (cargo build --release -p strait-lab -p strait-control --features \
+     strait-lab/dpdk,strait-control/dpdk)";
 
 /// Traffic of one point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -269,7 +344,8 @@ pub struct Point {
     pub probes_sent: u64,
     /// Probes received back.
     pub probes_received: u64,
-    /// `delivered_mpps` as a percentage of `limit`'s for the same traffic.
+    /// `delivered_mpps` as a percentage of its own limit's for the same traffic ([`System::own_limit`]:
+    /// `limit` for the AF_XDP systems, `limit-dpdk` for the DPDK ones).
     pub pct_of_limit: Option<f64>,
     /// `delivered_mpps` over `iptables`' at the same scale and traffic.
     pub ratio_to_iptables: Option<f64>,
@@ -305,7 +381,8 @@ pub struct Point {
 /// The parts of a point's CPU cost, nanoseconds per delivered packet.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CpuCost {
-    /// `worker-busy+xdp` (Strait, `limit`) or `softirq+irq` (the kernel peers).
+    /// `worker-busy+xdp` (Strait and `limit` on AF_XDP), `worker-busy` (on DPDK) or
+    /// `softirq+irq` (the kernel peers).
     pub method: String,
     /// The AF_XDP forwarder's busy time (Strait's `strait_worker_busy_seconds_total`,
     /// l2fwd's `busy_seconds`) times `on_cpu_share`: its own CPU in those turns.
@@ -427,7 +504,7 @@ pub fn run(opts: &Options) -> Result<()> {
         established_flows: ESTABLISHED_FLOWS,
         forwarder_core: FORWARDER_CORE,
         generator_core: GENERATOR_CORE,
-        not_measured: vec![ipvs()],
+        not_measured: not_measured(),
         rule_loads: Vec::new(),
         incomplete: None,
         results: Vec::new(),
@@ -519,13 +596,17 @@ impl Plan {
         if !(0.5..=3600.0).contains(&seconds) {
             bail!("--seconds {seconds}: between 0.5 and 3600");
         }
+        if let Some(s) = opts.systems.iter().find(|s| !System::ALL.contains(s)) {
+            bail!("--systems {}: {NO_DPDK}", s.as_str());
+        }
         let systems: Vec<System> = System::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|s| opts.systems.is_empty() || opts.systems.contains(s))
             .collect();
         let mut groups = Vec::new();
-        if systems.contains(&System::Limit) {
-            groups.push((System::Limit, 0));
+        for &l in systems.iter().filter(|s| s.is_limit()) {
+            groups.push((l, 0));
         }
         for &n in &scales {
             for &s in systems.iter().filter(|s| s.has_services()) {
@@ -554,13 +635,15 @@ fn prerequisites(plan: &Plan) -> Result<()> {
         ("sysctl", "--version", "procps"),
     ];
     let has = |s: System| plan.groups.iter().any(|g| g.0 == s);
-    if has(System::StraitDsrL2) || has(System::StraitNat) {
+    let any = |f: fn(System) -> bool| plan.groups.iter().any(|g| f(g.0));
+    if any(|s| s.strait_mode().is_some()) {
         tools.push(("curl", "--version", "curl"));
     }
     if has(System::Iptables) {
         tools.push(("iptables-restore", "--version", "iptables"));
     }
-    if has(System::Nftables) {
+    // The DPDK systems' wires drop what the kernel would see with an nftables ingress hook.
+    if has(System::Nftables) || any(System::is_dpdk) {
         tools.push(("nft", "--version", "nftables"));
     }
     for (tool, probe, package) in tools {
@@ -637,26 +720,59 @@ pub fn targets(specs: &[SvcSpec]) -> Vec<SocketAddrV4> {
 /// Strait's two-arm configuration for `specs`: `fwd0` faces the clients, `fwd1` the
 /// backends, one queue served by one worker on `core`; every backend at the sink's MAC.
 pub fn strait_config(specs: &[SvcSpec], mode: Mode, core: usize) -> String {
+    config_on(specs, mode, core, false)
+}
+
+/// [`strait_config`] on DPDK ports: `net_af_packet` ports on the wires `fwd0` and `fwd1`,
+/// whose kernel sides are the topology's TAPs (the interface names), EAL without hugepages.
+pub fn strait_dpdk_config(specs: &[SvcSpec], mode: Mode, core: usize) -> String {
+    config_on(specs, mode, core, true)
+}
+
+/// EAL memory of the DPDK gateway, MiB: one worker's mempool and two ports' descriptors.
+const DPDK_MEMORY_MB: u32 = 512;
+
+fn config_on(specs: &[SvcSpec], mode: Mode, core: usize, dpdk: bool) -> String {
+    let (name_in, name_out) = if dpdk {
+        (topo::TAP_IN, topo::TAP_OUT)
+    } else {
+        (topo::FWD_IN, topo::FWD_OUT)
+    };
+    let port = |i: usize, wire: &str| {
+        if dpdk {
+            format!("driver = \"dpdk\"\ndevice = \"net_af_packet{i},iface={wire}\"\n")
+        } else {
+            String::new()
+        }
+    };
+    let eal = if dpdk {
+        format!("\n[gateway.dpdk]\nno_huge = true\nmemory_mb = {DPDK_MEMORY_MB}\n")
+    } else {
+        String::new()
+    };
     let mut s = format!(
         "# strait-lab bench line-rate: {n} services in {mode}, written for one run.\n\
          [gateway]\n\
          admin_listen = \"127.0.0.1:{ADMIN_PORT}\"\n\
          default_mode = \"{mode}\"\n\
+         {eal}\
          \n\
          [[gateway.interfaces]]\n\
-         name = \"{fwd_in}\"\n\
+         name = \"{name_in}\"\n\
          queues = [0]\n\
          cores = [{core}]\n\
          role = \"client\"\n\
+         {port_in}\
          \n\
          [[gateway.interfaces]]\n\
-         name = \"{fwd_out}\"\n\
+         name = \"{name_out}\"\n\
          queues = [0]\n\
-         role = \"backend\"\n",
+         role = \"backend\"\n\
+         {port_out}",
         n = specs.len(),
         mode = mode.as_str(),
-        fwd_in = topo::FWD_IN,
-        fwd_out = topo::FWD_OUT,
+        port_in = port(0, topo::FWD_IN),
+        port_out = port(1, topo::FWD_OUT),
     );
     for spec in specs {
         let _ = write!(
@@ -720,8 +836,13 @@ fn run_group(
     };
     interrupted()?;
     progress.message(&format!("{label}: topology"));
-    let topo = Topology::up(prefix, FORWARDER_CORE, dir)?;
-    let dsr = system == System::StraitDsrL2;
+    let wires = match system {
+        System::LimitDpdk => topo::Wires::DpdkIn,
+        System::StraitDpdkDsrL2 | System::StraitDpdkNat => topo::Wires::Dpdk,
+        _ => topo::Wires::Kernel,
+    };
+    let topo = Topology::up(prefix, FORWARDER_CORE, dir, wires)?;
+    let dsr = system.strait_mode() == Some(Mode::DsrL2);
     let specs = if system.has_services() {
         services(n, dsr)
     } else {
@@ -730,11 +851,18 @@ fn run_group(
     };
     let mut fwd = match system {
         // Started for each point: its summary's busy time is then that point's.
-        System::Limit => None,
-        System::StraitDsrL2 | System::StraitNat => {
+        System::Limit | System::LimitDpdk => None,
+        System::StraitDsrL2
+        | System::StraitNat
+        | System::StraitDpdkDsrL2
+        | System::StraitDpdkNat => {
             let mode = if dsr { Mode::DsrL2 } else { Mode::Nat };
             let path = topo.dir().join("strait.toml");
-            let text = strait_config(&specs, mode, FORWARDER_CORE);
+            let text = if system.is_dpdk() {
+                strait_dpdk_config(&specs, mode, FORWARDER_CORE)
+            } else {
+                strait_config(&specs, mode, FORWARDER_CORE)
+            };
             std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
             progress.message(&format!("{label}: starting strait run"));
             let args = ["run".to_owned(), "--config".to_owned(), path_str(&path)];
@@ -771,7 +899,7 @@ fn run_group(
     if setup_only {
         // limit's forwarder is a separate program; without it P-fwd only routes, and it has
         // no route to the VIPs.
-        let note = if system == System::Limit {
+        let note = if system.is_limit() {
             String::new()
         } else {
             let n = check_path(&topo, &to)?;
@@ -787,9 +915,14 @@ fn run_group(
             plan.seconds
         ));
         interrupted()?;
-        if system == System::Limit {
+        if system.is_limit() {
             progress.message(&format!("{label} {}: starting l2fwd", traffic.as_str()));
-            fwd = Some(Forwarder::Process(l2fwd(exe, &topo, traffic)?));
+            fwd = Some(Forwarder::Process(l2fwd(
+                exe,
+                &topo,
+                traffic,
+                system.is_dpdk(),
+            )?));
         }
         let pid = match &fwd {
             Some(Forwarder::Process(p)) => p.pid(),
@@ -801,7 +934,7 @@ fn run_group(
         if let Some(f) = fwd.as_mut() {
             f.check()?;
         }
-        if system == System::Limit {
+        if system.is_limit() {
             if let Some(Forwarder::Process(p)) = fwd.take() {
                 let out = p.terminate().context("stopping l2fwd after its point")?;
                 let s: L2fwdSummary = serde_json::from_str(out.trim()).with_context(|| {
@@ -813,7 +946,7 @@ fn run_group(
         }
         set_cpu(&mut point, &spent);
         progress.done(&format!(
-            "{label:<20} {:<12} {:>8.3} Mpps  loss {:>5.1}%  p99 {}  cpu {}",
+            "{label:<26} {:<12} {:>8.3} Mpps  loss {:>5.1}%  p99 {}  cpu {}",
             traffic.as_str(),
             point.delivered_mpps,
             point.loss_pct,
@@ -834,9 +967,10 @@ fn run_group(
     Ok(())
 }
 
-/// Starts `strait-lab l2fwd` (the `limit` system) in the forwarder namespace for one point.
-fn l2fwd(exe: &Path, topo: &Topology, traffic: Traffic) -> Result<Proc> {
-    let args = [
+/// Starts `strait-lab l2fwd` (the `limit` system, or `limit-dpdk` with `dpdk`) in the
+/// forwarder namespace for one point.
+fn l2fwd(exe: &Path, topo: &Topology, traffic: Traffic, dpdk: bool) -> Result<Proc> {
+    let mut args = [
         "l2fwd",
         "--rx",
         topo::FWD_IN,
@@ -848,16 +982,47 @@ fn l2fwd(exe: &Path, topo: &Topology, traffic: Traffic) -> Result<Proc> {
         &FORWARDER_CORE.to_string(),
         "--json",
     ]
-    .map(String::from);
+    .map(String::from)
+    .to_vec();
+    if dpdk {
+        args.extend(["--driver".to_owned(), "dpdk".to_owned()]);
+        let name = format!("l2fwd-dpdk-{}", traffic.as_str());
+        let mut p = Proc::spawn(&name, topo.dir(), topo.fwd(), exe, &args)?;
+        wait_log(&mut p, "l2fwd (DPDK")?;
+        return Ok(p);
+    }
     let name = format!("l2fwd-{}", traffic.as_str());
     let mut p = Proc::spawn(&name, topo.dir(), topo.fwd(), exe, &args)?;
     wait_xdp(&mut p, topo.fwd(), topo::FWD_IN)?;
     Ok(p)
 }
 
-/// The names (`comm` prefixes) of the AF_XDP forwarders' polling threads: the gateway's
-/// workers (`xsk IFACE+IFACE/QUEUE`) and l2fwd's.
-const FORWARDING_THREADS: &[&str] = &["xsk ", "l2fwd"];
+/// Waits until `p`'s log says `ready` (a forwarder without an XDP program to look for), or
+/// `p` has died.
+fn wait_log(p: &mut Proc, ready: &str) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        interrupted()?;
+        if let Some(status) = p.exited() {
+            bail!("the forwarder exited ({status}){}", p.log_tail());
+        }
+        if p.log_contains(ready) {
+            return Ok(());
+        }
+        if start.elapsed() > XDP_READY {
+            bail!(
+                "the forwarder did not say {ready:?} within {} s{}",
+                XDP_READY.as_secs(),
+                p.log_tail()
+            );
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The names (`comm` prefixes) of the busy-polling forwarders' threads: the gateway's
+/// workers (`xsk IFACE+IFACE/QUEUE`, `dpdk IFACE+IFACE/QUEUE`) and l2fwd's.
+const FORWARDING_THREADS: &[&str] = &["xsk ", "dpdk ", "l2fwd"];
 
 /// l2fwd's `--json` summary (the field used here).
 #[derive(Debug, Clone, Deserialize)]
@@ -966,7 +1131,7 @@ fn measure(
         }
     }
     let metrics = format!("http://127.0.0.1:{ADMIN_PORT}/metrics");
-    let metrics = matches!(system, System::StraitDsrL2 | System::StraitNat).then_some(&*metrics);
+    let metrics = system.strait_mode().is_some().then_some(&*metrics);
     let read = || {
         cpu::Reading::take(
             FORWARDER_CORE,
@@ -1064,11 +1229,17 @@ fn set_cpu(p: &mut Point, d: &cpu::Delta) {
             d.worker_cpu_ns()
                 .map(|w| w / p.received as f64 + xdp.unwrap_or(0.0)),
         ),
+        // No XDP program: the PMD's receive work is the kernel's packet-socket copy on the
+        // sending CPU (see `topo`), which a NIC does by DMA.
+        System::LimitDpdk | System::StraitDpdkDsrL2 | System::StraitDpdkNat => (
+            "worker-busy",
+            d.worker_cpu_ns().map(|w| w / p.received as f64),
+        ),
     };
     p.cpu_ns_per_packet = total.filter(|v| v.is_finite() && *v > 0.0);
     let kick = d.kick_cpu_ns().map(|k| k / p.received as f64);
     p.own_cpu_ns_per_packet = match (p.cpu_ns_per_packet, kick) {
-        (Some(t), Some(k)) if method == "worker-busy+xdp" => Some((t - k).max(0.0)),
+        (Some(t), Some(k)) if method != "softirq+irq" => Some((t - k).max(0.0)),
         _ => None,
     };
     p.cpu = Some(CpuCost {
@@ -1088,10 +1259,10 @@ fn set_cpu(p: &mut Point, d: &cpu::Delta) {
 
 /// Fills `pct_of_limit`, `ratio_to_iptables` and the CPU ratios from the other points.
 pub fn derive(results: &mut [Point]) {
-    let limit: HashMap<Traffic, f64> = results
+    let limit: HashMap<(System, Traffic), f64> = results
         .iter()
-        .filter(|p| p.system == System::Limit)
-        .map(|p| (p.traffic, p.delivered_mpps))
+        .filter(|p| p.system.is_limit())
+        .map(|p| ((p.system, p.traffic), p.delivered_mpps))
         .collect();
     let ipt: HashMap<(usize, Traffic), f64> = results
         .iter()
@@ -1100,7 +1271,7 @@ pub fn derive(results: &mut [Point]) {
         .collect();
     for p in results.iter_mut() {
         p.pct_of_limit = limit
-            .get(&p.traffic)
+            .get(&(p.system.own_limit(), p.traffic))
             .filter(|&&l| l > 0.0)
             .map(|l| 100.0 * p.delivered_mpps / l);
         p.ratio_to_iptables = ipt
@@ -1151,12 +1322,15 @@ pub fn table(r: &Report) -> String {
     let _ = writeln!(
         s,
         "cpu ns: the forwarding CPU's time per delivered packet (AF_XDP: busy worker turns + \
-         XDP programs; kernel: the forwarder CPU's softirq + irq); cpu/ipt, cpu/nft: \
-         over iptables' and nftables' (under 1: cheaper)"
+         XDP programs; DPDK: busy worker turns; kernel: the forwarder CPU's softirq + irq); \
+         cpu/ipt, cpu/nft: over iptables' and nftables' (under 1: cheaper); own ns: an AF_XDP \
+         or DPDK forwarder's time without its TX kicks (copy mode: the kernel's transmit), \
+         own/ipt, own/nft over the peers' cpu ns; % limit: of the same driver's limit (limit \
+         for AF_XDP, limit-dpdk for DPDK)"
     );
     let _ = writeln!(
         s,
-        "{:<14} {:>8} {:<12} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9} {:>8} {:>8} {:>7} {:>8} {:>8}",
+        "{:<18} {:>8} {:<12} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9} {:>8} {:>8} {:>7} {:>8} {:>8}",
         "system",
         "services",
         "traffic",
@@ -1185,7 +1359,7 @@ pub fn table(r: &Report) -> String {
         let ratio = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), significant);
         let _ = writeln!(
             s,
-            "{:<14} {:>8} {:<12} {:>8.3} {:>8.3} {:>8.1} {:>9} {:>8} {:>10} {:>9} {:>8} {:>8} {:>7} {:>8} {:>8}",
+            "{:<18} {:>8} {:<12} {:>8.3} {:>8.3} {:>8.1} {:>9} {:>8} {:>10} {:>9} {:>8} {:>8} {:>7} {:>8} {:>8}",
             p.system.as_str(),
             services,
             p.traffic.as_str(),
@@ -1356,6 +1530,18 @@ fn check_path(topo: &Topology, to: &[SocketAddrV4]) -> Result<u64> {
 
 fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
+}
+
+/// What the report names without numbers: IPVS, and the DPDK rows in a build without them.
+fn not_measured() -> Vec<NotMeasured> {
+    let mut v = vec![ipvs()];
+    if !System::ALL.contains(&System::LimitDpdk) {
+        v.extend(System::DPDK.iter().map(|s| NotMeasured {
+            system: s.as_str().to_owned(),
+            reason: NO_DPDK.to_owned(),
+        }));
+    }
+    v
 }
 
 /// IPVS: present in this kernel (then only not measured) or not.
@@ -1563,20 +1749,96 @@ mod tests {
     }
 
     #[test]
+    fn strait_dpdk_config_names_the_taps_and_the_wires() {
+        for (mode, dsr) in [(Mode::DsrL2, true), (Mode::Nat, false)] {
+            let specs = services(30, dsr);
+            let text = strait_dpdk_config(&specs, mode, 1);
+            let cfg = strait_config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            let ifs = &cfg.gateway.interfaces;
+            assert_eq!(
+                (ifs[0].name.as_str(), ifs[1].name.as_str()),
+                (topo::TAP_IN, topo::TAP_OUT)
+            );
+            assert_eq!(ifs[0].cores.as_deref(), Some(&[1][..]));
+            for (i, wire) in [(0, "fwd0"), (1, "fwd1")] {
+                assert_eq!(ifs[i].driver.name(), "dpdk", "{text}");
+                assert!(
+                    text.contains(&format!("device = \"net_af_packet{i},iface={wire}\"")),
+                    "{text}"
+                );
+            }
+            let d = cfg.gateway.dpdk.as_ref().expect("[gateway.dpdk]");
+            assert!(d.no_huge && d.memory_mb == Some(DPDK_MEMORY_MB), "{d:?}");
+            assert_eq!(cfg.services.len(), 30);
+        }
+        assert_eq!(System::StraitDpdkNat.own_limit(), System::LimitDpdk);
+        assert_eq!(System::StraitNat.own_limit(), System::Limit);
+        assert!(!System::LimitDpdk.has_services() && System::LimitDpdk.is_dpdk());
+    }
+
+    #[test]
     fn plans_follow_the_options() {
         let full = Plan::from_options(&Options::default()).unwrap();
         assert_eq!(full.seconds, FULL_SECONDS);
-        assert_eq!(full.groups.len(), 1 + 4 * 3);
+        // A build with the `dpdk` feature has the two limits and six systems with services.
+        let limits = if cfg!(feature = "dpdk") { 2 } else { 1 };
+        let with_services = if cfg!(feature = "dpdk") { 6 } else { 4 };
+        assert_eq!(full.groups.len(), limits + with_services * 3);
         assert_eq!(full.groups[0], (System::Limit, 0));
-        assert_eq!(full.points(), 26);
+        assert_eq!(full.points(), 2 * (limits + with_services * 3));
         let quick = Plan::from_options(&Options {
             quick: true,
             ..Options::default()
         })
         .unwrap();
-        assert_eq!(quick.groups.len(), 1 + 4 * 2);
-        // The points alone, without set-up, leave a minute of the three for it.
-        assert!(quick.points() as f64 * QUICK_SECONDS < 120.0);
+        assert_eq!(quick.groups.len(), limits + with_services * 2);
+        // The points alone, without set-up, leave a minute of the three for it (the AF_XDP
+        // and kernel systems).
+        let base = Plan::from_options(&Options {
+            quick: true,
+            systems: vec![
+                System::Limit,
+                System::StraitDsrL2,
+                System::StraitNat,
+                System::Iptables,
+                System::Nftables,
+            ],
+            ..Options::default()
+        })
+        .unwrap();
+        assert!(base.points() as f64 * QUICK_SECONDS < 120.0);
+        let dpdk = Plan::from_options(&Options {
+            services: vec![10],
+            systems: System::DPDK.to_vec(),
+            ..Options::default()
+        });
+        if cfg!(feature = "dpdk") {
+            assert_eq!(
+                dpdk.unwrap().groups,
+                vec![
+                    (System::LimitDpdk, 0),
+                    (System::StraitDpdkDsrL2, 10),
+                    (System::StraitDpdkNat, 10)
+                ]
+            );
+            assert!(not_measured().iter().all(|m| m.system == "ipvs"));
+        } else {
+            let e = dpdk.unwrap_err().to_string();
+            assert!(
+                e.contains("limit-dpdk") && e.contains("`dpdk` feature"),
+                "{e}"
+            );
+            let names: Vec<String> = not_measured().into_iter().map(|m| m.system).collect();
+            assert_eq!(
+                names,
+                [
+                    "ipvs",
+                    "limit-dpdk",
+                    "strait-dpdk-dsr-l2",
+                    "strait-dpdk-nat"
+                ]
+            );
+        }
         let one = Plan::from_options(&Options {
             services: vec![10],
             seconds: Some(1.0),
@@ -1627,6 +1889,12 @@ mod tests {
                     softirq_ns: total,
                     ..Default::default()
                 }
+            } else if system.is_dpdk() {
+                cpu::Delta {
+                    worker_ns: Some(total),
+                    softirq_ns: total / 10,
+                    ..Default::default()
+                }
             } else {
                 cpu::Delta {
                     worker_ns: Some(total - total / 4),
@@ -1642,9 +1910,13 @@ mod tests {
         };
         add(System::Limit, 0, Traffic::Established, 1.0, 100.0);
         add(System::Limit, 0, Traffic::NewFlows, 0.8, 120.0);
+        add(System::LimitDpdk, 0, Traffic::Established, 0.5, 150.0);
+        add(System::LimitDpdk, 0, Traffic::NewFlows, 0.5, 150.0);
         for n in [10, 1000] {
             add(System::StraitDsrL2, n, Traffic::Established, 0.9, 200.0);
             add(System::StraitDsrL2, n, Traffic::NewFlows, 0.6, 400.0);
+            add(System::StraitDpdkNat, n, Traffic::Established, 0.45, 250.0);
+            add(System::StraitDpdkNat, n, Traffic::NewFlows, 0.4, 500.0);
             add(System::Iptables, n, Traffic::Established, 0.3, 1000.0);
             add(
                 System::Iptables,
@@ -1719,6 +1991,14 @@ mod tests {
             "limit has no services to compare at"
         );
         assert!(close(l.cpu_ns_per_packet, 100.0), "{l:?}");
+        // DPDK rows: over their own limit, CPU from the busy turns alone.
+        let d = find(System::StraitDpdkNat, 1000, Traffic::NewFlows);
+        assert!((d.pct_of_limit.unwrap() - 80.0).abs() < 1e-9, "{d:?}");
+        assert_eq!(d.cpu.as_ref().unwrap().method, "worker-busy");
+        assert!(close(d.cpu_ns_per_packet, 500.0), "{d:?}");
+        assert!(close(d.cpu_ratio_to_nftables, 500.0 / 2000.0), "{d:?}");
+        let ld = find(System::LimitDpdk, 0, Traffic::Established);
+        assert_eq!(ld.pct_of_limit, Some(100.0));
         // An AF_XDP point without its busy time has no total rather than the XDP part alone.
         let mut q = p.clone();
         set_cpu(
@@ -1774,7 +2054,10 @@ mod tests {
                 "strait-nat",
                 "iptables",
                 "nftables",
-                "limit"
+                "limit",
+                "limit-dpdk",
+                "strait-dpdk-dsr-l2",
+                "strait-dpdk-nat"
             ]
             .contains(&sys));
             assert!(p["services"].is_u64());

@@ -9,8 +9,12 @@
 //! `{"forwarded":u64,"seconds":f64,"pps":f64,"busy_seconds":f64,"kick_seconds":f64}`.
 //! `forwarded` counts frames the kernel reported sent on `--tx`; `seconds` runs from the
 //! forwarder being ready to the stop.
+//!
+//! `--driver dpdk` (a build with the `dpdk` feature) is the `limit-dpdk` system: the same
+//! forwarding over the gateway's DPDK port driver, `net_af_packet` ports on `--rx` and
+//! `--tx` ([`dpdk`]); `forwarded` then counts frames the PMD took for sending.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -21,6 +25,8 @@ use strait_config::MacAddr;
 
 use crate::pin_thread;
 
+#[cfg(feature = "dpdk")]
+pub mod dpdk;
 pub mod forwarder;
 
 use crate::sink::{every_second, parse_seconds, stop_on_signals};
@@ -49,6 +55,19 @@ pub struct Args {
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+    /// The port driver: AF_XDP sockets with a redirect program, or DPDK `net_af_packet`
+    /// ports on the two interfaces (a build with the `dpdk` feature).
+    #[arg(long, value_enum, default_value_t = Driver::AfXdp)]
+    pub driver: Driver,
+}
+
+/// `--driver`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Driver {
+    /// AF_XDP (`limit`).
+    AfXdp,
+    /// DPDK (`limit-dpdk`).
+    Dpdk,
 }
 
 /// The summary, in the field order of the benchmark contract; `busy_seconds` (the time in
@@ -73,6 +92,9 @@ struct Published {
 /// Runs `strait-lab l2fwd`.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let stop = stop_on_signals()?;
+    if args.driver == Driver::Dpdk {
+        return run_dpdk(args, stop);
+    }
     let cfg = L2fwdConfig::new(&args.rx, &args.tx, args.queue, args.dst_mac.octets());
     let published = Arc::new(Published::default());
     let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<String>>();
@@ -133,8 +155,18 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
     }
 
+    report(args, &stop, &published, worker)
+}
+
+/// Prints the rate once a second until the end, then the summary.
+fn report(
+    args: &Args,
+    stop: &AtomicBool,
+    published: &Published,
+    worker: std::thread::JoinHandle<anyhow::Result<L2fwdStats>>,
+) -> anyhow::Result<()> {
     let mut last = (0u64, 0u64);
-    let seconds = every_second(&stop, args.duration, |dt| {
+    let seconds = every_second(stop, args.duration, |dt| {
         if worker.is_finished() {
             return Ok(false);
         }
@@ -186,6 +218,74 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--driver dpdk`: the forwarding thread opens EAL and the ports itself (pinned first, so
+/// its CPU is EAL's main lcore).
+#[cfg(feature = "dpdk")]
+fn run_dpdk(args: &Args, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    let core = args.core.unwrap_or(0);
+    let cfg = dpdk::DpdkL2fwdConfig::af_packet(&args.rx, &args.tx, args.dst_mac.octets(), core);
+    if args.rx == args.tx {
+        anyhow::bail!(
+            "l2fwd needs two interfaces, got {} for both RX and TX",
+            args.rx
+        );
+    }
+    let published = Arc::new(Published::default());
+    let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<String>>();
+    let worker = {
+        let stop = Arc::clone(&stop);
+        let published = Arc::clone(&published);
+        std::thread::Builder::new()
+            .name("l2fwd".to_owned())
+            .spawn(move || -> anyhow::Result<L2fwdStats> {
+                if let Err(e) = pin_thread(core).with_context(|| format!("pinning to CPU {core}")) {
+                    let msg = format!("{e:#}");
+                    let _ = ready_tx.send(Err(e));
+                    return Err(anyhow!(msg));
+                }
+                let failed = ready_tx.clone();
+                let r = dpdk::run(
+                    &cfg,
+                    &stop,
+                    |note| {
+                        let _ = ready_tx.send(Ok(note));
+                    },
+                    |st| {
+                        published.rx.store(st.rx, Ordering::Relaxed);
+                        published.forwarded.store(st.forwarded, Ordering::Relaxed);
+                    },
+                );
+                if let Err(e) = &r {
+                    let _ = failed.send(Err(anyhow!("{e:#}")));
+                }
+                r
+            })
+            .context("starting the forwarding thread")?
+    };
+    match ready_rx.recv() {
+        Ok(Ok(note)) => eprintln!("{note}"),
+        Ok(Err(e)) => {
+            let _ = worker.join();
+            return Err(e);
+        }
+        Err(_) => {
+            return Err(match worker.join() {
+                Ok(Err(e)) => e,
+                _ => anyhow!("the forwarding thread ended before it was ready"),
+            })
+        }
+    }
+    report(args, &stop, &published, worker)
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn run_dpdk(_args: &Args, _stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "`--driver dpdk` needs a strait-lab built with the `dpdk` feature \
+         (cargo build -p strait-lab --features dpdk)"
+    )
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The PNG chart of a line-rate report: a row of panels for delivered Mpps and one for the
 //! forwarding CPU's nanoseconds per delivered packet, one panel per traffic type in each, a
 //! group of bars per service count (one bar per system with services), `limit` as a line
-//! across the panel, both on log scales (iptables at 10,000 services and `limit` are two
+//! across the panel (and `limit-dpdk`, when measured, as a grey one), both on log scales (iptables at 10,000 services and `limit` are two
 //! orders of magnitude apart). The bars are [`BARS`]: a system added there is drawn.
 //!
 //! Text is drawn with the DejaVu Sans embedded in the binary (plotters' `ab_glyph` back
@@ -21,11 +21,22 @@ use super::{Report, System, Traffic};
 /// Image size in pixels: two rows of panels.
 const SIZE: (u32, u32) = (1400, 1340);
 /// The systems drawn as bars, in bar order, with their colours.
-const BARS: [(System, RGBColor); 4] = [
+const BARS: [(System, RGBColor); 6] = [
     (System::StraitDsrL2, RGBColor(31, 119, 180)),
     (System::StraitNat, RGBColor(44, 160, 44)),
+    (System::StraitDpdkDsrL2, RGBColor(148, 103, 189)),
+    (System::StraitDpdkNat, RGBColor(23, 190, 207)),
     (System::Iptables, RGBColor(214, 39, 40)),
     (System::Nftables, RGBColor(255, 127, 14)),
+];
+/// The limits drawn as lines across a panel, with their colours and legend names.
+const LIMITS: [(System, RGBColor, &str); 2] = [
+    (System::Limit, BLACK, "limit (AF_XDP MAC swap)"),
+    (
+        System::LimitDpdk,
+        RGBColor(127, 127, 127),
+        "limit-dpdk (DPDK MAC swap)",
+    ),
 ];
 /// The font family name the chart registers and uses.
 const FONT: &str = "sans-serif";
@@ -157,10 +168,13 @@ where
         .copied()
         .filter(|(s, _)| points.iter().any(|p| p.system == *s))
         .collect();
-    let limit = points
+    let limits: Vec<(f64, RGBColor, &str)> = LIMITS
         .iter()
-        .find(|p| p.system == System::Limit)
-        .and_then(|p| metric.value(p));
+        .filter_map(|&(system, color, name)| {
+            let p = points.iter().find(|p| p.system == system)?;
+            Some((metric.value(p)?, color, name))
+        })
+        .collect();
     let per_group = systems.len() + 1;
     // No gap after the last group.
     let slots = (scales.len() * per_group).saturating_sub(1).max(1) as i32;
@@ -245,15 +259,17 @@ where
             }))
             .map_err(err)?;
     }
-    if let Some(l) = limit {
+    for (l, color, name) in limits {
         chart
             .draw_series(std::iter::once(PathElement::new(
                 vec![(SegmentValue::Exact(0), l), (SegmentValue::Last, l)],
-                BLACK.stroke_width(2),
+                color.stroke_width(2),
             )))
             .map_err(err)?
-            .label(format!("limit (AF_XDP MAC swap): {}", metric.format(l)))
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], BLACK.stroke_width(2)));
+            .label(format!("{name}: {}", metric.format(l)))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 14, y)], color.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()

@@ -26,6 +26,16 @@
 //!   kernel peers' whole forwarding path (conntrack, nat, routing, the sink's XDP) to the
 //!   forwarder core. The AF_XDP systems' XDP programs run before RPS, on the sender's CPU,
 //!   as on any veth.
+//!
+//! With DPDK ([`Wires`]) a veth of P-fwd is the wire of a `net_af_packet` port, as a NIC bound
+//! to DPDK would be: the kernel's stack is blind to what it receives (an nftables ingress
+//! drop, which runs after the packet socket took its copy), and no RPS, so that copy (the
+//! testbed's stand-in for a NIC's DMA into the port's ring) stays on the sending CPU as the
+//! AF_XDP systems' XDP program and copy do. `limit-dpdk` ([`Wires::DpdkIn`]) turns only
+//! `fwd0` into a wire: the kernel keeps `fwd1` and routes the reflected probes back, as for
+//! `limit`. Strait on DPDK ([`Wires::Dpdk`]) turns both into wires; the gateway's kernel
+//! sides are the persistent TAPs [`TAP_IN`] and [`TAP_OUT`], with the ports' MACs, the
+//! addresses and the neighbour entries `fwd0` and `fwd1` have otherwise.
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -50,6 +60,11 @@ pub const FWD_OUT: &str = "fwd1";
 pub const SINK_IF: &str = "sink0";
 /// `gen0`'s MAC.
 pub const GEN_MAC: &str = "02:00:00:00:0a:01";
+/// The kernel side of the DPDK port on `fwd0` (Strait on DPDK; the interface's name in its
+/// configuration).
+pub const TAP_IN: &str = "tap-fwd0";
+/// The kernel side of the DPDK port on `fwd1`.
+pub const TAP_OUT: &str = "tap-fwd1";
 /// `fwd0`'s MAC: the destination of every generated frame.
 pub const FWD_IN_MAC: &str = "02:00:00:00:0a:fe";
 /// `fwd1`'s MAC.
@@ -75,10 +90,24 @@ pub const SRC_RANGE: &str = "192.0.2.16-192.0.2.250";
 
 /// How long a stopped process may take to exit after SIGTERM before it is killed. The
 /// sink and generator print their summary and detach their XDP program in milliseconds;
-/// `strait run` drains its workers and removes its VIPs in well under a second.
-const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// `strait run` drains its workers and removes its VIPs in well under a second on a quiet
+/// machine, but took more than 5 s twice on the shared 2-vCPU VM at a load average near 10
+/// (10,000 VIPs to remove, DPDK ports to close), which failed the run: 20 s leaves room for
+/// that and still ends a hung process.
+const STOP_TIMEOUT: Duration = Duration::from_secs(20);
 /// Poll interval while waiting for a process or an interface.
 const POLL: Duration = Duration::from_millis(20);
+
+/// What the forwarder's veths are to the kernel of P-fwd (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wires {
+    /// Kernel interfaces (the AF_XDP systems and the kernel peers).
+    Kernel,
+    /// `fwd0` the wire of a DPDK port, `fwd1` the kernel's (`limit-dpdk`).
+    DpdkIn,
+    /// Both wires of DPDK ports, the kernel's side on [`TAP_IN`] and [`TAP_OUT`].
+    Dpdk,
+}
 
 /// The three namespaces and two veth pairs; all removed on drop.
 #[derive(Debug)]
@@ -99,7 +128,7 @@ impl Topology {
     /// # Errors
     ///
     /// The failing `ip` / `sysctl` / `ethtool` command; what was made before is removed.
-    pub fn up(prefix: &str, fwd_core: usize, dir: &Path) -> Result<Self> {
+    pub fn up(prefix: &str, fwd_core: usize, dir: &Path, wires: Wires) -> Result<Self> {
         let make = |role: &str| {
             Netns::create(&format!("{prefix}-{role}"))
                 .with_context(|| format!("creating namespace {prefix}-{role}"))
@@ -112,11 +141,11 @@ impl Topology {
             sink,
         };
         std::fs::create_dir_all(&t.dir).with_context(|| format!("creating {}", t.dir.display()))?;
-        t.wire(fwd_core)?;
+        t.wire(fwd_core, wires)?;
         Ok(t)
     }
 
-    fn wire(&self, fwd_core: usize) -> Result<()> {
+    fn wire(&self, fwd_core: usize, wires: Wires) -> Result<()> {
         let (gen, fwd, sink) = (self.gen(), self.fwd(), self.sink());
         ip(
             gen,
@@ -178,26 +207,66 @@ impl Topology {
         ip(gen, &format!("route add {VIP_NET} via {FWD_IN_ADDR}"))?;
         ip(sink, &format!("addr add {SINK_ADDR}/24 dev {SINK_IF}"))?;
         ip(sink, &format!("link set {SINK_IF} up"))?;
-        ip(fwd, &format!("addr add {FWD_IN_ADDR}/24 dev {FWD_IN}"))?;
-        ip(fwd, &format!("addr add {FWD_OUT_ADDR}/24 dev {FWD_OUT}"))?;
+        // The kernel's interfaces on the client and the backend side.
+        let (k_in, k_out) = if wires == Wires::Dpdk {
+            for (tap, mac) in [(TAP_IN, FWD_IN_MAC), (TAP_OUT, FWD_OUT_MAC)] {
+                ip(fwd, &format!("tuntap add dev {tap} mode tap"))?;
+                ip(fwd, &format!("link set {tap} address {mac}"))?;
+                sysctl(
+                    fwd,
+                    &[
+                        &format!("net.ipv4.conf.{tap}.rp_filter=0"),
+                        &format!("net.ipv4.conf.{tap}.accept_local=1"),
+                    ],
+                )?;
+                ip(fwd, &format!("link set {tap} up"))?;
+            }
+            (TAP_IN, TAP_OUT)
+        } else {
+            (FWD_IN, FWD_OUT)
+        };
+        ip(fwd, &format!("addr add {FWD_IN_ADDR}/24 dev {k_in}"))?;
+        ip(fwd, &format!("addr add {FWD_OUT_ADDR}/24 dev {k_out}"))?;
         ip(fwd, &format!("link set {FWD_IN} up"))?;
         ip(fwd, &format!("link set {FWD_OUT} up"))?;
+        let dpdk_wires: &[&str] = match wires {
+            Wires::Kernel => &[],
+            Wires::DpdkIn => &[FWD_IN],
+            Wires::Dpdk => &[FWD_IN, FWD_OUT],
+        };
+        if !dpdk_wires.is_empty() {
+            exec(fwd, "nft", &["add", "table", "netdev", "strait-wire"])?;
+        }
+        for w in dpdk_wires {
+            exec(
+                fwd,
+                "nft",
+                &[&format!(
+                    "add chain netdev strait-wire {w} {{ type filter hook ingress device {w} \
+                     priority 0 ; policy drop ; }}"
+                )],
+            )
+            .with_context(|| format!("making {w} the wire of a DPDK port"))?;
+        }
 
         let mut batch = String::new();
         let _ = writeln!(
             batch,
-            "neigh replace {GEN_ADDR} lladdr {GEN_MAC} nud permanent dev {FWD_IN}"
+            "neigh replace {GEN_ADDR} lladdr {GEN_MAC} nud permanent dev {k_in}"
         );
         for k in 0..ENDPOINT_ADDRS {
             let _ = writeln!(
                 batch,
-                "neigh replace {} lladdr {SINK_MAC} nud permanent dev {FWD_OUT}",
+                "neigh replace {} lladdr {SINK_MAC} nud permanent dev {k_out}",
                 endpoint_addr(k)
             );
         }
         peers::run_in(fwd, "ip", &["-batch", "-"], Some(&batch))
             .context("adding the endpoints' neighbour entries")?;
 
+        if wires != Wires::Kernel {
+            return Ok(());
+        }
         let mask = format!("{:x}", 1u128 << fwd_core.min(127));
         let rps = format!("/sys/class/net/{FWD_IN}/queues/rx-0/rps_cpus");
         exec(fwd, "sh", &["-c", &format!("echo {mask} > {rps}")])
@@ -425,6 +494,11 @@ impl Proc {
                 .status();
         }
         let _ = self.wait(STOP_TIMEOUT);
+    }
+
+    /// Whether the process's log (its stderr) holds `text`.
+    pub fn log_contains(&self, text: &str) -> bool {
+        std::fs::read_to_string(&self.log).is_ok_and(|s| s.contains(text))
     }
 
     /// `": last lines of the log"`, or nothing when the log is empty.
