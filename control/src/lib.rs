@@ -32,8 +32,9 @@
 //! The lab (testbed, generators, benches) is another crate, `strait-lab`, that depends on
 //! this one; nothing here knows it.
 
-// Denied, with one exception: `daemon::spawn`'s `pre_exec` (a parent-death signal for the
-// routing daemons), which std offers only as `unsafe`.
+// Denied, with two exceptions: `daemon::spawn`'s `pre_exec` (a parent-death signal for the
+// routing daemons), which std offers only as `unsafe`, and `heap`'s `malloc_trim`, which no
+// safe crate wraps.
 #![deny(unsafe_code)]
 
 pub mod admin;
@@ -43,6 +44,7 @@ pub mod daemon;
 pub mod dpdk;
 pub mod footprint;
 pub mod health;
+pub mod heap;
 pub mod kube;
 pub mod l2;
 mod metrics;

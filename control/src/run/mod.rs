@@ -415,7 +415,15 @@ impl Gateway {
     pub fn serve(&mut self, stop: &AtomicBool, hup: &AtomicBool, requests: &Receiver<Request>) {
         let mut drained_at: Option<Instant> = None;
         let mut watchdog = crate::supervise::Watchdog::from_env();
+        let mut trimmer = crate::heap::Trimmer::new();
+        let mut generation = self.core.table().generation;
         loop {
+            // A new table freed the previous one: hand the freed pages back (crate::heap).
+            if self.core.table().generation != generation {
+                generation = self.core.table().generation;
+                trimmer.rebuilt();
+            }
+            trimmer.tick(Instant::now());
             if let Some(w) = &mut watchdog {
                 w.tick(&self.shared, Instant::now());
             }
