@@ -141,21 +141,29 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             })
             .context("starting the forwarding thread")?
     };
-    match ready_rx.recv() {
-        Ok(Ok(note)) => eprintln!("{note}"),
+    let worker = when_ready(&ready_rx, worker)?;
+    report(args, &stop, &published, worker)
+}
+
+/// The forwarding thread once it says it is ready (its note printed), or its error.
+fn when_ready(
+    ready: &mpsc::Receiver<anyhow::Result<String>>,
+    worker: std::thread::JoinHandle<anyhow::Result<L2fwdStats>>,
+) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<L2fwdStats>>> {
+    match ready.recv() {
+        Ok(Ok(note)) => {
+            eprintln!("{note}");
+            Ok(worker)
+        }
         Ok(Err(e)) => {
             let _ = worker.join();
-            return Err(e);
+            Err(e)
         }
-        Err(_) => {
-            return Err(match worker.join() {
-                Ok(Err(e)) => e,
-                _ => anyhow!("the forwarding thread ended before it was ready"),
-            })
-        }
+        Err(_) => Err(match worker.join() {
+            Ok(Err(e)) => e,
+            _ => anyhow!("the forwarding thread ended before it was ready"),
+        }),
     }
-
-    report(args, &stop, &published, worker)
 }
 
 /// Prints the rate once a second until the end, then the summary.
@@ -264,19 +272,7 @@ fn run_dpdk(args: &Args, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             })
             .context("starting the forwarding thread")?
     };
-    match ready_rx.recv() {
-        Ok(Ok(note)) => eprintln!("{note}"),
-        Ok(Err(e)) => {
-            let _ = worker.join();
-            return Err(e);
-        }
-        Err(_) => {
-            return Err(match worker.join() {
-                Ok(Err(e)) => e,
-                _ => anyhow!("the forwarding thread ended before it was ready"),
-            })
-        }
-    }
+    let worker = when_ready(&ready_rx, worker)?;
     report(args, &stop, &published, worker)
 }
 
