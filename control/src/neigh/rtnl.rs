@@ -360,19 +360,7 @@ impl Rtnl {
             let mut pending = chunk.len();
             let mut unsupported = false;
             while pending > 0 {
-                let n = match self
-                    .socket
-                    .recv(&mut &mut self.buf[..], nix::libc::MSG_TRUNC)
-                {
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    r => r?,
-                };
-                if n > self.buf.len() {
-                    return Err(bad(format!(
-                        "a {n}-byte datagram does not fit the {}-byte buffer",
-                        self.buf.len()
-                    )));
-                }
+                let n = self.recv_datagram()?;
                 let mut at = 0;
                 while at < n {
                     let m = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&self.buf[at..n])
@@ -403,6 +391,30 @@ impl Rtnl {
             }
         }
         Ok(Some(macs))
+    }
+
+    /// Receives one datagram into the buffer (retrying a signal's interruption); its length.
+    /// A datagram longer than the buffer is an error, not a silent truncation.
+    fn recv_datagram(&mut self) -> io::Result<usize> {
+        loop {
+            let n = match self
+                .socket
+                .recv(&mut &mut self.buf[..], nix::libc::MSG_TRUNC)
+            {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => r?,
+            };
+            if n > self.buf.len() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "a {n}-byte datagram does not fit the {}-byte buffer",
+                        self.buf.len()
+                    ),
+                ));
+            }
+            return Ok(n);
+        }
     }
 
     /// Opens, binds and connects the socket; with `strict` checking of dump requests, so
@@ -443,19 +455,7 @@ impl Rtnl {
         self.socket.send(&out, 0)?;
         let mut whole = true;
         loop {
-            let n = match self
-                .socket
-                .recv(&mut &mut self.buf[..], nix::libc::MSG_TRUNC)
-            {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                r => r?,
-            };
-            if n > self.buf.len() {
-                return Err(bad(format!(
-                    "a {n}-byte datagram does not fit the {}-byte buffer",
-                    self.buf.len()
-                )));
-            }
+            let n = self.recv_datagram()?;
             let mut at = 0;
             while at < n {
                 let m = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&self.buf[at..n])
