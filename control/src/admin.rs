@@ -793,6 +793,7 @@ impl Collector for Metrics {
                     ("pass_unsent", w.pass_unsent),
                     ("other_port", w.other_port),
                     ("tx_ring_full", w.tx_ring_full),
+                    ("tx_refused", w.tx_refused),
                     ("invalid_rx", w.invalid_rx),
                     ("handoff_full", w.handoff_full),
                     ("handoff_too_big", w.handoff_too_big),
@@ -806,7 +807,7 @@ impl Collector for Metrics {
         counter(
             &mut enc,
             "worker_dropped_frames",
-            "Frames the AF_XDP worker could not send on after the pipeline's verdict, by cause.",
+            "Frames the worker (AF_XDP or DPDK) could not send on after the pipeline's verdict, by cause.",
             &worker_drops,
         )?;
         counter(

@@ -33,9 +33,11 @@ pub(crate) const TX_DESC: u16 = 1024;
 /// Per-lcore mempool cache: 256 mbufs, eight bursts, so a worker's allocs and frees stay in
 /// its cache.
 pub(crate) const POOL_CACHE: u32 = 256;
-/// Frames staged for one port between two `submit_tx` calls: a turn stages at most one
-/// RX batch (64) or one batch of handed-in frames at a time, since the worker submits after
-/// each.
+/// Frames staged for one port before its burst: the worker's TX kick (`drain_tx`, once a
+/// turn) sends them in one `rte_eth_tx_burst`, so a PMD whose burst makes a syscall
+/// (`net_af_xdp`, `net_af_packet`) makes one a turn, and the turn's kick is timed apart
+/// from its own work as on AF_XDP. A turn stages at most one RX burst per port plus one
+/// batch of handed-in frames; a port whose staging fills anyway is burst on the spot.
 const TX_STAGE: usize = 128;
 
 /// A frame the worker holds: an mbuf, and the table port it arrived on. Neither `Copy` nor
@@ -73,7 +75,7 @@ impl Mbuf {
 pub struct DpdkStats {
     /// Frames received in several segments (larger than an mbuf), dropped.
     pub multi_segment: u64,
-    /// Frames the TX queue did not take, freed.
+    /// Frames the TX queue did not take, freed (also in the worker's `tx_refused`).
     pub tx_dropped: u64,
     /// Kernel frames that found no free mbuf, left on the TAP.
     pub tap_no_mbuf: u64,
@@ -134,6 +136,10 @@ pub struct DpdkGroup {
     pool: *mut RteMempool,
     queue: u32,
     turns: u32,
+    /// Frames staged since the last `submit_tx`.
+    staged_new: u32,
+    /// Frames the TX queues refused since the last `take_tx_refused`.
+    refused: u32,
     stats: DpdkStats,
 }
 
@@ -156,6 +162,8 @@ impl DpdkGroup {
             pool,
             queue,
             turns: 0,
+            staged_new: 0,
+            refused: 0,
             stats: DpdkStats::default(),
         }
     }
@@ -194,6 +202,29 @@ impl DpdkGroup {
 }
 
 impl DpdkGroup {
+    /// Sends port `s`'s staged frames in one `rte_eth_tx_burst`; those the TX queue does
+    /// not take are freed and counted. Returns the frames sent.
+    #[inline]
+    fn burst(&mut self, s: usize) -> u32 {
+        let p = &mut self.ports[s];
+        let n = p.staged_len;
+        if n == 0 {
+            return 0;
+        }
+        // SAFETY: a started port's configured queue, used by this group only; the staged
+        // mbufs are owned by the group, and the PMD takes the first `k`.
+        let k = unsafe { ffi::strait_tx_burst(p.id, p.queue, p.staged.as_mut_ptr(), n as u16) }
+            as usize;
+        if k < n {
+            // SAFETY: the mbufs the PMD did not take are still ours.
+            unsafe { ffi::strait_mbuf_free_bulk(p.staged[k..n].as_mut_ptr(), (n - k) as u32) };
+            self.stats.tx_dropped += (n - k) as u64;
+            self.refused += (n - k) as u32;
+        }
+        p.staged_len = 0;
+        k as u32
+    }
+
     /// The packet bytes of a live mbuf, writable.
     ///
     /// # Safety
@@ -349,36 +380,24 @@ impl PortDriver for DpdkGroup {
 
     #[inline]
     fn stage_tx(&mut self, s: usize, h: Mbuf) -> Result<(), Mbuf> {
+        if self.ports[s].staged_len == TX_STAGE {
+            self.burst(s);
+        }
         let p = &mut self.ports[s];
         if p.staged_len == TX_STAGE {
             return Err(h);
         }
         p.staged[p.staged_len] = h.ptr();
         p.staged_len += 1;
+        self.staged_new += 1;
         Ok(())
     }
 
+    /// The frames staged since the last call: they leave in the turn's kick
+    /// ([`PortDriver::drain_tx`]), or earlier when a port's staging fills.
     #[inline]
     fn submit_tx(&mut self) -> u32 {
-        let mut sent = 0;
-        for p in &mut self.ports {
-            if p.staged_len == 0 {
-                continue;
-            }
-            let n = p.staged_len;
-            // SAFETY: a started port's configured queue, used by this group only; the
-            // staged mbufs are owned by the group, and the PMD takes the first `k`.
-            let k = unsafe { ffi::strait_tx_burst(p.id, p.queue, p.staged.as_mut_ptr(), n as u16) }
-                as usize;
-            if k < n {
-                // SAFETY: the mbufs the PMD did not take are still ours.
-                unsafe { ffi::strait_mbuf_free_bulk(p.staged[k..n].as_mut_ptr(), (n - k) as u32) };
-                self.stats.tx_dropped += (n - k) as u64;
-            }
-            p.staged_len = 0;
-            sent += k as u32;
-        }
-        sent
+        std::mem::take(&mut self.staged_new)
     }
 
     #[inline]
@@ -462,14 +481,29 @@ impl PortDriver for DpdkGroup {
         total
     }
 
+    /// One burst on every port with staged frames; returns the bursts made.
     #[inline]
     fn flush_tx(&mut self) -> Result<u32, io::Error> {
-        Ok(0)
+        let mut bursts = 0;
+        for s in 0..self.ports.len() {
+            if self.ports[s].staged_len > 0 {
+                self.burst(s);
+                bursts += 1;
+            }
+        }
+        Ok(bursts)
+    }
+
+    /// As [`PortDriver::flush_tx`]: a burst takes what the queue has room for at once, and
+    /// what it refuses is freed and counted rather than kept for another try.
+    #[inline]
+    fn drain_tx(&mut self) -> Result<u32, io::Error> {
+        self.flush_tx()
     }
 
     #[inline]
-    fn drain_tx(&mut self) -> Result<u32, io::Error> {
-        Ok(0)
+    fn take_tx_refused(&mut self) -> u32 {
+        std::mem::take(&mut self.refused)
     }
 
     #[inline]

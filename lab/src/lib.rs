@@ -28,6 +28,7 @@ pub mod l2fwd;
 pub mod peers;
 pub mod sink;
 pub mod testbed;
+pub mod vdev;
 
 use std::io;
 use std::path::PathBuf;

@@ -45,6 +45,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use strait_config::BackendState;
 
+use crate::vdev::Vdev;
+
 pub use config::SYNC_PORT;
 pub use fleet::{GatewaySpec, GATEWAY_ASN, ROUTER_ASN, ROUTER_BACKEND4, ROUTER_CLIENT4};
 pub use plan::{
@@ -78,7 +80,7 @@ pub enum PortDriver {
     /// AF_XDP on the gateway's veths.
     #[default]
     AfXdp,
-    /// DPDK `net_af_packet` ports on the veths, a TAP each for the kernel.
+    /// DPDK ports on the veths (`net_af_packet` or `net_af_xdp`), a TAP each for the kernel.
     Dpdk,
 }
 
@@ -112,8 +114,8 @@ pub struct Opts {
     pub gateways: usize,
     /// The gateways on the client segment, no router (see `fleet`).
     pub l2: bool,
-    /// The gateway's ports are DPDK ports (see `plan`'s "DPDK" section).
-    pub dpdk: bool,
+    /// The gateway's ports are DPDK ports on this vdev (see `plan`'s "DPDK" section).
+    pub dpdk: Option<Vdev>,
 }
 
 impl Default for Opts {
@@ -126,7 +128,7 @@ impl Default for Opts {
             server_binary: None,
             gateways: 1,
             l2: false,
-            dpdk: false,
+            dpdk: None,
         }
     }
 }
@@ -550,7 +552,7 @@ pub fn up(opts: &Opts) -> Result<Testbed, Error> {
             "several gateways (or --l2) run dsr-l2 on the one-arm backend segment: leave out --topology two-arm",
         ));
     }
-    if fleet && opts.dpdk {
+    if fleet && opts.dpdk.is_some() {
         return Err(Error::Options(
             "--driver dpdk builds the one-gateway layouts only: leave out --gateways and --l2",
         ));
@@ -1071,10 +1073,13 @@ pub enum Command {
         #[arg(long)]
         l2: bool,
         /// The gateway's port driver: af-xdp (its interfaces are veths), or dpdk (each veth
-        /// becomes the wire of a DPDK `net_af_packet` port, the kernel sees the port through
-        /// a TAP of the interface's name, and EAL runs without hugepages).
+        /// becomes the wire of a DPDK port, `--vdev`, the kernel sees the port through a TAP
+        /// of the interface's name, and EAL runs without hugepages).
         #[arg(long, value_enum, default_value_t = PortDriver::AfXdp)]
         driver: PortDriver,
+        /// With `--driver dpdk`: the PMD of the gateway's ports.
+        #[arg(long, value_enum, default_value_t = Vdev::AfPacket)]
+        vdev: Vdev,
         /// Print a JSON description instead of instructions.
         #[arg(long)]
         json: bool,
@@ -1115,6 +1120,7 @@ pub fn run_command(command: Command) -> anyhow::Result<()> {
             gateways,
             l2,
             driver,
+            vdev,
             json,
         } => {
             let testbed = up(&Opts {
@@ -1125,7 +1131,7 @@ pub fn run_command(command: Command) -> anyhow::Result<()> {
                 server_binary: None,
                 gateways,
                 l2,
-                dpdk: driver == PortDriver::Dpdk,
+                dpdk: (driver == PortDriver::Dpdk).then_some(vdev),
             })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&testbed.summary())?);

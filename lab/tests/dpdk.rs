@@ -60,6 +60,28 @@ fn a_dsr_l2_http_reaches_every_backend_with_the_client_address_and_i_leaves_noth
     assert!(left.is_empty(), "namespaces left behind:\n{left:?}");
 }
 
+/// The same on `net_af_xdp` ports, where libxdp's program takes every frame from the wire
+/// (the kernel's ARP and the health checks' replies come back only through the TAP): HTTP
+/// spread over four backends with the client address kept, and the ten thousand UDP flows.
+#[test]
+fn i_net_af_xdp_ports_serve_the_same_traffic() {
+    let Some(s) = e2e::scenario(Driver::DpdkAfXdp, "i", &["--backends", "4"]) else {
+        return;
+    };
+    let gw = start(&s, &s.config());
+    dsr_l2_spread(&s, &gw);
+    udp_ten_thousand(&s, &gw);
+    let log = gw.log_text();
+    assert!(
+        log.contains("net_af_xdp0,iface=dp-gw") && log.contains("DPDK queue group ready"),
+        "the gateway did not run a net_af_xdp port:\n{log}"
+    );
+    assert!(
+        counter(&gw, "strait_worker_kernel_sent_frames_total") > 0,
+        "nothing from the kernel went out through the port"
+    );
+}
+
 #[test]
 fn d_the_kernel_keeps_its_traffic_through_the_exception_tap() {
     let Some(s) = scenario("d", &["--backends", "2"]) else {

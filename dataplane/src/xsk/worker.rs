@@ -128,7 +128,7 @@ pub struct WorkerStats {
     pub batches: u64,
     /// Frames read from the RX rings.
     pub rx: u64,
-    /// Frames put on the TX rings.
+    /// Frames put on the TX rings (DPDK: handed to the PMD and taken).
     pub tx: u64,
     /// Frames the kernel reported sent (completion rings).
     pub completed: u64,
@@ -144,6 +144,9 @@ pub struct WorkerStats {
     pub other_port: u64,
     /// Frames to send that found the TX ring full, dropped.
     pub tx_ring_full: u64,
+    /// Frames counted in `tx` that the port then refused (a DPDK PMD's TX queue full at the
+    /// turn's kick), freed, and taken out of `tx` again.
+    pub tx_refused: u64,
     /// RX descriptors outside the UMEM, or naming a frame not on a fill ring, skipped (a
     /// kernel bug if ever non-zero).
     pub invalid_rx: u64,
@@ -174,6 +177,17 @@ pub struct WorkerStats {
     pub umem: Accounting,
     /// Time in turns that found frames (RX or handed in), start of the turn to its TX kick.
     pub busy: crate::stats::BusyTime,
+}
+
+impl WorkerStats {
+    /// Moves `n` frames the port refused after [`PortDriver::submit_tx`] counted them from
+    /// `tx` to `tx_refused`.
+    #[inline]
+    fn refused(&mut self, n: u32) {
+        let n = u64::from(n);
+        self.tx -= n;
+        self.tx_refused += n;
+    }
 }
 
 /// A port driver: the rings one worker serves (queue `q` of each of its interfaces) and the
@@ -225,7 +239,8 @@ pub trait PortDriver {
     /// # Errors
     /// The frame, when the TX side is full.
     fn stage_tx(&mut self, s: usize, h: Self::Held) -> Result<(), Self::Held>;
-    /// Sends what was staged; returns how many frames left (or were queued to leave).
+    /// Sends what was staged, or queues it for the turn's kick ([`PortDriver::drain_tx`]);
+    /// returns how many frames left or were queued to leave.
     fn submit_tx(&mut self) -> u32;
     /// Gives a `Verdict::Pass` frame to the kernel; `Err` gives it back when the driver has
     /// no way to (AF_XDP: the steering program passes the kernel's traffic before it gets
@@ -240,7 +255,8 @@ pub trait PortDriver {
     fn exception(&mut self, _busy: bool) -> u32 {
         0
     }
-    /// Kicks TX where the kernel asked for it; returns the syscalls made.
+    /// Kicks TX where the kernel asked for it (DPDK: bursts what is staged); returns the
+    /// syscalls (bursts) made.
     ///
     /// # Errors
     /// When a kick fails in a way retrying cannot fix.
@@ -250,6 +266,11 @@ pub trait PortDriver {
     /// # Errors
     /// As [`PortDriver::flush_tx`].
     fn drain_tx(&mut self) -> Result<u32, Self::Error>;
+    /// Frames counted by [`PortDriver::submit_tx`] that the port then refused (a DPDK PMD's
+    /// full TX queue at the kick), since the last call; freed by the driver.
+    fn take_tx_refused(&mut self) -> u32 {
+        0
+    }
     /// Wakes the receive side where the kernel asked for it; returns the syscalls made.
     ///
     /// # Errors
@@ -424,6 +445,7 @@ where
         if !group.rx_ready() && !handoff.is_ready() {
             st.tx_kicks += group.flush_tx()? as u64;
             st.fill_kicks += group.wake_fill()? as u64;
+            st.refused(group.take_tx_refused());
             idle += 1;
             let now = clock.now_ns();
             // Idle turns also keep the books fresh, so that a gateway at rest shows where
@@ -495,6 +517,7 @@ where
         let kick = clock.now_ns();
         st.tx_kicks += group.drain_tx()? as u64;
         st.busy.turn(turn, kick, clock.now_ns());
+        st.refused(group.take_tx_refused());
         if st.batches / PUBLISH_EVERY != batches / PUBLISH_EVERY {
             let _ = look_at_books(group, &mut st, &mut books_at, now);
             publish(pipe, &st);

@@ -7,9 +7,10 @@
 //!   strait-dsr-l2 | strait-nat   P-fwd: strait run --config <two-arm toml>, /healthz 200
 //!   iptables | nftables          P-fwd: KernelGateway::up (kube-proxy's rules, conntrack)
 //!   limit                        P-fwd: strait-lab l2fwd --rx fwd0 --tx fwd1 (MAC swap only)
-//!   strait-dpdk-dsr-l2 | -nat    P-fwd: strait run, DPDK net_af_packet ports on fwd0/fwd1,
-//!                                       TAPs tap-fwd0/tap-fwd1 for its kernel   (`dpdk` build)
-//!   limit-dpdk                   P-fwd: strait-lab l2fwd --driver dpdk (the same, on DPDK)
+//!   strait-dpdk-dsr-l2 | -nat    P-fwd: strait run, DPDK ports (--dpdk-vdev: net_af_xdp or
+//!                                       net_af_packet) on fwd0/fwd1, TAPs tap-fwd0/tap-fwd1
+//!                                       for its kernel                          (`dpdk` build)
+//!   limit-dpdk                   P-fwd: strait-lab l2fwd --driver dpdk --vdev (the same PMD)
 //!   for traffic in [established (10,000 flows), new-flows (every packet a new 5-tuple)]:
 //!     P-sink: strait-lab sink --iface sink0 --json --reflect-port 900       (XDP counter)
 //!     P-gen:  strait-lab gen --iface gen0 --rate max --duration D --latency-port 900 --json
@@ -27,7 +28,9 @@
 //! [`System::ALL`]; a new one needs its arm in `run_group` and in `set_cpu`'s method, and
 //! `chart::BARS` draws it. The DPDK systems are in a build with the `dpdk` feature only (the
 //! report names them as not measured otherwise); on this testbed their ports are
-//! `net_af_packet` vdevs on the veths (see `topo` for what the kernel still does for them).
+//! `net_af_xdp` vdevs on the veths by default, or `net_af_packet` (`--dpdk-vdev`; see
+//! `topo` for what the kernel still does for them). A DPDK forwarder's TX kick is its
+//! turn's burst out (the PMD's `sendto` on these vdevs), timed apart as on AF_XDP.
 //!
 //! # What is measured, and where it runs
 //!
@@ -89,6 +92,7 @@ use serde::{Deserialize, Serialize};
 use strait_config::model::{Mode, Protocol};
 
 use crate::peers::{self, KernelGateway, PeerKind, SvcSpec};
+use crate::vdev::Vdev;
 use topo::{Proc, Topology};
 
 /// Services per scale of a full run: the 10, 1,000 and 10,000.
@@ -161,8 +165,9 @@ pub enum System {
     Nftables,
     /// `strait-lab l2fwd`: AF_XDP receive, MAC rewrite, AF_XDP send; the ceiling of the path.
     Limit,
-    /// `strait-lab l2fwd --driver dpdk`: the gateway's DPDK port driver on `net_af_packet`
-    /// ports, MAC rewrite, no pipeline; the ceiling of the DPDK rows (a `dpdk` build).
+    /// `strait-lab l2fwd --driver dpdk`: the gateway's DPDK port driver on the run's vdev
+    /// (`--dpdk-vdev`), MAC rewrite, no pipeline; the ceiling of the DPDK rows (a `dpdk`
+    /// build).
     LimitDpdk,
     /// Strait on DPDK ports, services in `dsr-l2` mode (a `dpdk` build).
     StraitDpdkDsrL2,
@@ -310,6 +315,11 @@ pub struct Options {
     /// Namespace prefix (default lr<pid>).
     #[arg(long, hide = true)]
     pub prefix: Option<String>,
+    /// The PMD of the DPDK rows' ports (`limit-dpdk` and Strait's alike): `af-xdp` takes
+    /// every frame from the kernel as a NIC bound to DPDK does; `af-packet` leaves the
+    /// kernel a copy and sends through a packet socket.
+    #[arg(long, value_enum, value_name = "VDEV", default_value_t = Vdev::AfXdp)]
+    pub dpdk_vdev: Vdev,
 }
 
 /// One measured point: the six fields first.
@@ -444,6 +454,9 @@ pub struct Report {
     pub command: String,
     /// Seconds of traffic per point.
     pub seconds_per_point: f64,
+    /// The PMD of the DPDK rows' ports.
+    #[serde(default)]
+    pub dpdk_vdev: Vdev,
     /// Frame length without FCS.
     pub frame_bytes: usize,
     /// Endpoints per service.
@@ -499,6 +512,7 @@ pub fn run(opts: &Options) -> Result<()> {
         date: utc_now(),
         command: command_line(),
         seconds_per_point: plan.seconds,
+        dpdk_vdev: plan.vdev,
         frame_bytes: FRAME_BYTES,
         endpoints_per_service: ENDPOINTS_PER_SERVICE,
         established_flows: ESTABLISHED_FLOWS,
@@ -574,6 +588,7 @@ pub(crate) fn interrupted() -> Result<()> {
 struct Plan {
     groups: Vec<(System, usize)>,
     seconds: f64,
+    vdev: Vdev,
 }
 
 impl Plan {
@@ -613,7 +628,11 @@ impl Plan {
                 groups.push((s, n));
             }
         }
-        Ok(Self { groups, seconds })
+        Ok(Self {
+            groups,
+            seconds,
+            vdev: opts.dpdk_vdev,
+        })
     }
 
     fn points(&self) -> usize {
@@ -720,32 +739,40 @@ pub fn targets(specs: &[SvcSpec]) -> Vec<SocketAddrV4> {
 /// Strait's two-arm configuration for `specs`: `fwd0` faces the clients, `fwd1` the
 /// backends, one queue served by one worker on `core`; every backend at the sink's MAC.
 pub fn strait_config(specs: &[SvcSpec], mode: Mode, core: usize) -> String {
-    config_on(specs, mode, core, false)
+    config_on(specs, mode, core, None)
 }
 
-/// [`strait_config`] on DPDK ports: `net_af_packet` ports on the wires `fwd0` and `fwd1`,
-/// whose kernel sides are the topology's TAPs (the interface names), EAL without hugepages.
-pub fn strait_dpdk_config(specs: &[SvcSpec], mode: Mode, core: usize) -> String {
-    config_on(specs, mode, core, true)
+/// [`strait_config`] on DPDK ports: `vdev` ports on the wires `fwd0` and `fwd1`, whose kernel
+/// sides are the topology's TAPs (the interface names), EAL without hugepages.
+pub fn strait_dpdk_config(specs: &[SvcSpec], mode: Mode, core: usize, vdev: Vdev) -> String {
+    config_on(specs, mode, core, Some(vdev))
+}
+
+/// `vdev` as `strait-lab l2fwd --vdev` takes it.
+fn vdev_arg(vdev: Vdev) -> &'static str {
+    match vdev {
+        Vdev::AfPacket => "af-packet",
+        Vdev::AfXdp => "af-xdp",
+    }
 }
 
 /// EAL memory of the DPDK gateway, MiB: one worker's mempool and two ports' descriptors.
 const DPDK_MEMORY_MB: u32 = 512;
 
-fn config_on(specs: &[SvcSpec], mode: Mode, core: usize, dpdk: bool) -> String {
-    let (name_in, name_out) = if dpdk {
+fn config_on(specs: &[SvcSpec], mode: Mode, core: usize, dpdk: Option<Vdev>) -> String {
+    let (name_in, name_out) = if dpdk.is_some() {
         (topo::TAP_IN, topo::TAP_OUT)
     } else {
         (topo::FWD_IN, topo::FWD_OUT)
     };
     let port = |i: usize, wire: &str| {
-        if dpdk {
-            format!("driver = \"dpdk\"\ndevice = \"net_af_packet{i},iface={wire}\"\n")
+        if let Some(vdev) = dpdk {
+            format!("driver = \"dpdk\"\ndevice = \"{}\"\n", vdev.device(i, wire))
         } else {
             String::new()
         }
     };
-    let eal = if dpdk {
+    let eal = if dpdk.is_some() {
         format!("\n[gateway.dpdk]\nno_huge = true\nmemory_mb = {DPDK_MEMORY_MB}\n")
     } else {
         String::new()
@@ -859,7 +886,7 @@ fn run_group(
             let mode = if dsr { Mode::DsrL2 } else { Mode::Nat };
             let path = topo.dir().join("strait.toml");
             let text = if system.is_dpdk() {
-                strait_dpdk_config(&specs, mode, FORWARDER_CORE)
+                strait_dpdk_config(&specs, mode, FORWARDER_CORE, plan.vdev)
             } else {
                 strait_config(&specs, mode, FORWARDER_CORE)
             };
@@ -917,12 +944,8 @@ fn run_group(
         interrupted()?;
         if system.is_limit() {
             progress.message(&format!("{label} {}: starting l2fwd", traffic.as_str()));
-            fwd = Some(Forwarder::Process(l2fwd(
-                exe,
-                &topo,
-                traffic,
-                system.is_dpdk(),
-            )?));
+            let dpdk = system.is_dpdk().then_some(plan.vdev);
+            fwd = Some(Forwarder::Process(l2fwd(exe, &topo, traffic, dpdk)?));
         }
         let pid = match &fwd {
             Some(Forwarder::Process(p)) => p.pid(),
@@ -967,9 +990,9 @@ fn run_group(
     Ok(())
 }
 
-/// Starts `strait-lab l2fwd` (the `limit` system, or `limit-dpdk` with `dpdk`) in the
+/// Starts `strait-lab l2fwd` (the `limit` system, or `limit-dpdk` on the `dpdk` vdev) in the
 /// forwarder namespace for one point.
-fn l2fwd(exe: &Path, topo: &Topology, traffic: Traffic, dpdk: bool) -> Result<Proc> {
+fn l2fwd(exe: &Path, topo: &Topology, traffic: Traffic, dpdk: Option<Vdev>) -> Result<Proc> {
     let mut args = [
         "l2fwd",
         "--rx",
@@ -984,8 +1007,8 @@ fn l2fwd(exe: &Path, topo: &Topology, traffic: Traffic, dpdk: bool) -> Result<Pr
     ]
     .map(String::from)
     .to_vec();
-    if dpdk {
-        args.extend(["--driver".to_owned(), "dpdk".to_owned()]);
+    if let Some(vdev) = dpdk {
+        args.extend(["--driver", "dpdk", "--vdev", vdev_arg(vdev)].map(String::from));
         let name = format!("l2fwd-dpdk-{}", traffic.as_str());
         let mut p = Proc::spawn(&name, topo.dir(), topo.fwd(), exe, &args)?;
         wait_log(&mut p, "l2fwd (DPDK")?;
@@ -1229,11 +1252,18 @@ fn set_cpu(p: &mut Point, d: &cpu::Delta) {
             d.worker_cpu_ns()
                 .map(|w| w / p.received as f64 + xdp.unwrap_or(0.0)),
         ),
-        // No XDP program: the PMD's receive work is the kernel's packet-socket copy on the
-        // sending CPU (see `topo`), which a NIC does by DMA.
+        // On `net_af_xdp` the PMD's XDP program (libxdp's, redirecting every frame to the
+        // port's socket) counts as the AF_XDP systems' programs do; `net_af_packet` has
+        // none: its receive work is the kernel's packet-socket copy on the sending CPU (see
+        // `topo`), which a NIC does by DMA.
         System::LimitDpdk | System::StraitDpdkDsrL2 | System::StraitDpdkNat => (
-            "worker-busy",
-            d.worker_cpu_ns().map(|w| w / p.received as f64),
+            if xdp.is_some() {
+                "worker-busy+xdp"
+            } else {
+                "worker-busy"
+            },
+            d.worker_cpu_ns()
+                .map(|w| w / p.received as f64 + xdp.unwrap_or(0.0)),
         ),
     };
     p.cpu_ns_per_packet = total.filter(|v| v.is_finite() && *v > 0.0);
@@ -1750,9 +1780,12 @@ mod tests {
 
     #[test]
     fn strait_dpdk_config_names_the_taps_and_the_wires() {
-        for (mode, dsr) in [(Mode::DsrL2, true), (Mode::Nat, false)] {
+        for (mode, dsr, vdev) in [
+            (Mode::DsrL2, true, Vdev::AfXdp),
+            (Mode::Nat, false, Vdev::AfPacket),
+        ] {
             let specs = services(30, dsr);
-            let text = strait_dpdk_config(&specs, mode, 1);
+            let text = strait_dpdk_config(&specs, mode, 1, vdev);
             let cfg = strait_config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
             let ifs = &cfg.gateway.interfaces;
             assert_eq!(
@@ -1763,7 +1796,7 @@ mod tests {
             for (i, wire) in [(0, "fwd0"), (1, "fwd1")] {
                 assert_eq!(ifs[i].driver.name(), "dpdk", "{text}");
                 assert!(
-                    text.contains(&format!("device = \"net_af_packet{i},iface={wire}\"")),
+                    text.contains(&format!("device = \"{}{i},iface={wire}\"", vdev.pmd())),
                     "{text}"
                 );
             }
@@ -1934,6 +1967,7 @@ mod tests {
             date: rfc3339(0),
             command: "strait-lab bench line-rate".into(),
             seconds_per_point: 10.0,
+            dpdk_vdev: Vdev::AfXdp,
             frame_bytes: FRAME_BYTES,
             endpoints_per_service: ENDPOINTS_PER_SERVICE,
             established_flows: ESTABLISHED_FLOWS,

@@ -6,36 +6,27 @@
 //!
 //! ```text
 //!   EAL (-l CORE --no-huge -m MB --file-prefix l2fwd-PID)
-//!   port 0 = net_af_packet0,iface=RX ─► rx burst ─► dst/src MAC ─► tx burst ─► port 1 =
-//!                                                                  net_af_packet1,iface=TX
-//!   frames received on port 1 are freed (the kernel, which still sees that wire, routes
-//!   them as it does for the AF_XDP `limit`)
+//!   port 0 = net_af_xdp0,iface=RX ─► rx burst ─► dst/src MAC ─► stage ─► tx burst (the
+//!            (or net_af_packet0)                                          turn's kick) ─►
+//!   port 1 = net_af_xdp1,iface=TX; frames received on port 1 are freed
 //! ```
 //!
 //! Each port also gets the driver's exception TAP (`RX-x`, `TX-x`), which this forwarder
 //! never reads or writes. EAL is initialised on the forwarding thread, whose CPU is EAL's
 //! main lcore, so the thread has its mempool cache without registering. Turns that found
-//! frames are timed as the gateway's workers time theirs ([`BusyTime`]); nothing in the
-//! loop allocates.
+//! frames are timed as the gateway's workers time theirs, the burst out (the PMD's `sendto`
+//! on these vdevs) apart as the kick ([`super::forward`], the loop `limit` runs too);
+//! nothing in the loop allocates.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use anyhow::{bail, Context};
-use strait_dataplane::rewrite::Frame;
-use strait_dataplane::xsk::worker::{IDLE_POLL_MS, IDLE_SPINS, PUBLISH_EVERY};
-use strait_dataplane::xsk::{Clock, MonotonicClock, PortDriver};
-use strait_dpdk::{Dpdk, DpdkGroup, EalOptions, Mbuf, PortSpec, RX_BURST};
+use strait_dpdk::{Dpdk, EalOptions, PortSpec};
 
+use super::forward::{forward, Forwarded};
 use super::L2fwdStats;
+use crate::vdev::Vdev;
 
-/// Frames read per turn: one burst, as the gateway's DPDK workers read.
-const B: usize = RX_BURST as usize;
-/// The RX port's index in the group.
-const RX: usize = 0;
-/// The TX port's index in the group.
-const TX: usize = 1;
-/// Shortest frame forwarded: an Ethernet header.
-const ETH_HLEN: usize = 14;
 /// EAL memory, MiB: two ports' descriptors and one mempool need well under it.
 pub const MEMORY_MB: u32 = 512;
 
@@ -57,17 +48,17 @@ pub struct DpdkL2fwdConfig {
 }
 
 impl DpdkL2fwdConfig {
-    /// `net_af_packet` ports on the interfaces `rx` and `tx` (the wires), their TAPs named
-    /// `rx-x` and `tx-x` (cut to the kernel's 15 characters), without hugepages.
-    pub fn af_packet(rx: &str, tx: &str, dst_mac: [u8; 6], core: usize) -> Self {
+    /// `vdev` ports on the interfaces `rx` and `tx` (the wires), their TAPs named `rx-x` and
+    /// `tx-x` (cut to the kernel's 15 characters), without hugepages.
+    pub fn on(vdev: Vdev, rx: &str, tx: &str, dst_mac: [u8; 6], core: usize) -> Self {
         let tap = |i: &str| {
             let mut t = format!("{i}-x");
             t.truncate(15);
             t
         };
         Self {
-            rx_device: format!("net_af_packet0,iface={rx}"),
-            tx_device: format!("net_af_packet1,iface={tx}"),
+            rx_device: vdev.device(0, rx),
+            tx_device: vdev.device(1, tx),
             taps: [tap(rx), tap(tx)],
             dst_mac,
             core,
@@ -125,106 +116,20 @@ pub fn run<R: FnOnce(String), P: FnMut(&L2fwdStats)>(
         strait_config::MacAddr(cfg.dst_mac),
         cfg.core
     ));
-    let st = forward(&mut group, src_mac, cfg.dst_mac, stop, &mut publish);
-    let dropped = group.stats().tx_dropped;
+    let st = forward(
+        &mut group,
+        src_mac,
+        cfg.dst_mac,
+        Forwarded::Taken,
+        stop,
+        &mut publish,
+    );
     // The group holds mbufs of the ports' mempool: gone before the ports close.
     drop(group);
     drop(dpdk);
-    let mut st = st?;
-    st.tx_ring_full += dropped;
+    let st = st?;
     publish(&st);
     Ok(st)
-}
-
-/// The loop: burst in on [`RX`], rewrite, stage and burst out on [`TX`]; whatever arrives on
-/// [`TX`] is freed.
-fn forward<P: FnMut(&L2fwdStats)>(
-    group: &mut DpdkGroup,
-    src: [u8; 6],
-    dst: [u8; 6],
-    stop: &AtomicBool,
-    publish: &mut P,
-) -> anyhow::Result<L2fwdStats> {
-    let mut st = L2fwdStats::default();
-    let mut held: [Mbuf; B] = std::array::from_fn(|_| Mbuf::default());
-    let mut idle = 0u32;
-    let mut clock = MonotonicClock::new();
-    while !stop.load(Ordering::Relaxed) {
-        let turn = clock.now_ns();
-        if !group.rx_ready() {
-            idle += 1;
-            if idle == 1 {
-                publish(&st);
-            }
-            if idle >= IDLE_SPINS {
-                idle = 0;
-                st.idle_polls += 1;
-                group.wait_rx(IDLE_POLL_MS)?;
-            }
-            continue;
-        }
-        idle = 0;
-        let (n, invalid) = group.read_rx(RX, &mut held);
-        st.invalid_rx += invalid as u64;
-        if n > 0 {
-            st.rx += n as u64;
-            st.batches += 1;
-            forward_batch(group, &mut held[..n], dst, src, &mut st);
-            if st.batches % PUBLISH_EVERY == 0 {
-                publish(&st);
-            }
-        }
-        let (m, _) = group.read_rx(TX, &mut held);
-        for h in &mut held[..m] {
-            group.recycle(std::mem::take(h));
-        }
-        // The PMD sends inside the batch (no kick of its own to time apart).
-        let end = clock.now_ns();
-        st.busy.turn(turn, end, end);
-    }
-    Ok(st)
-}
-
-/// Rewrites the Ethernet addresses of `batch` in place and sends it on [`TX`]; runts and
-/// frames the TX side has no room for are freed and counted.
-#[inline]
-fn forward_batch(
-    group: &mut DpdkGroup,
-    batch: &mut [Mbuf],
-    dst: [u8; 6],
-    src: [u8; 6],
-    st: &mut L2fwdStats,
-) {
-    let n = batch.len();
-    let mut ok = [false; B];
-    {
-        // Placeholders over an empty buffer (no allocation); `lend` replaces the first `n`.
-        let mut frames: [Frame<'_>; B] = std::array::from_fn(|_| Frame::new(&mut [], 0, 0));
-        group.lend(batch, &mut frames[..n]);
-        for (f, ok) in frames[..n].iter_mut().zip(&mut ok) {
-            let d = f.data_mut();
-            if d.len() >= ETH_HLEN {
-                d[..6].copy_from_slice(&dst);
-                d[6..12].copy_from_slice(&src);
-                *ok = true;
-            }
-        }
-    }
-    for (h, ok) in batch.iter_mut().zip(&ok[..n]) {
-        let h = std::mem::take(h);
-        if !ok {
-            st.runts += 1;
-            group.recycle(h);
-            continue;
-        }
-        if let Err(h) = group.stage_tx(TX, h) {
-            st.tx_ring_full += 1;
-            group.recycle(h);
-        }
-    }
-    let sent = group.submit_tx() as u64;
-    st.tx += sent;
-    st.forwarded += sent;
 }
 
 #[cfg(test)]
@@ -232,11 +137,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn af_packet_ports_and_tap_names() {
-        let c = DpdkL2fwdConfig::af_packet("fwd0", "a-very-long-ifname", [2; 6], 1);
+    fn ports_on_a_vdev_and_tap_names() {
+        let c = DpdkL2fwdConfig::on(Vdev::AfPacket, "fwd0", "a-very-long-ifname", [2; 6], 1);
         assert_eq!(c.rx_device, "net_af_packet0,iface=fwd0");
         assert_eq!(c.tx_device, "net_af_packet1,iface=a-very-long-ifname");
         assert_eq!(c.taps, ["fwd0-x".to_owned(), "a-very-long-ifn".to_owned()]);
         assert!(c.no_huge);
+        let c = DpdkL2fwdConfig::on(Vdev::AfXdp, "fwd0", "fwd1", [2; 6], 1);
+        assert_eq!(c.rx_device, "net_af_xdp0,iface=fwd0");
     }
 }

@@ -10,47 +10,32 @@
 //!                                                                                on TX iface
 //! ```
 //!
-//! The loop keeps [`strait_dataplane::xsk::run_worker`]'s ring discipline: reap completions, refill, read up to
-//! [`BATCH`] frames, rewrite them in place, stage them on the TX socket, publish, and
-//! make a syscall only when the kernel set `XDP_RING_NEED_WAKEUP` on a ring (always on a TX
-//! ring in copy mode, which sends at most 32 frames per `sendto`, so a turn kicks until its
-//! TX ring is empty, `QueueGroup::drain_tx`), or to sleep in
-//! `poll(2)` after [`IDLE_SPINS`] empty turns. Turns that found frames are timed as the
-//! gateway's workers time theirs ([`BusyTime`]), so the two costs per packet compare. Nothing
-//! in the loop allocates. A frame the TX ring has no room for is dropped and counted.
+//! The loop is [`super::forward`]'s, over the queue group: the gateway worker's ring
+//! discipline, a syscall only when the kernel set `XDP_RING_NEED_WAKEUP` on a ring (always on
+//! a TX ring in copy mode, which sends at most 32 frames per `sendto`, so a turn kicks until
+//! its TX ring is empty, `QueueGroup::drain_tx`) or to sleep in `poll(2)` when idle.
 
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use libbpf_rs::{MapCore, MapFlags};
 
-use strait_dataplane::rewrite::Frame;
 use strait_dataplane::stats::BusyTime;
-use strait_dataplane::xsk::worker::{IDLE_POLL_MS, IDLE_SPINS, PUBLISH_EVERY};
 use strait_dataplane::xsk::{
-    interface_port, Aligned, AttachMode, AttachPolicy, BindMode, BindPolicy, Clock, GroupConfig,
-    Held, MonotonicClock, PortConfig, QueueGroup, XdpProgram, XskError, BATCH,
+    interface_port, Aligned, AttachMode, AttachPolicy, BindMode, BindPolicy, GroupConfig,
+    PortConfig, QueueGroup, XdpProgram, XskError,
 };
 
 use strait_dataplane::embedded_object;
+
+use super::forward::{forward, Forwarded, RX};
 
 /// The compiled program, `bpf/redirect.bpf.c`.
 static OBJECT: &Aligned<[u8]> = embedded_object!("redirect");
 
 /// Name of the XDP function in `redirect.bpf.c`.
 const PROGRAM: &str = "strait_redirect";
-
-/// [`BATCH`] as an array length.
-const B: usize = BATCH as usize;
-
-/// The group's socket on the RX interface.
-const RX: usize = 0;
-/// The group's socket on the TX interface.
-const TX: usize = 1;
-
-/// Shortest frame forwarded: an Ethernet header.
-const ETH_HLEN: usize = 14;
 
 /// Longest the forwarder waits, once stopped, for frames on the TX ring to complete.
 const DRAIN: Duration = Duration::from_millis(200);
@@ -109,7 +94,7 @@ pub struct L2fwdStats {
     pub tx_kicks: u64,
     /// `recvfrom` kicks made because the driver asked for fill-ring wakeups.
     pub fill_kicks: u64,
-    /// Sleeps in `poll(2)` after [`IDLE_SPINS`] empty turns.
+    /// Sleeps in `poll(2)` after [`strait_dataplane::xsk::worker::IDLE_SPINS`] empty turns.
     pub idle_polls: u64,
     /// Time in turns that found frames, as the gateway's workers count it.
     pub busy: BusyTime,
@@ -201,44 +186,15 @@ impl L2fwd {
         stop: &AtomicBool,
         mut publish: P,
     ) -> Result<L2fwdStats, XskError> {
-        let mut st = L2fwdStats::default();
-        let mut held = [Held::default(); B];
-        let mut idle = 0u32;
         let group = &mut self.group;
-        let mut clock = MonotonicClock::new();
-        while !stop.load(Ordering::Relaxed) {
-            let turn = clock.now_ns();
-            st.forwarded += group.reap_completions() as u64;
-            group.refill();
-            if !group.rx_ready() {
-                st.tx_kicks += group.flush_tx()? as u64;
-                st.fill_kicks += group.wake_fill()? as u64;
-                idle += 1;
-                if idle == 1 {
-                    publish(&st);
-                }
-                if idle >= IDLE_SPINS {
-                    idle = 0;
-                    st.idle_polls += 1;
-                    group.wait_rx(IDLE_POLL_MS)?;
-                }
-                continue;
-            }
-            idle = 0;
-            let (n, invalid) = group.read_rx(RX, &mut held);
-            st.invalid_rx += invalid as u64;
-            if n > 0 {
-                st.rx += n as u64;
-                st.batches += 1;
-                forward_batch(group, &held[..n], self.dst_mac, self.src_mac, &mut st);
-                if st.batches % PUBLISH_EVERY == 0 {
-                    publish(&st);
-                }
-            }
-            let kick = clock.now_ns();
-            st.tx_kicks += group.drain_tx()? as u64;
-            st.busy.turn(turn, kick, clock.now_ns());
-        }
+        let mut st = forward(
+            group,
+            self.src_mac,
+            self.dst_mac,
+            Forwarded::Completions,
+            stop,
+            &mut publish,
+        )?;
         let deadline = Instant::now() + DRAIN;
         while st.forwarded < st.tx && Instant::now() < deadline {
             st.tx_kicks += group.flush_tx()? as u64;
@@ -248,45 +204,6 @@ impl L2fwd {
         publish(&st);
         Ok(st)
     }
-}
-
-/// Rewrites the Ethernet addresses of the held frames `batch` and stages them on the TX
-/// socket; runts and frames the TX ring has no room for go back to the free list.
-#[inline]
-fn forward_batch(
-    group: &mut QueueGroup,
-    batch: &[Held],
-    dst: [u8; 6],
-    src: [u8; 6],
-    st: &mut L2fwdStats,
-) {
-    let n = batch.len();
-    debug_assert!(n <= B);
-    let mut ok = [false; B];
-    {
-        // Placeholders over an empty buffer (no allocation); `lend` replaces the first `n`.
-        let mut frames: [Frame<'_>; B] = std::array::from_fn(|_| Frame::new(&mut [], 0, 0));
-        group.lend(batch, &mut frames[..n]);
-        for (f, ok) in frames[..n].iter_mut().zip(&mut ok) {
-            let d = f.data_mut();
-            if d.len() >= ETH_HLEN {
-                d[..6].copy_from_slice(&dst);
-                d[6..12].copy_from_slice(&src);
-                *ok = true;
-            }
-        }
-    }
-    for (h, ok) in batch.iter().zip(&ok[..n]) {
-        if !ok {
-            st.runts += 1;
-        } else if group.stage_tx(TX, h) {
-            continue;
-        } else {
-            st.tx_ring_full += 1;
-        }
-        group.recycle(h);
-    }
-    st.tx += group.submit_tx() as u64;
 }
 
 #[cfg(test)]

@@ -11,8 +11,9 @@
 //! forwarder being ready to the stop.
 //!
 //! `--driver dpdk` (a build with the `dpdk` feature) is the `limit-dpdk` system: the same
-//! forwarding over the gateway's DPDK port driver, `net_af_packet` ports on `--rx` and
-//! `--tx` ([`dpdk`]); `forwarded` then counts frames the PMD took for sending.
+//! forwarding over the gateway's DPDK port driver, `--vdev` ports (`net_af_packet` or
+//! `net_af_xdp`) on `--rx` and `--tx` ([`dpdk`]); `forwarded` then counts frames the PMD
+//! took for sending. Both drivers run one loop ([`forward`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -24,9 +25,11 @@ use serde::Serialize;
 use strait_config::MacAddr;
 
 use crate::pin_thread;
+use crate::vdev::Vdev;
 
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
+mod forward;
 pub mod forwarder;
 
 use crate::sink::{every_second, parse_seconds, stop_on_signals};
@@ -55,10 +58,13 @@ pub struct Args {
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
-    /// The port driver: AF_XDP sockets with a redirect program, or DPDK `net_af_packet`
-    /// ports on the two interfaces (a build with the `dpdk` feature).
+    /// The port driver: AF_XDP sockets with a redirect program, or DPDK ports on the two
+    /// interfaces (a build with the `dpdk` feature).
     #[arg(long, value_enum, default_value_t = Driver::AfXdp)]
     pub driver: Driver,
+    /// With `--driver dpdk`: the PMD the ports run on.
+    #[arg(long, value_enum, default_value_t = Vdev::AfPacket)]
+    pub vdev: Vdev,
 }
 
 /// `--driver`.
@@ -233,7 +239,7 @@ fn report(
 #[cfg(feature = "dpdk")]
 fn run_dpdk(args: &Args, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let core = args.core.unwrap_or(0);
-    let cfg = dpdk::DpdkL2fwdConfig::af_packet(&args.rx, &args.tx, args.dst_mac.octets(), core);
+    let cfg = dpdk::DpdkL2fwdConfig::on(args.vdev, &args.rx, &args.tx, args.dst_mac.octets(), core);
     if args.rx == args.tx {
         anyhow::bail!(
             "l2fwd needs two interfaces, got {} for both RX and TX",

@@ -47,11 +47,11 @@ admin_listen = \"127.0.0.1:9900\"
         client = layout.client_ns(),
         path = path.display(),
     );
-    if layout.dpdk {
+    if layout.dpdk.is_some() {
         let _ = write!(
             s,
             "
-# DPDK's EAL without hugepages: the ports are net_af_packet vdevs on the testbed's veths.
+# DPDK's EAL without hugepages: the ports are vdevs on the testbed's veths.
 [gateway.dpdk]
 no_huge = true
 memory_mb = {DPDK_MEMORY_MB}
@@ -68,11 +68,11 @@ queues = [0]
 role = \"{role}\"
 "
         );
-        if layout.dpdk {
+        if let Some(vdev) = layout.dpdk {
             let _ = writeln!(
                 s,
-                "driver = \"dpdk\"\ndevice = \"net_af_packet{i},iface={}\"",
-                layout.wire(name)
+                "driver = \"dpdk\"\ndevice = \"{}\"",
+                vdev.device(i, &layout.wire(name))
             );
         }
     }
@@ -169,11 +169,11 @@ drain_grace = \"2s\"
         client = layout.client_ns(),
         path = path.display(),
     );
-    if layout.dpdk {
+    if layout.dpdk.is_some() {
         let _ = write!(
             s,
             "
-# DPDK's EAL without hugepages: the ports are net_af_packet vdevs on the testbed's veths.
+# DPDK's EAL without hugepages: the ports are vdevs on the testbed's veths.
 [gateway.dpdk]
 no_huge = true
 memory_mb = {DPDK_MEMORY_MB}
@@ -190,11 +190,11 @@ queues = [0]
 role = \"{role}\"
 "
         );
-        if layout.dpdk {
+        if let Some(vdev) = layout.dpdk {
             let _ = writeln!(
                 s,
-                "driver = \"dpdk\"\ndevice = \"net_af_packet{i},iface={}\"",
-                layout.wire(name)
+                "driver = \"dpdk\"\ndevice = \"{}\"",
+                vdev.device(i, &layout.wire(name))
             );
         }
     }
@@ -323,7 +323,7 @@ mod tests {
 
     fn render_parse(topology: Topology, ipv6: bool) -> strait_config::Config {
         let layout = Layout {
-            dpdk: false,
+            dpdk: None,
             prefix: "st9".to_owned(),
             topology,
             backends: 3,
@@ -378,7 +378,7 @@ mod tests {
     #[test]
     fn every_gateway_of_a_router_layout_peers_with_its_link() {
         let layout = Layout {
-            dpdk: false,
+            dpdk: None,
             prefix: "st9".to_owned(),
             topology: Topology::OneArm,
             backends: 3,
@@ -436,7 +436,7 @@ mod tests {
             ipv6: false,
             gateways: 2,
             l2: false,
-            dpdk: false,
+            dpdk: None,
         };
         let mut backends = active(&layout.backend_specs());
         backends[2].1 = BackendState::Draining;

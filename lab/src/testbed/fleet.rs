@@ -352,7 +352,7 @@ mod tests {
 
     fn layout(gateways: usize, l2: bool) -> Layout {
         Layout {
-            dpdk: false,
+            dpdk: None,
             prefix: "st9".to_owned(),
             topology: Topology::OneArm,
             backends: 3,

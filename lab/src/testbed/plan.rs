@@ -33,8 +33,9 @@
 //! kernel path is there for comparison when no `strait` runs.
 //!
 //! DPDK (`--driver dpdk`): the gateway's veths are renamed `dp-gw` (`dp-c`, `dp-b`) and
-//! become the wires of `net_af_packet` ports, without addresses and with the kernel's stack
-//! blind to them (an nftables ingress drop); the gateway's addresses go on persistent TAPs named as the
+//! become the wires of DPDK ports (`--vdev`: `net_af_packet`, or `net_af_xdp`), without
+//! addresses and with the kernel's stack blind to them (an nftables ingress drop, and with
+//! `net_af_xdp` libxdp's program takes every frame first); the gateway's addresses go on persistent TAPs named as the
 //! AF_XDP layout's interfaces (`veth-gw`, ...), which the gateway attaches to as its ports'
 //! exception interfaces. Clients and backends see the same addresses and MAC.
 //!
@@ -51,6 +52,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use strait_config::MacAddr;
 
 use super::Topology;
+use crate::vdev::Vdev;
 
 /// The IPv4 VIP of every generated service.
 pub const VIP4: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
@@ -212,8 +214,9 @@ pub struct Layout {
     pub gateways: usize,
     /// The gateways share the client segment (no router): the L2 failover layout.
     pub l2: bool,
-    /// The gateway's ports are DPDK ports (one gateway only); see the module docs.
-    pub dpdk: bool,
+    /// The gateway's ports are DPDK ports on this vdev (one gateway only); see the module
+    /// docs.
+    pub dpdk: Option<Vdev>,
 }
 
 impl Layout {
@@ -273,7 +276,7 @@ impl Layout {
     /// with AF_XDP; with DPDK the port's wire (`veth-gw` -> `dp-gw`), while `ifname` is the
     /// port's exception TAP.
     pub fn wire(&self, ifname: &str) -> String {
-        if self.dpdk {
+        if self.dpdk.is_some() {
             format!("dp-{}", ifname.trim_start_matches("veth-"))
         } else {
             ifname.to_owned()
@@ -412,7 +415,7 @@ impl Layout {
             Topology::TwoArm => "veth-b",
         };
         c.port(&sw, "p-gw", &gw, &self.wire(gw_backend_if), GW_MAC);
-        if self.dpdk {
+        if self.dpdk.is_some() {
             // Each veth is the wire of a DPDK port, as a NIC bound to DPDK would be: no
             // address, no IPv6, and the kernel's stack blind to what it receives (an
             // nftables ingress drop, which runs after the packet sockets of `net_af_packet`
@@ -651,7 +654,7 @@ mod tests {
 
     fn layout(topology: Topology, backends: usize, ipv6: bool) -> Layout {
         Layout {
-            dpdk: false,
+            dpdk: None,
             prefix: "st9".to_owned(),
             topology,
             backends,
@@ -672,7 +675,7 @@ mod tests {
         }
         for (gateways, l2) in [(2, false), (MAX_GATEWAYS, false), (1, true), (3, true)] {
             all.push(Layout {
-                dpdk: false,
+                dpdk: None,
                 gateways,
                 l2,
                 ..layout(Topology::OneArm, 3, false)
@@ -680,7 +683,7 @@ mod tests {
         }
         for topology in [Topology::OneArm, Topology::TwoArm] {
             all.push(Layout {
-                dpdk: true,
+                dpdk: Some(Vdev::AfPacket),
                 ..layout(topology, 2, true)
             });
         }

@@ -40,6 +40,8 @@ pub enum Driver {
     AfXdp,
     /// DPDK `net_af_packet` ports on the veths (`testbed up --driver dpdk`).
     Dpdk,
+    /// DPDK `net_af_xdp` ports on the veths (`testbed up --driver dpdk --vdev af-xdp`).
+    DpdkAfXdp,
 }
 
 impl Driver {
@@ -48,6 +50,7 @@ impl Driver {
         match self {
             Driver::AfXdp => &[],
             Driver::Dpdk => &["--driver", "dpdk"],
+            Driver::DpdkAfXdp => &["--driver", "dpdk", "--vdev", "af-xdp"],
         }
     }
 
@@ -56,6 +59,7 @@ impl Driver {
         match self {
             Driver::AfXdp => 'e',
             Driver::Dpdk => 'd',
+            Driver::DpdkAfXdp => 'x',
         }
     }
 }
@@ -104,7 +108,7 @@ pub fn scenario(driver: Driver, tag: &str, args: &[&str]) -> Option<Scenario> {
         &format!("s{}{}{tag}", driver.letter(), std::process::id() % 100_000),
         &all,
     );
-    if driver == Driver::Dpdk {
+    if driver != Driver::AfXdp {
         assert_has_dpdk(&bed);
     }
     Some(Scenario {

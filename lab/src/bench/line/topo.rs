@@ -27,13 +27,15 @@
 //!   forwarder core. The AF_XDP systems' XDP programs run before RPS, on the sender's CPU,
 //!   as on any veth.
 //!
-//! With DPDK ([`Wires`]) a veth of P-fwd is the wire of a `net_af_packet` port, as a NIC bound
-//! to DPDK would be: the kernel's stack is blind to what it receives (an nftables ingress
-//! drop, which runs after the packet socket took its copy), and no RPS, so that copy (the
+//! With DPDK ([`Wires`]) a veth of P-fwd is the wire of a DPDK port, as a NIC bound to DPDK
+//! would be: the kernel's stack is blind to what it receives (`net_af_xdp`: libxdp's program
+//! redirects every frame to the port's socket; `net_af_packet`: an nftables ingress drop,
+//! which runs after the packet socket took its copy), and no RPS, so that copy (the
 //! testbed's stand-in for a NIC's DMA into the port's ring) stays on the sending CPU as the
 //! AF_XDP systems' XDP program and copy do. `limit-dpdk` ([`Wires::DpdkIn`]) turns only
 //! `fwd0` into a wire: the kernel keeps `fwd1` and routes the reflected probes back, as for
-//! `limit`. Strait on DPDK ([`Wires::Dpdk`]) turns both into wires; the gateway's kernel
+//! `limit` (with `net_af_packet`; a `net_af_xdp` TX port takes them, and `limit-dpdk` then
+//! has no latency figure). Strait on DPDK ([`Wires::Dpdk`]) turns both into wires; the gateway's kernel
 //! sides are the persistent TAPs [`TAP_IN`] and [`TAP_OUT`], with the ports' MACs, the
 //! addresses and the neighbour entries `fwd0` and `fwd1` have otherwise.
 
