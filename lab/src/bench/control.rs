@@ -306,20 +306,10 @@ pub fn run(opts: Run) -> anyhow::Result<()> {
     let ns = bench_namespace().map_err(|e| {
         anyhow::anyhow!("{e:#}\n(the bench with workers needs root; --no-workers measures the control path alone)")
     })?;
-    let path = format!("/run/netns/{}", ns.name());
     let name = ns.name().to_owned();
     // A thread enters the namespace; the worker threads it starts are born in it, and the
     // namespace is deleted once they are stopped.
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let f = std::fs::File::open(&path).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
-            nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(|e| anyhow::anyhow!("entering {path}: {e}"))?;
-            measure(opts, Some(&name))
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("the bench thread panicked"))?
-    })
+    super::in_netns(&name, || measure(opts, Some(&name)))?
 }
 
 fn measure(opts: Run, netns: Option<&str>) -> anyhow::Result<()> {

@@ -1352,9 +1352,10 @@ pub fn table(r: &Report) -> String {
     let _ = writeln!(
         s,
         "cpu ns: the forwarding CPU's time per delivered packet (AF_XDP: busy worker turns + \
-         XDP programs; DPDK: busy worker turns; kernel: the forwarder CPU's softirq + irq); \
-         cpu/ipt, cpu/nft: over iptables' and nftables' (under 1: cheaper); own ns: an AF_XDP \
-         or DPDK forwarder's time without its TX kicks (copy mode: the kernel's transmit), \
+         XDP programs; DPDK: busy worker turns, + the PMD's XDP program on net_af_xdp; \
+         kernel: the forwarder CPU's softirq + irq); cpu/ipt, cpu/nft: over iptables' and \
+         nftables' (under 1: cheaper); own ns: an AF_XDP or DPDK forwarder's time without its \
+         TX kicks (copy mode: the kernel's transmit; DPDK: the turn's burst out), \
          own/ipt, own/nft over the peers' cpu ns; % limit: of the same driver's limit (limit \
          for AF_XDP, limit-dpdk for DPDK)"
     );
