@@ -74,7 +74,7 @@ use strait_dataplane::xsk::{
     Handoff, HandoffConfig, KernelStats, MapSync, MonotonicClock, PortConfig, QueueGroup,
     SteerCounters, SteerProgram, WorkerStats,
 };
-use strait_testkit::harness::{enter_netns, ip, pin_thread};
+use strait_testkit::harness::{enter_netns, ip, pin_thread, Netns};
 use strait_testkit::privileged as gate;
 
 #[path = "support/counting_alloc.rs"]
@@ -184,10 +184,11 @@ const VIPS: u32 = 4;
 const NAT_BACKENDS: u32 = 1;
 
 /// The two namespaces and the veth pair between them; deleting the namespaces on drop
-/// removes everything, also when the test fails.
+/// (their guards) removes everything, also when the test fails.
 struct Testbed {
     a: String,
     g: String,
+    _ns: [Netns; 2],
 }
 
 impl Testbed {
@@ -195,13 +196,13 @@ impl Testbed {
     /// process apart.
     fn new(case: &str) -> Result<Self, String> {
         let pid = std::process::id();
+        let (a, g) = (format!("stx{pid}{case}-a"), format!("stx{pid}{case}-g"));
         let bed = Self {
-            a: format!("stx{pid}{case}-a"),
-            g: format!("stx{pid}{case}-g"),
+            _ns: [Netns::try_add(&a)?, Netns::try_add(&g)?],
+            a,
+            g,
         };
         let (a, g) = (bed.a.as_str(), bed.g.as_str());
-        ip(&["netns", "add", a])?;
-        ip(&["netns", "add", g])?;
         // The pair is made inside a, its peer moved straight into g: the root namespace never
         // holds either end.
         ip(&[
@@ -291,16 +292,6 @@ impl Testbed {
             "permanent",
         ])?;
         Ok(bed)
-    }
-}
-
-impl Drop for Testbed {
-    fn drop(&mut self) {
-        for ns in [&self.g, &self.a] {
-            if let Err(e) = ip(&["netns", "del", ns]) {
-                eprintln!("testbed cleanup: {e}");
-            }
-        }
     }
 }
 
@@ -1245,19 +1236,21 @@ struct TwoArm {
     c: String,
     g: String,
     b: String,
+    _ns: Vec<Netns>,
 }
 
 impl TwoArm {
     fn new(case: &str, queues: u32) -> Result<Self, String> {
         let pid = std::process::id();
-        let bed = Self {
+        let mut bed = Self {
             c: format!("stx{pid}{case}-c"),
             g: format!("stx{pid}{case}-g"),
             b: format!("stx{pid}{case}-b"),
+            _ns: Vec::new(),
         };
-        // From here on, Drop removes whatever was made.
-        for ns in [&bed.c, &bed.g, &bed.b] {
-            ip(&["netns", "add", ns])?;
+        // From here on, the guards remove whatever was made.
+        for ns in [bed.c.clone(), bed.g.clone(), bed.b.clone()] {
+            bed._ns.push(Netns::try_add(&ns)?);
         }
         let q = queues.to_string();
         for (ns, mac, peer, peer_mac) in [
@@ -1312,19 +1305,6 @@ impl TwoArm {
 
     fn names(&self) -> [&str; 3] {
         [&self.c, &self.g, &self.b]
-    }
-}
-
-impl Drop for TwoArm {
-    fn drop(&mut self) {
-        for ns in [&self.g, &self.c, &self.b] {
-            if let Err(e) = ip(&["netns", "del", ns]) {
-                // `netns add` may have failed before this one existed.
-                if !e.contains("No such file") {
-                    eprintln!("testbed cleanup: {e}");
-                }
-            }
-        }
     }
 }
 

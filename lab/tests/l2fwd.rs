@@ -25,7 +25,7 @@ use etherparse::PacketBuilder;
 use packet_socket::PacketSocket;
 use strait_dataplane::xsk::Accounting;
 use strait_lab::l2fwd::{L2fwd, L2fwdConfig, L2fwdStats};
-use strait_testkit::harness::{enter_netns, ip};
+use strait_testkit::harness::{enter_netns, ip, Netns};
 use strait_testkit::privileged as gate;
 
 #[path = "../../dataplane/tests/support/counting_alloc.rs"]
@@ -49,15 +49,19 @@ fn mac(m: [u8; 6]) -> String {
 /// The three namespaces; deleting them on drop removes the veths too.
 struct Path {
     names: Vec<String>,
+    _ns: Vec<Netns>,
 }
 
 impl Path {
     fn new() -> Result<Self, String> {
         let p = format!("sl2{}", std::process::id() % 100_000);
-        let mut path = Self { names: Vec::new() };
+        let mut path = Self {
+            names: Vec::new(),
+            _ns: Vec::new(),
+        };
         for role in ["a", "f", "b"] {
             let ns = format!("{p}-{role}");
-            ip(&["netns", "add", &ns])?;
+            path._ns.push(Netns::try_add(&ns)?);
             path.names.push(ns.clone());
             // No IPv6: the kernels send nothing of their own (DAD, MLD) during the count.
             let out = Command::new("ip")
@@ -103,14 +107,6 @@ impl Path {
         }
         ip(&["-n", f, "addr", "add", "192.0.2.254/24", "dev", "f0"])?;
         Ok(path)
-    }
-}
-
-impl Drop for Path {
-    fn drop(&mut self) {
-        for ns in &self.names {
-            let _ = ip(&["netns", "del", ns]);
-        }
     }
 }
 

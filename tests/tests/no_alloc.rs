@@ -589,7 +589,7 @@ mod dpdk {
     use strait_dataplane::table::Builder;
     use strait_dataplane::xsk::{interface_port, run_worker, Handoff, WorkerStats};
     use strait_dpdk::{Dpdk, EalOptions, PortSpec, ThreadRegistration};
-    use strait_testkit::harness::{enter_netns, ip};
+    use strait_testkit::harness::{enter_netns, ip, Netns};
     use strait_testkit::privileged as gate;
     use strait_tests::{udp, CLIENT_MAC, GW_MAC};
 
@@ -640,22 +640,6 @@ mac = "02:00:00:00:00:c1"
     /// Frames written before waiting for the worker to take them: well under the PMD's
     /// receive ring, so none is lost for want of room.
     const CHUNK: u64 = 128;
-
-    /// The two namespaces (and with them the veth and the TAP), deleted on drop.
-    struct Namespaces {
-        a: String,
-        g: String,
-    }
-
-    impl Drop for Namespaces {
-        fn drop(&mut self) {
-            for ns in [&self.g, &self.a] {
-                if let Err(e) = ip(&["netns", "del", ns]) {
-                    eprintln!("cleanup: {e}");
-                }
-            }
-        }
-    }
 
     fn must(args: &[&str]) {
         ip(args).unwrap_or_else(|e| panic!("{e}"));
@@ -769,12 +753,12 @@ mac = "02:00:00:00:00:c1"
             return;
         }
         let pid = std::process::id();
-        let ns = Namespaces {
-            a: format!("sna{pid}-a"),
-            g: format!("sna{pid}-g"),
-        };
-        must(&["netns", "add", &ns.a]);
-        must(&["netns", "add", &ns.g]);
+        // The two namespaces (and with them the veth and the TAP), deleted on drop.
+        let (guard_a, guard_g) = (
+            Netns::add(&format!("sna{pid}-a")),
+            Netns::add(&format!("sna{pid}-g")),
+        );
+        let (ns_a, ns_g) = (guard_a.name(), guard_g.name());
         let mac = |m: [u8; 6]| {
             m.iter()
                 .map(|b| format!("{b:02x}"))
@@ -783,23 +767,23 @@ mac = "02:00:00:00:00:c1"
         };
         let (mac_a, mac_g) = (mac(CLIENT_MAC), mac(GW_MAC));
         must(&[
-            "-n", &ns.a, "link", "add", "veth-a", "address", &mac_a, "type", "veth", "peer",
-            "name", "dp-g", "address", &mac_g, "netns", &ns.g,
+            "-n", ns_a, "link", "add", "veth-a", "address", &mac_a, "type", "veth", "peer", "name",
+            "dp-g", "address", &mac_g, "netns", ns_g,
         ]);
-        must(&["-n", &ns.a, "addr", "add", "192.0.2.2/24", "dev", "veth-a"]);
-        must(&["-n", &ns.a, "link", "set", "veth-a", "up"]);
-        must(&["-n", &ns.g, "link", "set", "dp-g", "up"]);
+        must(&["-n", ns_a, "addr", "add", "192.0.2.2/24", "dev", "veth-a"]);
+        must(&["-n", ns_a, "link", "set", "veth-a", "up"]);
+        must(&["-n", ns_g, "link", "set", "dp-g", "up"]);
         // The wire of a DPDK port: the kernel of -g ignores what arrives on it (after the
         // PMD's packet socket has its copy).
-        nft(&ns.g, "add table netdev wire");
+        nft(ns_g, "add table netdev wire");
         nft(
-            &ns.g,
+            ns_g,
             "add chain netdev wire dp-g { type filter hook ingress device dp-g priority 0 ; policy drop ; }",
         );
 
         // This thread (and the worker it spawns) in -g: EAL's packet socket and the TAP are
         // made here.
-        enter_netns(&ns.g);
+        enter_netns(ns_g);
         let cfg = strait_config::parse(CONFIG).unwrap_or_else(|e| panic!("{e}"));
         let d = cfg.gateway.dpdk.clone().expect("[gateway.dpdk]");
         let opts = EalOptions {
@@ -817,7 +801,7 @@ mac = "02:00:00:00:00:c1"
         };
         let mut ports = Dpdk::open(&opts, &[spec]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(ports.mac("tap-g"), Some(GW_MAC), "the port's MAC is dp-g's");
-        must(&["-n", &ns.g, "addr", "add", "192.0.2.1/24", "dev", "tap-g"]);
+        must(&["-n", ns_g, "addr", "add", "192.0.2.1/24", "dev", "tap-g"]);
         let link = interface_port("tap-g").unwrap_or_else(|e| panic!("{e}"));
         let table = Arc::new(
             Builder::new()
@@ -861,7 +845,7 @@ mac = "02:00:00:00:00:c1"
             })
         };
 
-        let warm = inject(&ns.a, &seen, 0..WARM);
+        let warm = inject(ns_a, &seen, 0..WARM);
         // Arm, and wait for the worker to take it at a turn's start.
         let wait = |what: &str, f: &dyn Fn() -> bool| {
             let t = Instant::now();
@@ -875,7 +859,7 @@ mac = "02:00:00:00:00:c1"
         arm.store(true, Ordering::Relaxed);
         wait("the worker did not arm", &|| armed.load(Ordering::Relaxed));
         let counted = match &warm {
-            Ok(()) => inject(&ns.a, &seen, WARM..WARM + COUNTED),
+            Ok(()) => inject(ns_a, &seen, WARM..WARM + COUNTED),
             Err(_) => Ok(()),
         };
         // The kernel's last ARP replies through the TAP, then a worker gone idle.
@@ -909,6 +893,6 @@ mac = "02:00:00:00:00:c1"
             "the DPDK worker loop allocated, reallocated or freed {events} times in {} frames",
             grew(0)
         );
-        drop(ns);
+        drop((guard_g, guard_a));
     }
 }

@@ -281,8 +281,16 @@ impl Netns {
     /// `ip netns add name`, nothing more. The guard exists only once the namespace does,
     /// so a name that someone else holds is never deleted.
     pub fn add(name: &str) -> Netns {
-        sh(&["ip", "netns", "add", name]);
-        Netns(name.to_owned())
+        Netns::try_add(name).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Netns::add`] for tests that report a set-up failure (not root) rather than panic.
+    ///
+    /// # Errors
+    /// The command and its stderr.
+    pub fn try_add(name: &str) -> Result<Netns, String> {
+        ip(&["netns", "add", name])?;
+        Ok(Netns(name.to_owned()))
     }
 
     /// A namespace the kernel keeps quiet in: lo up, IPv6 off (no DAD, MLD or router
