@@ -179,7 +179,7 @@ void strait_mbuf_free(struct rte_mbuf *m) { rte_pktmbuf_free(m); }
 void strait_mbuf_free_bulk(struct rte_mbuf **m, unsigned n) { rte_pktmbuf_free_bulk(m, n); }
 
 // Opens (or creates) the TAP interface `name`, non-blocking, sets its MAC to `mac` and its
-// MTU to `mtu`, and brings it up. An existing persistent TAP (`ip tuntap add`) keeps its
+// MTU to `mtu` where they differ, and brings it up. An existing persistent TAP (`ip tuntap add`) keeps its
 // addresses; a new one goes away when the fd is closed. Returns the fd, or -errno with
 // `*step` naming the call that failed.
 int strait_tap_open(const char *name, const uint8_t mac[6], uint16_t mtu, const char **step) {
@@ -205,29 +205,46 @@ int strait_tap_open(const char *name, const uint8_t mac[6], uint16_t mtu, const 
         *step = "socket(AF_INET)";
         return -err;
     }
+    // What is already right is left alone: setting a device's MAC, even to the one it has,
+    // makes the kernel flush the device's neighbour entries (NETDEV_CHANGEADDR; permanent
+    // ones too), so every start of the gateway would drop a persistent TAP's static entries
+    // and make the kernel resolve its next hops again.
     struct ifreq r;
+    const char *failed = NULL;
     memset(&r, 0, sizeof(r));
     strncpy(r.ifr_name, name, IFNAMSIZ - 1);
-    r.ifr_hwaddr.sa_family = ARPHRD_ETHER;
-    memcpy(r.ifr_hwaddr.sa_data, mac, 6);
-    const char *failed = NULL;
-    if (ioctl(sock, SIOCSIFHWADDR, &r) < 0) {
-        failed = "ioctl(SIOCSIFHWADDR)";
+    if (ioctl(sock, SIOCGIFHWADDR, &r) < 0) {
+        failed = "ioctl(SIOCGIFHWADDR)";
+    } else if (memcmp(r.ifr_hwaddr.sa_data, mac, 6) != 0) {
+        memset(&r, 0, sizeof(r));
+        strncpy(r.ifr_name, name, IFNAMSIZ - 1);
+        r.ifr_hwaddr.sa_family = ARPHRD_ETHER;
+        memcpy(r.ifr_hwaddr.sa_data, mac, 6);
+        if (ioctl(sock, SIOCSIFHWADDR, &r) < 0) {
+            failed = "ioctl(SIOCSIFHWADDR)";
+        }
     }
     memset(&r, 0, sizeof(r));
     strncpy(r.ifr_name, name, IFNAMSIZ - 1);
-    r.ifr_mtu = mtu;
-    if (!failed && ioctl(sock, SIOCSIFMTU, &r) < 0) {
-        failed = "ioctl(SIOCSIFMTU)";
+    if (!failed && ioctl(sock, SIOCGIFMTU, &r) < 0) {
+        failed = "ioctl(SIOCGIFMTU)";
+    }
+    if (!failed && r.ifr_mtu != mtu) {
+        r.ifr_mtu = mtu;
+        if (ioctl(sock, SIOCSIFMTU, &r) < 0) {
+            failed = "ioctl(SIOCSIFMTU)";
+        }
     }
     memset(&r, 0, sizeof(r));
     strncpy(r.ifr_name, name, IFNAMSIZ - 1);
     if (!failed && ioctl(sock, SIOCGIFFLAGS, &r) < 0) {
         failed = "ioctl(SIOCGIFFLAGS)";
     }
-    r.ifr_flags |= IFF_UP;
-    if (!failed && ioctl(sock, SIOCSIFFLAGS, &r) < 0) {
-        failed = "ioctl(SIOCSIFFLAGS)";
+    if (!failed && !(r.ifr_flags & IFF_UP)) {
+        r.ifr_flags |= IFF_UP;
+        if (ioctl(sock, SIOCSIFFLAGS, &r) < 0) {
+            failed = "ioctl(SIOCSIFFLAGS)";
+        }
     }
     int err = errno;
     close(sock);

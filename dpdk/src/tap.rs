@@ -17,7 +17,8 @@ pub(crate) struct Tap {
 }
 
 impl Tap {
-    /// Opens (or creates) TAP `name`, sets its MAC and MTU and brings it up.
+    /// Opens (or creates) TAP `name`, sets its MAC and MTU where they differ (so that an
+    /// existing TAP keeps its neighbour entries) and brings it up.
     pub(crate) fn open(name: &str, mac: [u8; 6], mtu: u16) -> Result<Self, DpdkError> {
         let err = |call: String, source| DpdkError::Tap {
             iface: name.to_owned(),
@@ -75,5 +76,73 @@ impl Tap {
 impl AsFd for Tap {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strait_testkit::harness::{sh, Netns};
+    use strait_testkit::privileged as gate;
+
+    /// Attaching to a persistent TAP that already has the port's MAC and MTU leaves its
+    /// neighbour entries alone (a permanent one among them: re-setting even the same MAC
+    /// would flush it); a TAP with another MAC gets the port's.
+    #[test]
+    fn attaching_to_a_persistent_tap_keeps_its_neighbours() {
+        if !gate::privileged("DPDK exception TAP", &[gate::IP]) {
+            return;
+        }
+        let ns = Netns::add(&format!("sdt{}", std::process::id() % 100_000));
+        let n = ns.name();
+        sh(&["ip", "-n", n, "tuntap", "add", "dev", "tp0", "mode", "tap"]);
+        sh(&[
+            "ip",
+            "-n",
+            n,
+            "link",
+            "set",
+            "tp0",
+            "address",
+            "02:00:00:00:0a:fe",
+            "mtu",
+            "1500",
+            "up",
+        ]);
+        sh(&["ip", "-n", n, "addr", "add", "192.0.2.254/24", "dev", "tp0"]);
+        sh(&[
+            "ip",
+            "-n",
+            n,
+            "neigh",
+            "replace",
+            "192.0.2.1",
+            "lladdr",
+            "02:00:00:00:0a:01",
+            "dev",
+            "tp0",
+            "nud",
+            "permanent",
+        ]);
+        let entry = "192.0.2.1 lladdr 02:00:00:00:0a:01 PERMANENT";
+        let neigh = || sh(&["ip", "-n", n, "neigh", "show", "dev", "tp0"]);
+        assert!(neigh().contains(entry), "{}", neigh());
+
+        ns.run_in(|| {
+            let tap = Tap::open("tp0", [2, 0, 0, 0, 0x0a, 0xfe], 1500).expect("attach");
+            assert_eq!(tap.name(), "tp0");
+        });
+        assert!(
+            neigh().contains(entry),
+            "attaching flushed the TAP's neighbours: {}",
+            neigh()
+        );
+
+        ns.run_in(|| Tap::open("tp0", [2, 0, 0, 0, 0x0a, 0xff], 1400).expect("attach"));
+        let link = sh(&["ip", "-n", n, "link", "show", "tp0"]);
+        assert!(
+            link.contains("02:00:00:00:0a:ff") && link.contains("mtu 1400"),
+            "{link}"
+        );
     }
 }
