@@ -51,16 +51,8 @@ pub fn table(iface: &str) -> Result<Neighbours, Error> {
 /// routes only where it can) or not (the tests check that both agree, as on a kernel before
 /// 4.20).
 pub(super) fn read(iface: &str, kernel_filter: bool) -> Result<Neighbours, Error> {
-    let fail = |call: &'static str| {
-        move |source: io::Error| Error {
-            iface: iface.to_owned(),
-            call,
-            source,
-        }
-    };
-    let index =
-        nix::net::if_::if_nametoindex(iface).map_err(|e| fail("if_nametoindex")(e.into()))?;
-    let mut rtnl = Rtnl::open(kernel_filter).map_err(fail("socket(NETLINK_ROUTE)"))?;
+    let fail = |call| failed(iface, call);
+    let (index, mut rtnl) = open(iface, kernel_filter)?;
     for _ in 0..DUMP_ATTEMPTS {
         let mut n = Neighbours {
             ifindex: index,
@@ -79,6 +71,23 @@ pub(super) fn read(iface: &str, kernel_filter: bool) -> Result<Neighbours, Error
         }
     }
     Err(interrupted(iface))
+}
+
+/// `iface`'s index and a netlink socket (`kernel_filter`: see [`read`]).
+fn open(iface: &str, kernel_filter: bool) -> Result<(u32, Rtnl), Error> {
+    let index = nix::net::if_::if_nametoindex(iface)
+        .map_err(|e| failed(iface, "if_nametoindex")(e.into()))?;
+    let rtnl = Rtnl::open(kernel_filter).map_err(failed(iface, "socket(NETLINK_ROUTE)"))?;
+    Ok((index, rtnl))
+}
+
+/// The error of `call` on `iface`, from its cause.
+fn failed<'a>(iface: &'a str, call: &'static str) -> impl Fn(io::Error) -> Error + 'a {
+    move |source| Error {
+        iface: iface.to_owned(),
+        call,
+        source,
+    }
 }
 
 /// The error of a read whose dumps were interrupted [`DUMP_ATTEMPTS`] times in a row.
@@ -105,16 +114,8 @@ fn interrupted(iface: &str) -> Error {
 /// # Errors
 /// As [`table`]; and a request failing otherwise than with `ENOENT` (no such entry).
 pub fn hop_entries(iface: &str, targets: &[(IpAddr, bool)]) -> Result<Neighbours, Error> {
-    let fail = |call: &'static str| {
-        move |source: io::Error| Error {
-            iface: iface.to_owned(),
-            call,
-            source,
-        }
-    };
-    let index =
-        nix::net::if_::if_nametoindex(iface).map_err(|e| fail("if_nametoindex")(e.into()))?;
-    let mut rtnl = Rtnl::open(true).map_err(fail("socket(NETLINK_ROUTE)"))?;
+    let fail = |call| failed(iface, call);
+    let (index, mut rtnl) = open(iface, true)?;
     let mut n = Neighbours {
         ifindex: index,
         ..Neighbours::default()
