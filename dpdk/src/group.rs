@@ -75,8 +75,6 @@ impl Mbuf {
 pub struct DpdkStats {
     /// Frames received in several segments (larger than an mbuf), dropped.
     pub multi_segment: u64,
-    /// Frames the TX queue did not take, freed (also in the worker's `tx_refused`).
-    pub tx_dropped: u64,
     /// Kernel frames that found no free mbuf, left on the TAP.
     pub tap_no_mbuf: u64,
     /// Kernel frames the port's TX queue did not take, freed.
@@ -218,7 +216,6 @@ impl DpdkGroup {
         if k < n {
             // SAFETY: the mbufs the PMD did not take are still ours.
             unsafe { ffi::strait_mbuf_free_bulk(p.staged[k..n].as_mut_ptr(), (n - k) as u32) };
-            self.stats.tx_dropped += (n - k) as u64;
             self.refused += (n - k) as u32;
         }
         p.staged_len = 0;

@@ -748,14 +748,6 @@ pub fn strait_dpdk_config(specs: &[SvcSpec], mode: Mode, core: usize, vdev: Vdev
     config_on(specs, mode, core, Some(vdev))
 }
 
-/// `vdev` as `strait-lab l2fwd --vdev` takes it.
-fn vdev_arg(vdev: Vdev) -> &'static str {
-    match vdev {
-        Vdev::AfPacket => "af-packet",
-        Vdev::AfXdp => "af-xdp",
-    }
-}
-
 /// EAL memory of the DPDK gateway, MiB: one worker's mempool and two ports' descriptors.
 const DPDK_MEMORY_MB: u32 = 512;
 
@@ -1008,7 +1000,8 @@ fn l2fwd(exe: &Path, topo: &Topology, traffic: Traffic, dpdk: Option<Vdev>) -> R
     .map(String::from)
     .to_vec();
     if let Some(vdev) = dpdk {
-        args.extend(["--driver", "dpdk", "--vdev", vdev_arg(vdev)].map(String::from));
+        let vdev = clap::ValueEnum::to_possible_value(&vdev).expect("every vdev has a name");
+        args.extend(["--driver", "dpdk", "--vdev", vdev.get_name()].map(String::from));
         let name = format!("l2fwd-dpdk-{}", traffic.as_str());
         let mut p = Proc::spawn(&name, topo.dir(), topo.fwd(), exe, &args)?;
         wait_log(&mut p, "l2fwd (DPDK")?;
