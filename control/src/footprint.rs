@@ -10,9 +10,11 @@
 use std::fmt;
 
 use strait_config::model::Config;
-use strait_dataplane::flow::FlowTable;
+use strait_dataplane::flow::{FlowTable, Held, BACKEND_SLOTS};
 use strait_dataplane::maglev;
+use strait_dataplane::pipeline::NEW_FLOW_SLOTS;
 use strait_dataplane::sync::{RECORD_BYTES, SYNC_SLOTS};
+use strait_dataplane::traffic::Traffic;
 use strait_dataplane::xsk::{HandoffConfig, FRAME_COUNT, FRAME_SIZE, HANDOFF_SLOTS};
 
 /// Bytes a configuration takes, by part.
@@ -32,6 +34,10 @@ pub struct Footprint {
     /// Maglev tables of the configured services, twice: the live table's and the builder's
     /// copy for the next build.
     pub maglev: u64,
+    /// Per-service and per-backend counters: per worker, its traffic slots
+    /// ([`strait_dataplane::traffic`]), new flows per backend and flow-table entries per
+    /// backend.
+    pub counters: u64,
 }
 
 impl Footprint {
@@ -67,6 +73,11 @@ impl Footprint {
                 0
             },
             maglev: maglev.saturating_mul(2),
+            counters: workers.saturating_mul(
+                Traffic::bytes()
+                    + (NEW_FLOW_SLOTS * size_of::<u64>()) as u64
+                    + (BACKEND_SLOTS * size_of::<Held>()) as u64,
+            ),
         }
     }
 
@@ -77,6 +88,7 @@ impl Footprint {
             .saturating_add(self.handoff)
             .saturating_add(self.sync)
             .saturating_add(self.maglev)
+            .saturating_add(self.counters)
     }
 
     /// Refuses a footprint larger than `available` bytes (the machine's memory), naming
@@ -129,7 +141,12 @@ impl fmt::Display for Footprint {
         if self.sync > 0 {
             write!(f, ", flow-sync rings {}", mib(self.sync))?;
         }
-        write!(f, "; Maglev tables {}", mib(self.maglev))
+        write!(
+            f,
+            "; Maglev tables {}; counters {}",
+            mib(self.maglev),
+            mib(self.counters)
+        )
     }
 }
 
@@ -173,9 +190,11 @@ mod tests {
         assert_eq!(f.umem, 2 * 4096 * 4096);
         assert_eq!(f.maglev, 2 * 65_537 * 2);
         assert!(f.handoff > 0);
+        // 65,536 slots of 40 bytes twice, and two of 8 bytes.
+        assert_eq!(f.counters, 2 * 65_536 * (2 * 40 + 8 + 8));
         assert_eq!(
             f.total(),
-            f.flow_tables + f.umem + f.handoff + f.sync + f.maglev,
+            f.flow_tables + f.umem + f.handoff + f.sync + f.maglev + f.counters,
             "{f}"
         );
     }

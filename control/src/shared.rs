@@ -31,6 +31,13 @@ pub struct CoreSample {
     pub worker: strait_dataplane::xsk::WorkerStats,
     /// Flow sync with the peer gateways, this worker's side (zero when sync is off).
     pub sync: strait_dataplane::sync::SyncCounters,
+    /// Packets and bytes per service id, trimmed to the ids the table may use
+    /// ([`crate::traffic`]).
+    pub services: Vec<strait_dataplane::traffic::Tally>,
+    /// Packets and bytes per backend id, trimmed to the ids in use.
+    pub backends: Vec<strait_dataplane::traffic::Tally>,
+    /// Flow-table entries per backend id, trimmed to the ids in use.
+    pub backend_flows: Vec<strait_dataplane::flow::Held>,
 }
 
 /// A worker's slot for publishing its numbers.

@@ -26,6 +26,7 @@ pub mod rewrite;
 pub mod stats;
 pub mod sync;
 pub mod table;
+pub mod traffic;
 pub mod wire;
 #[cfg(feature = "xsk")]
 pub mod xsk;
