@@ -105,16 +105,15 @@ pub struct Report {
 /// nothing allocates unless the table grows.
 pub fn publish(s: &mut CoreSample, p: &Pipeline, t: &ServiceTable) {
     let backends = t.backends.len();
-    let services = (t.service_ids as usize).min(p.traffic.services.len());
     s.new_flows.clear();
     s.new_flows
         .extend_from_slice(&p.new_flows[..backends.min(p.new_flows.len())]);
-    s.services.clear();
-    s.services
-        .extend_from_slice(&p.traffic.services[..services]);
-    s.backends.clear();
-    s.backends
-        .extend_from_slice(&p.traffic.backends[..backends.min(p.traffic.backends.len())]);
+    p.traffic.export(
+        t.service_ids as usize,
+        backends,
+        &mut s.services,
+        &mut s.backends,
+    );
     let per_backend = p.flows.entries_by_backend();
     s.backend_flows.clear();
     s.backend_flows

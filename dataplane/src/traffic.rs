@@ -41,15 +41,17 @@
 //! and [`Traffic::flush`], at the end of the pipeline's batch, first prefetches every noted
 //! slot and then adds: the batch's misses overlap instead of following one another, as the
 //! flow-table lookups' do. The counts are complete after each batch (the readers, which see
-//! the pipeline between batches, never see a note).
+//! the pipeline between batches, never see a note). The slots are also kept dense (16 bytes
+//! per id and direction, incarnations apart), so that a configuration's busy ids share few
+//! lines and more of them stay cached.
 
 use crate::table::{Backend, Service};
 
-/// Slots per array: ids below this have their own slot. Each slot is 40 bytes, so the two
-/// arrays take 5 MiB per core, written once at start so that counting never page-faults.
+/// Slots per array: ids below this have their own slot. The six arrays take 4.5 MiB per
+/// core, written once at start so that counting never page-faults.
 pub const SLOTS: usize = 1 << 16;
 
-/// One service's or backend's counts on one core.
+/// One service's or backend's counts on one core, as the readers see them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tally {
     /// The incarnation of the id these counts are for (0: never counted).
@@ -74,36 +76,103 @@ impl Tally {
         out_bytes: 0,
     };
 
-    /// The slot, started from zero when it counted for another incarnation.
-    #[inline(always)]
-    fn of(&mut self, incarnation: u32) -> &mut Tally {
-        if self.incarnation != incarnation {
-            *self = Tally {
-                incarnation,
-                ..Tally::ZERO
-            };
-        }
-        self
-    }
-
-    /// Counts one packet of `bytes`, out (from a backend) or in.
-    #[inline(always)]
-    fn add_one(&mut self, bytes: u32, out: bool) {
-        if out {
-            self.out_packets += 1;
-            self.out_bytes += u64::from(bytes);
-        } else {
-            self.in_packets += 1;
-            self.in_bytes += u64::from(bytes);
-        }
-    }
-
     /// Adds `o`'s counts (not its incarnation).
     pub fn add(&mut self, o: &Tally) {
         self.in_packets += o.in_packets;
         self.in_bytes += o.in_bytes;
         self.out_packets += o.out_packets;
         self.out_bytes += o.out_bytes;
+    }
+}
+
+/// Packets and bytes, one direction: 16 bytes, four to a cache line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Pair {
+    packets: u64,
+    bytes: u64,
+}
+
+/// Counts by id, kept dense: the incarnations apart (sixteen to a line) and each direction
+/// apart (the in direction, which every packet touches, four ids to a line), so that the
+/// slots of a configuration's busy ids stay in the caches while flow-table lines stream
+/// through them.
+#[derive(Clone)]
+struct Slots {
+    incarnation: Box<[u32]>,
+    inward: Box<[Pair]>,
+    outward: Box<[Pair]>,
+}
+
+impl Slots {
+    fn new() -> Self {
+        Self {
+            incarnation: vec![0; SLOTS].into_boxed_slice(),
+            inward: vec![Pair::default(); SLOTS].into_boxed_slice(),
+            outward: vec![Pair::default(); SLOTS].into_boxed_slice(),
+        }
+    }
+
+    /// Loads the lines a count of `id` will touch.
+    #[inline(always)]
+    fn prefetch(&self, id: u32, out: bool) {
+        let i = id as usize;
+        if let (Some(inc), Some(p)) = (
+            self.incarnation.get(i),
+            if out {
+                self.outward.get(i)
+            } else {
+                self.inward.get(i)
+            },
+        ) {
+            crate::hint::prefetch(inc);
+            crate::hint::prefetch(p);
+        }
+    }
+
+    /// Counts a packet of `bytes` for `id` of `incarnation`, restarting the id's counts when
+    /// they were another incarnation's.
+    #[inline(always)]
+    fn count(&mut self, id: u32, incarnation: u32, bytes: u32, out: bool) {
+        let i = id as usize;
+        let Some(inc) = self.incarnation.get_mut(i) else {
+            return;
+        };
+        if *inc != incarnation {
+            *inc = incarnation;
+            self.inward[i] = Pair::default();
+            self.outward[i] = Pair::default();
+        }
+        let p = if out {
+            &mut self.outward[i]
+        } else {
+            &mut self.inward[i]
+        };
+        p.packets += 1;
+        p.bytes += u64::from(bytes);
+    }
+
+    /// The counts of `id`, whatever their incarnation; zero past the slots.
+    fn tally(&self, id: usize) -> Tally {
+        match (
+            self.incarnation.get(id),
+            self.inward.get(id),
+            self.outward.get(id),
+        ) {
+            (Some(&incarnation), Some(i), Some(o)) => Tally {
+                incarnation,
+                in_packets: i.packets,
+                in_bytes: i.bytes,
+                out_packets: o.packets,
+                out_bytes: o.bytes,
+            },
+            _ => Tally::ZERO,
+        }
+    }
+
+    /// Replaces `out` with the counts of ids `0..n`; allocates only when `out` must grow.
+    fn export(&self, n: usize, out: &mut Vec<Tally>) {
+        out.clear();
+        out.extend((0..n.min(SLOTS)).map(|id| self.tally(id)));
     }
 }
 
@@ -126,10 +195,8 @@ struct Note {
 /// One core's traffic counts, by service id and by backend id.
 #[derive(Clone)]
 pub struct Traffic {
-    /// By [`crate::key::ServiceId`].
-    pub services: Box<[Tally]>,
-    /// By [`crate::key::BackendId`].
-    pub backends: Box<[Tally]>,
+    services: Slots,
+    backends: Slots,
     notes: [Note; PENDING],
     noted: usize,
 }
@@ -137,7 +204,7 @@ pub struct Traffic {
 impl core::fmt::Debug for Traffic {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Traffic")
-            .field("slots", &self.services.len())
+            .field("slots", &SLOTS)
             .finish_non_exhaustive()
     }
 }
@@ -149,11 +216,11 @@ impl Default for Traffic {
 }
 
 impl Traffic {
-    /// Zeroed arrays of [`SLOTS`] each, written now.
+    /// Zeroed slots, [`SLOTS`] of each kind, written now.
     pub fn new() -> Self {
         Self {
-            services: vec![Tally::ZERO; SLOTS].into_boxed_slice(),
-            backends: vec![Tally::ZERO; SLOTS].into_boxed_slice(),
+            services: Slots::new(),
+            backends: Slots::new(),
             notes: [Note::default(); PENDING],
             noted: 0,
         }
@@ -161,7 +228,7 @@ impl Traffic {
 
     /// Bytes [`Traffic::new`] allocates.
     pub const fn bytes() -> u64 {
-        (2 * SLOTS * core::mem::size_of::<Tally>()) as u64
+        (2 * SLOTS * (4 + 2 * core::mem::size_of::<Pair>())) as u64
     }
 
     /// Notes a packet of `bytes` sent to backend `b` of service `s`, counted at the next
@@ -200,32 +267,52 @@ impl Traffic {
     pub fn flush(&mut self) {
         let notes = &self.notes[..self.noted];
         for n in notes {
-            if let Some(t) = self.services.get(n.service as usize) {
-                crate::hint::prefetch(t);
-            }
-            if let Some(t) = self.backends.get(n.backend as usize) {
-                crate::hint::prefetch(t);
-            }
+            self.services.prefetch(n.service, n.out);
+            self.backends.prefetch(n.backend, n.out);
         }
         for n in notes {
-            if let Some(t) = self.services.get_mut(n.service as usize) {
-                t.of(n.service_incarnation).add_one(n.bytes, n.out);
-            }
-            if let Some(t) = self.backends.get_mut(n.backend as usize) {
-                t.of(n.backend_incarnation).add_one(n.bytes, n.out);
-            }
+            self.services
+                .count(n.service, n.service_incarnation, n.bytes, n.out);
+            self.backends
+                .count(n.backend, n.backend_incarnation, n.bytes, n.out);
         }
         self.noted = 0;
     }
 
     /// Service `s`'s counts on this core (zero when its slot counts for another holder).
     pub fn service(&self, s: &Service) -> Tally {
-        current(&self.services, s.id.0, s.incarnation)
+        current_of(self.services.tally(s.id.0 as usize), s.incarnation)
     }
 
     /// Backend `b`'s counts on this core (zero when its slot counts for another holder).
     pub fn backend(&self, b: &Backend) -> Tally {
-        current(&self.backends, b.id.0, b.incarnation)
+        current_of(self.backends.tally(b.id.0 as usize), b.incarnation)
+    }
+
+    /// Replaces `services` and `backends` with the slots of service ids `0..n_services` and
+    /// backend ids `0..n_backends` (each with its incarnation: read them with [`current`]).
+    /// Allocates only when a vector must grow.
+    pub fn export(
+        &self,
+        n_services: usize,
+        n_backends: usize,
+        services: &mut Vec<Tally>,
+        backends: &mut Vec<Tally>,
+    ) {
+        self.services.export(n_services, services);
+        self.backends.export(n_backends, backends);
+    }
+}
+
+/// `t` if it is `incarnation`'s, else zero for `incarnation`.
+fn current_of(t: Tally, incarnation: u32) -> Tally {
+    if t.incarnation == incarnation {
+        t
+    } else {
+        Tally {
+            incarnation,
+            ..Tally::ZERO
+        }
     }
 }
 
