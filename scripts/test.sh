@@ -8,6 +8,10 @@ cd "$(dirname "$0")/.."
 
 bash scripts/deps.sh
 
+echo "== docs: every relative link and anchor of README.md and docs/*.md resolves"
+/usr/bin/python3 scripts/check-docs.py --self-test
+/usr/bin/python3 scripts/check-docs.py
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

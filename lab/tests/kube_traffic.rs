@@ -447,7 +447,7 @@ fn b_a_nat_service_gets_a_pool_address_its_status_and_traffic_to_its_endpoints()
         .any(|r| r.starts_with("PATCH /api/v1/namespaces/default/services/web/status")));
 }
 
-/// Two Services sharing one address (issue 12 point 7): `web` on port 80 with its pod on
+/// Two Services sharing one address: `web` on port 80 with its pod on
 /// b1, `api` on port 81 with its pod on b2, one sharing key. Both get the same address,
 /// and each port reaches its own Service's pod only.
 #[test]

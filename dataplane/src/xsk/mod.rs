@@ -1,4 +1,5 @@
-//! The AF_XDP driver: the only IO of the packet path, and the only `unsafe` of the workspace.
+//! The AF_XDP driver: the only IO of the packet path, and the largest of the workspace's
+//! unsafe islands (all listed in docs/architecture.md, "Unsafe islands").
 //!
 //! ```text
 //!     queue q of interface A (client arm)       queue q of interface B (backend arm)
@@ -46,7 +47,7 @@
 //!   the pipeline forwards, because an AF_XDP frame cannot be given back to the kernel. Its
 //!   maps follow the service table ([`SteerProgram::update_maps`]).
 //!
-//! Safety: `unsafe` is allowed in this module only. Each block says which invariant makes it
+//! Safety: `unsafe` is allowed in this module of the crate (and in `hint`). Each block says which invariant makes it
 //! sound; the recurring ones are (a) a ring pointer stays valid while its mapping (an
 //! `Mmap` of mmap.rs, owned by the same struct) lives, and points where the kernel's offsets,
 //! checked at open against the mapping's length and the types' alignment, say; (b) a ring
