@@ -47,10 +47,11 @@
 //!   the pipeline forwards, because an AF_XDP frame cannot be given back to the kernel. Its
 //!   maps follow the service table ([`SteerProgram::update_maps`]).
 //!
-//! Safety: `unsafe` is allowed in this module of the crate (and in `hint`). Each block says which invariant makes it
-//! sound; the recurring ones are (a) a ring pointer stays valid while its mapping (an
-//! `Mmap` of mmap.rs, owned by the same struct) lives, and points where the kernel's offsets,
-//! checked at open against the mapping's length and the types' alignment, say; (b) a ring
+//! Safety: `unsafe` is allowed in this module of the crate (and in `hint`). Each block says
+//! which invariant makes it sound; the recurring ones are (a) a ring pointer stays valid
+//! while its mapping (an `Mmap` of mmap.rs, owned by the same struct) lives, and points
+//! where the kernel's offsets, checked at open against the mapping's length and the types'
+//! alignment, say; (b) a ring
 //! slot is touched only through a reservation of free slots (producer) or a peek of published
 //! ones (consumer), which cannot reach past what the protocol's indices give us; (c) a UMEM
 //! frame is touched by user space only while the frame's state says user space owns it (it
