@@ -40,12 +40,14 @@
 pub mod admin;
 pub mod bgp;
 pub mod core;
+pub mod cores;
 pub mod daemon;
 pub mod dpdk;
 pub mod footprint;
 pub mod health;
 pub mod heap;
 pub mod kube;
+pub mod kubemodel;
 pub mod l2;
 mod metrics;
 pub mod neigh;

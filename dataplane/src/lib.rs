@@ -25,6 +25,8 @@ pub mod pipeline;
 pub mod rewrite;
 pub mod stats;
 pub mod sync;
+#[cfg(test)]
+mod sync_tests;
 pub mod table;
 pub mod wire;
 #[cfg(feature = "xsk")]

@@ -22,11 +22,31 @@ use std::sync::Arc;
 use hashbrown::HashMap;
 use strait_config::model::{MacAddr, Mode};
 
-use crate::flow::Timeouts;
-use crate::key::{addr_bytes, bytes_addr, BackendId};
+use crate::flow::{FlowValue, Timeouts};
+use crate::key::{addr_bytes, bytes_addr, BackendId, FlowKey};
 use crate::maglev;
 
 mod builder;
+/// The reply tuple of a nat flow to backend `b`: backend:port to client:port.
+#[inline(always)]
+pub(crate) fn reply_key(k: &FlowKey, b: &Backend) -> FlowKey {
+    FlowKey {
+        src: b.addr,
+        dst: k.src,
+        src_port: b.port,
+        dst_port: k.src_port,
+        proto: k.proto,
+    }
+}
+
+/// The backend a flow entry names, if the snapshot still has it: same id and incarnation (an
+/// id reused for another backend has another incarnation).
+#[inline(always)]
+pub(crate) fn current<'t>(t: &'t ServiceTable, v: &FlowValue) -> Option<&'t Backend> {
+    t.backend(v.backend)
+        .filter(|b| b.incarnation == v.incarnation)
+}
+
 #[cfg(test)]
 mod tests;
 
