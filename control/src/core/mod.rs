@@ -54,12 +54,21 @@
 //! - **Deterministic.** Effects come in a fixed order and every list in them is sorted, so
 //!   a simulation seed replays the same run.
 //!
+//! The core's vocabulary lives here, not in the drivers that speak it: a driver imports
+//! [`BackendKey`] (health checks), [`Neighbours`] and [`Scope`] (the neighbour reads),
+//! [`Route`] (BGP, VRRP) from the core, and the core imports no driver. What it knows of
+//! Kubernetes is `crate::kubemodel`'s data ([`Publication`], the merge), never the source
+//! that watches the API server. So the compiler holds "no I/O here": the core cannot name
+//! a socket-owning module.
+//!
 //! | file | part |
 //! |---|---|
-//! | `event.rs` | [`Event`], [`Effect`], [`Loaded`], [`Changed`]: what goes in and out |
+//! | `event.rs` | what goes in and out: [`Event`], [`Effect`], [`Loaded`], [`Changed`], [`BackendKey`], [`Route`] |
 //! | `mod.rs` | [`Control`]: the state machine, building and publishing tables, next hops, timers |
+//! | `hops.rs` | next hops: a read of the kernel's table ([`Neighbours`]), what it covers ([`Scope`]), those followed ([`NextHops`]) |
 //! | `merge.rs` | the merged configuration kept in step with Kubernetes changes |
 //! | `checks.rs` | the health checks wanted and the health told |
+//! | `routes.rs` | which VIPs are announced, followed per changed service |
 //! | `vips.rs` | the VIPs claimed, followed per changed service |
 
 mod checks;
