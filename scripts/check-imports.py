@@ -2,6 +2,8 @@
 """Fails on any import circle between the modules of a crate, and prints the circle.
 
 Usage: check-imports.py [CRATE_DIR ...]   (default: every workspace member and fuzz/)
+       check-imports.py --self-test        (finds the circles of made-up crates, passes a
+                                            clean one)
 
 For each crate target (src/lib.rs, src/main.rs, src/bin/*.rs) the script reads the module
 tree from the `mod` declarations (files `x.rs` or `x/mod.rs`, `#[path]` too; inline
@@ -10,10 +12,10 @@ makes to another:
 
 - `use` items (`crate::`, `self::`, `super::`, a child module's name), braces expanded;
 - paths in code: `crate::a::b`, `super::x`, and `m::x` where `m` is a module the file
-  imported (`use crate::health::{self, ..}` then `health::Key`) or a child module;
-- a name a module re-exports (`pub use watch::Publication` in `kube/mod.rs`) is followed
-  to the module that defines it, so `crate::kube::Publication` is an arrow into
-  `kube::watch`.
+  imported (`use crate::health::{self, ..}` then `health::Checker`) or a child module;
+- a name a module re-exports (`pub use controller::Controller` in `kubemodel/mod.rs`) is
+  followed to the module that defines it, so `crate::kubemodel::Controller` is an arrow
+  into `kubemodel::controller`.
 
 Comments, strings and `#[cfg(test)]` do not matter to it: test modules are part of the
 module they sit in, and their imports count (a test that reaches back into a driver
@@ -433,7 +435,61 @@ def crates(args):
     return [os.path.join(ROOT, d) for d in members + extra]
 
 
+SELF_TEST = {
+    # name: (files, circles expected: a substring of each line naming one)
+    "top-level circle through a path in code": ({
+        "lib.rs": "mod a;\nmod b;\n",
+        "a.rs": "use crate::b::B;\npub struct A;\n",
+        "b.rs": "pub struct B;\nfn f() -> crate::a::A { crate::a::A }\n",
+    }, ["top-level modules: a -> b -> a"]),
+    "circle through a re-export and an alias": ({
+        "lib.rs": "pub mod k;\npub mod core;\n",
+        "k/mod.rs": "mod w;\npub use w::P;\n",
+        "k/w.rs": "use crate::core;\npub struct P;\nfn f(_: core::E) {}\n",
+        "core.rs": "pub enum E { K(crate::k::P) }\n",
+    }, ["top-level modules: core -> k -> core"]),
+    "sibling circle inside a directory module, through super::": ({
+        "lib.rs": "mod d;\n",
+        "d/mod.rs": "mod x;\nmod y;\npub use y::Y;\n",
+        "d/x.rs": "use super::Y;\npub struct X;\n",
+        "d/y.rs": "pub struct Y;\n#[cfg(test)]\nmod tests {\n    use super::super::x::X;\n}\n",
+    }, ["submodules of d: d::x -> d::y -> d::x"]),
+    "one way, comments and strings ignored": ({
+        "lib.rs": "mod a;\nmod b;\n",
+        "a.rs": "// crate::b::B\nuse crate::b::B;\n",
+        "b.rs": "/// [`crate::a`]\nconst S: &str = \"crate::a::A\";\n/* crate::a */\n",
+    }, []),
+}
+
+
+def self_test():
+    import contextlib
+    import io
+    import tempfile
+    bad = 0
+    for name, (files, want) in SELF_TEST.items():
+        with tempfile.TemporaryDirectory() as d:
+            for f, text in files.items():
+                path = os.path.join(d, "src", f)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                open(path, "w", encoding="utf-8").write(text)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                failed, _ = check_target("t", os.path.join(d, "src", "lib.rs"))
+            text = out.getvalue()
+            ok = failed == bool(want) and all(w in text for w in want)
+            print("%s: %s" % ("ok" if ok else "FAILED", name))
+            if not ok:
+                bad += 1
+                print("  want %s, got:\n%s" % (want or "no circle", text))
+    if bad:
+        sys.exit(1)
+
+
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        self_test()
+        return
     failed = False
     checked = []
     for crate in crates(sys.argv[1:]):

@@ -1,5 +1,5 @@
 //! Tests of LoadBalancer address management beyond one address per Service
-//! (`control/src/kube/pool.rs`): IP sharing, the MetalLB and Cilium annotations, named
+//! (`control/src/kubemodel/pool.rs`): IP sharing, the MetalLB and Cilium annotations, named
 //! pools, dual-stack Services gaining their second family, and the Events and metrics that
 //! explain what is not served. Planning as a pure function, then the whole source against
 //! the fake API server of `strait-testkit` (plain HTTP on 127.0.0.1; no cluster, no root).

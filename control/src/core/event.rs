@@ -64,7 +64,7 @@ pub enum Effect {
         changed: Changed,
     },
     /// The configuration the admin API shows changed: the file's, and the Kubernetes list
-    /// merged into it (`kube::merge` of the two is the running configuration).
+    /// merged into it (`kubemodel::merge` of the two is the running configuration).
     Status {
         /// The file's configuration.
         file: Arc<Config>,
