@@ -11,11 +11,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 
-use crate::metrics::{counter, gauge, gauge_of, one, Rows};
-
 use crate::kubemodel::events::{NoticeType, WARNING_REASONS};
 use crate::kubemodel::translate::WarningKind;
-pub use crate::kubemodel::Kind;
+use crate::kubemodel::Kind;
+use crate::metrics::{counter, gauge, gauge_of, one, Rows};
 
 #[derive(Debug, Default)]
 struct PerKind {

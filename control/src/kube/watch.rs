@@ -44,8 +44,6 @@ use tracing::{debug, info, warn};
 
 use crate::kubemodel::crd::{StraitAddressPool, StraitAddressPoolStatus};
 use crate::kubemodel::events::Notice;
-#[cfg(doc)]
-use crate::kubemodel::pool;
 use crate::kubemodel::pool::StatusUpdate;
 use crate::kubemodel::settings::Settings;
 use crate::kubemodel::{Controller, Kind, PoolStatusWrite, Publication};
@@ -77,10 +75,10 @@ const MAX_WRITES_IN_FLIGHT: usize = 8;
 /// How long the loop goes on collecting events after a Service changed, before it plans
 /// addresses. `kubectl apply -f` of several Services creates them one request after the
 /// other, milliseconds apart; taken into one round, a newer Service's requested address
-/// is honoured before an older one is given the lowest free address (see [`pool::plan`]),
-/// where one round each would have given the older one that address first. 50 ms covers
-/// such a burst from a client near the API server and costs 50 ms on a Service change
-/// only; EndpointSlice and Node changes do not wait.
+/// is honoured before an older one is given the lowest free address (see
+/// [`crate::kubemodel::pool::plan`]), where one round each would have given the older one
+/// that address first. 50 ms covers such a burst from a client near the API server and
+/// costs 50 ms on a Service change only; EndpointSlice and Node changes do not wait.
 const SERVICE_SETTLE: Duration = Duration::from_millis(50);
 
 /// Most warnings logged per round; the rest are counted only.
