@@ -13,6 +13,10 @@ echo "== docs: every relative link and anchor of README.md and docs/*.md resolve
 /usr/bin/python3 scripts/check-docs.py --self-test
 /usr/bin/python3 scripts/check-docs.py
 
+echo "== import circles (scripts/check-imports.py)"
+/usr/bin/python3 scripts/check-imports.py --self-test
+/usr/bin/python3 scripts/check-imports.py
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
