@@ -187,8 +187,6 @@ fn check(path: &Path, update: bool, modes: &[Mode], traffics: &[Traffic]) -> Res
         .map_err(|e| format!("reading the baseline {}: {e}", path.display()))?;
     let base: Baseline = serde_json::from_str(&text)
         .map_err(|e| format!("{}: not a baseline: {e}", path.display()))?;
-    let rows = compare(&counts, &base);
-    print!("{}", table(&rows));
     if base.rustc != RUSTC {
         eprintln!(
             "\n!!! WARNING: the baseline was counted with another compiler:\n!!!   baseline: \
@@ -198,6 +196,8 @@ fn check(path: &Path, update: bool, modes: &[Mode], traffics: &[Traffic]) -> Res
             base.rustc
         );
     }
+    let rows = compare(&counts, &base);
+    print!("{}", table(&rows));
     let failed: Vec<&instructions::Compared> = rows.iter().filter(|r| r.fails()).collect();
     if failed.is_empty() {
         println!(
