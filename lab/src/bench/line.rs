@@ -2159,7 +2159,7 @@ mod tests {
             "{row}"
         );
         assert!(
-            row.contains(" 200 ") && row.contains("0.000400") && row.ends_with(" 0.100"),
+            row.contains(" 200 ") && row.contains("0.000400") && row.contains(" 0.100 "),
             "{row}"
         );
         assert_eq!(significant(0.0083219), "0.00832");

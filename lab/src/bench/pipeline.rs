@@ -86,7 +86,8 @@
 //! ([`strait_benches::Bench`]), so both measure the same thing.
 //!
 //! The default run (2 flow counts x 4 modes x 3 traffics x 3 call sizes, 1 s each, plus
-//! warm-ups and the references) takes about four minutes; `--flows 1M --batch 64 --mode
+//! warm-ups and the references; filling and warming the 8M tables takes about 20 s a mode)
+//! needs about 2.5 minutes of CPU, longer on a busy machine; `--flows 1M --batch 64 --mode
 //! dsr-l2 --traffic established --seconds 0.5` takes seconds.
 
 use std::fmt::Write as _;
@@ -744,7 +745,7 @@ mod tests {
     /// The full benchmark, as `strait-lab bench pipeline` runs it. In release:
     /// `cargo test -p strait-lab --release bench::pipeline -- --ignored --nocapture`.
     #[test]
-    #[ignore = "takes about four minutes and 3.3 GB; run in release"]
+    #[ignore = "takes minutes and 3.3 GB; run in release"]
     fn full() {
         run(&Options::default()).expect("benchmark runs");
     }
