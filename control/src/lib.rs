@@ -27,6 +27,7 @@
 //! | [`shared`] | what the control loop, the workers and the admin API share |
 //! | [`supervise`] | systemd: readiness, stopping, a watchdog fed only while every worker makes progress |
 //! | [`status`] | `strait status`: the admin API's `/services` as a table |
+//! | [`manual`] | the man pages and shell completions of the command line, for the package |
 //! | [`sync`] | flow sync with the peer gateways: the thread between the workers' sync rings and UDP |
 //!
 //! The lab (testbed, generators, benches) is another crate, `strait-lab`, that depends on
@@ -47,6 +48,7 @@ pub mod health;
 pub mod heap;
 pub mod kube;
 pub mod l2;
+pub mod manual;
 mod metrics;
 pub mod neigh;
 pub mod run;
