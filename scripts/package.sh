@@ -44,11 +44,16 @@ fi
 
 out="$target/debian"
 mkdir -p "$out"
-# A package of another profile is for checking, not shipping: fast compression (xz at its
-# best takes minutes over the 30 MB binary on a busy machine).
-fast=()
-[ "$profile" = release ] || fast=(--fast)
-cargo deb -p strait-control --no-build --profile "$profile" "${fast[@]}" --output "$out" >&2
+# The release binary ships stripped; its debug symbols (the release profile keeps them) go
+# into strait-dbgsym_VERSION_amd64.ddeb beside it, for backtraces and profiles on a gateway.
+# A package of another profile is for checking, not shipping: stripped, no symbols package,
+# fast compression (xz at its best takes minutes over a 30 MB binary on a busy machine).
+if [ "$profile" = release ]; then
+  how=(--dbgsym)
+else
+  how=(--fast --strip)
+fi
+cargo deb -p strait-control --no-build --profile "$profile" "${how[@]}" --output "$out" >&2
 version=$(cargo metadata --format-version 1 --no-deps |
   grep -o '"name":"strait-control","version":"[^"]*"' | sed 's/.*"version":"\([^"]*\)"/\1/')
 deb="$out/strait_${version}-1_amd64.deb"
