@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command of the README: installs what the tests need, then runs formatting,
 # lints, every test (unit, property, golden fixtures decoded by tshark, truncation sweeps,
-# allocation count), the Debian package's check, the DPDK port driver's build and tests (`--features dpdk`, with Debian's
-# dpdk-dev) and a short fuzz run of the parser and the pipeline.
+# allocation count), the Debian package's check, the DPDK port driver's build and tests
+# (`--features dpdk`, with Debian's dpdk-dev) and a short fuzz run of the parser and the
+# pipeline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
