@@ -18,6 +18,11 @@ echo "package-check: $deb"
 info=$(dpkg-deb --info "$deb")
 contents=$(dpkg-deb --contents "$deb" | awk '{print $NF}' | sed 's|^\./|/|')
 
+# The control archive: the conffiles and the maintainer scripts that enable the unit.
+for member in conffiles postinst prerm postrm; do
+  grep -Eq "^ +[0-9]+ bytes, +[0-9]+ lines +\*? *$member( |$)" <<<"$info" \
+    || fail "no $member in the control archive: $info"
+done
 field() { dpkg-deb --field "$deb" "$1"; }
 [ "$(field Package)" = strait ] || fail "Package: $(field Package)"
 [ "$(field Architecture)" = amd64 ] || fail "Architecture: $(field Architecture)"
