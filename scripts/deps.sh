@@ -6,13 +6,13 @@
 # (bird2) for route announcement and the tests' router, keepalived for VRRP failover, and
 # DPDK's development files (dpdk-dev, pkg-config libdpdk) for the DPDK port driver; for the
 # Debian package and its check, dpkg-dev (dpkg-shlibdeps: its Depends), man-db (its man
-# pages rendered) and systemd (systemd-analyze: its unit read).
+# pages rendered), systemd (systemd-analyze: its unit read) and lintian.
 # Idempotent: does nothing when everything is already there.
 set -euo pipefail
 
 packages=(clang llvm libelf-dev zlib1g-dev libpcap-dev libbpf-dev pkg-config m4 iproute2 tshark python3-scapy
           tcpdump curl iputils-arping iputils-ping ethtool procps
-          iptables nftables openssl bird2 keepalived dpdk-dev dpkg-dev man-db systemd)
+          iptables nftables openssl bird2 keepalived dpdk-dev dpkg-dev man-db systemd lintian)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

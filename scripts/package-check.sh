@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the Debian package (scripts/package.sh) and checks it as an operator meets it:
-# its metadata and contents (dpkg-deb --info / --contents), then a real dpkg install into a
-# throwaway root (its own dpkg database; maintainer scripts run with DPKG_ROOT, as dpkg
-# --root does for a chrootless install), the installed binary's `--version` and `check` of
-# the installed configuration, the man pages rendered, the unit enabled and not started (and
-# read by systemd-analyze), an upgrade that keeps an edited conffile, removal and purge.
+# its metadata and contents (dpkg-deb --info / --contents), lintian, then a real dpkg
+# install into a throwaway root (its own dpkg database; maintainer scripts run with
+# DPKG_ROOT, as dpkg --root does for a chrootless install), the installed binary's
+# `--version` and `check` of the installed configuration, the man pages rendered, the unit
+# enabled and not started (and read by systemd-analyze), an upgrade that keeps an edited
+# conffile, removal and purge.
 #
 # STRAIT_PACKAGE_PROFILE passes to package.sh (CI: `dev`, the binary the tests built; the
 # packaging is the same for every profile).
@@ -50,6 +51,11 @@ fi
 for p in "${expected[@]}"; do
   grep -qxF "$p" <<<"$contents" || fail "$p is not in the package"
 done
+# Debian's policy checks; the overrides, with their reasons, are deploy/strait.lintian-overrides.
+lintian_rc=0
+lintian --fail-on error,warning "$deb" >"$tmp/lintian.log" 2>&1 || lintian_rc=$?
+grep -v "running with root privileges" "$tmp/lintian.log" >&2 || true
+[ "$lintian_rc" -eq 0 ] || fail "lintian"
 conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)
 for c in /etc/strait/strait.toml /etc/default/strait; do
   grep -qxF "$c" <<<"$conffiles" || fail "$c is not a conffile"
@@ -120,4 +126,4 @@ dpkg_root -P strait
 [ ! -e "$root/etc/systemd/system/multi-user.target.wants/strait.service" ] \
   || fail "purge left the unit enabled"
 
-echo "package-check: $(basename "$deb"): contents, conffiles, Recommends, install, strait --version and check, man pages, upgrade, remove and purge: ok"
+echo "package-check: $(basename "$deb"): metadata, contents, conffiles, lintian, install, strait --version and check, unit, man pages, upgrade, remove and purge: ok"
