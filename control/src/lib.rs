@@ -53,6 +53,7 @@
 //! | [`heap`] | giving freed heap back to the kernel (`malloc_trim`) |
 //! | [`supervise`] | systemd: readiness, stopping, a watchdog fed only while every worker makes progress |
 //! | [`status`] | `strait status`: the admin API's `/services` as a table |
+//! | [`manual`] | the man pages and shell completions of the command line, for the package |
 //! | [`sync`] | flow sync with the peer gateways: the thread between the workers' sync rings and UDP |
 //!
 //! The lab (testbed, generators, benches) is another crate, `strait-lab`, that depends on
@@ -76,6 +77,7 @@ pub mod heap;
 pub mod kube;
 pub mod kubemodel;
 pub mod l2;
+pub mod manual;
 mod metrics;
 pub mod neigh;
 pub mod run;

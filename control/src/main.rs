@@ -14,8 +14,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-use strait_control::{kube, run, status};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use strait_control::{kube, manual, run, status};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -91,7 +91,22 @@ impl AdminArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `Cli` plus the hidden `generate-docs DIR`, which writes this command line's man pages
+    // and completions for the package (strait_control::manual).
+    let matches = manual::with_generator(Cli::command()).get_matches();
+    if let Some(dir) = manual::requested(&matches) {
+        return match manual::write(Cli::command(), &dir) {
+            Ok(files) => {
+                files.iter().for_each(|f| println!("{}", f.display()));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("strait: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)

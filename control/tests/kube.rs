@@ -1950,14 +1950,29 @@ fn the_deploy_files_agree_with_the_code() {
         .unwrap_or_else(|e| panic!("deploy/strait-3node.toml:\n{e}"));
     assert_eq!(cfg.gateway.interfaces[0].name, "eth1");
 
+    // The unit runs the packaged binary on the packaged configuration, with the arguments
+    // of /etc/default/strait; the stop is strait's (KillMode=mixed: SIGTERM to it alone).
     let unit = include_str!("../../deploy/strait.service");
-    let exec = unit
+    let key = |k: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("deploy/strait.service has no {k}"))
+    };
+    assert_eq!(
+        key("ExecStart"),
+        "/usr/sbin/strait run --config /etc/strait/strait.toml $STRAIT_ARGS"
+    );
+    assert_eq!(key("EnvironmentFile"), "-/etc/default/strait");
+    assert_eq!(key("KillMode"), "mixed");
+    assert_eq!(key("Type"), "notify");
+    // The 3-node example's Kubernetes flags, as deploy/strait.default shows them.
+    let default = include_str!("../../deploy/strait.default");
+    let exec = default
         .lines()
-        .find_map(|l| l.strip_prefix("ExecStart="))
-        .expect("an ExecStart line");
-    let mut words: Vec<&str> = exec.split_whitespace().collect();
-    assert_eq!(&words[..2], ["/usr/local/bin/strait", "run"]);
-    words.remove(1);
+        .find_map(|l| l.strip_prefix("#STRAIT_ARGS=\""))
+        .and_then(|l| l.strip_suffix('"'))
+        .expect("an example STRAIT_ARGS line");
+    let words = ["strait"].into_iter().chain(exec.split_whitespace());
     let run = RunCli::try_parse_from(words).unwrap_or_else(|e| panic!("{exec}\n{e}"));
     let s = run.kube.settings(&cfg.gateway);
     assert!(run.kube.kube && s.pools.len() == 2);

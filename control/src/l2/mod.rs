@@ -93,6 +93,7 @@ impl Vrrp {
             vips: Vec::new(),
             status: Arc::clone(&status),
             restart_at: None,
+            draining: false,
         };
         Ok(Self(Supervised::spawn("vrrp", keeper, status, POLL)?))
     }
@@ -108,6 +109,12 @@ impl Vrrp {
                 .map(|(v, _)| *v)
                 .collect(),
         );
+    }
+
+    /// The gateway drains: keepalived is not started again if it exits (the drain hands
+    /// the VIPs on).
+    pub fn drain(&self) {
+        self.0.drain();
     }
 
     /// A handle on the state, for the admin API.
@@ -130,11 +137,20 @@ struct Keeper {
     vips: Vec<IpAddr>,
     status: Arc<Mutex<Status>>,
     restart_at: Option<Instant>,
+    /// Whether the gateway drains (keepalived is then never started again).
+    draining: bool,
 }
 
 impl Owner for Keeper {
     fn vips(&mut self, vips: Vec<IpAddr>) {
         self.set(vips);
+    }
+
+    fn drain(&mut self) {
+        self.draining = true;
+        if self.child.is_none() && self.restart_at.take().is_some() {
+            info!("vrrp: draining; keepalived is not started again");
+        }
     }
 
     fn watch(&mut self) {
@@ -170,6 +186,7 @@ impl Keeper {
                 let pid = nix::unistd::Pid::from_raw(i32::try_from(c.id()).unwrap_or(i32::MAX));
                 nix::sys::signal::kill(pid, Signal::SIGHUP).context("reloading keepalived")
             }
+            None if self.draining => Ok(()),
             None => self.spawn(),
         });
         match r {
@@ -224,14 +241,19 @@ impl Keeper {
             .as_mut()
             .and_then(|c| c.try_wait().ok().flatten())
         {
-            warn!("vrrp: keepalived exited ({status}); starting it again in {RESTART:?}");
             self.child = None;
-            self.restart_at = Some(Instant::now() + RESTART);
+            if self.draining {
+                info!("vrrp: keepalived exited ({status}) while draining; not starting it again");
+            } else {
+                warn!("vrrp: keepalived exited ({status}); starting it again in {RESTART:?}");
+                self.restart_at = Some(Instant::now() + RESTART);
+            }
             let mut s = self.status.lock().unwrap_or_else(PoisonError::into_inner);
             s.running = false;
             s.error = Some(format!("keepalived exited ({status})"));
         }
         if self.child.is_none()
+            && !self.draining
             && !self.vips.is_empty()
             && self.restart_at.is_some_and(|at| Instant::now() >= at)
         {
