@@ -23,6 +23,7 @@ pub mod key;
 pub mod maglev;
 pub mod pipeline;
 pub mod rewrite;
+pub mod spsc;
 pub mod stats;
 pub mod sync;
 pub mod table;
