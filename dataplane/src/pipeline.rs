@@ -78,7 +78,7 @@ pub fn owner_core(client: &[u8; 16], client_port: u16, cores: u16) -> u16 {
 
 /// The Maglev hash of a flow, derived from its flow-table hash so a packet is hashed once.
 #[inline(always)]
-fn maglev_hash(flow_hash: u64) -> u64 {
+pub(crate) fn maglev_hash(flow_hash: u64) -> u64 {
     mix64(flow_hash ^ SEED_MAGLEV)
 }
 
@@ -165,7 +165,7 @@ pub struct Pipeline {
     /// New flows per backend, indexed by `BackendId % NEW_FLOW_SLOTS` (ids are dense from 0,
     /// so below that bound each backend has its own slot).
     pub new_flows: Box<[u64]>,
-    core: u16,
+    pub(crate) core: u16,
     cores: u16,
     /// A batch's first-pass results, [`BATCH`] of them; boxed so that the decision pass can
     /// take them out of `self` (a pointer swap) and read them in place.
@@ -175,6 +175,9 @@ pub struct Pipeline {
     /// This core's ends of flow sync with the peer gateways ([`crate::sync`]); `None` when
     /// sync is off.
     pub sync: Option<WorkerSync>,
+    /// This core's explain desk ([`crate::explain`]): queries about a flow, answered between
+    /// batches; `None` when nobody asks.
+    pub explain: Option<crate::explain::Desk>,
 }
 
 /// Backend ids with a new-flow counter of their own; larger ids share slots. Allocated once
@@ -224,6 +227,7 @@ impl Pipeline {
             .into_boxed_slice(),
             reply_hashes: [0; BATCH],
             sync: None,
+            explain: None,
         }
     }
 
