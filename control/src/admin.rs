@@ -6,6 +6,7 @@
 //! | `GET /services` | every service and backend with weight, state and health, as JSON |
 //! | `GET /metrics` | Prometheus text format: per-core packets, drops by reason, flow table, new flows per backend, backend health, snapshot generation |
 //! | `GET /routes` | every VIP's route (announced, or why not), whether the gateway drains, the BGP sessions, as JSON |
+//! | `GET /explain?client=ADDR:PORT&vip=ADDR:PORT&proto=tcp` | where that flow goes and why: frontend, source ranges, flow entry or Maglev choice, rewrite, as JSON ([`crate::explain`]) |
 //! | `POST /reload` | re-reads the configuration file and swaps the table in atomically (loopback listener only; 403 elsewhere) |
 //! | `POST /drain` | withdraws every route, forwards for `drain_grace`, then stops the gateway (loopback listener only) |
 //!
@@ -286,8 +287,9 @@ where
         Ok(Ok(Err(status))) => response(status, "text/plain", "bad request\n"),
         Ok(Ok(Ok(req))) => {
             let allowed = endpoint.allows(trusted, req.bearer.as_deref());
-            if req.method == "POST" {
-                // A reload waits for the control loop: off the task's thread.
+            if req.method == "POST" || req.path.starts_with("/explain") {
+                // A reload waits for the control loop, an explanation for the workers: off
+                // the task's thread.
                 tokio::task::spawn_blocking(move || {
                     let (status, ctype, body) = answer(&endpoint, &req.method, &req.path, allowed);
                     response(status, ctype, &body)
@@ -404,6 +406,9 @@ fn answer(
             }
         }
         ("GET", "/routes") => (200, "application/json", routes_json(shared)),
+        ("GET", p) if p == "/explain" || p.starts_with("/explain?") => {
+            crate::explain::http(shared, p.split_once('?').map_or("", |(_, q)| q))
+        }
         ("POST", "/reload") if !allowed => (
             403,
             "text/plain",
@@ -416,13 +421,13 @@ fn answer(
         ),
         ("POST", "/reload") => ask(endpoint, Request::Reload),
         ("POST", "/drain") => ask(endpoint, Request::Drain),
-        (_, "/healthz" | "/services" | "/metrics" | "/routes" | "/reload" | "/drain") => {
+        (_, "/healthz" | "/services" | "/metrics" | "/routes" | "/explain" | "/reload" | "/drain") => {
             (405, "text/plain", "method not allowed\n".into())
         }
         _ => (
             404,
             "text/plain",
-            "not found: try /healthz, /services, /routes, /metrics, POST /reload, POST /drain\n"
+            "not found: try /healthz, /services, /routes, /metrics, /explain, POST /reload, POST /drain\n"
                 .into(),
         ),
     }

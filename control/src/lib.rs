@@ -23,6 +23,7 @@
 //! | [`bgp`] | route announcement: the BIRD 2 child that speaks BGP (and BFD) for the VIPs the core announces |
 //! | [`workers`] | starting, pinning and stopping the AF_XDP workers; their counters |
 //! | [`admin`] | the admin and metrics HTTP API (`metrics`: how every family is written) |
+//! | [`explain`] | `GET /explain` and `strait explain`: where a flow goes and why, from the snapshot and the owning workers' flow tables |
 //! | [`footprint`] | the memory a configuration takes, known before anything is allocated |
 //! | [`shared`] | what the control loop, the workers and the admin API share |
 //! | [`supervise`] | systemd: readiness, stopping, a watchdog fed only while every worker makes progress |
@@ -42,6 +43,7 @@ pub mod bgp;
 pub mod core;
 pub mod daemon;
 pub mod dpdk;
+pub mod explain;
 pub mod footprint;
 pub mod health;
 pub mod heap;

@@ -47,7 +47,7 @@ impl Admin {
         }
     }
 
-    fn request(&self, method: &str, path: &str) -> anyhow::Result<String> {
+    pub(crate) fn request(&self, method: &str, path: &str) -> anyhow::Result<String> {
         let auth = match &self.token_file {
             None => String::new(),
             Some(f) => {
