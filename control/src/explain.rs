@@ -445,7 +445,7 @@ pub fn run(
 
 fn secs(ms: &Value) -> String {
     let ms = ms.as_u64().unwrap_or(0);
-    if ms < 10_000 {
+    if ms < 60_000 {
         format!("{:.1} s", ms as f64 / 1000.0)
     } else {
         humantime::format_duration(Duration::from_secs(ms / 1000)).to_string()
