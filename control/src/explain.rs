@@ -52,10 +52,7 @@ pub fn http(shared: &Shared, query: &str) -> (u16, &'static str, String) {
         }
     }
     if !asked.is_empty() && probes.is_empty() {
-        let why: Vec<String> = unanswered
-            .iter()
-            .map(|(c, e)| format!("worker {c}: {e}"))
-            .collect();
+        let why: Vec<&str> = unanswered.iter().map(|(_, e)| e.as_str()).collect();
         return (
             503,
             "text/plain",
@@ -79,12 +76,15 @@ fn ask(shared: &Shared, core: u16, key: &FlowKey) -> Result<Probe, String> {
         .cores
         .get(usize::from(core))
         .ok_or_else(|| format!("no worker {core}"))?;
+    let who = match slot.name.as_str() {
+        "" => format!("worker {core}"),
+        name => format!("worker {core} ({name})"),
+    };
     let mut window = slot.explain.lock().unwrap_or_else(PoisonError::into_inner);
     let w = window
         .as_mut()
-        .ok_or_else(|| format!("worker {core} ({}) is not running", slot.name))?;
-    w.ask(key, WAIT)
-        .map_err(|e| format!("worker {core} ({}): {e}", slot.name))
+        .ok_or_else(|| format!("{who} is not running"))?;
+    w.ask(key, WAIT).map_err(|e| format!("{who}: {e}"))
 }
 
 /// The data interfaces' names by table port index (configuration order).
@@ -683,9 +683,9 @@ pub fn render(v: &Value) -> String {
                         s(&of["dst"]),
                         frontend()
                     );
-                    let _ = writeln!(o, "entry     {}", entry_line(e));
+                    let _ = writeln!(o, "entry     {} (reverse entry)", entry_line(e));
                     if let e @ Value::Object(_) = &v["forward_entry"] {
-                        let _ = writeln!(o, "flow      {}", entry_line(e));
+                        let _ = writeln!(o, "forward   {} (the flow's entry)", entry_line(e));
                     }
                     let r = &v["rewrite"];
                     let _ = writeln!(
@@ -727,6 +727,94 @@ pub fn check_socket(name: &str, s: &str) -> anyhow::Result<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use strait_config::model::MacAddr;
+    use strait_dataplane::flow::Timeouts;
+    use strait_dataplane::pipeline::Pipeline;
+
+    use crate::shared::CoreStats;
+
+    fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        write!(c, "GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        let status = out[9..12].parse().unwrap();
+        (status, out.split_once("\r\n\r\n").unwrap().1.to_string())
+    }
+
+    /// The endpoint over the built-in example (`web` TCP 80 and `echo` UDP 5353 on
+    /// 203.0.113.10, dsr-l2) with two worker slots: core 0 turns its desk as a worker's
+    /// loop does, core 1 never does.
+    #[test]
+    fn the_endpoint_asks_the_workers_and_names_one_that_does_not_answer() {
+        let cfg = strait_config::example();
+        let ports: Vec<_> = cfg
+            .gateway
+            .interfaces
+            .iter()
+            .map(|_| strait_dataplane::table::Port::new(MacAddr([2, 0, 0, 0, 0, 1]), 1500))
+            .collect();
+        let table = Arc::new(
+            strait_dataplane::table::Builder::new()
+                .build(&cfg, &ports, |_, _, _| false)
+                .unwrap(),
+        );
+        let cores: Vec<Arc<CoreStats>> = (0..2).map(|_| Arc::default()).collect();
+        let (d0, w0) = strait_dataplane::explain::desk();
+        let (_d1, w1) = strait_dataplane::explain::desk();
+        *cores[0].explain.lock().unwrap() = Some(w0);
+        *cores[1].explain.lock().unwrap() = Some(w1);
+        let shared = Arc::new(Shared::new(cfg, Arc::clone(&table), Arc::default(), cores));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (t, stop2) = (Arc::clone(&table), Arc::clone(&stop));
+        let worker = std::thread::spawn(move || {
+            let mut p = Pipeline::new(0, 2, 1024, Timeouts::default(), 0).with_explain(d0);
+            while !stop2.load(Ordering::Relaxed) {
+                if p.explain_pending() {
+                    p.explain_turn(&t, 1);
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        });
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let addr = crate::admin::start("127.0.0.1:0".parse().unwrap(), shared, tx).unwrap();
+
+        let (s, body) = get(addr, "/explain?client=192.0.2.2&vip=203.0.113.10:80");
+        assert_eq!(s, 400, "{body}");
+        assert!(body.contains("`client`"), "{body}");
+        let (s, body) = get(addr, "/explain?client=192.0.2.2:1&vip=203.0.113.10:81");
+        assert_eq!(s, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (&v["kind"], &v["vip_known"]),
+            (&json!("no_frontend"), &json!(true))
+        );
+        assert!(render(&v).contains("the VIP serves 80/tcp (web), 5353/udp (echo) only"));
+
+        // DSR: both cores asked; core 1 is silent for a second and named.
+        let started = std::time::Instant::now();
+        let (s, body) = get(addr, "/explain?client=192.0.2.2:40000&vip=203.0.113.10:80");
+        assert_eq!(s, 200, "{body}");
+        assert!(started.elapsed() >= WAIT);
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["cores_asked"], json!([0, 1]));
+        assert_eq!(v["unanswered"][0]["core"], 1, "{v}");
+        assert!(v["why"]["by"] == "maglev", "{v}");
+        let text = render(&v);
+        assert!(text.contains("warning   worker 1"), "{text}");
+        assert!(text.contains("did not answer within 1s"), "{text}");
+
+        // Once every asked worker is silent, an error, not a story.
+        stop.store(true, Ordering::Relaxed);
+        worker.join().unwrap();
+        let (s, body) = get(addr, "/explain?client=192.0.2.2:40000&vip=203.0.113.10:80");
+        assert_eq!(s, 503, "{body}");
+        assert!(body.starts_with("no worker answered: worker 0"), "{body}");
+    }
 
     #[test]
     fn queries_parse_with_or_without_percent_encoding() {
