@@ -346,24 +346,43 @@ impl Window {
     /// # Errors
     /// [`AskError`] when the worker does not answer.
     pub fn ask(&mut self, k: &FlowKey, wait: std::time::Duration) -> Result<Probe, AskError> {
-        let id = self.next;
-        self.next += 1;
-        if !self.queries.push(&key_words(k, id)) {
-            return Err(AskError::Busy(DESK_SLOTS));
-        }
+        let id = self.send(k)?;
         let until = std::time::Instant::now() + wait;
         loop {
-            while let Some(w) = self.answers.pop() {
-                // Answers to queries given up on earlier are skipped.
-                if w[0] == id {
-                    return Ok(Probe::from_words(&w));
-                }
+            if let Some(p) = self.receive(id) {
+                return Ok(p);
             }
             if std::time::Instant::now() >= until {
                 return Err(AskError::Timeout(wait));
             }
             std::thread::sleep(std::time::Duration::from_micros(50));
         }
+    }
+
+    /// Puts a query about `k` on the worker's ring without waiting; its id, for
+    /// [`Window::receive`].
+    ///
+    /// # Errors
+    /// [`AskError::Busy`] when the ring is full of queries the worker has not taken.
+    pub fn send(&mut self, k: &FlowKey) -> Result<u64, AskError> {
+        let id = self.next;
+        self.next += 1;
+        if self.queries.push(&key_words(k, id)) {
+            Ok(id)
+        } else {
+            Err(AskError::Busy(DESK_SLOTS))
+        }
+    }
+
+    /// The answer to query `id` if it has come; answers to earlier queries (given up on)
+    /// are taken and dropped on the way.
+    pub fn receive(&mut self, id: u64) -> Option<Probe> {
+        while let Some(w) = self.answers.pop() {
+            if w[0] == id {
+                return Some(Probe::from_words(&w));
+            }
+        }
+        None
     }
 }
 
