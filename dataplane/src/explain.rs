@@ -18,8 +18,8 @@
 //!
 //! # What it costs the packet path
 //!
-//! Nothing while nobody asks: the worker's turn checks its query ring, which is one load of
-//! the producer's index (a plain load on x86) while the ring stays empty. A query costs the
+//! Nothing while nobody asks: the worker's turn checks its query ring, which is one relaxed
+//! load of the producer's index while the ring stays empty. A query costs the
 //! worker three flow-table lookups and 16 word stores, between batches; it neither stops nor
 //! locks the worker. Rings are allocated when the worker starts; answering allocates nothing.
 //!
@@ -393,10 +393,11 @@ impl Pipeline {
         self
     }
 
-    /// Whether a query waits for this core: one load of the query ring's producer index.
+    /// Whether a query waits for this core: one relaxed load of the query ring's producer
+    /// index.
     #[inline(always)]
-    pub fn explain_pending(&mut self) -> bool {
-        self.explain.as_mut().is_some_and(|d| d.queries.is_ready())
+    pub fn explain_pending(&self) -> bool {
+        self.explain.as_ref().is_some_and(|d| d.queries.peek())
     }
 
     /// Answers up to [`ANSWERS_PER_TURN`] waiting queries from this core's flow table, at

@@ -117,6 +117,14 @@ impl<const W: usize> Rx<W> {
         self.head != self.tail
     }
 
+    /// Whether a message may be waiting: one relaxed load of the producer's index, for a
+    /// loop that asks on every turn. A `true` is confirmed (with the ordering the slot
+    /// needs) by [`Rx::pop`].
+    #[inline(always)]
+    pub fn peek(&self) -> bool {
+        self.head != self.ring.tail.0.load(Ordering::Relaxed)
+    }
+
     /// The oldest message, or `None` when empty.
     #[inline]
     pub fn pop(&mut self) -> Option<[u64; W]> {

@@ -656,6 +656,31 @@ pub fn explain_names_the_backends(driver: Driver, nat: bool) {
     );
     let v: Value = serde_json::from_str(&json).expect("--json prints JSON");
     assert_eq!(v["backend"]["address"], addr_of(backend));
+    // IPv6 and TCP: a connection to web6 (closed by now, its entry closing), explained with
+    // bracketed addresses.
+    let web6 = "[2001:db8::10]:80";
+    let answer = s.curl(&format!("http://{web6}/")).expect("web6 answers");
+    let (backend, client6) = answer
+        .strip_prefix("backend=")
+        .and_then(|a| a.split_once(" client="))
+        .unwrap_or_else(|| panic!("{answer}"));
+    let json = s.must("gw", &[strait(), "explain", client6, web6, "--json"]);
+    let v: Value = serde_json::from_str(&json).expect("--json prints JSON");
+    let backend6 = s.backend(backend)["ipv6"]
+        .as_str()
+        .expect("an IPv6 backend");
+    let port6 = if nat { 8080 } else { 80 };
+    assert_eq!(v["service"]["name"], "web6", "{v}");
+    assert_eq!(
+        v["backend"]["address"],
+        format!("[{backend6}]:{port6}"),
+        "{v}"
+    );
+    assert_eq!(
+        (&v["why"]["by"], &v["entries"][0]["state"]),
+        (&"entry".into(), &"closing".into()),
+        "{v}"
+    );
     let none = s.exec("gw", &[strait(), "explain", &client, "203.0.113.99:1"]);
     assert!(none.status.success());
     assert!(
