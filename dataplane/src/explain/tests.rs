@@ -402,3 +402,55 @@ fn the_desk_answers_between_turns_and_a_silent_worker_times_out() {
     let p = worker.join().unwrap();
     assert_eq!(p.explain.as_ref().unwrap().answers_lost, 0);
 }
+
+/// A flow learnt from a peer gateway by flow sync is explained from its entry, marked as
+/// learnt; DSR flows are imported by every core, and every core is asked.
+#[test]
+fn a_flow_learnt_from_a_peer_says_so_on_every_core() {
+    use crate::sync::{mesh, RecordKind, SyncRecord};
+    let t = build(&mut Builder::new(), &config("dsr-l2", &[X, Y, Z], &[]));
+    let (ends, mut threads) = mesh(2, 16);
+    let mut pipes: Vec<Pipeline> = ends
+        .into_iter()
+        .enumerate()
+        .map(|(c, e)| Pipeline::new(c as u16, 2, 1024, Timeouts::default(), 0).with_sync(e))
+        .collect();
+    let k = key(CLIENT, VIP_A, proto::TCP);
+    // The peer chose the backend Maglev would not choose here.
+    let maglev = forward_of_verdict(&ask(&t, &[&pipes[0], &pipes[1]], &k, SEC))
+        .backend
+        .clone()
+        .unwrap()
+        .0;
+    let other = t
+        .backends
+        .iter()
+        .flatten()
+        .find(|b| b.id != maglev.id)
+        .unwrap();
+    let r = SyncRecord {
+        key: k,
+        backend: other.addr,
+        backend_port: other.port,
+        state: FlowState::TcpEstablished,
+        kind: RecordKind::Flow,
+        flags: crate::sync::flags::EVERYWHERE,
+        peer_mac: [0; 6],
+    };
+    for (p, th) in pipes.iter_mut().zip(&mut threads) {
+        assert!(th.to_worker.push(&r));
+        assert_eq!(p.sync_turn(&t, SEC), 1);
+    }
+    assert_eq!(cores_to_ask(&t, &k, 2), vec![0, 1]);
+    let e = ask(&t, &[&pipes[0], &pipes[1]], &k, 2 * SEC);
+    let f = forward_of_verdict(&e);
+    assert_eq!(f.entries.len(), 2, "{:?}", f.entries);
+    for (core, entry) in &f.entries {
+        assert!(entry.learnt, "core {core}");
+        assert_eq!(entry.backend, other.id);
+        assert_eq!(entry.state, FlowState::TcpEstablished);
+    }
+    assert!(matches!(f.backend, Some((ref b, Why::Entry { core: 0, .. })) if b.id == other.id));
+    let (_, out) = run(&mut pipes[1], &t, 2 * SEC, &tcp(CLIENT, VIP_A, false));
+    assert_eq!(backend_by_mac(&t, &out[0..6]).id, other.id);
+}
