@@ -65,8 +65,10 @@ enum Command {
     Explain {
         /// The client's address and port (IPv6 as `[2001:db8::2]:40000`); for a nat reply,
         /// the backend's.
+        #[arg(value_name = "CLIENT_ADDR:PORT")]
         client: String,
         /// The VIP and port; for a nat reply, the client's address and port.
+        #[arg(value_name = "VIP:PORT")]
         vip: String,
         /// The transport protocol.
         #[arg(long, default_value = "tcp", value_parser = ["tcp", "udp", "sctp"])]
