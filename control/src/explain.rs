@@ -1,8 +1,8 @@
 //! `GET /explain` and `strait explain`: where a flow goes, and why.
 //!
 //! The admin API parses the 5-tuple, asks the workers whose flow tables may hold it
-//! ([`strait_dataplane::explain::cores_to_ask`]) through their explain desks, waiting
-//! [`WAIT`] for each, and builds the story with [`strait_dataplane::explain::explain`] from
+//! ([`strait_dataplane::explain::cores_to_ask`]) through their explain desks, all at once, waiting
+//! [`WAIT`] in all, and builds the story with [`strait_dataplane::explain::explain`] from
 //! the current snapshot; it answers JSON whose field names are the contract. `strait
 //! explain` fetches it and prints the same fields as a short block for a person (or the
 //! JSON itself with `--json`). The meaning of every line is in `docs/observability.md`.
@@ -43,14 +43,7 @@ pub fn http(shared: &Shared, query: &str) -> (u16, &'static str, String) {
     let table = shared.table.load_full();
     let cores = shared.cores.len() as u16;
     let asked = cores_to_ask(&table, &key, cores);
-    let mut probes = Vec::with_capacity(asked.len());
-    let mut unanswered = Vec::new();
-    for &c in &asked {
-        match ask(shared, c, &key) {
-            Ok(p) => probes.push(p),
-            Err(e) => unanswered.push((c, e)),
-        }
-    }
+    let (probes, unanswered) = ask_all(shared, &asked, &key);
     if !asked.is_empty() && probes.is_empty() {
         let why: Vec<&str> = unanswered.iter().map(|(_, e)| e.as_str()).collect();
         return (
@@ -70,21 +63,52 @@ pub fn http(shared: &Shared, query: &str) -> (u16, &'static str, String) {
     (200, "application/json", v.to_string() + "\n")
 }
 
-/// Asks worker `core` about `key`.
-fn ask(shared: &Shared, core: u16, key: &FlowKey) -> Result<Probe, String> {
-    let slot = shared
-        .cores
-        .get(usize::from(core))
-        .ok_or_else(|| format!("no worker {core}"))?;
-    let who = match slot.name.as_str() {
-        "" => format!("worker {core}"),
-        name => format!("worker {core} ({name})"),
-    };
-    let mut window = slot.explain.lock().unwrap_or_else(PoisonError::into_inner);
-    let w = window
-        .as_mut()
-        .ok_or_else(|| format!("{who} is not running"))?;
-    w.ask(key, WAIT).map_err(|e| format!("{who}: {e}"))
+/// Asks workers `cores` about `key`, all at once, and waits [`WAIT`] in all for their
+/// answers: the probes, and the workers that gave none with the reason.
+fn ask_all(shared: &Shared, cores: &[u16], key: &FlowKey) -> (Vec<Probe>, Vec<(u16, String)>) {
+    let mut probes = Vec::with_capacity(cores.len());
+    let mut unanswered = Vec::new();
+    let mut waiting = Vec::new();
+    for &core in cores {
+        let Some(slot) = shared.cores.get(usize::from(core)) else {
+            unanswered.push((core, format!("no worker {core}")));
+            continue;
+        };
+        let who = match slot.name.as_str() {
+            "" => format!("worker {core}"),
+            name => format!("worker {core} ({name})"),
+        };
+        // Held until the answer: one query at a time per worker.
+        let mut window = slot.explain.lock().unwrap_or_else(PoisonError::into_inner);
+        match window.as_mut().map(|w| w.send(key)) {
+            None => unanswered.push((core, format!("{who} is not running"))),
+            Some(Err(e)) => unanswered.push((core, format!("{who}: {e}"))),
+            Some(Ok(id)) => waiting.push((core, who, window, id)),
+        }
+    }
+    let until = std::time::Instant::now() + WAIT;
+    while !waiting.is_empty() {
+        waiting.retain_mut(|(core, _, window, id)| {
+            match window.as_mut().and_then(|w| w.receive(*id)) {
+                Some(p) => {
+                    probes.push(Probe { core: *core, ..p });
+                    false
+                }
+                None => true,
+            }
+        });
+        if std::time::Instant::now() >= until {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    for (core, who, _, _) in waiting {
+        let e = strait_dataplane::explain::AskError::Timeout(WAIT);
+        unanswered.push((core, format!("{who}: {e}")));
+    }
+    unanswered.sort_by_key(|(c, _)| *c);
+    probes.sort_by_key(|p| p.core);
+    (probes, unanswered)
 }
 
 /// The data interfaces' names by table port index (configuration order).
