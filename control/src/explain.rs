@@ -1,9 +1,9 @@
 //! `GET /explain` and `strait explain`: where a flow goes, and why.
 //!
 //! The admin API parses the 5-tuple, asks the workers whose flow tables may hold it
-//! ([`strait_dataplane::explain::cores_to_ask`]) through their explain desks, all at once, waiting
-//! [`WAIT`] in all, and builds the story with [`strait_dataplane::explain::explain`] from
-//! the current snapshot; it answers JSON whose field names are the contract. `strait
+//! ([`strait_dataplane::explain::cores_to_ask`]) through their explain desks, all at once,
+//! waits [`WAIT`] in all for their answers, and builds the story with
+//! [`strait_dataplane::explain::explain`] from the current snapshot; it answers JSON whose field names are the contract. `strait
 //! explain` fetches it and prints the same fields as a short block for a person (or the
 //! JSON itself with `--json`). The meaning of every line is in `docs/observability.md`.
 //!
