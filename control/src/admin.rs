@@ -33,6 +33,7 @@ use serde_json::json;
 use strait_config::model::{BackendState, MacAddr};
 use strait_dataplane::stats::DropReason;
 
+use crate::core::BackendKey;
 use crate::metrics::{counter, gauge};
 use crate::shared::Shared;
 
@@ -542,7 +543,7 @@ pub fn services_json(shared: &Shared) -> String {
                 .backends
                 .iter()
                 .map(|b| {
-                    let h = health.get(&(s.name.clone(), b.address, b.port));
+                    let h = health.get(&BackendKey::new(s.name.clone(), b.address, b.port));
                     let state = match (b.state, b.weight) {
                         (BackendState::Draining, _) | (_, 0) => "draining",
                         _ => "active",
@@ -559,7 +560,7 @@ pub fn services_json(shared: &Shared) -> String {
                 })
                 .collect();
             let healthy = s.backends.is_empty()
-                || s.backends.iter().any(|b| health.get(&(s.name.clone(), b.address, b.port)).is_none_or(|h| h.up));
+                || s.backends.iter().any(|b| health.get(&BackendKey::new(s.name.clone(), b.address, b.port)).is_none_or(|h| h.up));
             json!({
                 "name": s.name,
                 "vip": s.vip.to_string(),
@@ -708,7 +709,7 @@ impl Collector for Metrics {
         let samples = shared.samples();
         let core = |n: &String| vec![("core", n.clone())];
         let per_core =
-            |f: fn(&crate::shared::CoreSample) -> u64| -> Vec<(Vec<(&str, String)>, u64)> {
+            |f: fn(&crate::cores::CoreSample) -> u64| -> Vec<(Vec<(&str, String)>, u64)> {
                 samples.iter().map(|(n, s)| (core(n), f(s))).collect()
             };
         counter(
@@ -841,7 +842,7 @@ impl Collector for Metrics {
             "Syscalls made to wake the kernel (TX and fill-ring kicks) and idle polls.",
             &per_core(|s| s.worker.tx_kicks + s.worker.fill_kicks + s.worker.idle_polls),
         )?;
-        crate::metrics::umem(&mut enc, &samples)?;
+        crate::cores::umem(&mut enc, &samples)?;
         let busy: Vec<_> = samples
             .iter()
             .map(|(n, s)| (core(n), s.worker.busy.seconds()))
@@ -1009,7 +1010,7 @@ impl Collector for Metrics {
                 .sum();
             per_backend.push((labels.clone(), n));
             let is_up = health
-                .get(&(svc.name.clone(), b.address(), b.port))
+                .get(&BackendKey::new(svc.name.clone(), b.address(), b.port))
                 .is_none_or(|h| h.up);
             up.push((labels, i64::from(is_up)));
         }
@@ -1045,7 +1046,7 @@ impl Collector for Metrics {
              dropped as no_next_hop).",
             &[(Vec::new(), unresolved as i64)],
         )?;
-        crate::sync::metrics(&mut enc, &samples, shared)?;
+        crate::sync::metrics(&mut enc, &samples, &shared.sync)?;
         Ok(())
     }
 }
@@ -1077,7 +1078,7 @@ mod tests {
 
     /// An endpoint over the built-in example's table with worker slots `cores`, on
     /// 127.0.0.1, not ready yet, whose reloads answer "reloaded".
-    fn endpoint(cores: Vec<Arc<crate::shared::CoreStats>>) -> (SocketAddr, Arc<Shared>) {
+    fn endpoint(cores: Vec<Arc<crate::cores::CoreStats>>) -> (SocketAddr, Arc<Shared>) {
         let opts = Options {
             listen: "127.0.0.1:0".parse().unwrap(),
             socket: None,
@@ -1088,7 +1089,7 @@ mod tests {
 
     /// [`endpoint`] listening as `opts` says.
     fn endpoint_with(
-        cores: Vec<Arc<crate::shared::CoreStats>>,
+        cores: Vec<Arc<crate::cores::CoreStats>>,
         opts: &Options,
     ) -> (SocketAddr, Arc<Shared>) {
         let cfg = strait_config::example();
@@ -1113,6 +1114,80 @@ mod tests {
         });
         let addr = start_with(opts, Arc::clone(&shared), reload_tx).unwrap();
         (addr, shared)
+    }
+
+    /// The endpoint over the built-in example (`web` TCP 80 and `echo` UDP 5353 on
+    /// 203.0.113.10, dsr-l2) with two worker slots: core 0 turns its desk as a worker's
+    /// loop does, core 1 never does.
+    #[test]
+    fn explain_asks_the_workers_and_names_one_that_does_not_answer() {
+        use crate::explain::{render, WAIT};
+        use serde_json::Value;
+        use std::sync::atomic::AtomicBool;
+        use strait_dataplane::flow::Timeouts;
+        use strait_dataplane::pipeline::Pipeline;
+        let cores: Vec<Arc<crate::cores::CoreStats>> = (0..2).map(|_| Arc::default()).collect();
+        let (d0, w0) = strait_dataplane::explain::desk();
+        let (_d1, w1) = strait_dataplane::explain::desk();
+        *cores[0].explain.lock().unwrap() = Some(w0);
+        *cores[1].explain.lock().unwrap() = Some(w1);
+        let (addr, shared) = endpoint(cores);
+        let table = shared.table.load_full();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (t, stop2) = (Arc::clone(&table), Arc::clone(&stop));
+        let worker = thread::spawn(move || {
+            let mut p = Pipeline::new(0, 2, 1024, Timeouts::default(), 0).with_explain(d0);
+            while !stop2.load(Ordering::Relaxed) {
+                if p.explain_pending() {
+                    p.explain_turn(&t, 1);
+                }
+                thread::sleep(Duration::from_micros(100));
+            }
+        });
+
+        let (s, body) = get(addr, "GET", "/explain?client=192.0.2.2&vip=203.0.113.10:80");
+        assert_eq!(s, 400, "{body}");
+        assert!(body.contains("`client`"), "{body}");
+        let (s, body) = get(
+            addr,
+            "GET",
+            "/explain?client=192.0.2.2:1&vip=203.0.113.10:81",
+        );
+        assert_eq!(s, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (&v["kind"], &v["vip_known"]),
+            (&json!("no_frontend"), &json!(true))
+        );
+        assert!(render(&v).contains("the VIP serves 80/tcp (web), 5353/udp (echo) only"));
+
+        // DSR: both cores asked; core 1 is silent for a second and named.
+        let started = std::time::Instant::now();
+        let (s, body) = get(
+            addr,
+            "GET",
+            "/explain?client=192.0.2.2:40000&vip=203.0.113.10:80",
+        );
+        assert_eq!(s, 200, "{body}");
+        assert!(started.elapsed() >= WAIT);
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["cores_asked"], json!([0, 1]));
+        assert_eq!(v["unanswered"][0]["core"], 1, "{v}");
+        assert!(v["why"]["by"] == "maglev", "{v}");
+        let text = render(&v);
+        assert!(text.contains("warning   worker 1"), "{text}");
+        assert!(text.contains("did not answer within 1s"), "{text}");
+
+        // Once every asked worker is silent, an error, not a story.
+        stop.store(true, Ordering::Relaxed);
+        worker.join().unwrap();
+        let (s, body) = get(
+            addr,
+            "GET",
+            "/explain?client=192.0.2.2:40000&vip=203.0.113.10:80",
+        );
+        assert_eq!(s, 503, "{body}");
+        assert!(body.starts_with("no worker answered: worker 0"), "{body}");
     }
 
     /// On a listener that is not loopback (in a namespace of the test's own), mutating
@@ -1223,7 +1298,7 @@ mod tests {
 
     #[test]
     fn serves_health_services_metrics_and_reload() {
-        let core = Arc::new(crate::shared::CoreStats {
+        let core = Arc::new(crate::cores::CoreStats {
             name: "veth-gw/0".into(),
             ..Default::default()
         });

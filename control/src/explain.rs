@@ -16,7 +16,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use anyhow::Context;
 use serde_json::{json, Value};
 use strait_config::model::MacAddr;
 use strait_dataplane::explain::{
@@ -27,7 +26,6 @@ use strait_dataplane::key::{addr_bytes, bytes_addr, proto, FlowKey};
 use strait_dataplane::table::{Backend, Health, ServiceTable};
 
 use crate::shared::Shared;
-use crate::status::Admin;
 
 /// How long the admin API waits for a worker's answer. A turning worker answers within a
 /// turn: microseconds when busy, at most its idle poll (1 ms) when idle. A second is far
@@ -436,37 +434,6 @@ fn reply_json(t: &ServiceTable, r: &Reply, v: &mut Value, iface: &dyn Fn(u8) -> 
     }
 }
 
-/// `strait explain`: asks the gateway and prints its answer, as a block for a person or as
-/// the JSON (`json`).
-///
-/// # Errors
-/// When the gateway does not answer, refuses the query, or answers something that is not
-/// the JSON it serves.
-pub fn run(
-    admin: &Admin,
-    client: &str,
-    vip: &str,
-    proto: &str,
-    json_out: bool,
-) -> anyhow::Result<()> {
-    let enc = |s: &str| s.replace('[', "%5B").replace(']', "%5D");
-    let path = format!(
-        "/explain?client={}&vip={}&proto={}",
-        enc(client),
-        enc(vip),
-        enc(proto)
-    );
-    let body = admin.request("GET", &path)?;
-    let v: Value =
-        serde_json::from_str(&body).context("the admin API answered something that is not JSON")?;
-    if json_out {
-        println!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
-        print!("{}", render(&v));
-    }
-    Ok(())
-}
-
 fn secs(ms: &Value) -> String {
     let ms = ms.as_u64().unwrap_or(0);
     if ms < 60_000 {
@@ -751,94 +718,6 @@ pub fn check_socket(name: &str, s: &str) -> anyhow::Result<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Read, Write};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-
-    use strait_config::model::MacAddr;
-    use strait_dataplane::flow::Timeouts;
-    use strait_dataplane::pipeline::Pipeline;
-
-    use crate::shared::CoreStats;
-
-    fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-        let mut c = std::net::TcpStream::connect(addr).unwrap();
-        write!(c, "GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
-        let mut out = String::new();
-        c.read_to_string(&mut out).unwrap();
-        let status = out[9..12].parse().unwrap();
-        (status, out.split_once("\r\n\r\n").unwrap().1.to_string())
-    }
-
-    /// The endpoint over the built-in example (`web` TCP 80 and `echo` UDP 5353 on
-    /// 203.0.113.10, dsr-l2) with two worker slots: core 0 turns its desk as a worker's
-    /// loop does, core 1 never does.
-    #[test]
-    fn the_endpoint_asks_the_workers_and_names_one_that_does_not_answer() {
-        let cfg = strait_config::example();
-        let ports: Vec<_> = cfg
-            .gateway
-            .interfaces
-            .iter()
-            .map(|_| strait_dataplane::table::Port::new(MacAddr([2, 0, 0, 0, 0, 1]), 1500))
-            .collect();
-        let table = Arc::new(
-            strait_dataplane::table::Builder::new()
-                .build(&cfg, &ports, |_, _, _| false)
-                .unwrap(),
-        );
-        let cores: Vec<Arc<CoreStats>> = (0..2).map(|_| Arc::default()).collect();
-        let (d0, w0) = strait_dataplane::explain::desk();
-        let (_d1, w1) = strait_dataplane::explain::desk();
-        *cores[0].explain.lock().unwrap() = Some(w0);
-        *cores[1].explain.lock().unwrap() = Some(w1);
-        let shared = Arc::new(Shared::new(cfg, Arc::clone(&table), Arc::default(), cores));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (t, stop2) = (Arc::clone(&table), Arc::clone(&stop));
-        let worker = std::thread::spawn(move || {
-            let mut p = Pipeline::new(0, 2, 1024, Timeouts::default(), 0).with_explain(d0);
-            while !stop2.load(Ordering::Relaxed) {
-                if p.explain_pending() {
-                    p.explain_turn(&t, 1);
-                }
-                std::thread::sleep(Duration::from_micros(100));
-            }
-        });
-        let (tx, _rx) = std::sync::mpsc::channel();
-        let addr = crate::admin::start("127.0.0.1:0".parse().unwrap(), shared, tx).unwrap();
-
-        let (s, body) = get(addr, "/explain?client=192.0.2.2&vip=203.0.113.10:80");
-        assert_eq!(s, 400, "{body}");
-        assert!(body.contains("`client`"), "{body}");
-        let (s, body) = get(addr, "/explain?client=192.0.2.2:1&vip=203.0.113.10:81");
-        assert_eq!(s, 200, "{body}");
-        let v: Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(
-            (&v["kind"], &v["vip_known"]),
-            (&json!("no_frontend"), &json!(true))
-        );
-        assert!(render(&v).contains("the VIP serves 80/tcp (web), 5353/udp (echo) only"));
-
-        // DSR: both cores asked; core 1 is silent for a second and named.
-        let started = std::time::Instant::now();
-        let (s, body) = get(addr, "/explain?client=192.0.2.2:40000&vip=203.0.113.10:80");
-        assert_eq!(s, 200, "{body}");
-        assert!(started.elapsed() >= WAIT);
-        let v: Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(v["cores_asked"], json!([0, 1]));
-        assert_eq!(v["unanswered"][0]["core"], 1, "{v}");
-        assert!(v["why"]["by"] == "maglev", "{v}");
-        let text = render(&v);
-        assert!(text.contains("warning   worker 1"), "{text}");
-        assert!(text.contains("did not answer within 1s"), "{text}");
-
-        // Once every asked worker is silent, an error, not a story.
-        stop.store(true, Ordering::Relaxed);
-        worker.join().unwrap();
-        let (s, body) = get(addr, "/explain?client=192.0.2.2:40000&vip=203.0.113.10:80");
-        assert_eq!(s, 503, "{body}");
-        assert!(body.starts_with("no worker answered: worker 0"), "{body}");
-    }
 
     #[test]
     fn queries_parse_with_or_without_percent_encoding() {

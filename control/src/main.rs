@@ -129,7 +129,7 @@ fn main() -> ExitCode {
             admin,
         } => explain::check_socket("client", &client)
             .and_then(|_| explain::check_socket("vip", &vip))
-            .and_then(|_| explain::run(&admin.admin(), &client, &vip, &proto, json)),
+            .and_then(|_| status::explain(&admin.admin(), &client, &vip, &proto, json)),
         Command::Run { config, kube } => run::run(
             config.map_or(run::Source::Builtin, run::Source::File),
             &kube,

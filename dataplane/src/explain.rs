@@ -51,13 +51,12 @@ use core::net::IpAddr;
 use strait_config::model::Mode;
 
 use crate::flow::{FlowState, FlowTable, FlowValue};
-use crate::hash::SEED_FLOW;
+use crate::hash::{maglev_hash, owner_core, SEED_FLOW};
 use crate::key::{bytes_addr, is_v4, v4_mapped, BackendId, FlowKey};
-use crate::pipeline::{current, maglev_hash, owner_core, reply_key, Pipeline};
 use crate::rewrite::{Encap, Outer};
 use crate::spsc;
 use crate::sync::{byte_state, state_byte};
-use crate::table::{Backend, Frontend, Health, Prefix, Service, ServiceTable};
+use crate::table::{current, reply_key, Backend, Frontend, Health, Prefix, Service, ServiceTable};
 
 /// Words of a query in the ring: its id, then the 5-tuple.
 const QUERY_WORDS: usize = 6;
@@ -291,7 +290,8 @@ pub fn cores_to_ask(t: &ServiceTable, k: &FlowKey, cores: u16) -> Vec<u16> {
     }
 }
 
-/// A worker's end of its explain desk, held by its [`Pipeline`].
+/// A worker's end of its explain desk, held by its pipeline
+/// (`Pipeline::with_explain`, which answers through [`Desk::turn`]).
 #[derive(Debug)]
 pub struct Desk {
     queries: spsc::Rx<QUERY_WORDS>,
@@ -386,36 +386,23 @@ impl Window {
     }
 }
 
-impl Pipeline {
-    /// Installs this core's explain desk ([`desk`]); from now on the worker answers queries.
-    pub fn with_explain(mut self, desk: Desk) -> Self {
-        self.explain = Some(desk);
-        self
-    }
-
-    /// Whether a query waits for this core: one relaxed load of the query ring's producer
-    /// index.
+impl Desk {
+    /// Whether a query waits: one relaxed load of the query ring's producer index.
     #[inline(always)]
-    pub fn explain_pending(&self) -> bool {
-        self.explain.as_ref().is_some_and(|d| d.queries.peek())
+    pub fn pending(&self) -> bool {
+        self.queries.peek()
     }
 
-    /// Answers up to [`ANSWERS_PER_TURN`] waiting queries from this core's flow table, at
-    /// `now` by the worker's clock; returns how many. Never allocates, never blocks.
-    pub fn explain_turn(&mut self, t: &ServiceTable, now: u64) -> usize {
-        let Pipeline {
-            flows,
-            explain,
-            core,
-            ..
-        } = self;
-        let Some(d) = explain else { return 0 };
+    /// Answers up to [`ANSWERS_PER_TURN`] waiting queries from core `core`'s flow table
+    /// `flows`, at `now` by the worker's clock; returns how many. Never allocates, never
+    /// blocks.
+    pub fn turn(&mut self, flows: &FlowTable, t: &ServiceTable, core: u16, now: u64) -> usize {
         let mut n = 0;
         while n < ANSWERS_PER_TURN {
-            let Some(q) = d.queries.pop() else { break };
-            let p = probe(t, flows, *core, &words_key(&q), now);
-            if !d.answers.push(&p.to_words(q[0])) {
-                d.answers_lost += 1;
+            let Some(q) = self.queries.pop() else { break };
+            let p = probe(t, flows, core, &words_key(&q), now);
+            if !self.answers.push(&p.to_words(q[0])) {
+                self.answers_lost += 1;
             }
             n += 1;
         }
@@ -788,4 +775,46 @@ fn reply(t: &ServiceTable, cores: u16, k: &FlowKey, probes: &[Probe]) -> Reply {
 }
 
 #[cfg(test)]
-mod tests;
+mod tests {
+    use super::*;
+    use crate::key::{addr_bytes, proto};
+
+    #[test]
+    fn queries_and_answers_survive_their_words() {
+        let k = FlowKey {
+            src: addr_bytes("2001:db8::2".parse().unwrap()),
+            dst: v4_mapped([203, 0, 113, 10]),
+            src_port: 40000,
+            dst_port: 443,
+            proto: proto::SCTP,
+        };
+        assert_eq!(words_key(&key_words(&k, 7)), k);
+        let e = Entry {
+            backend: BackendId(12),
+            incarnation: 0xdead_beef,
+            state: FlowState::TcpClosing,
+            idle_ms: 1 << 40,
+            timeout_ms: 86_400_000_000,
+            learnt: true,
+            peer_mac: [2, 0, 0, 0, 0, 0xc1],
+        };
+        for p in [
+            Probe::default(),
+            Probe {
+                core: 513,
+                generation: u64::MAX,
+                flow: Some(e),
+                affinity: None,
+                partner: Some(Entry {
+                    learnt: false,
+                    state: FlowState::Udp,
+                    ..e
+                }),
+            },
+        ] {
+            let w = p.to_words(99);
+            assert_eq!(w[0], 99);
+            assert_eq!(Probe::from_words(&w), p);
+        }
+    }
+}
