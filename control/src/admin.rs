@@ -6,6 +6,7 @@
 //! | `GET /services` | every service and backend with weight, state and health, as JSON |
 //! | `GET /metrics` | Prometheus text format: per-core packets, drops by reason, flow table, new flows per backend, backend health, snapshot generation |
 //! | `GET /routes` | every VIP's route (announced, or why not), whether the gateway drains, the BGP sessions, as JSON |
+//! | `GET /explain?client=ADDR:PORT&vip=ADDR:PORT&proto=tcp` | where that flow goes and why: frontend, source ranges, flow entry or Maglev choice, rewrite, as JSON ([`crate::explain`]) |
 //! | `POST /reload` | re-reads the configuration file and swaps the table in atomically (loopback listener only; 403 elsewhere) |
 //! | `POST /drain` | withdraws every route, forwards for `drain_grace`, then stops the gateway (loopback listener only) |
 //!
@@ -287,8 +288,9 @@ where
         Ok(Ok(Err(status))) => response(status, "text/plain", "bad request\n"),
         Ok(Ok(Ok(req))) => {
             let allowed = endpoint.allows(trusted, req.bearer.as_deref());
-            if req.method == "POST" {
-                // A reload waits for the control loop: off the task's thread.
+            if req.method == "POST" || req.path.starts_with("/explain") {
+                // A reload waits for the control loop, an explanation for the workers: off
+                // the task's thread.
                 tokio::task::spawn_blocking(move || {
                     let (status, ctype, body) = answer(&endpoint, &req.method, &req.path, allowed);
                     response(status, ctype, &body)
@@ -405,6 +407,9 @@ fn answer(
             }
         }
         ("GET", "/routes") => (200, "application/json", routes_json(shared)),
+        ("GET", p) if p == "/explain" || p.starts_with("/explain?") => {
+            crate::explain::http(shared, p.split_once('?').map_or("", |(_, q)| q))
+        }
         ("POST", "/reload") if !allowed => (
             403,
             "text/plain",
@@ -417,13 +422,13 @@ fn answer(
         ),
         ("POST", "/reload") => ask(endpoint, Request::Reload),
         ("POST", "/drain") => ask(endpoint, Request::Drain),
-        (_, "/healthz" | "/services" | "/metrics" | "/routes" | "/reload" | "/drain") => {
+        (_, "/healthz" | "/services" | "/metrics" | "/routes" | "/explain" | "/reload" | "/drain") => {
             (405, "text/plain", "method not allowed\n".into())
         }
         _ => (
             404,
             "text/plain",
-            "not found: try /healthz, /services, /routes, /metrics, POST /reload, POST /drain\n"
+            "not found: try /healthz, /services, /routes, /metrics, /explain, POST /reload, POST /drain\n"
                 .into(),
         ),
     }
@@ -1109,6 +1114,80 @@ mod tests {
         });
         let addr = start_with(opts, Arc::clone(&shared), reload_tx).unwrap();
         (addr, shared)
+    }
+
+    /// The endpoint over the built-in example (`web` TCP 80 and `echo` UDP 5353 on
+    /// 203.0.113.10, dsr-l2) with two worker slots: core 0 turns its desk as a worker's
+    /// loop does, core 1 never does.
+    #[test]
+    fn explain_asks_the_workers_and_names_one_that_does_not_answer() {
+        use crate::explain::{render, WAIT};
+        use serde_json::Value;
+        use std::sync::atomic::AtomicBool;
+        use strait_dataplane::flow::Timeouts;
+        use strait_dataplane::pipeline::Pipeline;
+        let cores: Vec<Arc<crate::cores::CoreStats>> = (0..2).map(|_| Arc::default()).collect();
+        let (d0, w0) = strait_dataplane::explain::desk();
+        let (_d1, w1) = strait_dataplane::explain::desk();
+        *cores[0].explain.lock().unwrap() = Some(w0);
+        *cores[1].explain.lock().unwrap() = Some(w1);
+        let (addr, shared) = endpoint(cores);
+        let table = shared.table.load_full();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (t, stop2) = (Arc::clone(&table), Arc::clone(&stop));
+        let worker = thread::spawn(move || {
+            let mut p = Pipeline::new(0, 2, 1024, Timeouts::default(), 0).with_explain(d0);
+            while !stop2.load(Ordering::Relaxed) {
+                if p.explain_pending() {
+                    p.explain_turn(&t, 1);
+                }
+                thread::sleep(Duration::from_micros(100));
+            }
+        });
+
+        let (s, body) = get(addr, "GET", "/explain?client=192.0.2.2&vip=203.0.113.10:80");
+        assert_eq!(s, 400, "{body}");
+        assert!(body.contains("`client`"), "{body}");
+        let (s, body) = get(
+            addr,
+            "GET",
+            "/explain?client=192.0.2.2:1&vip=203.0.113.10:81",
+        );
+        assert_eq!(s, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (&v["kind"], &v["vip_known"]),
+            (&json!("no_frontend"), &json!(true))
+        );
+        assert!(render(&v).contains("the VIP serves 80/tcp (web), 5353/udp (echo) only"));
+
+        // DSR: both cores asked; core 1 is silent for a second and named.
+        let started = std::time::Instant::now();
+        let (s, body) = get(
+            addr,
+            "GET",
+            "/explain?client=192.0.2.2:40000&vip=203.0.113.10:80",
+        );
+        assert_eq!(s, 200, "{body}");
+        assert!(started.elapsed() >= WAIT);
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["cores_asked"], json!([0, 1]));
+        assert_eq!(v["unanswered"][0]["core"], 1, "{v}");
+        assert!(v["why"]["by"] == "maglev", "{v}");
+        let text = render(&v);
+        assert!(text.contains("warning   worker 1"), "{text}");
+        assert!(text.contains("did not answer within 1s"), "{text}");
+
+        // Once every asked worker is silent, an error, not a story.
+        stop.store(true, Ordering::Relaxed);
+        worker.join().unwrap();
+        let (s, body) = get(
+            addr,
+            "GET",
+            "/explain?client=192.0.2.2:40000&vip=203.0.113.10:80",
+        );
+        assert_eq!(s, 503, "{body}");
+        assert!(body.starts_with("no worker answered: worker 0"), "{body}");
     }
 
     /// On a listener that is not loopback (in a namespace of the test's own), mutating

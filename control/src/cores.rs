@@ -43,6 +43,10 @@ pub struct CoreStats {
     /// relaxed store, never per packet): the systemd watchdog is fed only while every
     /// worker's moves ([`crate::supervise::Watchdog`]).
     pub heartbeat: std::sync::atomic::AtomicU64,
+    /// The admin API's window onto the worker's explain desk
+    /// ([`strait_dataplane::explain`]); `None` until the worker starts. Locked by the admin
+    /// API only (one query at a time per worker), never by the worker.
+    pub explain: Mutex<Option<strait_dataplane::explain::Window>>,
 }
 
 /// Writes where each worker's UMEM frames are (`strait_umem_frames{core, state}`), the UMEM's

@@ -18,6 +18,7 @@
 //!  main.rs (the `strait` binary) ─► run      the driver: event loop, effects carried out
 //!                                ─► status   `strait status`, a client of the admin API
 //!  admin ─ workers                           the admin API; starting the workers
+//!  explain                                   `GET /explain`: asks the workers' desks
 //!  shared                                    the admin API's view, composed of the drivers'
 //!  kube health neigh vip bgp l2 sync         the drivers: each does its I/O and owns the
 //!  supervise dpdk footprint heap daemon        view of its own state (status, stats)
@@ -48,6 +49,7 @@
 //! | [`cores`] | what each worker publishes of itself: counters, heartbeat, the UMEM family |
 //! | [`dpdk`] | the DPDK ports, when the gateway runs on DPDK |
 //! | [`admin`] | the admin and metrics HTTP API (`metrics`: how every family is written) |
+//! | [`explain`] | `GET /explain` and `strait explain`: where a flow goes and why, from the snapshot and the owning workers' flow tables |
 //! | [`shared`] | the admin API's view: the table, the configuration, and each driver's view of its state |
 //! | [`footprint`] | the memory a configuration takes, known before anything is allocated |
 //! | [`heap`] | giving freed heap back to the kernel (`malloc_trim`) |
@@ -71,6 +73,7 @@ pub mod core;
 pub mod cores;
 pub mod daemon;
 pub mod dpdk;
+pub mod explain;
 pub mod footprint;
 pub mod health;
 pub mod heap;

@@ -4,6 +4,7 @@
 //! strait run [--config FILE] [--kube ...]   run the gateway (default: the built-in example)
 //! strait status [--admin ADDR]              the running gateway's services, backends, health, routes
 //! strait drain [--admin ADDR]               withdraw every route, forward for the grace, stop
+//! strait explain CLIENT:PORT VIP:PORT       where that flow goes and why (--proto, --json)
 //! strait check [--config FILE]              validate a configuration (default: the built-in example)
 //! ```
 //!
@@ -15,7 +16,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use strait_control::{kube, manual, run, status};
+use strait_control::{explain, kube, manual, run, status};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -56,6 +57,27 @@ enum Command {
         /// How long to wait for the gateway to stop.
         #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
         wait: std::time::Duration,
+    },
+    /// Explain where a flow goes and why: the frontend it matches (or why none), the source
+    /// ranges' verdict, the flow entry of the core that owns it (or the backend a new
+    /// connection gets now, and why), and the rewrite. A nat reply's 5-tuple (backend to
+    /// client) is explained as the reply of its flow. Asks the running gateway.
+    Explain {
+        /// The client's address and port (IPv6 as `[2001:db8::2]:40000`); for a nat reply,
+        /// the backend's.
+        #[arg(value_name = "CLIENT_ADDR:PORT")]
+        client: String,
+        /// The VIP and port; for a nat reply, the client's address and port.
+        #[arg(value_name = "VIP:PORT")]
+        vip: String,
+        /// The transport protocol.
+        #[arg(long, default_value = "tcp", value_parser = ["tcp", "udp", "sctp"])]
+        proto: String,
+        /// Print the admin API's JSON instead of the block for a person.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
     },
     /// Validate a configuration: print every problem with its field path, or a summary.
     Check {
@@ -114,6 +136,15 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Status { admin } => status::run(&admin.admin()),
         Command::Drain { admin, wait } => status::drain(&admin.admin(), wait),
+        Command::Explain {
+            client,
+            vip,
+            proto,
+            json,
+            admin,
+        } => explain::check_socket("client", &client)
+            .and_then(|_| explain::check_socket("vip", &vip))
+            .and_then(|_| status::explain(&admin.admin(), &client, &vip, &proto, json)),
         Command::Run { config, kube } => run::run(
             config.map_or(run::Source::Builtin, run::Source::File),
             &kube,
