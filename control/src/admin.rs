@@ -147,6 +147,9 @@ pub fn start_with(
     registry.register_collector(Box::new(Metrics(Arc::clone(&shared))));
     registry.register_collector(Box::new(KubeMetrics(Arc::clone(&shared))));
     registry.register_collector(Box::new(RouteMetrics(Arc::clone(&shared))));
+    registry.register_collector(Box::new(crate::metrics::Heartbeats::new(Arc::clone(
+        &shared,
+    ))));
     let endpoint = Arc::new(Endpoint {
         shared,
         registry,
@@ -635,6 +638,19 @@ impl Collector for RouteMetrics {
                 "1 while this gateway owns the VIP on its segment (VRRP master).",
                 &owned,
             )?;
+            let changes: Vec<_> = routes
+                .keys()
+                .map(|v| {
+                    let n = l2.owner_changes.get(v).copied().unwrap_or(0);
+                    (vec![("vip", v.to_string())], n)
+                })
+                .collect();
+            counter(
+                &mut enc,
+                "vrrp_owner_changes",
+                "Times this gateway took or lost the VIP (VRRP master or not).",
+                &changes,
+            )?;
             gauge(
                 &mut enc,
                 "vrrp_running",
@@ -1020,6 +1036,7 @@ impl Collector for Metrics {
             "1 when the backend passes its health check (or has none).",
             &up,
         )?;
+        crate::metrics::serving_backends(&mut enc, &table)?;
         let gen = vec![(Vec::new(), table.generation as i64)];
         gauge(
             &mut enc,
@@ -1260,6 +1277,14 @@ mod tests {
         ));
         assert!(m.contains("strait_backend_up{service=\"web\",backend=\"198.51.100.11:80\"} 1"));
         assert!(m.contains("strait_snapshot_generation 1"));
+        assert!(
+            m.contains("strait_service_serving_backends{service=\"web\"} 4"),
+            "{m}"
+        );
+        assert!(
+            m.contains("strait_worker_heartbeat_age_seconds{core=\"veth-gw/0\"} 0"),
+            "{m}"
+        );
         assert!(m.contains("strait_backends_without_next_hop 0"), "{m}");
         assert!(
             m.contains(
@@ -1331,6 +1356,19 @@ mod tests {
         );
         assert!(
             m.contains("strait_vip_routes{state=\"no-serving-backend\"} 1"),
+            "{m}"
+        );
+        // VRRP: each published VIP's ownership changes, 0 for a VIP never taken.
+        let mut l2 = crate::l2::Status::default();
+        l2.owner_changes.insert("203.0.113.10".parse().unwrap(), 3);
+        *shared.l2.lock().unwrap() = Some(Arc::new(std::sync::Mutex::new(l2)));
+        let m = get(addr, "GET", "/metrics").1;
+        assert!(
+            m.contains("strait_vrrp_owner_changes_total{vip=\"203.0.113.10\"} 3"),
+            "{m}"
+        );
+        assert!(
+            m.contains("strait_vrrp_owner_changes_total{vip=\"203.0.113.11\"} 0"),
             "{m}"
         );
         assert_eq!(get(addr, "POST", "/drain"), (200, "draining\n".into()));
