@@ -217,7 +217,7 @@ fn the_dashboard_is_importable_and_every_panel_queries_prometheus() {
 
 /// The metric names an expression selects. Every family of the gateway starts with
 /// `strait_`, so the names are the words that start so outside label matchers (`{...}`)
-/// and strings; a label or function never does.
+/// and strings (a label or function never does), and Prometheus's own `up`.
 fn metric_names(expr: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     let b = expr.as_bytes();
@@ -247,7 +247,7 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
                     i += 1;
                 }
                 let w = &expr[start..i];
-                if braces == 0 && w.starts_with("strait_") {
+                if braces == 0 && (w.starts_with("strait_") || w == "up") {
                     names.insert(w.to_owned());
                 }
             }
@@ -299,6 +299,10 @@ fn the_checker_finds_metric_names_and_a_misspelt_one() {
         ["strait_flow_table_capacity", "strait_service_packets_total"]
             .map(str::to_owned)
             .into()
+    );
+    assert_eq!(
+        metric_names(r#"up{job="strait"} == 0 unless on (instance) group_left strait_draining"#),
+        ["strait_draining", "up"].map(str::to_owned).into()
     );
     let present: BTreeSet<String> = ["strait_rx_packets_total", "strait_tx_packets_total"]
         .map(str::to_owned)
