@@ -259,7 +259,7 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
 
 /// `expr` with the dashboard's variables given `values` (name without `$` to value);
 /// an error naming a variable left without one.
-fn substitute(expr: &str, values: &BTreeMap<&str, String>) -> Result<String, String> {
+fn substitute(expr: &str, values: &BTreeMap<String, String>) -> Result<String, String> {
     let mut out = expr.to_owned();
     // Longest names first, so `$__rate_interval` is not taken for a `$__rate`.
     let mut names: Vec<_> = values.keys().collect();
@@ -315,11 +315,9 @@ fn the_checker_finds_metric_names_and_a_misspelt_one() {
         ),
         ["strait_rx_packet_total"]
     );
-    let vars: BTreeMap<&str, String> = [
-        ("instance", "gw".to_owned()),
-        ("__rate_interval", "15s".to_owned()),
-    ]
-    .into();
+    let vars: BTreeMap<String, String> = [("instance", "gw"), ("__rate_interval", "15s")]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
     assert_eq!(
         substitute(r#"rate(x{instance=~"$instance"}[$__rate_interval])"#, &vars).unwrap(),
         r#"rate(x{instance=~"gw"}[15s])"#
@@ -514,7 +512,7 @@ fn traffic(bed: &Bed) {
 fn evaluate_dashboard(
     prom: &Prometheus,
     d: &Value,
-    vars: &BTreeMap<&str, String>,
+    vars: &BTreeMap<String, String>,
 ) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
     for (title, exprs) in panels(d) {
@@ -552,6 +550,45 @@ fn rules(prom: &Prometheus) -> BTreeMap<String, String> {
     out
 }
 
+/// Values for the dashboard's variables as Grafana would offer them: each variable's
+/// `label_values(EXPR, LABEL)` asked of Prometheus (as `group by (LABEL) (EXPR)`, the
+/// variables before it substituted), its first value taken; and the interval variables.
+fn variable_values(prom: &Prometheus, d: &Value) -> BTreeMap<String, String> {
+    let mut vars: BTreeMap<String, String> = [
+        ("__rate_interval".to_owned(), "15s".to_owned()),
+        ("__interval".to_owned(), "1s".to_owned()),
+    ]
+    .into();
+    for v in d["templating"]["list"].as_array().expect("templating.list") {
+        let name = v["name"].as_str().expect("a variable name").to_owned();
+        let def = v["definition"].as_str().expect("a variable query");
+        let inner = def
+            .strip_prefix("label_values(")
+            .and_then(|r| r.strip_suffix(')'))
+            .unwrap_or_else(|| panic!("variable {name}: not label_values(..): {def}"));
+        let (expr, label) = inner.rsplit_once(',').expect("label_values(EXPR, LABEL)");
+        let expr =
+            substitute(expr.trim(), &vars).unwrap_or_else(|e| panic!("variable {name}: {e}"));
+        let label = label.trim();
+        let q = format!("group by ({label}) ({expr})");
+        let mut values: Vec<String> = prom
+            .query(&q)
+            .unwrap_or_else(|e| panic!("variable {name}: `{q}`: {e}"))
+            .iter()
+            .filter_map(|r| r["metric"][label].as_str().map(str::to_owned))
+            .collect();
+        values.sort();
+        let first = values
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| panic!("variable {name}: `{q}` has no values"));
+        vars.insert(name, first);
+    }
+    vars
+}
+
+/// What the end-to-end test holds, dropped in this order: Prometheus, the fake API
+/// server, the testbed, then the serial lock.
 struct World {
     prom: Prometheus,
     fake: FakeApi,
@@ -577,13 +614,6 @@ fn prometheus_scrapes_a_gateway_under_traffic_and_every_panel_and_alert_has_data
     let (bed, prom) = (&w.bed, &w.prom);
     let d = dashboard();
     let alerts = alerts();
-    let vars: BTreeMap<&str, String> = [
-        ("instance", "127.0.0.1:9900".to_owned()),
-        ("service", "web".to_owned()),
-        ("__rate_interval", "15s".to_owned()),
-        ("__interval", "1s".to_owned()),
-    ]
-    .into();
 
     // 1. BGP, to a peer on the client segment that never answers: the session stays down.
     let bgp = config_with(
@@ -596,6 +626,8 @@ fn prometheus_scrapes_a_gateway_under_traffic_and_every_panel_and_alert_has_data
     scrapes(prom, 2);
     traffic(bed);
     scrapes(prom, 4);
+    let vars = variable_values(prom, &d);
+    assert_eq!(vars["instance"], "127.0.0.1:9900", "{vars:?}");
     let first = evaluate_dashboard(prom, &d, &vars);
     let states = rules(prom);
     assert_eq!(states.len(), alerts.len(), "{states:?}");
