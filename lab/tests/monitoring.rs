@@ -123,6 +123,28 @@ fn alerts() -> Vec<(String, String)> {
     out
 }
 
+#[test]
+fn every_alert_says_why_its_for_is_what_it_is() {
+    // alerts() refuses a rule without for:, severity, summary or description.
+    let names: Vec<_> = alerts().into_iter().map(|(n, _)| n).collect();
+    assert!(names.len() >= 10, "{names:?}");
+    let text = std::fs::read_to_string(kit("alerts.yml")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut fors = 0;
+    for (i, l) in lines.iter().enumerate() {
+        if l.trim_start().starts_with("for:") {
+            fors += 1;
+            assert!(
+                lines[i - 1].trim_start().starts_with('#'),
+                "alerts.yml line {}: `{}` without a comment giving its reason above it",
+                i + 1,
+                l.trim()
+            );
+        }
+    }
+    assert_eq!(fors, names.len());
+}
+
 /// The dashboard's JSON.
 fn dashboard() -> Value {
     let text = std::fs::read_to_string(kit("dashboard.json")).unwrap();
