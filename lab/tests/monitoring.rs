@@ -651,6 +651,18 @@ fn prometheus_scrapes_a_gateway_under_traffic_and_every_panel_and_alert_has_data
     let vars = variable_values(prom, &d);
     assert_eq!(vars["instance"], "127.0.0.1:9900", "{vars:?}");
     let first = evaluate_dashboard(prom, &d, &vars);
+    // The families the alerts read say what the live gateway is: workers turning, the
+    // cluster's view current, both backends of each service serving.
+    for healthy in [
+        "max(strait_worker_heartbeat_age_seconds) < 3",
+        "strait_kube_stale_seconds == 0",
+        "min(strait_service_serving_backends{service=~\"web|echo\"}) == 2",
+        "strait_backends_without_next_hop == 0",
+        "sum(strait_umem_misplaced_frames) == 0",
+    ] {
+        let r = prom.query(healthy).unwrap();
+        assert!(!r.is_empty(), "not so on the live gateway: {healthy}");
+    }
     let states = rules(prom);
     assert_eq!(states.len(), alerts.len(), "{states:?}");
     // The rules run over the real series: the dead session's alert is pending.
@@ -674,6 +686,14 @@ fn prometheus_scrapes_a_gateway_under_traffic_and_every_panel_and_alert_has_data
     scrapes(prom, 4);
     let second = evaluate_dashboard(prom, &d, &vars);
     rules(prom);
+    // Alone on its segment, the gateway took every VIP once.
+    let r = prom
+        .query("strait_vrrp_owner == 1 and strait_vrrp_owner_changes_total == 1")
+        .unwrap();
+    assert!(
+        !r.is_empty(),
+        "VRRP ownership not taken, or taken more than once"
+    );
 
     // Every panel had data in one of the runs.
     let empty: Vec<_> = first
