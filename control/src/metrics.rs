@@ -1,6 +1,6 @@
-//! Writing constant Prometheus families: the admin API's collectors (`admin`, `kube::stats`)
-//! read their numbers on each scrape and emit them through these, so every metric of the
-//! gateway is encoded one way.
+//! Writing constant Prometheus families: the admin API's collectors (`admin`, `kube::stats`,
+//! and [`Heartbeats`] here) read their numbers on each scrape and emit them through these,
+//! so every metric of the gateway is encoded one way.
 
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
