@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 
 bash scripts/deps.sh
 
+echo "== import circles (scripts/check-imports.py)"
+/usr/bin/python3 scripts/check-imports.py --self-test
+/usr/bin/python3 scripts/check-imports.py
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

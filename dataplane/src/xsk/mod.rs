@@ -73,10 +73,10 @@ pub mod worker;
 
 use std::io;
 
-pub use attach::{Aligned, XdpProgram};
+pub use attach::{Aligned, AttachMode, AttachPolicy, XdpProgram};
 pub use group::{Accounting, GroupConfig, QueueGroup, MAX_GROUP_PORTS};
 pub use handoff::{Handoff, HandoffConfig, HandoffError, HandoffRx, HandoffTx, HANDOFF_SLOTS};
-pub use prog::{AttachMode, AttachPolicy, MapSync, SteerCounters, SteerProgram, SteerStats};
+pub use prog::{MapSync, SteerCounters, SteerProgram, SteerStats};
 pub use ring::LayoutError as RingLayoutError;
 pub use socket::{interface_port, BindMode, BindPolicy, KernelStats, Port, PortConfig, RingSizes};
 pub use umem::{Held, FRAME_COUNT, FRAME_SIZE, MAX_PACKET, RX_OFFSET};
