@@ -2,7 +2,8 @@
 # The test command of the README: installs what the tests need, then runs formatting,
 # lints, every test (unit, property, golden fixtures decoded by tshark, truncation sweeps,
 # allocation count), the DPDK port driver's build and tests (`--features dpdk`, with Debian's
-# dpdk-dev) and a short fuzz run of the parser and the pipeline.
+# dpdk-dev), the pipeline's instructions per packet against their baseline, and a short fuzz
+# run of the parser and the pipeline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +31,9 @@ cargo test -p strait-lab --features dpdk --test dpdk
 # The line-rate bench's DPDK rows (limit-dpdk, strait-dpdk-*): unit tests and a short run.
 cargo test -p strait-lab --features dpdk --lib bench::line
 cargo test -p strait-lab --features dpdk --test line_rate dpdk
+# Instructions per packet (callgrind, release build) against docs/instructions.json.
+echo "== instructions per packet"
+bash scripts/check-instructions.sh
 if [ -f fuzz/smoke.sh ]; then
   echo "== fuzz smoke (${FUZZ_SECONDS:-20} s per target)"
   FUZZ_SECONDS="${FUZZ_SECONDS:-20}" bash fuzz/smoke.sh

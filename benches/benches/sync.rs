@@ -34,7 +34,9 @@ fn bench_sync(c: &mut Criterion) {
     for mode in [Mode::DsrL2, Mode::Nat] {
         for (name, traffic, flows) in cases {
             let capacity = match traffic {
-                Traffic::Established => (flows * entries_per_flow(mode) * 4).next_power_of_two(),
+                Traffic::Established | Traffic::Mix => {
+                    (flows * entries_per_flow(mode) * 4).next_power_of_two()
+                }
                 Traffic::Syn => 1 << 20,
             };
             for sync in [false, true] {
