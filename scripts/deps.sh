@@ -3,7 +3,7 @@
 # or with sudo): clang/llvm and libbpf/libelf for the XDP program and xsk-rs, libpcap,
 # iproute2, curl, tcpdump and arping for the testbed and VIP announcements, tshark and scapy
 # to decode what the gateway emits, openssl for the cluster walkthrough test's CA, BIRD 2
-# (bird2) for route announcement and the tests' router, keepalived for VRRP failover, and
+# (bird2) for route announcement and the tests' router, keepalived for VRRP failover,
 # DPDK's development files (dpdk-dev, pkg-config libdpdk) for the DPDK port driver,
 # valgrind for the pipeline's instruction counts (scripts/check-instructions.sh), and
 # Prometheus (prometheus, which brings promtool) to test the monitoring kit's alert rules
