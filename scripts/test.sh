@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# The test command of the README: installs what the tests need, then runs formatting,
-# lints, every test (unit, property, golden fixtures decoded by tshark, truncation sweeps,
-# allocation count), the DPDK port driver's build and tests (`--features dpdk`, with Debian's
-# dpdk-dev), the pipeline's instructions per packet against their baseline, and a short fuzz
-# run of the parser and the pipeline.
+# The test command of the README: installs what the tests need, then checks the docs' links
+# (scripts/check-docs.py), formatting, lints, every test (unit, property, golden fixtures
+# decoded by tshark, truncation sweeps, allocation count), the DPDK port driver's build and
+# tests (`--features dpdk`, with Debian's dpdk-dev), the pipeline's instructions per packet
+# against their baseline, and a short fuzz run of the parser and the pipeline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/deps.sh
 
+echo "== docs: every relative link and anchor of README.md and docs/*.md resolves"
+/usr/bin/python3 scripts/check-docs.py --self-test
+/usr/bin/python3 scripts/check-docs.py
+
 echo "== import circles (scripts/check-imports.py)"
 /usr/bin/python3 scripts/check-imports.py --self-test
 /usr/bin/python3 scripts/check-imports.py
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -8,8 +8,8 @@
 //! - `established_1k`: ACKs of established flows; with sync on each pays the state-change and
 //!   refresh check, and sends nothing.
 //!
-//! The ratio of the `on` and `off` rows is the cost of sync per new flow (README, "Flow
-//! sync").
+//! The ratio of the `on` and `off` rows is the cost of sync per new flow (docs/fleet.md,
+//! "Flow sync").
 
 use std::time::Duration;
 

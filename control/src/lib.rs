@@ -58,9 +58,10 @@
 //! The lab (testbed, generators, benches) is another crate, `strait-lab`, that depends on
 //! this one; nothing here knows it.
 
-// Denied, with two exceptions: `daemon::spawn`'s `pre_exec` (a parent-death signal for the
-// routing daemons), which std offers only as `unsafe`, and `heap`'s `malloc_trim`, which no
-// safe crate wraps.
+// Denied, with two exceptions (listed with the workspace's other unsafe islands in
+// docs/architecture.md, "Unsafe islands"): `daemon::spawn`'s `pre_exec` (a parent-death
+// signal for the routing daemons), which std offers only as `unsafe`, and `heap`'s
+// `malloc_trim`, which no safe crate wraps.
 #![deny(unsafe_code)]
 
 pub mod admin;

@@ -2274,7 +2274,7 @@ fn a_silent_leader_is_replaced_after_the_lease_duration() {
     drop(b);
 }
 
-// ---- Node updates that change nothing relevant (issue 12) ----------------------------
+// ---- Node updates that change nothing relevant ---------------------------------------
 
 /// Node `name` as a kubelet reports it at heartbeat `beat`: the four conditions with their
 /// heartbeat times, capacity, images, labels and annotations that change nothing Strait
@@ -2403,7 +2403,7 @@ fn a_heartbeat_only_node_update_costs_no_round_and_changes_no_table() {
     assert_eq!(got, full.services);
 }
 
-// ---- externalTrafficPolicy: Local by weight (issue 12) -------------------------------
+// ---- externalTrafficPolicy: Local by weight ------------------------------------------
 
 #[test]
 fn local_policy_weights_each_node_by_its_ready_endpoints() {
@@ -2503,7 +2503,7 @@ fn local_policy_weights_each_node_by_its_ready_endpoints() {
     assert_eq!(r.services[0].backends[0].weight, 2);
 }
 
-// ---- status writes beside the loop (issue 12) ----------------------------------------
+// ---- status writes beside the loop -----------------------------------------------
 
 /// The published list's VIP of Service `name`.
 fn vip_of(l: &[model::Service], name: &str) -> Option<IpAddr> {
@@ -2680,7 +2680,7 @@ fn the_cluster_role_grants_namespaces_and_pool_status_exactly() {
     );
 }
 
-/// Issue 12, point 11: what translation leaves out of a Service is an Event on it (so
+/// What translation leaves out of a Service is an Event on it (so
 /// `kubectl describe svc` says why), given once while it stands, counted in the metrics.
 #[test]
 fn what_translation_leaves_out_of_a_service_is_an_event_on_it_once() {

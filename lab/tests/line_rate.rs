@@ -88,7 +88,7 @@ fn every_system_comes_up_and_forwards() {
 }
 
 /// A tiny run: one scale, 1 s per point, every system and both traffic types; the JSON
-/// has the shape, every point delivered packets and has its CPU cost per packet
+/// has the report's shape, every point delivered packets and has its CPU cost per packet
 /// (positive and finite, with its parts; the ratios between systems are too noisy at 1 s to
 /// assert on) and the AF_XDP systems' XDP program's own run time per packet
 /// (`xdp_ns_per_packet`, the steering program's for Strait), the chart is a PNG, and

@@ -239,7 +239,7 @@ impl Gateway {
 
     /// With flow sync, waits (at most [`crate::sync::DUMP_WAIT`]) until every peer gateway
     /// has sent its flow table, so that no route brings this gateway a flow it has not
-    /// imported yet: a restart after a backend change moves no flow (issue 11).
+    /// imported yet: a restart after a backend change moves no flow.
     pub fn wait_for_peers(&self) {
         let Some(w) = &self.workers else { return };
         let t = Instant::now();

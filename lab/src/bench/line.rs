@@ -97,7 +97,7 @@ use crate::peers::{self, KernelGateway, PeerKind, SvcSpec};
 use crate::vdev::Vdev;
 use topo::{Proc, Topology};
 
-/// Services per scale of a full run: the issue's 10, 1,000 and 10,000.
+/// Services per scale of a full run: 10, 1,000 and 10,000.
 pub const FULL_SCALES: [usize; 3] = [10, 1000, 10_000];
 /// Scales of `--quick`: 10,000 would cost a minute of nftables load alone.
 pub const QUICK_SCALES: [usize; 2] = [10, 1000];
@@ -110,7 +110,7 @@ pub const QUICK_SECONDS: f64 = 3.0;
 /// `KUBE-SERVICES`), not with the endpoints of the one service matched; four keep the
 /// 10,000-service rulesets and Strait configuration (40,000 backends) quick to load.
 pub const ENDPOINTS_PER_SERVICE: usize = 4;
-/// Flows of established traffic: the issue's 10,000.
+/// Flows of established traffic: 10,000.
 pub const ESTABLISHED_FLOWS: usize = 10_000;
 /// Services the generator sends to: spread evenly over the list.
 pub const TARGETS: usize = 16;
@@ -324,7 +324,7 @@ pub struct Options {
     pub dpdk_vdev: Vdev,
 }
 
-/// One measured point: the issue's six fields first.
+/// One measured point: the six headline fields first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Point {
     /// The system.
@@ -374,8 +374,8 @@ pub struct Point {
     pub cpu_ratio_to_nftables: Option<f64>,
     /// An AF_XDP forwarder's own part of `cpu_ns_per_packet`: without its TX kicks, inside
     /// which copy-mode AF_XDP has the kernel copy every frame into an skb and transmit it
-    /// (work a zero-copy driver leaves to the NIC); the issue's "cycles around the pipeline
-    /// and the ring work". Null for the kernel peers, whose figure has no such part.
+    /// (work a zero-copy driver leaves to the NIC): the cycles around the pipeline and
+    /// the ring work. Null for the kernel peers, whose figure has no such part.
     #[serde(default)]
     pub own_cpu_ns_per_packet: Option<f64>,
     /// `own_cpu_ns_per_packet` over `iptables`' `cpu_ns_per_packet` at the same point.
@@ -453,7 +453,7 @@ pub struct RuleLoad {
     pub seconds: f64,
 }
 
-/// The JSON report: the issue's `machine`, `date` and `results`, and how they were made.
+/// The JSON report: `machine`, `date` and `results`, and how they were made.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     /// CPU model, CPU count, kernel and distribution.
