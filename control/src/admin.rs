@@ -149,6 +149,9 @@ pub fn start_with(
     registry.register_collector(Box::new(Metrics(Arc::clone(&shared))));
     registry.register_collector(Box::new(KubeMetrics(Arc::clone(&shared))));
     registry.register_collector(Box::new(RouteMetrics(Arc::clone(&shared))));
+    registry.register_collector(Box::new(crate::cores::Heartbeats::new(
+        shared.cores.clone(),
+    )));
     let endpoint = Arc::new(Endpoint {
         shared,
         registry,
@@ -641,6 +644,19 @@ impl Collector for RouteMetrics {
                 "1 while this gateway owns the VIP on its segment (VRRP master).",
                 &owned,
             )?;
+            let changes: Vec<_> = routes
+                .keys()
+                .map(|v| {
+                    let n = l2.owner_changes.get(v).copied().unwrap_or(0);
+                    (vec![("vip", v.to_string())], n)
+                })
+                .collect();
+            counter(
+                &mut enc,
+                "vrrp_owner_changes",
+                "Times this gateway took or lost the VIP (VRRP master or not).",
+                &changes,
+            )?;
             gauge(
                 &mut enc,
                 "vrrp_running",
@@ -1026,6 +1042,24 @@ impl Collector for Metrics {
             "1 when the backend passes its health check (or has none).",
             &up,
         )?;
+        // The members of each service's Maglev table: 0 means new connections to the
+        // service have nowhere to go.
+        let serving: Vec<_> = table
+            .services
+            .iter()
+            .map(|s| {
+                (
+                    vec![("service", s.name.clone())],
+                    crate::metrics::gauge_of(s.members.len() as u64),
+                )
+            })
+            .collect();
+        gauge(
+            &mut enc,
+            "service_serving_backends",
+            "Backends of the service that take new flows (healthy, weight above 0, not draining).",
+            &serving,
+        )?;
         let gen = vec![(Vec::new(), table.generation as i64)];
         gauge(
             &mut enc,
@@ -1340,6 +1374,14 @@ mod tests {
         ));
         assert!(m.contains("strait_backend_up{service=\"web\",backend=\"198.51.100.11:80\"} 1"));
         assert!(m.contains("strait_snapshot_generation 1"));
+        assert!(
+            m.contains("strait_service_serving_backends{service=\"web\"} 4"),
+            "{m}"
+        );
+        assert!(
+            m.contains("strait_worker_heartbeat_age_seconds{core=\"veth-gw/0\"} 0"),
+            "{m}"
+        );
         assert!(m.contains("strait_backends_without_next_hop 0"), "{m}");
         assert!(
             m.contains(
@@ -1411,6 +1453,19 @@ mod tests {
         );
         assert!(
             m.contains("strait_vip_routes{state=\"no-serving-backend\"} 1"),
+            "{m}"
+        );
+        // VRRP: each published VIP's ownership changes, 0 for a VIP never taken.
+        let mut l2 = crate::l2::Status::default();
+        l2.owner_changes.insert("203.0.113.10".parse().unwrap(), 3);
+        *shared.l2.lock().unwrap() = Some(Arc::new(std::sync::Mutex::new(l2)));
+        let m = get(addr, "GET", "/metrics").1;
+        assert!(
+            m.contains("strait_vrrp_owner_changes_total{vip=\"203.0.113.10\"} 3"),
+            "{m}"
+        );
+        assert!(
+            m.contains("strait_vrrp_owner_changes_total{vip=\"203.0.113.11\"} 0"),
             "{m}"
         );
         assert_eq!(get(addr, "POST", "/drain"), (200, "draining\n".into()));
