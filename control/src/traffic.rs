@@ -18,12 +18,12 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use serde::Serialize;
 use strait_dataplane::flow::Held;
-use strait_dataplane::pipeline::Pipeline;
 use strait_dataplane::table::ServiceTable;
 use strait_dataplane::traffic::{current, Tally};
 
 use crate::metrics::{counter, gauge, gauge_of, Rows};
-use crate::shared::{CoreSample, Shared};
+use crate::cores::CoreSample;
+use crate::shared::Shared;
 
 /// Packets and bytes in both directions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -97,27 +97,6 @@ pub struct Report {
     pub services: Vec<ServiceTraffic>,
     /// Every worker's flow table.
     pub cores: Vec<CoreFlows>,
-}
-
-/// Copies what the worker counted into its sample, for the ids the live table `t` uses: its
-/// new flows, service and backend slots and its flow table's entries per backend. Runs on the worker's
-/// thread between batches; after the first copies the sample's vectors have their size and
-/// nothing allocates unless the table grows.
-pub fn publish(s: &mut CoreSample, p: &Pipeline, t: &ServiceTable) {
-    let backends = t.backends.len();
-    s.new_flows.clear();
-    s.new_flows
-        .extend_from_slice(&p.new_flows[..backends.min(p.new_flows.len())]);
-    p.traffic.export(
-        t.service_ids as usize,
-        backends,
-        &mut s.services,
-        &mut s.backends,
-    );
-    let per_backend = p.flows.entries_by_backend();
-    s.backend_flows.clear();
-    s.backend_flows
-        .extend_from_slice(&per_backend[..backends.min(per_backend.len())]);
 }
 
 /// Sums the workers' samples for table `t`'s services and backends. A slot counts only when
@@ -263,7 +242,8 @@ fn directions(c: &Counts) -> [(&'static str, u64, u64); 2] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shared::CoreStats;
+    use crate::cores::{publish_traffic as publish, CoreStats};
+    use strait_dataplane::pipeline::Pipeline;
     use prometheus_client::registry::Registry;
     use strait_config::model::{Config, MacAddr};
     use strait_dataplane::flow::Timeouts;

@@ -44,7 +44,8 @@ use strait_dataplane::xsk::{
 };
 use tracing::{info, warn};
 
-use crate::shared::{CoreStats, Shared};
+use crate::cores::CoreStats;
+use crate::shared::Shared;
 use crate::sync::{SyncStats, SyncThread};
 use strait_dataplane::sync::SYNC_SLOTS;
 
@@ -256,6 +257,9 @@ fn spawn_all(
             Some(ends) => pipe.with_sync(ends),
             None => pipe,
         };
+        let (desk, window) = strait_dataplane::explain::desk();
+        let pipe = pipe.with_explain(desk);
+        *slot.explain.lock().unwrap_or_else(PoisonError::into_inner) = Some(window);
         parts.push(Parts {
             handoff,
             pipe,
@@ -460,7 +464,7 @@ where
             s.flow_capacity = capacity;
             s.worker = *w;
             s.sync = p.sync.as_ref().map(|y| y.counters).unwrap_or_default();
-            crate::traffic::publish(&mut s, p, &shared.table.load());
+            crate::cores::publish_traffic(&mut s, p, &shared.table.load());
         }
     };
     let clock = Beating {

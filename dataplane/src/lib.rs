@@ -15,7 +15,16 @@
 //! Everything here is sans-IO: functions of a snapshot, a per-core flow table, the time
 //! (passed in) and a frame. The AF_XDP driver, the in-memory test driver and the benches all
 //! call [`pipeline::Pipeline::process`].
+//!
+//! The modules import one way (`scripts/check-imports.py` holds it; the graph is in
+//! docs/architecture-modules.md): `xsk` → `pipeline` → `explain` → `sync`, `rewrite`,
+//! `traffic` → `spsc`, `table`, `wire` → `maglev`, `flow` → `key`, `hint`, `stats` → `hash`. Flow sync
+//! and the explain desk meet the pipeline through [`sync::WorkerSync`] and
+//! [`explain::Desk`], which know nothing of the pipeline.
 
+pub mod explain;
+#[cfg(test)]
+mod explain_tests;
 pub mod flow;
 pub mod hash;
 pub mod hint;
@@ -23,10 +32,15 @@ pub mod key;
 pub mod maglev;
 pub mod pipeline;
 pub mod rewrite;
+pub mod spsc;
 pub mod stats;
 pub mod sync;
+#[cfg(test)]
+mod sync_tests;
 pub mod table;
 pub mod traffic;
+#[cfg(test)]
+mod traffic_tests;
 pub mod wire;
 #[cfg(feature = "xsk")]
 pub mod xsk;

@@ -480,6 +480,15 @@ fn l_frames_for_another_host_or_vlan_reach_no_backend_through_the_gateway() {
     assert!(xdp("frontend") > frontend0);
 }
 
+#[test]
+fn m_explain_names_the_backend_every_dsr_l2_flow_reached() {
+    e2e::explain_names_the_backends(Driver::AfXdp, false);
+}
+
+#[test]
+fn n_explain_names_the_backend_every_nat_flow_reached_and_explains_its_replies() {
+    e2e::explain_names_the_backends(Driver::AfXdp, true);
+
 /// The `[packets, bytes]` of each `counter` of nftables table `inet strait_traffic` in
 /// namespace `ns`, in rule order.
 fn nft_counters(s: &Scenario, role: &str) -> Vec<[u64; 2]> {
@@ -503,8 +512,8 @@ fn nft_counters(s: &Scenario, role: &str) -> Vec<[u64; 2]> {
 }
 
 #[test]
-fn m_traffic_per_service_and_backend_is_what_the_backends_saw_and_health_names_its_cause() {
-    let Some(s) = scenario("m", &["--topology", "two-arm", "--backends", "2"]) else {
+fn o_traffic_per_service_and_backend_is_what_the_backends_saw_and_health_names_its_cause() {
+    let Some(s) = scenario("o", &["--topology", "two-arm", "--backends", "2"]) else {
         return;
     };
     // What each backend receives from the client and sends to it, counted by its own kernel

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use hashbrown::HashMap;
 use strait_config::model::{MacAddr, Mode};
 
-use crate::flow::Timeouts;
-use crate::key::{addr_bytes, bytes_addr, BackendId, ServiceId};
+use crate::flow::{FlowValue, Timeouts};
+use crate::key::{addr_bytes, bytes_addr, BackendId, FlowKey, ServiceId};
 use crate::maglev;
 
 mod builder;
@@ -89,6 +89,20 @@ impl Prefix {
     #[inline(always)]
     pub fn contains(&self, a: &[u8; 16]) -> bool {
         u128::from_be_bytes(*a) & self.mask == self.addr
+    }
+}
+
+/// `address/length` in the address family's own terms (`198.51.100.0/24`, `2001:db8::/32`).
+impl core::fmt::Display for Prefix {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let addr = bytes_addr(self.addr.to_be_bytes());
+        let len = self.mask.leading_ones();
+        let len = if addr.is_ipv4() {
+            len.saturating_sub(96)
+        } else {
+            len
+        };
+        write!(f, "{addr}/{len}")
     }
 }
 
@@ -403,4 +417,28 @@ impl ServiceTable {
     pub fn has_vip(&self, vip: &[u8; 16]) -> bool {
         self.services.iter().any(|s| &s.frontend.vip == vip)
     }
+}
+
+// The two below follow flow entries to backends in a snapshot: the pipeline does so for
+// every packet and flow sync for every record it imports or dumps. They live here, below
+// both, so that `sync` needs nothing of `pipeline`.
+
+/// The reply tuple of a nat flow to backend `b`: backend:port to client:port.
+#[inline(always)]
+pub(crate) fn reply_key(k: &FlowKey, b: &Backend) -> FlowKey {
+    FlowKey {
+        src: b.addr,
+        dst: k.src,
+        src_port: b.port,
+        dst_port: k.src_port,
+        proto: k.proto,
+    }
+}
+
+/// The backend a flow entry names, if the snapshot still has it: same id and incarnation (an
+/// id reused for another backend has another incarnation).
+#[inline(always)]
+pub(crate) fn current<'t>(t: &'t ServiceTable, v: &FlowValue) -> Option<&'t Backend> {
+    t.backend(v.backend)
+        .filter(|b| b.incarnation == v.incarnation)
 }
