@@ -21,8 +21,8 @@ use strait_dataplane::flow::Held;
 use strait_dataplane::table::ServiceTable;
 use strait_dataplane::traffic::{current, Tally};
 
-use crate::metrics::{counter, gauge, gauge_of, Rows};
 use crate::cores::CoreSample;
+use crate::metrics::{counter, gauge, gauge_of, Rows};
 use crate::shared::Shared;
 
 /// Packets and bytes in both directions.
@@ -243,10 +243,10 @@ fn directions(c: &Counts) -> [(&'static str, u64, u64); 2] {
 mod tests {
     use super::*;
     use crate::cores::{publish_traffic as publish, CoreStats};
-    use strait_dataplane::pipeline::Pipeline;
     use prometheus_client::registry::Registry;
     use strait_config::model::{Config, MacAddr};
     use strait_dataplane::flow::Timeouts;
+    use strait_dataplane::pipeline::Pipeline;
     use strait_dataplane::pipeline::Verdict;
     use strait_dataplane::rewrite::{Frame, HEADROOM};
     use strait_dataplane::table::{Builder, Port};

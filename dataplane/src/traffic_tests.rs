@@ -2,12 +2,12 @@
 //! what was sent; and the counts' identity across table rebuilds. Apart from `traffic`,
 //! which knows nothing of the pipeline that drives it.
 
-use crate::table::Service;
-use crate::traffic::Tally;
 use crate::flow::Timeouts;
 use crate::pipeline::tests::{backend_by_mac, build, config, run, CLIENT_MAC, GW_MAC, SEC};
 use crate::pipeline::{Pipeline, Verdict};
+use crate::table::Service;
 use crate::table::{Builder, ServiceTable};
+use crate::traffic::Tally;
 use std::collections::HashMap;
 
 /// An Ethernet/IPv4/TCP frame with `payload` bytes of data; its IP length is 40 + that.

@@ -488,6 +488,7 @@ fn m_explain_names_the_backend_every_dsr_l2_flow_reached() {
 #[test]
 fn n_explain_names_the_backend_every_nat_flow_reached_and_explains_its_replies() {
     e2e::explain_names_the_backends(Driver::AfXdp, true);
+}
 
 /// The `[packets, bytes]` of each `counter` of nftables table `inet strait_traffic` in
 /// namespace `ns`, in rule order.
