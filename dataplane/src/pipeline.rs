@@ -314,7 +314,6 @@ impl Pipeline {
                 *v = self.finish(t, now, ingress, f, st.parsed(), st.hash, st.svc);
             }
             self.staged = staged;
-            self.traffic.flush();
         }
     }
 
@@ -332,9 +331,7 @@ impl Pipeline {
         let parsed = admit_and_parse(frame.data(), t.ports.get(ingress as usize), &mut p)
             .map(|ip| ip.then_some(&p));
         let h = flow_hash(parsed);
-        let v = self.finish(t, now, ingress, frame, parsed, h, None);
-        self.traffic.flush();
-        v
+        self.finish(t, now, ingress, frame, parsed, h, None)
     }
 
     /// Decides on a parsed frame and counts the outcome. `svc` is the frame's frontend lookup

@@ -31,23 +31,17 @@
 //! Ids at or above [`SLOTS`] are not counted (the configuration would need more than 65,536
 //! services or backends at once); their packets still count in the per-core counters.
 //!
-//! # Counted a batch at a time
+//! # Cost
 //!
-//! With a flow table larger than the caches, a packet's own lines stream through them, and
-//! the counting slots of a service and a backend (touched every few thousand packets) are
-//! mostly evicted in between: updated where the packet is decided, each would be a cache
-//! miss on the packet's critical path (measured: about 10 % on an established packet). So a
-//! packet only notes what to count in a small array that stays in L1 ([`PENDING`] notes),
-//! and [`Traffic::flush`], at the end of the pipeline's batch, first prefetches every noted
-//! slot and then adds: the batch's misses overlap instead of following one another, as the
-//! flow-table lookups' do. The counts are complete after each batch (the readers, which see
-//! the pipeline between batches, never see a note). The slots are also kept dense (16 bytes
-//! per id and direction, incarnations apart), so that a configuration's busy ids share few
-//! lines and more of them stay cached.
+//! Two slot updates per packet (the service's and the backend's, each with its incarnation
+//! check), in the worker's own memory. Slots are dense (both directions of an id in 32 bytes,
+//! incarnations apart) and fixed-size, so an id checked once against [`SLOTS`] indexes them
+//! without further bounds checks. The instructions and time this adds per packet are in
+//! docs/performance-counters.md.
 
 use crate::table::{Backend, Service};
 
-/// Slots per array: ids below this have their own slot. The six arrays take 4.5 MiB per
+/// Slots per array: ids below this have their own slot. The four arrays take 4.5 MiB per
 /// core, written once at start so that counting never page-faults.
 pub const SLOTS: usize = 1 << 16;
 
@@ -92,40 +86,28 @@ struct Pair {
     bytes: u64,
 }
 
-/// Counts by id, kept dense: the incarnations apart (sixteen to a line) and each direction
-/// apart (the in direction, which every packet touches, four ids to a line), so that the
-/// slots of a configuration's busy ids stay in the caches while flow-table lines stream
-/// through them.
+/// Counts by id, kept dense: the incarnations apart (sixteen to a line) and both directions
+/// of an id together (two ids to a line), so that the slots of a configuration's busy ids
+/// stay in the caches while flow-table lines stream through them. Fixed-size arrays, so that
+/// an id checked against [`SLOTS`] once indexes them without further bounds checks.
 #[derive(Clone)]
 struct Slots {
-    incarnation: Box<[u32]>,
-    inward: Box<[Pair]>,
-    outward: Box<[Pair]>,
+    incarnation: Box<[u32; SLOTS]>,
+    /// `[in, out]` per id.
+    pairs: Box<[[Pair; 2]; SLOTS]>,
 }
 
 impl Slots {
     fn new() -> Self {
         Self {
-            incarnation: vec![0; SLOTS].into_boxed_slice(),
-            inward: vec![Pair::default(); SLOTS].into_boxed_slice(),
-            outward: vec![Pair::default(); SLOTS].into_boxed_slice(),
-        }
-    }
-
-    /// Loads the lines a count of `id` will touch.
-    #[inline(always)]
-    fn prefetch(&self, id: u32, out: bool) {
-        let i = id as usize;
-        if let (Some(inc), Some(p)) = (
-            self.incarnation.get(i),
-            if out {
-                self.outward.get(i)
-            } else {
-                self.inward.get(i)
-            },
-        ) {
-            crate::hint::prefetch(inc);
-            crate::hint::prefetch(p);
+            incarnation: vec![0; SLOTS]
+                .into_boxed_slice()
+                .try_into()
+                .expect("SLOTS incarnations"),
+            pairs: vec![[Pair::default(); 2]; SLOTS]
+                .into_boxed_slice()
+                .try_into()
+                .expect("SLOTS pairs"),
         }
     }
 
@@ -134,38 +116,30 @@ impl Slots {
     #[inline(always)]
     fn count(&mut self, id: u32, incarnation: u32, bytes: u32, out: bool) {
         let i = id as usize;
-        let Some(inc) = self.incarnation.get_mut(i) else {
+        if i >= SLOTS {
             return;
-        };
-        if *inc != incarnation {
-            *inc = incarnation;
-            self.inward[i] = Pair::default();
-            self.outward[i] = Pair::default();
         }
-        let p = if out {
-            &mut self.outward[i]
-        } else {
-            &mut self.inward[i]
-        };
+        if self.incarnation[i] != incarnation {
+            self.incarnation[i] = incarnation;
+            self.pairs[i] = [Pair::default(); 2];
+        }
+        let p = &mut self.pairs[i][out as usize];
         p.packets += 1;
         p.bytes += u64::from(bytes);
     }
 
     /// The counts of `id`, whatever their incarnation; zero past the slots.
     fn tally(&self, id: usize) -> Tally {
-        match (
-            self.incarnation.get(id),
-            self.inward.get(id),
-            self.outward.get(id),
-        ) {
-            (Some(&incarnation), Some(i), Some(o)) => Tally {
-                incarnation,
-                in_packets: i.packets,
-                in_bytes: i.bytes,
-                out_packets: o.packets,
-                out_bytes: o.bytes,
-            },
-            _ => Tally::ZERO,
+        if id >= SLOTS {
+            return Tally::ZERO;
+        }
+        let [i, o] = self.pairs[id];
+        Tally {
+            incarnation: self.incarnation[id],
+            in_packets: i.packets,
+            in_bytes: i.bytes,
+            out_packets: o.packets,
+            out_bytes: o.bytes,
         }
     }
 
@@ -176,29 +150,11 @@ impl Slots {
     }
 }
 
-/// Notes kept before a [`Traffic::flush`]: the pipeline's batch (every frame counts at most
-/// once); more notes flush early.
-pub const PENDING: usize = 32;
-
-/// A packet to count: its service's and backend's slots and incarnations, its size and
-/// direction.
-#[derive(Clone, Copy, Debug, Default)]
-struct Note {
-    service: u32,
-    service_incarnation: u32,
-    backend: u32,
-    backend_incarnation: u32,
-    bytes: u32,
-    out: bool,
-}
-
 /// One core's traffic counts, by service id and by backend id.
 #[derive(Clone)]
 pub struct Traffic {
     services: Slots,
     backends: Slots,
-    notes: [Note; PENDING],
-    noted: usize,
 }
 
 impl core::fmt::Debug for Traffic {
@@ -221,8 +177,6 @@ impl Traffic {
         Self {
             services: Slots::new(),
             backends: Slots::new(),
-            notes: [Note::default(); PENDING],
-            noted: 0,
         }
     }
 
@@ -231,52 +185,24 @@ impl Traffic {
         (2 * SLOTS * (4 + 2 * core::mem::size_of::<Pair>())) as u64
     }
 
-    /// Notes a packet of `bytes` sent to backend `b` of service `s`, counted at the next
-    /// [`Traffic::flush`].
+    /// Counts a packet of `bytes` sent to backend `b` of service `s`.
     #[inline(always)]
     pub fn to_backend(&mut self, s: &Service, b: &Backend, bytes: usize) {
-        self.note(s, b, bytes, false);
+        self.count(s, b, bytes, false);
     }
 
-    /// Notes a reply of `bytes` from backend `b` of service `s`, counted at the next
-    /// [`Traffic::flush`].
+    /// Counts a reply of `bytes` from backend `b` of service `s`.
     #[inline(always)]
     pub fn from_backend(&mut self, s: &Service, b: &Backend, bytes: usize) {
-        self.note(s, b, bytes, true);
+        self.count(s, b, bytes, true);
     }
 
     #[inline(always)]
-    fn note(&mut self, s: &Service, b: &Backend, bytes: usize, out: bool) {
-        if self.noted == PENDING {
-            self.flush();
-        }
-        self.notes[self.noted] = Note {
-            service: s.id.0,
-            service_incarnation: s.incarnation,
-            backend: b.id.0,
-            backend_incarnation: b.incarnation,
-            bytes: bytes as u32,
-            out,
-        };
-        self.noted += 1;
-    }
-
-    /// Adds the noted packets to their slots: prefetches every slot first, then adds, so
-    /// that the slots' cache misses overlap.
-    #[inline]
-    pub fn flush(&mut self) {
-        let notes = &self.notes[..self.noted];
-        for n in notes {
-            self.services.prefetch(n.service, n.out);
-            self.backends.prefetch(n.backend, n.out);
-        }
-        for n in notes {
-            self.services
-                .count(n.service, n.service_incarnation, n.bytes, n.out);
-            self.backends
-                .count(n.backend, n.backend_incarnation, n.bytes, n.out);
-        }
-        self.noted = 0;
+    fn count(&mut self, s: &Service, b: &Backend, bytes: usize, out: bool) {
+        self.services
+            .count(s.id.0, s.incarnation, bytes as u32, out);
+        self.backends
+            .count(b.id.0, b.incarnation, bytes as u32, out);
     }
 
     /// Service `s`'s counts on this core (zero when its slot counts for another holder).
