@@ -16,6 +16,7 @@
 //! (passed in) and a frame. The AF_XDP driver, the in-memory test driver and the benches all
 //! call [`pipeline::Pipeline::process`].
 
+pub mod capture;
 pub mod flow;
 pub mod hash;
 pub mod hint;

@@ -29,6 +29,7 @@
 //! are dropped (`sctp_fragment`: the CRC covers the whole packet and the gateway does not
 //! reassemble).
 
+use crate::capture::{Look, Tap};
 use crate::flow::{FlowState, FlowTable, FlowValue, InsertError, Timeouts};
 use crate::hash::{hash_words, mix64, SEED_FLOW, SEED_MAGLEV};
 use crate::key::{is_v4, proto, FlowKey};
@@ -175,6 +176,8 @@ pub struct Pipeline {
     /// This core's ends of flow sync with the peer gateways ([`crate::sync`]); `None` when
     /// sync is off.
     pub sync: Option<WorkerSync>,
+    /// This core's end of the capture hub ([`crate::capture`]); `None` without one.
+    capture: Option<Tap>,
 }
 
 /// Backend ids with a new-flow counter of their own; larger ids share slots. Allocated once
@@ -224,6 +227,7 @@ impl Pipeline {
             .into_boxed_slice(),
             reply_hashes: [0; BATCH],
             sync: None,
+            capture: None,
         }
     }
 
@@ -317,11 +321,60 @@ impl Pipeline {
             // Taken out of `self` for the pass (an empty boxed slice does not allocate), so
             // that each frame's result is read where it lies.
             let staged = core::mem::take(&mut self.staged);
-            for ((f, v), st) in frames.iter_mut().zip(verdicts.iter_mut()).zip(&staged[..]) {
-                *v = self.finish(t, now, ingress, f, st.parsed(), st.hash, st.svc);
+            // The one test a batch pays for capture while none runs: a load and a branch
+            // that always goes the same way.
+            match self.capture.take_if(|c| c.armed()) {
+                None => {
+                    for ((f, v), st) in frames.iter_mut().zip(verdicts.iter_mut()).zip(&staged[..])
+                    {
+                        *v = self.finish(t, now, ingress, f, st.parsed(), st.hash, st.svc);
+                    }
+                }
+                Some(mut tap) => {
+                    self.decide_captured(&mut tap, t, now, ingress, frames, verdicts, &staged);
+                    self.capture = Some(tap);
+                }
             }
             self.staged = staged;
         }
+    }
+
+    /// The decision pass of a batch while a capture is armed: as the plain pass, with each
+    /// frame shown to the capture before its rewrite ([`Tap::before`]) and after its
+    /// decision ([`Tap::after`]). Out of line, so that the plain pass stays as it is.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn decide_captured(
+        &mut self,
+        tap: &mut Tap,
+        t: &ServiceTable,
+        now: u64,
+        ingress: u8,
+        frames: &mut [Frame<'_>],
+        verdicts: &mut [Verdict],
+        staged: &[Staged],
+    ) {
+        let on = tap.begin(now);
+        for ((f, v), st) in frames.iter_mut().zip(verdicts.iter_mut()).zip(staged) {
+            let parsed = st.parsed();
+            let look = if on {
+                tap.before(now, ingress, f.data(), parsed)
+            } else {
+                Look::No
+            };
+            *v = self.finish(t, now, ingress, f, parsed, st.hash, st.svc);
+            if on {
+                tap.after(look, t, now, ingress, f.data(), parsed, st.svc, *v);
+            }
+        }
+    }
+
+    /// Gives the pipeline its worker's end of the capture hub: [`Pipeline::process_batch`]
+    /// then shows frames to a capture while one is armed.
+    pub fn with_capture(mut self, tap: Tap) -> Self {
+        self.capture = Some(tap);
+        self
     }
 
     /// Runs one frame through the pipeline, rewriting it in place, and counts its outcome.

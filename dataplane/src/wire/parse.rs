@@ -149,6 +149,25 @@ pub fn parse(frame: &[u8]) -> Result<Option<Parsed>, DropReason> {
     Ok(parse_into(frame, &mut p)?.then_some(p))
 }
 
+/// The source and destination addresses (key form) an IP frame's header claims, whether or
+/// not the frame parses (a bad header checksum, a truncated transport header): for telling
+/// whose a dropped frame was. `None` when there is no readable IP header.
+pub fn claimed_addresses(frame: &[u8]) -> Option<([u8; 16], [u8; 16])> {
+    let eth = ethernet::Packet::new_checked(frame).ok()?;
+    let l3 = frame.get(eth.header_len()..)?;
+    match eth.payload_ethertype() {
+        ethernet::ETHERTYPE_IPV4 => {
+            let ip = ipv4::Packet::new_checked(l3).ok()?;
+            Some((v4_mapped(ip.src()), v4_mapped(ip.dst())))
+        }
+        ethernet::ETHERTYPE_IPV6 => {
+            let ip = ipv6::Packet::new_checked(l3).ok()?;
+            Some((ip.src(), ip.dst()))
+        }
+        _ => None,
+    }
+}
+
 /// [`parse`] into a caller's [`Parsed`], which is overwritten: `Ok(true)` for an IP packet,
 /// whose summary `p` then holds, `Ok(false)` for anything not IP (`p` is then meaningless).
 ///
