@@ -8,6 +8,7 @@
 //! | `GET /routes` | every VIP's route (announced, or why not), whether the gateway drains, the BGP sessions, as JSON |
 //! | `POST /reload` | re-reads the configuration file and swaps the table in atomically (loopback listener only; 403 elsewhere) |
 //! | `POST /drain` | withdraws every route, forwards for `drain_grace`, then stops the gateway (loopback listener only) |
+//! | `POST /capture?FILTER` | arms a capture in the workers and streams it as pcapng until its `count` or `duration`, or the client leaves (taken as `POST /reload` is; see [`crate::capture`]) |
 //!
 //! A small HTTP/1.1 server on a thread of its own, with a current-thread tokio runtime: each
 //! connection is a task, so a thousand idle or slow clients cost a thousand small buffers and
@@ -147,6 +148,7 @@ pub fn start_with(
     registry.register_collector(Box::new(Metrics(Arc::clone(&shared))));
     registry.register_collector(Box::new(KubeMetrics(Arc::clone(&shared))));
     registry.register_collector(Box::new(RouteMetrics(Arc::clone(&shared))));
+    registry.register_collector(Box::new(crate::capture::Metrics(Arc::clone(&shared))));
     let endpoint = Arc::new(Endpoint {
         shared,
         registry,
@@ -284,6 +286,13 @@ where
         Err(_) => response(408, "text/plain", "request timeout\n"),
         Ok(Err(e)) => return Err(e),
         Ok(Ok(Err(status))) => response(status, "text/plain", "bad request\n"),
+        Ok(Ok(Ok(req))) if crate::capture::wants(&req.path) => {
+            // A capture streams until it ends: the connection is the capture's.
+            let allowed = endpoint.allows(trusted, req.bearer.as_deref());
+            let shared = Arc::clone(&endpoint.shared);
+            return crate::capture::serve(conn, shared, &req.method, &req.path, allowed, DEADLINE)
+                .await;
+        }
         Ok(Ok(Ok(req))) => {
             let allowed = endpoint.allows(trusted, req.bearer.as_deref());
             if req.method == "POST" {

@@ -39,6 +39,7 @@
 
 pub mod admin;
 pub mod bgp;
+pub mod capture;
 pub mod core;
 pub mod daemon;
 pub mod dpdk;
