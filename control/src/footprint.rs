@@ -4,12 +4,13 @@
 //! killed) half-way through allocating its flow tables.
 //!
 //! The large parts are the ones each worker allocates up front so that the packet path never
-//! allocates: its flow table, its UMEM and its hand-off rings; and the Maglev tables of the
-//! services, which the live table and the builder's cache may each hold.
+//! allocates: its flow table, its UMEM, its hand-off rings and its capture ring; and the
+//! Maglev tables of the services, which the live table and the builder's cache may each hold.
 
 use std::fmt;
 
 use strait_config::model::Config;
+use strait_dataplane::capture::RING_BYTES;
 use strait_dataplane::flow::FlowTable;
 use strait_dataplane::maglev;
 use strait_dataplane::sync::{RECORD_BYTES, SYNC_SLOTS};
@@ -32,6 +33,9 @@ pub struct Footprint {
     /// Maglev tables of the configured services, twice: the live table's and the builder's
     /// copy for the next build.
     pub maglev: u64,
+    /// Capture rings (`strait capture`): one per worker, [`RING_BYTES`] each, allocated at
+    /// start so that a capture allocates nothing on the workers' side.
+    pub capture: u64,
 }
 
 impl Footprint {
@@ -67,6 +71,7 @@ impl Footprint {
                 0
             },
             maglev: maglev.saturating_mul(2),
+            capture: workers.saturating_mul(RING_BYTES),
         }
     }
 
@@ -77,6 +82,7 @@ impl Footprint {
             .saturating_add(self.handoff)
             .saturating_add(self.sync)
             .saturating_add(self.maglev)
+            .saturating_add(self.capture)
     }
 
     /// Refuses a footprint larger than `available` bytes (the machine's memory), naming
@@ -129,7 +135,12 @@ impl fmt::Display for Footprint {
         if self.sync > 0 {
             write!(f, ", flow-sync rings {}", mib(self.sync))?;
         }
-        write!(f, "; Maglev tables {}", mib(self.maglev))
+        write!(
+            f,
+            ", capture rings {}; Maglev tables {}",
+            mib(self.capture),
+            mib(self.maglev)
+        )
     }
 }
 
@@ -175,7 +186,7 @@ mod tests {
         assert!(f.handoff > 0);
         assert_eq!(
             f.total(),
-            f.flow_tables + f.umem + f.handoff + f.sync + f.maglev,
+            f.flow_tables + f.umem + f.handoff + f.sync + f.maglev + f.capture,
             "{f}"
         );
     }

@@ -80,6 +80,9 @@ pub const SLOT_WORDS: usize = HEAD_WORDS + SNAP_MAX / 8;
 /// between two drains, so 512 absorbs a late drain; about 1.1 MiB a worker.
 pub const RING_SLOTS: usize = 512;
 
+/// Bytes of one worker's ring, allocated when the hub is made (for the memory footprint).
+pub const RING_BYTES: u64 = (RING_SLOTS * SLOT_WORDS * 8) as u64;
+
 /// How often the control side drains the rings.
 pub const DRAIN_EVERY: Duration = Duration::from_millis(10);
 
