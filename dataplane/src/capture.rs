@@ -69,7 +69,17 @@ use crate::wire::parse::{parse_into, Parsed};
 /// (IPv6 + UDP + GUE) with room to spare; jumbo frames are cut.
 pub const SNAP_MAX: usize = 2048;
 
-/// Words of a record's header: session, time, verdict, lengths, backend, service name.
+/// Words of a record's header:
+///
+/// | word | holds |
+/// |---|---|
+/// | 0 | the session's id |
+/// | 1 | the worker's clock at the batch, ns |
+/// | 2 | bits 0-7 direction (0 in, 1 out), 8-15 verdict, 16-23 its port or reason, 24-31 port, 32-47 core, 48-55 mode + 1 (0: none) |
+/// | 3 | the frame's length << 32, bytes kept |
+/// | 4-5 | the backend's address (key form) |
+/// | 6 | bits 0-15 the backend's port, 16 a backend, 17 a service, 24-31 the name's length, 32-47 a handoff's core |
+/// | 7-12 | the service's name, [`NAME_MAX`] bytes |
 const HEAD_WORDS: usize = 16;
 
 /// Words of one ring slot: the header and [`SNAP_MAX`] bytes of frame.
@@ -562,12 +572,14 @@ impl Record<'_> {
         name: &'b mut [u8; NAME_MAX],
     ) -> Option<Record<'b>> {
         let meta = w[2];
-        let (kind, code, arg) = (meta & 0xff, (meta >> 8) & 0xff, (meta >> 16) as u16);
+        let (kind, code, arg) = (meta & 0xff, (meta >> 8) & 0xff, (meta >> 16) as u8);
         let verdict = match code {
-            V_TX => Verdict::Tx { port: arg as u8 },
+            V_TX => Verdict::Tx { port: arg },
             V_PASS => Verdict::Pass,
-            V_DROP => Verdict::Drop(*DropReason::ALL.get(usize::from(arg as u8))?),
-            V_HANDOFF => Verdict::Handoff { core: arg },
+            V_DROP => Verdict::Drop(*DropReason::ALL.get(usize::from(arg))?),
+            V_HANDOFF => Verdict::Handoff {
+                core: (w[6] >> 32) as u16,
+            },
             _ => return None,
         };
         let mode = ((meta >> 48) as u8)
@@ -871,11 +883,12 @@ impl Tap {
         backend: Option<&crate::table::Backend>,
     ) {
         let slot = self.hub.lanes[self.core as usize].slot(at);
-        let (code, arg) = match v {
-            Verdict::Tx { port } => (V_TX, u64::from(port)),
-            Verdict::Pass => (V_PASS, 0),
-            Verdict::Drop(r) => (V_DROP, r as u64),
-            Verdict::Handoff { core } => (V_HANDOFF, u64::from(core)),
+        // The verdict's argument in 8 bits (a port, a reason); a handoff's core in word 6.
+        let (code, arg, to_core) = match v {
+            Verdict::Tx { port } => (V_TX, u64::from(port), 0),
+            Verdict::Pass => (V_PASS, 0, 0),
+            Verdict::Drop(r) => (V_DROP, r as u64, 0),
+            Verdict::Handoff { core } => (V_HANDOFF, 0, u64::from(core)),
         };
         let mode = svc.map_or(0, |(_, m)| {
             Mode::ALL
@@ -885,7 +898,7 @@ impl Tap {
         });
         let meta = slot[2].load(Ordering::Relaxed) & 0x0000_ffff_ff00_00ff;
         slot[2].store(meta | code << 8 | arg << 16 | mode << 48, Ordering::Relaxed);
-        let mut w6 = 0u64;
+        let mut w6 = to_core << 32;
         if let Some(b) = backend {
             let a = u128::from_be_bytes(b.addr);
             slot[4].store((a >> 64) as u64, Ordering::Relaxed);
@@ -1285,6 +1298,28 @@ mod tests {
         let got = drain(&mut s);
         assert_eq!(got.len(), 2, "only this session's frame: {got:?}");
         assert_eq!(got[0].5, from([192, 0, 2, 7], 3));
+    }
+
+    #[test]
+    fn a_handoff_names_the_owner_core() {
+        let t = build(&mut Builder::new(), &config("nat", &[X], &[]));
+        let hub = Arc::new(Hub::new(2));
+        let mut pipe = Pipeline::new(0, 2, 1024, Timeouts::default(), 0).with_capture(hub.tap(0));
+        let mut s = hub.arm(Filter::default()).unwrap();
+        let frames: Vec<_> = (0..16).map(|i| from([192, 0, 2, 7], 3000 + i)).collect();
+        let out = batch(&mut pipe, &t, SEC, &frames);
+        let handed = out
+            .iter()
+            .filter(|(v, _)| *v == Verdict::Handoff { core: 1 })
+            .count();
+        assert!(handed > 0, "no frame of 16 is core 1's");
+        let got = drain(&mut s);
+        let records = got
+            .iter()
+            .filter(|g| g.1 == Verdict::Handoff { core: 1 })
+            .inspect(|g| assert_eq!(g.0, Direction::In, "a handed-off frame is not sent here"))
+            .count();
+        assert_eq!(records, handed);
     }
 
     #[test]
