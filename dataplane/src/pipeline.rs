@@ -246,7 +246,9 @@ impl Pipeline {
     /// 4. decide, in order.
     ///
     /// Passes 1-3 only read; every decision is made in pass 4, so the verdicts are those of
-    /// [`Pipeline::process`]. With a table larger than the caches, memory latency is most of
+    /// [`Pipeline::process`]. While a capture is armed ([`crate::capture`]), pass 4 shows each
+    /// frame to it before its rewrite and after its decision; otherwise it pays one load and
+    /// one branch per batch for that. With a table larger than the caches, memory latency is most of
     /// the per-packet cost, and a batch waits for it about once per pass, not once per frame.
     ///
     /// # Panics
