@@ -17,6 +17,8 @@
 //! call [`pipeline::Pipeline::process`].
 
 pub mod capture;
+#[cfg(test)]
+mod capture_tests;
 pub mod flow;
 pub mod hash;
 pub mod hint;

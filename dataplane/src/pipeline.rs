@@ -29,7 +29,7 @@
 //! are dropped (`sctp_fragment`: the CRC covers the whole packet and the gateway does not
 //! reassemble).
 
-use crate::capture::{Look, Tap};
+use crate::capture::{Decision, Look, Tap};
 use crate::flow::{FlowState, FlowTable, FlowValue, InsertError, Timeouts};
 use crate::hash::{hash_words, mix64, SEED_FLOW, SEED_MAGLEV};
 use crate::key::{is_v4, proto, FlowKey};
@@ -60,6 +60,18 @@ pub enum Verdict {
         /// The owner core.
         core: u16,
     },
+}
+
+impl From<Verdict> for Decision {
+    #[inline(always)]
+    fn from(v: Verdict) -> Self {
+        match v {
+            Verdict::Tx { port } => Decision::Tx { port },
+            Verdict::Pass => Decision::Pass,
+            Verdict::Drop(r) => Decision::Drop(r),
+            Verdict::Handoff { core } => Decision::Handoff { core },
+        }
+    }
 }
 
 const SEED_OWNER: u64 = 0x5354_5241_4954_4f57; // "STRAITOW"
@@ -367,7 +379,7 @@ impl Pipeline {
             };
             *v = self.finish(t, now, ingress, f, parsed, st.hash, st.svc);
             if on {
-                tap.after(look, t, now, ingress, f.data(), parsed, st.svc, *v);
+                tap.after(look, t, now, ingress, f.data(), parsed, st.svc, (*v).into());
             }
         }
     }
