@@ -4,13 +4,14 @@
 # iproute2, curl, tcpdump and arping for the testbed and VIP announcements, tshark and scapy
 # to decode what the gateway emits, openssl for the cluster walkthrough test's CA, BIRD 2
 # (bird2) for route announcement and the tests' router, keepalived for VRRP failover, and
-# DPDK's development files (dpdk-dev, pkg-config libdpdk) for the DPDK port driver.
+# DPDK's development files (dpdk-dev, pkg-config libdpdk) for the DPDK port driver, and
+# valgrind for the pipeline's instruction counts (scripts/check-instructions.sh).
 # Idempotent: does nothing when everything is already there.
 set -euo pipefail
 
 packages=(clang llvm libelf-dev zlib1g-dev libpcap-dev libbpf-dev pkg-config m4 iproute2 tshark python3-scapy
           tcpdump curl iputils-arping iputils-ping ethtool procps
-          iptables nftables openssl bird2 keepalived dpdk-dev)
+          iptables nftables openssl bird2 keepalived dpdk-dev valgrind)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

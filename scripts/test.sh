@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# The test command of the README: installs what the tests need, then runs formatting,
-# lints, every test (unit, property, golden fixtures decoded by tshark, truncation sweeps,
-# allocation count), the DPDK port driver's build and tests (`--features dpdk`, with Debian's
-# dpdk-dev) and a short fuzz run of the parser and the pipeline.
+# The test command of the README: installs what the tests need, then checks the docs' links
+# (scripts/check-docs.py), formatting, lints, every test (unit, property, golden fixtures
+# decoded by tshark, truncation sweeps, allocation count), the DPDK port driver's build and
+# tests (`--features dpdk`, with Debian's dpdk-dev), the pipeline's instructions per packet
+# against their baseline, and a short fuzz run of the parser and the pipeline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/deps.sh
+
+echo "== docs: every relative link and anchor of README.md and docs/*.md resolves"
+/usr/bin/python3 scripts/check-docs.py --self-test
+/usr/bin/python3 scripts/check-docs.py
+
+echo "== import circles (scripts/check-imports.py)"
+/usr/bin/python3 scripts/check-imports.py --self-test
+/usr/bin/python3 scripts/check-imports.py
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -27,6 +36,9 @@ cargo test -p strait-lab --features dpdk --test dpdk
 # The line-rate bench's DPDK rows (limit-dpdk, strait-dpdk-*): unit tests and a short run.
 cargo test -p strait-lab --features dpdk --lib bench::line
 cargo test -p strait-lab --features dpdk --test line_rate dpdk
+# Instructions per packet (callgrind, release build) against docs/instructions.json.
+echo "== instructions per packet"
+bash scripts/check-instructions.sh
 if [ -f fuzz/smoke.sh ]; then
   echo "== fuzz smoke (${FUZZ_SECONDS:-20} s per target)"
   FUZZ_SECONDS="${FUZZ_SECONDS:-20}" bash fuzz/smoke.sh

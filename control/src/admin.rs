@@ -33,6 +33,7 @@ use serde_json::json;
 use strait_config::model::{BackendState, MacAddr};
 use strait_dataplane::stats::DropReason;
 
+use crate::core::BackendKey;
 use crate::metrics::{counter, gauge};
 use crate::shared::Shared;
 
@@ -546,7 +547,7 @@ pub fn services_json(shared: &Shared) -> String {
                 .backends
                 .iter()
                 .map(|b| {
-                    let h = health.get(&(s.name.clone(), b.address, b.port));
+                    let h = health.get(&BackendKey::new(s.name.clone(), b.address, b.port));
                     let state = match (b.state, b.weight) {
                         (BackendState::Draining, _) | (_, 0) => "draining",
                         _ => "active",
@@ -563,7 +564,7 @@ pub fn services_json(shared: &Shared) -> String {
                 })
                 .collect();
             let healthy = s.backends.is_empty()
-                || s.backends.iter().any(|b| health.get(&(s.name.clone(), b.address, b.port)).is_none_or(|h| h.up));
+                || s.backends.iter().any(|b| health.get(&BackendKey::new(s.name.clone(), b.address, b.port)).is_none_or(|h| h.up));
             json!({
                 "name": s.name,
                 "vip": s.vip.to_string(),
@@ -712,7 +713,7 @@ impl Collector for Metrics {
         let samples = shared.samples();
         let core = |n: &String| vec![("core", n.clone())];
         let per_core =
-            |f: fn(&crate::shared::CoreSample) -> u64| -> Vec<(Vec<(&str, String)>, u64)> {
+            |f: fn(&crate::cores::CoreSample) -> u64| -> Vec<(Vec<(&str, String)>, u64)> {
                 samples.iter().map(|(n, s)| (core(n), f(s))).collect()
             };
         counter(
@@ -845,7 +846,7 @@ impl Collector for Metrics {
             "Syscalls made to wake the kernel (TX and fill-ring kicks) and idle polls.",
             &per_core(|s| s.worker.tx_kicks + s.worker.fill_kicks + s.worker.idle_polls),
         )?;
-        crate::metrics::umem(&mut enc, &samples)?;
+        crate::cores::umem(&mut enc, &samples)?;
         let busy: Vec<_> = samples
             .iter()
             .map(|(n, s)| (core(n), s.worker.busy.seconds()))
@@ -1013,7 +1014,7 @@ impl Collector for Metrics {
                 .sum();
             per_backend.push((labels.clone(), n));
             let is_up = health
-                .get(&(svc.name.clone(), b.address(), b.port))
+                .get(&BackendKey::new(svc.name.clone(), b.address(), b.port))
                 .is_none_or(|h| h.up);
             up.push((labels, i64::from(is_up)));
         }
@@ -1049,7 +1050,7 @@ impl Collector for Metrics {
              dropped as no_next_hop).",
             &[(Vec::new(), unresolved as i64)],
         )?;
-        crate::sync::metrics(&mut enc, &samples, shared)?;
+        crate::sync::metrics(&mut enc, &samples, &shared.sync)?;
         Ok(())
     }
 }
@@ -1081,7 +1082,7 @@ mod tests {
 
     /// An endpoint over the built-in example's table with worker slots `cores`, on
     /// 127.0.0.1, not ready yet, whose reloads answer "reloaded".
-    fn endpoint(cores: Vec<Arc<crate::shared::CoreStats>>) -> (SocketAddr, Arc<Shared>) {
+    fn endpoint(cores: Vec<Arc<crate::cores::CoreStats>>) -> (SocketAddr, Arc<Shared>) {
         let opts = Options {
             listen: "127.0.0.1:0".parse().unwrap(),
             socket: None,
@@ -1092,7 +1093,7 @@ mod tests {
 
     /// [`endpoint`] listening as `opts` says.
     fn endpoint_with(
-        cores: Vec<Arc<crate::shared::CoreStats>>,
+        cores: Vec<Arc<crate::cores::CoreStats>>,
         opts: &Options,
     ) -> (SocketAddr, Arc<Shared>) {
         let cfg = strait_config::example();
@@ -1227,7 +1228,7 @@ mod tests {
 
     #[test]
     fn serves_health_services_metrics_and_reload() {
-        let core = Arc::new(crate::shared::CoreStats {
+        let core = Arc::new(crate::cores::CoreStats {
             name: "veth-gw/0".into(),
             ..Default::default()
         });

@@ -27,8 +27,7 @@ use std::thread::{self, JoinHandle};
 
 use strait_config::model::{Config, HealthCheck, HealthKind};
 
-/// A backend, as health checks know it: (service name, address, backend port).
-pub type Key = (String, IpAddr, u16);
+use crate::core::BackendKey;
 
 /// What the checker knows of one backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,7 +57,7 @@ impl Default for State {
 }
 
 /// Shared view of every checked backend's state.
-pub type States = Arc<Mutex<HashMap<Key, State>>>;
+pub type States = Arc<Mutex<HashMap<BackendKey, State>>>;
 
 /// Idle check threads kept for checks started later: enough for the endpoints a large
 /// Service's rolling update replaces at once; above it a stopped check's thread ends. Each
@@ -68,7 +67,7 @@ pub const IDLE_MAX: usize = 64;
 /// One check for a pooled thread to run until `stopped` disconnects; the thread drops `done`
 /// when the check has ended, which [`Checker::stop`] waits for.
 struct Job {
-    key: Key,
+    key: BackendKey,
     check: HealthCheck,
     stopped: mpsc::Receiver<()>,
     done: Sender<()>,
@@ -91,9 +90,9 @@ struct Worker {
 /// Runs the checks of a configuration and follows its changes.
 pub struct Checker {
     states: States,
-    workers: HashMap<Key, Worker>,
+    workers: HashMap<BackendKey, Worker>,
     idle: Vec<Pooled>,
-    changed: Sender<Key>,
+    changed: Sender<BackendKey>,
 }
 
 impl std::fmt::Debug for Checker {
@@ -106,7 +105,7 @@ impl std::fmt::Debug for Checker {
 
 impl Checker {
     /// A checker that reports every state change (up/down) of a backend on `changed`.
-    pub fn new(changed: Sender<Key>) -> Self {
+    pub fn new(changed: Sender<BackendKey>) -> Self {
         Self {
             states: Arc::default(),
             workers: HashMap::new(),
@@ -124,7 +123,7 @@ impl Checker {
     pub fn is_down(&self, service: &str, addr: IpAddr, port: u16) -> bool {
         let states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
         states
-            .get(&(service.to_string(), addr, port))
+            .get(&BackendKey::new(service, addr, port))
             .is_some_and(|s| !s.up)
     }
 
@@ -133,15 +132,15 @@ impl Checker {
     /// (The gateway's control core decides which checks run and says so one by one, with
     /// [`Checker::start`] and [`Checker::stop`].)
     pub fn sync(&mut self, cfg: &Config) {
-        let mut want: HashMap<Key, HealthCheck> = HashMap::new();
+        let mut want: HashMap<BackendKey, HealthCheck> = HashMap::new();
         for s in &cfg.services {
             if let Some(hc) = &s.health_check {
                 for b in &s.backends {
-                    want.insert((s.name.clone(), b.address, b.port), hc.clone());
+                    want.insert(BackendKey::new(&s.name, b.address, b.port), hc.clone());
                 }
             }
         }
-        let stale: Vec<Key> = self
+        let stale: Vec<BackendKey> = self
             .workers
             .iter()
             .filter(|(k, w)| want.get(*k) != Some(&w.check))
@@ -158,7 +157,7 @@ impl Checker {
     /// Stops the check of `key` and forgets its state; nothing when none runs. Returns once
     /// the check has ended (a probe under way finishes first, within its timeout), so that
     /// no result of it is recorded afterwards.
-    pub fn stop(&mut self, key: &Key) {
+    pub fn stop(&mut self, key: &BackendKey) {
         if let Some(w) = self.workers.remove(key) {
             drop(w.stop);
             // Disconnected when the thread drops the job's `done`: the check has ended.
@@ -179,7 +178,7 @@ impl Checker {
     /// Starts checking `key` with `check`, from the up state, on an idle pooled thread or a
     /// new one. A check already running for `key` is replaced when `check` differs, and left
     /// as it is otherwise.
-    pub fn start(&mut self, key: Key, check: HealthCheck) {
+    pub fn start(&mut self, key: BackendKey, check: HealthCheck) {
         match self.workers.get(&key) {
             Some(w) if w.check == check => return,
             Some(_) => self.stop(&key),
@@ -236,14 +235,14 @@ impl Checker {
 }
 
 /// Runs one check until it is stopped.
-fn run(states: &States, changed: &Sender<Key>, job: Job) {
+fn run(states: &States, changed: &Sender<BackendKey>, job: Job) {
     let Job {
         key,
         check,
         stopped,
         done,
     } = job;
-    let addr = SocketAddr::new(key.1, check.port.unwrap_or(key.2));
+    let addr = SocketAddr::new(key.address, check.port.unwrap_or(key.port));
     loop {
         let result = probe(&check, addr);
         if record(states, &key, &check, result) {
@@ -273,7 +272,7 @@ impl Drop for Checker {
 }
 
 /// Applies one check result; returns whether the backend changed state.
-fn record(states: &States, key: &Key, hc: &HealthCheck, result: Result<(), String>) -> bool {
+fn record(states: &States, key: &BackendKey, hc: &HealthCheck, result: Result<(), String>) -> bool {
     let mut states = states.lock().unwrap_or_else(PoisonError::into_inner);
     let Some(s) = states.get_mut(key) else {
         return false;
@@ -412,7 +411,7 @@ mod tests {
     #[test]
     fn rise_and_fall_count_consecutive_results() {
         let states: States = Arc::default();
-        let key: Key = ("web".into(), "127.0.0.1".parse().unwrap(), 80);
+        let key = BackendKey::new("web", "127.0.0.1".parse().unwrap(), 80);
         states.lock().unwrap().insert(key.clone(), State::default());
         let h = hc(HealthKind::Tcp);
         let bad = || Err("x".to_string());
@@ -465,7 +464,7 @@ backends = [{{ address = "127.0.0.1", port = {} }}]
         let k = rx
             .recv_timeout(Duration::from_secs(5))
             .expect("a down event");
-        assert_eq!(k, ("web".to_string(), addr.ip(), addr.port()));
+        assert_eq!(k, BackendKey::new("web", addr.ip(), addr.port()));
         assert!(c.is_down("web", addr.ip(), addr.port()));
         status.store(200, Ordering::Relaxed);
         rx.recv_timeout(Duration::from_secs(5))
@@ -483,7 +482,7 @@ backends = [{{ address = "127.0.0.1", port = {} }}]
         let addr = server(Arc::clone(&status));
         let (tx, _rx) = mpsc::channel();
         let mut c = Checker::new(tx);
-        let key = |i: u16| ("web".to_string(), addr.ip(), 10_000 + i);
+        let key = |i: u16| BackendKey::new("web", addr.ip(), 10_000 + i);
         let check = HealthCheck {
             port: Some(addr.port()),
             ..hc(HealthKind::Tcp)

@@ -1,4 +1,8 @@
-//! State shared between the control loop, the workers and the admin API.
+//! State shared between the control loop, the workers and the admin API: the admin API's
+//! whole view, composed of the views each driver owns of its own state (the workers'
+//! [`CoreStats`], the health checker's [`States`], the Kubernetes source's, the BGP and
+//! VRRP sides' and the flow sync's status). The control loop builds it and the admin API
+//! reads it; the drivers below do not import it, each hands its own view over.
 //!
 //! Workers never block on it: each publishes a copy of its counters into its own
 //! [`CoreStats`] with `try_lock` every few batches (skipping a round if the admin API happens
@@ -9,42 +13,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
 use strait_config::model::{Config, Service};
-use strait_dataplane::flow::FlowStats;
-use strait_dataplane::stats::Counters;
 use strait_dataplane::table::ServiceTable;
 
 use crate::core::RouteMap;
+use crate::cores::{CoreSample, CoreStats};
 use crate::health::States;
-
-/// One worker's published numbers.
-#[derive(Clone, Debug, Default)]
-pub struct CoreSample {
-    /// Packet counters.
-    pub counters: Counters,
-    /// Flow-table statistics.
-    pub flows: FlowStats,
-    /// Flow-table capacity.
-    pub flow_capacity: u64,
-    /// New flows per backend id (index = id), trimmed to the ids in use.
-    pub new_flows: Vec<u64>,
-    /// The AF_XDP worker's own numbers: frames it could not send on, ring wake-ups.
-    pub worker: strait_dataplane::xsk::WorkerStats,
-    /// Flow sync with the peer gateways, this worker's side (zero when sync is off).
-    pub sync: strait_dataplane::sync::SyncCounters,
-}
-
-/// A worker's slot for publishing its numbers.
-#[derive(Debug, Default)]
-pub struct CoreStats {
-    /// Interface and queue the worker serves.
-    pub name: String,
-    /// The latest sample.
-    pub sample: Mutex<CoreSample>,
-    /// The worker's clock when its loop last turned (once per turn, busy or idle; a
-    /// relaxed store, never per packet): the systemd watchdog is fed only while every
-    /// worker's moves ([`crate::supervise::Watchdog`]).
-    pub heartbeat: std::sync::atomic::AtomicU64,
-}
 
 /// The running configuration as its two sources give it: the file's, and the Kubernetes
 /// services merged into it. Publishing it costs two reference counts, not a copy of ten
@@ -146,7 +119,7 @@ impl Shared {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        crate::kube::merge(&sources.file, &sources.kube).0
+        crate::kubemodel::merge(&sources.file, &sources.kube).0
     }
 
     /// Copies of every core's sample.

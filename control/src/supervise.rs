@@ -4,17 +4,18 @@
 //! in the kernel) gets the process restarted by systemd. Outside systemd (no
 //! `NOTIFY_SOCKET`) every call does nothing.
 //!
-//! A worker's progress is its heartbeat ([`crate::shared::CoreStats::heartbeat`]): the time
+//! A worker's progress is its heartbeat ([`CoreStats::heartbeat`]): the time
 //! its loop last read the clock, once per turn, busy or idle (an idle turn sleeps at most a
 //! millisecond in `poll`).
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sd_notify::NotifyState;
 use tracing::{info, warn};
 
-use crate::shared::Shared;
+use crate::cores::CoreStats;
 
 /// Tells systemd the gateway is ready (it forwards, the VIPs are claimed).
 pub fn ready(status: &str) {
@@ -62,20 +63,18 @@ impl Watchdog {
         }
     }
 
-    /// Feeds the watchdog when due and every worker of `shared` moved; returns whether it
+    /// Feeds the watchdog when due and every worker of `cores` moved; returns whether it
     /// fed it.
-    pub fn tick(&mut self, shared: &Shared, now: Instant) -> bool {
+    pub fn tick(&mut self, cores: &[Arc<CoreStats>], now: Instant) -> bool {
         if now < self.next {
             return false;
         }
         self.next = now + self.every;
-        let beats: Vec<u64> = shared
-            .cores
+        let beats: Vec<u64> = cores
             .iter()
             .map(|c| c.heartbeat.load(Ordering::Relaxed))
             .collect();
-        let stuck = shared
-            .cores
+        let stuck = cores
             .iter()
             .zip(&beats)
             .zip(self.beats.iter().chain(std::iter::repeat(&u64::MAX)))
@@ -101,10 +100,7 @@ impl Watchdog {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::shared::CoreStats;
 
     #[test]
     fn fed_only_while_every_worker_moves() {
@@ -116,26 +112,23 @@ mod tests {
                 })
             })
             .collect();
-        let table = Arc::new(strait_dataplane::table::ServiceTable::empty(Vec::new()));
-        let cfg = strait_config::parse(strait_config::EXAMPLE).unwrap();
-        let shared = Shared::new(cfg, table, Arc::default(), cores);
         let mut w = Watchdog::new(Duration::from_secs(2));
         let t0 = Instant::now();
-        let beat = |i: usize, v: u64| shared.cores[i].heartbeat.store(v, Ordering::Relaxed);
+        let beat = |i: usize, v: u64| cores[i].heartbeat.store(v, Ordering::Relaxed);
         beat(0, 1);
         beat(1, 1);
-        assert!(!w.tick(&shared, t0), "not due yet");
-        assert!(w.tick(&shared, t0 + Duration::from_secs(1)), "both moved");
+        assert!(!w.tick(&cores, t0), "not due yet");
+        assert!(w.tick(&cores, t0 + Duration::from_secs(1)), "both moved");
         beat(0, 2);
         assert!(
-            !w.tick(&shared, t0 + Duration::from_secs(2)),
+            !w.tick(&cores, t0 + Duration::from_secs(2)),
             "worker 1 stalled"
         );
         assert_eq!(w.stalled.as_deref(), Some("eth0/1"));
         beat(0, 3);
         beat(1, 3);
         assert!(
-            w.tick(&shared, t0 + Duration::from_secs(3)),
+            w.tick(&cores, t0 + Duration::from_secs(3)),
             "both moved again"
         );
         assert!(w.stalled.is_none());

@@ -56,7 +56,7 @@ use std::collections::HashSet;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -67,8 +67,8 @@ use strait_dataplane::pipeline::owner_core;
 use strait_dataplane::sync::{flags, RecordKind, SyncRecord, ThreadEnds, RECORD_BYTES};
 use tracing::{debug, info, warn};
 
+use crate::cores::CoreSample;
 use crate::metrics::counter;
-use crate::shared::{CoreSample, Shared};
 
 /// Version of the wire format; a datagram of another version is dropped (and counted).
 pub const VERSION: u8 = 1;
@@ -631,14 +631,9 @@ impl Sync {
 pub(crate) fn metrics(
     enc: &mut DescriptorEncoder<'_>,
     samples: &[(String, CoreSample)],
-    shared: &Shared,
+    stats: &Mutex<Option<Arc<SyncStats>>>,
 ) -> std::fmt::Result {
-    let Some(st) = shared
-        .sync
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
-    else {
+    let Some(st) = stats.lock().unwrap_or_else(PoisonError::into_inner).clone() else {
         return Ok(());
     };
     let per_worker: Vec<_> = samples
@@ -898,37 +893,32 @@ mod tests {
         me.stop();
     }
 
+    /// What the admin API hands [`metrics`]: the workers' samples and the sync thread's
+    /// numbers, while it runs.
+    #[derive(Debug, Default)]
+    struct View {
+        samples: Vec<(String, CoreSample)>,
+        sync: Mutex<Option<Arc<SyncStats>>>,
+    }
+
     #[derive(Debug)]
-    struct Families(Arc<Shared>);
+    struct Families(Arc<View>);
 
     impl prometheus_client::collector::Collector for Families {
         fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
-            metrics(&mut enc, &self.0.samples(), &self.0)
+            metrics(&mut enc, &self.0.samples, &self.0.sync)
         }
     }
 
     #[test]
     fn metrics_name_every_outcome_and_reason_and_are_absent_when_sync_is_off() {
-        let cfg = strait_config::example();
-        let ports = [strait_dataplane::table::Port::new(
-            strait_config::MacAddr([2, 0, 0, 0, 0, 1]),
-            1500,
-        )];
-        let table = strait_dataplane::table::Builder::new()
-            .build(&cfg, &ports, |_, _, _| false)
-            .unwrap();
-        let core = Arc::new(crate::shared::CoreStats {
-            name: "veth-gw/0".into(),
+        let mut sample = CoreSample::default();
+        sample.sync.imported = 7;
+        let shared = Arc::new(View {
+            samples: vec![("veth-gw/0".into(), sample)],
             ..Default::default()
         });
-        core.sample.lock().unwrap().sync.imported = 7;
-        let shared = Arc::new(Shared::new(
-            cfg,
-            Arc::new(table),
-            Arc::default(),
-            vec![core],
-        ));
-        let text = |shared: &Arc<Shared>| {
+        let text = |shared: &Arc<View>| {
             let mut r = prometheus_client::registry::Registry::with_prefix("strait");
             r.register_collector(Box::new(Families(Arc::clone(shared))));
             let mut out = String::new();

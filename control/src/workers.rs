@@ -44,7 +44,8 @@ use strait_dataplane::xsk::{
 };
 use tracing::{info, warn};
 
-use crate::shared::{CoreStats, Shared};
+use crate::cores::CoreStats;
+use crate::shared::Shared;
 use crate::sync::{SyncStats, SyncThread};
 use strait_dataplane::sync::SYNC_SLOTS;
 

@@ -33,7 +33,7 @@ fn endpoint() -> (
     let table = strait_dataplane::table::Builder::new()
         .build(&cfg, &ports, |_, _, _| false)
         .unwrap();
-    let cores = vec![Arc::new(strait_control::shared::CoreStats::default())];
+    let cores = vec![Arc::new(strait_control::cores::CoreStats::default())];
     let shared = Arc::new(Shared::new(cfg, Arc::new(table), Arc::default(), cores));
     let (tx, rx) = std::sync::mpsc::channel();
     let addr =

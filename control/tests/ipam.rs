@@ -1,5 +1,5 @@
 //! Tests of LoadBalancer address management beyond one address per Service
-//! (`control/src/kube/pool.rs`): IP sharing, the MetalLB and Cilium annotations, named
+//! (`control/src/kubemodel/pool.rs`): IP sharing, the MetalLB and Cilium annotations, named
 //! pools, dual-stack Services gaining their second family, and the Events and metrics that
 //! explain what is not served. Planning as a pure function, then the whole source against
 //! the fake API server of `strait-testkit` (plain HTTP on 127.0.0.1; no cluster, no root).
@@ -16,12 +16,13 @@ use serde_json::{json, Value};
 use strait_config::model::{self, Mode, Protocol};
 
 use strait_control::kube;
-use strait_control::kube::events::NoticeType;
-use strait_control::kube::pool::{self, Allocator};
-use strait_control::kube::settings::Settings;
-use strait_control::kube::stats::Kind;
-use strait_control::kube::translate;
-use strait_control::kube::watch::Controller;
+use strait_control::kubemodel;
+use strait_control::kubemodel::events::NoticeType;
+use strait_control::kubemodel::pool::{self, Allocator};
+use strait_control::kubemodel::settings::Settings;
+use strait_control::kubemodel::translate;
+use strait_control::kubemodel::Controller;
+use strait_control::kubemodel::Kind;
 use strait_testkit::fake_api::{FakeApi, Res};
 use strait_testkit::harness::Scratch;
 use strait_testkit::objects::{lb_service as lb, node, with_status};
@@ -353,7 +354,7 @@ fn sharing_needs_one_key_one_namespace_and_the_same_local_backends() {
         let mut a = Allocator::new(&pools);
         let b = svc(v);
         let p = plan(&mut a, &[&first, &b]);
-        let key = kube::object_key(&b.metadata);
+        let key = kubemodel::object_key(&b.metadata);
         assert!(!p.assigned.contains_key(&key), "{what}: {:?}", p.assigned);
         let n = p
             .notices
@@ -1037,7 +1038,7 @@ fn address_metrics_are_exported() {
     registry.register_collector(Box::new(kube::Metrics(std::sync::Arc::clone(&stats))));
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
-    for reason in kube::events::WARNING_REASONS {
+    for reason in kubemodel::events::WARNING_REASONS {
         for line in [
             format!("strait_kube_address_notices_total{{type=\"Warning\",reason=\"{reason}\"}} 0"),
             format!("strait_kube_address_warnings{{reason=\"{reason}\"}} 0"),
@@ -1053,7 +1054,7 @@ fn address_metrics_are_exported() {
 
 // ---- pools as cluster objects (StraitAddressPool) ------------------------------------
 
-use strait_control::kube::crd::{self, StraitAddressPool};
+use strait_control::kubemodel::crd::{self, StraitAddressPool};
 
 fn pool_object(name: &str, spec: Value) -> Value {
     json!({
@@ -1361,7 +1362,7 @@ fn start_with_token(
     )
     .unwrap();
     let (tx, rx) = mpsc::channel();
-    let src = kube::spawn_feed(Some(&kc), st, move |p: kube::Publication| {
+    let src = kube::spawn_feed(Some(&kc), st, move |p: kubemodel::Publication| {
         let _ = tx.send(p.services.iter().map(|s| (**s).clone()).collect());
     })
     .unwrap();
@@ -1650,7 +1651,7 @@ fn only_the_lease_holder_writes_pool_status() {
     let mut st = settings();
     st.pools.clear();
     st.pool_objects = true;
-    st.lease = Some(kube::lease::LeaseSettings {
+    st.lease = Some(kubemodel::settings::LeaseSettings {
         namespace: "strait-system".into(),
         name: "strait-gateway".into(),
         identity: "gw-follower".into(),

@@ -17,11 +17,12 @@ use serde_json::{json, Value};
 use strait_config::model::{self, BackendState, HealthKind, Mode, Protocol};
 
 use strait_control::kube;
-use strait_control::kube::pool::{self, Allocator};
-use strait_control::kube::settings::Settings;
-use strait_control::kube::stats::Kind;
-use strait_control::kube::translate::{self, Cluster, Translation, WarningKind};
-use strait_control::kube::watch::Controller;
+use strait_control::kubemodel;
+use strait_control::kubemodel::pool::{self, Allocator};
+use strait_control::kubemodel::settings::Settings;
+use strait_control::kubemodel::translate::{self, Cluster, Translation, WarningKind};
+use strait_control::kubemodel::Controller;
+use strait_control::kubemodel::Kind;
 use strait_testkit::fake_api::{FakeApi, Res};
 use strait_testkit::harness::Scratch;
 use strait_testkit::objects::{lb_service, node, with_status, CLASS};
@@ -135,15 +136,15 @@ fn tr(settings: &Settings, objects: &[Value], lb: &[(&str, &[&str])]) -> Transla
         match o["kind"].as_str().unwrap() {
             "Service" => {
                 let s: Service = serde_json::from_value(o).unwrap();
-                services.insert(kube::object_key(&s.metadata), s);
+                services.insert(kubemodel::object_key(&s.metadata), s);
             }
             "EndpointSlice" => {
                 let s: EndpointSlice = serde_json::from_value(o).unwrap();
-                slices.insert(kube::object_key(&s.metadata), s);
+                slices.insert(kubemodel::object_key(&s.metadata), s);
             }
             "Node" => {
                 let n: Node = serde_json::from_value(o).unwrap();
-                nodes.insert(kube::object_key(&n.metadata), n);
+                nodes.insert(kubemodel::object_key(&n.metadata), n);
             }
             k => panic!("kind {k}"),
         }
@@ -767,7 +768,7 @@ fn exhaustion_is_a_warning_and_deletion_releases() {
         .find(|n| n.reason == "PoolExhausted")
         .expect("an exhaustion notice");
     assert_eq!(ex.key(), "default/c");
-    assert_eq!(ex.type_, kube::events::NoticeType::Warning);
+    assert_eq!(ex.type_, kubemodel::events::NoticeType::Warning);
 
     // "a" deleted: its address goes to "c".
     let refs: Vec<&Service> = svcs[1..].iter().collect();
@@ -837,7 +838,7 @@ fn dual_stack_services_get_one_address_per_family() {
     assert!(
         p.notices
             .iter()
-            .all(|n| n.type_ == kube::events::NoticeType::Normal),
+            .all(|n| n.type_ == kubemodel::events::NoticeType::Normal),
         "PreferDualStack is content"
     );
 
@@ -898,7 +899,7 @@ fn requests_are_honoured_before_anything_is_allocated() {
     assert!(
         p.notices
             .iter()
-            .all(|n| n.type_ == kube::events::NoticeType::Normal),
+            .all(|n| n.type_ == kubemodel::events::NoticeType::Normal),
         "{:?}",
         reasons(&p)
     );
@@ -2150,7 +2151,7 @@ fn the_fake_api_speaks_the_wire_format_kube_rs_expects() {
 
 fn with_lease(identity: &str) -> Settings {
     let mut s = settings(Mode::DsrL2);
-    s.lease = Some(kube::lease::LeaseSettings {
+    s.lease = Some(kubemodel::settings::LeaseSettings {
         namespace: "strait-system".into(),
         name: "strait-gateway".into(),
         identity: identity.into(),
@@ -2246,7 +2247,7 @@ fn a_silent_leader_is_replaced_after_the_lease_duration() {
     drop(b);
 }
 
-// ---- Node updates that change nothing relevant (issue 12) ----------------------------
+// ---- Node updates that change nothing relevant ---------------------------------------
 
 /// Node `name` as a kubelet reports it at heartbeat `beat`: the four conditions with their
 /// heartbeat times, capacity, images, labels and annotations that change nothing Strait
@@ -2375,7 +2376,7 @@ fn a_heartbeat_only_node_update_costs_no_round_and_changes_no_table() {
     assert_eq!(got, full.services);
 }
 
-// ---- externalTrafficPolicy: Local by weight (issue 12) -------------------------------
+// ---- externalTrafficPolicy: Local by weight ------------------------------------------
 
 #[test]
 fn local_policy_weights_each_node_by_its_ready_endpoints() {
@@ -2475,7 +2476,7 @@ fn local_policy_weights_each_node_by_its_ready_endpoints() {
     assert_eq!(r.services[0].backends[0].weight, 2);
 }
 
-// ---- status writes beside the loop (issue 12) ----------------------------------------
+// ---- status writes beside the loop -----------------------------------------------
 
 /// The published list's VIP of Service `name`.
 fn vip_of(l: &[model::Service], name: &str) -> Option<IpAddr> {
@@ -2652,7 +2653,7 @@ fn the_cluster_role_grants_namespaces_and_pool_status_exactly() {
     );
 }
 
-/// Issue 12, point 11: what translation leaves out of a Service is an Event on it (so
+/// What translation leaves out of a Service is an Event on it (so
 /// `kubectl describe svc` says why), given once while it stands, counted in the metrics.
 #[test]
 fn what_translation_leaves_out_of_a_service_is_an_event_on_it_once() {

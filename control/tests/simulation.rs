@@ -38,10 +38,10 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use strait_config::model::{Config, HealthCheck, MacAddr, Mode, Service};
-use strait_control::core::{Changed, Control, Effect, Error, Event, Loaded, Route, RouteMap};
-use strait_control::health::Key;
-use strait_control::kube::Publication;
-use strait_control::neigh::{Neighbours, Scope};
+use strait_control::core::{
+    BackendKey, Changed, Control, Effect, Error, Event, Loaded, Neighbours, Route, RouteMap, Scope,
+};
+use strait_control::kubemodel::Publication;
 use strait_dataplane::table::{Builder, Frontend, Port, ServiceTable};
 
 /// File services' names; `ns/k2` is also a Kubernetes name, so the file takes it over.
@@ -86,11 +86,11 @@ struct World {
     /// The maps lack keys (a failed update), to be retried.
     maps_pending: bool,
     /// Health checks running: their check and whether the backend answers them.
-    running: BTreeMap<Key, (HealthCheck, bool)>,
+    running: BTreeMap<BackendKey, (HealthCheck, bool)>,
     /// State changes the checker found, not delivered yet.
-    reports: Vec<Key>,
+    reports: Vec<BackendKey>,
     /// What the core was told of each running check, by the last delivered report.
-    told: BTreeMap<Key, bool>,
+    told: BTreeMap<BackendKey, bool>,
     claiming: bool,
     claimed: BTreeSet<IpAddr>,
     /// The routes the last [`Effect::Routes`] carried.
@@ -490,7 +490,7 @@ impl World {
     }
 
     fn flap(&mut self) {
-        let keys: Vec<Key> = self.running.keys().cloned().collect();
+        let keys: Vec<BackendKey> = self.running.keys().cloned().collect();
         if keys.is_empty() {
             return;
         }
@@ -510,7 +510,7 @@ impl World {
         if self.reports.is_empty() {
             return;
         }
-        let reports: Vec<(Key, bool)> = std::mem::take(&mut self.reports)
+        let reports: Vec<(BackendKey, bool)> = std::mem::take(&mut self.reports)
             .into_iter()
             .map(|k| {
                 let up = self.running.get(&k).is_none_or(|r| r.1);
@@ -568,20 +568,20 @@ impl World {
             "holding an update without an outstanding read".into()
         });
         let list: Vec<Arc<Service>> = self.kube.values().cloned().collect();
-        let (merged, _) = strait_control::kube::merge(&self.file, &list);
+        let (merged, _) = strait_control::kubemodel::merge(&self.file, &list);
         self.check(&merged == self.core.config(), || {
             "the core's configuration is not a merge from scratch of the file and the list".into()
         });
         // Health checks running: those the configuration asks for.
-        let mut want: BTreeMap<Key, HealthCheck> = BTreeMap::new();
+        let mut want: BTreeMap<BackendKey, HealthCheck> = BTreeMap::new();
         for s in &merged.services {
             if let Some(hc) = &s.health_check {
                 for b in &s.backends {
-                    want.insert((s.name.clone(), b.address, b.port), hc.clone());
+                    want.insert(BackendKey::new(&s.name, b.address, b.port), hc.clone());
                 }
             }
         }
-        let running: BTreeMap<Key, HealthCheck> = self
+        let running: BTreeMap<BackendKey, HealthCheck> = self
             .running
             .iter()
             .map(|(k, (hc, _))| (k.clone(), hc.clone()))
@@ -603,7 +603,7 @@ impl World {
         });
         // The table: a from-scratch build of the inputs.
         let told = &self.told;
-        let down = |s: &str, a: IpAddr, p: u16| told.get(&(s.to_owned(), a, p)) == Some(&false);
+        let down = |s: &str, a: IpAddr, p: u16| told.get(&BackendKey::new(s, a, p)) == Some(&false);
         let want_table = Builder::new()
             .build(&merged, &self.ports, down)
             .expect("the inputs build");

@@ -49,7 +49,7 @@
 //! the home bucket (8 entries read at most). The trade: a key whose bucket is full is
 //! remembered instead of forwarded statelessly on every packet (each of which would read all
 //! 8 entries of its full bucket), at the price of screening the line for nothing on new
-//! flows; the README's Performance section has the figures.
+//! flows; docs/performance.md has the figures.
 //!
 //! # Layout and memory cost
 //!

@@ -15,6 +15,11 @@
 //! Everything here is sans-IO: functions of a snapshot, a per-core flow table, the time
 //! (passed in) and a frame. The AF_XDP driver, the in-memory test driver and the benches all
 //! call [`pipeline::Pipeline::process`].
+//!
+//! The modules import one way (`scripts/check-imports.py` holds it; the graph is in
+//! docs/architecture-modules.md): `xsk` → `pipeline` → `capture`, `sync`, `rewrite` → `table`, `wire`
+//! → `maglev`, `flow` → `key`, `hint`, `stats` → `hash`. Flow sync meets the pipeline
+//! through [`sync::WorkerSync`], which knows nothing of the pipeline.
 
 pub mod capture;
 #[cfg(test)]
@@ -28,6 +33,8 @@ pub mod pipeline;
 pub mod rewrite;
 pub mod stats;
 pub mod sync;
+#[cfg(test)]
+mod sync_tests;
 pub mod table;
 pub mod wire;
 #[cfg(feature = "xsk")]

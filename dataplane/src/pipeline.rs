@@ -36,7 +36,9 @@ use crate::key::{is_v4, proto, FlowKey};
 use crate::rewrite::{self, Encap, EncapError, Frame, Macs, Outer};
 use crate::stats::{Counters, DropReason};
 use crate::sync::{self, RecordKind, SyncRecord, WorkerSync};
-use crate::table::{Backend, FragmentService, Frontend, Health, Port, Service, ServiceTable};
+use crate::table::{
+    current, reply_key, Backend, FragmentService, Frontend, Health, Port, Service, ServiceTable,
+};
 use crate::wire::parse::{parse_into, Embedded, Frag, Parsed};
 use crate::wire::tcp::flags;
 use strait_config::model::Mode;
@@ -856,24 +858,30 @@ fn warm_new_flow(t: &ServiceTable, flows: &FlowTable, p: &Parsed, fh: u64, si: u
     rh
 }
 
-/// The reply tuple of a nat flow to backend `b`: backend:port to client:port.
-#[inline(always)]
-pub(crate) fn reply_key(k: &FlowKey, b: &Backend) -> FlowKey {
-    FlowKey {
-        src: b.addr,
-        dst: k.src,
-        src_port: b.port,
-        dst_port: k.src_port,
-        proto: k.proto,
+impl Pipeline {
+    /// Installs this core's ends of flow sync ([`sync::mesh`]); from now on new flows are
+    /// exported.
+    pub fn with_sync(mut self, ends: WorkerSync) -> Self {
+        self.sync = Some(ends);
+        self
     }
-}
 
-/// The backend a flow entry names, if the snapshot still has it: same id and incarnation (an
-/// id reused for another backend has another incarnation).
-#[inline(always)]
-pub(crate) fn current<'t>(t: &'t ServiceTable, v: &FlowValue) -> Option<&'t Backend> {
-    t.backend(v.backend)
-        .filter(|b| b.incarnation == v.incarnation)
+    /// Whether flow sync has work for this core: records to import or a dump to walk. The
+    /// worker asks before loading a snapshot on an idle turn.
+    #[inline]
+    pub fn sync_pending(&mut self) -> bool {
+        self.sync.as_mut().is_some_and(WorkerSync::pending)
+    }
+
+    /// One turn of flow sync on this core ([`WorkerSync::turn`] on this core's flow table).
+    /// Returns the records imported plus the buckets walked (0: nothing to do). Never
+    /// allocates, never blocks.
+    pub fn sync_turn(&mut self, t: &ServiceTable, now: u64) -> usize {
+        match &mut self.sync {
+            Some(sy) => sy.turn(&mut self.flows, t, now),
+            None => 0,
+        }
+    }
 }
 
 /// The Maglev choice for hash `h` among the service's members.

@@ -1,4 +1,4 @@
-//! VIP announcement end to end (issue 11). BGP: the gateway (`strait run` with
+//! VIP announcement end to end. BGP: the gateway (`strait run` with
 //! `[gateway.bgp]`) and its BIRD child in the testbed's gateway namespace; a real BIRD 2
 //! router in the client namespace, whose routing table the tests read over its control
 //! socket. L2: the gateway with `[gateway.l2]` and its keepalived child. Needs root, `bird2`

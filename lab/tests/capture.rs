@@ -12,6 +12,7 @@
 
 mod support;
 
+use std::path::Path;
 use std::process::Stdio;
 use std::thread::sleep;
 use std::time::Duration;
@@ -19,7 +20,7 @@ use std::time::Duration;
 use support::bed::CLIENT;
 use support::capture::{books, capture, fields, rows, syn_pair, wait_armed, with, FIELDS};
 use support::e2e::{self, start, Driver, Scenario, VIP};
-use support::harness::{in_ns, strait, text, Proc};
+use support::harness::{in_ns, strait, text, wait_for, Proc, PYTHON};
 
 /// The serial lock and an AF_XDP testbed of `strait testbed up ARGS..`, if the tests may run.
 fn scenario(tag: &str, args: &[&str]) -> Option<Scenario> {
@@ -83,18 +84,35 @@ fn c_captures_started_and_stopped_under_load_lose_no_packet_and_keep_the_books()
         return;
     };
     let gw = start(&s, &s.config());
-    // Traffic: 4,000 UDP exchanges, one after the other, each waiting for its echo.
-    let load = Proc::spawn(
-        s.python(&["udp", VIP, "5353", "20000", "4000"])
+    // Traffic until the test says stop: rounds of 2,000 UDP exchanges, one after the other,
+    // each waiting for its echo (a lost one shows as a round not all answered).
+    let stop = s.dir.join("stop");
+    let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/client.py");
+    let rounds = format!(
+        "while [ ! -e {} ]; do {PYTHON} {} udp {VIP} 5353 20000 2000; done",
+        stop.display(),
+        client.display()
+    );
+    let mut load = Proc::spawn(
+        in_ns(&s.ns("client"), ["sh", "-c", &rounds])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
     );
-    sleep(Duration::from_millis(700));
-    // One capture interrupted by Ctrl-C (SIGINT) ...
+    let captured = || {
+        gw.get("/metrics")
+            .lines()
+            .filter(|l| l.starts_with("strait_capture_frames_total{") && l.contains("captured"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    // One capture interrupted by Ctrl-C (SIGINT) once it has taken frames ...
     let file = s.dir.join("c.pcapng");
     let cap = capture(&s, &["--port", "5353"], &file);
     wait_armed(&gw, true);
-    sleep(Duration::from_millis(700));
+    wait_for("frames captured", Duration::from_secs(10), || {
+        (captured() > 0).then_some(())
+    });
+    sleep(Duration::from_millis(300));
     cap.signal("INT");
     let out = cap.wait();
     assert!(
@@ -104,17 +122,25 @@ fn c_captures_started_and_stopped_under_load_lose_no_packet_and_keep_the_books()
     );
     wait_armed(&gw, false);
     // ... and one whose client is killed: the gateway disarms when it goes.
+    let before = captured();
     let abandoned = capture(&s, &["--port", "5353"], &s.dir.join("c2.pcapng"));
     wait_armed(&gw, true);
-    sleep(Duration::from_millis(300));
+    wait_for("frames captured", Duration::from_secs(10), || {
+        (captured() > before).then_some(())
+    });
     abandoned.signal("KILL");
     let _ = abandoned.wait();
     wait_armed(&gw, false);
-
-    let report = text(&load.wait().stdout);
     assert!(
-        report.contains("sent=4000 answered=4000"),
-        "packets lost while capturing: {report}"
+        load.child().try_wait().unwrap().is_none(),
+        "the traffic stopped before the captures did: not under load"
+    );
+    std::fs::write(&stop, b"").unwrap();
+    let report = text(&load.wait().stdout);
+    let lines: Vec<&str> = report.lines().collect();
+    assert!(
+        !lines.is_empty() && lines.iter().all(|l| *l == "sent=2000 answered=2000"),
+        "packets lost while capturing:\n{report}"
     );
     let rows = fields(&file, &FIELDS);
     let taken = with(&rows, &["in core=0 port=veth-gw verdict=tx service=echo"]).len();

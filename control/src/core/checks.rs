@@ -10,8 +10,7 @@ use std::net::IpAddr;
 
 use strait_config::model::{HealthCheck, Service};
 
-use super::Effect;
-use crate::health::Key;
+use super::{BackendKey, Effect};
 
 /// The checks of one service, by backend (address, port).
 pub type ServiceChecks = BTreeMap<(IpAddr, u16), HealthCheck>;
@@ -49,10 +48,11 @@ impl Checks {
     }
 
     /// Every check wanted.
-    pub fn iter(&self) -> impl Iterator<Item = (Key, &HealthCheck)> + '_ {
-        self.wanted
-            .iter()
-            .flat_map(|(s, m)| m.iter().map(move |(&(a, p), hc)| ((s.clone(), a, p), hc)))
+    pub fn iter(&self) -> impl Iterator<Item = (BackendKey, &HealthCheck)> + '_ {
+        self.wanted.iter().flat_map(|(s, m)| {
+            m.iter()
+                .map(move |(&(a, p), hc)| (BackendKey::new(s.clone(), a, p), hc))
+        })
     }
 
     /// The names of the services with checks.
@@ -69,14 +69,14 @@ impl Checks {
             if want.get(backend) != Some(check) {
                 self.forget(name, *backend);
                 effects.push_back(Effect::StopCheck {
-                    backend: (name.to_owned(), backend.0, backend.1),
+                    backend: BackendKey::new(name, backend.0, backend.1),
                 });
             }
         }
         for (backend, check) in &want {
             if have.get(backend) != Some(check) {
                 effects.push_back(Effect::StartCheck {
-                    backend: (name.to_owned(), backend.0, backend.1),
+                    backend: BackendKey::new(name, backend.0, backend.1),
                     check: check.clone(),
                 });
             }
@@ -88,8 +88,12 @@ impl Checks {
 
     /// Takes a report: `backend` is `up` or not. Whether that changes what the core knows;
     /// a report of a backend not checked changes nothing.
-    pub fn report(&mut self, backend: &Key, up: bool) -> bool {
-        let (service, address, port) = backend;
+    pub fn report(&mut self, backend: &BackendKey, up: bool) -> bool {
+        let BackendKey {
+            service,
+            address,
+            port,
+        } = backend;
         let checked = self
             .wanted
             .get(service)

@@ -1,16 +1,16 @@
 //! What goes into the core and what comes out of it.
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use strait_config::model::{Config, HealthCheck, Service};
 use strait_dataplane::table::ServiceTable;
 
-use crate::health::Key;
-use crate::kube::Publication;
-use crate::neigh::{Neighbours, Scope};
+use crate::kubemodel::Publication;
 
-use super::routes::RouteMap;
+use super::hops::{Neighbours, Scope};
 
 /// What the core is told.
 #[derive(Debug)]
@@ -21,7 +21,7 @@ pub enum Event {
     /// Publications of the Kubernetes source since the last event, in order.
     Kube(Vec<Publication>),
     /// Backends whose health check changed state: `true` is up.
-    Health(Vec<(Key, bool)>),
+    Health(Vec<(BackendKey, bool)>),
     /// A read of the kernel's neighbour table and routes on the backend interface, as
     /// [`Effect::ReadNeighbours`] asked for it: of the whole table, or of some next hops
     /// ([`Neighbours::only`]); an empty one of the whole table when it could not be read.
@@ -64,7 +64,7 @@ pub enum Effect {
         changed: Changed,
     },
     /// The configuration the admin API shows changed: the file's, and the Kubernetes list
-    /// merged into it (`kube::merge` of the two is the running configuration).
+    /// merged into it (`kubemodel::merge` of the two is the running configuration).
     Status {
         /// The file's configuration.
         file: Arc<Config>,
@@ -74,14 +74,14 @@ pub enum Effect {
     /// Start checking `backend` with `check` (replacing another check of it), from up.
     StartCheck {
         /// Service name, address and port.
-        backend: Key,
+        backend: BackendKey,
         /// How.
         check: HealthCheck,
     },
     /// Stop checking `backend`.
     StopCheck {
         /// Service name, address and port.
-        backend: Key,
+        backend: BackendKey,
     },
     /// Own these VIPs (sorted): answer ARP/ND for them and announce them.
     ClaimVips(Vec<IpAddr>),
@@ -115,4 +115,73 @@ pub enum Changed {
     /// These, by name, sorted: set or removed; every other service is shared with the
     /// previous table.
     Services(Vec<String>),
+}
+
+/// A VIP's route: announced, or why not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Route {
+    /// Announced to the routers.
+    Announced,
+    /// The workers do not forward yet.
+    NotForwarding,
+    /// None of the VIP's services has a backend that takes new flows.
+    NoServingBackend,
+    /// The gateway drains (`strait drain`, SIGTERM): every route is withdrawn.
+    Draining,
+    /// Outside `[gateway.bgp] announce`.
+    NotSelected,
+}
+
+impl Route {
+    /// Every state, for metrics that list them all.
+    pub const ALL: [Route; 5] = [
+        Route::Announced,
+        Route::NotForwarding,
+        Route::NoServingBackend,
+        Route::Draining,
+        Route::NotSelected,
+    ];
+
+    /// The state's name in `strait status` and `/metrics`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Route::Announced => "announced",
+            Route::NotForwarding => "not-forwarding",
+            Route::NoServingBackend => "no-serving-backend",
+            Route::Draining => "draining",
+            Route::NotSelected => "not-selected",
+        }
+    }
+}
+
+impl fmt::Display for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Every claimed VIP's route, sorted by VIP.
+pub type RouteMap = BTreeMap<IpAddr, Route>;
+
+/// A checked backend: its service and its address and port. The core starts and stops a
+/// check per key ([`Effect::StartCheck`]) and is told health by it ([`Event::Health`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendKey {
+    /// The service's name.
+    pub service: String,
+    /// The backend's address.
+    pub address: IpAddr,
+    /// The backend's port.
+    pub port: u16,
+}
+
+impl BackendKey {
+    /// The key of backend `address`:`port` of service `service`.
+    pub fn new(service: impl Into<String>, address: IpAddr, port: u16) -> Self {
+        Self {
+            service: service.into(),
+            address,
+            port,
+        }
+    }
 }

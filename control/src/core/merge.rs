@@ -1,5 +1,5 @@
 //! The merged configuration kept in step with Kubernetes changes: the file's services, then
-//! the Kubernetes ones in the list's order (by name), less those [`kube::merge`] leaves out.
+//! the Kubernetes ones in the list's order (by name), less those [`kubemodel::merge`] leaves out.
 //!
 //! A change of a few services edits the merged configuration in place (a binary search in
 //! the sorted Kubernetes part per changed name), so the work is proportional to the change,
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use strait_config::model::{Config, Service};
 use tracing::warn;
 
-use crate::kube;
+use crate::kubemodel;
 
 /// Kubernetes changes up to this many (or an eighth of the services, when more) edit the
 /// merged configuration in place; larger ones merge it from scratch, which then costs about
@@ -36,16 +36,16 @@ pub fn apply(
     merged: &mut Config,
     file: &Config,
     list: &[Arc<Service>],
-    changes: &[kube::Change],
+    changes: &[kubemodel::Change],
 ) -> Applied {
-    let edits: Vec<(&str, Option<&Service>)> = kube::merge_changes(file, changes).collect();
+    let edits: Vec<(&str, Option<&Service>)> = kubemodel::merge_changes(file, changes).collect();
     let mut names: Vec<String> = edits.iter().map(|(n, _)| (*n).to_owned()).collect();
     names.sort_unstable();
     names.dedup();
     let sorted = list.windows(2).all(|w| w[0].name < w[1].name);
     let bulk = !sorted || changes.len() > BULK.max(list.len() / 8);
     if bulk {
-        let (whole, dropped) = kube::merge(file, list);
+        let (whole, dropped) = kubemodel::merge(file, list);
         for d in dropped {
             warn!("{d}");
         }
@@ -54,7 +54,7 @@ pub fn apply(
     }
     // The warnings a merge from scratch gives for the changed services.
     let set: Vec<&Service> = changes.iter().filter_map(|(_, s)| s.as_deref()).collect();
-    for d in kube::dropped(file, &set) {
+    for d in kubemodel::dropped(file, &set) {
         warn!("{d}");
     }
     let file_len = file.services.len();

@@ -54,16 +54,26 @@
 //! - **Deterministic.** Effects come in a fixed order and every list in them is sorted, so
 //!   a simulation seed replays the same run.
 //!
+//! The core's vocabulary lives here, not in the drivers that speak it: a driver imports
+//! [`BackendKey`] (health checks), [`Neighbours`] and [`Scope`] (the neighbour reads),
+//! [`Route`] (BGP, VRRP) from the core, and the core imports no driver. What it knows of
+//! Kubernetes is `crate::kubemodel`'s data ([`Publication`], the merge), never the source
+//! that watches the API server. So the compiler holds "no I/O here": the core cannot name
+//! a socket-owning module.
+//!
 //! | file | part |
 //! |---|---|
-//! | `event.rs` | [`Event`], [`Effect`], [`Loaded`], [`Changed`]: what goes in and out |
+//! | `event.rs` | what goes in and out: [`Event`], [`Effect`], [`Loaded`], [`Changed`], [`BackendKey`], [`Route`] |
 //! | `mod.rs` | [`Control`]: the state machine, building and publishing tables, next hops, timers |
+//! | `hops.rs` | next hops: a read of the kernel's table ([`Neighbours`]), what it covers ([`Scope`]), those followed ([`NextHops`]) |
 //! | `merge.rs` | the merged configuration kept in step with Kubernetes changes |
 //! | `checks.rs` | the health checks wanted and the health told |
+//! | `routes.rs` | which VIPs are announced, followed per changed service |
 //! | `vips.rs` | the VIPs claimed, followed per changed service |
 
 mod checks;
 mod event;
+pub mod hops;
 mod merge;
 mod routes;
 mod vips;
@@ -77,13 +87,11 @@ use strait_config::model::{Config, HealthCheck, MacAddr, Service};
 use strait_dataplane::table::{Builder, Change, Port, ServiceTable, TableError};
 use tracing::{info, warn};
 
-use crate::health::Key;
-use crate::kube::Publication;
-use crate::neigh::{Neighbours, NextHops, Scope};
+use crate::kubemodel::Publication;
 
-pub use event::{Changed, Effect, Event, Loaded};
+pub use event::{BackendKey, Changed, Effect, Event, Loaded, Route, RouteMap};
+pub use hops::{Neighbours, NextHops, Scope};
 pub use merge::BULK;
-pub use routes::{Route, RouteMap};
 
 /// How often the kernel's neighbour table is read again while some backend takes its next
 /// hop from it: a next hop that resolved or changed its MAC is in the table within a second,
@@ -320,12 +328,13 @@ impl Control {
     }
 
     /// Whether `backend` was reported down (and is still checked the same way).
-    pub fn is_down(&self, backend: &Key) -> bool {
-        self.health.is_down(&backend.0, backend.1, backend.2)
+    pub fn is_down(&self, backend: &BackendKey) -> bool {
+        self.health
+            .is_down(&backend.service, backend.address, backend.port)
     }
 
     /// The health checks wanted, by backend.
-    pub fn checks(&self) -> impl Iterator<Item = (Key, &HealthCheck)> + '_ {
+    pub fn checks(&self) -> impl Iterator<Item = (BackendKey, &HealthCheck)> + '_ {
         self.health.iter()
     }
 
@@ -374,7 +383,7 @@ impl Control {
         if loaded.config.gateway.sync != self.file.gateway.sync {
             return Err(Error::RestartNeeded("sync"));
         }
-        let (merged, dropped) = crate::kube::merge(&loaded.config, &self.kube);
+        let (merged, dropped) = crate::kubemodel::merge(&loaded.config, &self.kube);
         for d in dropped {
             warn!("{d}");
         }
@@ -421,7 +430,7 @@ impl Control {
         else {
             return Ok(());
         };
-        let changes: Vec<crate::kube::Change> =
+        let changes: Vec<crate::kubemodel::Change> =
             publications.into_iter().flat_map(|p| p.changes).collect();
         let applied = merge::apply(&mut self.config, &self.file, &list, &changes);
         self.kube = Arc::new(list);
@@ -436,7 +445,7 @@ impl Control {
             .names
             .iter()
             .filter_map(|n| merge::find(&self.config, file_len, n))
-            .flat_map(crate::neigh::hops::targets)
+            .flat_map(hops::targets)
             .collect();
         if !targets.is_empty() || self.held.is_some() {
             // While an update is held, a driver's read is outstanding: the services that join
@@ -491,12 +500,16 @@ impl Control {
         }
     }
 
-    fn health(&mut self, reports: Vec<(Key, bool)>) -> Result<(), Error> {
+    fn health(&mut self, reports: Vec<(BackendKey, bool)>) -> Result<(), Error> {
         let mut names = BTreeSet::new();
         for (backend, up) in reports {
             if self.health.report(&backend, up) {
-                let (service, addr, port) = backend;
-                info!(service = %service, backend = %std::net::SocketAddr::new(addr, port), up, "health changed");
+                let BackendKey {
+                    service,
+                    address,
+                    port,
+                } = backend;
+                info!(service = %service, backend = %std::net::SocketAddr::new(address, port), up, "health changed");
                 names.insert(service);
             }
         }

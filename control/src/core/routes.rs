@@ -12,62 +12,15 @@
 //! thousand looks at that one and its VIP.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use strait_config::model::{Bgp, Config};
 use strait_dataplane::table::{Frontend, ServiceTable};
 
+use super::event::{Changed, Route, RouteMap};
 use super::merge;
 use super::vips::Vips;
-use super::Changed;
-
-/// A VIP's route: announced, or why not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Route {
-    /// Announced to the routers.
-    Announced,
-    /// The workers do not forward yet.
-    NotForwarding,
-    /// None of the VIP's services has a backend that takes new flows.
-    NoServingBackend,
-    /// The gateway drains (`strait drain`, SIGTERM): every route is withdrawn.
-    Draining,
-    /// Outside `[gateway.bgp] announce`.
-    NotSelected,
-}
-
-impl Route {
-    /// Every state, for metrics that list them all.
-    pub const ALL: [Route; 5] = [
-        Route::Announced,
-        Route::NotForwarding,
-        Route::NoServingBackend,
-        Route::Draining,
-        Route::NotSelected,
-    ];
-
-    /// The state's name in `strait status` and `/metrics`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Route::Announced => "announced",
-            Route::NotForwarding => "not-forwarding",
-            Route::NoServingBackend => "no-serving-backend",
-            Route::Draining => "draining",
-            Route::NotSelected => "not-selected",
-        }
-    }
-}
-
-impl fmt::Display for Route {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Every claimed VIP's route, sorted by VIP.
-pub type RouteMap = BTreeMap<IpAddr, Route>;
 
 /// The routes, and what they follow.
 #[derive(Debug, Default)]

@@ -5,7 +5,7 @@ use strait_config::model::{MacAddr, Service};
 use strait_dataplane::table::{Health, Port, ServiceTable};
 
 use super::*;
-use crate::kube::Publication;
+use crate::kubemodel::Publication;
 
 /// A core and the little of a world these tests need: the live table (what the driver swaps
 /// in), the neighbour table reads answer with, and what was probed, claimed and checked.
@@ -16,7 +16,7 @@ struct Driven {
     neighbours: Neighbours,
     probed: Vec<IpAddr>,
     claimed: BTreeSet<IpAddr>,
-    checks: BTreeSet<Key>,
+    checks: BTreeSet<BackendKey>,
     routes: Arc<RouteMap>,
 }
 
@@ -154,7 +154,7 @@ fn kubernetes_changes_update_the_table_in_place() {
     let file = (**c.core.file()).clone();
     assert_eq!(
         c.core.config().clone(),
-        crate::kube::merge(&file, &first).0,
+        crate::kubemodel::merge(&file, &first).0,
         "edited in place, the configuration is what a merge from scratch gives"
     );
     assert_eq!(t1.generation, 2);
@@ -188,7 +188,10 @@ fn kubernetes_changes_update_the_table_in_place() {
     let svc =
         |t: &ServiceTable, n: &str| Arc::clone(t.services.iter().find(|s| s.name == n).unwrap());
     assert!(Arc::ptr_eq(&svc(&t1, "web"), &svc(&t2, "web")));
-    assert_eq!(c.core.config().clone(), crate::kube::merge(&file, &[d]).0);
+    assert_eq!(
+        c.core.config().clone(),
+        crate::kubemodel::merge(&file, &[d]).0
+    );
     // Nobody else holds the replaced table: the builder keeps it for the next update.
     drop((t1, t2));
     let d2 = kube("default/d", "203.0.113.21", &["198.51.100.24"]);
@@ -210,7 +213,7 @@ fn a_health_flap_updates_its_service_only() {
     let mut c = Driven::new(&toml);
     assert_eq!(c.checks.len(), 2, "both web backends checked, api not");
     let t1 = Arc::clone(&c.live);
-    let b1: Key = ("web".into(), ip("198.51.100.11"), 80);
+    let b1 = BackendKey::new("web", ip("198.51.100.11"), 80);
     c.handle(Event::Health(vec![(b1.clone(), false)])).unwrap();
     let t2 = Arc::clone(&c.live);
     assert_eq!(t2.generation, t1.generation + 1);
@@ -234,7 +237,7 @@ fn a_health_flap_updates_its_service_only() {
         "MACs kept"
     );
     // The same report again, or one of a backend nobody checks: nothing.
-    let api: Key = ("api".into(), ip("198.51.100.13"), 80);
+    let api = BackendKey::new("api", ip("198.51.100.13"), 80);
     c.handle(Event::Health(vec![(b1.clone(), false), (api, false)]))
         .unwrap();
     assert_eq!(c.live.generation, t2.generation);
@@ -271,13 +274,13 @@ fn routes_follow_forwarding_health_and_drain() {
     assert_eq!(route(&c, solo), Some(Route::Announced));
     assert_eq!(route(&c, other), Some(Route::NotSelected));
     // The only backend of solo goes down: withdrawn; back up: announced again.
-    let b: Key = ("solo".into(), ip("198.51.100.14"), 80);
+    let b = BackendKey::new("solo", ip("198.51.100.14"), 80);
     c.handle(Event::Health(vec![(b.clone(), false)])).unwrap();
     assert_eq!(route(&c, solo), Some(Route::NoServingBackend));
     c.handle(Event::Health(vec![(b, true)])).unwrap();
     assert_eq!(route(&c, solo), Some(Route::Announced));
     // Every web backend down: the VIP stays, api still serves on it.
-    let down = |a: &str| (("web".to_owned(), ip(a), 80), false);
+    let down = |a: &str| (BackendKey::new("web", ip(a), 80), false);
     c.handle(Event::Health(vec![
         down("198.51.100.11"),
         down("198.51.100.12"),
@@ -285,7 +288,7 @@ fn routes_follow_forwarding_health_and_drain() {
     .unwrap();
     assert_eq!(route(&c, web), Some(Route::Announced));
     c.handle(Event::Health(vec![(
-        ("api".into(), ip("198.51.100.13"), 443),
+        BackendKey::new("api", ip("198.51.100.13"), 443),
         false,
     )]))
     .unwrap();
@@ -298,7 +301,7 @@ fn routes_follow_forwarding_health_and_drain() {
         c.routes
     );
     c.handle(Event::Health(vec![(
-        ("api".into(), ip("198.51.100.13"), 443),
+        BackendKey::new("api", ip("198.51.100.13"), 443),
         true,
     )]))
     .unwrap();

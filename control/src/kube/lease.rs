@@ -27,34 +27,7 @@ use kube::Client;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-/// Where the Lease is and who this gateway is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseSettings {
-    /// The Lease's namespace.
-    pub namespace: String,
-    /// The Lease's name.
-    pub name: String,
-    /// This gateway's identity (`holderIdentity`): unique among the gateways.
-    pub identity: String,
-    /// `leaseDurationSeconds`: how long a silent leader is waited for.
-    pub duration: Duration,
-}
-
-impl LeaseSettings {
-    /// Default duration: 15 s, client-go's and kube-controller-manager's.
-    pub const DEFAULT_DURATION: Duration = Duration::from_secs(15);
-
-    /// How often a candidate tries: a fifth of the duration, at least a second.
-    pub fn retry(&self) -> Duration {
-        (self.duration / 5).max(Duration::from_secs(1))
-    }
-
-    /// How long a leader may fail to renew before it stops leading: two thirds of the
-    /// duration, so it stops before another may take over.
-    pub fn renew_deadline(&self) -> Duration {
-        self.duration * 2 / 3
-    }
-}
+use crate::kubemodel::settings::LeaseSettings;
 
 /// What a candidate remembers of the Lease between tries.
 #[derive(Debug, Default)]

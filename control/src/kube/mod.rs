@@ -20,41 +20,34 @@
 //! Services it touches and publishes the list with what changed, and the control core
 //! updates its table for those services only (and the loop swaps it in atomically).
 //!
+//! This module is the I/O; what the objects mean (translation, address planning, the
+//! reconcile round, Event texts, [`Publication`]) is `crate::kubemodel`, pure, which the
+//! control core reads without reaching any of this.
+//!
 //! | file | part |
 //! |---|---|
-//! | [`settings`] | what the source is told (class, pools, mode, NodePort address) and its flags |
-//! | [`translate`] | Service + EndpointSlice + Node → `model::Service`, pure |
-//! | [`pool`] | LoadBalancer address allocation, pure |
-//! | [`crd`] | the `StraitAddressPool` custom resource: pools as cluster objects |
-//! | [`watch`] | watchers, the reconcile loop, status writes |
-//! | [`events`] | Kubernetes Events, de-duplicated |
+//! | [`watch`] | watchers, the loop driving `kubemodel::Controller`, status writes |
+//! | [`events`] | posting notices as Kubernetes Events |
 //! | [`lease`] | the Lease that elects the one gateway writing status and Events |
 //! | [`stats`] | connection state and counters for `/metrics` |
 
-pub mod crd;
 pub mod events;
 pub mod lease;
-pub mod pool;
-pub mod settings;
 pub mod stats;
-pub mod translate;
 pub mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Service};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
-use strait_config::model;
 use tracing::{error, info};
 
-pub use settings::{Args, Settings};
+pub use crate::kubemodel::settings::{Args, Settings};
+use crate::kubemodel::Publication;
 pub use stats::{Metrics, Stats};
-pub use translate::Change;
-pub use watch::{run_source, Publication};
+pub use watch::run_source;
 
 /// What can go wrong starting or running the Kubernetes source.
 #[derive(Debug, thiserror::Error)]
@@ -87,29 +80,6 @@ pub enum KubeError {
     /// The watch streams ended (kube-rs' watchers never end; a bug if seen).
     #[error("the Kubernetes watch streams ended")]
     StreamsEnded,
-}
-
-/// `namespace/name` of an object (`name` for cluster-scoped ones): the key of every map
-/// in this module.
-pub fn object_key(meta: &ObjectMeta) -> String {
-    let name = meta.name.as_deref().unwrap_or("");
-    match meta.namespace.as_deref() {
-        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
-        _ => name.to_owned(),
-    }
-}
-
-/// A reference to a Service, for Events.
-pub fn service_reference(svc: &Service) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".to_owned()),
-        kind: Some("Service".to_owned()),
-        name: svc.metadata.name.clone(),
-        namespace: svc.metadata.namespace.clone(),
-        uid: svc.metadata.uid.clone(),
-        resource_version: svc.metadata.resource_version.clone(),
-        field_path: None,
-    }
 }
 
 /// A client from `kubeconfig` when given, else inferred: `$KUBECONFIG`, `~/.kube/config`,
@@ -228,71 +198,5 @@ where
         stats,
         stop: Some(stop),
         thread: Some(thread),
-    })
-}
-
-/// The configuration file's `config` with the Kubernetes services added. A Kubernetes
-/// service whose name or frontend (address, port, protocol) a file service already has is
-/// left out: the file is the operator's word. Returns the merged configuration and one
-/// message per service left out.
-pub fn merge<S: std::borrow::Borrow<model::Service>>(
-    config: &model::Config,
-    kube: &[S],
-) -> (model::Config, Vec<String>) {
-    let mut merged = config.clone();
-    let mut dropped = Vec::new();
-    for s in kube.iter().map(std::borrow::Borrow::borrow) {
-        match left_out(config, s) {
-            Some(why) => dropped.push(why),
-            None => merged.services.push(s.clone()),
-        }
-    }
-    (merged, dropped)
-}
-
-/// The messages [`merge`] gives for `kube`, without making the merged configuration.
-pub fn dropped<S: std::borrow::Borrow<model::Service>>(
-    config: &model::Config,
-    kube: &[S],
-) -> Vec<String> {
-    kube.iter()
-        .filter_map(|s| left_out(config, s.borrow()))
-        .collect()
-}
-
-/// Why [`merge`] leaves Kubernetes service `s` out, if it does.
-fn left_out(config: &model::Config, s: &model::Service) -> Option<String> {
-    let f = config
-        .services
-        .iter()
-        .find(|f| f.name == s.name || (f.vip, f.port, f.protocol) == (s.vip, s.port, s.protocol))?;
-    Some(format!(
-        "kubernetes service {} ({} {}) left out: the configuration file's service {} has its name or frontend",
-        s.name,
-        s.frontend(),
-        s.protocol,
-        f.name
-    ))
-}
-
-/// `changes` as they apply to [`merge`]'s result with `config`: the change of a name a
-/// file service has is left out (that service is the file's), and a service whose
-/// frontend a file service has becomes a removal (merge leaves it out). Each item is a
-/// name and its service, `None` for a removal.
-pub fn merge_changes<'a>(
-    config: &'a model::Config,
-    changes: &'a [Change],
-) -> impl Iterator<Item = (&'a str, Option<&'a model::Service>)> + 'a {
-    changes.iter().filter_map(move |(name, s)| {
-        if config.services.iter().any(|f| &f.name == name) {
-            return None;
-        }
-        let s = s.as_deref().filter(|s| {
-            !config
-                .services
-                .iter()
-                .any(|f| (f.vip, f.port, f.protocol) == (s.vip, s.port, s.protocol))
-        });
-        Some((name.as_str(), s))
     })
 }

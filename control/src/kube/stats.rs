@@ -11,55 +11,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 
+use crate::kubemodel::events::{NoticeType, WARNING_REASONS};
+use crate::kubemodel::translate::WarningKind;
+use crate::kubemodel::Kind;
 use crate::metrics::{counter, gauge, gauge_of, one, Rows};
-
-use super::events::{NoticeType, WARNING_REASONS};
-use super::translate::WarningKind;
-
-/// The kinds of object the source watches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Kind {
-    /// `v1` Services.
-    Services,
-    /// `discovery.k8s.io/v1` EndpointSlices.
-    EndpointSlices,
-    /// `v1` Nodes.
-    Nodes,
-    /// `strait.dev/v1alpha1` StraitAddressPools (watched with `--kube-pool-objects`).
-    AddressPools,
-    /// `v1` Namespaces (their labels, for pools' `namespaceSelectors`; watched with
-    /// `--kube-pool-objects`).
-    Namespaces,
-}
-
-impl Kind {
-    /// Every kind.
-    pub const ALL: [Kind; 3] = [Kind::Services, Kind::EndpointSlices, Kind::Nodes];
-
-    /// Every kind, the optional address pools too.
-    pub const EVERY: [Kind; 5] = [
-        Kind::Services,
-        Kind::EndpointSlices,
-        Kind::Nodes,
-        Kind::AddressPools,
-        Kind::Namespaces,
-    ];
-
-    /// The metrics label and log spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Services => "services",
-            Kind::EndpointSlices => "endpointslices",
-            Kind::Nodes => "nodes",
-            Kind::AddressPools => "straitaddresspools",
-            Kind::Namespaces => "namespaces",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
 
 #[derive(Debug, Default)]
 struct PerKind {

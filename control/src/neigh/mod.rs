@@ -12,13 +12,15 @@
 //! via <node>`) is reached at the router's MAC: the next hop is the gateway of the most
 //! specific route of the interface that covers the address, as the kernel would choose.
 //!
-//! Three parts, so that the control core can follow next hops without a socket:
+//! The control core follows next hops without a socket: what a read finds ([`Neighbours`]),
+//! what it covers ([`Scope`]) and which next hops the table takes from the kernel
+//! (`NextHops`) are the core's (`crate::core::hops`); this module makes the reads and
+//! probes it asks for:
 //!
 //! | file | part |
 //! |---|---|
 //! | [`rtnl`] | the read: the neighbour table and routes over rtnetlink, whole or per next hop |
-//! | [`hops`] | [`NextHops`], pure: which next hops the table takes from the kernel, which are still unresolved, and when a fresh read calls for a refill |
-//! | this file | [`Neighbours`] (a read) and its [`Scope`], the backend interface, and the probe that makes the kernel resolve an address |
+//! | this file | the backend interface, and the probe that makes the kernel resolve an address |
 //!
 //! The control core ([`crate::core`]) asks for a read and for probes; the control loop
 //! ([`crate::run`]) does both. A read has a [`Scope`]:
@@ -35,118 +37,17 @@
 //!
 //! Both are read on a socket opened in the calling thread's network namespace.
 
-pub mod hops;
 pub mod rtnl;
 
-use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::sync::{Mutex, PoisonError};
 
-use ipnet::IpNet;
-use strait_config::model::{Config, MacAddr, Role};
+use strait_config::model::{Config, Role};
 use tracing::warn;
 
-pub use hops::NextHops;
+use crate::core::{Neighbours, Scope};
 pub use rtnl::{hop_entries, table, DUMP_ATTEMPTS};
-
-/// What the kernel knows about reaching hosts through one interface.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Neighbours {
-    /// Resolved neighbour entries: address to MAC.
-    pub macs: HashMap<IpAddr, MacAddr>,
-    /// The interface's routes: destination and gateway (`None`: on-link).
-    pub routes: Vec<(IpNet, Option<IpAddr>)>,
-    /// The interface's index (0: unknown).
-    pub ifindex: u32,
-    /// `None` for a read of the whole table. `Some(hops)` (sorted) for a read of these next
-    /// hops only ([`Scope::Targets`]): `macs` holds those of them that are resolved, and
-    /// says nothing of the table's other entries.
-    pub only: Option<Vec<IpAddr>>,
-}
-
-impl Neighbours {
-    /// The next hop towards `addr`: the gateway of the most specific route that covers
-    /// it, else `addr` itself (on-link, or no route known).
-    pub fn next_hop(&self, addr: IpAddr) -> IpAddr {
-        self.routes
-            .iter()
-            .filter(|(net, _)| net.contains(&addr))
-            .max_by_key(|(net, _)| net.prefix_len())
-            .and_then(|(_, via)| *via)
-            .unwrap_or(addr)
-    }
-
-    /// The next hop of backend target `target` (see [`Scope::Targets`]): [`Neighbours::next_hop`]
-    /// when it may be routed, itself when not.
-    pub fn hop_of(&self, (target, routed): (IpAddr, bool)) -> IpAddr {
-        if routed {
-            self.next_hop(target)
-        } else {
-            target
-        }
-    }
-
-    /// The next hops of `targets`, sorted, once each.
-    pub fn hops_of(&self, targets: &[(IpAddr, bool)]) -> Vec<IpAddr> {
-        let mut hops: Vec<IpAddr> = targets.iter().map(|&t| self.hop_of(t)).collect();
-        hops.sort();
-        hops.dedup();
-        hops
-    }
-
-    /// What a read of `targets` only ([`Scope::Targets`]) finds in this read of the whole
-    /// table: its routes, and the entries of the targets' next hops.
-    pub fn part(&self, targets: &[(IpAddr, bool)]) -> Self {
-        let hops = self.hops_of(targets);
-        Self {
-            macs: hops
-                .iter()
-                .filter_map(|h| Some((*h, *self.macs.get(h)?)))
-                .collect(),
-            routes: self.routes.clone(),
-            ifindex: self.ifindex,
-            only: Some(hops),
-        }
-    }
-
-    /// Takes newer read `read` in: one of the whole table replaces this; one of some next
-    /// hops ([`Neighbours::only`]) sets or removes their entries and replaces the routes
-    /// and the interface index, and leaves the other entries as they were. The work is that
-    /// of the read's size, not of the table's.
-    pub fn update(&mut self, read: Neighbours) {
-        let Some(hops) = read.only else {
-            *self = read;
-            return;
-        };
-        for h in hops {
-            match read.macs.get(&h) {
-                Some(&m) => {
-                    self.macs.insert(h, m);
-                }
-                None => {
-                    self.macs.remove(&h);
-                }
-            }
-        }
-        self.routes = read.routes;
-        if read.ifindex != 0 {
-            self.ifindex = read.ifindex;
-        }
-    }
-}
-
-/// What a read of the kernel's tables ([`crate::core::Effect::ReadNeighbours`]) covers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Scope {
-    /// The whole neighbour table of the backend interface, and its routes.
-    All,
-    /// The routes, and the neighbour entries of these backend targets' next hops only:
-    /// each target is an address (the tunnel target in the tunnel modes) and whether it may
-    /// be routed (`false` in `dsr-l2`, where a backend is its own next hop). Sorted, once
-    /// each. The answer has [`Neighbours::only`] set.
-    Targets(Vec<(IpAddr, bool)>),
-}
 
 /// Why the neighbours or routes of an interface could not be read.
 #[derive(Debug, thiserror::Error)]

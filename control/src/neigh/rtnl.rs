@@ -20,7 +20,8 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket};
 use strait_config::model::MacAddr;
 
-use super::{Error, Neighbours};
+use super::Error;
+use crate::core::Neighbours;
 
 /// `iface`'s resolved neighbours and its routes in the main table, IPv4 and IPv6, as the
 /// calling thread's network namespace has them.

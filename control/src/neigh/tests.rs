@@ -1,6 +1,11 @@
-use super::hops::*;
+use std::collections::HashMap;
+
+use ipnet::IpNet;
+
 use super::rtnl::*;
 use super::*;
+use crate::core::hops::{self, *};
+use crate::core::Neighbours;
 use strait_config::model::{MacAddr, Mode, Service};
 
 thread_local! {
@@ -816,7 +821,7 @@ fn a_read_of_some_next_hops_updates_their_entries_and_keeps_the_others() {
 }
 
 fn targets_of(s: &Service) -> Vec<(IpAddr, bool)> {
-    super::hops::targets(s).collect()
+    hops::targets(s).collect()
 }
 
 #[test]

@@ -28,9 +28,9 @@ use tracing::{info, warn};
 
 use crate::admin::{self, Request};
 use crate::bgp::Speaker;
-use crate::core::{Control, Effect, Event};
+use crate::core::{BackendKey, Control, Effect, Event};
 use crate::footprint::Footprint;
-use crate::health::{self, Checker};
+use crate::health::Checker;
 use crate::l2::Vrrp;
 use crate::shared::{Shared, Sources};
 use crate::vip::Vips;
@@ -48,13 +48,13 @@ pub struct Gateway {
     core: Control,
     checker: Checker,
     /// Health-state changes from the checker's threads.
-    changes: Receiver<health::Key>,
+    changes: Receiver<BackendKey>,
     /// State the admin API and the workers read.
     pub shared: Arc<Shared>,
     vips: Option<Vips>,
     workers: Option<Workers>,
     /// The Kubernetes source's publications, when `--kube` is given.
-    kube: Option<Receiver<crate::kube::Publication>>,
+    kube: Option<Receiver<crate::kubemodel::Publication>>,
     /// The BGP speaker, when `[gateway.bgp]` is configured.
     speaker: Option<Speaker>,
     /// The VRRP side, when `[gateway.l2]` is configured.
@@ -239,7 +239,7 @@ impl Gateway {
 
     /// With flow sync, waits (at most [`crate::sync::DUMP_WAIT`]) until every peer gateway
     /// has sent its flow table, so that no route brings this gateway a flow it has not
-    /// imported yet: a restart after a backend change moves no flow (issue 11).
+    /// imported yet: a restart after a backend change moves no flow.
     pub fn wait_for_peers(&self) {
         let Some(w) = &self.workers else { return };
         let t = Instant::now();
@@ -266,7 +266,7 @@ impl Gateway {
     }
 
     /// Takes Kubernetes publications from `lists` from now on (see [`crate::kube`]).
-    pub fn follow_kube(&mut self, lists: Receiver<crate::kube::Publication>) {
+    pub fn follow_kube(&mut self, lists: Receiver<crate::kubemodel::Publication>) {
         self.kube = Some(lists);
     }
 
@@ -425,7 +425,7 @@ impl Gateway {
             }
             trimmer.tick(Instant::now());
             if let Some(w) = &mut watchdog {
-                w.tick(&self.shared, Instant::now());
+                w.tick(&self.shared.cores, Instant::now());
             }
             if stop.swap(false, Ordering::Relaxed) {
                 if drained_at.is_some() {
@@ -445,12 +445,12 @@ impl Gateway {
                 Ok(k) => {
                     // A burst of changes is one event (one table update); each backend's
                     // state is the checker's now, so a stale report tells the truth.
-                    let keys: Vec<health::Key> =
+                    let keys: Vec<BackendKey> =
                         std::iter::once(k).chain(self.changes.try_iter()).collect();
                     let reports = keys
                         .into_iter()
                         .map(|k| {
-                            let up = !self.checker.is_down(&k.0, k.1, k.2);
+                            let up = !self.checker.is_down(&k.service, k.address, k.port);
                             (k, up)
                         })
                         .collect();
@@ -476,7 +476,7 @@ impl Gateway {
                     Err(e) => warn!("SIGHUP: reload refused, keeping the running table:\n{e:#}"),
                 }
             }
-            let lists: Vec<crate::kube::Publication> = self
+            let lists: Vec<crate::kubemodel::Publication> = self
                 .kube
                 .as_ref()
                 .map(|k| k.try_iter().collect())

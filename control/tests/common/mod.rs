@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use strait_config::model;
 use strait_control::kube;
-use strait_control::kube::settings::Settings;
+use strait_control::kubemodel;
+use strait_control::kubemodel::settings::Settings;
 use strait_testkit::fake_api::FakeApi;
 use strait_testkit::harness::Scratch;
 
@@ -22,7 +23,7 @@ pub fn start(
         .try_init();
     let kc = api.kubeconfig(dir.path());
     let (tx, rx) = mpsc::channel();
-    let src = kube::spawn_feed(Some(&kc), st, move |p: kube::Publication| {
+    let src = kube::spawn_feed(Some(&kc), st, move |p: kubemodel::Publication| {
         let _ = tx.send(p.services.iter().map(|s| (**s).clone()).collect());
     })
     .unwrap();

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use hashbrown::HashMap;
 use strait_config::model::{MacAddr, Mode};
 
-use crate::flow::Timeouts;
-use crate::key::{addr_bytes, bytes_addr, BackendId};
+use crate::flow::{FlowValue, Timeouts};
+use crate::key::{addr_bytes, bytes_addr, BackendId, FlowKey};
 use crate::maglev;
 
 mod builder;
@@ -407,4 +407,28 @@ impl ServiceTable {
     pub fn has_vip(&self, vip: &[u8; 16]) -> bool {
         self.services.iter().any(|s| &s.frontend.vip == vip)
     }
+}
+
+// The two below follow flow entries to backends in a snapshot: the pipeline does so for
+// every packet and flow sync for every record it imports or dumps. They live here, below
+// both, so that `sync` needs nothing of `pipeline`.
+
+/// The reply tuple of a nat flow to backend `b`: backend:port to client:port.
+#[inline(always)]
+pub(crate) fn reply_key(k: &FlowKey, b: &Backend) -> FlowKey {
+    FlowKey {
+        src: b.addr,
+        dst: k.src,
+        src_port: b.port,
+        dst_port: k.src_port,
+        proto: k.proto,
+    }
+}
+
+/// The backend a flow entry names, if the snapshot still has it: same id and incarnation (an
+/// id reused for another backend has another incarnation).
+#[inline(always)]
+pub(crate) fn current<'t>(t: &'t ServiceTable, v: &FlowValue) -> Option<&'t Backend> {
+    t.backend(v.backend)
+        .filter(|b| b.incarnation == v.incarnation)
 }

@@ -9,7 +9,29 @@ use std::os::fd::AsFd;
 
 use libbpf_rs::{MapCore, MapHandle, Object, ObjectBuilder, Xdp, XdpFlags};
 
-use super::{ifindex, AttachMode, AttachPolicy, XskError};
+use super::{ifindex, XskError};
+
+/// How the program is attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachMode {
+    /// In the driver (`XDP_FLAGS_DRV_MODE`), before an skb exists.
+    Native,
+    /// Generic XDP (`XDP_FLAGS_SKB_MODE`), after the skb is built; works on every interface,
+    /// slower.
+    Generic,
+}
+
+/// Which attach modes to try.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttachPolicy {
+    /// Native, falling back to generic.
+    #[default]
+    NativeOrGeneric,
+    /// Native or fail.
+    NativeOnly,
+    /// Generic only.
+    GenericOnly,
+}
 
 /// Bytes aligned to 8, as libelf wants an object in memory.
 #[repr(C, align(8))]

@@ -33,7 +33,7 @@ use hashbrown::{HashMap, HashSet};
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use strait_config::model::Mode;
 
-use super::attach::{Aligned, XdpProgram};
+use super::attach::{Aligned, AttachMode, AttachPolicy, XdpProgram};
 use super::{Port, XskError};
 use crate::embedded_object;
 use crate::table::{Service, ServiceTable};
@@ -54,28 +54,6 @@ fn endpoint_key(addr: &[u8; 16], port: u16, proto: u8) -> EndpointKey {
     k[16..18].copy_from_slice(&port.to_be_bytes());
     k[18] = proto;
     k
-}
-
-/// How the program is attached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttachMode {
-    /// In the driver (`XDP_FLAGS_DRV_MODE`), before an skb exists.
-    Native,
-    /// Generic XDP (`XDP_FLAGS_SKB_MODE`), after the skb is built; works on every interface,
-    /// slower.
-    Generic,
-}
-
-/// Which attach modes to try.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum AttachPolicy {
-    /// Native, falling back to generic.
-    #[default]
-    NativeOrGeneric,
-    /// Native or fail.
-    NativeOnly,
-    /// Generic only.
-    GenericOnly,
 }
 
 /// What [`SteerProgram::update_maps`] changed, over the lookup maps.

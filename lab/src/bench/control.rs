@@ -39,9 +39,9 @@ use strait_config::model::{MacAddr, Mode, Service};
 use strait_dataplane::table::{Builder, Port, ServiceTable};
 
 use strait_control::core::Event as ControlEvent;
-use strait_control::kube::stats::Kind;
-use strait_control::kube::watch::Controller;
-use strait_control::kube::Settings;
+use strait_control::kubemodel::Controller;
+use strait_control::kubemodel::Kind;
+use strait_control::kubemodel::Settings;
 
 #[derive(Debug, Serialize)]
 struct Report {
@@ -144,7 +144,7 @@ fn service(i: usize) -> Value {
         "metadata": { "name": format!("svc{i}"), "namespace": "bench",
                       "creationTimestamp": "2026-01-01T00:00:00Z" },
         "spec": {
-            "type": "LoadBalancer", "loadBalancerClass": strait_control::kube::settings::DEFAULT_CLASS,
+            "type": "LoadBalancer", "loadBalancerClass": strait_control::kubemodel::settings::DEFAULT_CLASS,
             "ipFamilies": ["IPv6"], "ipFamilyPolicy": "SingleStack",
             "ports": [{ "name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080 }]
         }
@@ -396,17 +396,18 @@ fn measure(opts: Run, netns: Option<&str>) -> anyhow::Result<()> {
     // reads the table (the router's entry resolves them all). Without, every backend has one
     // already, so the table is not read.
     let mut macs = Macs::default();
-    let mut publication = |services: &[Arc<Service>], changes: &[strait_control::kube::Change]| {
-        if workers {
-            strait_control::kube::Publication {
-                services: services.to_vec(),
-                changes: changes.to_vec(),
+    let mut publication =
+        |services: &[Arc<Service>], changes: &[strait_control::kubemodel::Change]| {
+            if workers {
+                strait_control::kubemodel::Publication {
+                    services: services.to_vec(),
+                    changes: changes.to_vec(),
+                }
+            } else {
+                macs.publication(services, changes)
             }
-        } else {
-            macs.publication(services, changes)
-        }
-    };
-    let all: Vec<strait_control::kube::Change> = round
+        };
+    let all: Vec<strait_control::kubemodel::Change> = round
         .services
         .iter()
         .map(|s| (s.name.clone(), Some(Arc::clone(s))))
@@ -618,7 +619,7 @@ fn dsr_service(name: &str, local: bool) -> Value {
         "metadata": { "name": name, "namespace": "bench",
                       "creationTimestamp": "2026-01-01T00:00:00Z" },
         "spec": {
-            "type": "LoadBalancer", "loadBalancerClass": strait_control::kube::settings::DEFAULT_CLASS,
+            "type": "LoadBalancer", "loadBalancerClass": strait_control::kubemodel::settings::DEFAULT_CLASS,
             "ipFamilies": ["IPv6"], "ipFamilyPolicy": "SingleStack",
             "externalTrafficPolicy": if local { "Local" } else { "Cluster" },
             "ports": [{ "name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080 }]
@@ -666,7 +667,10 @@ fn node_neighbours(netns: &str, range: std::ops::Range<usize>) -> anyhow::Result
 type Through = (Duration, Duration, Option<(Vec<Arc<Service>>, usize)>);
 
 /// Makes a publication of a round's list and changes.
-type Publish<'a> = dyn FnMut(&[Arc<Service>], &[strait_control::kube::Change]) -> strait_control::kube::Publication
+type Publish<'a> = dyn FnMut(
+        &[Arc<Service>],
+        &[strait_control::kubemodel::Change],
+    ) -> strait_control::kubemodel::Publication
     + 'a;
 
 /// One watch event through the controller and, when it asks for a round, the round, the
@@ -768,17 +772,18 @@ fn measure_dsr(
         control.start_workers()?;
     }
     let mut macs = Macs::default();
-    let mut publication = |services: &[Arc<Service>], changes: &[strait_control::kube::Change]| {
-        if workers {
-            strait_control::kube::Publication {
-                services: services.to_vec(),
-                changes: changes.to_vec(),
+    let mut publication =
+        |services: &[Arc<Service>], changes: &[strait_control::kubemodel::Change]| {
+            if workers {
+                strait_control::kubemodel::Publication {
+                    services: services.to_vec(),
+                    changes: changes.to_vec(),
+                }
+            } else {
+                macs.publication(services, changes)
             }
-        } else {
-            macs.publication(services, changes)
-        }
-    };
-    let all: Vec<strait_control::kube::Change> = round
+        };
+    let all: Vec<strait_control::kubemodel::Change> = round
         .services
         .iter()
         .map(|s| (s.name.clone(), Some(Arc::clone(s))))
@@ -908,8 +913,8 @@ impl Macs {
     fn publication(
         &mut self,
         services: &[Arc<Service>],
-        changes: &[strait_control::kube::Change],
-    ) -> strait_control::kube::Publication {
+        changes: &[strait_control::kubemodel::Change],
+    ) -> strait_control::kubemodel::Publication {
         for (name, s) in changes {
             match s {
                 Some(s) => {
@@ -925,7 +930,7 @@ impl Macs {
             }
         }
         let get = |s: &Arc<Service>| Arc::clone(self.0.get(&s.name).unwrap_or(s));
-        strait_control::kube::Publication {
+        strait_control::kubemodel::Publication {
             services: services.iter().map(get).collect(),
             changes: changes
                 .iter()
@@ -949,7 +954,7 @@ fn check(
         full.services.len() == list.len() && full.services.iter().zip(list).all(|(a, b)| a == &**b),
         "the incremental translation differs from a full one"
     );
-    let (merged, _) = strait_control::kube::merge(file, list);
+    let (merged, _) = strait_control::kubemodel::merge(file, list);
     let want = Builder::new().build(&merged, ports, |_, _, _| false)?;
     let view = |t: &ServiceTable| {
         let mut v: Vec<_> = t

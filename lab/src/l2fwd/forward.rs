@@ -12,10 +12,37 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use strait_dataplane::rewrite::Frame;
+use strait_dataplane::stats::BusyTime;
 use strait_dataplane::xsk::worker::{IDLE_POLL_MS, IDLE_SPINS, PUBLISH_EVERY};
 use strait_dataplane::xsk::{Clock, MonotonicClock, PortDriver, BATCH};
 
-use super::L2fwdStats;
+/// What the forwarding loop did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct L2fwdStats {
+    /// Frames read from the RX ring.
+    pub rx: u64,
+    /// Frames put on the TX ring.
+    pub tx: u64,
+    /// Frames the kernel reported sent (completion ring): the forwarded count.
+    pub forwarded: u64,
+    /// Frames dropped because the TX ring was full.
+    pub tx_ring_full: u64,
+    /// Frames shorter than an Ethernet header, dropped.
+    pub runts: u64,
+    /// RX descriptors outside the UMEM or naming a frame not on a fill ring (a kernel bug if
+    /// ever non-zero).
+    pub invalid_rx: u64,
+    /// RX batches forwarded.
+    pub batches: u64,
+    /// `sendto` kicks made because the kernel asked for them.
+    pub tx_kicks: u64,
+    /// `recvfrom` kicks made because the driver asked for fill-ring wakeups.
+    pub fill_kicks: u64,
+    /// Sleeps in `poll(2)` after [`strait_dataplane::xsk::worker::IDLE_SPINS`] empty turns.
+    pub idle_polls: u64,
+    /// Time in turns that found frames, as the gateway's workers count it.
+    pub busy: BusyTime,
+}
 
 /// [`BATCH`] as an array length.
 const B: usize = BATCH as usize;

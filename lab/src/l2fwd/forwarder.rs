@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use libbpf_rs::{MapCore, MapFlags};
 
-use strait_dataplane::stats::BusyTime;
 use strait_dataplane::xsk::{
     interface_port, Aligned, AttachMode, AttachPolicy, BindMode, BindPolicy, GroupConfig,
     PortConfig, QueueGroup, XdpProgram, XskError,
@@ -29,7 +28,7 @@ use strait_dataplane::xsk::{
 
 use strait_dataplane::embedded_object;
 
-use super::forward::{forward, Forwarded, RX};
+use super::forward::{forward, Forwarded, L2fwdStats, RX};
 
 /// The compiled program, `bpf/redirect.bpf.c`.
 static OBJECT: &Aligned<[u8]> = embedded_object!("redirect");
@@ -70,34 +69,6 @@ impl L2fwdConfig {
             attach: AttachPolicy::default(),
         }
     }
-}
-
-/// What the forwarder did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct L2fwdStats {
-    /// Frames read from the RX ring.
-    pub rx: u64,
-    /// Frames put on the TX ring.
-    pub tx: u64,
-    /// Frames the kernel reported sent (completion ring): the forwarded count.
-    pub forwarded: u64,
-    /// Frames dropped because the TX ring was full.
-    pub tx_ring_full: u64,
-    /// Frames shorter than an Ethernet header, dropped.
-    pub runts: u64,
-    /// RX descriptors outside the UMEM or naming a frame not on a fill ring (a kernel bug if
-    /// ever non-zero).
-    pub invalid_rx: u64,
-    /// RX batches forwarded.
-    pub batches: u64,
-    /// `sendto` kicks made because the kernel asked for them.
-    pub tx_kicks: u64,
-    /// `recvfrom` kicks made because the driver asked for fill-ring wakeups.
-    pub fill_kicks: u64,
-    /// Sleeps in `poll(2)` after [`strait_dataplane::xsk::worker::IDLE_SPINS`] empty turns.
-    pub idle_polls: u64,
-    /// Time in turns that found frames, as the gateway's workers count it.
-    pub busy: BusyTime,
 }
 
 /// The forwarder: its redirect program on the RX interface and one queue group over both

@@ -20,7 +20,8 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
-pub use forwarder::{L2fwd, L2fwdConfig, L2fwdStats};
+pub use forward::L2fwdStats;
+pub use forwarder::{L2fwd, L2fwdConfig};
 use serde::Serialize;
 use strait_config::MacAddr;
 

@@ -56,7 +56,7 @@ pub struct Settings {
     pub maglev_min_table_size: u32,
     /// The Lease that elects the one gateway writing Service status and Events, when
     /// several run (`--kube-lease`); `None`: this gateway writes them.
-    pub lease: Option<super::lease::LeaseSettings>,
+    pub lease: Option<LeaseSettings>,
 }
 
 /// Default `loadBalancerClass` of the Services Strait owns.
@@ -308,15 +308,12 @@ impl Args {
             .kube_proxy_health_port
             .filter(|&p| p != 0)
             .map(|p| (p, KUBE_PROXY_HEALTH_PATH.to_owned()));
-        s.lease = self
-            .lease
-            .as_ref()
-            .map(|(namespace, name)| super::lease::LeaseSettings {
-                namespace: namespace.clone(),
-                name: name.clone(),
-                identity: self.identity.clone().unwrap_or_else(host_name),
-                duration: self.lease_duration,
-            });
+        s.lease = self.lease.as_ref().map(|(namespace, name)| LeaseSettings {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            identity: self.identity.clone().unwrap_or_else(host_name),
+            duration: self.lease_duration,
+        });
         s
     }
 }
@@ -328,4 +325,33 @@ fn host_name() -> String {
         .and_then(|h| h.into_string().ok())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| format!("strait-{}", std::process::id()))
+}
+
+/// Where the Lease is and who this gateway is (`crate::kube::lease` holds it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSettings {
+    /// The Lease's namespace.
+    pub namespace: String,
+    /// The Lease's name.
+    pub name: String,
+    /// This gateway's identity (`holderIdentity`): unique among the gateways.
+    pub identity: String,
+    /// `leaseDurationSeconds`: how long a silent leader is waited for.
+    pub duration: Duration,
+}
+
+impl LeaseSettings {
+    /// Default duration: 15 s, client-go's and kube-controller-manager's.
+    pub const DEFAULT_DURATION: Duration = Duration::from_secs(15);
+
+    /// How often a candidate tries: a fifth of the duration, at least a second.
+    pub fn retry(&self) -> Duration {
+        (self.duration / 5).max(Duration::from_secs(1))
+    }
+
+    /// How long a leader may fail to renew before it stops leading: two thirds of the
+    /// duration, so it stops before another may take over.
+    pub fn renew_deadline(&self) -> Duration {
+        self.duration * 2 / 3
+    }
 }

@@ -1,6 +1,9 @@
-//! Which next hops the table takes from the kernel, pure: filled from a read, followed,
-//! and checked against later reads. It sends nothing: the next hops to probe are returned,
-//! and the caller (the control core) turns them into probe effects.
+//! Next hops, pure: what a read of the kernel's neighbour table and routes finds
+//! ([`Neighbours`]), what a read covers ([`Scope`]), and which next hops the table takes
+//! from the kernel ([`NextHops`]): filled from a read, followed, and checked against later
+//! reads. It reads and sends nothing: `crate::neigh` makes the reads the core asks for
+//! ([`super::Effect::ReadNeighbours`]), and the next hops to probe are returned for the
+//! core to turn into probe effects.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -8,7 +11,103 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use strait_config::model::{MacAddr, Mode, Service};
 
-use super::Neighbours;
+/// What the kernel knows about reaching hosts through one interface.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Neighbours {
+    /// Resolved neighbour entries: address to MAC.
+    pub macs: HashMap<IpAddr, MacAddr>,
+    /// The interface's routes: destination and gateway (`None`: on-link).
+    pub routes: Vec<(IpNet, Option<IpAddr>)>,
+    /// The interface's index (0: unknown).
+    pub ifindex: u32,
+    /// `None` for a read of the whole table. `Some(hops)` (sorted) for a read of these next
+    /// hops only ([`Scope::Targets`]): `macs` holds those of them that are resolved, and
+    /// says nothing of the table's other entries.
+    pub only: Option<Vec<IpAddr>>,
+}
+
+impl Neighbours {
+    /// The next hop towards `addr`: the gateway of the most specific route that covers
+    /// it, else `addr` itself (on-link, or no route known).
+    pub fn next_hop(&self, addr: IpAddr) -> IpAddr {
+        self.routes
+            .iter()
+            .filter(|(net, _)| net.contains(&addr))
+            .max_by_key(|(net, _)| net.prefix_len())
+            .and_then(|(_, via)| *via)
+            .unwrap_or(addr)
+    }
+
+    /// The next hop of backend target `target` (see [`Scope::Targets`]): [`Neighbours::next_hop`]
+    /// when it may be routed, itself when not.
+    pub fn hop_of(&self, (target, routed): (IpAddr, bool)) -> IpAddr {
+        if routed {
+            self.next_hop(target)
+        } else {
+            target
+        }
+    }
+
+    /// The next hops of `targets`, sorted, once each.
+    pub fn hops_of(&self, targets: &[(IpAddr, bool)]) -> Vec<IpAddr> {
+        let mut hops: Vec<IpAddr> = targets.iter().map(|&t| self.hop_of(t)).collect();
+        hops.sort();
+        hops.dedup();
+        hops
+    }
+
+    /// What a read of `targets` only ([`Scope::Targets`]) finds in this read of the whole
+    /// table: its routes, and the entries of the targets' next hops.
+    pub fn part(&self, targets: &[(IpAddr, bool)]) -> Self {
+        let hops = self.hops_of(targets);
+        Self {
+            macs: hops
+                .iter()
+                .filter_map(|h| Some((*h, *self.macs.get(h)?)))
+                .collect(),
+            routes: self.routes.clone(),
+            ifindex: self.ifindex,
+            only: Some(hops),
+        }
+    }
+
+    /// Takes newer read `read` in: one of the whole table replaces this; one of some next
+    /// hops ([`Neighbours::only`]) sets or removes their entries and replaces the routes
+    /// and the interface index, and leaves the other entries as they were. The work is that
+    /// of the read's size, not of the table's.
+    pub fn update(&mut self, read: Neighbours) {
+        let Some(hops) = read.only else {
+            *self = read;
+            return;
+        };
+        for h in hops {
+            match read.macs.get(&h) {
+                Some(&m) => {
+                    self.macs.insert(h, m);
+                }
+                None => {
+                    self.macs.remove(&h);
+                }
+            }
+        }
+        self.routes = read.routes;
+        if read.ifindex != 0 {
+            self.ifindex = read.ifindex;
+        }
+    }
+}
+
+/// What a read of the kernel's tables ([`crate::core::Effect::ReadNeighbours`]) covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// The whole neighbour table of the backend interface, and its routes.
+    All,
+    /// The routes, and the neighbour entries of these backend targets' next hops only:
+    /// each target is an address (the tunnel target in the tunnel modes) and whether it may
+    /// be routed (`false` in `dsr-l2`, where a backend is its own next hop). Sorted, once
+    /// each. The answer has [`Neighbours::only`] set.
+    Targets(Vec<(IpAddr, bool)>),
+}
 
 /// Fills the MAC of every backend of `s` that has none from `neighbours`; returns the
 /// next-hop addresses still unknown, and tells `seen` every such backend's target, whether it
@@ -16,7 +115,7 @@ use super::Neighbours;
 /// tunnel modes and the backend's address otherwise; its next hop is the gateway of the route
 /// that covers it, or the target itself on-link. `dsr-l2` backends are always their own next
 /// hop (the frame keeps the VIP as destination, so a router on the way could not deliver it).
-pub(super) fn fill_one(
+pub(crate) fn fill_one(
     s: &mut Service,
     neighbours: &Neighbours,
     mut seen: impl FnMut(IpAddr, bool, IpAddr, Option<MacAddr>),
@@ -42,7 +141,7 @@ pub(super) fn fill_one(
 
 /// The targets of the backends of `s` without a MAC, as [`fill_one`] looks them up: each
 /// backend's address (the tunnel target in the tunnel modes) and whether it may be routed.
-/// What a read of [`super::Scope::Targets`] is to cover for `s`.
+/// What a read of [`Scope::Targets`] is to cover for `s`.
 pub fn targets(s: &Service) -> impl Iterator<Item = (IpAddr, bool)> + '_ {
     let tunnel = s.mode.is_tunnel();
     let routed = s.mode != Mode::DsrL2;
@@ -94,7 +193,7 @@ impl NextHops {
     /// Fills the missing MACs of `services` from `neighbours` (by the rules of `fill_one`),
     /// and follows these services' targets from now on in place of what was followed for
     /// them before. Returns the next hops still unknown, sorted, once each over all these
-    /// services: the caller probes them ([`super::probe`], on interface
+    /// services: the caller probes them (`crate::neigh::probe`, on interface
     /// [`NextHops::ifindex`]).
     #[must_use = "the unresolved next hops are to be probed"]
     pub fn fill(&mut self, services: &mut [Service], neighbours: &Neighbours) -> Vec<IpAddr> {
