@@ -61,7 +61,7 @@ use strait_config::model::Mode;
 
 use crate::stats::DropReason;
 use crate::table::{Frontend, Prefix, ServiceTable};
-use crate::wire::parse::{parse_into, Parsed};
+use crate::wire::parse::Parsed;
 
 /// Largest frame a record holds, in bytes; longer frames are cut (the record keeps their
 /// length). 2048 holds a 1500-byte-MTU frame with a VLAN tag and the largest encapsulation
@@ -794,8 +794,8 @@ impl Tap {
                     (p.src_port != 0 || p.dst_port != 0).then_some((p.src_port, p.dst_port));
                 self.filter.matches(&p.src, &p.dst, ports)
             }
-            _ => crate::wire::parse::claimed_addresses(frame)
-                .is_some_and(|(s, d)| self.filter.matches(&s, &d, None)),
+            _ => crate::wire::parse::claimed(frame)
+                .is_some_and(|c| self.filter.matches(&c.src, &c.dst, None)),
         }
     }
 
@@ -963,14 +963,18 @@ fn describe<'t>(
     if !matches!(v, Decision::Tx { .. }) {
         return (si, None);
     }
-    let mut o = Parsed::default();
-    let out_parsed = matches!(parse_into(out, &mut o), Ok(true));
-    if si.is_none() && out_parsed {
+    // The sent frame's headers as it claims them: not `parse_into`, which must keep the
+    // packet path as its only caller to stay inlined there.
+    let out_hdr = crate::wire::parse::claimed(out);
+    if si.is_none() {
         // A nat reply, sent as from its frontend: the backend is where it came from.
+        let Some((o, Some((sport, _)))) = out_hdr.map(|o| (o, o.ports)) else {
+            return (None, None);
+        };
         let f = Frontend {
             vip: o.src,
-            port: o.src_port,
-            proto: o.proto,
+            port: sport,
+            proto: p.proto,
         };
         si = t.service_for(&f);
         return (si, si.and_then(|_| t.backend_at(&f, &p.src, p.src_port)));
@@ -986,11 +990,17 @@ fn describe<'t>(
                 .into_iter()
                 .find(|b| b.mac.as_ref().map(|m| &m[..]) == mac)
         }
-        Mode::Nat if out_parsed => t.backend_at(&s.frontend, &o.dst, o.dst_port),
-        Mode::DsrIpip | Mode::DsrGue if out_parsed => {
-            members.into_iter().find(|b| b.tunnel == o.dst)
-        }
-        _ => None,
+        Mode::Nat => match out_hdr {
+            Some(o) => match o.ports {
+                Some((_, dport)) => t.backend_at(&s.frontend, &o.dst, dport),
+                None => None,
+            },
+            None => None,
+        },
+        Mode::DsrIpip | Mode::DsrGue => match out_hdr {
+            Some(o) => members.into_iter().find(|b| b.tunnel == o.dst),
+            None => None,
+        },
     };
     (si, b)
 }

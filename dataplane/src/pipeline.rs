@@ -64,6 +64,40 @@ pub enum Verdict {
     },
 }
 
+/// Shows a frame to an armed capture before the pipeline decides on it ([`Tap::before`]).
+/// Out of line and cold: the decision loop pays only the test that skips it.
+#[cold]
+#[inline(never)]
+fn capture_before(tap: &mut Tap, now: u64, ingress: u8, f: &Frame<'_>, st: &Staged) -> Look {
+    tap.before(now, ingress, f.data(), st.parsed())
+}
+
+/// Shows a decided frame to an armed capture ([`Tap::after`]); out of line and cold.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn capture_after(
+    tap: &mut Tap,
+    look: Look,
+    t: &ServiceTable,
+    now: u64,
+    ingress: u8,
+    f: &Frame<'_>,
+    st: &Staged,
+    v: Verdict,
+) {
+    tap.after(
+        look,
+        t,
+        now,
+        ingress,
+        f.data(),
+        st.parsed(),
+        st.svc,
+        v.into(),
+    );
+}
+
 impl From<Verdict> for Decision {
     #[inline(always)]
     fn from(v: Verdict) -> Self {
@@ -276,112 +310,95 @@ impl Pipeline {
         verdicts: &mut [Verdict],
     ) {
         assert!(verdicts.len() >= frames.len(), "one verdict per frame");
+        // While a capture is armed, its end leaves `self` for the call (a move). While none
+        // is, a call pays one load and a branch here, and each frame a test of `on`, a flag
+        // in a register: both always go the same way.
+        let mut tap = match &self.capture {
+            Some(c) if c.armed() => self.capture.take(),
+            _ => None,
+        };
+        let on = tap.as_mut().is_some_and(|t| t.begin(now));
         for (frames, verdicts) in frames.chunks_mut(BATCH).zip(verdicts.chunks_mut(BATCH)) {
-            let port = t.ports.get(ingress as usize);
-            for (f, st) in frames.iter().zip(self.staged.iter_mut()) {
-                st.ip = admit_and_parse(f.data(), port, &mut st.parsed);
-            }
-            // Hashes on their own: a flow hash is a chain of dependent multiplies, and in a
-            // short loop the chains of several frames overlap.
-            for st in &mut self.staged[..frames.len()] {
-                st.hash = flow_hash(st.parsed());
-                if st.hash != 0 {
-                    self.flows.prefetch_bucket(st.hash);
-                }
-            }
-            for st in &mut self.staged[..frames.len()] {
-                let h = st.hash;
-                let mut svc = None;
-                if let (Ok(Some(p)), true) = (st.parsed(), h != 0) {
-                    let si = t.service_for(&Frontend {
-                        vip: p.dst,
-                        port: p.dst_port,
-                        proto: p.proto,
-                    });
-                    if let Some(s) = si.and_then(|si| t.services.get(si as usize)) {
-                        crate::hint::prefetch(&s.acl);
-                        crate::hint::prefetch(&s.mode);
-                        crate::hint::prefetch(&s.affinity_secs);
-                        if matches!(p.proto, proto::TCP | proto::SCTP)
-                            && p.tcp_flags & (flags::SYN | flags::ACK) == flags::SYN
-                        {
-                            // A connection's first segment (or an SCTP INIT): its flow is almost surely new,
-                            // and will need its Maglev slot in pass 2.
-                            s.maglev.prefetch(maglev_hash(h));
-                        }
-                    }
-                    svc = Some(si);
-                }
-                st.svc = svc;
-            }
-            let mut replies = false;
-            for (st, rh) in self.staged[..frames.len()]
-                .iter()
-                .zip(self.reply_hashes.iter_mut())
-            {
-                *rh = 0;
-                if st.hash != 0 && !self.flows.prefetch_entry(st.hash) {
-                    if let Some(Some(si)) = st.svc {
-                        *rh = warm_new_flow(t, &self.flows, &st.parsed, st.hash, si);
-                        replies |= *rh != 0;
-                    }
-                }
-            }
-            if replies {
-                for &rh in &self.reply_hashes[..frames.len()] {
-                    if rh != 0 {
-                        self.flows.prefetch_entry(rh);
-                    }
-                }
-            }
+            self.stage(t, ingress, frames);
             // Taken out of `self` for the pass (an empty boxed slice does not allocate), so
             // that each frame's result is read where it lies.
             let staged = core::mem::take(&mut self.staged);
-            // The one test a batch pays for capture while none runs: a load and a branch
-            // that always goes the same way.
-            match self.capture.take_if(|c| c.armed()) {
-                None => {
-                    for ((f, v), st) in frames.iter_mut().zip(verdicts.iter_mut()).zip(&staged[..])
-                    {
-                        *v = self.finish(t, now, ingress, f, st.parsed(), st.hash, st.svc);
-                    }
-                }
-                Some(mut tap) => {
-                    self.decide_captured(&mut tap, t, now, ingress, frames, verdicts, &staged);
-                    self.capture = Some(tap);
+            for ((f, v), st) in frames.iter_mut().zip(verdicts.iter_mut()).zip(&staged[..]) {
+                let look = match &mut tap {
+                    Some(tap) if on => capture_before(tap, now, ingress, f, st),
+                    _ => Look::No,
+                };
+                *v = self.finish(t, now, ingress, f, st.parsed(), st.hash, st.svc);
+                if let (Some(tap), true) = (&mut tap, on) {
+                    capture_after(tap, look, t, now, ingress, f, st, *v);
                 }
             }
             self.staged = staged;
         }
+        if tap.is_some() {
+            self.capture = tap;
+        }
     }
 
-    /// The decision pass of a batch while a capture is armed: as the plain pass, with each
-    /// frame shown to the capture before its rewrite ([`Tap::before`]) and after its
-    /// decision ([`Tap::after`]). Out of line, so that the plain pass stays as it is.
-    #[cold]
-    #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
-    fn decide_captured(
-        &mut self,
-        tap: &mut Tap,
-        t: &ServiceTable,
-        now: u64,
-        ingress: u8,
-        frames: &mut [Frame<'_>],
-        verdicts: &mut [Verdict],
-        staged: &[Staged],
-    ) {
-        let on = tap.begin(now);
-        for ((f, v), st) in frames.iter_mut().zip(verdicts.iter_mut()).zip(staged) {
-            let parsed = st.parsed();
-            let look = if on {
-                tap.before(now, ingress, f.data(), parsed)
-            } else {
-                Look::No
-            };
-            *v = self.finish(t, now, ingress, f, parsed, st.hash, st.svc);
-            if on {
-                tap.after(look, t, now, ingress, f.data(), parsed, st.svc, (*v).into());
+    /// Passes 1-3 of [`Pipeline::process_batch`] over one chunk of at most [`BATCH`] frames:
+    /// parse, hash and prefetch, into `self.staged`.
+    #[inline(always)]
+    fn stage(&mut self, t: &ServiceTable, ingress: u8, frames: &[Frame<'_>]) {
+        let port = t.ports.get(ingress as usize);
+        for (f, st) in frames.iter().zip(self.staged.iter_mut()) {
+            st.ip = admit_and_parse(f.data(), port, &mut st.parsed);
+        }
+        // Hashes on their own: a flow hash is a chain of dependent multiplies, and in a
+        // short loop the chains of several frames overlap.
+        for st in &mut self.staged[..frames.len()] {
+            st.hash = flow_hash(st.parsed());
+            if st.hash != 0 {
+                self.flows.prefetch_bucket(st.hash);
+            }
+        }
+        for st in &mut self.staged[..frames.len()] {
+            let h = st.hash;
+            let mut svc = None;
+            if let (Ok(Some(p)), true) = (st.parsed(), h != 0) {
+                let si = t.service_for(&Frontend {
+                    vip: p.dst,
+                    port: p.dst_port,
+                    proto: p.proto,
+                });
+                if let Some(s) = si.and_then(|si| t.services.get(si as usize)) {
+                    crate::hint::prefetch(&s.acl);
+                    crate::hint::prefetch(&s.mode);
+                    crate::hint::prefetch(&s.affinity_secs);
+                    if matches!(p.proto, proto::TCP | proto::SCTP)
+                        && p.tcp_flags & (flags::SYN | flags::ACK) == flags::SYN
+                    {
+                        // A connection's first segment (or an SCTP INIT): its flow is almost surely new,
+                        // and will need its Maglev slot in pass 2.
+                        s.maglev.prefetch(maglev_hash(h));
+                    }
+                }
+                svc = Some(si);
+            }
+            st.svc = svc;
+        }
+        let mut replies = false;
+        for (st, rh) in self.staged[..frames.len()]
+            .iter()
+            .zip(self.reply_hashes.iter_mut())
+        {
+            *rh = 0;
+            if st.hash != 0 && !self.flows.prefetch_entry(st.hash) {
+                if let Some(Some(si)) = st.svc {
+                    *rh = warm_new_flow(t, &self.flows, &st.parsed, st.hash, si);
+                    replies |= *rh != 0;
+                }
+            }
+        }
+        if replies {
+            for &rh in &self.reply_hashes[..frames.len()] {
+                if rh != 0 {
+                    self.flows.prefetch_entry(rh);
+                }
             }
         }
     }
