@@ -64,40 +64,6 @@ pub enum Verdict {
     },
 }
 
-/// Shows a frame to an armed capture before the pipeline decides on it ([`Tap::before`]).
-/// Out of line and cold: the decision loop pays only the test that skips it.
-#[cold]
-#[inline(never)]
-fn capture_before(tap: &mut Tap, now: u64, ingress: u8, f: &Frame<'_>, st: &Staged) -> Look {
-    tap.before(now, ingress, f.data(), st.parsed())
-}
-
-/// Shows a decided frame to an armed capture ([`Tap::after`]); out of line and cold.
-#[cold]
-#[inline(never)]
-#[allow(clippy::too_many_arguments)]
-fn capture_after(
-    tap: &mut Tap,
-    look: Look,
-    t: &ServiceTable,
-    now: u64,
-    ingress: u8,
-    f: &Frame<'_>,
-    st: &Staged,
-    v: Verdict,
-) {
-    tap.after(
-        look,
-        t,
-        now,
-        ingress,
-        f.data(),
-        st.parsed(),
-        st.svc,
-        v.into(),
-    );
-}
-
 impl From<Verdict> for Decision {
     #[inline(always)]
     fn from(v: Verdict) -> Self {
@@ -294,9 +260,9 @@ impl Pipeline {
     /// 4. decide, in order.
     ///
     /// Passes 1-3 only read; every decision is made in pass 4, so the verdicts are those of
-    /// [`Pipeline::process`]. While a capture is armed ([`crate::capture`]), pass 4 shows each
-    /// frame to it before its rewrite and after its decision; otherwise it pays one load and
-    /// one branch per batch for that. With a table larger than the caches, memory latency is most of
+    /// [`Pipeline::process`]. While a capture is armed ([`crate::capture`]), an out-of-line
+    /// twin of this loop shows each frame to it before its rewrite and after its decision;
+    /// otherwise a call pays one load and one branch for that. With a table larger than the caches, memory latency is most of
     /// the per-packet cost, and a batch waits for it about once per pass, not once per frame.
     ///
     /// # Panics
@@ -310,39 +276,64 @@ impl Pipeline {
         verdicts: &mut [Verdict],
     ) {
         assert!(verdicts.len() >= frames.len(), "one verdict per frame");
-        // While a capture is armed, its end leaves `self` for the call (a move). While none
-        // is, a call pays one load and a branch here, and each frame a test of `on`, a flag
-        // in a register: both always go the same way.
-        let mut tap = match &self.capture {
-            Some(c) if c.armed() => self.capture.take(),
-            _ => None,
-        };
-        let on = tap.as_mut().is_some_and(|t| t.begin(now));
+        // The one test a call pays for capture while none runs: a load and a branch that
+        // always goes the same way; the capturing twin is out of line.
+        if self.capture.as_ref().is_some_and(Tap::armed) {
+            return self.process_batch_captured(t, now, ingress, frames, verdicts);
+        }
         for (frames, verdicts) in frames.chunks_mut(BATCH).zip(verdicts.chunks_mut(BATCH)) {
             self.stage(t, ingress, frames);
             // Taken out of `self` for the pass (an empty boxed slice does not allocate), so
             // that each frame's result is read where it lies.
             let staged = core::mem::take(&mut self.staged);
             for ((f, v), st) in frames.iter_mut().zip(verdicts.iter_mut()).zip(&staged[..]) {
-                let look = match &mut tap {
-                    Some(tap) if on => capture_before(tap, now, ingress, f, st),
-                    _ => Look::No,
-                };
                 *v = self.finish(t, now, ingress, f, st.parsed(), st.hash, st.svc);
-                if let (Some(tap), true) = (&mut tap, on) {
-                    capture_after(tap, look, t, now, ingress, f, st, *v);
+            }
+            self.staged = staged;
+        }
+    }
+
+    /// [`Pipeline::process_batch`] while a capture is armed: the same passes, with each frame
+    /// shown to the capture before its rewrite ([`Tap::before`]) and after its decision
+    /// ([`Tap::after`]). Out of line, so that the plain path stays as it is.
+    #[cold]
+    #[inline(never)]
+    fn process_batch_captured(
+        &mut self,
+        t: &ServiceTable,
+        now: u64,
+        ingress: u8,
+        frames: &mut [Frame<'_>],
+        verdicts: &mut [Verdict],
+    ) {
+        let Some(mut tap) = self.capture.take() else {
+            return;
+        };
+        let on = tap.begin(now);
+        for (frames, verdicts) in frames.chunks_mut(BATCH).zip(verdicts.chunks_mut(BATCH)) {
+            self.stage(t, ingress, frames);
+            let staged = core::mem::take(&mut self.staged);
+            for ((f, v), st) in frames.iter_mut().zip(verdicts.iter_mut()).zip(&staged[..]) {
+                let parsed = st.parsed();
+                let look = if on {
+                    tap.before(now, ingress, f.data(), parsed)
+                } else {
+                    Look::No
+                };
+                *v = self.finish(t, now, ingress, f, parsed, st.hash, st.svc);
+                if on {
+                    tap.after(look, t, now, ingress, f.data(), parsed, st.svc, (*v).into());
                 }
             }
             self.staged = staged;
         }
-        if tap.is_some() {
-            self.capture = tap;
-        }
+        self.capture = Some(tap);
     }
 
     /// Passes 1-3 of [`Pipeline::process_batch`] over one chunk of at most [`BATCH`] frames:
-    /// parse, hash and prefetch, into `self.staged`.
-    #[inline(always)]
+    /// parse, hash and prefetch, into `self.staged`. Out of line, called once a chunk: the
+    /// capturing twin calls it too, and one copy keeps the parser's inlining as it is.
+    #[inline(never)]
     fn stage(&mut self, t: &ServiceTable, ingress: u8, frames: &[Frame<'_>]) {
         let port = t.ports.get(ingress as usize);
         for (f, st) in frames.iter().zip(self.staged.iter_mut()) {
