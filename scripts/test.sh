@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The test command of the README: installs what the tests need, then checks the docs' links
 # (scripts/check-docs.py), formatting, lints, every test (unit, property, golden fixtures
-# decoded by tshark, truncation sweeps, allocation count), the DPDK port driver's build and
-# tests (`--features dpdk`, with Debian's dpdk-dev), the pipeline's instructions per packet
-# against their baseline, and a short fuzz run of the parser and the pipeline.
+# decoded by tshark, truncation sweeps, allocation count), the Debian package's check, the
+# DPDK port driver's build and tests (`--features dpdk`, with Debian's dpdk-dev), the
+# pipeline's instructions per packet against their baseline, and a short fuzz run of the
+# parser and the pipeline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +24,11 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --workspace
+# The Debian package, from the `strait` the tests built (the packaging is the same for the
+# release build, which takes far longer): contents, metadata, a dpkg install into a
+# throwaway root, the installed binary, man pages, upgrade, removal.
+echo "== Debian package"
+STRAIT_PACKAGE_PROFILE=dev bash scripts/package-check.sh
 # The DPDK driver is a cargo feature (the default build needs no DPDK): lint and test the
 # gateway with it, then the end-to-end tests on DPDK ports with a `strait` built with it.
 echo "== DPDK: cargo clippy / test --features dpdk"

@@ -19,6 +19,7 @@
 //!                                ─► status   `strait status`, a client of the admin API
 //!  admin ─ workers                           the admin API; starting the workers
 //!  capture                                   `POST /capture`'s stream and `strait capture`
+//!  explain                                   `GET /explain`: asks the workers' desks
 //!  shared                                    the admin API's view, composed of the drivers'
 //!  kube health neigh vip bgp l2 sync         the drivers: each does its I/O and owns the
 //!  supervise dpdk footprint heap daemon        view of its own state (status, stats)
@@ -50,11 +51,13 @@
 //! | [`dpdk`] | the DPDK ports, when the gateway runs on DPDK |
 //! | [`admin`] | the admin and metrics HTTP API (`metrics`: how every family is written) |
 //! | [`capture`] | `strait capture`: the admin API's pcapng stream of the workers' capture rings, and its client |
+//! | [`explain`] | `GET /explain` and `strait explain`: where a flow goes and why, from the snapshot and the owning workers' flow tables |
 //! | [`shared`] | the admin API's view: the table, the configuration, and each driver's view of its state |
 //! | [`footprint`] | the memory a configuration takes, known before anything is allocated |
 //! | [`heap`] | giving freed heap back to the kernel (`malloc_trim`) |
 //! | [`supervise`] | systemd: readiness, stopping, a watchdog fed only while every worker makes progress |
 //! | [`status`] | `strait status`: the admin API's `/services` as a table |
+//! | [`manual`] | the man pages and shell completions of the command line, for the package |
 //! | [`sync`] | flow sync with the peer gateways: the thread between the workers' sync rings and UDP |
 //!
 //! The lab (testbed, generators, benches) is another crate, `strait-lab`, that depends on
@@ -73,12 +76,14 @@ pub mod core;
 pub mod cores;
 pub mod daemon;
 pub mod dpdk;
+pub mod explain;
 pub mod footprint;
 pub mod health;
 pub mod heap;
 pub mod kube;
 pub mod kubemodel;
 pub mod l2;
+pub mod manual;
 mod metrics;
 pub mod neigh;
 pub mod run;

@@ -17,13 +17,17 @@
 //! call [`pipeline::Pipeline::process`].
 //!
 //! The modules import one way (`scripts/check-imports.py` holds it; the graph is in
-//! docs/architecture-modules.md): `xsk` → `pipeline` → `capture`, `sync`, `rewrite` → `table`, `wire`
-//! → `maglev`, `flow` → `key`, `hint`, `stats` → `hash`. Flow sync meets the pipeline
-//! through [`sync::WorkerSync`], which knows nothing of the pipeline.
+//! docs/architecture-modules.md): `xsk` → `pipeline` → `capture`, `explain` → `sync`,
+//! `rewrite` → `spsc`, `table`, `wire` → `maglev`, `flow` → `key`, `hint`, `stats` → `hash`.
+//! Flow sync, the explain desk and capture meet the pipeline through [`sync::WorkerSync`],
+//! [`explain::Desk`] and [`capture::Tap`], which know nothing of the pipeline.
 
 pub mod capture;
 #[cfg(test)]
 mod capture_tests;
+pub mod explain;
+#[cfg(test)]
+mod explain_tests;
 pub mod flow;
 pub mod hash;
 pub mod hint;
@@ -31,6 +35,7 @@ pub mod key;
 pub mod maglev;
 pub mod pipeline;
 pub mod rewrite;
+pub mod spsc;
 pub mod stats;
 pub mod sync;
 #[cfg(test)]

@@ -215,9 +215,15 @@ impl Gateway {
     }
 
     /// Starts draining: every route is withdrawn, forwarding goes on, `/healthz` answers
-    /// 503.
+    /// 503; a routing daemon that exits from now on is not started again.
     pub fn drain(&mut self) {
         self.shared.draining.store(true, Ordering::Relaxed);
+        if let Some(s) = &self.speaker {
+            s.drain();
+        }
+        if let Some(v) = &self.vrrp {
+            v.drain();
+        }
         if let Err(e) = self.handle(Event::Drain) {
             warn!("drain: {e}");
         }

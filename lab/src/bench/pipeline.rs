@@ -29,9 +29,9 @@
 //!
 //! Before each mode's rows the bench times a bare serial lookup in an open-addressing table of
 //! the same flow count, keys looked up in the same shuffled order as the established traffic,
-//! one dependent lookup after another ([`strait_benches::bare`] has the design, and why it is
-//! neither crippled nor prefetched). Each row's `ratio_to_bare` is its ns/packet over that
-//! figure: the whole pipeline's cost in units of one DRAM-bound lookup, measured minutes apart
+//! one independent lookup after another in a plain loop ([`strait_benches::bare`] has the
+//! design, and why it is neither crippled nor prefetched). Each row's `ratio_to_bare` is its
+//! ns/packet over that figure: the whole pipeline's cost in units of one bare lookup, measured minutes apart
 //! on the same machine, so comparable across machines and loads where nanoseconds are not.
 //! The per-core budget sets `target_ratio` where it has one: established dsr-l2 1.2, nat 1.5;
 //! new flows (syn) 1.8 in every mode.
@@ -260,7 +260,7 @@ struct Row {
     flow_capacity: usize,
     /// Bytes the flow table allocated.
     flow_table_bytes: u64,
-    /// The reference measured just before this mode's rows: median ns of one bare dependent
+    /// The reference measured just before this mode's rows: median ns of one bare
     /// lookup in a table of `flows_per_core` flows.
     bare_lookup_ns: f64,
     /// `ns_per_packet / bare_lookup_ns`.
@@ -305,8 +305,8 @@ const METHOD: &str = "mpps and ns_per_packet: median over the batches of each ba
                       to process_batch in calls of batch_size";
 
 /// [`Report::bare_method`].
-const BARE_METHOD: &str = "one dependent lookup after another (the next key's index depends \
-                           on the previous value) in a linear-probing table of 32-byte slots \
+const BARE_METHOD: &str = "independent lookups one after another in a plain loop (no \
+                           prefetch, no staging) in a linear-probing table of 32-byte slots \
                            (16-byte key, 8-byte value), load <= 1/2, the dataplane's flow hash, \
                            keys in the established traffic's order; not prefetched; median of \
                            per-batch ns/lookup over batches of timed_batch lookups";
@@ -739,7 +739,7 @@ mod tests {
         assert!(v["method"].as_str().is_some_and(|m| m.contains("median")));
         assert!(v["bare_method"]
             .as_str()
-            .is_some_and(|m| m.contains("dependent")));
+            .is_some_and(|m| m.contains("plain loop")));
     }
 
     /// The full benchmark, as `strait-lab bench pipeline` runs it. In release:
