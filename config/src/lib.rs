@@ -65,8 +65,8 @@ use std::path::Path;
 
 pub use error::{ConfigError, Problem};
 pub use model::{
-    is_prime, Backend, BackendState, Config, Gateway, HealthCheck, HealthKind, Interface, MacAddr,
-    Mode, ParseEnumError, ParseMacError, Protocol, Role, Service, Timeouts,
+    is_prime, Backend, BackendState, Config, DnsType, Gateway, HealthCheck, HealthKind, Interface,
+    MacAddr, Mode, ParseEnumError, ParseMacError, Protocol, Role, Service, Timeouts,
 };
 pub use summary::summary;
 

@@ -532,6 +532,11 @@ impl HealthCheck {
     pub const MAX_RISE_FALL: u32 = 100;
     /// Default HTTP path when `kind = "http"` gives none.
     pub const DEFAULT_HTTP_PATH: &'static str = "/";
+    /// Largest `payload` and `expect` of a `udp` check: 1472 bytes, the UDP payload of one
+    /// unfragmented datagram on a 1500-byte IPv4 link.
+    pub const MAX_PAYLOAD: usize = 1472;
+    /// Default `qtype` of a `dns` check.
+    pub const DEFAULT_QTYPE: DnsType = DnsType::A;
 
     /// The port to check `backend` on.
     pub fn port_for(&self, backend: &Backend) -> u16 {
@@ -549,6 +554,23 @@ pub enum HealthKind {
         /// Absolute request path, starting with `/`.
         path: String,
     },
+    /// A datagram `payload` sent to the backend's UDP port gets a reply within the
+    /// timeout (one that starts with `expect`, when given). An ICMP port unreachable is a
+    /// failure at once.
+    Udp {
+        /// The datagram sent, 1 to [`HealthCheck::MAX_PAYLOAD`] bytes.
+        payload: Vec<u8>,
+        /// What the reply must start with; `None` takes any reply.
+        expect: Option<Vec<u8>>,
+    },
+    /// A DNS query over UDP for `query` / `qtype` gets a well-formed answer with the
+    /// query's id and an rcode of NOERROR or NXDOMAIN.
+    Dns {
+        /// The name asked for, without a trailing dot.
+        query: String,
+        /// The record type asked for.
+        qtype: DnsType,
+    },
 }
 
 impl HealthKind {
@@ -557,6 +579,82 @@ impl HealthKind {
         match self {
             HealthKind::Tcp => "tcp",
             HealthKind::Http { .. } => "http",
+            HealthKind::Udp { .. } => "udp",
+            HealthKind::Dns { .. } => "dns",
+        }
+    }
+
+    /// Whether the check speaks UDP (and so needs a UDP service).
+    pub fn is_udp(&self) -> bool {
+        matches!(self, HealthKind::Udp { .. } | HealthKind::Dns { .. })
+    }
+}
+
+/// A DNS record type a `dns` health check asks for (`qtype`), by its mnemonic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DnsType {
+    /// `A`: an IPv4 address.
+    A,
+    /// `NS`: a name server.
+    Ns,
+    /// `CNAME`: a canonical name.
+    Cname,
+    /// `SOA`: the start of a zone of authority.
+    Soa,
+    /// `PTR`: a domain name pointer.
+    Ptr,
+    /// `MX`: a mail exchange.
+    Mx,
+    /// `TXT`: text.
+    Txt,
+    /// `AAAA`: an IPv6 address.
+    Aaaa,
+    /// `SRV`: a service location.
+    Srv,
+}
+
+impl DnsType {
+    /// Every type, in the order the configuration documents them.
+    pub const ALL: [DnsType; 9] = [
+        DnsType::A,
+        DnsType::Aaaa,
+        DnsType::Cname,
+        DnsType::Mx,
+        DnsType::Ns,
+        DnsType::Ptr,
+        DnsType::Soa,
+        DnsType::Srv,
+        DnsType::Txt,
+    ];
+
+    /// The type's number on the wire (IANA DNS parameters, RFC 1035 section 3.2.2, RFC
+    /// 3596, RFC 2782).
+    pub const fn code(self) -> u16 {
+        match self {
+            DnsType::A => 1,
+            DnsType::Ns => 2,
+            DnsType::Cname => 5,
+            DnsType::Soa => 6,
+            DnsType::Ptr => 12,
+            DnsType::Mx => 15,
+            DnsType::Txt => 16,
+            DnsType::Aaaa => 28,
+            DnsType::Srv => 33,
+        }
+    }
+
+    /// The configuration spelling: `A`, `AAAA`, `CNAME`...
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DnsType::A => "A",
+            DnsType::Ns => "NS",
+            DnsType::Cname => "CNAME",
+            DnsType::Soa => "SOA",
+            DnsType::Ptr => "PTR",
+            DnsType::Mx => "MX",
+            DnsType::Txt => "TXT",
+            DnsType::Aaaa => "AAAA",
+            DnsType::Srv => "SRV",
         }
     }
 }
@@ -701,6 +799,7 @@ spelled_enum!(Mode);
 spelled_enum!(Protocol);
 spelled_enum!(Role);
 spelled_enum!(BackendState);
+spelled_enum!(DnsType);
 
 /// Whether `n` is prime (deterministic trial division by 6k +- 1; at most ~600 divisions
 /// for any `u32`).

@@ -161,6 +161,10 @@ pub(crate) struct RawAffinity {
 pub(crate) struct RawHealthCheck {
     pub kind: Option<String>,
     pub path: Option<String>,
+    pub payload: Option<String>,
+    pub expect: Option<String>,
+    pub query: Option<String>,
+    pub qtype: Option<String>,
     pub port: Option<i64>,
     pub interval: Option<String>,
     pub timeout: Option<String>,
@@ -547,8 +551,26 @@ pub(crate) fn raw_service(s: &crate::model::Service) -> RawService {
         health_check: s.health_check.as_ref().map(|h| RawHealthCheck {
             kind: Some(h.kind.as_str().to_owned()),
             path: match &h.kind {
-                HealthKind::Tcp => None,
                 HealthKind::Http { path } => Some(path.clone()),
+                _ => None,
+            },
+            payload: match &h.kind {
+                HealthKind::Udp { payload, .. } => Some(String::from_utf8_lossy(payload).into()),
+                _ => None,
+            },
+            expect: match &h.kind {
+                HealthKind::Udp {
+                    expect: Some(e), ..
+                } => Some(String::from_utf8_lossy(e).into()),
+                _ => None,
+            },
+            query: match &h.kind {
+                HealthKind::Dns { query, .. } => Some(query.clone()),
+                _ => None,
+            },
+            qtype: match &h.kind {
+                HealthKind::Dns { qtype, .. } => Some(qtype.to_string()),
+                _ => None,
             },
             port: h.port.map(Into::into),
             interval: Some(duration(h.interval)),

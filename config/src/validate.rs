@@ -694,7 +694,7 @@ impl Checker {
         };
         let health_check = match &raw.health_check {
             None => Some(None),
-            Some(h) => self.health_check(path, h).map(Some),
+            Some(h) => self.health_check(path, h, protocol).map(Some),
         };
         let backends = self.backends(path, &raw.backends, vip, port, mode);
         Some(Service {
@@ -813,46 +813,41 @@ impl Checker {
         )
     }
 
-    fn health_check(&mut self, path: &str, raw: &RawHealthCheck) -> Option<HealthCheck> {
+    fn health_check(
+        &mut self,
+        path: &str,
+        raw: &RawHealthCheck,
+        protocol: Option<Protocol>,
+    ) -> Option<HealthCheck> {
         let path = format!("{path}.health_check");
         let kind_path = format!("{path}.kind");
-        let path_path = format!("{path}.path");
         let kind = match raw.kind.as_deref() {
             None => {
-                self.problem(&kind_path, "is required (one of tcp, http)");
+                self.problem(&kind_path, "is required (one of tcp, http, udp, dns)");
                 None
             }
-            Some("tcp") => {
-                if raw.path.is_some() {
-                    self.problem(&path_path, "only http health checks have a path");
-                    None
-                } else {
-                    Some(HealthKind::Tcp)
-                }
-            }
-            Some("http") => {
-                let p = raw
-                    .path
-                    .as_deref()
-                    .unwrap_or(HealthCheck::DEFAULT_HTTP_PATH);
-                if !p.starts_with('/') {
-                    self.problem(&path_path, format!("{p:?} must start with '/'"));
-                    None
-                } else if p.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
-                    self.problem(
-                        &path_path,
-                        format!("{p:?} contains whitespace or control characters"),
-                    );
-                    None
-                } else {
-                    Some(HealthKind::Http { path: p.to_owned() })
-                }
-            }
+            Some(k @ ("tcp" | "http" | "udp" | "dns")) => self.health_kind(&path, k, raw),
             Some(other) => {
-                self.problem(&kind_path, format!("{other:?} is not one of tcp, http"));
+                self.problem(
+                    &kind_path,
+                    format!("{other:?} is not one of tcp, http, udp, dns"),
+                );
                 None
             }
         };
+        let kind = kind.and_then(|k| match protocol {
+            Some(p) if k.is_udp() && p != Protocol::Udp => {
+                self.problem(
+                    &kind_path,
+                    format!(
+                        "{:?} needs a UDP service (protocol = \"udp\"); this one is {p}",
+                        k.as_str()
+                    ),
+                );
+                None
+            }
+            _ => Some(k),
+        });
         let port = match raw.port {
             None => Some(None),
             Some(p) => self.port(&format!("{path}.port"), p).map(Some),
@@ -918,6 +913,125 @@ impl Checker {
             timeout: timeout?,
             rise: rise?,
             fall: fall?,
+        })
+    }
+
+    /// The kind `kind` (one of the four spellings) with its own fields; a field of
+    /// another kind is refused.
+    fn health_kind(&mut self, path: &str, kind: &str, raw: &RawHealthCheck) -> Option<HealthKind> {
+        let fields: [(&str, bool, &[&str]); 4] = [
+            ("path", raw.path.is_some(), &["http"]),
+            ("payload", raw.payload.is_some(), &["udp"]),
+            ("expect", raw.expect.is_some(), &["udp"]),
+            ("query", raw.query.is_some(), &["dns"]),
+        ];
+        let mut ok = true;
+        for (field, set, kinds) in fields {
+            if set && !kinds.contains(&kind) {
+                self.problem(
+                    format!("{path}.{field}"),
+                    format!("only {} health checks have a {field}", kinds.join(", ")),
+                );
+                ok = false;
+            }
+        }
+        if raw.qtype.is_some() && kind != "dns" {
+            self.problem(
+                format!("{path}.qtype"),
+                "only dns health checks have a qtype",
+            );
+            ok = false;
+        }
+        let kind = match kind {
+            "tcp" => Some(HealthKind::Tcp),
+            "http" => self.http_path(path, raw.path.as_deref()),
+            "udp" => self.udp_check(path, raw),
+            _ => self.dns_check(path, raw),
+        };
+        kind.filter(|_| ok)
+    }
+
+    fn http_path(&mut self, path: &str, raw: Option<&str>) -> Option<HealthKind> {
+        let path_path = format!("{path}.path");
+        let p = raw.unwrap_or(HealthCheck::DEFAULT_HTTP_PATH);
+        if !p.starts_with('/') {
+            self.problem(&path_path, format!("{p:?} must start with '/'"));
+            None
+        } else if p.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
+            self.problem(
+                &path_path,
+                format!("{p:?} contains whitespace or control characters"),
+            );
+            None
+        } else {
+            Some(HealthKind::Http { path: p.to_owned() })
+        }
+    }
+
+    fn udp_check(&mut self, path: &str, raw: &RawHealthCheck) -> Option<HealthKind> {
+        let max = HealthCheck::MAX_PAYLOAD;
+        let mut bytes = |field: &str, value: Option<&String>| -> Option<Option<Vec<u8>>> {
+            let Some(v) = value else {
+                return Some(None);
+            };
+            let fpath = format!("{path}.{field}");
+            if v.is_empty() {
+                self.problem(fpath, "must not be empty");
+                None
+            } else if v.len() > max {
+                self.problem(
+                    fpath,
+                    format!("{} bytes is longer than {max} (one datagram)", v.len()),
+                );
+                None
+            } else {
+                Some(Some(v.as_bytes().to_vec()))
+            }
+        };
+        let payload = bytes("payload", raw.payload.as_ref());
+        let expect = bytes("expect", raw.expect.as_ref());
+        let payload = match payload? {
+            Some(p) => p,
+            None => {
+                self.problem(
+                    format!("{path}.payload"),
+                    "is required for a udp health check (the datagram sent)",
+                );
+                return None;
+            }
+        };
+        Some(HealthKind::Udp {
+            payload,
+            expect: expect?,
+        })
+    }
+
+    fn dns_check(&mut self, path: &str, raw: &RawHealthCheck) -> Option<HealthKind> {
+        let qpath = format!("{path}.query");
+        let query = match raw.query.as_deref() {
+            None => {
+                self.problem(
+                    &qpath,
+                    "is required for a dns health check (the name asked for, e.g. \"health.example.org\")",
+                );
+                None
+            }
+            Some(q) => match dns_name(q) {
+                Ok(n) => Some(n),
+                Err(why) => {
+                    self.problem(&qpath, format!("{q:?} is not a DNS name: {why}"));
+                    None
+                }
+            },
+        };
+        let qtype = self.choice_or(
+            &format!("{path}.qtype"),
+            raw.qtype.as_ref(),
+            HealthCheck::DEFAULT_QTYPE,
+        );
+        Some(HealthKind::Dns {
+            query: query?,
+            qtype: qtype?,
         })
     }
 
@@ -1124,4 +1238,31 @@ fn family(ip: IpAddr) -> &'static str {
 /// A duration the way the file writes it (`2h 4m`, `500ms`).
 fn show(d: Duration) -> String {
     humantime::format_duration(d).to_string()
+}
+
+/// `name` without its trailing dot, when it is a DNS name a query can carry: labels of 1 to
+/// 63 letters, digits, `-` or `_`, at most 253 characters in all (RFC 1035 section 2.3.4).
+fn dns_name(name: &str) -> Result<String, &'static str> {
+    let n = name.strip_suffix('.').unwrap_or(name);
+    if n.is_empty() {
+        return Err("it is empty");
+    }
+    if n.len() > 253 {
+        return Err("it is longer than 253 characters");
+    }
+    for label in n.split('.') {
+        if label.is_empty() {
+            return Err("it has an empty label");
+        }
+        if label.len() > 63 {
+            return Err("a label is longer than 63 characters");
+        }
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err("a label holds a character other than a-z, 0-9, '-' and '_'");
+        }
+    }
+    Ok(n.to_owned())
 }
