@@ -476,6 +476,44 @@ pub struct Service {
     pub health_check: Option<HealthCheck>,
     /// Backends, in file order, unique by `(address, port)`. May be empty.
     pub backends: Vec<Backend>,
+    /// BGP attributes the gateway sets on the route of this service's VIP.
+    pub route: RouteAttrs,
+}
+
+/// BGP attributes of a VIP's route, set by its services (`bgp_communities`,
+/// `bgp_large_communities`, `bgp_local_pref`) on top of `[gateway.bgp] communities`.
+/// Services that share a VIP share its route: it carries every community any of them
+/// names and the highest local preference.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct RouteAttrs {
+    /// Standard communities (RFC 1997), `(asn, value)`.
+    pub communities: Vec<(u16, u16)>,
+    /// Large communities (RFC 8092), `(global admin, local 1, local 2)`.
+    pub large_communities: Vec<(u32, u32, u32)>,
+    /// LOCAL_PREF (RFC 4271 section 5.1.5); it travels over iBGP sessions only.
+    pub local_pref: Option<u32>,
+}
+
+impl RouteAttrs {
+    /// Whether it sets nothing.
+    pub fn is_empty(&self) -> bool {
+        self.communities.is_empty()
+            && self.large_communities.is_empty()
+            && self.local_pref.is_none()
+    }
+
+    /// Adds `other`'s attributes: the union of the communities (sorted, once each) and the
+    /// higher local preference.
+    pub fn merge(&mut self, other: &RouteAttrs) {
+        self.communities.extend_from_slice(&other.communities);
+        self.communities.sort_unstable();
+        self.communities.dedup();
+        self.large_communities
+            .extend_from_slice(&other.large_communities);
+        self.large_communities.sort_unstable();
+        self.large_communities.dedup();
+        self.local_pref = self.local_pref.max(other.local_pref);
+    }
 }
 
 impl Service {

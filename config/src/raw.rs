@@ -144,6 +144,9 @@ pub(crate) struct RawService {
     pub source_ranges: Option<Vec<String>>,
     pub session_affinity: Option<RawAffinity>,
     pub health_check: Option<RawHealthCheck>,
+    pub bgp_communities: Option<Vec<String>>,
+    pub bgp_large_communities: Option<Vec<String>>,
+    pub bgp_local_pref: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<RawBackend>,
 }
@@ -578,6 +581,21 @@ pub(crate) fn raw_service(s: &crate::model::Service) -> RawService {
             rise: Some(h.rise.into()),
             fall: Some(h.fall.into()),
         }),
+        bgp_communities: (!s.route.communities.is_empty()).then(|| {
+            s.route
+                .communities
+                .iter()
+                .map(|(a, v)| format!("{a}:{v}"))
+                .collect()
+        }),
+        bgp_large_communities: (!s.route.large_communities.is_empty()).then(|| {
+            s.route
+                .large_communities
+                .iter()
+                .map(|(a, b, c)| format!("{a}:{b}:{c}"))
+                .collect()
+        }),
+        bgp_local_pref: s.route.local_pref.map(Into::into),
         backends: s
             .backends
             .iter()

@@ -22,7 +22,7 @@ use ipnet::IpNet;
 use crate::error::Problem;
 use crate::model::{
     is_prime, Backend, BackendState, Config, Gateway, HealthCheck, HealthKind, Interface, MacAddr,
-    Mode, ParseEnumError, Protocol, Role, Service, Timeouts,
+    Mode, ParseEnumError, Protocol, Role, RouteAttrs, Service, Timeouts,
 };
 use crate::raw::{
     RawAffinity, RawBackend, RawConfig, RawGateway, RawHealthCheck, RawInterface, RawService,
@@ -697,6 +697,7 @@ impl Checker {
             Some(h) => self.health_check(path, h, protocol).map(Some),
         };
         let backends = self.backends(path, &raw.backends, vip, port, mode);
+        let route = self.route_attrs(path, raw);
         Some(Service {
             name: name?,
             vip: vip?,
@@ -708,6 +709,53 @@ impl Checker {
             session_affinity: session_affinity?,
             health_check: health_check?,
             backends: backends?,
+            route: route?,
+        })
+    }
+
+    fn route_attrs(&mut self, path: &str, raw: &RawService) -> Option<RouteAttrs> {
+        let mut ok = true;
+        let mut communities = Vec::new();
+        for (i, c) in raw.bgp_communities.iter().flatten().enumerate() {
+            match parse_community(c) {
+                Some(pair) => communities.push(pair),
+                None => {
+                    self.problem(
+                        format!("{path}.bgp_communities[{i}]"),
+                        format!("{c:?} is not a community like \"64512:100\" (two numbers of 0..=65535)"),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        let mut large_communities = Vec::new();
+        for (i, c) in raw.bgp_large_communities.iter().flatten().enumerate() {
+            match parse_large_community(c) {
+                Some(triple) => large_communities.push(triple),
+                None => {
+                    self.problem(
+                        format!("{path}.bgp_large_communities[{i}]"),
+                        format!("{c:?} is not a large community like \"64512:1:2\" (three numbers of 0..=4294967295)"),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        let local_pref = match raw.bgp_local_pref {
+            None => Some(None),
+            Some(v) => self
+                .int(&format!("{path}.bgp_local_pref"), v, 0, u32::MAX)
+                .map(Some),
+        };
+        let local_pref = local_pref?;
+        ok.then(|| {
+            let mut attrs = RouteAttrs::default();
+            attrs.merge(&RouteAttrs {
+                communities,
+                large_communities,
+                local_pref,
+            });
+            attrs
         })
     }
 
@@ -1265,4 +1313,21 @@ fn dns_name(name: &str) -> Result<String, &'static str> {
         }
     }
     Ok(n.to_owned())
+}
+
+/// A standard BGP community `"asn:value"`, two numbers of 0..=65535.
+pub fn parse_community(c: &str) -> Option<(u16, u16)> {
+    let (a, v) = c.split_once(':')?;
+    Some((a.parse().ok()?, v.parse().ok()?))
+}
+
+/// A large community `"global:local1:local2"`, three numbers of 0..=4294967295.
+pub fn parse_large_community(c: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = c.split(':');
+    let t = (
+        parts.next()?.parse().ok()?,
+        parts.next()?.parse().ok()?,
+        parts.next()?.parse().ok()?,
+    );
+    parts.next().is_none().then_some(t)
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use strait_config::{
     parse, BackendState, Config, DnsType, Gateway, HealthCheck, HealthKind, MacAddr, Mode,
-    Protocol, Role, Service, Timeouts,
+    Protocol, Role, RouteAttrs, Service, Timeouts,
 };
 
 const IFACE: &str = "[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n";
@@ -863,6 +863,40 @@ fn udp_and_dns_health_check_rules() {
 }
 
 #[test]
+fn route_attributes_are_read_and_refused_by_path() {
+    let c = accepted(&service(
+        "bgp_communities = [\"64512:200\", \"64512:100\", \"64512:100\"]\nbgp_large_communities = [\"4200000000:1:2\"]\nbgp_local_pref = 300",
+    ));
+    assert_eq!(
+        c.services[0].route,
+        RouteAttrs {
+            communities: vec![(64512, 100), (64512, 200)],
+            large_communities: vec![(4_200_000_000, 1, 2)],
+            local_pref: Some(300),
+        }
+    );
+    let again = accepted(&strait_config::to_toml(&c));
+    assert_eq!(again.services[0].route, c.services[0].route);
+    assert!(accepted(&service("")).services[0].route.is_empty());
+    refused(
+        &service("bgp_communities = [\"64512:100\", \"70000:1\"]"),
+        "services[0].bgp_communities[1]: \"70000:1\" is not a community like \"64512:100\" (two numbers of 0..=65535)",
+    );
+    refused(
+        &service("bgp_large_communities = [\"1:2\"]"),
+        "services[0].bgp_large_communities[0]: \"1:2\" is not a large community like \"64512:1:2\" (three numbers of 0..=4294967295)",
+    );
+    refused(
+        &service("bgp_large_communities = [\"1:2:3:4\"]"),
+        "services[0].bgp_large_communities[0]: \"1:2:3:4\" is not a large community like \"64512:1:2\" (three numbers of 0..=4294967295)",
+    );
+    refused(
+        &service("bgp_local_pref = -1"),
+        "services[0].bgp_local_pref: -1 is outside 0..=4294967295",
+    );
+}
+
+#[test]
 fn health_check_rules() {
     let hc = |fields: &str| service(&format!("[services.health_check]\n{fields}"));
     refused(
@@ -1289,6 +1323,7 @@ fn service_fields_are_public_model() {
         source_ranges: vec![],
         session_affinity: None,
         health_check: None,
+        route: Default::default(),
         backends: vec![],
     };
     assert_eq!(s.frontend().to_string(), "203.0.113.1:1");
