@@ -3,14 +3,20 @@
 # or with sudo): clang/llvm and libbpf/libelf for the XDP program and xsk-rs, libpcap,
 # iproute2, curl, tcpdump and arping for the testbed and VIP announcements, tshark and scapy
 # to decode what the gateway emits, openssl for the cluster walkthrough test's CA, BIRD 2
-# (bird2) for route announcement and the tests' router, keepalived for VRRP failover, and
-# DPDK's development files (dpdk-dev, pkg-config libdpdk) for the DPDK port driver.
+# (bird2) for route announcement and the tests' router, keepalived for VRRP failover,
+# DPDK's development files (dpdk-dev, pkg-config libdpdk) for the DPDK port driver,
+# valgrind for the pipeline's instruction counts (scripts/check-instructions.sh), Prometheus
+# (prometheus, which brings promtool) to test the monitoring kit's alert rules and to scrape
+# a gateway in the monitoring end-to-end test, and for the Debian package and its check
+# dpkg-dev (dpkg-shlibdeps: its Depends), man-db (its man pages rendered), systemd
+# (systemd-analyze: its unit read) and lintian.
 # Idempotent: does nothing when everything is already there.
 set -euo pipefail
 
 packages=(clang llvm libelf-dev zlib1g-dev libpcap-dev libbpf-dev pkg-config m4 iproute2 tshark python3-scapy
           tcpdump curl iputils-arping iputils-ping ethtool procps dnsmasq-base
-          iptables nftables openssl bird2 keepalived dpdk-dev)
+          iptables nftables openssl bird2 keepalived dpdk-dev valgrind prometheus dpkg-dev man-db
+          systemd lintian)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -38,7 +38,9 @@ fn bench_pipeline(c: &mut Criterion) {
         for (name, traffic, flows) in cases {
             // A quarter full at most: 8-way buckets then almost never overflow.
             let capacity = match traffic {
-                Traffic::Established => (flows * entries_per_flow(mode) * 4).next_power_of_two(),
+                Traffic::Established | Traffic::Mix => {
+                    (flows * entries_per_flow(mode) * 4).next_power_of_two()
+                }
                 Traffic::Syn => 1 << 20,
             };
             let mut bench = Bench::new(mode, traffic, SERVICES, flows, capacity);

@@ -8,8 +8,8 @@
 //! - `established_1k`: ACKs of established flows; with sync on each pays the state-change and
 //!   refresh check, and sends nothing.
 //!
-//! The ratio of the `on` and `off` rows is the cost of sync per new flow (README, "Flow
-//! sync").
+//! The ratio of the `on` and `off` rows is the cost of sync per new flow (docs/fleet.md,
+//! "Flow sync").
 
 use std::time::Duration;
 
@@ -34,7 +34,9 @@ fn bench_sync(c: &mut Criterion) {
     for mode in [Mode::DsrL2, Mode::Nat] {
         for (name, traffic, flows) in cases {
             let capacity = match traffic {
-                Traffic::Established => (flows * entries_per_flow(mode) * 4).next_power_of_two(),
+                Traffic::Established | Traffic::Mix => {
+                    (flows * entries_per_flow(mode) * 4).next_power_of_two()
+                }
                 Traffic::Syn => 1 << 20,
             };
             for sync in [false, true] {

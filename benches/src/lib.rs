@@ -38,6 +38,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bare;
+pub mod instructions;
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
@@ -63,7 +66,8 @@ pub const FRAME_LEN: usize = 60;
 /// often use, so buffer addresses map to cache sets as they do in a UMEM.
 pub const BUF_SIZE: usize = 2048;
 /// Frames per timed batch: large enough that the two `Instant::now` calls around it (about
-/// 20-50 ns each) are below 0.1 % of the batch.
+/// 20-50 ns each) are below 0.1 % of the batch. A timed batch is handed to the pipeline in
+/// [`Bench::call_size`] frames per [`Pipeline::process_batch`] call, by default all at once.
 pub const BATCH: usize = 1024;
 
 /// Backends per synthetic service.
@@ -301,16 +305,42 @@ pub enum Traffic {
     Established,
     /// SYNs, each a new 5-tuple.
     Syn,
+    /// Nine established ACKs (as [`Traffic::Established`]) then one SYN of a new flow (as
+    /// [`Traffic::Syn`]), over and over: a gateway whose flows mostly last, with one packet
+    /// in ten opening a connection.
+    Mix,
 }
 
 impl Traffic {
-    /// The name in reports: `established`, `syn`.
+    /// Every kind of traffic, in report order.
+    pub const ALL: [Traffic; 3] = [Traffic::Established, Traffic::Syn, Traffic::Mix];
+
+    /// The name in reports: `established`, `syn`, `mix`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Traffic::Established => "established",
             Traffic::Syn => "syn",
+            Traffic::Mix => "mix",
         }
     }
+
+    /// Whether the traffic carries packets of established flows (which [`Bench::new`] then
+    /// creates and warms).
+    pub const fn has_established(self) -> bool {
+        !matches!(self, Traffic::Syn)
+    }
+}
+
+/// Of every [`MIX_PERIOD`] frames of [`Traffic::Mix`], the last is a SYN.
+pub const MIX_PERIOD: u64 = 10;
+
+/// The order in which established traffic over `flows` flows visits them: flow numbers
+/// `0..flows`, shuffled by a fixed seed, so every run (and the bare-lookup reference of
+/// `strait-lab bench pipeline`) visits them in the same order.
+pub fn established_order(flows: usize) -> Vec<u64> {
+    let mut order: Vec<u64> = (0..flows as u64).collect();
+    Rng::new(0x5354_5241_4954).shuffle(&mut order);
+    order
 }
 
 /// Flow-table entries a flow of `mode` takes: nat keeps a reply entry too.
@@ -348,6 +378,12 @@ pub struct Bench {
     next_syn: u64,
     /// SYN traffic: flow-table occupancy above which the table is emptied between batches.
     clear_at: usize,
+    /// Mix traffic: occupancy after the warm-up (the established flows).
+    warm_len: usize,
+    /// Mix traffic: frames sent, to place the SYNs.
+    mix_at: u64,
+    /// Frames per `process_batch` call.
+    call: usize,
     rx: Vec<u8>,
 }
 
@@ -360,6 +396,12 @@ impl Bench {
     /// clock jumps a day and [`strait_dataplane::flow::FlowTable::sweep`] empties it (untimed).
     /// Every SYN then lands in a table with free ways, as new flows do on a gateway whose
     /// table is sized for its load, and none is forwarded statelessly.
+    ///
+    /// Mix traffic warms `flows` established flows as established traffic does. Its SYNs'
+    /// entries are reclaimed between batches (untimed) once they take a sixteenth of the
+    /// table: the clock jumps past the half-open timeout (30 s, far below the established
+    /// one, so the established flows, each touched once a pass, stay) and a sweep frees
+    /// what expired. The table thus stays near its warmed occupancy.
     pub fn new(
         mode: Mode,
         traffic: Traffic,
@@ -381,11 +423,13 @@ impl Bench {
             cursor: 0,
             next_syn: SYN_BASE,
             clear_at: capacity / 4,
+            warm_len: 0,
+            mix_at: 0,
+            call: BATCH,
             rx: vec![0; BATCH * BUF_SIZE],
         };
-        if traffic == Traffic::Established {
-            let mut order: Vec<u64> = (0..flows as u64).collect();
-            Rng::new(0x5354_5241_4954).shuffle(&mut order);
+        if traffic.has_established() {
+            let order = established_order(flows);
             b.templates = vec![0; flows * FRAME_LEN];
             for (i, f) in order.iter().enumerate() {
                 let t = flow(*f, services);
@@ -393,12 +437,44 @@ impl Bench {
             }
             // Warm up: one packet per flow creates its entry (a first ACK makes an
             // established entry, as for a connection picked up mid-stream).
+            b.traffic = Traffic::Established;
             for _ in 0..flows.div_ceil(BATCH) {
                 let _ = b.batch();
             }
+            b.traffic = traffic;
             b.cursor = 0;
+            b.warm_len = b.pipe.flows.len();
         }
         b
+    }
+
+    /// Switches the traffic the next batches send, keeping the flow table.
+    ///
+    /// # Panics
+    /// If `traffic` carries established flows and this bench has none (it was made for SYN
+    /// traffic).
+    pub fn set_traffic(&mut self, traffic: Traffic) {
+        assert!(
+            !traffic.has_established() || self.flows() > 0,
+            "{traffic:?} traffic needs a bench made with established flows"
+        );
+        self.traffic = traffic;
+    }
+
+    /// Frames per [`Pipeline::process_batch`] call: each timed batch of [`BATCH`] frames is
+    /// handed to the pipeline in calls of this many frames, as a worker hands it each RX
+    /// batch it reads. Changes nothing else: frames, traffic and timing are the same.
+    ///
+    /// # Panics
+    /// If `frames` is 0.
+    pub fn set_call_size(&mut self, frames: usize) {
+        assert!(frames > 0, "a call needs a frame");
+        self.call = frames;
+    }
+
+    /// Frames per [`Pipeline::process_batch`] call ([`Bench::set_call_size`]).
+    pub fn call_size(&self) -> usize {
+        self.call
     }
 
     /// Flows of established traffic (0 for SYN traffic).
@@ -407,8 +483,25 @@ impl Bench {
     }
 
     /// Fills the RX buffers with the next [`BATCH`] frames (untimed), runs them through the
-    /// pipeline, and returns how long that took.
+    /// pipeline in calls of [`Bench::call_size`] frames, and returns how long that took.
     pub fn batch(&mut self) -> Duration {
+        let mut spent = Duration::ZERO;
+        self.batch_with(|pipe, table, now, frames, verdicts, call| {
+            let start = Instant::now();
+            run_calls(pipe, table, now, frames, verdicts, call);
+            spent = start.elapsed();
+        });
+        spent
+    }
+
+    /// [`Bench::batch`] with the pipeline run by `run` (given the pipeline, the snapshot, the
+    /// clock, the frames, their verdicts and the call size; [`run_calls`] is the usual body):
+    /// for a driver that measures the run otherwise than by the clock, such as an instruction
+    /// counter that counts inside one function.
+    pub fn batch_with(
+        &mut self,
+        run: impl FnOnce(&mut Pipeline, &ServiceTable, u64, &mut [Frame<'_>], &mut [Verdict], usize),
+    ) {
         self.fill();
         self.now += 1_000;
         let now = self.now;
@@ -417,16 +510,19 @@ impl Bench {
             .chunks_exact_mut(BUF_SIZE)
             .map(|buf| Frame::new(buf, HEADROOM, FRAME_LEN))
             .collect();
-        let start = Instant::now();
-        self.pipe
-            .process_batch(&self.table, now, 0, &mut frames, &mut self.verdicts);
-        let spent = start.elapsed();
+        run(
+            &mut self.pipe,
+            &self.table,
+            now,
+            &mut frames,
+            &mut self.verdicts,
+            self.call,
+        );
         self.not_tx += self
             .verdicts
             .iter()
             .filter(|v| !matches!(v, Verdict::Tx { .. }))
             .count() as u64;
-        spent
     }
 
     /// Runs batches until `time` of pipeline time (the sum of the batches' times) has been
@@ -445,15 +541,8 @@ impl Bench {
     fn fill(&mut self) {
         match self.traffic {
             Traffic::Established => {
-                let n = self.flows();
-                for buf in self.rx.chunks_exact_mut(BUF_SIZE) {
-                    let t = &self.templates[self.cursor * FRAME_LEN..][..FRAME_LEN];
-                    buf[HEADROOM..HEADROOM + FRAME_LEN].copy_from_slice(t);
-                    self.cursor = if self.cursor + 1 == n {
-                        0
-                    } else {
-                        self.cursor + 1
-                    };
+                for i in 0..BATCH {
+                    self.fill_established(i);
                 }
             }
             Traffic::Syn => {
@@ -461,13 +550,60 @@ impl Bench {
                     self.now += 86_400 * SEC;
                     self.pipe.flows.sweep(self.now, usize::MAX);
                 }
-                for buf in self.rx.chunks_exact_mut(BUF_SIZE) {
-                    let t = flow(self.next_syn, self.services);
-                    write_tcp_v4(&mut buf[HEADROOM..], &t, flags::SYN);
-                    self.next_syn += 1;
+                for i in 0..BATCH {
+                    self.fill_syn(i);
+                }
+            }
+            Traffic::Mix => {
+                if self.pipe.flows.len() > self.warm_len + self.pipe.flows.capacity() / 16 {
+                    self.now += self.table.timeouts.tcp_syn + SEC;
+                    self.pipe.flows.sweep(self.now, usize::MAX);
+                }
+                for i in 0..BATCH {
+                    self.mix_at += 1;
+                    if self.mix_at.is_multiple_of(MIX_PERIOD) {
+                        self.fill_syn(i);
+                    } else {
+                        self.fill_established(i);
+                    }
                 }
             }
         }
+    }
+
+    /// RX buffer `i` gets the next established flow's ACK.
+    fn fill_established(&mut self, i: usize) {
+        let t = &self.templates[self.cursor * FRAME_LEN..][..FRAME_LEN];
+        self.rx[i * BUF_SIZE + HEADROOM..][..FRAME_LEN].copy_from_slice(t);
+        self.cursor = if self.cursor + 1 == self.flows() {
+            0
+        } else {
+            self.cursor + 1
+        };
+    }
+
+    /// RX buffer `i` gets a new flow's SYN.
+    fn fill_syn(&mut self, i: usize) {
+        let t = flow(self.next_syn, self.services);
+        write_tcp_v4(&mut self.rx[i * BUF_SIZE + HEADROOM..], &t, flags::SYN);
+        self.next_syn += 1;
+    }
+}
+
+/// Runs `frames` through `pipe` in [`Pipeline::process_batch`] calls of `call` frames each
+/// (the last one shorter if `call` does not divide the frames), as a worker runs each RX
+/// batch it reads.
+#[inline]
+pub fn run_calls(
+    pipe: &mut Pipeline,
+    table: &ServiceTable,
+    now: u64,
+    frames: &mut [Frame<'_>],
+    verdicts: &mut [Verdict],
+    call: usize,
+) {
+    for (f, v) in frames.chunks_mut(call).zip(verdicts.chunks_mut(call)) {
+        pipe.process_batch(table, now, 0, f, v);
     }
 }
 
@@ -629,9 +765,9 @@ mod tests {
     }
 
     #[test]
-    fn every_mode_forwards_both_traffics() {
+    fn every_mode_forwards_every_traffic() {
         for mode in Mode::ALL {
-            for traffic in [Traffic::Established, Traffic::Syn] {
+            for traffic in Traffic::ALL {
                 let mut b = Bench::new(mode, traffic, 50, 5_000, 1 << 16);
                 for _ in 0..20 {
                     let _ = b.batch();
@@ -640,5 +776,63 @@ mod tests {
                 assert_eq!(b.pipe.counters.stateless_full, 0, "{mode} {traffic:?}");
             }
         }
+    }
+
+    #[test]
+    fn mix_sends_one_syn_in_ten_and_keeps_the_table_near_its_warm_size() {
+        let (flows, capacity) = (5_000, 1 << 15);
+        let mut b = Bench::new(Mode::Nat, Traffic::Mix, 50, flows, capacity);
+        assert_eq!(
+            b.pipe.flows.len(),
+            2 * flows,
+            "warmed: a flow and its reply entry"
+        );
+        let before = b.pipe.flows.stats().inserts;
+        for _ in 0..10 {
+            let _ = b.batch();
+        }
+        // 10,240 frames: 1,024 SYNs, each a flow and a reply entry.
+        assert_eq!(b.pipe.flows.stats().inserts - before, 2 * 1024);
+        for _ in 0..200 {
+            let _ = b.batch();
+            assert!(
+                b.pipe.flows.len() <= 2 * flows + capacity / 16 + 2 * BATCH,
+                "{}",
+                b.pipe.flows.len()
+            );
+        }
+        assert_eq!(b.not_tx, 0);
+        assert_eq!(b.pipe.counters.stateless_full, 0);
+        // The established flows survived the sweeps of the SYNs' entries: a pass over them
+        // creates no entry.
+        b.set_traffic(Traffic::Established);
+        let before = b.pipe.flows.stats().inserts;
+        for _ in 0..flows.div_ceil(BATCH) {
+            let _ = b.batch();
+        }
+        assert_eq!(b.pipe.flows.stats().inserts, before);
+    }
+
+    #[test]
+    fn call_size_splits_the_batch_without_changing_the_outcome() {
+        let mut whole = Bench::new(Mode::DsrGue, Traffic::Mix, 50, 3_000, 1 << 14);
+        let mut split = Bench::new(Mode::DsrGue, Traffic::Mix, 50, 3_000, 1 << 14);
+        split.set_call_size(16);
+        assert_eq!((whole.call_size(), split.call_size()), (BATCH, 16));
+        for _ in 0..5 {
+            let _ = whole.batch();
+            let _ = split.batch();
+            assert_eq!(whole.verdicts, split.verdicts);
+            assert_eq!(whole.rx, split.rx, "the same rewritten frames");
+        }
+        let mut calls = 0;
+        split.batch_with(|pipe, table, now, frames, verdicts, call| {
+            for (f, v) in frames.chunks_mut(call).zip(verdicts.chunks_mut(call)) {
+                pipe.process_batch(table, now, 0, f, v);
+                calls += 1;
+            }
+        });
+        assert_eq!(calls, BATCH / 16);
+        assert_eq!(split.not_tx, 0);
     }
 }

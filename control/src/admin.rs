@@ -6,6 +6,7 @@
 //! | `GET /services` | every service and backend with weight, state and health, as JSON |
 //! | `GET /metrics` | Prometheus text format: per-core packets, drops by reason, flow table, new flows per backend, backend health, snapshot generation |
 //! | `GET /routes` | every VIP's route (announced, or why not), whether the gateway drains, the BGP sessions, as JSON |
+//! | `GET /explain?client=ADDR:PORT&vip=ADDR:PORT&proto=tcp` | where that flow goes and why: frontend, source ranges, flow entry or Maglev choice, rewrite, as JSON ([`crate::explain`]) |
 //! | `POST /reload` | re-reads the configuration file and swaps the table in atomically (loopback listener only; 403 elsewhere) |
 //! | `POST /drain` | withdraws every route, forwards for `drain_grace`, then stops the gateway (loopback listener only) |
 //!
@@ -148,6 +149,9 @@ pub fn start_with(
     registry.register_collector(Box::new(Metrics(Arc::clone(&shared))));
     registry.register_collector(Box::new(KubeMetrics(Arc::clone(&shared))));
     registry.register_collector(Box::new(RouteMetrics(Arc::clone(&shared))));
+    registry.register_collector(Box::new(crate::cores::Heartbeats::new(
+        shared.cores.clone(),
+    )));
     let endpoint = Arc::new(Endpoint {
         shared,
         registry,
@@ -287,8 +291,9 @@ where
         Ok(Ok(Err(status))) => response(status, "text/plain", "bad request\n"),
         Ok(Ok(Ok(req))) => {
             let allowed = endpoint.allows(trusted, req.bearer.as_deref());
-            if req.method == "POST" {
-                // A reload waits for the control loop: off the task's thread.
+            if req.method == "POST" || req.path.starts_with("/explain") {
+                // A reload waits for the control loop, an explanation for the workers: off
+                // the task's thread.
                 tokio::task::spawn_blocking(move || {
                     let (status, ctype, body) = answer(&endpoint, &req.method, &req.path, allowed);
                     response(status, ctype, &body)
@@ -405,6 +410,9 @@ fn answer(
             }
         }
         ("GET", "/routes") => (200, "application/json", routes_json(shared)),
+        ("GET", p) if p == "/explain" || p.starts_with("/explain?") => {
+            crate::explain::http(shared, p.split_once('?').map_or("", |(_, q)| q))
+        }
         ("POST", "/reload") if !allowed => (
             403,
             "text/plain",
@@ -417,13 +425,13 @@ fn answer(
         ),
         ("POST", "/reload") => ask(endpoint, Request::Reload),
         ("POST", "/drain") => ask(endpoint, Request::Drain),
-        (_, "/healthz" | "/services" | "/metrics" | "/routes" | "/reload" | "/drain") => {
+        (_, "/healthz" | "/services" | "/metrics" | "/routes" | "/explain" | "/reload" | "/drain") => {
             (405, "text/plain", "method not allowed\n".into())
         }
         _ => (
             404,
             "text/plain",
-            "not found: try /healthz, /services, /routes, /metrics, POST /reload, POST /drain\n"
+            "not found: try /healthz, /services, /routes, /metrics, /explain, POST /reload, POST /drain\n"
                 .into(),
         ),
     }
@@ -635,6 +643,19 @@ impl Collector for RouteMetrics {
                 "vrrp_owner",
                 "1 while this gateway owns the VIP on its segment (VRRP master).",
                 &owned,
+            )?;
+            let changes: Vec<_> = routes
+                .keys()
+                .map(|v| {
+                    let n = l2.owner_changes.get(v).copied().unwrap_or(0);
+                    (vec![("vip", v.to_string())], n)
+                })
+                .collect();
+            counter(
+                &mut enc,
+                "vrrp_owner_changes",
+                "Times this gateway took or lost the VIP (VRRP master or not).",
+                &changes,
             )?;
             gauge(
                 &mut enc,
@@ -1021,6 +1042,24 @@ impl Collector for Metrics {
             "1 when the backend passes its health check (or has none).",
             &up,
         )?;
+        // The members of each service's Maglev table: 0 means new connections to the
+        // service have nowhere to go.
+        let serving: Vec<_> = table
+            .services
+            .iter()
+            .map(|s| {
+                (
+                    vec![("service", s.name.clone())],
+                    crate::metrics::gauge_of(s.members.len() as u64),
+                )
+            })
+            .collect();
+        gauge(
+            &mut enc,
+            "service_serving_backends",
+            "Backends of the service that take new flows (healthy, weight above 0, not draining).",
+            &serving,
+        )?;
         let gen = vec![(Vec::new(), table.generation as i64)];
         gauge(
             &mut enc,
@@ -1109,6 +1148,80 @@ mod tests {
         });
         let addr = start_with(opts, Arc::clone(&shared), reload_tx).unwrap();
         (addr, shared)
+    }
+
+    /// The endpoint over the built-in example (`web` TCP 80 and `echo` UDP 5353 on
+    /// 203.0.113.10, dsr-l2) with two worker slots: core 0 turns its desk as a worker's
+    /// loop does, core 1 never does.
+    #[test]
+    fn explain_asks_the_workers_and_names_one_that_does_not_answer() {
+        use crate::explain::{render, WAIT};
+        use serde_json::Value;
+        use std::sync::atomic::AtomicBool;
+        use strait_dataplane::flow::Timeouts;
+        use strait_dataplane::pipeline::Pipeline;
+        let cores: Vec<Arc<crate::cores::CoreStats>> = (0..2).map(|_| Arc::default()).collect();
+        let (d0, w0) = strait_dataplane::explain::desk();
+        let (_d1, w1) = strait_dataplane::explain::desk();
+        *cores[0].explain.lock().unwrap() = Some(w0);
+        *cores[1].explain.lock().unwrap() = Some(w1);
+        let (addr, shared) = endpoint(cores);
+        let table = shared.table.load_full();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (t, stop2) = (Arc::clone(&table), Arc::clone(&stop));
+        let worker = thread::spawn(move || {
+            let mut p = Pipeline::new(0, 2, 1024, Timeouts::default(), 0).with_explain(d0);
+            while !stop2.load(Ordering::Relaxed) {
+                if p.explain_pending() {
+                    p.explain_turn(&t, 1);
+                }
+                thread::sleep(Duration::from_micros(100));
+            }
+        });
+
+        let (s, body) = get(addr, "GET", "/explain?client=192.0.2.2&vip=203.0.113.10:80");
+        assert_eq!(s, 400, "{body}");
+        assert!(body.contains("`client`"), "{body}");
+        let (s, body) = get(
+            addr,
+            "GET",
+            "/explain?client=192.0.2.2:1&vip=203.0.113.10:81",
+        );
+        assert_eq!(s, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (&v["kind"], &v["vip_known"]),
+            (&json!("no_frontend"), &json!(true))
+        );
+        assert!(render(&v).contains("the VIP serves 80/tcp (web), 5353/udp (echo) only"));
+
+        // DSR: both cores asked; core 1 is silent for a second and named.
+        let started = std::time::Instant::now();
+        let (s, body) = get(
+            addr,
+            "GET",
+            "/explain?client=192.0.2.2:40000&vip=203.0.113.10:80",
+        );
+        assert_eq!(s, 200, "{body}");
+        assert!(started.elapsed() >= WAIT);
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["cores_asked"], json!([0, 1]));
+        assert_eq!(v["unanswered"][0]["core"], 1, "{v}");
+        assert!(v["why"]["by"] == "maglev", "{v}");
+        let text = render(&v);
+        assert!(text.contains("warning   worker 1"), "{text}");
+        assert!(text.contains("did not answer within 1s"), "{text}");
+
+        // Once every asked worker is silent, an error, not a story.
+        stop.store(true, Ordering::Relaxed);
+        worker.join().unwrap();
+        let (s, body) = get(
+            addr,
+            "GET",
+            "/explain?client=192.0.2.2:40000&vip=203.0.113.10:80",
+        );
+        assert_eq!(s, 503, "{body}");
+        assert!(body.starts_with("no worker answered: worker 0"), "{body}");
     }
 
     /// On a listener that is not loopback (in a namespace of the test's own), mutating
@@ -1261,6 +1374,14 @@ mod tests {
         ));
         assert!(m.contains("strait_backend_up{service=\"web\",backend=\"198.51.100.11:80\"} 1"));
         assert!(m.contains("strait_snapshot_generation 1"));
+        assert!(
+            m.contains("strait_service_serving_backends{service=\"web\"} 4"),
+            "{m}"
+        );
+        assert!(
+            m.contains("strait_worker_heartbeat_age_seconds{core=\"veth-gw/0\"} 0"),
+            "{m}"
+        );
         assert!(m.contains("strait_backends_without_next_hop 0"), "{m}");
         assert!(
             m.contains(
@@ -1332,6 +1453,19 @@ mod tests {
         );
         assert!(
             m.contains("strait_vip_routes{state=\"no-serving-backend\"} 1"),
+            "{m}"
+        );
+        // VRRP: each published VIP's ownership changes, 0 for a VIP never taken.
+        let mut l2 = crate::l2::Status::default();
+        l2.owner_changes.insert("203.0.113.10".parse().unwrap(), 3);
+        *shared.l2.lock().unwrap() = Some(Arc::new(std::sync::Mutex::new(l2)));
+        let m = get(addr, "GET", "/metrics").1;
+        assert!(
+            m.contains("strait_vrrp_owner_changes_total{vip=\"203.0.113.10\"} 3"),
+            "{m}"
+        );
+        assert!(
+            m.contains("strait_vrrp_owner_changes_total{vip=\"203.0.113.11\"} 0"),
             "{m}"
         );
         assert_eq!(get(addr, "POST", "/drain"), (200, "draining\n".into()));

@@ -1,6 +1,7 @@
 //! What each worker publishes of itself: its slot ([`CoreStats`]: the latest
 //! [`CoreSample`] of its counters and a heartbeat) and the families written from the
-//! samples that are the workers' own (where the UMEM frames are).
+//! samples that are the workers' own (where the UMEM frames are, how long each heartbeat
+//! has stood still: [`Heartbeats`]).
 //!
 //! A module of its own, apart from `workers` which fills the slots, because the slots are
 //! read by more than the admin API: the flow sync thread sums its counters from them and the
@@ -13,7 +14,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use strait_dataplane::flow::FlowStats;
 use strait_dataplane::stats::Counters;
 
-use crate::metrics::gauge;
+use crate::metrics::{gauge, seconds_gauge};
 
 /// One worker's published numbers.
 #[derive(Clone, Debug, Default)]
@@ -43,6 +44,10 @@ pub struct CoreStats {
     /// relaxed store, never per packet): the systemd watchdog is fed only while every
     /// worker's moves ([`crate::supervise::Watchdog`]).
     pub heartbeat: std::sync::atomic::AtomicU64,
+    /// The admin API's window onto the worker's explain desk
+    /// ([`strait_dataplane::explain`]); `None` until the worker starts. Locked by the admin
+    /// API only (one query at a time per worker), never by the worker.
+    pub explain: Mutex<Option<strait_dataplane::explain::Window>>,
 }
 
 /// Writes where each worker's UMEM frames are (`strait_umem_frames{core, state}`), the UMEM's
@@ -103,4 +108,110 @@ pub(crate) fn umem(
          or counted twice.",
         &misplaced,
     )
+}
+
+/// How long each worker's heartbeat has stood still (`strait_worker_heartbeat_age_seconds`),
+/// as the scrapes see it.
+///
+/// A worker stores its own clock's reading once per loop turn, busy or idle (an idle turn
+/// sleeps at most a millisecond), so a heartbeat that stands still means a worker stuck in
+/// a loop, blocked in the kernel, or gone. The reading is on the worker's own clock, whose
+/// origin nobody else knows; so each scrape compares it with the value the last scrape saw
+/// and the age is the time since a scrape first saw the current value: 0 while it moves,
+/// and behind the truth by at most one scrape interval. The alert's `for:` covers that.
+#[derive(Debug)]
+pub struct Heartbeats {
+    cores: Vec<std::sync::Arc<CoreStats>>,
+    /// Per worker: the heartbeat the last scrape saw and when a scrape first saw it.
+    seen: Mutex<Vec<(u64, std::time::Instant)>>,
+}
+
+impl Heartbeats {
+    /// A collector over the workers' slots `cores`.
+    pub fn new(cores: Vec<std::sync::Arc<CoreStats>>) -> Self {
+        Self {
+            cores,
+            seen: Mutex::default(),
+        }
+    }
+
+    /// Each worker's heartbeat age at `now`, remembering what this look saw.
+    fn ages(&self, now: std::time::Instant) -> Vec<(String, f64)> {
+        use std::sync::atomic::Ordering;
+        let mut seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.resize(self.cores.len(), (u64::MAX, now));
+        self.cores
+            .iter()
+            .zip(seen.iter_mut())
+            .map(|(c, (beat, since))| {
+                let b = c.heartbeat.load(Ordering::Relaxed);
+                if b != *beat {
+                    *beat = b;
+                    *since = now;
+                }
+                (c.name.clone(), now.duration_since(*since).as_secs_f64())
+            })
+            .collect()
+    }
+}
+
+impl prometheus_client::collector::Collector for Heartbeats {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let rows: Vec<_> = self
+            .ages(std::time::Instant::now())
+            .into_iter()
+            .map(|(core, age)| (vec![("core", core)], age))
+            .collect();
+        seconds_gauge(
+            &mut enc,
+            "worker_heartbeat_age_seconds",
+            "Seconds since the worker's loop last turned, as the scrapes see it (0 while it \
+             moves; late by at most one scrape interval). A worker turns at least every \
+             millisecond, busy or idle: a growing age is a stalled worker.",
+            &rows,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn a_heartbeat_that_stands_still_ages_and_one_that_moves_does_not() {
+        let cores: Vec<Arc<CoreStats>> = ["eth0/0", "eth0/1"]
+            .iter()
+            .map(|n| {
+                Arc::new(CoreStats {
+                    name: (*n).into(),
+                    ..Default::default()
+                })
+            })
+            .collect();
+        let hb = Heartbeats::new(cores.clone());
+        let t0 = Instant::now();
+        cores[0].heartbeat.store(10, Ordering::Relaxed);
+        cores[1].heartbeat.store(10, Ordering::Relaxed);
+        assert_eq!(
+            hb.ages(t0),
+            vec![("eth0/0".into(), 0.0), ("eth0/1".into(), 0.0)]
+        );
+        // Worker 0 turns, worker 1 stands still.
+        cores[0].heartbeat.store(20, Ordering::Relaxed);
+        let ages = hb.ages(t0 + Duration::from_secs(3));
+        assert_eq!(ages[0].1, 0.0);
+        assert_eq!(ages[1].1, 3.0);
+        let ages = hb.ages(t0 + Duration::from_secs(5));
+        assert_eq!((ages[0].1, ages[1].1), (2.0, 5.0));
+        // Worker 1 moves again: its age falls back to 0.
+        cores[1].heartbeat.store(11, Ordering::Relaxed);
+        assert_eq!(hb.ages(t0 + Duration::from_secs(6))[1].1, 0.0);
+    }
 }

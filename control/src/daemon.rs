@@ -39,10 +39,12 @@ pub fn spawn(cmd: &mut Command, on_parent_death: Signal) -> anyhow::Result<Child
         .with_context(|| format!("starting {}", cmd.get_program().to_string_lossy()))
 }
 
-/// What a daemon's thread is told: the VIPs it is to announce or own now, or to stop.
+/// What a daemon's thread is told: the VIPs it is to announce or own now, that the
+/// gateway drains, or to stop.
 #[derive(Debug)]
 enum Msg {
     Vips(Vec<std::net::IpAddr>),
+    Drain,
     Stop,
 }
 
@@ -62,6 +64,12 @@ pub trait Owner: Send + 'static {
     fn begin(&mut self) {}
     /// Takes the VIPs of the latest message.
     fn vips(&mut self, vips: Vec<std::net::IpAddr>);
+    /// The gateway drains: from now on a daemon that exits is not started again. Its
+    /// routes are withdrawn (or its VIPs handed on) by the drain itself; a daemon started
+    /// again would only open sessions or elections the stop then closes, and under
+    /// systemd's default `KillMode=control-group` it would be the daemon the stop's
+    /// SIGTERM just ended.
+    fn drain(&mut self);
     /// Runs between messages, at least every poll interval (a dead daemon, its state).
     fn watch(&mut self);
     /// Stops the daemon in order.
@@ -93,11 +101,13 @@ impl<S: Clone + Send + 'static> Supervised<S> {
                             for m in rx.try_iter() {
                                 match m {
                                     Msg::Vips(v) => vips = v,
+                                    Msg::Drain => owner.drain(),
                                     Msg::Stop => return owner.shutdown(),
                                 }
                             }
                             owner.vips(vips);
                         }
+                        Ok(Msg::Drain) => owner.drain(),
                         Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => {
                             return owner.shutdown()
                         }
@@ -116,6 +126,11 @@ impl<S: Clone + Send + 'static> Supervised<S> {
     /// Hands the thread the VIPs to announce or own now.
     pub fn set(&self, vips: Vec<std::net::IpAddr>) {
         let _ = self.tx.send(Msg::Vips(vips));
+    }
+
+    /// Tells the thread the gateway drains ([`Owner::drain`]).
+    pub fn drain(&self) {
+        let _ = self.tx.send(Msg::Drain);
     }
 
     /// A handle on the state, for the admin API.

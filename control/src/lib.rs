@@ -18,6 +18,7 @@
 //!  main.rs (the `strait` binary) ─► run      the driver: event loop, effects carried out
 //!                                ─► status   `strait status`, a client of the admin API
 //!  admin ─ workers                           the admin API; starting the workers
+//!  explain                                   `GET /explain`: asks the workers' desks
 //!  shared                                    the admin API's view, composed of the drivers'
 //!  kube health neigh vip bgp l2 sync         the drivers: each does its I/O and owns the
 //!  supervise dpdk footprint heap daemon        view of its own state (status, stats)
@@ -48,19 +49,22 @@
 //! | [`cores`] | what each worker publishes of itself: counters, heartbeat, the UMEM family |
 //! | [`dpdk`] | the DPDK ports, when the gateway runs on DPDK |
 //! | [`admin`] | the admin and metrics HTTP API (`metrics`: how every family is written) |
+//! | [`explain`] | `GET /explain` and `strait explain`: where a flow goes and why, from the snapshot and the owning workers' flow tables |
 //! | [`shared`] | the admin API's view: the table, the configuration, and each driver's view of its state |
 //! | [`footprint`] | the memory a configuration takes, known before anything is allocated |
 //! | [`heap`] | giving freed heap back to the kernel (`malloc_trim`) |
 //! | [`supervise`] | systemd: readiness, stopping, a watchdog fed only while every worker makes progress |
 //! | [`status`] | `strait status`: the admin API's `/services` as a table |
+//! | [`manual`] | the man pages and shell completions of the command line, for the package |
 //! | [`sync`] | flow sync with the peer gateways: the thread between the workers' sync rings and UDP |
 //!
 //! The lab (testbed, generators, benches) is another crate, `strait-lab`, that depends on
 //! this one; nothing here knows it.
 
-// Denied, with two exceptions: `daemon::spawn`'s `pre_exec` (a parent-death signal for the
-// routing daemons), which std offers only as `unsafe`, and `heap`'s `malloc_trim`, which no
-// safe crate wraps.
+// Denied, with two exceptions (listed with the workspace's other unsafe islands in
+// docs/architecture.md, "Unsafe islands"): `daemon::spawn`'s `pre_exec` (a parent-death
+// signal for the routing daemons), which std offers only as `unsafe`, and `heap`'s
+// `malloc_trim`, which no safe crate wraps.
 #![deny(unsafe_code)]
 
 pub mod admin;
@@ -69,12 +73,14 @@ pub mod core;
 pub mod cores;
 pub mod daemon;
 pub mod dpdk;
+pub mod explain;
 pub mod footprint;
 pub mod health;
 pub mod heap;
 pub mod kube;
 pub mod kubemodel;
 pub mod l2;
+pub mod manual;
 mod metrics;
 pub mod neigh;
 pub mod run;

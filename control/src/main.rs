@@ -4,6 +4,7 @@
 //! strait run [--config FILE] [--kube ...]   run the gateway (default: the built-in example)
 //! strait status [--admin ADDR]              the running gateway's services, backends, health, routes
 //! strait drain [--admin ADDR]               withdraw every route, forward for the grace, stop
+//! strait explain CLIENT:PORT VIP:PORT       where that flow goes and why (--proto, --json)
 //! strait check [--config FILE]              validate a configuration (default: the built-in example)
 //! ```
 //!
@@ -14,8 +15,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-use strait_control::{kube, run, status};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use strait_control::{explain, kube, manual, run, status};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,6 +58,27 @@ enum Command {
         #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
         wait: std::time::Duration,
     },
+    /// Explain where a flow goes and why: the frontend it matches (or why none), the source
+    /// ranges' verdict, the flow entry of the core that owns it (or the backend a new
+    /// connection gets now, and why), and the rewrite. A nat reply's 5-tuple (backend to
+    /// client) is explained as the reply of its flow. Asks the running gateway.
+    Explain {
+        /// The client's address and port (IPv6 as `[2001:db8::2]:40000`); for a nat reply,
+        /// the backend's.
+        #[arg(value_name = "CLIENT_ADDR:PORT")]
+        client: String,
+        /// The VIP and port; for a nat reply, the client's address and port.
+        #[arg(value_name = "VIP:PORT")]
+        vip: String,
+        /// The transport protocol.
+        #[arg(long, default_value = "tcp", value_parser = ["tcp", "udp", "sctp"])]
+        proto: String,
+        /// Print the admin API's JSON instead of the block for a person.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// Validate a configuration: print every problem with its field path, or a summary.
     Check {
         /// The TOML file (default: the built-in annotated example).
@@ -91,7 +113,22 @@ impl AdminArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `Cli` plus the hidden `generate-docs DIR`, which writes this command line's man pages
+    // and completions for the package (strait_control::manual).
+    let matches = manual::with_generator(Cli::command()).get_matches();
+    if let Some(dir) = manual::requested(&matches) {
+        return match manual::write(Cli::command(), &dir) {
+            Ok(files) => {
+                files.iter().for_each(|f| println!("{}", f.display()));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("strait: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
@@ -99,6 +136,15 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Status { admin } => status::run(&admin.admin()),
         Command::Drain { admin, wait } => status::drain(&admin.admin(), wait),
+        Command::Explain {
+            client,
+            vip,
+            proto,
+            json,
+            admin,
+        } => explain::check_socket("client", &client)
+            .and_then(|_| explain::check_socket("vip", &vip))
+            .and_then(|_| status::explain(&admin.admin(), &client, &vip, &proto, json)),
         Command::Run { config, kube } => run::run(
             config.map_or(run::Source::Builtin, run::Source::File),
             &kube,

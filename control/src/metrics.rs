@@ -64,3 +64,18 @@ pub(crate) fn one<T>(v: T) -> Rows<'static, T> {
 pub(crate) fn gauge_of(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
+
+/// Writes gauge family `name` of seconds (a float) with one sample per row.
+pub(crate) fn seconds_gauge(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: &[(Vec<(&str, String)>, f64)],
+) -> std::fmt::Result {
+    let probe = ConstGauge::new(0f64);
+    let mut fam = enc.encode_descriptor(name, help, None, probe.metric_type())?;
+    for (labels, v) in rows {
+        ConstGauge::new(*v).encode(fam.encode_family(labels)?)?;
+    }
+    Ok(())
+}

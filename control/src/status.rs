@@ -1,5 +1,6 @@
-//! `strait status`: the running gateway's `/services` and `/routes`, as tables; and
-//! `strait drain`, which asks it to drain and waits until it stopped.
+//! `strait status`: the running gateway's `/services` and `/routes`, as tables; `strait
+//! drain`, which asks it to drain and waits until it stopped; and `strait explain`, its
+//! `/explain` as a block ([`crate::explain::render`]).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -47,7 +48,7 @@ impl Admin {
         }
     }
 
-    fn request(&self, method: &str, path: &str) -> anyhow::Result<String> {
+    pub(crate) fn request(&self, method: &str, path: &str) -> anyhow::Result<String> {
         let auth = match &self.token_file {
             None => String::new(),
             Some(f) => {
@@ -131,6 +132,37 @@ pub fn drain(admin: &Admin, wait: Duration) -> anyhow::Result<()> {
         "the gateway still answers at {} after {wait:?}",
         admin.name()
     )
+}
+
+/// `strait explain`: asks the gateway and prints its answer, as a block for a person or as
+/// the JSON (`json`).
+///
+/// # Errors
+/// When the gateway does not answer, refuses the query, or answers something that is not
+/// the JSON it serves.
+pub fn explain(
+    admin: &Admin,
+    client: &str,
+    vip: &str,
+    proto: &str,
+    json_out: bool,
+) -> anyhow::Result<()> {
+    let enc = |s: &str| s.replace('[', "%5B").replace(']', "%5D");
+    let path = format!(
+        "/explain?client={}&vip={}&proto={}",
+        enc(client),
+        enc(vip),
+        enc(proto)
+    );
+    let body = admin.request("GET", &path)?;
+    let v: Value =
+        serde_json::from_str(&body).context("the admin API answered something that is not JSON")?;
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", crate::explain::render(&v));
+    }
+    Ok(())
 }
 
 /// The table `strait status` prints.

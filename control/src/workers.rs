@@ -257,6 +257,9 @@ fn spawn_all(
             Some(ends) => pipe.with_sync(ends),
             None => pipe,
         };
+        let (desk, window) = strait_dataplane::explain::desk();
+        let pipe = pipe.with_explain(desk);
+        *slot.explain.lock().unwrap_or_else(PoisonError::into_inner) = Some(window);
         parts.push(Parts {
             handoff,
             pipe,

@@ -1430,6 +1430,18 @@ fn a_410_relist_converges_and_drops_what_was_deleted_meanwhile() {
         Kind::ALL.iter().all(|&k| src.stats().lists(k) >= 2)
     });
     assert!(src.stats().expired(Kind::Services) >= 1);
+    // The relists completed: the view is current, each kind's last list recent.
+    eventually(10, "the view current after the relists", || {
+        src.stats().stale_since().is_none()
+    });
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    for k in Kind::ALL {
+        let age = now - src.stats().last_list(k);
+        assert!((0.0..30.0).contains(&age), "{k:?} listed {age} s ago");
+    }
 
     // Changes the source cannot see live: the server is down, then has compacted.
     api.set_down(true);
@@ -1474,9 +1486,14 @@ fn an_api_outage_keeps_the_last_list_and_reconnects() {
         backend_count(l, "default/web/") == Some(3)
     });
     let published = src.stats().publishes();
+    // Every kind listed and the watches open: the view is current.
+    eventually(10, "the view current", || {
+        src.stats().stale_since().is_none()
+    });
 
     api.set_down(true);
     eventually(10, "disconnected", || !src.stats().connected());
+    let lost = src.stats().stale_since().expect("stale while disconnected");
     std::thread::sleep(Duration::from_secs(3));
     assert!(
         matches!(rx.try_recv(), Err(mpsc::TryRecvError::Empty)),
@@ -1485,8 +1502,18 @@ fn an_api_outage_keeps_the_last_list_and_reconnects() {
     assert_eq!(src.stats().publishes(), published);
     assert!(src.stats().disconnects() >= 1);
 
+    assert_eq!(
+        src.stats().stale_since(),
+        Some(lost),
+        "stale since the loss"
+    );
+    assert!(lost.elapsed() >= Duration::from_secs(3));
+
     api.set_down(false);
     eventually(15, "reconnected", || src.stats().connected());
+    eventually(15, "the view current again", || {
+        src.stats().stale_since().is_none()
+    });
     // A change after the outage arrives (the watch resumed).
     api.apply(node("n4", "198.51.100.4"));
     let l = until(&rx, 15, "web on four nodes", |l| {
@@ -1981,14 +2008,29 @@ fn the_deploy_files_agree_with_the_code() {
         .unwrap_or_else(|e| panic!("deploy/strait-3node.toml:\n{e}"));
     assert_eq!(cfg.gateway.interfaces[0].name, "eth1");
 
+    // The unit runs the packaged binary on the packaged configuration, with the arguments
+    // of /etc/default/strait; the stop is strait's (KillMode=mixed: SIGTERM to it alone).
     let unit = include_str!("../../deploy/strait.service");
-    let exec = unit
+    let key = |k: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("deploy/strait.service has no {k}"))
+    };
+    assert_eq!(
+        key("ExecStart"),
+        "/usr/sbin/strait run --config /etc/strait/strait.toml $STRAIT_ARGS"
+    );
+    assert_eq!(key("EnvironmentFile"), "-/etc/default/strait");
+    assert_eq!(key("KillMode"), "mixed");
+    assert_eq!(key("Type"), "notify");
+    // The 3-node example's Kubernetes flags, as deploy/strait.default shows them.
+    let default = include_str!("../../deploy/strait.default");
+    let exec = default
         .lines()
-        .find_map(|l| l.strip_prefix("ExecStart="))
-        .expect("an ExecStart line");
-    let mut words: Vec<&str> = exec.split_whitespace().collect();
-    assert_eq!(&words[..2], ["/usr/local/bin/strait", "run"]);
-    words.remove(1);
+        .find_map(|l| l.strip_prefix("#STRAIT_ARGS=\""))
+        .and_then(|l| l.strip_suffix('"'))
+        .expect("an example STRAIT_ARGS line");
+    let words = ["strait"].into_iter().chain(exec.split_whitespace());
     let run = RunCli::try_parse_from(words).unwrap_or_else(|e| panic!("{exec}\n{e}"));
     let s = run.kube.settings(&cfg.gateway);
     assert!(run.kube.kube && s.pools.len() == 2);
@@ -2278,7 +2320,7 @@ fn a_silent_leader_is_replaced_after_the_lease_duration() {
     drop(b);
 }
 
-// ---- Node updates that change nothing relevant (issue 12) ----------------------------
+// ---- Node updates that change nothing relevant ---------------------------------------
 
 /// Node `name` as a kubelet reports it at heartbeat `beat`: the four conditions with their
 /// heartbeat times, capacity, images, labels and annotations that change nothing Strait
@@ -2407,7 +2449,7 @@ fn a_heartbeat_only_node_update_costs_no_round_and_changes_no_table() {
     assert_eq!(got, full.services);
 }
 
-// ---- externalTrafficPolicy: Local by weight (issue 12) -------------------------------
+// ---- externalTrafficPolicy: Local by weight ------------------------------------------
 
 #[test]
 fn local_policy_weights_each_node_by_its_ready_endpoints() {
@@ -2507,7 +2549,7 @@ fn local_policy_weights_each_node_by_its_ready_endpoints() {
     assert_eq!(r.services[0].backends[0].weight, 2);
 }
 
-// ---- status writes beside the loop (issue 12) ----------------------------------------
+// ---- status writes beside the loop -----------------------------------------------
 
 /// The published list's VIP of Service `name`.
 fn vip_of(l: &[model::Service], name: &str) -> Option<IpAddr> {
@@ -2684,7 +2726,7 @@ fn the_cluster_role_grants_namespaces_and_pool_status_exactly() {
     );
 }
 
-/// Issue 12, point 11: what translation leaves out of a Service is an Event on it (so
+/// What translation leaves out of a Service is an Event on it (so
 /// `kubectl describe svc` says why), given once while it stands, counted in the metrics.
 #[test]
 fn what_translation_leaves_out_of_a_service_is_an_event_on_it_once() {

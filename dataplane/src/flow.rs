@@ -49,7 +49,7 @@
 //! the home bucket (8 entries read at most). The trade: a key whose bucket is full is
 //! remembered instead of forwarded statelessly on every packet (each of which would read all
 //! 8 entries of its full bucket), at the price of screening the line for nothing on new
-//! flows; the README's Performance section has the figures.
+//! flows; docs/performance.md has the figures.
 //!
 //! # Layout and memory cost
 //!
@@ -133,6 +133,9 @@ pub const WAYS: usize = 8;
 /// The largest capacity [`FlowTable::new`] accepts: 2^28 ways, 16.5 GiB. Anything larger is
 /// a configuration mistake, not a table size.
 pub const MAX_CAPACITY: usize = 1 << 28;
+
+/// The bit of [`FlowValue`]'s last-seen byte 4 that marks an entry learnt from a peer.
+const LEARNT: u8 = 0x80;
 
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 const NANOS_PER_MS: u64 = 1_000_000;
@@ -243,9 +246,12 @@ pub struct FlowValue {
     /// For reverse-NAT entries: the MAC the client's packets came from (the next hop back to
     /// the client). Zero elsewhere.
     pub peer_mac: [u8; 6],
-    /// When the flow last saw a packet: milliseconds of the caller's monotonic clock, 40 bits
-    /// little-endian (the clock must stay below 2^40 ms, 34 years, as a clock since boot
-    /// does). See [`FlowValue::last_seen_ms`].
+    /// When the flow last saw a packet: milliseconds of the caller's monotonic clock, the low
+    /// 39 bits of these 40 (little-endian; the clock must stay below 2^39 ms, 17 years, as a
+    /// clock since boot does), see [`FlowValue::last_seen_ms`]; the top bit says the entry
+    /// was learnt from a peer gateway ([`FlowValue::learnt`]). The provenance bit lives here
+    /// because the entry fills its cache line: a byte of its own would push the value to 28
+    /// bytes and the entry over 64.
     last_seen: [u8; 5],
     /// Connection state, which picks the idle timeout.
     pub state: FlowState,
@@ -272,7 +278,25 @@ impl FlowValue {
     #[inline]
     pub fn touch(&mut self, now: u64) {
         let ms = (now / NANOS_PER_MS).to_le_bytes();
+        let learnt = self.last_seen[4] & LEARNT;
         self.last_seen.copy_from_slice(&ms[..5]);
+        self.last_seen[4] = (self.last_seen[4] & !LEARNT) | learnt;
+    }
+
+    /// Whether the entry was learnt from a peer gateway by flow sync ([`crate::sync`])
+    /// rather than made here by a packet. Kept for the entry's life; the admin API's
+    /// `explain` shows it.
+    #[inline]
+    pub fn learnt(&self) -> bool {
+        self.last_seen[4] & LEARNT != 0
+    }
+
+    /// The value marked as learnt from a peer gateway ([`FlowValue::learnt`]).
+    #[inline]
+    #[must_use]
+    pub fn learnt_from_peer(mut self) -> Self {
+        self.last_seen[4] |= LEARNT;
+        self
     }
 
     /// When the flow last saw a packet, in whole milliseconds of the caller's clock (`now /
@@ -281,6 +305,7 @@ impl FlowValue {
     pub fn last_seen_ms(&self) -> u64 {
         let mut b = [0u8; 8];
         b[..5].copy_from_slice(&self.last_seen);
+        b[4] &= !LEARNT;
         u64::from_le_bytes(b)
     }
 }
@@ -1255,6 +1280,23 @@ mod tests {
             assert_eq!(t.len(), 0, "expired entry reclaimed by lookup");
             assert_eq!(t.stats().expired, 1);
         }
+    }
+
+    #[test]
+    fn the_learnt_bit_survives_touches_and_leaves_the_clock_alone() {
+        let big = ((1u64 << 39) - 1) * 1_000_000;
+        let mut v = val(1, FlowState::Udp, big);
+        assert!(!v.learnt());
+        assert_eq!(v.last_seen_ms(), (1 << 39) - 1, "39 bits of clock");
+        v = v.learnt_from_peer();
+        assert!(v.learnt());
+        assert_eq!(v.last_seen_ms(), (1 << 39) - 1);
+        v.touch(5 * S);
+        assert!(v.learnt(), "a packet does not change who made the entry");
+        assert_eq!(v.last_seen_ms(), 5_000);
+        let mut here = val(1, FlowState::Udp, 0);
+        here.touch(big);
+        assert!(!here.learnt(), "a clock at its limit does not set the bit");
     }
 
     #[test]

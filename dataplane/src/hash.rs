@@ -54,6 +54,27 @@ pub fn hash_bytes(seed: u64, bytes: &[u8]) -> u64 {
     mix64(h ^ bytes.len() as u64)
 }
 
+const SEED_OWNER: u64 = 0x5354_5241_4954_4f57; // "STRAITOW"
+
+/// The core that owns a nat flow: a function of the client's address and port, which both
+/// directions carry (as destination in replies), so any core can find the owner.
+#[inline(always)]
+pub fn owner_core(client: &[u8; 16], client_port: u16, cores: u16) -> u16 {
+    if cores <= 1 {
+        return 0;
+    }
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&client[8..]);
+    let h = hash_words(SEED_OWNER, &[u64::from_le_bytes(a), client_port as u64]);
+    ((h >> 32) % cores as u64) as u16
+}
+
+/// The Maglev hash of a flow, derived from its flow-table hash so a packet is hashed once.
+#[inline(always)]
+pub(crate) fn maglev_hash(flow_hash: u64) -> u64 {
+    mix64(flow_hash ^ SEED_MAGLEV)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,7 @@
 //! Cache and memory hints for the packet path.
 //!
-//! These are the only `unsafe` blocks outside `xsk`. STYLE.md keeps unsafe code in the AF_XDP
-//! module, but a prefetch has nothing to do with AF_XDP: it is the tool that turns a batch's
+//! One of the unsafe islands listed in docs/architecture.md ("Unsafe islands"), apart from
+//! `xsk` because a prefetch has nothing to do with AF_XDP: it is the tool that turns a batch's
 //! flow-table cache misses from serial into parallel ones, which is most of the packet path's
 //! cost once the table outgrows the caches. The wrapper takes a reference, so the address is
 //! always that of a live object, although a prefetch would be sound for any address.

@@ -17,10 +17,14 @@
 //! call [`pipeline::Pipeline::process`].
 //!
 //! The modules import one way (`scripts/check-imports.py` holds it; the graph is in
-//! docs/architecture-modules.md): `xsk` → `pipeline` → `sync`, `rewrite` → `table`, `wire`
-//! → `maglev`, `flow` → `key`, `hint`, `stats` → `hash`. Flow sync meets the pipeline
-//! through [`sync::WorkerSync`], which knows nothing of the pipeline.
+//! docs/architecture-modules.md): `xsk` → `pipeline` → `explain` → `sync`, `rewrite` →
+//! `spsc`, `table`, `wire` → `maglev`, `flow` → `key`, `hint`, `stats` → `hash`. Flow sync
+//! and the explain desk meet the pipeline through [`sync::WorkerSync`] and
+//! [`explain::Desk`], which know nothing of the pipeline.
 
+pub mod explain;
+#[cfg(test)]
+mod explain_tests;
 pub mod flow;
 pub mod hash;
 pub mod hint;
@@ -28,6 +32,7 @@ pub mod key;
 pub mod maglev;
 pub mod pipeline;
 pub mod rewrite;
+pub mod spsc;
 pub mod stats;
 pub mod sync;
 #[cfg(test)]

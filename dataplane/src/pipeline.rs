@@ -30,7 +30,7 @@
 //! reassemble).
 
 use crate::flow::{FlowState, FlowTable, FlowValue, InsertError, Timeouts};
-use crate::hash::{hash_words, mix64, SEED_FLOW, SEED_MAGLEV};
+use crate::hash::{maglev_hash, SEED_FLOW};
 use crate::key::{is_v4, proto, FlowKey};
 use crate::rewrite::{self, Encap, EncapError, Frame, Macs, Outer};
 use crate::stats::{Counters, DropReason};
@@ -63,26 +63,9 @@ pub enum Verdict {
     },
 }
 
-const SEED_OWNER: u64 = 0x5354_5241_4954_4f57; // "STRAITOW"
-
-/// The core that owns a nat flow: a function of the client's address and port, which both
-/// directions carry (as destination in replies), so any core can find the owner.
-#[inline(always)]
-pub fn owner_core(client: &[u8; 16], client_port: u16, cores: u16) -> u16 {
-    if cores <= 1 {
-        return 0;
-    }
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&client[8..]);
-    let h = hash_words(SEED_OWNER, &[u64::from_le_bytes(a), client_port as u64]);
-    ((h >> 32) % cores as u64) as u16
-}
-
-/// The Maglev hash of a flow, derived from its flow-table hash so a packet is hashed once.
-#[inline(always)]
-fn maglev_hash(flow_hash: u64) -> u64 {
-    mix64(flow_hash ^ SEED_MAGLEV)
-}
+/// The core that owns a nat flow ([`crate::hash::owner_core`]), re-exported where the
+/// pipeline's users have always found it.
+pub use crate::hash::owner_core;
 
 /// Frames [`Pipeline::process_batch`] works on together. Large enough that the flow-table
 /// misses of a batch overlap (a DRAM miss costs about 170 ns on the CI machine, and a core
@@ -177,6 +160,9 @@ pub struct Pipeline {
     /// This core's ends of flow sync with the peer gateways ([`crate::sync`]); `None` when
     /// sync is off.
     pub sync: Option<WorkerSync>,
+    /// This core's explain desk ([`crate::explain`]): queries about a flow, answered between
+    /// batches; `None` when nobody asks.
+    pub explain: Option<crate::explain::Desk>,
 }
 
 /// Backend ids with a new-flow counter of their own; larger ids share slots. Allocated once
@@ -226,6 +212,7 @@ impl Pipeline {
             .into_boxed_slice(),
             reply_hashes: [0; BATCH],
             sync: None,
+            explain: None,
         }
     }
 
@@ -804,6 +791,32 @@ impl Pipeline {
     #[inline]
     pub fn sync_pending(&mut self) -> bool {
         self.sync.as_mut().is_some_and(WorkerSync::pending)
+    }
+
+    /// Installs this core's explain desk ([`crate::explain::desk`]); from now on the worker
+    /// answers queries about its flows.
+    pub fn with_explain(mut self, desk: crate::explain::Desk) -> Self {
+        self.explain = Some(desk);
+        self
+    }
+
+    /// Whether a query waits at this core's explain desk: one relaxed load of the query
+    /// ring's producer index.
+    #[inline(always)]
+    pub fn explain_pending(&self) -> bool {
+        self.explain
+            .as_ref()
+            .is_some_and(crate::explain::Desk::pending)
+    }
+
+    /// Answers the queries waiting at this core's explain desk from its flow table
+    /// ([`crate::explain::Desk::turn`]), at `now` by the worker's clock; returns how many.
+    /// Never allocates, never blocks.
+    pub fn explain_turn(&mut self, t: &ServiceTable, now: u64) -> usize {
+        match &mut self.explain {
+            Some(d) => d.turn(&self.flows, t, self.core, now),
+            None => 0,
+        }
     }
 
     /// One turn of flow sync on this core ([`WorkerSync::turn`] on this core's flow table).

@@ -319,6 +319,31 @@ pub struct Outer {
     pub mtu: u16,
 }
 
+impl Outer {
+    /// The outer source address the packet carries: [`Outer::src`] with its low byte (IPv4)
+    /// or low 16 bits (IPv6) replaced by the flow's entropy.
+    #[inline(always)]
+    pub fn source(&self) -> [u8; 16] {
+        let mut s = self.src;
+        if is_v4(&self.dst) {
+            s[15] = self.entropy as u8;
+        } else {
+            let e = (self.entropy as u16).to_be_bytes();
+            s[14] = e[0];
+            s[15] = e[1];
+        }
+        s
+    }
+
+    /// The outer UDP source port of a GUE packet: the ephemeral range 49152..=65535 (RFC
+    /// 6335) from the flow hash, as RFC 8086 asks of GRE-in-UDP, so the outer 5-tuple
+    /// carries the flow's entropy.
+    #[inline(always)]
+    pub fn gue_source_port(&self) -> u16 {
+        0xc000 | (self.entropy as u16 & 0x3fff)
+    }
+}
+
 /// Encapsulates the IP packet of `frame` to `o.dst` from `o.src`, keeping the Ethernet
 /// header (and VLAN tag) in front. The outer TOS/traffic class is copied from the inner
 /// packet, and for IPv4-in-IPv4 the DF bit too (RFC 2003 section 3.1); the outer TTL is 64.
@@ -336,12 +361,12 @@ pub fn encapsulate(
 ) -> Result<(), EncapError> {
     let Outer {
         how,
-        src,
         dst,
         entropy,
         mtu,
+        ..
     } = *o;
-    let (src, dst) = (&src, &dst);
+    let dst = &dst;
     let outer_v6 = !is_v4(dst);
     let ip_hdr = if outer_v6 {
         ipv6::HEADER_LEN
@@ -387,11 +412,8 @@ pub fn encapsulate(
         Encap::Ipip => (inner_proto, p.ip_len),
         Encap::Gue { .. } => (proto::UDP, p.ip_len + udp::HEADER_LEN),
     };
-    let mut s = *src;
+    let s = o.source();
     if outer_v6 {
-        let e = (entropy as u16).to_be_bytes();
-        s[14] = e[0];
-        s[15] = e[1];
         ipv6::emit(
             &mut d[l2..],
             p.tos,
@@ -403,7 +425,6 @@ pub fn encapsulate(
             *dst,
         );
     } else {
-        s[15] = entropy as u8;
         let (mut s4, mut d4) = ([0u8; 4], [0u8; 4]);
         s4.copy_from_slice(&s[12..]);
         d4.copy_from_slice(&dst[12..]);
@@ -423,10 +444,7 @@ pub fn encapsulate(
     }
     if let Encap::Gue { port } = how {
         let u = l2 + ip_hdr;
-        // Ephemeral range 49152..=65535 (RFC 6335) from the flow hash, as RFC 8086 asks of
-        // GRE-in-UDP, so the outer 5-tuple carries the flow's entropy.
-        let sport = 0xc000 | (entropy as u16 & 0x3fff);
-        udp::emit(&mut d[u..], sport, port, payload_len as u16);
+        udp::emit(&mut d[u..], o.gue_source_port(), port, payload_len as u16);
         if outer_v6 {
             // RFC 6935/6936 allow a zero UDP checksum for tunnels over IPv6 only where both ends
             // opt in; compute it so any receiver accepts the packet.

@@ -63,13 +63,8 @@
 //!
 //! # The ring
 //!
-//! One SPSC ring per direction per worker, the handoff ring's design
-//! (`xsk::handoff`: Lamport queue, cache-padded indices, each side caching the other's
-//! index, allocated once, full means drop and count) with slots of eight `AtomicU64` words
-//! instead of raw bytes. Relaxed word stores compile to plain stores, and the slot needs no
-//! `unsafe`, so the ring lives here in the sans-IO core and is testable without AF_XDP.
-//! Words are written relaxed and published by the release store of `tail`; the consumer's
-//! acquire load of `tail` makes them visible.
+//! One SPSC ring per direction per worker ([`crate::spsc`], the handoff ring's design with
+//! slots of words), a record being eight words; full means drop and count.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -78,6 +73,7 @@ use strait_config::model::Mode;
 
 use crate::flow::{FlowState, FlowTable, FlowValue, WAYS};
 use crate::key::FlowKey;
+use crate::spsc;
 use crate::table::{current, reply_key, Frontend, ServiceTable};
 
 /// Bytes of one record, in the ring and on the wire: one cache line.
@@ -151,7 +147,8 @@ pub enum RecordError {
     Proto(u8),
 }
 
-fn state_byte(s: FlowState) -> u8 {
+/// A flow state as one byte (on the wire and in the explain desk's answers).
+pub(crate) fn state_byte(s: FlowState) -> u8 {
     match s {
         FlowState::TcpSyn => 1,
         FlowState::TcpEstablished => 2,
@@ -161,7 +158,8 @@ fn state_byte(s: FlowState) -> u8 {
     }
 }
 
-fn byte_state(b: u8) -> Option<FlowState> {
+/// The state a [`state_byte`] names.
+pub(crate) fn byte_state(b: u8) -> Option<FlowState> {
     Some(match b {
         1 => FlowState::TcpSyn,
         2 => FlowState::TcpEstablished,
@@ -269,56 +267,18 @@ impl SyncRecord {
     }
 }
 
-/// A cache-line-padded index (128 bytes: x86 prefetches lines in adjacent pairs).
-#[repr(align(128))]
-#[derive(Debug, Default)]
-struct Padded(AtomicU64);
-
-#[derive(Debug)]
-struct Ring {
-    head: Padded,
-    tail: Padded,
-    mask: u64,
-    slots: Box<[[AtomicU64; 8]]>,
-}
-
 /// The producer half of a record ring. Not `Clone`: one producer.
 #[derive(Debug)]
-pub struct RecordTx {
-    ring: Arc<Ring>,
-    tail: u64,
-    head: u64,
-}
+pub struct RecordTx(spsc::Tx<8>);
 
 /// The consumer half of a record ring. Not `Clone`: one consumer.
 #[derive(Debug)]
-pub struct RecordRx {
-    ring: Arc<Ring>,
-    head: u64,
-    tail: u64,
-}
+pub struct RecordRx(spsc::Rx<8>);
 
 /// A ring of `slots` records (rounded up to a power of two), allocated now.
 pub fn ring(slots: u32) -> (RecordTx, RecordRx) {
-    let n = u64::from(slots.max(1).next_power_of_two());
-    let ring = Arc::new(Ring {
-        head: Padded::default(),
-        tail: Padded::default(),
-        mask: n - 1,
-        slots: (0..n).map(|_| Default::default()).collect(),
-    });
-    (
-        RecordTx {
-            ring: Arc::clone(&ring),
-            tail: 0,
-            head: 0,
-        },
-        RecordRx {
-            ring,
-            head: 0,
-            tail: 0,
-        },
-    )
+    let (tx, rx) = spsc::ring(slots);
+    (RecordTx(tx), RecordRx(rx))
 }
 
 impl RecordTx {
@@ -326,36 +286,18 @@ impl RecordTx {
     /// `want` are free.
     #[inline]
     pub fn room(&mut self, want: u64) -> u64 {
-        let size = self.ring.mask + 1;
-        let mut free = size - self.tail.wrapping_sub(self.head);
-        if free < want {
-            // Acquire: the consumer's reads of freed slots happen before our writes.
-            self.head = self.ring.head.0.load(Ordering::Acquire);
-            free = size - self.tail.wrapping_sub(self.head);
-        }
-        free
+        self.0.room(want)
     }
 
     /// Whether the consumer has taken every record published so far.
     pub fn is_drained(&mut self) -> bool {
-        let size = self.ring.mask + 1;
-        self.room(size) == size
+        self.0.is_drained()
     }
 
     /// Publishes `r`; `false` (ring unchanged) when full.
     #[inline]
     pub fn push(&mut self, r: &SyncRecord) -> bool {
-        if self.room(1) == 0 {
-            return false;
-        }
-        let slot = &self.ring.slots[(self.tail & self.ring.mask) as usize];
-        for (s, w) in slot.iter().zip(r.to_words()) {
-            s.store(w, Ordering::Relaxed);
-        }
-        self.tail = self.tail.wrapping_add(1);
-        // Release: the slot's words happen before the consumer sees the new tail.
-        self.ring.tail.0.store(self.tail, Ordering::Release);
-        true
+        self.0.push(&r.to_words())
     }
 }
 
@@ -363,28 +305,14 @@ impl RecordRx {
     /// Whether a record is waiting.
     #[inline]
     pub fn is_ready(&mut self) -> bool {
-        if self.head == self.tail {
-            self.tail = self.ring.tail.0.load(Ordering::Acquire);
-        }
-        self.head != self.tail
+        self.0.is_ready()
     }
 
     /// The oldest record, or `None` when empty. A slot that does not decode (which only a
     /// producer bug could write) yields `Some(Err(..))` and is consumed.
     #[inline]
     pub fn pop(&mut self) -> Option<Result<SyncRecord, RecordError>> {
-        if !self.is_ready() {
-            return None;
-        }
-        let slot = &self.ring.slots[(self.head & self.ring.mask) as usize];
-        let mut w = [0u64; 8];
-        for (w, s) in w.iter_mut().zip(slot.iter()) {
-            *w = s.load(Ordering::Relaxed);
-        }
-        self.head = self.head.wrapping_add(1);
-        // Release: our reads of the slot happen before the producer may overwrite it.
-        self.ring.head.0.store(self.head, Ordering::Release);
-        Some(SyncRecord::from_words(&w))
+        self.0.pop().map(|w| SyncRecord::from_words(&w))
     }
 }
 
@@ -574,7 +502,7 @@ fn import(flows: &mut FlowTable, c: &mut SyncCounters, t: &ServiceTable, r: &Syn
         }
         // The entry names a backend that left: the record's is better, overwrite it.
     }
-    let mut value = FlowValue::new(b.id, b.incarnation, state, now);
+    let mut value = FlowValue::new(b.id, b.incarnation, state, now).learnt_from_peer();
     if r.kind == RecordKind::Affinity {
         value.timeout_override = s.affinity_secs.max(1);
     }

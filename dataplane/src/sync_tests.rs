@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::flow::FlowState;
-use crate::key::FlowKey;
+use crate::key::{proto, v4_mapped, FlowKey};
 use crate::pipeline::tests::{
     backend_by_mac, build, config, run, tcp, CLIENT, CLIENT_MAC, SEC, VIP_A,
 };
@@ -89,6 +89,18 @@ fn an_imported_flow_keeps_its_backend_where_maglev_would_move_it() {
             "{mode}: the recorded backend, not Maglev's"
         );
         assert_eq!(b.counters.flows_created, 0);
+        let key = FlowKey {
+            src: v4_mapped(client.0),
+            dst: v4_mapped(VIP_A.0),
+            src_port: client.1,
+            dst_port: VIP_A.1,
+            proto: proto::TCP,
+        };
+        assert!(
+            b.flows.peek(&key).unwrap().learnt(),
+            "{mode}: marked learnt"
+        );
+        assert!(!a.flows.peek(&key).unwrap().learnt(), "{mode}: made here");
         assert!(
             drain(&mut b_th).is_empty(),
             "an imported flow is not echoed"

@@ -34,7 +34,8 @@
 //!   itself (`rte_thread_register`) for a mempool cache of its own, pinned as AF_XDP workers
 //!   are.
 //!
-//! Safety: `unsafe` is allowed in this crate for the FFI calls. The recurring invariants:
+//! Safety: `unsafe` is allowed in this crate for the FFI calls (one of the unsafe islands
+//! listed in docs/architecture.md, "Unsafe islands"). The recurring invariants:
 //! (a) an mbuf pointer in a [`Mbuf`] came from `rte_eth_rx_burst` or `rte_pktmbuf_alloc`
 //! and is owned by exactly that `Mbuf` (it is neither `Copy` nor `Clone`, and giving it to
 //! DPDK consumes it), so its buffer is ours alone until then; (b) port and queue ids were

@@ -4,8 +4,8 @@
 // arrives on the interface and drops it, except latency probes, which it reflects.
 //
 // A probe is an IPv4 UDP packet (not a fragment) whose UDP *source* port is the configured
-// reflect port and whose payload starts with the magic "STRAITPR" (the generator's probe,
-// issue 5). It goes back out of the interface it came in on with the Ethernet addresses, the
+// reflect port and whose payload starts with the magic "STRAITPR" (the generator's
+// probe). It goes back out of the interface it came in on with the Ethernet addresses, the
 // IPv4 addresses and the UDP ports swapped, payload untouched, so it returns through the
 // forwarder to the generator's probe socket.
 //

@@ -6,7 +6,9 @@
 //! strait-lab gen --iface IF --dst-mac MAC --to VIP:PORT [...]   AF_XDP traffic generator
 //! strait-lab sink --iface IFACE [...]  count (and reflect probes) with an XDP program
 //! strait-lab l2fwd --rx A --tx B --dst-mac MAC [...]   plain AF_XDP forwarder (`limit`)
-//! strait-lab bench pipeline [--json]   in-memory packet pipeline, one core, per mode
+//! strait-lab bench pipeline [--json] [--flows 1M,8M] [--batch 16,32,64] [--mode M,..]
+//!                          [--traffic T,..] [--seconds S]   in-memory pipeline, one core,
+//!                                      beside a bare lookup of the same flow count
 //! strait-lab bench maglev [--json]     Maglev build time, balance and disruption
 //! strait-lab bench control [...]       Kubernetes change to live table, p50/p99
 //! strait-lab bench rule-update [--json] [--services N]   endpoint change: Strait vs iptables/nft
@@ -64,12 +66,9 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum Bench {
     /// The in-memory packet pipeline on one core: 1,000 services, every mode, established
-    /// flows (1M) and all-new (SYN) traffic.
-    Pipeline {
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    /// flows (1M and 8M), all-new (SYN) and 90/10 mixed traffic, worker batches of 16, 32
+    /// and 64 frames, each beside a bare lookup in a table of the same flow count.
+    Pipeline(bench::pipeline::Options),
     /// Time from a Kubernetes EndpointSlice change to the new table being live, with
     /// 10,000 Services of 10 endpoints each (p50 and p99).
     Control(bench::control::Run),
@@ -133,7 +132,7 @@ fn main() -> ExitCode {
         Command::Sink(args) => sink::run(&args),
         Command::L2fwd(args) => l2fwd::run(&args),
         Command::Bench { what } => match what {
-            Bench::Pipeline { json } => bench::pipeline::run(json),
+            Bench::Pipeline(o) => bench::pipeline::run(&o),
             Bench::Maglev { json } => bench::maglev::run(json),
             Bench::RuleUpdate { json, services } => bench::rules::run(json, services),
             Bench::LineRate(options) => bench::line::run(&options),

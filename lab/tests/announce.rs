@@ -1,4 +1,4 @@
-//! VIP announcement end to end (issue 11). BGP: the gateway (`strait run` with
+//! VIP announcement end to end. BGP: the gateway (`strait run` with
 //! `[gateway.bgp]`) and its BIRD child in the testbed's gateway namespace; a real BIRD 2
 //! router in the client namespace, whose routing table the tests read over its control
 //! socket. L2: the gateway with `[gateway.l2]` and its keepalived child. Needs root, `bird2`
@@ -15,6 +15,9 @@
 //! - with `[gateway.l2]`, the VIP is on the client interface of the elected owner (not on
 //!   `lo`), clients reach it, and SIGKILL of `strait` gives it up within a second
 //!   (keepalived stops in order with it).
+//! - SIGTERM to the gateway's whole process group (`systemctl stop` under systemd's default
+//!   `KillMode=control-group`: the routing daemon gets it too) drains the gateway, which
+//!   does not start the daemon again while it drains and exits 0 leaving nothing running.
 
 mod support;
 
@@ -565,4 +568,91 @@ fn bfd_finds_a_frozen_gateway_long_before_the_hold_timer() {
         "{gone:?}: not BFD's doing"
     );
     assert!(g.stop().success(), "{}", g.log_text());
+}
+
+/// `strait run` as systemd's default `KillMode=control-group` stops it, played by the test:
+/// the gateway in a process group of its own (its routing daemon inherits it), SIGTERM to
+/// the whole group. The daemon dies at once; the gateway drains for its grace without
+/// starting the daemon again, then exits 0, and nothing of the group is left. The packaged
+/// unit has `KillMode=mixed`, so there the daemon outlives the signal and carries the
+/// drain's withdrawals; this is the case where it does not.
+fn stop_the_group(s: &Scene, cfg: &Path, daemon: &str) -> Gateway {
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = Gateway::command(&s.bed, cfg);
+    cmd.process_group(0);
+    let mut g = Gateway::spawn(&s.bed, cmd, |g| {
+        g.healthy() && g.services().is_some_and(|v| all_up(&v))
+    });
+    let started = format!("{daemon}: started");
+    wait_for("the daemon started", Duration::from_secs(10), || {
+        g.log_text().contains(&started).then_some(())
+    });
+    // `ip netns exec` execs strait in place: the group's id is strait's pid.
+    let pgid = g.pid();
+    let signalled = Instant::now();
+    sh(&["kill", "-TERM", "--", &format!("-{pgid}")]);
+    // drain_grace is 3 s; a daemon started again would be so 1 s after the gateway saw it
+    // exit (a poll every 500 ms), well within the grace.
+    let status = g
+        .exited_within(Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("still running after the grace:\n{}", g.log_text()));
+    let log = g.log_text();
+    assert!(status.success(), "{status}\n{log}");
+    assert!(
+        signalled.elapsed() >= Duration::from_secs(3),
+        "stopped before the grace ended ({:?}):\n{log}",
+        signalled.elapsed()
+    );
+    assert!(log.contains("draining"), "{log}");
+    assert_eq!(
+        log.matches(&started).count(),
+        1,
+        "the daemon was started again while draining:\n{log}"
+    );
+    // Nothing of the group is left (a zombie would be init's to reap, and is none of ours:
+    // `pgrep` lists it, so the wait covers it).
+    wait_for(
+        "nothing left in the gateway's process group",
+        Duration::from_secs(2),
+        || {
+            let left = std::process::Command::new("pgrep")
+                .args(["-g", &pgid.to_string()])
+                .output()
+                .expect("pgrep");
+            left.stdout.is_empty().then_some(())
+        },
+    );
+    g
+}
+
+#[test]
+fn sigterm_to_the_process_group_drains_without_starting_bird_again() {
+    let Some(s) = scene("g") else {
+        return;
+    };
+    let cfg = config(&s.bed, ROUTER, "drain_grace = \"3s\"");
+    let prefix = format!("{VIP}/32");
+    let g = stop_the_group(&s, &cfg, "bgp");
+    assert!(!s.router.has(&prefix), "the route outlived the gateway");
+    let log = g.log_text();
+    assert!(log.contains("speaker stopped"), "{log}");
+}
+
+#[test]
+fn sigterm_to_the_process_group_drains_without_starting_keepalived_again() {
+    let Some(s) = scene("k") else {
+        return;
+    };
+    let cfg = with_section(
+        &s.bed,
+        "drain_grace = \"3s\"",
+        "[gateway.l2]\nname = \"gw1\"\nmembers = [\"gw1\", \"gw2\"]\n",
+    );
+    let g = stop_the_group(&s, &cfg, "vrrp");
+    assert!(
+        !addresses(&s.bed, "gw").contains(&format!("{VIP}/32")),
+        "the VIP outlived the gateway"
+    );
+    let log = g.log_text();
+    assert!(log.contains("keepalived stopped"), "{log}");
 }

@@ -1,4 +1,4 @@
-//! Endpoint churn under requests (issue 13, point 4), the CI form: `strait-lab bench churn`
+//! Endpoint churn under requests, the CI form: `strait-lab bench churn`
 //! for one minute at the full rate (1,000 changes a minute), through SIGHUP reloads and
 //! through the Kubernetes path (the fake API server), each on its own testbed. No request
 //! may fail (every removal drains first); every check that the gateway shows the endpoints

@@ -182,3 +182,8 @@ fn h_ten_thousand_udp_flows_are_all_delivered_and_the_books_balance() {
         gw.get("/metrics")
     );
 }
+
+#[test]
+fn m_explain_names_the_backend_every_flow_reached() {
+    e2e::explain_names_the_backends(D, false);
+}

@@ -477,3 +477,13 @@ fn l_frames_for_another_host_or_vlan_reach_no_backend_through_the_gateway() {
     assert!(s.curl(&format!("http://{VIP}/")).is_ok());
     assert!(xdp("frontend") > frontend0);
 }
+
+#[test]
+fn m_explain_names_the_backend_every_dsr_l2_flow_reached() {
+    e2e::explain_names_the_backends(Driver::AfXdp, false);
+}
+
+#[test]
+fn n_explain_names_the_backend_every_nat_flow_reached_and_explains_its_replies() {
+    e2e::explain_names_the_backends(Driver::AfXdp, true);
+}

@@ -1,4 +1,4 @@
-//! Several gateways behind a router (issue 11, points 6 and 7): `testbed up --gateways 3`
+//! Several gateways behind a router: `testbed up --gateways 3`
 //! builds a router namespace running BIRD with a session per gateway; three `strait run`s
 //! announce the VIP and the router installs one route with three next hops; traffic flows
 //! through more than one gateway; `testbed down` leaves nothing. `bench failover` with 20
@@ -267,12 +267,12 @@ fn killing_or_draining_the_vrrp_owner_moves_the_vip_in_a_second_and_resets_no_st
     );
 }
 
-/// `bench flood` (issue 13, point 3): spoofed-source SYN and UDP floods far above the
+/// `bench flood`: spoofed-source SYN and UDP floods far above the
 /// gateway's new-flow rate limit (20,000 frames/s against 1,000 new flows/s: every flood
 /// flow past the limit is forwarded without an entry), with 50 streams and new connections
 /// running; then the same with a flow table of 4,096 entries, far below the flood's flows.
 /// The debug build's gateway takes this rate; the full-rate figures of a release build are
-/// in the README.
+/// in docs/reliability.md.
 #[test]
 fn floods_reset_no_stream_and_fail_no_new_connection() {
     let Some(_serial) = serial_if(privileged) else {
@@ -317,7 +317,7 @@ fn floods_reset_no_stream_and_fail_no_new_connection() {
     }
 }
 
-/// `bench admin` (issue 13, point 7): the admin API held by 1,000 idle connections and 50
+/// `bench admin`: the admin API held by 1,000 idle connections and 50
 /// slow clients and sent malformed, oversized and scrape requests, while UDP and 20 TCP
 /// streams go through the gateway: what the gateway was handed is forwarded, no stream breaks,
 /// every new connection is served, `/healthz` answers every probe, and the abusers met the

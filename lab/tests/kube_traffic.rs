@@ -41,7 +41,7 @@ fn privileged() -> bool {
         &[
             gate::IP,
             gate::CURL,
-            // The README walkthrough's kubeconfig needs a CA certificate.
+            // The guide walkthrough's kubeconfig needs a CA certificate.
             gate::OPENSSL,
         ],
     )
@@ -447,7 +447,7 @@ fn b_a_nat_service_gets_a_pool_address_its_status_and_traffic_to_its_endpoints()
         .any(|r| r.starts_with("PATCH /api/v1/namespaces/default/services/web/status")));
 }
 
-/// Two Services sharing one address (issue 12 point 7): `web` on port 80 with its pod on
+/// Two Services sharing one address: `web` on port 80 with its pod on
 /// b1, `api` on port 81 with its pod on b2, one sharing key. Both get the same address,
 /// and each port reaches its own Service's pod only.
 #[test]
@@ -783,18 +783,20 @@ fn e_the_api_server_is_down_for_30_s_and_traffic_goes_on() {
     );
 }
 
-// ---- 5. the README's cluster section, step by step -----------------------------------
+// ---- 5. the guide's cluster section, step by step ------------------------------------
 
-/// The README's "Put Strait in front of your cluster" section: up to its NAT part, and
-/// the NAT part.
+/// The "Put Strait in front of your cluster" section of docs/kubernetes.md: up to its NAT
+/// part, and the NAT part.
 fn readme_cluster_section() -> (String, String) {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/kubernetes.md");
     let start = readme
-        .find("### Put Strait in front of your cluster")
-        .expect("README: the section \"Put Strait in front of your cluster\"");
+        .find("## Put Strait in front of your cluster")
+        .expect("docs/kubernetes.md: the section \"Put Strait in front of your cluster\"");
     let rest = &readme[start..];
     let end = rest.find("\n## ").unwrap_or(rest.len());
-    let nat = rest.find("#### 3b.").expect("README: the NAT part, 3b.");
+    let nat = rest
+        .find("### 3b.")
+        .expect("docs/kubernetes.md: the NAT part, 3b.");
     (rest[..nat].to_owned(), rest[nat..end].to_owned())
 }
 
@@ -826,7 +828,7 @@ fn block<'a>(blocks: &'a [(String, String)], needle: &str) -> &'a str {
     assert_eq!(
         found.len(),
         1,
-        "README's cluster section: expected one code block with {needle:?}"
+        "guide's cluster section: expected one code block with {needle:?}"
     );
     &found[0].1
 }
@@ -835,11 +837,11 @@ fn block<'a>(blocks: &'a [(String, String)], needle: &str) -> &'a str {
 fn between<'a>(text: &'a str, before: &str, after: &str) -> &'a str {
     let i = text
         .find(before)
-        .unwrap_or_else(|| panic!("README: no {before:?}"))
+        .unwrap_or_else(|| panic!("docs/kubernetes.md: no {before:?}"))
         + before.len();
     let j = text[i..]
         .find(after)
-        .unwrap_or_else(|| panic!("README: nothing ends {before:?}"));
+        .unwrap_or_else(|| panic!("docs/kubernetes.md: nothing ends {before:?}"));
     &text[i..i + j]
 }
 
@@ -854,7 +856,7 @@ fn manifests(yaml: &str) -> Vec<Value> {
         .collect()
 }
 
-/// The README's cluster section, read once per test.
+/// The guide's cluster section, read once per test.
 struct Readme {
     /// The code blocks up to the NAT part.
     blocks: Vec<(String, String)>,
@@ -862,7 +864,7 @@ struct Readme {
     prose: String,
     /// The NAT part (3b), the same way.
     nat: String,
-    /// The repository root (the README's commands run from there).
+    /// The repository root (the guide's commands run from there).
     repo: PathBuf,
 }
 
@@ -880,7 +882,7 @@ impl Readme {
 }
 
 /// Steps 1 (permissions), 2 (a kubeconfig) and 4 (install the configuration and start),
-/// with `start` applied to the README's command line (the NAT part changes the mode).
+/// with `start` applied to the guide's command line (the NAT part changes the mode).
 /// Returns the gateway and the ServiceAccount's token.
 fn steps_1_2_and_4(
     readme: &Readme,
@@ -889,7 +891,7 @@ fn steps_1_2_and_4(
     start: &dyn Fn(&str) -> String,
 ) -> (Gateway, String) {
     let (blocks, repo) = (&readme.blocks, &readme.repo);
-    // The README's /etc/strait, made by its own `install -D` steps.
+    // The guide's /etc/strait, made by its own `install -D` steps.
     let etc = bed.dir.join("etc-strait");
     // 1. Permissions: `kubectl apply -f deploy/rbac.yaml`. The fake server enforces the
     //    ClusterRole bound to the ServiceAccount, with the token of the Secret made for it.
@@ -926,7 +928,7 @@ fn steps_1_2_and_4(
     let token = format!("strait-walkthrough-{}", std::process::id());
     fake.authorize(&token, role);
 
-    // 2. A kubeconfig: the README's script, with what its three kubectl queries return
+    // 2. A kubeconfig: the guide's script, with what its three kubectl queries return
     //    from this cluster (the server, the CA and the token of the Secret it names).
     let script = block(blocks, "cat > kubeconfig");
     let secret_name = between(script, "get secret ", " ").to_owned();
@@ -973,7 +975,7 @@ fn steps_1_2_and_4(
         .env("TOKEN", &token));
     assert!(
         o.status.success(),
-        "the README's kubeconfig script: {}",
+        "the guide's kubeconfig script: {}",
         text(&o.stderr)
     );
     let kubeconfig = etc.join("kubeconfig");
@@ -984,7 +986,7 @@ fn steps_1_2_and_4(
     );
     assert_eq!(mode & 0o777, 0o600);
 
-    // 3a.4: install the example configuration (the README's own `install` line, run from
+    // 3a.4: install the example configuration (the guide's own `install` line, run from
     //    the repository), set its interface to this machine's NIC, then the command line.
     let joined = start(block(blocks, "strait run "))
         .replace("\\\n", " ")
@@ -1028,7 +1030,7 @@ struct Created {
     health_port: Option<u16>,
 }
 
-/// Step 5: the README's Service manifest, created as the API server does on `kubectl
+/// Step 5: the guide's Service manifest, created as the API server does on `kubectl
 /// apply`.
 fn step_5(readme: &Readme, fake: &FakeApi) -> Created {
     let manifest = block(&readme.blocks, "kind: Service");
@@ -1069,11 +1071,11 @@ fn pods(fake: &FakeApi, svc: &Created, pods: &[(&str, &str)]) {
 }
 
 /// "`kubectl get svc web` shows `EXTERNAL-IP 203.0.113.33`": the address written to the
-/// Service's status, which must be the README's.
+/// Service's status, which must be the guide's.
 fn external_ip(readme: &Readme, fake: &FakeApi, svc: &Created) -> String {
     let shown = between(&readme.prose, "EXTERNAL-IP ", "`").to_owned();
     let ip = written_address(fake, &svc.ns, &svc.name);
-    assert_eq!(ip, shown, "the README promises {shown}");
+    assert_eq!(ip, shown, "the guide promises {shown}");
     ip
 }
 

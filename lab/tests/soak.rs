@@ -1,8 +1,8 @@
-//! The soak (issue 13, point 5), the CI form: `strait-lab bench soak --minutes 2`: mixed
-//! traffic (HTTP on new connections, UDP from new sockets), 1,000 endpoint changes a minute
-//! and a health flap every 30 s, sampled every 10 s. Resident memory grows by at most 1 %
-//! after the first minute (the warm-up; what still grows after it is in the README's "Churn
-//! and soak"), descriptors stay flat, the UMEM's frames add up in every sample and none is
+//! The soak, the CI form: `strait-lab bench soak --minutes 2`: mixed traffic (HTTP on new
+//! connections, UDP from new sockets), 1,000 endpoint changes a minute and a health flap
+//! every 30 s, sampled every 10 s. Resident memory grows by at most 1 % after the first
+//! minute (the warm-up; what still grows after it is in docs/reliability.md, "Churn and
+//! soak"), descriptors stay flat, the UMEM's frames add up in every sample and none is
 //! lost at rest, the counters' identity is exact in every sample, and no request
 //! fails outside a flap. Needs root; fails with a clear message without it unless
 //! `STRAIT_SKIP_PRIVILEGED=1`.

@@ -542,6 +542,62 @@ fn the_sync_paths_do_not_allocate() {
     );
 }
 
+/// Answering the explain desk allocates nothing: for every shape of traffic (established
+/// flows of every mode, nat replies, affinity, refused sources, frames of no service) the
+/// worker's side takes the query, reads its flow table and writes the answer; the asker's
+/// side sends and receives without allocating too.
+#[test]
+fn the_explain_desk_does_not_allocate() {
+    use strait_dataplane::explain::desk;
+    use strait_dataplane::wire::parse::parse;
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut bed = Bed::new(CONFIG);
+    let (d, mut window) = desk();
+    bed.pipe = Pipeline::new(0, 1, 4096, Default::default(), 0).with_explain(d);
+    let mut four = Bed::with(CONFIG, 1500, 4, 0).pipe;
+    let shapes = shapes();
+    let mut buf = vec![0u8; HEADROOM + 2048];
+    let mut port = 0u16;
+    let _ = run(
+        &bed.table,
+        &mut bed.pipe,
+        &mut four,
+        &shapes,
+        &mut buf,
+        &mut bed.now,
+        &mut port,
+        5_000,
+    );
+    let keys: Vec<strait_dataplane::FlowKey> = shapes
+        .iter()
+        .filter_map(|s| parse(&s.frame).ok().flatten().map(|p| p.key()))
+        .collect();
+    assert!(keys.len() > 20, "{} keys", keys.len());
+    let mut answered = 0;
+    let mut entries = 0;
+    ALLOCS.store(0, Ordering::Relaxed);
+    COUNTING.with(|c| c.set(true));
+    for _ in 0..100 {
+        for k in &keys {
+            let id = window.send(k).expect("room");
+            assert!(bed.pipe.explain_pending());
+            answered += bed.pipe.explain_turn(&bed.table, bed.now);
+            let p = window.receive(id).expect("answered");
+            entries += usize::from(p.flow.is_some());
+        }
+    }
+    COUNTING.with(|c| c.set(false));
+    let events = ALLOCS.load(Ordering::Relaxed);
+    assert_eq!(answered, 100 * keys.len());
+    assert!(entries > 0, "no query found a flow entry");
+    assert_eq!(
+        events, 0,
+        "the explain desk allocated, reallocated or freed {events} times"
+    );
+}
+
 /// The DPDK worker loop allocates nothing either: the gateway's real worker
 /// ([`strait_dataplane::xsk::run_worker`]) over a real DPDK port
 /// ([`strait_dpdk::DpdkGroup`]: a `net_af_packet` vdev on a veth of a namespace this test

@@ -640,7 +640,7 @@ fn batches_take_and_refuse_frames_as_single_frames_do() {
     );
 }
 
-/// Two gateways with one configuration choose the same backend for 10,000 flows (issue 11):
+/// Two gateways with one configuration choose the same backend for 10,000 flows:
 /// Maglev is a function of the configuration, not of a gateway's history. The second
 /// gateway's builder made a table of another service order first, so its backend ids
 /// differ; every frame leaves both gateways the same, and their flow tables name the same

@@ -10,7 +10,8 @@ use crate::model::FlowSync;
 use crate::raw::RawSync;
 
 /// More peers than this is a mistake: every record is sent to every peer, so the cost of a
-/// new flow grows with the list, and the largest deployment has four gateways.
+/// new flow grows with the list, and a rack's fleet is a handful of gateways (the testbed
+/// runs four).
 pub(crate) const MAX_PEERS: usize = 16;
 
 impl Checker {

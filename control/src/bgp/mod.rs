@@ -118,6 +118,7 @@ impl Speaker {
             announced: Vec::new(),
             status: Arc::clone(&status),
             restart_at: None,
+            draining: false,
         };
         bird.write_config()?;
         Ok(Self(Supervised::spawn("bgp", bird, status, POLL)?, attrs))
@@ -134,6 +135,12 @@ impl Speaker {
                 .map(|(v, _)| *v)
                 .collect(),
         );
+    }
+
+    /// The gateway drains: BIRD keeps its sessions to carry the withdrawals and is not
+    /// started again if it exits.
+    pub fn drain(&self) {
+        self.0.drain();
     }
 
     /// A handle on the state, for the admin API.
@@ -186,6 +193,8 @@ struct Bird {
     status: Arc<Mutex<Status>>,
     /// When BIRD is to be started again after it died.
     restart_at: Option<Instant>,
+    /// Whether the gateway drains (BIRD is then never started again).
+    draining: bool,
 }
 
 impl Owner for Bird {
@@ -197,6 +206,16 @@ impl Owner for Bird {
 
     fn vips(&mut self, vips: Vec<IpAddr>) {
         self.set_routes(vips);
+    }
+
+    fn drain(&mut self) {
+        self.draining = true;
+        if self.child.is_none() && self.restart_at.take().is_some() {
+            info!(
+                "bgp: draining; {} is not started again",
+                self.bgp.daemon.display()
+            );
+        }
     }
 
     fn watch(&mut self) {
@@ -308,19 +327,29 @@ impl Bird {
             .as_mut()
             .and_then(|c| c.try_wait().ok().flatten())
         {
-            warn!(
-                "bgp: {} exited ({status}); starting it again in {RESTART:?}",
-                self.bgp.daemon.display()
-            );
             self.child = None;
             self.control = None;
-            self.restart_at = Some(Instant::now() + RESTART);
+            if self.draining {
+                info!(
+                    "bgp: {} exited ({status}) while draining; not starting it again",
+                    self.bgp.daemon.display()
+                );
+            } else {
+                warn!(
+                    "bgp: {} exited ({status}); starting it again in {RESTART:?}",
+                    self.bgp.daemon.display()
+                );
+                self.restart_at = Some(Instant::now() + RESTART);
+            }
             let mut s = self.status.lock().unwrap_or_else(PoisonError::into_inner);
             s.running = false;
             s.error = Some(format!("bird exited ({status})"));
             s.sessions = sessions(&self.bgp, &[]);
         }
-        if self.child.is_none() && self.restart_at.is_none_or(|at| Instant::now() >= at) {
+        if self.child.is_none()
+            && !self.draining
+            && self.restart_at.is_none_or(|at| Instant::now() >= at)
+        {
             self.restart_at = None;
             self.status
                 .lock()

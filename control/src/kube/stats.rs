@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -14,7 +15,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use crate::kubemodel::events::{NoticeType, WARNING_REASONS};
 use crate::kubemodel::translate::WarningKind;
 use crate::kubemodel::Kind;
-use crate::metrics::{counter, gauge, gauge_of, one, Rows};
+use crate::metrics::{counter, gauge, gauge_of, one, seconds_gauge, Rows};
 
 #[derive(Debug, Default)]
 struct PerKind {
@@ -22,6 +23,21 @@ struct PerKind {
     errors: AtomicU64,
     expired: AtomicU64,
     objects: AtomicU64,
+    /// A list of the kind is under way or still to come: its view is not complete.
+    listing: AtomicBool,
+    /// Unix time in milliseconds when its last list completed; 0 before the first.
+    last_list_ms: AtomicU64,
+}
+
+/// Since when the source's view has not been known complete and current: set at
+/// creation, since nothing is listed yet.
+#[derive(Debug)]
+struct StaleSince(Mutex<Option<Instant>>);
+
+impl Default for StaleSince {
+    fn default() -> Self {
+        Self(Mutex::new(Some(Instant::now())))
+    }
 }
 
 /// The source's numbers.
@@ -40,6 +56,7 @@ pub struct Stats {
     skipped: Mutex<BTreeMap<WarningKind, u64>>,
     notices: Mutex<BTreeMap<(NoticeType, String), u64>>,
     address_warnings: Mutex<BTreeMap<String, u64>>,
+    stale: StaleSince,
 }
 
 impl Stats {
@@ -54,7 +71,49 @@ impl Stats {
         if was && !up {
             self.disconnects.fetch_add(1, Ordering::Relaxed);
         }
+        self.refresh();
         was
+    }
+
+    /// Since when the view of the cluster has not been known complete and current: the
+    /// connection to the API server is lost, or a watched kind's list is under way or still
+    /// to come (before the first one, and during a relist after 410 Gone, the published
+    /// view misses what changed meanwhile). `None` while connected with every list complete.
+    pub fn stale_since(&self) -> Option<Instant> {
+        *self.stale.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Unix time in seconds when the last list of `kind` completed; 0 before the first.
+    pub fn last_list(&self, kind: Kind) -> f64 {
+        self.kinds[kind.index()]
+            .last_list_ms
+            .load(Ordering::Relaxed) as f64
+            / 1000.0
+    }
+
+    /// Starts or ends the stale time as the connection and the lists say.
+    fn refresh(&self) {
+        let stale =
+            !self.connected() || self.kinds.iter().any(|k| k.listing.load(Ordering::Relaxed));
+        let mut since = self.stale.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match (stale, *since) {
+            (true, None) => *since = Some(Instant::now()),
+            (false, Some(_)) => *since = None,
+            _ => {}
+        }
+    }
+
+    /// `kind` is watched: its view is incomplete until its first list is.
+    pub(crate) fn watch(&self, kind: Kind) {
+        self.list_started(kind);
+    }
+
+    /// A list of `kind` starts (the first, or a relist).
+    pub(crate) fn list_started(&self, kind: Kind) {
+        self.kinds[kind.index()]
+            .listing
+            .store(true, Ordering::Relaxed);
+        self.refresh();
     }
 
     /// Times the connection was lost.
@@ -163,6 +222,12 @@ impl Stats {
         let k = &self.kinds[kind.index()];
         k.lists.fetch_add(1, Ordering::Relaxed);
         k.objects.store(objects as u64, Ordering::Relaxed);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        k.last_list_ms.store(now, Ordering::Relaxed);
+        k.listing.store(false, Ordering::Relaxed);
+        self.refresh();
     }
 
     pub(crate) fn set_objects(&self, kind: Kind, objects: usize) {
@@ -238,6 +303,27 @@ impl Collector for Metrics {
             "kube_lists",
             "Complete lists, by kind.",
             &per(&|k| s.lists(k)),
+        )?;
+        let last: Vec<_> = Kind::EVERY
+            .iter()
+            .map(|k| (vec![("kind", k.as_str().to_owned())], s.last_list(*k)))
+            .collect();
+        seconds_gauge(
+            &mut enc,
+            "kube_last_list_timestamp_seconds",
+            "Unix time when the kind's last complete list ended (0 before the first). A watch \
+             that keeps up needs no new list: an old time alone is no fault.",
+            &last,
+        )?;
+        let stale = s.stale_since().map_or(0.0, |t| t.elapsed().as_secs_f64());
+        seconds_gauge(
+            &mut enc,
+            "kube_stale_seconds",
+            "Seconds for which the view of the cluster has not been known complete and \
+             current (API server lost, or a list under way or still to come); 0 while \
+             connected with every list complete. The gateway forwards on the last complete \
+             view meanwhile.",
+            &one(stale),
         )?;
         counter(
             &mut enc,
@@ -378,4 +464,72 @@ fn notice_labels(t: NoticeType, reason: &str) -> Vec<(&'static str, String)> {
         ),
         ("reason", reason.to_owned()),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_view_is_stale_until_every_watched_kind_is_listed_and_again_while_lost_or_relisting() {
+        let s = Stats::default();
+        let born = s.stale_since().expect("stale before anything is listed");
+        for k in Kind::ALL {
+            s.watch(k);
+        }
+        s.set_connected(true);
+        s.list_done(Kind::Services, 3);
+        s.list_done(Kind::EndpointSlices, 3);
+        assert_eq!(s.stale_since(), Some(born), "nodes are not listed yet");
+        assert_eq!(s.last_list(Kind::Nodes), 0.0);
+        s.list_done(Kind::Nodes, 2);
+        assert_eq!(s.stale_since(), None);
+        assert!(
+            s.last_list(Kind::Nodes) > 1.6e9,
+            "{}",
+            s.last_list(Kind::Nodes)
+        );
+        // The connection is lost, then back: stale meanwhile only.
+        s.set_connected(false);
+        let lost = s.stale_since().expect("stale while disconnected");
+        assert!(lost >= born);
+        s.set_connected(true);
+        assert_eq!(s.stale_since(), None);
+        // A relist after 410 Gone: stale until it completes.
+        s.list_started(Kind::EndpointSlices);
+        assert!(s.stale_since().is_some());
+        s.list_done(Kind::EndpointSlices, 4);
+        assert_eq!(s.stale_since(), None);
+    }
+
+    #[test]
+    fn metrics_show_the_stale_time_and_each_kinds_last_list() {
+        let stats = Arc::new(Stats::default());
+        stats.watch(Kind::Services);
+        let mut registry = prometheus_client::registry::Registry::with_prefix("strait");
+        registry.register_collector(Box::new(Metrics(Arc::clone(&stats))));
+        let text = |r: &prometheus_client::registry::Registry| {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, r).unwrap();
+            out
+        };
+        let m = text(&registry);
+        let stale = m
+            .lines()
+            .find_map(|l| l.strip_prefix("strait_kube_stale_seconds "))
+            .unwrap_or_else(|| panic!("{m}"));
+        assert!(stale.parse::<f64>().unwrap() >= 0.0, "{m}");
+        assert!(
+            m.contains("strait_kube_last_list_timestamp_seconds{kind=\"services\"} 0.0"),
+            "{m}"
+        );
+        stats.set_connected(true);
+        stats.list_done(Kind::Services, 1);
+        let m = text(&registry);
+        assert!(m.contains("strait_kube_stale_seconds 0.0"), "{m}");
+        assert!(
+            !m.contains("strait_kube_last_list_timestamp_seconds{kind=\"services\"} 0.0"),
+            "{m}"
+        );
+    }
 }

@@ -188,6 +188,7 @@ where
     F: FnMut(Publication) + Send,
 {
     let stream = |kind: Kind, ar: ApiResource| {
+        stats.watch(kind);
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
         watcher(api, watcher::Config::default())
             .backoff(Backoff::new(settings.backoff))
@@ -326,6 +327,7 @@ fn handle(
             let init = matches!(ev, watcher::Event::Init);
             let changed = ctl.apply(kind, ev);
             if init {
+                stats.list_started(kind);
                 debug!(kind = kind.as_str(), "kubernetes: listing");
             }
             if done {

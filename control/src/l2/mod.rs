@@ -26,7 +26,7 @@
 
 pub mod keepalived;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command};
@@ -63,6 +63,20 @@ pub struct Status {
     pub owned: BTreeSet<IpAddr>,
     /// How often keepalived was started again after it died.
     pub restarts: u64,
+    /// Per VIP, how often this gateway took or lost it: a VIP that keeps moving is a
+    /// segment where VRRP advertisements get lost, or two gateways that disagree.
+    pub owner_changes: BTreeMap<IpAddr, u64>,
+}
+
+impl Status {
+    /// Records that this gateway owns `owned` now, counting each VIP taken or lost.
+    fn set_owned(&mut self, owned: BTreeSet<IpAddr>) {
+        for v in owned.symmetric_difference(&self.owned) {
+            info!(vip = %v, owner = owned.contains(v), "vrrp: ownership changed");
+            *self.owner_changes.entry(*v).or_default() += 1;
+        }
+        self.owned = owned;
+    }
 }
 
 /// The VRRP side: a thread that owns the keepalived child.
@@ -93,6 +107,7 @@ impl Vrrp {
             vips: Vec::new(),
             status: Arc::clone(&status),
             restart_at: None,
+            draining: false,
         };
         Ok(Self(Supervised::spawn("vrrp", keeper, status, POLL)?))
     }
@@ -108,6 +123,12 @@ impl Vrrp {
                 .map(|(v, _)| *v)
                 .collect(),
         );
+    }
+
+    /// The gateway drains: keepalived is not started again if it exits (the drain hands
+    /// the VIPs on).
+    pub fn drain(&self) {
+        self.0.drain();
     }
 
     /// A handle on the state, for the admin API.
@@ -130,11 +151,20 @@ struct Keeper {
     vips: Vec<IpAddr>,
     status: Arc<Mutex<Status>>,
     restart_at: Option<Instant>,
+    /// Whether the gateway drains (keepalived is then never started again).
+    draining: bool,
 }
 
 impl Owner for Keeper {
     fn vips(&mut self, vips: Vec<IpAddr>) {
         self.set(vips);
+    }
+
+    fn drain(&mut self) {
+        self.draining = true;
+        if self.child.is_none() && self.restart_at.take().is_some() {
+            info!("vrrp: draining; keepalived is not started again");
+        }
     }
 
     fn watch(&mut self) {
@@ -170,6 +200,7 @@ impl Keeper {
                 let pid = nix::unistd::Pid::from_raw(i32::try_from(c.id()).unwrap_or(i32::MAX));
                 nix::sys::signal::kill(pid, Signal::SIGHUP).context("reloading keepalived")
             }
+            None if self.draining => Ok(()),
             None => self.spawn(),
         });
         match r {
@@ -224,14 +255,19 @@ impl Keeper {
             .as_mut()
             .and_then(|c| c.try_wait().ok().flatten())
         {
-            warn!("vrrp: keepalived exited ({status}); starting it again in {RESTART:?}");
             self.child = None;
-            self.restart_at = Some(Instant::now() + RESTART);
+            if self.draining {
+                info!("vrrp: keepalived exited ({status}) while draining; not starting it again");
+            } else {
+                warn!("vrrp: keepalived exited ({status}); starting it again in {RESTART:?}");
+                self.restart_at = Some(Instant::now() + RESTART);
+            }
             let mut s = self.status.lock().unwrap_or_else(PoisonError::into_inner);
             s.running = false;
             s.error = Some(format!("keepalived exited ({status})"));
         }
         if self.child.is_none()
+            && !self.draining
             && !self.vips.is_empty()
             && self.restart_at.is_some_and(|at| Instant::now() >= at)
         {
@@ -245,11 +281,10 @@ impl Keeper {
             }
         }
         let owned = owned(&self.interface, &self.vips);
-        let mut s = self.status.lock().unwrap_or_else(PoisonError::into_inner);
-        for v in owned.symmetric_difference(&s.owned) {
-            info!(vip = %v, owner = owned.contains(v), "vrrp: ownership changed");
-        }
-        s.owned = owned;
+        self.status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .set_owned(owned);
     }
 
     fn failed(&mut self, e: &anyhow::Error) {
@@ -276,7 +311,7 @@ impl Keeper {
         let _ = child.wait();
         let mut s = self.status.lock().unwrap_or_else(PoisonError::into_inner);
         s.running = false;
-        s.owned.clear();
+        s.set_owned(BTreeSet::new());
     }
 
     fn shutdown(&mut self) {
@@ -303,4 +338,24 @@ fn owned(interface: &str, vips: &[IpAddr]) -> BTreeSet<IpAddr> {
         })
         .filter(|a| vips.contains(a))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_vip_taken_or_lost_is_counted() {
+        let a: IpAddr = "203.0.113.10".parse().unwrap();
+        let b: IpAddr = "203.0.113.11".parse().unwrap();
+        let mut s = Status::default();
+        s.set_owned([a, b].into());
+        s.set_owned([a, b].into());
+        s.set_owned([a].into());
+        s.set_owned([a, b].into());
+        s.set_owned(BTreeSet::new());
+        assert_eq!(s.owner_changes.get(&a), Some(&2));
+        assert_eq!(s.owner_changes.get(&b), Some(&4));
+        assert!(s.owned.is_empty());
+    }
 }

@@ -215,9 +215,15 @@ impl Gateway {
     }
 
     /// Starts draining: every route is withdrawn, forwarding goes on, `/healthz` answers
-    /// 503.
+    /// 503; a routing daemon that exits from now on is not started again.
     pub fn drain(&mut self) {
         self.shared.draining.store(true, Ordering::Relaxed);
+        if let Some(s) = &self.speaker {
+            s.drain();
+        }
+        if let Some(v) = &self.vrrp {
+            v.drain();
+        }
         if let Err(e) = self.handle(Event::Drain) {
             warn!("drain: {e}");
         }
@@ -239,7 +245,7 @@ impl Gateway {
 
     /// With flow sync, waits (at most [`crate::sync::DUMP_WAIT`]) until every peer gateway
     /// has sent its flow table, so that no route brings this gateway a flow it has not
-    /// imported yet: a restart after a backend change moves no flow (issue 11).
+    /// imported yet: a restart after a backend change moves no flow.
     pub fn wait_for_peers(&self) {
         let Some(w) = &self.workers else { return };
         let t = Instant::now();

@@ -92,6 +92,20 @@ impl Prefix {
     }
 }
 
+/// `address/length` in the address family's own terms (`198.51.100.0/24`, `2001:db8::/32`).
+impl core::fmt::Display for Prefix {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let addr = bytes_addr(self.addr.to_be_bytes());
+        let len = self.mask.leading_ones();
+        let len = if addr.is_ipv4() {
+            len.saturating_sub(96)
+        } else {
+            len
+        };
+        write!(f, "{addr}/{len}")
+    }
+}
+
 /// Whether a backend takes traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Health {

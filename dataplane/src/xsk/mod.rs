@@ -1,4 +1,5 @@
-//! The AF_XDP driver: the only IO of the packet path, and the only `unsafe` of the workspace.
+//! The AF_XDP driver: the only IO of the packet path, and the largest of the workspace's
+//! unsafe islands (all listed in docs/architecture.md, "Unsafe islands").
 //!
 //! ```text
 //!     queue q of interface A (client arm)       queue q of interface B (backend arm)
@@ -46,18 +47,18 @@
 //!   the pipeline forwards, because an AF_XDP frame cannot be given back to the kernel. Its
 //!   maps follow the service table ([`SteerProgram::update_maps`]).
 //!
-//! Safety: `unsafe` is allowed in this module only. Each block says which invariant makes it
-//! sound; the recurring ones are (a) a ring pointer stays valid while its mapping (an
-//! `Mmap` of mmap.rs, owned by the same struct) lives, and points where the kernel's offsets,
-//! checked at open against the mapping's length and the types' alignment, say; (b) a ring
-//! slot is touched only through a reservation of free slots (producer) or a peek of published
-//! ones (consumer), which cannot reach past what the protocol's indices give us; (c) a UMEM
-//! frame is touched by user space only while the frame's state says user space owns it (it
-//! was read from the RX or completion ring and not yet put on the fill or TX ring); (d)
-//! addresses from the kernel are bounds-checked before they index the UMEM; (e) frames lent
+//! Safety: `unsafe` is allowed in this module of the crate (and in `hint`). Each block says
+//! which invariant makes it sound; the recurring ones are (a) a ring pointer stays valid while
+//! its mapping (an `Mmap` of mmap.rs, owned by the same struct) lives, and points where the
+//! kernel's offsets, checked at open against the mapping's length and the types' alignment,
+//! say; (b) a ring slot is touched only through a reservation of free slots (producer) or a
+//! peek of published ones (consumer), which cannot reach past what the protocol's indices give
+//! us; (c) a UMEM frame is touched by user space only while the frame's state says user space
+//! owns it (it was read from the RX or completion ring and not yet put on the fill or TX ring);
+//! (d) addresses from the kernel are bounds-checked before they index the UMEM; (e) frames lent
 //! to the pipeline together are pairwise distinct, checked when they are lent, so their `&mut`
-//! chunks are disjoint; and (f) a handoff ring slot is accessed by its producer or its
-//! consumer only, as the ring's acquire/release indices partition them.
+//! chunks are disjoint; and (f) a handoff ring slot is accessed by its producer or its consumer
+//! only, as the ring's acquire/release indices partition them.
 
 #![allow(unsafe_code)]
 

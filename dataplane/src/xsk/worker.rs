@@ -9,8 +9,10 @@
 //! ring and run them as one batch, and finally drain up to [`BATCH`] frames handed over by
 //! other workers and run those; then one turn of flow sync (`Pipeline::sync_turn`: a bounded
 //! number of records learnt from peer gateways, a bounded slice of a dump walk; also on idle
-//! turns when it has work); then kick TX where the kernel asked for it. Nothing in the loop
-//! allocates.
+//! turns when it has work); then answers the queries of its explain desk, if any
+//! (`Pipeline::explain_turn`: a read of the flow table per query; while none waits, one load
+//! of the query ring's index, also on idle turns); then kick TX where the kernel asked for
+//! it. Nothing in the loop allocates.
 //!
 //! A batch: the held frames are lent to the pipeline as [`Frame`]s in a stack array (each over
 //! its own UMEM chunk; the group checks that no frame is lent twice, so they are disjoint), [`Pipeline::process_batch`]
@@ -462,6 +464,10 @@ where
                     idle = 0;
                 }
             }
+            if pipe.explain_pending() {
+                let table = snapshot();
+                pipe.explain_turn(&table, clock.now_ns());
+            }
             if idle >= IDLE_SPINS {
                 idle = 0;
                 st.idle_polls += 1;
@@ -513,6 +519,9 @@ where
             );
         }
         pipe.sync_turn(&table, now);
+        if pipe.explain_pending() {
+            pipe.explain_turn(&table, now);
+        }
         drop(table);
         let kick = clock.now_ns();
         st.tx_kicks += group.drain_tx()? as u64;

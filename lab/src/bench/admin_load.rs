@@ -1,4 +1,4 @@
-//! `strait-lab bench admin`: what an abused admin API costs forwarding (issue 13, point 7).
+//! `strait-lab bench admin`: what an abused admin API costs forwarding.
 //!
 //! ```text
 //! testbed (one gateway, 4 backends) ── strait run ── two phases of --seconds each:

@@ -1,5 +1,5 @@
-//! `strait-lab bench churn`: endpoints coming and going at a steady rate while requests run
-//! (issue 13, point 4).
+//! `strait-lab bench churn`: endpoints coming and going at a steady rate while requests
+//! run.
 //!
 //! ```text
 //! testbed up --topology two-arm (nat; backends b1..bN each serve HTTP on 8080)
@@ -97,7 +97,7 @@ pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(5);
 /// within the run loop's tick, a watch event within a round trip; generous for a loaded CI
 /// machine.
 const FOLLOW_TIMEOUT: Duration = Duration::from_secs(10);
-/// Interval between two samples of memory and file descriptors (issue 13: every 10 s).
+/// Interval between two samples of memory and file descriptors (every 10 s).
 pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(10);
 /// Timeout of one request (connect and the whole answer): room for a lost SYN's
 /// retransmission (1 s) and a lost segment's, as `curl --max-time 4` in the Kubernetes

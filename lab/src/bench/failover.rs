@@ -1,5 +1,5 @@
 //! `strait-lab bench failover`: what losing, draining and restarting a gateway costs the
-//! connections going through a fleet of gateways behind a BGP/ECMP router (issue 11).
+//! connections going through a fleet of gateways behind a BGP/ECMP router.
 //!
 //! ```text
 //! testbed up --gateways N ── strait run in gw1..gwN ── router: VIP/32 with N next hops

@@ -1,4 +1,4 @@
-//! `strait-lab bench flood`: the gateway under a spoofed-source flood (issue 13, point 3).
+//! `strait-lab bench flood`: the gateway under a spoofed-source flood.
 //!
 //! ```text
 //! testbed (one gateway, 4 backends) ── strait run ── client namespace:

@@ -20,6 +20,8 @@
 //!       drain ([`cpu`]: AF_XDP busy turns + XDP programs, DPDK busy turns, or the kernel's
 //!       softirq + irq on the forwarder CPU) / received; then over iptables' and nftables'
 //!       at the same point; pct_of_limit over the limit of the same port driver
+//!     xdp_ns_per_packet = the forwarder's XDP program alone (Strait: its steering program):
+//!       the kernel's BPF statistics, run_time_ns / run_cnt over the point
 //! ```
 //!
 //! `limit` is started for each point, so its summary's busy time is that point's; Strait's
@@ -95,7 +97,7 @@ use crate::peers::{self, KernelGateway, PeerKind, SvcSpec};
 use crate::vdev::Vdev;
 use topo::{Proc, Topology};
 
-/// Services per scale of a full run: the issue's 10, 1,000 and 10,000.
+/// Services per scale of a full run: 10, 1,000 and 10,000.
 pub const FULL_SCALES: [usize; 3] = [10, 1000, 10_000];
 /// Scales of `--quick`: 10,000 would cost a minute of nftables load alone.
 pub const QUICK_SCALES: [usize; 2] = [10, 1000];
@@ -108,7 +110,7 @@ pub const QUICK_SECONDS: f64 = 3.0;
 /// `KUBE-SERVICES`), not with the endpoints of the one service matched; four keep the
 /// 10,000-service rulesets and Strait configuration (40,000 backends) quick to load.
 pub const ENDPOINTS_PER_SERVICE: usize = 4;
-/// Flows of established traffic: the issue's 10,000.
+/// Flows of established traffic: 10,000.
 pub const ESTABLISHED_FLOWS: usize = 10_000;
 /// Services the generator sends to: spread evenly over the list.
 pub const TARGETS: usize = 16;
@@ -322,7 +324,7 @@ pub struct Options {
     pub dpdk_vdev: Vdev,
 }
 
-/// One measured point: the issue's six fields first.
+/// One measured point: the six headline fields first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Point {
     /// The system.
@@ -372,8 +374,8 @@ pub struct Point {
     pub cpu_ratio_to_nftables: Option<f64>,
     /// An AF_XDP forwarder's own part of `cpu_ns_per_packet`: without its TX kicks, inside
     /// which copy-mode AF_XDP has the kernel copy every frame into an skb and transmit it
-    /// (work a zero-copy driver leaves to the NIC); the issue's "cycles around the pipeline
-    /// and the ring work". Null for the kernel peers, whose figure has no such part.
+    /// (work a zero-copy driver leaves to the NIC): the cycles around the pipeline and
+    /// the ring work. Null for the kernel peers, whose figure has no such part.
     #[serde(default)]
     pub own_cpu_ns_per_packet: Option<f64>,
     /// `own_cpu_ns_per_packet` over `iptables`' `cpu_ns_per_packet` at the same point.
@@ -382,6 +384,14 @@ pub struct Point {
     /// `own_cpu_ns_per_packet` over `nftables`' `cpu_ns_per_packet` at the same point.
     #[serde(default)]
     pub own_cpu_ratio_to_nftables: Option<f64>,
+    /// The forwarder's XDP program's own run time per packet it ran on, nanoseconds: for
+    /// Strait the gateway's steering program (on both its interfaces), for `limit` l2fwd's
+    /// redirect program, for DPDK on `net_af_xdp` the PMD's; the kernel's BPF statistics'
+    /// `run_time_ns / run_cnt` over the point. Apart from `cpu_ns_per_packet`, of which its
+    /// share per delivered packet is `cpu.xdp_ns_per_packet` (the two differ when frames are
+    /// lost after the program ran). Null for the kernel peers, which run none.
+    #[serde(default)]
+    pub xdp_ns_per_packet: Option<f64>,
     /// Where `cpu_ns_per_packet` comes from, and what else the forwarder CPU did, per
     /// delivered packet.
     #[serde(default)]
@@ -443,7 +453,7 @@ pub struct RuleLoad {
     pub seconds: f64,
 }
 
-/// The JSON report: the issue's `machine`, `date` and `results`, and how they were made.
+/// The JSON report: `machine`, `date` and `results`, and how they were made.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     /// CPU model, CPU count, kernel and distribution.
@@ -1226,6 +1236,7 @@ fn point(
         own_cpu_ns_per_packet: None,
         own_cpu_ratio_to_iptables: None,
         own_cpu_ratio_to_nftables: None,
+        xdp_ns_per_packet: None,
         cpu: None,
     }
 }
@@ -1260,6 +1271,8 @@ fn set_cpu(p: &mut Point, d: &cpu::Delta) {
         ),
     };
     p.cpu_ns_per_packet = total.filter(|v| v.is_finite() && *v > 0.0);
+    let xdp_per_run = (d.xdp_runs > 0).then(|| d.xdp_ns as f64 / d.xdp_runs as f64);
+    p.xdp_ns_per_packet = xdp_per_run;
     let kick = d.kick_cpu_ns().map(|k| k / p.received as f64);
     p.own_cpu_ns_per_packet = match (p.cpu_ns_per_packet, kick) {
         (Some(t), Some(k)) if method != "softirq+irq" => Some((t - k).max(0.0)),
@@ -1272,7 +1285,7 @@ fn set_cpu(p: &mut Point, d: &cpu::Delta) {
         kick_ns_per_packet: kick,
         on_cpu_share: d.on_cpu,
         xdp_ns_per_packet: xdp,
-        xdp_ns_per_run: (d.xdp_runs > 0).then(|| d.xdp_ns as f64 / d.xdp_runs as f64),
+        xdp_ns_per_run: xdp_per_run,
         softirq_ns_per_packet: per(d.softirq_ns),
         irq_ns_per_packet: per(d.irq_ns),
         system_ns_per_packet: per(d.system_ns),
@@ -1350,11 +1363,12 @@ pub fn table(r: &Report) -> String {
          nftables' (under 1: cheaper); own ns: an AF_XDP or DPDK forwarder's time without its \
          TX kicks (copy mode: the kernel's transmit; DPDK: the turn's burst out), \
          own/ipt, own/nft over the peers' cpu ns; % limit: of the same driver's limit (limit \
-         for AF_XDP, limit-dpdk for DPDK)"
+         for AF_XDP, limit-dpdk for DPDK); xdp ns: the forwarder's XDP program alone (the \
+         steering program for Strait), kernel BPF statistics' run time per run"
     );
     let _ = writeln!(
         s,
-        "{:<18} {:>8} {:<12} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9} {:>8} {:>8} {:>7} {:>8} {:>8}",
+        "{:<18} {:>8} {:<12} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9} {:>8} {:>8} {:>7} {:>8} {:>8} {:>7}",
         "system",
         "services",
         "traffic",
@@ -1369,7 +1383,8 @@ pub fn table(r: &Report) -> String {
         "cpu/nft",
         "own ns",
         "own/ipt",
-        "own/nft"
+        "own/nft",
+        "xdp ns"
     );
     for p in &r.results {
         let opt = |v: Option<f64>, prec: usize| {
@@ -1383,7 +1398,7 @@ pub fn table(r: &Report) -> String {
         let ratio = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), significant);
         let _ = writeln!(
             s,
-            "{:<18} {:>8} {:<12} {:>8.3} {:>8.3} {:>8.1} {:>9} {:>8} {:>10} {:>9} {:>8} {:>8} {:>7} {:>8} {:>8}",
+            "{:<18} {:>8} {:<12} {:>8.3} {:>8.3} {:>8.1} {:>9} {:>8} {:>10} {:>9} {:>8} {:>8} {:>7} {:>8} {:>8} {:>7}",
             p.system.as_str(),
             services,
             p.traffic.as_str(),
@@ -1399,6 +1414,7 @@ pub fn table(r: &Report) -> String {
             opt(p.own_cpu_ns_per_packet, 0),
             ratio(p.own_cpu_ratio_to_iptables),
             ratio(p.own_cpu_ratio_to_nftables),
+            opt(p.xdp_ns_per_packet, 1),
         );
     }
     for l in &r.rule_loads {
@@ -1999,6 +2015,10 @@ mod tests {
         assert_eq!(c.method, "worker-busy+xdp");
         assert!(close(c.worker_ns_per_packet, 300.0) && close(c.xdp_ns_per_packet, 100.0));
         assert!(close(c.xdp_ns_per_run, 100.0), "{c:?}");
+        assert!(
+            close(p.xdp_ns_per_packet, 100.0),
+            "the program's own, per run: {p:?}"
+        );
         assert!((c.softirq_ns_per_packet - 40.0).abs() < 1e-6, "{c:?}");
         assert!(close(p.cpu_ratio_to_iptables, 400.0 / 500_000.0), "{p:?}");
         assert!(close(p.cpu_ratio_to_nftables, 400.0 / 2000.0), "{p:?}");
@@ -2013,6 +2033,10 @@ mod tests {
         assert_eq!(
             k.own_cpu_ns_per_packet, None,
             "the kernel has no kick to leave out"
+        );
+        assert_eq!(
+            k.xdp_ns_per_packet, None,
+            "the kernel peers run no XDP program"
         );
         assert_eq!(
             l.cpu_ratio_to_nftables, None,
@@ -2126,11 +2150,16 @@ mod tests {
             "{row}"
         );
         assert!(
+            row.trim_end().ends_with(" 100.0"),
+            "the last column is the XDP program's own ns: {row}"
+        );
+        assert!(t.contains("xdp ns"), "{t}");
+        assert!(
             row.contains(" 400 ") && row.contains("0.000800") && row.contains(" 0.200 "),
             "{row}"
         );
         assert!(
-            row.contains(" 200 ") && row.contains("0.000400") && row.ends_with(" 0.100"),
+            row.contains(" 200 ") && row.contains("0.000400") && row.contains(" 0.100 "),
             "{row}"
         );
         assert_eq!(significant(0.0083219), "0.00832");

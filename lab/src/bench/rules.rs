@@ -71,7 +71,7 @@ use strait_dataplane::table::{Builder, Change, Frontend, Port, ServiceTable};
 
 use crate::peers::{self, KernelGateway, Netns, PeerKind, SvcSpec};
 
-/// Services in the default run: the 10,000.
+/// Services in the default run: 10,000, a large cluster's count.
 pub const DEFAULT_SERVICES: usize = 10_000;
 /// Endpoints per service.
 pub const ENDPOINTS_PER_SERVICE: usize = 10;

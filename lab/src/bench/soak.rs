@@ -1,5 +1,5 @@
 //! `strait-lab bench soak`: the gateway under steady mixed traffic, endpoint churn and health
-//! flaps for a long time (issue 13, point 5).
+//! flaps for a long time.
 //!
 //! ```text
 //! testbed up --topology two-arm: strait run (nat) ── `web` (TCP 80 -> 8080), churned as in
@@ -72,7 +72,7 @@ const FLAP_GRACE: Duration = Duration::from_secs(5);
 /// Quiet time after the traffic stops, before the sample at rest: the last flows finish
 /// and the worker's books (looked at every 100 ms while idle) are fresh.
 const REST: Duration = Duration::from_secs(3);
-/// Resident-memory growth allowed after the warm-up (issue 13), in percent.
+/// Resident-memory growth allowed after the warm-up, in percent: the soak's target.
 pub const RSS_GROWTH_MAX_PCT: f64 = 1.0;
 
 /// Where the UMEM's frames are, summed over the workers.

@@ -10,6 +10,11 @@
                                      FIRST and wait for its echo; print sent/answered counts
     client.py raw IFACE HEX..        write each frame (hex) as is on IFACE (AF_PACKET); print
                                      how many were sent
+    client.py udpmap VIP PORT FIRST N  as udp, printing per source port the answer (or -):
+                                     "PORT backend=b1 client=IP:PORT"
+    client.py explain ADMIN PROTO    for every "SRC DST" line on stdin (ADDR:PORT each), GET
+                                     /explain?client=SRC&vip=DST&proto=PROTO from the admin API
+                                     at ADMIN and print its JSON on one line (or an error object)
 
 Plain standard library: the peer is a real TCP/UDP stack, nothing of Strait's.
 """
@@ -119,6 +124,41 @@ def udp(vip, port, first, n):
     print(f"sent={n} answered={answered}")
 
 
+def udpmap(vip, port, first, n):
+    for p in range(first, first + n):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("0.0.0.0", p))
+        s.settimeout(1.0)
+        s.sendto(b"ping", (vip, port))
+        try:
+            data, _ = s.recvfrom(2048)
+            print(p, data.decode().strip())
+        except socket.timeout:
+            print(p, "-")
+        s.close()
+    sys.stdout.flush()
+
+
+def explain(admin, proto):
+    import http.client
+    import json
+
+    host, port = admin.rsplit(":", 1)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        src, dst = line.split()
+        c = http.client.HTTPConnection(host, int(port), timeout=5)
+        c.request("GET", f"/explain?client={src}&vip={dst}&proto={proto}")
+        r = c.getresponse()
+        body = r.read().decode()
+        c.close()
+        if r.status == 200:
+            print(body.strip(), flush=True)
+        else:
+            print(json.dumps({"status": r.status, "error": body}), flush=True)
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "keepalive":
@@ -127,6 +167,10 @@ if __name__ == "__main__":
         stream(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
     elif cmd == "udp":
         udp(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    elif cmd == "udpmap":
+        udpmap(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    elif cmd == "explain":
+        explain(sys.argv[2], sys.argv[3])
     elif cmd == "raw":
         raw(sys.argv[2], sys.argv[3:])
     else:

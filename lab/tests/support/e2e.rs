@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::bed::{assert_client_seen, tally, Bed, Gateway, CLIENT};
-use super::harness::{in_ns, serial_if, sh, text, wait_for, Proc, PYTHON};
+use super::harness::{in_ns, must, serial_if, sh, strait, text, wait_for, Proc, PYTHON};
 use super::privileged as gate;
 
 /// `strait check` of a DPDK testbed's configuration must pass: a `strait` built without
@@ -487,4 +487,212 @@ pub fn nat_two_arm(driver: Driver) {
     let rx = counter(&gw, "strait_rx_packets_total");
     let tx = counter(&gw, "strait_tx_packets_total");
     assert!(tx > 0 && rx >= tx, "rx {rx} tx {tx} handoff {handoff}");
+}
+
+/// `client.py ARGS..` in the namespace of `role`.
+fn python_in(bed: &Bed, role: &str, args: &[&str]) -> Command {
+    let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/client.py");
+    let mut c = in_ns(&bed.ns(role), [PYTHON]);
+    c.arg(client).args(args);
+    c
+}
+
+/// One UDP datagram from each client port of `ports` to `VIP:port`; per port, the backend
+/// that answered (`b1`, ...). Panics unless every datagram is answered by a backend that saw
+/// the client's own address and port.
+fn udp_backends(s: &Scenario, port: u16, ports: std::ops::Range<u16>) -> BTreeMap<u16, String> {
+    let n = (ports.end - ports.start).to_string();
+    let out = must(&mut s.python(&[
+        "udpmap",
+        VIP,
+        &port.to_string(),
+        &ports.start.to_string(),
+        &n,
+    ]));
+    out.lines()
+        .map(|l| {
+            let (p, answer) = l.split_once(' ').expect("PORT ANSWER");
+            let p: u16 = p.parse().expect("a port");
+            let backend = super::bed::backend_of(answer)
+                .unwrap_or_else(|| panic!("port {p}: no answer ({answer})"));
+            assert!(
+                answer.ends_with(&format!("client={CLIENT}:{p}")),
+                "the backend saw another client than {CLIENT}:{p}: {answer}"
+            );
+            (p, backend.to_owned())
+        })
+        .collect()
+}
+
+/// `GET /explain` for each `proto` 5-tuple (source, destination) of `flows`, through the
+/// admin API in the gateway namespace (one connection each); the answers, in order.
+fn explain_all(s: &Scenario, proto: &str, flows: &[(String, String)]) -> Vec<Value> {
+    let mut p = Proc::spawn(
+        python_in(s, "gw", &["explain", "127.0.0.1:9900", proto])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped()),
+    );
+    {
+        let mut stdin = p.child().stdin.take().expect("stdin");
+        for (src, dst) in flows {
+            writeln!(stdin, "{src} {dst}").expect("the explain client reads");
+        }
+    }
+    let out = p.wait();
+    let answers: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(answers.len(), flows.len(), "{}", text(&out.stderr));
+    answers
+}
+
+/// The backend an explanation names (`ADDR:PORT`), and why (`entry`, `maglev`, ...).
+fn named(v: &Value) -> (String, String) {
+    assert_eq!(v["kind"], "forward", "{v}");
+    assert!(v["drop"].is_null(), "{v}");
+    let unanswered = v["unanswered"].as_array().map_or(0, Vec::len);
+    assert_eq!(unanswered, 0, "every asked worker answers: {v}");
+    (
+        v["backend"]["address"].as_str().unwrap_or("-").to_owned(),
+        v["why"]["by"].as_str().unwrap_or("-").to_owned(),
+    )
+}
+
+/// `strait explain` names the backend the backend servers saw, flow by flow: 2,000 UDP
+/// flows from distinct client ports are sent, then explained (each from its flow entry,
+/// made here); in nat (two-arm) their replies' 5-tuples are explained as those flows'
+/// replies; 200 flows never sent are explained first (Maglev's choice) and then sent, and
+/// reach the backend explained. The `strait explain` command prints the same, for a person and as
+/// JSON.
+pub fn explain_names_the_backends(driver: Driver, nat: bool) {
+    let args: &[&str] = if nat {
+        &["--topology", "two-arm", "--backends", "4"]
+    } else {
+        &["--backends", "4"]
+    };
+    let Some(s) = scenario(driver, if nat { "xn" } else { "xl" }, args) else {
+        return;
+    };
+    let gw = start(&s, &s.config());
+    let (vip_port, backend_port) = if nat { (53, 5353) } else { (5353, 5353) };
+    let dst = format!("{VIP}:{vip_port}");
+    let addr_of = |name: &str| format!("{}:{backend_port}", s.backend_ip(name));
+    let started = Instant::now();
+
+    let seen = udp_backends(&s, vip_port, 20_000..22_000);
+    assert_eq!(seen.len(), 2000);
+    let to_vip = |p: &u16| (format!("{CLIENT}:{p}"), dst.clone());
+    let answers = explain_all(&s, "udp", &seen.keys().map(to_vip).collect::<Vec<_>>());
+    for ((p, backend), v) in seen.iter().zip(&answers) {
+        let (explained, why) = named(v);
+        assert_eq!(
+            (explained.as_str(), why.as_str()),
+            (addr_of(backend).as_str(), "entry"),
+            "port {p}: the servers saw {backend}; explain said {v}"
+        );
+        let e = &v["entries"][0];
+        assert_eq!(
+            (&e["state"], &e["origin"]),
+            (&"udp".into(), &"here".into()),
+            "{v}"
+        );
+        assert_eq!(v["service"]["mode"], if nat { "nat" } else { "dsr-l2" });
+    }
+    let spread: std::collections::BTreeSet<&String> = seen.values().collect();
+    assert_eq!(spread.len(), 4, "every backend took some of 2,000 flows");
+
+    if nat {
+        // Every reply's 5-tuple (backend:5353 -> client:port): the reply of its flow.
+        let replies: Vec<(String, String)> = seen
+            .iter()
+            .map(|(p, backend)| (addr_of(backend), format!("{CLIENT}:{p}")))
+            .collect();
+        for ((p, _), v) in seen.iter().zip(explain_all(&s, "udp", &replies)) {
+            assert_eq!(v["kind"], "reply", "{v}");
+            assert_eq!(v["of_flow"]["src"], format!("{CLIENT}:{p}"), "{v}");
+            assert_eq!(v["of_flow"]["dst"], dst, "{v}");
+            assert_eq!(v["rewrite"]["src"], dst, "{v}");
+            assert!(v["drop"].is_null(), "{v}");
+        }
+    }
+
+    let fresh: Vec<(String, String)> = (30_000..30_200u16).map(|p| to_vip(&p)).collect();
+    let predicted = explain_all(&s, "udp", &fresh);
+    let reached = udp_backends(&s, vip_port, 30_000..30_200);
+    for ((p, backend), v) in reached.iter().zip(&predicted) {
+        let (explained, why) = named(v);
+        assert_eq!(why, "maglev", "{v}");
+        assert_eq!(
+            explained,
+            addr_of(backend),
+            "port {p}: explain predicted {explained}, the flow reached {backend}"
+        );
+    }
+
+    // The command, for a person and as JSON.
+    let (p, backend) = seen.iter().next().expect("a flow");
+    let client = format!("{CLIENT}:{p}");
+    let human = s.must(
+        "gw",
+        &[strait(), "explain", &client, &dst, "--proto", "udp"],
+    );
+    assert!(
+        human.contains(&format!("backend   {} ", addr_of(backend))),
+        "{human}"
+    );
+    assert!(human.contains("made here"), "{human}");
+    let json = s.must(
+        "gw",
+        &[
+            strait(),
+            "explain",
+            &client,
+            &dst,
+            "--proto",
+            "udp",
+            "--json",
+        ],
+    );
+    let v: Value = serde_json::from_str(&json).expect("--json prints JSON");
+    assert_eq!(v["backend"]["address"], addr_of(backend));
+    // IPv6 and TCP: a connection to web6 (closed by now, its entry closing), explained with
+    // bracketed addresses.
+    let web6 = "[2001:db8::10]:80";
+    let answer = s.curl(&format!("http://{web6}/")).expect("web6 answers");
+    let (backend, client6) = answer
+        .strip_prefix("backend=")
+        .and_then(|a| a.split_once(" client="))
+        .unwrap_or_else(|| panic!("{answer}"));
+    let json = s.must("gw", &[strait(), "explain", client6, web6, "--json"]);
+    let v: Value = serde_json::from_str(&json).expect("--json prints JSON");
+    let backend6 = s.backend(backend)["ipv6"]
+        .as_str()
+        .expect("an IPv6 backend");
+    let port6 = if nat { 8080 } else { 80 };
+    assert_eq!(v["service"]["name"], "web6", "{v}");
+    assert_eq!(
+        v["backend"]["address"],
+        format!("[{backend6}]:{port6}"),
+        "{v}"
+    );
+    assert_eq!(
+        (&v["why"]["by"], &v["entries"][0]["state"]),
+        (&"entry".into(), &"closing".into()),
+        "{v}"
+    );
+    let none = s.exec("gw", &[strait(), "explain", &client, "203.0.113.99:1"]);
+    assert!(none.status.success());
+    assert!(
+        text(&none.stdout).contains("no service has this VIP"),
+        "{}",
+        text(&none.stdout)
+    );
+    eprintln!(
+        "explain, {}: 2,200 flows sent and explained in {:?}",
+        if nat { "nat" } else { "dsr-l2" },
+        started.elapsed()
+    );
+    println!("{human}");
+    drop(gw);
 }

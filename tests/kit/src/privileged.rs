@@ -45,6 +45,10 @@ pub const OPENSSL: Tool = ("openssl", "version", "openssl");
 pub const BIRD: Tool = ("bird", "--version", "bird2");
 /// keepalived (the VRRP speaker of `[gateway.l2]`).
 pub const KEEPALIVED: Tool = ("keepalived", "--version", "keepalived");
+/// Prometheus (the monitoring kit's end-to-end test scrapes a gateway with it).
+pub const PROMETHEUS: Tool = ("prometheus", "--version", "prometheus");
+/// promtool (checks and unit-tests alert rules; Debian's `prometheus` package brings it).
+pub const PROMTOOL: Tool = ("promtool", "--version", "prometheus");
 /// Debian's Python (the `python3` on PATH may be another, without scapy).
 pub const PYTHON: Tool = ("/usr/bin/python3", "--version", "python3");
 
