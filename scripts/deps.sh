@@ -14,7 +14,7 @@
 set -euo pipefail
 
 packages=(clang llvm libelf-dev zlib1g-dev libpcap-dev libbpf-dev pkg-config m4 iproute2 tshark python3-scapy
-          tcpdump curl iputils-arping iputils-ping ethtool procps
+          tcpdump curl iputils-arping iputils-ping ethtool procps dnsmasq-base
           iptables nftables openssl bird2 keepalived dpdk-dev valgrind prometheus dpkg-dev man-db
           systemd lintian)
 missing=()

@@ -65,10 +65,11 @@ use std::path::Path;
 
 pub use error::{ConfigError, Problem};
 pub use model::{
-    is_prime, Backend, BackendState, Config, Gateway, HealthCheck, HealthKind, Interface, MacAddr,
-    Mode, ParseEnumError, ParseMacError, Protocol, Role, Service, Timeouts,
+    is_prime, Backend, BackendState, Config, DnsType, Gateway, HealthCheck, HealthKind, Interface,
+    MacAddr, Mode, ParseEnumError, ParseMacError, Protocol, Role, RouteAttrs, Service, Timeouts,
 };
 pub use summary::summary;
+pub use validate::{parse_community, parse_large_community};
 
 /// The annotated example configuration (`strait.example.toml`), also the built-in default
 /// of `strait run` and `strait check`.

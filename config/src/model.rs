@@ -476,6 +476,44 @@ pub struct Service {
     pub health_check: Option<HealthCheck>,
     /// Backends, in file order, unique by `(address, port)`. May be empty.
     pub backends: Vec<Backend>,
+    /// BGP attributes the gateway sets on the route of this service's VIP.
+    pub route: RouteAttrs,
+}
+
+/// BGP attributes of a VIP's route, set by its services (`bgp_communities`,
+/// `bgp_large_communities`, `bgp_local_pref`) on top of `[gateway.bgp] communities`.
+/// Services that share a VIP share its route: it carries every community any of them
+/// names and the highest local preference.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct RouteAttrs {
+    /// Standard communities (RFC 1997), `(asn, value)`.
+    pub communities: Vec<(u16, u16)>,
+    /// Large communities (RFC 8092), `(global admin, local 1, local 2)`.
+    pub large_communities: Vec<(u32, u32, u32)>,
+    /// LOCAL_PREF (RFC 4271 section 5.1.5); it travels over iBGP sessions only.
+    pub local_pref: Option<u32>,
+}
+
+impl RouteAttrs {
+    /// Whether it sets nothing.
+    pub fn is_empty(&self) -> bool {
+        self.communities.is_empty()
+            && self.large_communities.is_empty()
+            && self.local_pref.is_none()
+    }
+
+    /// Adds `other`'s attributes: the union of the communities (sorted, once each) and the
+    /// higher local preference.
+    pub fn merge(&mut self, other: &RouteAttrs) {
+        self.communities.extend_from_slice(&other.communities);
+        self.communities.sort_unstable();
+        self.communities.dedup();
+        self.large_communities
+            .extend_from_slice(&other.large_communities);
+        self.large_communities.sort_unstable();
+        self.large_communities.dedup();
+        self.local_pref = self.local_pref.max(other.local_pref);
+    }
 }
 
 impl Service {
@@ -532,6 +570,11 @@ impl HealthCheck {
     pub const MAX_RISE_FALL: u32 = 100;
     /// Default HTTP path when `kind = "http"` gives none.
     pub const DEFAULT_HTTP_PATH: &'static str = "/";
+    /// Largest `payload` and `expect` of a `udp` check: 1472 bytes, the UDP payload of one
+    /// unfragmented datagram on a 1500-byte IPv4 link.
+    pub const MAX_PAYLOAD: usize = 1472;
+    /// Default `qtype` of a `dns` check.
+    pub const DEFAULT_QTYPE: DnsType = DnsType::A;
 
     /// The port to check `backend` on.
     pub fn port_for(&self, backend: &Backend) -> u16 {
@@ -549,6 +592,23 @@ pub enum HealthKind {
         /// Absolute request path, starting with `/`.
         path: String,
     },
+    /// A datagram `payload` sent to the backend's UDP port gets a reply within the
+    /// timeout (one that starts with `expect`, when given). An ICMP port unreachable is a
+    /// failure at once.
+    Udp {
+        /// The datagram sent, 1 to [`HealthCheck::MAX_PAYLOAD`] bytes.
+        payload: Vec<u8>,
+        /// What the reply must start with; `None` takes any reply.
+        expect: Option<Vec<u8>>,
+    },
+    /// A DNS query over UDP for `query` / `qtype` gets a well-formed answer with the
+    /// query's id and an rcode of NOERROR or NXDOMAIN.
+    Dns {
+        /// The name asked for, without a trailing dot.
+        query: String,
+        /// The record type asked for.
+        qtype: DnsType,
+    },
 }
 
 impl HealthKind {
@@ -557,6 +617,82 @@ impl HealthKind {
         match self {
             HealthKind::Tcp => "tcp",
             HealthKind::Http { .. } => "http",
+            HealthKind::Udp { .. } => "udp",
+            HealthKind::Dns { .. } => "dns",
+        }
+    }
+
+    /// Whether the check speaks UDP (and so needs a UDP service).
+    pub fn is_udp(&self) -> bool {
+        matches!(self, HealthKind::Udp { .. } | HealthKind::Dns { .. })
+    }
+}
+
+/// A DNS record type a `dns` health check asks for (`qtype`), by its mnemonic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DnsType {
+    /// `A`: an IPv4 address.
+    A,
+    /// `NS`: a name server.
+    Ns,
+    /// `CNAME`: a canonical name.
+    Cname,
+    /// `SOA`: the start of a zone of authority.
+    Soa,
+    /// `PTR`: a domain name pointer.
+    Ptr,
+    /// `MX`: a mail exchange.
+    Mx,
+    /// `TXT`: text.
+    Txt,
+    /// `AAAA`: an IPv6 address.
+    Aaaa,
+    /// `SRV`: a service location.
+    Srv,
+}
+
+impl DnsType {
+    /// Every type, in the order the configuration documents them.
+    pub const ALL: [DnsType; 9] = [
+        DnsType::A,
+        DnsType::Aaaa,
+        DnsType::Cname,
+        DnsType::Mx,
+        DnsType::Ns,
+        DnsType::Ptr,
+        DnsType::Soa,
+        DnsType::Srv,
+        DnsType::Txt,
+    ];
+
+    /// The type's number on the wire (IANA DNS parameters, RFC 1035 section 3.2.2, RFC
+    /// 3596, RFC 2782).
+    pub const fn code(self) -> u16 {
+        match self {
+            DnsType::A => 1,
+            DnsType::Ns => 2,
+            DnsType::Cname => 5,
+            DnsType::Soa => 6,
+            DnsType::Ptr => 12,
+            DnsType::Mx => 15,
+            DnsType::Txt => 16,
+            DnsType::Aaaa => 28,
+            DnsType::Srv => 33,
+        }
+    }
+
+    /// The configuration spelling: `A`, `AAAA`, `CNAME`...
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DnsType::A => "A",
+            DnsType::Ns => "NS",
+            DnsType::Cname => "CNAME",
+            DnsType::Soa => "SOA",
+            DnsType::Ptr => "PTR",
+            DnsType::Mx => "MX",
+            DnsType::Txt => "TXT",
+            DnsType::Aaaa => "AAAA",
+            DnsType::Srv => "SRV",
         }
     }
 }
@@ -701,6 +837,7 @@ spelled_enum!(Mode);
 spelled_enum!(Protocol);
 spelled_enum!(Role);
 spelled_enum!(BackendState);
+spelled_enum!(DnsType);
 
 /// Whether `n` is prime (deterministic trial division by 6k +- 1; at most ~600 divisions
 /// for any `u32`).

@@ -144,6 +144,9 @@ pub(crate) struct RawService {
     pub source_ranges: Option<Vec<String>>,
     pub session_affinity: Option<RawAffinity>,
     pub health_check: Option<RawHealthCheck>,
+    pub bgp_communities: Option<Vec<String>>,
+    pub bgp_large_communities: Option<Vec<String>>,
+    pub bgp_local_pref: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<RawBackend>,
 }
@@ -161,6 +164,10 @@ pub(crate) struct RawAffinity {
 pub(crate) struct RawHealthCheck {
     pub kind: Option<String>,
     pub path: Option<String>,
+    pub payload: Option<String>,
+    pub expect: Option<String>,
+    pub query: Option<String>,
+    pub qtype: Option<String>,
     pub port: Option<i64>,
     pub interval: Option<String>,
     pub timeout: Option<String>,
@@ -547,8 +554,26 @@ pub(crate) fn raw_service(s: &crate::model::Service) -> RawService {
         health_check: s.health_check.as_ref().map(|h| RawHealthCheck {
             kind: Some(h.kind.as_str().to_owned()),
             path: match &h.kind {
-                HealthKind::Tcp => None,
                 HealthKind::Http { path } => Some(path.clone()),
+                _ => None,
+            },
+            payload: match &h.kind {
+                HealthKind::Udp { payload, .. } => Some(String::from_utf8_lossy(payload).into()),
+                _ => None,
+            },
+            expect: match &h.kind {
+                HealthKind::Udp {
+                    expect: Some(e), ..
+                } => Some(String::from_utf8_lossy(e).into()),
+                _ => None,
+            },
+            query: match &h.kind {
+                HealthKind::Dns { query, .. } => Some(query.clone()),
+                _ => None,
+            },
+            qtype: match &h.kind {
+                HealthKind::Dns { qtype, .. } => Some(qtype.to_string()),
+                _ => None,
             },
             port: h.port.map(Into::into),
             interval: Some(duration(h.interval)),
@@ -556,6 +581,21 @@ pub(crate) fn raw_service(s: &crate::model::Service) -> RawService {
             rise: Some(h.rise.into()),
             fall: Some(h.fall.into()),
         }),
+        bgp_communities: (!s.route.communities.is_empty()).then(|| {
+            s.route
+                .communities
+                .iter()
+                .map(|(a, v)| format!("{a}:{v}"))
+                .collect()
+        }),
+        bgp_large_communities: (!s.route.large_communities.is_empty()).then(|| {
+            s.route
+                .large_communities
+                .iter()
+                .map(|(a, b, c)| format!("{a}:{b}:{c}"))
+                .collect()
+        }),
+        bgp_local_pref: s.route.local_pref.map(Into::into),
         backends: s
             .backends
             .iter()

@@ -186,6 +186,15 @@ fn health(h: Option<&HealthCheck>) -> String {
     let mut s = match &h.kind {
         HealthKind::Tcp => "tcp".to_owned(),
         HealthKind::Http { path } => format!("http GET {path}"),
+        HealthKind::Udp { payload, expect } => match expect {
+            None => format!("udp {} bytes, any reply", payload.len()),
+            Some(e) => format!(
+                "udp {} bytes, reply starting with {} bytes",
+                payload.len(),
+                e.len()
+            ),
+        },
+        HealthKind::Dns { query, qtype } => format!("dns {query} {qtype}"),
     };
     if let Some(port) = h.port {
         let _ = write!(s, " port {port}");

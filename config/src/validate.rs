@@ -22,7 +22,7 @@ use ipnet::IpNet;
 use crate::error::Problem;
 use crate::model::{
     is_prime, Backend, BackendState, Config, Gateway, HealthCheck, HealthKind, Interface, MacAddr,
-    Mode, ParseEnumError, Protocol, Role, Service, Timeouts,
+    Mode, ParseEnumError, Protocol, Role, RouteAttrs, Service, Timeouts,
 };
 use crate::raw::{
     RawAffinity, RawBackend, RawConfig, RawGateway, RawHealthCheck, RawInterface, RawService,
@@ -694,9 +694,10 @@ impl Checker {
         };
         let health_check = match &raw.health_check {
             None => Some(None),
-            Some(h) => self.health_check(path, h).map(Some),
+            Some(h) => self.health_check(path, h, protocol).map(Some),
         };
         let backends = self.backends(path, &raw.backends, vip, port, mode);
+        let route = self.route_attrs(path, raw);
         Some(Service {
             name: name?,
             vip: vip?,
@@ -708,6 +709,53 @@ impl Checker {
             session_affinity: session_affinity?,
             health_check: health_check?,
             backends: backends?,
+            route: route?,
+        })
+    }
+
+    fn route_attrs(&mut self, path: &str, raw: &RawService) -> Option<RouteAttrs> {
+        let mut ok = true;
+        let mut communities = Vec::new();
+        for (i, c) in raw.bgp_communities.iter().flatten().enumerate() {
+            match parse_community(c) {
+                Some(pair) => communities.push(pair),
+                None => {
+                    self.problem(
+                        format!("{path}.bgp_communities[{i}]"),
+                        format!("{c:?} is not a community like \"64512:100\" (two numbers of 0..=65535)"),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        let mut large_communities = Vec::new();
+        for (i, c) in raw.bgp_large_communities.iter().flatten().enumerate() {
+            match parse_large_community(c) {
+                Some(triple) => large_communities.push(triple),
+                None => {
+                    self.problem(
+                        format!("{path}.bgp_large_communities[{i}]"),
+                        format!("{c:?} is not a large community like \"64512:1:2\" (three numbers of 0..=4294967295)"),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        let local_pref = match raw.bgp_local_pref {
+            None => Some(None),
+            Some(v) => self
+                .int(&format!("{path}.bgp_local_pref"), v, 0, u32::MAX)
+                .map(Some),
+        };
+        let local_pref = local_pref?;
+        ok.then(|| {
+            let mut attrs = RouteAttrs::default();
+            attrs.merge(&RouteAttrs {
+                communities,
+                large_communities,
+                local_pref,
+            });
+            attrs
         })
     }
 
@@ -813,46 +861,41 @@ impl Checker {
         )
     }
 
-    fn health_check(&mut self, path: &str, raw: &RawHealthCheck) -> Option<HealthCheck> {
+    fn health_check(
+        &mut self,
+        path: &str,
+        raw: &RawHealthCheck,
+        protocol: Option<Protocol>,
+    ) -> Option<HealthCheck> {
         let path = format!("{path}.health_check");
         let kind_path = format!("{path}.kind");
-        let path_path = format!("{path}.path");
         let kind = match raw.kind.as_deref() {
             None => {
-                self.problem(&kind_path, "is required (one of tcp, http)");
+                self.problem(&kind_path, "is required (one of tcp, http, udp, dns)");
                 None
             }
-            Some("tcp") => {
-                if raw.path.is_some() {
-                    self.problem(&path_path, "only http health checks have a path");
-                    None
-                } else {
-                    Some(HealthKind::Tcp)
-                }
-            }
-            Some("http") => {
-                let p = raw
-                    .path
-                    .as_deref()
-                    .unwrap_or(HealthCheck::DEFAULT_HTTP_PATH);
-                if !p.starts_with('/') {
-                    self.problem(&path_path, format!("{p:?} must start with '/'"));
-                    None
-                } else if p.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
-                    self.problem(
-                        &path_path,
-                        format!("{p:?} contains whitespace or control characters"),
-                    );
-                    None
-                } else {
-                    Some(HealthKind::Http { path: p.to_owned() })
-                }
-            }
+            Some(k @ ("tcp" | "http" | "udp" | "dns")) => self.health_kind(&path, k, raw),
             Some(other) => {
-                self.problem(&kind_path, format!("{other:?} is not one of tcp, http"));
+                self.problem(
+                    &kind_path,
+                    format!("{other:?} is not one of tcp, http, udp, dns"),
+                );
                 None
             }
         };
+        let kind = kind.and_then(|k| match protocol {
+            Some(p) if k.is_udp() && p != Protocol::Udp => {
+                self.problem(
+                    &kind_path,
+                    format!(
+                        "{:?} needs a UDP service (protocol = \"udp\"); this one is {p}",
+                        k.as_str()
+                    ),
+                );
+                None
+            }
+            _ => Some(k),
+        });
         let port = match raw.port {
             None => Some(None),
             Some(p) => self.port(&format!("{path}.port"), p).map(Some),
@@ -918,6 +961,125 @@ impl Checker {
             timeout: timeout?,
             rise: rise?,
             fall: fall?,
+        })
+    }
+
+    /// The kind `kind` (one of the four spellings) with its own fields; a field of
+    /// another kind is refused.
+    fn health_kind(&mut self, path: &str, kind: &str, raw: &RawHealthCheck) -> Option<HealthKind> {
+        let fields: [(&str, bool, &[&str]); 4] = [
+            ("path", raw.path.is_some(), &["http"]),
+            ("payload", raw.payload.is_some(), &["udp"]),
+            ("expect", raw.expect.is_some(), &["udp"]),
+            ("query", raw.query.is_some(), &["dns"]),
+        ];
+        let mut ok = true;
+        for (field, set, kinds) in fields {
+            if set && !kinds.contains(&kind) {
+                self.problem(
+                    format!("{path}.{field}"),
+                    format!("only {} health checks have a {field}", kinds.join(", ")),
+                );
+                ok = false;
+            }
+        }
+        if raw.qtype.is_some() && kind != "dns" {
+            self.problem(
+                format!("{path}.qtype"),
+                "only dns health checks have a qtype",
+            );
+            ok = false;
+        }
+        let kind = match kind {
+            "tcp" => Some(HealthKind::Tcp),
+            "http" => self.http_path(path, raw.path.as_deref()),
+            "udp" => self.udp_check(path, raw),
+            _ => self.dns_check(path, raw),
+        };
+        kind.filter(|_| ok)
+    }
+
+    fn http_path(&mut self, path: &str, raw: Option<&str>) -> Option<HealthKind> {
+        let path_path = format!("{path}.path");
+        let p = raw.unwrap_or(HealthCheck::DEFAULT_HTTP_PATH);
+        if !p.starts_with('/') {
+            self.problem(&path_path, format!("{p:?} must start with '/'"));
+            None
+        } else if p.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
+            self.problem(
+                &path_path,
+                format!("{p:?} contains whitespace or control characters"),
+            );
+            None
+        } else {
+            Some(HealthKind::Http { path: p.to_owned() })
+        }
+    }
+
+    fn udp_check(&mut self, path: &str, raw: &RawHealthCheck) -> Option<HealthKind> {
+        let max = HealthCheck::MAX_PAYLOAD;
+        let mut bytes = |field: &str, value: Option<&String>| -> Option<Option<Vec<u8>>> {
+            let Some(v) = value else {
+                return Some(None);
+            };
+            let fpath = format!("{path}.{field}");
+            if v.is_empty() {
+                self.problem(fpath, "must not be empty");
+                None
+            } else if v.len() > max {
+                self.problem(
+                    fpath,
+                    format!("{} bytes is longer than {max} (one datagram)", v.len()),
+                );
+                None
+            } else {
+                Some(Some(v.as_bytes().to_vec()))
+            }
+        };
+        let payload = bytes("payload", raw.payload.as_ref());
+        let expect = bytes("expect", raw.expect.as_ref());
+        let payload = match payload? {
+            Some(p) => p,
+            None => {
+                self.problem(
+                    format!("{path}.payload"),
+                    "is required for a udp health check (the datagram sent)",
+                );
+                return None;
+            }
+        };
+        Some(HealthKind::Udp {
+            payload,
+            expect: expect?,
+        })
+    }
+
+    fn dns_check(&mut self, path: &str, raw: &RawHealthCheck) -> Option<HealthKind> {
+        let qpath = format!("{path}.query");
+        let query = match raw.query.as_deref() {
+            None => {
+                self.problem(
+                    &qpath,
+                    "is required for a dns health check (the name asked for, e.g. \"health.example.org\")",
+                );
+                None
+            }
+            Some(q) => match dns_name(q) {
+                Ok(n) => Some(n),
+                Err(why) => {
+                    self.problem(&qpath, format!("{q:?} is not a DNS name: {why}"));
+                    None
+                }
+            },
+        };
+        let qtype = self.choice_or(
+            &format!("{path}.qtype"),
+            raw.qtype.as_ref(),
+            HealthCheck::DEFAULT_QTYPE,
+        );
+        Some(HealthKind::Dns {
+            query: query?,
+            qtype: qtype?,
         })
     }
 
@@ -1124,4 +1286,48 @@ fn family(ip: IpAddr) -> &'static str {
 /// A duration the way the file writes it (`2h 4m`, `500ms`).
 fn show(d: Duration) -> String {
     humantime::format_duration(d).to_string()
+}
+
+/// `name` without its trailing dot, when it is a DNS name a query can carry: labels of 1 to
+/// 63 letters, digits, `-` or `_`, at most 253 characters in all (RFC 1035 section 2.3.4).
+fn dns_name(name: &str) -> Result<String, &'static str> {
+    let n = name.strip_suffix('.').unwrap_or(name);
+    if n.is_empty() {
+        return Err("it is empty");
+    }
+    if n.len() > 253 {
+        return Err("it is longer than 253 characters");
+    }
+    for label in n.split('.') {
+        if label.is_empty() {
+            return Err("it has an empty label");
+        }
+        if label.len() > 63 {
+            return Err("a label is longer than 63 characters");
+        }
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err("a label holds a character other than a-z, 0-9, '-' and '_'");
+        }
+    }
+    Ok(n.to_owned())
+}
+
+/// A standard BGP community `"asn:value"`, two numbers of 0..=65535.
+pub fn parse_community(c: &str) -> Option<(u16, u16)> {
+    let (a, v) = c.split_once(':')?;
+    Some((a.parse().ok()?, v.parse().ok()?))
+}
+
+/// A large community `"global:local1:local2"`, three numbers of 0..=4294967295.
+pub fn parse_large_community(c: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = c.split(':');
+    let t = (
+        parts.next()?.parse().ok()?,
+        parts.next()?.parse().ok()?,
+        parts.next()?.parse().ok()?,
+    );
+    parts.next().is_none().then_some(t)
 }

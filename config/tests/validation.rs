@@ -4,8 +4,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use strait_config::{
-    parse, BackendState, Config, Gateway, HealthCheck, HealthKind, MacAddr, Mode, Protocol, Role,
-    Service, Timeouts,
+    parse, BackendState, Config, DnsType, Gateway, HealthCheck, HealthKind, MacAddr, Mode,
+    Protocol, Role, RouteAttrs, Service, Timeouts,
 };
 
 const IFACE: &str = "[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n";
@@ -754,15 +754,158 @@ fn session_affinity_range() {
 }
 
 #[test]
+fn udp_and_dns_health_checks_are_read() {
+    let udp = |fields: &str| {
+        service(&format!(
+            "protocol = \"udp\"\n[services.health_check]\n{fields}"
+        ))
+    };
+    let c = accepted(&udp("kind = \"udp\"\npayload = \"ping\"\nexpect = \"po\""));
+    assert_eq!(
+        c.services[0].health_check.as_ref().unwrap().kind,
+        HealthKind::Udp {
+            payload: b"ping".to_vec(),
+            expect: Some(b"po".to_vec())
+        }
+    );
+    let c = accepted(&udp("kind = \"dns\"\nquery = \"health.example.org.\""));
+    assert_eq!(
+        c.services[0].health_check.as_ref().unwrap().kind,
+        HealthKind::Dns {
+            query: "health.example.org".into(),
+            qtype: DnsType::A
+        }
+    );
+    let c = accepted(&udp(
+        "kind = \"dns\"\nquery = \"_dns._udp.example.org\"\nqtype = \"SRV\"",
+    ));
+    assert_eq!(
+        c.services[0].health_check.as_ref().unwrap().kind,
+        HealthKind::Dns {
+            query: "_dns._udp.example.org".into(),
+            qtype: DnsType::Srv
+        }
+    );
+    // The written form reads back the same.
+    let again = accepted(&strait_config::to_toml(&c));
+    assert_eq!(again.services[0].health_check, c.services[0].health_check);
+}
+
+#[test]
+fn udp_and_dns_health_check_rules() {
+    let on = |protocol: &str, fields: &str| {
+        service(&format!(
+            "protocol = \"{protocol}\"\n[services.health_check]\n{fields}"
+        ))
+    };
+    let udp = |fields: &str| on("udp", fields);
+    refused(
+        &on("tcp", "kind = \"udp\"\npayload = \"ping\""),
+        "services[0].health_check.kind: \"udp\" needs a UDP service (protocol = \"udp\"); this one is tcp",
+    );
+    refused(
+        &service("[services.health_check]\nkind = \"dns\"\nquery = \"a.example.org\""),
+        "services[0].health_check.kind: \"dns\" needs a UDP service (protocol = \"udp\"); this one is tcp",
+    );
+    refused(
+        &udp("kind = \"udp\""),
+        "services[0].health_check.payload: is required for a udp health check (the datagram sent)",
+    );
+    refused(
+        &udp("kind = \"udp\"\npayload = \"\""),
+        "services[0].health_check.payload: must not be empty",
+    );
+    refused(
+        &udp(&format!(
+            "kind = \"udp\"\npayload = \"{}\"",
+            "x".repeat(1473)
+        )),
+        "services[0].health_check.payload: 1473 bytes is longer than 1472 (one datagram)",
+    );
+    refused(
+        &udp("kind = \"udp\"\npayload = \"a\"\nexpect = \"\""),
+        "services[0].health_check.expect: must not be empty",
+    );
+    refused(
+        &udp("kind = \"tcp\"\npayload = \"a\""),
+        "services[0].health_check.payload: only udp health checks have a payload",
+    );
+    refused(
+        &udp("kind = \"udp\"\npayload = \"a\"\nquery = \"example.org\""),
+        "services[0].health_check.query: only dns health checks have a query",
+    );
+    refused(
+        &udp("kind = \"udp\"\npayload = \"a\"\nqtype = \"A\""),
+        "services[0].health_check.qtype: only dns health checks have a qtype",
+    );
+    refused(
+        &udp("kind = \"dns\""),
+        "services[0].health_check.query: is required for a dns health check (the name asked for, e.g. \"health.example.org\")",
+    );
+    refused(
+        &udp("kind = \"dns\"\nquery = \"a..example.org\""),
+        "services[0].health_check.query: \"a..example.org\" is not a DNS name: it has an empty label",
+    );
+    refused(
+        &udp("kind = \"dns\"\nquery = \"a b.org\""),
+        "services[0].health_check.query: \"a b.org\" is not a DNS name: a label holds a character other than a-z, 0-9, '-' and '_'",
+    );
+    refused(
+        &udp(&format!("kind = \"dns\"\nquery = \"{}.org\"", "a".repeat(64))),
+        "services[0].health_check.query: \"{}.org\" is not a DNS name: a label is longer than 63 characters"
+            .replace("{}", &"a".repeat(64))
+            .as_str(),
+    );
+    refused(
+        &udp("kind = \"dns\"\nquery = \"example.org\"\nqtype = \"ANY\""),
+        "services[0].health_check.qtype: \"ANY\" is not one of A, AAAA, CNAME, MX, NS, PTR, SOA, SRV, TXT",
+    );
+}
+
+#[test]
+fn route_attributes_are_read_and_refused_by_path() {
+    let c = accepted(&service(
+        "bgp_communities = [\"64512:200\", \"64512:100\", \"64512:100\"]\nbgp_large_communities = [\"4200000000:1:2\"]\nbgp_local_pref = 300",
+    ));
+    assert_eq!(
+        c.services[0].route,
+        RouteAttrs {
+            communities: vec![(64512, 100), (64512, 200)],
+            large_communities: vec![(4_200_000_000, 1, 2)],
+            local_pref: Some(300),
+        }
+    );
+    let again = accepted(&strait_config::to_toml(&c));
+    assert_eq!(again.services[0].route, c.services[0].route);
+    assert!(accepted(&service("")).services[0].route.is_empty());
+    refused(
+        &service("bgp_communities = [\"64512:100\", \"70000:1\"]"),
+        "services[0].bgp_communities[1]: \"70000:1\" is not a community like \"64512:100\" (two numbers of 0..=65535)",
+    );
+    refused(
+        &service("bgp_large_communities = [\"1:2\"]"),
+        "services[0].bgp_large_communities[0]: \"1:2\" is not a large community like \"64512:1:2\" (three numbers of 0..=4294967295)",
+    );
+    refused(
+        &service("bgp_large_communities = [\"1:2:3:4\"]"),
+        "services[0].bgp_large_communities[0]: \"1:2:3:4\" is not a large community like \"64512:1:2\" (three numbers of 0..=4294967295)",
+    );
+    refused(
+        &service("bgp_local_pref = -1"),
+        "services[0].bgp_local_pref: -1 is outside 0..=4294967295",
+    );
+}
+
+#[test]
 fn health_check_rules() {
     let hc = |fields: &str| service(&format!("[services.health_check]\n{fields}"));
     refused(
         &hc("interval = \"1s\""),
-        "services[0].health_check.kind: is required (one of tcp, http)",
+        "services[0].health_check.kind: is required (one of tcp, http, udp, dns)",
     );
     refused(
         &hc("kind = \"icmp\""),
-        "services[0].health_check.kind: \"icmp\" is not one of tcp, http",
+        "services[0].health_check.kind: \"icmp\" is not one of tcp, http, udp, dns",
     );
     refused(
         &hc("kind = \"tcp\"\npath = \"/healthz\""),
@@ -1180,6 +1323,7 @@ fn service_fields_are_public_model() {
         source_ranges: vec![],
         session_affinity: None,
         health_check: None,
+        route: Default::default(),
         backends: vec![],
     };
     assert_eq!(s.frontend().to_string(), "203.0.113.1:1");

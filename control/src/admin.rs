@@ -9,6 +9,7 @@
 //! | `GET /explain?client=ADDR:PORT&vip=ADDR:PORT&proto=tcp` | where that flow goes and why: frontend, source ranges, flow entry or Maglev choice, rewrite, as JSON ([`crate::explain`]) |
 //! | `POST /reload` | re-reads the configuration file and swaps the table in atomically (loopback listener only; 403 elsewhere) |
 //! | `POST /drain` | withdraws every route, forwards for `drain_grace`, then stops the gateway (loopback listener only) |
+//! | `POST /capture?FILTER` | arms a capture in the workers and streams it as pcapng until its `count` or `duration`, or the client leaves (taken as `POST /reload` is; see [`crate::capture`]) |
 //!
 //! A small HTTP/1.1 server on a thread of its own, with a current-thread tokio runtime: each
 //! connection is a task, so a thousand idle or slow clients cost a thousand small buffers and
@@ -152,6 +153,7 @@ pub fn start_with(
     registry.register_collector(Box::new(crate::traffic::TrafficMetrics(Arc::clone(
         &shared,
     ))));
+    registry.register_collector(Box::new(crate::capture::Metrics(Arc::clone(&shared))));
     registry.register_collector(Box::new(crate::cores::Heartbeats::new(
         shared.cores.clone(),
     )));
@@ -292,6 +294,13 @@ where
         Err(_) => response(408, "text/plain", "request timeout\n"),
         Ok(Err(e)) => return Err(e),
         Ok(Ok(Err(status))) => response(status, "text/plain", "bad request\n"),
+        Ok(Ok(Ok(req))) if crate::capture::wants(&req.path) => {
+            // A capture streams until it ends: the connection is the capture's.
+            let allowed = endpoint.allows(trusted, req.bearer.as_deref());
+            let shared = Arc::clone(&endpoint.shared);
+            return crate::capture::serve(conn, shared, &req.method, &req.path, allowed, DEADLINE)
+                .await;
+        }
         Ok(Ok(Ok(req))) => {
             let allowed = endpoint.allows(trusted, req.bearer.as_deref());
             if req.method == "POST" || req.path.starts_with("/explain") {

@@ -4,12 +4,13 @@
 //! killed) half-way through allocating its flow tables.
 //!
 //! The large parts are the ones each worker allocates up front so that the packet path never
-//! allocates: its flow table, its UMEM and its hand-off rings; and the Maglev tables of the
-//! services, which the live table and the builder's cache may each hold.
+//! allocates: its flow table, its UMEM, its hand-off rings and its capture ring; and the
+//! Maglev tables of the services, which the live table and the builder's cache may each hold.
 
 use std::fmt;
 
 use strait_config::model::Config;
+use strait_dataplane::capture::RING_BYTES;
 use strait_dataplane::flow::{FlowTable, Held, BACKEND_SLOTS};
 use strait_dataplane::maglev;
 use strait_dataplane::pipeline::NEW_FLOW_SLOTS;
@@ -38,6 +39,9 @@ pub struct Footprint {
     /// ([`strait_dataplane::traffic`]), new flows per backend and flow-table entries per
     /// backend.
     pub counters: u64,
+    /// Capture rings (`strait capture`): one per worker, [`RING_BYTES`] each, allocated at
+    /// start so that a capture allocates nothing on the workers' side.
+    pub capture: u64,
 }
 
 impl Footprint {
@@ -78,6 +82,7 @@ impl Footprint {
                     + (NEW_FLOW_SLOTS * size_of::<u64>()) as u64
                     + (BACKEND_SLOTS * size_of::<Held>()) as u64,
             ),
+            capture: workers.saturating_mul(RING_BYTES),
         }
     }
 
@@ -89,6 +94,7 @@ impl Footprint {
             .saturating_add(self.sync)
             .saturating_add(self.maglev)
             .saturating_add(self.counters)
+            .saturating_add(self.capture)
     }
 
     /// Refuses a footprint larger than `available` bytes (the machine's memory), naming
@@ -143,7 +149,8 @@ impl fmt::Display for Footprint {
         }
         write!(
             f,
-            "; Maglev tables {}; counters {}",
+            ", capture rings {}; Maglev tables {}; counters {}",
+            mib(self.capture),
             mib(self.maglev),
             mib(self.counters)
         )
@@ -195,7 +202,7 @@ mod tests {
         assert_eq!(f.counters, 2 * 65_536 * (2 * (4 + 2 * 16) + 8 + 8));
         assert_eq!(
             f.total(),
-            f.flow_tables + f.umem + f.handoff + f.sync + f.maglev + f.counters,
+            f.flow_tables + f.umem + f.handoff + f.sync + f.maglev + f.counters + f.capture,
             "{f}"
         );
     }

@@ -16,6 +16,11 @@
 //! that `strait status` answers "since when, and why" in an incident. Bounded, so a flapping
 //! backend costs the same as a steady one.
 //!
+//! UDP services are checked as UDP: `udp` sends a datagram and wants a reply, `dns` asks a
+//! question and wants an answer ([`dns`]). Each check sends from a connected socket of its
+//! own, so the kernel hands it the ICMP port unreachable a closed port answers with, as
+//! `ECONNREFUSED`: a stopped server fails the check at once, not after the timeout.
+//!
 //! A check's thread outlives its check: a stopped check's thread parks in an idle pool (at
 //! most [`IDLE_MAX`]) and the next check started takes it. Endpoints come and go by the
 //! thousand a minute in a busy cluster; a thread started and ended for each would make the
@@ -24,16 +29,18 @@
 //! (`strait-lab bench soak`). Pooled, the threads and their memory stay as they were.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use strait_config::model::{Config, HealthCheck, HealthKind};
 
 use crate::core::BackendKey;
+
+mod dns;
 
 /// What the checker knows of one backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -449,14 +456,113 @@ fn record(
 /// # Errors
 /// A short description of what failed.
 pub fn probe(hc: &HealthCheck, addr: SocketAddr) -> Result<(), String> {
-    check_once(hc, addr).map_err(|f| f.detail)
+    datagram_or_stream(hc, addr)
 }
 
-/// One check of `addr`, with the failure's [`Cause`].
+/// One check of `addr`, with the failure's [`Cause`]: from the socket's error for TCP and
+/// HTTP, from the message for UDP and DNS (refused, timeout, or another error).
 ///
 /// # Errors
 /// What failed, and why in a word.
 pub fn check_once(hc: &HealthCheck, addr: SocketAddr) -> Result<(), Failure> {
+    match &hc.kind {
+        HealthKind::Tcp | HealthKind::Http { .. } => stream_probe(hc, addr),
+        _ => datagram_or_stream(hc, addr).map_err(|detail| Failure {
+            cause: if detail.contains("refused") {
+                Cause::Refused
+            } else if detail.contains("timeout") {
+                Cause::Timeout
+            } else {
+                Cause::Other
+            },
+            detail,
+        }),
+    }
+}
+
+/// One check of `addr` by its kind, failures as messages.
+fn datagram_or_stream(hc: &HealthCheck, addr: SocketAddr) -> Result<(), String> {
+    match &hc.kind {
+        HealthKind::Tcp | HealthKind::Http { .. } => {
+            stream_probe(hc, addr).map_err(|f| f.detail)
+        }
+        HealthKind::Udp { payload, expect } => {
+            let mut buf = [0u8; REPLY_MAX];
+            let reply = exchange(addr, hc.timeout, payload, &mut buf, |_| true)
+                .map_err(|e| format!("udp {addr}: {e}"))?;
+            match expect {
+                Some(e) if !reply.starts_with(e) => Err(format!(
+                    "udp {addr}: wrong reply ({} bytes, not starting with the {} expected)",
+                    reply.len(),
+                    e.len()
+                )),
+                _ => Ok(()),
+            }
+        }
+        HealthKind::Dns { query, qtype } => {
+            let q = dns::query(fastrand::u16(..), query, *qtype);
+            let mut buf = [0u8; REPLY_MAX];
+            let what = format!("dns {query} {qtype} at {addr}");
+            let reply = exchange(addr, hc.timeout, &q, &mut buf, |r| {
+                dns::verdict(&q, r) != dns::Verdict::Foreign
+            })
+            .map_err(|e| format!("{what}: {e}"))?;
+            match dns::verdict(&q, reply) {
+                dns::Verdict::Failed(rcode) => Err(format!("{what}: {rcode}")),
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+/// The largest datagram a UDP or DNS check reads: a DNS answer over UDP without EDNS is
+/// at most 512 bytes, an echo at most [`HealthCheck::MAX_PAYLOAD`].
+const REPLY_MAX: usize = 2048;
+
+/// Sends `payload` to `addr` from a connected socket of its own (a fresh port, so a late
+/// reply to an earlier check never counts) and returns the first reply `wanted` takes,
+/// within `timeout`. A connected UDP socket is told of an ICMP port unreachable as
+/// `ECONNREFUSED`: that ends the check at once.
+fn exchange<'b>(
+    addr: SocketAddr,
+    timeout: Duration,
+    payload: &[u8],
+    buf: &'b mut [u8],
+    wanted: impl Fn(&[u8]) -> bool,
+) -> Result<&'b [u8], String> {
+    let unspecified: SocketAddr = if addr.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let refused = || "refused (ICMP port unreachable)".to_owned();
+    let sock = UdpSocket::bind(unspecified).map_err(|e| format!("bind: {e}"))?;
+    sock.connect(addr).map_err(|e| format!("connect: {e}"))?;
+    match sock.send(payload) {
+        Ok(_) => {}
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => return Err(refused()),
+        Err(e) => return Err(format!("send: {e}")),
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("timeout (no reply within {timeout:?})"));
+        }
+        sock.set_read_timeout(Some(left))
+            .map_err(|e| format!("set_read_timeout: {e}"))?;
+        match sock.recv(buf) {
+            Ok(n) if wanted(&buf[..n]) => return Ok(&buf[..n]),
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => return Err(refused()),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) => return Err(format!("recv: {e}")),
+        }
+    }
+}
+
+/// A TCP connect, then for `http` a GET.
+fn stream_probe(hc: &HealthCheck, addr: SocketAddr) -> Result<(), Failure> {
     let mut stream = TcpStream::connect_timeout(&addr, hc.timeout)
         .map_err(|e| Failure::io(format!("connect {addr}"), &e))?;
     let HealthKind::Http { path } = &hc.kind else {
@@ -513,7 +619,6 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
     use std::sync::atomic::{AtomicU16, Ordering};
-    use std::time::Duration;
 
     fn hc(kind: HealthKind) -> HealthCheck {
         HealthCheck {
@@ -561,6 +666,32 @@ mod tests {
             .local_addr()
             .unwrap();
         assert!(probe(&hc(HealthKind::Tcp), closed).is_err());
+    }
+
+    #[test]
+    fn probes_udp_on_loopback() {
+        let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = server.local_addr().unwrap();
+        let echo = server.try_clone().unwrap();
+        let serving = thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            let (n, from) = echo.recv_from(&mut buf).unwrap();
+            echo.send_to(&buf[..n], from).unwrap();
+        });
+        let udp = |expect: Option<&[u8]>| {
+            hc(HealthKind::Udp {
+                payload: b"ping".to_vec(),
+                expect: expect.map(<[u8]>::to_vec),
+            })
+        };
+        assert_eq!(probe(&udp(Some(b"pi")), addr), Ok(()));
+        serving.join().unwrap();
+        // Bound, read by nobody: silence.
+        let e = probe(&udp(None), addr).unwrap_err();
+        assert!(e.contains("timeout"), "{e}");
+        drop(server);
+        let e = probe(&udp(None), addr).unwrap_err();
+        assert!(e.contains("refused"), "{e}");
     }
 
     #[test]

@@ -18,6 +18,7 @@
 //!  main.rs (the `strait` binary) ─► run      the driver: event loop, effects carried out
 //!                                ─► status   `strait status`, a client of the admin API
 //!  admin ─ workers                           the admin API; starting the workers
+//!  capture                                   `POST /capture`'s stream and `strait capture`
 //!  explain                                   `GET /explain`: asks the workers' desks
 //!  shared                                    the admin API's view, composed of the drivers'
 //!  kube health neigh vip bgp l2 sync         the drivers: each does its I/O and owns the
@@ -49,6 +50,7 @@
 //! | [`cores`] | what each worker publishes of itself: counters, heartbeat, the UMEM family |
 //! | [`dpdk`] | the DPDK ports, when the gateway runs on DPDK |
 //! | [`admin`] | the admin and metrics HTTP API (`metrics`: how every family is written) |
+//! | [`capture`] | `strait capture`: the admin API's pcapng stream of the workers' capture rings, and its client |
 //! | [`explain`] | `GET /explain` and `strait explain`: where a flow goes and why, from the snapshot and the owning workers' flow tables |
 //! | [`shared`] | the admin API's view: the table, the configuration, and each driver's view of its state |
 //! | [`footprint`] | the memory a configuration takes, known before anything is allocated |
@@ -70,6 +72,7 @@
 
 pub mod admin;
 pub mod bgp;
+pub mod capture;
 pub mod core;
 pub mod cores;
 pub mod daemon;

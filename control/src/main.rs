@@ -6,6 +6,7 @@
 //! strait drain [--admin ADDR]               withdraw every route, forward for the grace, stop
 //! strait explain CLIENT:PORT VIP:PORT       where that flow goes and why (--proto, --json)
 //! strait check [--config FILE]              validate a configuration (default: the built-in example)
+//! strait capture [FILTER] -w FILE           what the workers do with matching frames, as pcapng
 //! ```
 //!
 //! Everything else (the testbed, the traffic generator, the sink, the benches) is the lab's
@@ -16,7 +17,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use strait_control::{explain, kube, manual, run, status};
+use strait_control::{capture, explain, kube, manual, run, status};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -67,6 +68,52 @@ enum Command {
         /// How long to wait for the gateway to stop.
         #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
         wait: std::time::Duration,
+    },
+    /// Capture what the running gateway's workers do with matching frames, as pcapng: each
+    /// frame as received and, if sent, as sent, with its verdict in the packet comment
+    /// ("in core=0 port=eth0 verdict=tx service=web mode=dsr-l2", "out verdict=tx ...
+    /// backend=198.51.100.12:80 ...", "... verdict=drop reason=ipv4_header_checksum").
+    /// Stops at --count or --duration, or on Ctrl-C; the gateway disarms the capture however
+    /// it ends. Example: `strait capture --vip 203.0.113.10 -c 10 -w - | tshark -r -`.
+    Capture {
+        #[command(flatten)]
+        admin: AdminArgs,
+        /// Frames to or from this address, as received (a VIP, a backend).
+        #[arg(long)]
+        vip: Option<std::net::IpAddr>,
+        /// Frames whose source or destination, as received, lies in this prefix or is this
+        /// address.
+        #[arg(long, value_parser = parse_net)]
+        client: Option<ipnet::IpNet>,
+        /// Frames whose source or destination port, as received, is this one.
+        #[arg(long)]
+        port: Option<u16>,
+        /// Which decisions to keep.
+        #[arg(long, value_parser = ["tx", "drop", "pass", "any"])]
+        verdict: Option<String>,
+        /// Only drops for this reason (a `reason` of strait_drops_total, e.g.
+        /// source_not_allowed).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Stop after this many frames (a sent frame's two copies count as one).
+        #[arg(short = 'c', long)]
+        count: Option<u64>,
+        /// Stop after this long (e.g. 10s, 1m).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        duration: Option<std::time::Duration>,
+        /// Bytes kept of each frame (at most 2048).
+        #[arg(short = 's', long)]
+        snaplen: Option<u16>,
+        /// Keep one matching frame in N.
+        #[arg(long)]
+        every: Option<u32>,
+        /// Frames each worker keeps per second at most (default 10000); more are counted in
+        /// strait_capture_frames_total{result="over_budget"}.
+        #[arg(long)]
+        budget: Option<u32>,
+        /// Where to write the pcapng: a file, or `-` for standard output.
+        #[arg(short = 'w', long = "write")]
+        write: PathBuf,
     },
     /// Explain where a flow goes and why: the frontend it matches (or why none), the source
     /// ranges' verdict, the flow entry of the core that owns it (or the backend a new
@@ -172,6 +219,34 @@ fn main() -> ExitCode {
             &kube,
         ),
         Command::Check { config } => return check(config),
+        Command::Capture {
+            admin,
+            vip,
+            client,
+            port,
+            verdict,
+            reason,
+            count,
+            duration,
+            snaplen,
+            every,
+            budget,
+            write,
+        } => {
+            let ask = capture::Ask {
+                vip,
+                client,
+                port,
+                verdict,
+                reason,
+                count,
+                duration,
+                snaplen,
+                every,
+                budget,
+            };
+            capture(&admin.admin(), &ask, &write)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -180,6 +255,28 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `strait capture`: the capture until the gateway ends it or Ctrl-C (SIGINT, SIGTERM) ends
+/// the client, which then closes its connection (the gateway disarms).
+fn capture(admin: &status::Admin, ask: &capture::Ask, out: &std::path::Path) -> anyhow::Result<()> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, std::sync::Arc::clone(&stop))?;
+    }
+    let frames = capture::run(admin, ask, out, &stop)?;
+    eprintln!(
+        "strait capture: {frames} frames written to {}",
+        out.display()
+    );
+    Ok(())
+}
+
+/// An address or a prefix: `192.0.2.7` is `192.0.2.7/32`.
+fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
+    s.parse::<ipnet::IpNet>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{s:?} is not an address or a prefix (192.0.2.0/24)"))
 }
 
 /// `strait check`: exit 0 with a summary for a valid file; exit 1 listing every problem.

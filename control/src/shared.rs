@@ -63,6 +63,8 @@ pub struct Shared {
     pub sync: Mutex<Option<Arc<crate::sync::SyncStats>>>,
     /// A reader of the DPDK ports' counters, while DPDK ports run.
     pub dpdk: Mutex<Option<crate::dpdk::StatsReader>>,
+    /// The capture hub: one ring per worker, armed by `POST /capture` ([`crate::capture`]).
+    pub capture: Arc<strait_dataplane::capture::Hub>,
 }
 
 impl Shared {
@@ -73,6 +75,7 @@ impl Shared {
         health: States,
         cores: Vec<Arc<CoreStats>>,
     ) -> Self {
+        let capture = Arc::new(strait_dataplane::capture::Hub::new(cores.len()));
         Self {
             table: ArcSwap::new(table),
             config: Mutex::new(Sources {
@@ -90,6 +93,7 @@ impl Shared {
             draining: AtomicBool::new(false),
             sync: Mutex::new(None),
             dpdk: Mutex::new(None),
+            capture,
         }
     }
 

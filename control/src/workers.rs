@@ -253,6 +253,7 @@ fn spawn_all(
             shared.table.load().timeouts,
             g.new_flows_per_second_per_core,
         );
+        let pipe = pipe.with_capture(shared.capture.tap(index as u16));
         let pipe = match sync_ends.as_mut().and_then(Iterator::next) {
             Some(ends) => pipe.with_sync(ends),
             None => pipe,
@@ -468,7 +469,7 @@ where
         }
     };
     let clock = Beating {
-        clock: MonotonicClock::new(),
+        clock: MonotonicClock::since(shared.capture.origin()),
         beat: &slot.heartbeat,
     };
     let stats = run_worker(

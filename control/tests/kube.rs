@@ -501,6 +501,37 @@ fn affinity_source_ranges_and_mode_annotation() {
 }
 
 #[test]
+fn route_attribute_annotations() {
+    let mut svc = lb("web");
+    svc["metadata"]["annotations"] = json!({
+        "strait.dev/bgp-communities": "64512:100, large:64512:1:2,65000:7",
+        "strait.dev/bgp-large-communities": "4200000000:3:4",
+        "strait.dev/bgp-local-pref": "250",
+    });
+    let mut objs = three_nodes();
+    objs.push(svc.clone());
+    let t = tr(&settings(Mode::Nat), &objs, WEB_17);
+    let r = &t.services[0].route;
+    assert_eq!(r.communities, [(64512, 100), (65000, 7)]);
+    assert_eq!(r.large_communities, [(64512, 1, 2), (4_200_000_000, 3, 4)]);
+    assert_eq!(r.local_pref, Some(250));
+    assert_eq!(count(&t, WarningKind::BadValue), 0, "{:?}", t.warnings);
+
+    // Values that do not parse are left out, each with a warning; the rest holds.
+    svc["metadata"]["annotations"] = json!({
+        "strait.dev/bgp-communities": "64512:100,70000:1,large:1:2",
+        "strait.dev/bgp-local-pref": "high",
+    });
+    let mut objs = three_nodes();
+    objs.push(svc);
+    let t = tr(&settings(Mode::Nat), &objs, WEB_17);
+    let r = &t.services[0].route;
+    assert_eq!(r.communities, [(64512, 100)]);
+    assert!(r.large_communities.is_empty() && r.local_pref.is_none());
+    assert_eq!(count(&t, WarningKind::BadValue), 3, "{:?}", t.warnings);
+}
+
+#[test]
 fn ipv6_frontends_pick_ipv6_nodes_and_sanitised_names() {
     let objs = vec![
         node_v6("n1", "198.51.100.1", "2001:db8:1::1"),

@@ -17,11 +17,15 @@
 //! call [`pipeline::Pipeline::process`].
 //!
 //! The modules import one way (`scripts/check-imports.py` holds it; the graph is in
-//! docs/architecture-modules.md): `xsk` → `pipeline` → `explain` → `sync`, `rewrite`,
-//! `traffic` → `spsc`, `table`, `wire` → `maglev`, `flow` → `key`, `hint`, `stats` → `hash`. Flow sync
-//! and the explain desk meet the pipeline through [`sync::WorkerSync`] and
-//! [`explain::Desk`], which know nothing of the pipeline.
+//! docs/architecture-modules.md): `xsk` → `pipeline` → `capture`, `explain` → `sync`,
+//! `rewrite`, `traffic` → `spsc`, `table`, `wire` → `maglev`, `flow` → `key`, `hint`, `stats`
+//! → `hash`. Flow sync, the explain desk and capture meet the pipeline through
+//! [`sync::WorkerSync`], [`explain::Desk`] and [`capture::Tap`], which know nothing of the
+//! pipeline.
 
+pub mod capture;
+#[cfg(test)]
+mod capture_tests;
 pub mod explain;
 #[cfg(test)]
 mod explain_tests;

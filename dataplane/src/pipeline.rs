@@ -29,6 +29,7 @@
 //! are dropped (`sctp_fragment`: the CRC covers the whole packet and the gateway does not
 //! reassemble).
 
+use crate::capture::{Decision, Look, Tap};
 use crate::flow::{FlowState, FlowTable, FlowValue, InsertError, Timeouts};
 use crate::hash::{maglev_hash, SEED_FLOW};
 use crate::key::{is_v4, proto, FlowKey};
@@ -62,6 +63,18 @@ pub enum Verdict {
         /// The owner core.
         core: u16,
     },
+}
+
+impl From<Verdict> for Decision {
+    #[inline(always)]
+    fn from(v: Verdict) -> Self {
+        match v {
+            Verdict::Tx { port } => Decision::Tx { port },
+            Verdict::Pass => Decision::Pass,
+            Verdict::Drop(r) => Decision::Drop(r),
+            Verdict::Handoff { core } => Decision::Handoff { core },
+        }
+    }
 }
 
 /// The core that owns a nat flow ([`crate::hash::owner_core`]), re-exported where the
@@ -163,6 +176,8 @@ pub struct Pipeline {
     /// This core's ends of flow sync with the peer gateways ([`crate::sync`]); `None` when
     /// sync is off.
     pub sync: Option<WorkerSync>,
+    /// This core's end of the capture hub ([`crate::capture`]); `None` without one.
+    capture: Option<Tap>,
     /// This core's explain desk ([`crate::explain`]): queries about a flow, answered between
     /// batches; `None` when nobody asks.
     pub explain: Option<crate::explain::Desk>,
@@ -216,6 +231,7 @@ impl Pipeline {
             .into_boxed_slice(),
             reply_hashes: [0; BATCH],
             sync: None,
+            capture: None,
             explain: None,
         }
     }
@@ -235,7 +251,9 @@ impl Pipeline {
     /// 4. decide, in order.
     ///
     /// Passes 1-3 only read; every decision is made in pass 4, so the verdicts are those of
-    /// [`Pipeline::process`]. With a table larger than the caches, memory latency is most of
+    /// [`Pipeline::process`]. While a capture is armed ([`crate::capture`]), an out-of-line
+    /// twin of this loop shows each frame to it before its rewrite and after its decision;
+    /// otherwise a call pays one load and one branch for that. With a table larger than the caches, memory latency is most of
     /// the per-packet cost, and a batch waits for it about once per pass, not once per frame.
     ///
     /// # Panics
@@ -249,64 +267,13 @@ impl Pipeline {
         verdicts: &mut [Verdict],
     ) {
         assert!(verdicts.len() >= frames.len(), "one verdict per frame");
+        // The one test a call pays for capture while none runs: a load and a branch that
+        // always goes the same way; the capturing twin is out of line.
+        if self.capture.as_ref().is_some_and(Tap::armed) {
+            return self.process_batch_captured(t, now, ingress, frames, verdicts);
+        }
         for (frames, verdicts) in frames.chunks_mut(BATCH).zip(verdicts.chunks_mut(BATCH)) {
-            let port = t.ports.get(ingress as usize);
-            for (f, st) in frames.iter().zip(self.staged.iter_mut()) {
-                st.ip = admit_and_parse(f.data(), port, &mut st.parsed);
-            }
-            // Hashes on their own: a flow hash is a chain of dependent multiplies, and in a
-            // short loop the chains of several frames overlap.
-            for st in &mut self.staged[..frames.len()] {
-                st.hash = flow_hash(st.parsed());
-                if st.hash != 0 {
-                    self.flows.prefetch_bucket(st.hash);
-                }
-            }
-            for st in &mut self.staged[..frames.len()] {
-                let h = st.hash;
-                let mut svc = None;
-                if let (Ok(Some(p)), true) = (st.parsed(), h != 0) {
-                    let si = t.service_for(&Frontend {
-                        vip: p.dst,
-                        port: p.dst_port,
-                        proto: p.proto,
-                    });
-                    if let Some(s) = si.and_then(|si| t.services.get(si as usize)) {
-                        crate::hint::prefetch(&s.acl);
-                        crate::hint::prefetch(&s.mode);
-                        crate::hint::prefetch(&s.affinity_secs);
-                        if matches!(p.proto, proto::TCP | proto::SCTP)
-                            && p.tcp_flags & (flags::SYN | flags::ACK) == flags::SYN
-                        {
-                            // A connection's first segment (or an SCTP INIT): its flow is almost surely new,
-                            // and will need its Maglev slot in pass 2.
-                            s.maglev.prefetch(maglev_hash(h));
-                        }
-                    }
-                    svc = Some(si);
-                }
-                st.svc = svc;
-            }
-            let mut replies = false;
-            for (st, rh) in self.staged[..frames.len()]
-                .iter()
-                .zip(self.reply_hashes.iter_mut())
-            {
-                *rh = 0;
-                if st.hash != 0 && !self.flows.prefetch_entry(st.hash) {
-                    if let Some(Some(si)) = st.svc {
-                        *rh = warm_new_flow(t, &self.flows, &st.parsed, st.hash, si);
-                        replies |= *rh != 0;
-                    }
-                }
-            }
-            if replies {
-                for &rh in &self.reply_hashes[..frames.len()] {
-                    if rh != 0 {
-                        self.flows.prefetch_entry(rh);
-                    }
-                }
-            }
+            self.stage(t, ingress, frames);
             // Taken out of `self` for the pass (an empty boxed slice does not allocate), so
             // that each frame's result is read where it lies.
             let staged = core::mem::take(&mut self.staged);
@@ -315,6 +282,114 @@ impl Pipeline {
             }
             self.staged = staged;
         }
+    }
+
+    /// [`Pipeline::process_batch`] while a capture is armed: the same passes, with each frame
+    /// shown to the capture before its rewrite ([`Tap::before`]) and after its decision
+    /// ([`Tap::after`]). Out of line, so that the plain path stays as it is.
+    #[cold]
+    #[inline(never)]
+    fn process_batch_captured(
+        &mut self,
+        t: &ServiceTable,
+        now: u64,
+        ingress: u8,
+        frames: &mut [Frame<'_>],
+        verdicts: &mut [Verdict],
+    ) {
+        let Some(mut tap) = self.capture.take() else {
+            return;
+        };
+        let on = tap.begin(now);
+        for (frames, verdicts) in frames.chunks_mut(BATCH).zip(verdicts.chunks_mut(BATCH)) {
+            self.stage(t, ingress, frames);
+            let staged = core::mem::take(&mut self.staged);
+            for ((f, v), st) in frames.iter_mut().zip(verdicts.iter_mut()).zip(&staged[..]) {
+                let parsed = st.parsed();
+                let look = if on {
+                    tap.before(now, ingress, f.data(), parsed)
+                } else {
+                    Look::No
+                };
+                *v = self.finish(t, now, ingress, f, parsed, st.hash, st.svc);
+                if on {
+                    tap.after(look, t, now, ingress, f.data(), parsed, st.svc, (*v).into());
+                }
+            }
+            self.staged = staged;
+        }
+        self.capture = Some(tap);
+    }
+
+    /// Passes 1-3 of [`Pipeline::process_batch`] over one chunk of at most [`BATCH`] frames:
+    /// parse, hash and prefetch, into `self.staged`. Out of line, called once a chunk: the
+    /// capturing twin calls it too, and one copy keeps the parser's inlining as it is.
+    #[inline(never)]
+    fn stage(&mut self, t: &ServiceTable, ingress: u8, frames: &[Frame<'_>]) {
+        let port = t.ports.get(ingress as usize);
+        for (f, st) in frames.iter().zip(self.staged.iter_mut()) {
+            st.ip = admit_and_parse(f.data(), port, &mut st.parsed);
+        }
+        // Hashes on their own: a flow hash is a chain of dependent multiplies, and in a
+        // short loop the chains of several frames overlap.
+        for st in &mut self.staged[..frames.len()] {
+            st.hash = flow_hash(st.parsed());
+            if st.hash != 0 {
+                self.flows.prefetch_bucket(st.hash);
+            }
+        }
+        for st in &mut self.staged[..frames.len()] {
+            let h = st.hash;
+            let mut svc = None;
+            if let (Ok(Some(p)), true) = (st.parsed(), h != 0) {
+                let si = t.service_for(&Frontend {
+                    vip: p.dst,
+                    port: p.dst_port,
+                    proto: p.proto,
+                });
+                if let Some(s) = si.and_then(|si| t.services.get(si as usize)) {
+                    crate::hint::prefetch(&s.acl);
+                    crate::hint::prefetch(&s.mode);
+                    crate::hint::prefetch(&s.affinity_secs);
+                    if matches!(p.proto, proto::TCP | proto::SCTP)
+                        && p.tcp_flags & (flags::SYN | flags::ACK) == flags::SYN
+                    {
+                        // A connection's first segment (or an SCTP INIT): its flow is almost surely new,
+                        // and will need its Maglev slot in pass 2.
+                        s.maglev.prefetch(maglev_hash(h));
+                    }
+                }
+                svc = Some(si);
+            }
+            st.svc = svc;
+        }
+        let mut replies = false;
+        for (st, rh) in self.staged[..frames.len()]
+            .iter()
+            .zip(self.reply_hashes.iter_mut())
+        {
+            *rh = 0;
+            if st.hash != 0 && !self.flows.prefetch_entry(st.hash) {
+                if let Some(Some(si)) = st.svc {
+                    *rh = warm_new_flow(t, &self.flows, &st.parsed, st.hash, si);
+                    replies |= *rh != 0;
+                }
+            }
+        }
+        if replies {
+            for &rh in &self.reply_hashes[..frames.len()] {
+                if rh != 0 {
+                    self.flows.prefetch_entry(rh);
+                }
+            }
+        }
+    }
+
+    /// Gives the pipeline its worker's end of the capture hub: [`Pipeline::process_batch`]
+    /// then shows frames to a capture while one is armed.
+    pub fn with_capture(mut self, tap: Tap) -> Self {
+        self.capture = Some(tap);
+        self
     }
 
     /// Runs one frame through the pipeline, rewriting it in place, and counts its outcome.

@@ -2239,6 +2239,7 @@ mod draw {
             source_ranges: Vec::new(),
             session_affinity: None,
             health_check: None,
+            route: Default::default(),
             backends: bs,
         }
     }
@@ -2493,6 +2494,7 @@ fn steering_maps_recover_from_a_full_map() {
             source_ranges: Vec::new(),
             session_affinity: None,
             health_check: None,
+            route: Default::default(),
             backends: Vec::new(),
         };
         let all: Vec<model::Service> = (0..cap)
@@ -2589,6 +2591,7 @@ fn steering_map_update_cost_at_scale() {
             source_ranges: Vec::new(),
             session_affinity: None,
             health_check: None,
+            route: Default::default(),
             backends: (0..BACKENDS)
                 .map(|k| model::Backend {
                     address: std::net::IpAddr::V4(std::net::Ipv4Addr::new(

@@ -85,13 +85,18 @@ impl Router {
 
     /// A router whose session has `timers`, with `extra` protocols besides.
     fn with(bed: &Bed, timers: &str, extra: &str) -> Router {
+        Router::with_as(bed, 64500, timers, extra)
+    }
+
+    /// [`Router::with`] in AS `asn`: 64512, the gateway's, makes the session iBGP.
+    fn with_as(bed: &Bed, asn: u32, timers: &str, extra: &str) -> Router {
         let conf = bed.dir.join("router.conf");
         let socket = bed.dir.join("router.ctl");
         std::fs::write(
             &conf,
             format!(
                 "router id {ROUTER};\nlog stderr all;\nprotocol device {{ scan time 10; }}\n{extra}\n\
-                 protocol bgp to_strait {{\n  local {ROUTER} as 64500;\n  neighbor {GATEWAY} as 64512;\n\
+                 protocol bgp to_strait {{\n  local {ROUTER} as {asn};\n  neighbor {GATEWAY} as 64512;\n  direct;\n\
                  {timers}\n  connect retry time 1;\n  error wait time 1, 5;\n\
                  ipv4 {{ import all; export none; }};\n}}\n"
             ),
@@ -115,6 +120,16 @@ impl Router {
             socket,
             _bird: bird,
         }
+    }
+
+    /// BIRD's `show route all PREFIX` on the router: the route with its attributes.
+    fn show_all(&self, prefix: &str) -> String {
+        let mut c = bird::Control::connect(&self.socket).expect("the router's socket");
+        c.command(&format!("show route all {prefix}"))
+            .expect("show route all")
+            .into_iter()
+            .map(|(_, l)| l + "\n")
+            .collect()
     }
 
     /// Whether the router has a route to `prefix` (BIRD's `show route PREFIX`).
@@ -160,7 +175,17 @@ fn config(bed: &Bed, peer: &str, extra: &str) -> std::path::PathBuf {
 /// The testbed's configuration with `extra` gateway keys and `section` appended, checked
 /// with `strait check`.
 fn with_section(bed: &Bed, extra: &str, section: &str) -> std::path::PathBuf {
-    let base = std::fs::read_to_string(bed.config()).expect("testbed config");
+    with_section_edited(bed, extra, section, |base| base)
+}
+
+/// [`with_section`] with the testbed's configuration passed through `edit` first.
+fn with_section_edited(
+    bed: &Bed,
+    extra: &str,
+    section: &str,
+    edit: impl FnOnce(String) -> String,
+) -> std::path::PathBuf {
+    let base = edit(std::fs::read_to_string(bed.config()).expect("testbed config"));
     // Keys of [gateway] go before its first sub-table; a sub-table may come anywhere.
     let base = base.replacen("[gateway]\n", &format!("[gateway]\n{extra}\n"), 1);
     let path = bed.dir.join("gateway.toml");
@@ -265,6 +290,46 @@ fn announced_while_serving_withdrawn_without_backends_gone_with_a_killed_gateway
     // A killed gateway cannot remove its speaker's directory; the next one with its pid
     // would.
     let _ = std::fs::remove_dir_all(&speaker_dir);
+}
+
+#[test]
+fn a_services_communities_and_local_pref_reach_the_router_on_its_vips_route() {
+    let Some(s) = scene_with("r", |bed| {
+        Router::with_as(bed, 64512, "hold time 3;\n  keepalive time 1;", "")
+    }) else {
+        return;
+    };
+    let section = format!(
+        "[gateway.bgp]\nasn = 64512\nrouter_id = \"{GATEWAY}\"\ncommunities = [\"64512:7\"]\n\
+         [[gateway.bgp.peers]]\naddress = \"{ROUTER}\"\nasn = 64512\nhold_time = \"3s\"\n"
+    );
+    // The first service of the VIP sets the attributes; its other services set none.
+    let cfg = with_section_edited(&s.bed, "", &section, |base| {
+        let at = format!("vip = \"{VIP}\"\n");
+        assert!(base.contains(&at), "the testbed has a service at {VIP}");
+        base.replacen(
+            &at,
+            &format!(
+                "{at}bgp_communities = [\"64512:100\", \"65000:2\"]\n\
+                 bgp_large_communities = [\"4200000000:1:2\"]\nbgp_local_pref = 250\n"
+            ),
+            1,
+        )
+    });
+    let _g = start(&s.bed, &cfg);
+    let prefix = format!("{VIP}/32");
+    s.router.wait(&prefix, true, Duration::from_secs(15));
+    let shown = s.router.show_all(&prefix);
+    let compact: String = shown.chars().filter(|c| *c != ' ').collect();
+    for want in [
+        "(64512,7)",
+        "(64512,100)",
+        "(65000,2)",
+        "(4200000000,1,2)",
+        "BGP.local_pref:250",
+    ] {
+        assert!(compact.contains(want), "{want} not on the route:\n{shown}");
+    }
 }
 
 #[test]

@@ -184,6 +184,12 @@ fn h_ten_thousand_udp_flows_are_all_delivered_and_the_books_balance() {
 }
 
 #[test]
+fn c_a_capture_sees_the_dpdk_workers_verdicts_through_the_shared_loop() {
+    // `strait capture` on DPDK ports: the pipeline's hook is in the loop both drivers run.
+    support::capture::dsr_l2_verdicts(D);
+}
+
+#[test]
 fn m_explain_names_the_backend_every_flow_reached() {
     e2e::explain_names_the_backends(D, false);
 }

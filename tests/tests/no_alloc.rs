@@ -9,16 +9,21 @@
 //! the tunnel, RSTs without a flow, source-ACL drops, malformed frames, replies without a flow,
 //! frames for the kernel, handoffs to another core's nat flows, a flow table small enough to
 //! fill (evictions and stateless flows), a clock that runs long enough for entries to expire,
-//! and the idle-time sweep. Frames are built (that allocates) before the allocator is armed;
+//! and the idle-time sweep; all of it with a capture armed (`strait capture`), whose
+//! workers' side copies frames into its ring, filters some out, samples, and finds its ring
+//! full. Frames are built (that allocates) before the allocator is armed;
 //! the counted loop copies each into one preallocated buffer and calls `Pipeline::process`.
 
 use std::sync::atomic::Ordering;
 
 use etherparse::{icmpv4, Icmpv4Type, PacketBuilder};
+use std::sync::Arc;
+
+use strait_dataplane::capture::{Filter, Hub};
 use strait_dataplane::pipeline::{Pipeline, Verdict};
 use strait_dataplane::rewrite::{Frame, HEADROOM};
 use strait_dataplane::stats::{Counters, DropReason};
-use strait_dataplane::table::ServiceTable;
+use strait_dataplane::table::{Prefix, ServiceTable};
 use strait_tests::{offload, sctp, sctp_data, sctp_init, tcp, udp, Bed, CLIENT_MAC, GW_MAC, SEC};
 
 #[path = "../../dataplane/tests/support/counting_alloc.rs"]
@@ -352,6 +357,20 @@ fn the_packet_path_does_not_allocate() {
     // are exercised too. One core (no handoff) and core 0 of 4 (handoffs).
     let mut bed = Bed::new(CONFIG);
     let mut four = Bed::with(CONFIG, 1500, 4, 0).pipe;
+    // A capture armed on both pipelines: the client's frames (others filtered out), one in
+    // two (the rest sampled out), no budget to speak of, a ring nobody drains while counted.
+    let hub = Arc::new(Hub::new(2));
+    let one = std::mem::replace(&mut bed.pipe, Pipeline::new(0, 1, 1, Default::default(), 0));
+    bed.pipe = one.with_capture(hub.tap(0));
+    four = four.with_capture(hub.tap(1));
+    let mut capture = hub
+        .arm(Filter {
+            client: Some(Prefix::new("192.0.2.0".parse().unwrap(), 24)),
+            every: 2,
+            budget: u32::MAX,
+            ..Filter::default()
+        })
+        .expect("no other capture");
     let shapes = shapes();
     let mut buf = vec![0u8; HEADROOM + 2048];
     let mut port = 0u16;
@@ -380,6 +399,9 @@ fn the_packet_path_does_not_allocate() {
         "the allocator does not count"
     );
 
+    // An empty ring to fill while counted (draining allocates: the control side's).
+    capture.drain(|_| {});
+    let captured_before = hub.counters(0);
     let before = bed.pipe.counters;
     let flows_before = bed.pipe.flows.stats();
     COUNTING.with(|c| c.set(true));
@@ -432,6 +454,18 @@ fn the_packet_path_does_not_allocate() {
         "the table never filled: {flows_after:?}"
     );
     assert!(bed.pipe.counters.balanced() && four.counters.balanced());
+    // The capture took every path of its own while counted.
+    let captured = hub.counters(0);
+    for (name, before, after) in [
+        ("captured", captured_before.captured, captured.captured),
+        ("filtered", captured_before.filtered, captured.filtered),
+        ("sampled", captured_before.sampled, captured.sampled),
+        ("ring_full", captured_before.ring_full, captured.ring_full),
+    ] {
+        assert!(after > before, "capture: {name} did not grow: {captured:?}");
+    }
+    assert!(hub.counters(1).captured > 0, "{:?}", hub.counters(1));
+    drop(capture);
     assert_eq!(
         events, 0,
         "the packet path allocated, reallocated or freed {events} times in 100,000 frames"

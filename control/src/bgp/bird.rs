@@ -10,6 +10,7 @@
 //! space (the last line); lines that start with a space continue the previous code.
 //! Codes from 8000 up are errors (`doc/reply_codes` in BIRD's source).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
 use std::net::IpAddr;
@@ -18,15 +19,16 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use strait_config::model::{Bgp, BgpPeer};
+use strait_config::model::{Bgp, BgpPeer, RouteAttrs};
 
 /// The name of the BIRD protocol of peer `i` (`peers[i]`).
 pub fn protocol_name(i: usize) -> String {
     format!("peer{i}")
 }
 
-/// BIRD's configuration for `bgp`, announcing `announced` (sorted).
-pub fn config(bgp: &Bgp, announced: &[IpAddr]) -> String {
+/// BIRD's configuration for `bgp`, announcing `announced` (sorted), each route with the
+/// attributes `attrs` gives its VIP (if any) on top of the gateway-wide communities.
+pub fn config(bgp: &Bgp, announced: &[IpAddr], attrs: &BTreeMap<IpAddr, RouteAttrs>) -> String {
     let mut c = String::new();
     // Writing to a String cannot fail.
     let _ = writeln!(c, "# Written by strait; rewritten on every route change.");
@@ -41,7 +43,14 @@ pub fn config(bgp: &Bgp, announced: &[IpAddr]) -> String {
         let _ = writeln!(c, "  {};", if v6 { "ipv6" } else { "ipv4" });
         for vip in announced.iter().filter(|a| a.is_ipv6() == v6) {
             let len = if v6 { 128 } else { 32 };
-            let _ = writeln!(c, "  route {vip}/{len} blackhole;");
+            match attrs.get(vip).filter(|a| !a.is_empty()) {
+                None => {
+                    let _ = writeln!(c, "  route {vip}/{len} blackhole;");
+                }
+                Some(a) => {
+                    let _ = writeln!(c, "  route {vip}/{len} blackhole {{{} }};", route_attrs(a));
+                }
+            }
         }
         let _ = writeln!(c, "}}");
     }
@@ -60,6 +69,23 @@ pub fn config(bgp: &Bgp, announced: &[IpAddr]) -> String {
         peer(&mut c, bgp, i, p, &communities);
     }
     c
+}
+
+/// The filter commands that set `a` on a static route: BIRD keeps them on the route, so
+/// every peer's export sees them (LOCAL_PREF leaves over iBGP sessions only; an eBGP
+/// session drops it, as RFC 4271 section 5.1.5 says).
+fn route_attrs(a: &RouteAttrs) -> String {
+    let mut s = String::new();
+    for (asn, value) in &a.communities {
+        let _ = write!(s, " bgp_community.add(({asn}, {value}));");
+    }
+    for (g, l1, l2) in &a.large_communities {
+        let _ = write!(s, " bgp_large_community.add(({g}, {l1}, {l2}));");
+    }
+    if let Some(p) = a.local_pref {
+        let _ = write!(s, " bgp_local_pref = {p};");
+    }
+    s
 }
 
 fn peer(c: &mut String, bgp: &Bgp, i: usize, p: &BgpPeer, communities: &str) {
@@ -251,7 +277,7 @@ mod tests {
             "203.0.113.10".parse().unwrap(),
             "2001:db8:1::5".parse().unwrap(),
         ];
-        let c = config(&b, &vips);
+        let c = config(&b, &vips, &BTreeMap::new());
         assert!(c.contains("route 203.0.113.10/32 blackhole;"), "{c}");
         assert!(c.contains("route 2001:db8:1::5/128 blackhole;"), "{c}");
         assert!(
@@ -272,6 +298,40 @@ mod tests {
         assert!(!c.contains("protocol kernel"), "{c}");
     }
 
+    /// Every VIP of `vips` with a standard and a large community and a local preference.
+    fn attrs(vips: &[IpAddr]) -> BTreeMap<IpAddr, RouteAttrs> {
+        vips.iter()
+            .map(|v| {
+                let a = RouteAttrs {
+                    communities: vec![(64512, 100), (64512, 200)],
+                    large_communities: vec![(4_200_000_000, 1, 2)],
+                    local_pref: Some(300),
+                };
+                (*v, a)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn route_attributes_go_on_their_vips_route_only() {
+        let b = bgp("[[gateway.bgp.peers]]\naddress = \"198.51.100.1\"\nasn = 64500\n");
+        let vips: Vec<IpAddr> = vec![
+            "203.0.113.10".parse().unwrap(),
+            "203.0.113.11".parse().unwrap(),
+        ];
+        let c = config(&b, &vips, &attrs(&vips[..1]));
+        assert!(
+            c.contains("  route 203.0.113.10/32 blackhole { bgp_community.add((64512, 100)); bgp_community.add((64512, 200)); bgp_large_community.add((4200000000, 1, 2)); bgp_local_pref = 300; };\n"),
+            "{c}"
+        );
+        assert!(c.contains("  route 203.0.113.11/32 blackhole;\n"), "{c}");
+        // Attributes that set nothing write a plain route.
+        let mut empty = BTreeMap::new();
+        empty.insert(vips[1], RouteAttrs::default());
+        let c = config(&b, &vips, &empty);
+        assert!(c.contains("  route 203.0.113.11/32 blackhole;\n"), "{c}");
+    }
+
     /// BIRD itself parses what we write (`bird -p`), when it is installed.
     #[test]
     fn bird_accepts_the_configuration() {
@@ -288,7 +348,7 @@ mod tests {
         for announced in [&vips[..], &[]] {
             let dir = tempfile::tempdir().unwrap();
             let file = dir.path().join("bird.conf");
-            std::fs::write(&file, config(&b, announced)).unwrap();
+            std::fs::write(&file, config(&b, announced, &attrs(&vips))).unwrap();
             let out = std::process::Command::new(bird)
                 .arg("-p")
                 .arg("-c")
@@ -299,7 +359,7 @@ mod tests {
                 out.status.success(),
                 "bird -p refused:\n{}\n{}",
                 String::from_utf8_lossy(&out.stderr),
-                config(&b, announced)
+                config(&b, announced, &attrs(&vips))
             );
         }
     }

@@ -36,7 +36,7 @@ use anyhow::{bail, Context};
 use strait_config::model::Bgp;
 use tracing::{info, warn};
 
-use crate::core::{Route, RouteMap};
+use crate::core::{Route, RouteAttrMap, RouteMap};
 use crate::daemon::{Owner, Supervised};
 
 /// How often the sessions' states are read from BIRD.
@@ -82,7 +82,7 @@ pub struct Status {
 
 /// The BGP speaker: a thread that owns the BIRD child.
 #[derive(Debug)]
-pub struct Speaker(Supervised<Status>);
+pub struct Speaker(Supervised<Status>, SharedAttrs);
 
 impl Speaker {
     /// Starts BIRD for `bgp`, announcing nothing yet.
@@ -105,7 +105,10 @@ impl Speaker {
             sessions: sessions(&bgp, &[]),
             ..Status::default()
         }));
+        let attrs = SharedAttrs::default();
         let bird = Bird {
+            attrs: Arc::clone(&attrs),
+            written: Arc::default(),
             bgp,
             conf: dir.join("bird.conf"),
             socket: dir.join("bird.ctl"),
@@ -118,11 +121,13 @@ impl Speaker {
             draining: false,
         };
         bird.write_config()?;
-        Ok(Self(Supervised::spawn("bgp", bird, status, POLL)?))
+        Ok(Self(Supervised::spawn("bgp", bird, status, POLL)?, attrs))
     }
 
-    /// Announces exactly the VIPs `routes` marks announced.
-    pub fn announce(&self, routes: &RouteMap) {
+    /// Announces exactly the VIPs `routes` marks announced, each with the attributes
+    /// `attrs` gives it.
+    pub fn announce(&self, routes: &RouteMap, attrs: &Arc<RouteAttrMap>) {
+        *self.1.lock().unwrap_or_else(PoisonError::into_inner) = Arc::clone(attrs);
         self.0.set(
             routes
                 .iter()
@@ -167,8 +172,16 @@ fn sessions(bgp: &Bgp, protocols: &[bird::Protocol]) -> Vec<Session> {
         .collect()
 }
 
+/// The route attributes the speaker is to write, handed from the control loop to the
+/// speaker thread beside the VIPs (which [`Supervised`] carries).
+type SharedAttrs = Arc<Mutex<Arc<RouteAttrMap>>>;
+
 /// The speaker thread's state.
 struct Bird {
+    /// The attributes to write (set by [`Speaker::announce`]).
+    attrs: SharedAttrs,
+    /// The attributes the configuration file holds.
+    written: Arc<RouteAttrMap>,
     bgp: Bgp,
     dir: PathBuf,
     conf: PathBuf,
@@ -216,9 +229,11 @@ impl Owner for Bird {
 
 impl Bird {
     fn set_routes(&mut self, vips: Vec<IpAddr>) {
-        if vips == self.announced {
+        let attrs = Arc::clone(&self.attrs.lock().unwrap_or_else(PoisonError::into_inner));
+        if vips == self.announced && attrs == self.written {
             return;
         }
+        self.written = attrs;
         let (before, after): (BTreeSet<_>, BTreeSet<_>) = (
             self.announced.iter().copied().collect(),
             vips.iter().copied().collect(),
@@ -241,7 +256,7 @@ impl Bird {
     }
 
     fn write_config(&self) -> anyhow::Result<()> {
-        let text = bird::config(&self.bgp, &self.announced);
+        let text = bird::config(&self.bgp, &self.announced, &self.written);
         // Written beside and renamed, so BIRD never reads half a file.
         let tmp = self.dir.join("bird.conf.new");
         std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;

@@ -163,6 +163,10 @@ impl fmt::Display for Route {
 /// Every claimed VIP's route, sorted by VIP.
 pub type RouteMap = BTreeMap<IpAddr, Route>;
 
+/// The BGP attributes of the VIPs whose services set some, merged over the services of
+/// each VIP ([`strait_config::model::RouteAttrs::merge`]).
+pub type RouteAttrMap = BTreeMap<IpAddr, strait_config::model::RouteAttrs>;
+
 /// A checked backend: its service and its address and port. The core starts and stops a
 /// check per key ([`Effect::StartCheck`]) and is told health by it ([`Event::Health`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

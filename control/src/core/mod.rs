@@ -89,7 +89,7 @@ use tracing::{info, warn};
 
 use crate::kubemodel::Publication;
 
-pub use event::{BackendKey, Changed, Effect, Event, Loaded, Route, RouteMap};
+pub use event::{BackendKey, Changed, Effect, Event, Loaded, Route, RouteAttrMap, RouteMap};
 pub use hops::{Neighbours, NextHops, Scope};
 pub use merge::BULK;
 
@@ -346,6 +346,11 @@ impl Control {
     /// Every published VIP's route: announced, or why not.
     pub fn routes(&self) -> &Arc<RouteMap> {
         self.routes.view()
+    }
+
+    /// The BGP attributes of the VIPs' routes.
+    pub fn route_attrs(&self) -> &Arc<RouteAttrMap> {
+        self.routes.attrs()
     }
 
     /// Whether the gateway drains.

@@ -15,10 +15,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use strait_config::model::{Bgp, Config};
+use strait_config::model::{Bgp, Config, RouteAttrs};
 use strait_dataplane::table::{Frontend, ServiceTable};
 
-use super::event::{Changed, Route, RouteMap};
+use super::event::{Changed, Route, RouteAttrMap, RouteMap};
 use super::merge;
 use super::vips::Vips;
 
@@ -34,12 +34,22 @@ pub struct Routes {
     draining: bool,
     /// The routes of the VIPs known to [`Vips`], shared with the driver.
     view: Arc<RouteMap>,
+    /// The route attributes each VIP's services set, by service name (only services
+    /// that set some).
+    attrs_of: BTreeMap<IpAddr, BTreeMap<String, RouteAttrs>>,
+    /// Those merged per VIP, for the VIPs that have a route; shared with the driver.
+    attrs: Arc<RouteAttrMap>,
 }
 
 impl Routes {
     /// The routes now.
     pub fn view(&self) -> &Arc<RouteMap> {
         &self.view
+    }
+
+    /// The route attributes now.
+    pub fn attrs(&self) -> &Arc<RouteAttrMap> {
+        &self.attrs
     }
 
     /// Whether the gateway drains.
@@ -61,6 +71,7 @@ impl Routes {
         match changed {
             Changed::All => {
                 self.of.clear();
+                self.attrs_of.clear();
                 self.serving.clear();
                 self.live.clear();
                 touched.extend(self.view.keys().copied());
@@ -100,6 +111,12 @@ impl Routes {
     ) {
         if let Some(old) = self.of.remove(name) {
             touched.insert(old);
+            if let Some(by_name) = self.attrs_of.get_mut(&old) {
+                by_name.remove(name);
+                if by_name.is_empty() {
+                    self.attrs_of.remove(&old);
+                }
+            }
             if self.serving.remove(name) {
                 if let Some(c) = self.live.get_mut(&old) {
                     *c -= 1;
@@ -114,6 +131,12 @@ impl Routes {
         };
         touched.insert(s.vip);
         self.of.insert(name.to_owned(), s.vip);
+        if !s.route.is_empty() {
+            self.attrs_of
+                .entry(s.vip)
+                .or_default()
+                .insert(name.to_owned(), s.route.clone());
+        }
         if serves(table, s) {
             self.serving.insert(name.to_owned());
             *self.live.entry(s.vip).or_default() += 1;
@@ -129,6 +152,25 @@ impl Routes {
                 match want {
                     Some(r) => view.insert(vip, r),
                     None => view.remove(&vip),
+                };
+                changed = true;
+            }
+            let attrs = self
+                .attrs_of
+                .get(&vip)
+                .filter(|_| want.is_some())
+                .map(|by_name| {
+                    let mut merged = RouteAttrs::default();
+                    for a in by_name.values() {
+                        merged.merge(a);
+                    }
+                    merged
+                });
+            if self.attrs.get(&vip) != attrs.as_ref() {
+                let map = Arc::make_mut(&mut self.attrs);
+                match attrs {
+                    Some(a) => map.insert(vip, a),
+                    None => map.remove(&vip),
                 };
                 changed = true;
             }

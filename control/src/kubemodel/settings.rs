@@ -116,6 +116,21 @@ pub const KUBE_PROXY_HEALTH_PATH: &str = "/healthz";
 /// `dsr-gue`, `nat`).
 pub const MODE_ANNOTATION: &str = "strait.dev/mode";
 
+/// The annotation listing BGP communities for the route of a Service's VIPs,
+/// comma-separated, each as MetalLB's `BGPAdvertisement.communities` spells one: a standard
+/// community `64512:100` or a large one `large:64512:1:2`. Neither MetalLB nor Cilium has a
+/// per-Service annotation for route attributes (both set them on an advertisement
+/// resource), so the names are Strait's and the values are theirs.
+pub const COMMUNITIES_ANNOTATION: &str = "strait.dev/bgp-communities";
+
+/// The annotation listing large BGP communities, comma-separated, as Cilium's
+/// `CiliumBGPAdvertisement` `attributes.communities.large` spells them: `64512:1:2`.
+pub const LARGE_COMMUNITIES_ANNOTATION: &str = "strait.dev/bgp-large-communities";
+
+/// The annotation setting the LOCAL_PREF of the route of a Service's VIPs (MetalLB's
+/// `localPref`, Cilium's `localPreference`): a number.
+pub const LOCAL_PREF_ANNOTATION: &str = "strait.dev/bgp-local-pref";
+
 impl Settings {
     /// Shortest wait before reconnecting: 800 ms, kube-rs' `DefaultBackoff` start.
     pub const DEFAULT_BACKOFF_MIN: Duration = Duration::from_millis(800);

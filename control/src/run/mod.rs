@@ -198,7 +198,7 @@ impl Gateway {
             .bgp
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(speaker.status_handle());
-        speaker.announce(self.core.routes());
+        speaker.announce(self.core.routes(), self.core.route_attrs());
         self.speaker = Some(speaker);
         Ok(())
     }
@@ -348,7 +348,7 @@ impl Gateway {
             }
             Effect::Routes(routes) => {
                 if let Some(s) = &self.speaker {
-                    s.announce(&routes);
+                    s.announce(&routes, self.core.route_attrs());
                 }
                 if let Some(v) = &self.vrrp {
                     v.own(&routes);

@@ -85,6 +85,19 @@ impl Prefix {
         }
     }
 
+    /// The prefix's address and mask, as [`Prefix::from_bits`] takes them.
+    pub(crate) fn bits(&self) -> (u128, u128) {
+        (self.addr, self.mask)
+    }
+
+    /// A prefix from [`Prefix::bits`].
+    pub(crate) fn from_bits(addr: u128, mask: u128) -> Self {
+        Self {
+            addr: addr & mask,
+            mask,
+        }
+    }
+
     /// Whether `a` (key form) lies inside the prefix.
     #[inline(always)]
     pub fn contains(&self, a: &[u8; 16]) -> bool {

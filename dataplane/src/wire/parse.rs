@@ -149,6 +149,48 @@ pub fn parse(frame: &[u8]) -> Result<Option<Parsed>, DropReason> {
     Ok(parse_into(frame, &mut p)?.then_some(p))
 }
 
+/// What an IP frame's headers claim, read without [`parse`]'s checks: source and
+/// destination addresses (key form) and, when the transport header follows the IP header
+/// directly (IPv4 options allowed, no IPv6 extension headers, not a later fragment) and has
+/// four bytes, its first two 16-bit fields (the ports of TCP, UDP and SCTP). For looking
+/// at frames off the packet path: a dropped frame's addresses (a bad header checksum, a
+/// truncated transport header), a sent frame's destination. `None` without a readable IP
+/// header.
+pub fn claimed(frame: &[u8]) -> Option<Claimed> {
+    let eth = ethernet::Packet::new_checked(frame).ok()?;
+    let l3 = frame.get(eth.header_len()..)?;
+    let (src, dst, l4) = match eth.payload_ethertype() {
+        ethernet::ETHERTYPE_IPV4 => {
+            let ip = ipv4::Packet::new_checked(l3).ok()?;
+            let first = !ip.is_fragment() || ip.frag_offset() == 0;
+            let l4 = first.then(|| l3.get(ip.header_len()..)).flatten();
+            (v4_mapped(ip.src()), v4_mapped(ip.dst()), l4)
+        }
+        ethernet::ETHERTYPE_IPV6 => {
+            let ip = ipv6::Packet::new_checked(l3).ok()?;
+            let direct = matches!(ip.next_header(), proto::TCP | proto::UDP | proto::SCTP);
+            let l4 = direct.then(|| l3.get(ipv6::HEADER_LEN..)).flatten();
+            (ip.src(), ip.dst(), l4)
+        }
+        _ => return None,
+    };
+    let ports = l4
+        .filter(|l4| l4.len() >= 4)
+        .map(|l4| (be16(l4, 0), be16(l4, 2)));
+    Some(Claimed { src, dst, ports })
+}
+
+/// What [`claimed`] reads of a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claimed {
+    /// Source address (key form).
+    pub src: [u8; 16],
+    /// Destination address (key form).
+    pub dst: [u8; 16],
+    /// Source and destination ports, when the transport header could be read.
+    pub ports: Option<(u16, u16)>,
+}
+
 /// [`parse`] into a caller's [`Parsed`], which is overwritten: `Ok(true)` for an IP packet,
 /// whose summary `p` then holds, `Ok(false)` for anything not IP (`p` is then meaningless).
 ///

@@ -103,6 +103,14 @@ impl MonotonicClock {
     }
 }
 
+impl MonotonicClock {
+    /// A clock counting from `origin`: workers whose clocks share one origin stamp their
+    /// capture records on one time line ([`crate::capture::Hub::origin`]).
+    pub fn since(origin: Instant) -> Self {
+        Self { origin }
+    }
+}
+
 impl Default for MonotonicClock {
     fn default() -> Self {
         Self::new()

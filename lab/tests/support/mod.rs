@@ -6,6 +6,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod bed;
+pub mod capture;
 pub mod e2e;
 
 pub use strait_testkit::{fake_api, objects, privileged};

@@ -12,7 +12,9 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use strait_config::model::{self, Backend, BackendState, HealthCheck, HealthKind, Mode, Protocol};
 use strait_dataplane::maglev;
 
-use super::super::settings::MODE_ANNOTATION;
+use super::super::settings::{
+    COMMUNITIES_ANNOTATION, LARGE_COMMUNITIES_ANNOTATION, LOCAL_PREF_ANNOTATION, MODE_ANNOTATION,
+};
 use super::{
     check, owner_key, owns, sanitise, Candidate, Front, Settings, Warning, WarningKind,
     EXCLUDE_LABEL, HEALTH_CHECK_NODE_PORT_PATH, MAX_SLICE_ENDPOINTS, SERVICE_NAME_LABEL,
@@ -55,6 +57,7 @@ struct Shape<'a> {
     affinity: Option<Duration>,
     ranges: Ranges,
     health_check_node_port: Option<u16>,
+    route: model::RouteAttrs,
 }
 
 /// Which Nodes a Service's translation read.
@@ -364,6 +367,7 @@ impl<'a> Translator<'a> {
                 .health_check_node_port
                 .and_then(|p| u16::try_from(p).ok())
                 .filter(|&p| p != 0),
+            route: self.route_attrs(&object, svc),
         };
         for port in spec.ports.iter().flatten() {
             self.port(&object, &shape, &frontends, port);
@@ -404,6 +408,63 @@ impl<'a> Translator<'a> {
             }
         }
         frontends
+    }
+
+    /// The BGP attributes of the route of the Service's VIPs, from its annotations
+    /// ([`COMMUNITIES_ANNOTATION`], [`LARGE_COMMUNITIES_ANNOTATION`],
+    /// [`LOCAL_PREF_ANNOTATION`]). A value that does not parse is left out with a warning.
+    fn route_attrs(&mut self, object: &str, svc: &Service) -> model::RouteAttrs {
+        let mut attrs = model::RouteAttrs::default();
+        let Some(a) = svc.metadata.annotations.as_ref() else {
+            return attrs;
+        };
+        let items = |name: &str| {
+            a.get(name)
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|i| !i.is_empty())
+                        .map(str::to_owned)
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        };
+        let mut bad = Vec::new();
+        for item in items(COMMUNITIES_ANNOTATION) {
+            if let Some(large) = item.strip_prefix("large:") {
+                match strait_config::parse_large_community(large) {
+                    Some(t) => attrs.large_communities.push(t),
+                    None => bad.push((COMMUNITIES_ANNOTATION, item)),
+                }
+            } else {
+                match strait_config::parse_community(&item) {
+                    Some(c) => attrs.communities.push(c),
+                    None => bad.push((COMMUNITIES_ANNOTATION, item)),
+                }
+            }
+        }
+        for item in items(LARGE_COMMUNITIES_ANNOTATION) {
+            match strait_config::parse_large_community(&item) {
+                Some(t) => attrs.large_communities.push(t),
+                None => bad.push((LARGE_COMMUNITIES_ANNOTATION, item)),
+            }
+        }
+        if let Some(v) = a.get(LOCAL_PREF_ANNOTATION) {
+            match v.trim().parse::<u32>() {
+                Ok(p) => attrs.local_pref = Some(p),
+                Err(_) => bad.push((LOCAL_PREF_ANNOTATION, v.clone())),
+            }
+        }
+        for (name, item) in bad {
+            self.warn(
+                WarningKind::BadValue,
+                object,
+                format!("annotation {name}: {item:?} is not a community, large community or local preference of the expected form; left out"),
+            );
+        }
+        let mut merged = model::RouteAttrs::default();
+        merged.merge(&attrs);
+        merged
     }
 
     /// The Service's forwarding mode: its `strait.dev/mode` annotation, else the default.
@@ -530,6 +591,7 @@ impl<'a> Translator<'a> {
                 source_ranges,
                 session_affinity: shape.affinity,
                 health_check,
+                route: shape.route.clone(),
                 backends,
             };
             self.out.push(Candidate {
