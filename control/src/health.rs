@@ -483,9 +483,7 @@ pub fn check_once(hc: &HealthCheck, addr: SocketAddr) -> Result<(), Failure> {
 /// One check of `addr` by its kind, failures as messages.
 fn datagram_or_stream(hc: &HealthCheck, addr: SocketAddr) -> Result<(), String> {
     match &hc.kind {
-        HealthKind::Tcp | HealthKind::Http { .. } => {
-            stream_probe(hc, addr).map_err(|f| f.detail)
-        }
+        HealthKind::Tcp | HealthKind::Http { .. } => stream_probe(hc, addr).map_err(|f| f.detail),
         HealthKind::Udp { payload, expect } => {
             let mut buf = [0u8; REPLY_MAX];
             let reply = exchange(addr, hc.timeout, payload, &mut buf, |_| true)
