@@ -150,6 +150,9 @@ pub fn start_with(
     registry.register_collector(Box::new(Metrics(Arc::clone(&shared))));
     registry.register_collector(Box::new(KubeMetrics(Arc::clone(&shared))));
     registry.register_collector(Box::new(RouteMetrics(Arc::clone(&shared))));
+    registry.register_collector(Box::new(crate::traffic::TrafficMetrics(Arc::clone(
+        &shared,
+    ))));
     registry.register_collector(Box::new(crate::capture::Metrics(Arc::clone(&shared))));
     registry.register_collector(Box::new(crate::cores::Heartbeats::new(
         shared.cores.clone(),
@@ -419,6 +422,7 @@ fn answer(
             }
         }
         ("GET", "/routes") => (200, "application/json", routes_json(shared)),
+        ("GET", "/traffic") => (200, "application/json", crate::traffic::json(shared)),
         ("GET", p) if p == "/explain" || p.starts_with("/explain?") => {
             crate::explain::http(shared, p.split_once('?').map_or("", |(_, q)| q))
         }
@@ -434,13 +438,17 @@ fn answer(
         ),
         ("POST", "/reload") => ask(endpoint, Request::Reload),
         ("POST", "/drain") => ask(endpoint, Request::Drain),
-        (_, "/healthz" | "/services" | "/metrics" | "/routes" | "/explain" | "/reload" | "/drain") => {
+        (
+            _,
+            "/healthz" | "/services" | "/metrics" | "/routes" | "/traffic" | "/explain"
+            | "/reload" | "/drain",
+        ) => {
             (405, "text/plain", "method not allowed\n".into())
         }
         _ => (
             404,
             "text/plain",
-            "not found: try /healthz, /services, /routes, /metrics, /explain, POST /reload, POST /drain\n"
+            "not found: try /healthz, /services, /routes, /traffic, /metrics, /explain, POST /reload, POST /drain\n"
                 .into(),
         ),
     }
@@ -567,6 +575,7 @@ pub fn services_json(shared: &Shared) -> String {
                         "state": state,
                         "health": match h { None => "unchecked", Some(h) if h.up => "up", Some(_) => "down" },
                         "last_error": h.and_then(|h| h.last_error.clone()),
+                        "transitions": h.map_or_else(Vec::new, |h| h.history.iter().map(|t| t.to_json()).collect()),
                         "next_hop_mac": next_hop_mac(&s.name, b.address, b.port),
                     })
                 })

@@ -31,6 +31,38 @@ pub struct CoreSample {
     pub worker: strait_dataplane::xsk::WorkerStats,
     /// Flow sync with the peer gateways, this worker's side (zero when sync is off).
     pub sync: strait_dataplane::sync::SyncCounters,
+    /// Packets and bytes per service id, trimmed to the ids the table may use
+    /// ([`strait_dataplane::traffic`]).
+    pub services: Vec<strait_dataplane::traffic::Tally>,
+    /// Packets and bytes per backend id, trimmed to the ids in use.
+    pub backends: Vec<strait_dataplane::traffic::Tally>,
+    /// Flow-table entries per backend id, trimmed to the ids in use.
+    pub backend_flows: Vec<strait_dataplane::flow::Held>,
+}
+
+/// Copies what the worker counted per service and backend into its sample, for the ids the
+/// live table `t` uses: its new flows, service and backend slots and its flow table's
+/// entries per backend. Runs on the worker's thread between batches; after the first copies
+/// the sample's vectors have their size and nothing allocates unless the table grows.
+pub fn publish_traffic(
+    s: &mut CoreSample,
+    p: &strait_dataplane::pipeline::Pipeline,
+    t: &strait_dataplane::table::ServiceTable,
+) {
+    let backends = t.backends.len();
+    s.new_flows.clear();
+    s.new_flows
+        .extend_from_slice(&p.new_flows[..backends.min(p.new_flows.len())]);
+    p.traffic.export(
+        t.service_ids as usize,
+        backends,
+        &mut s.services,
+        &mut s.backends,
+    );
+    let per_backend = p.flows.entries_by_backend();
+    s.backend_flows.clear();
+    s.backend_flows
+        .extend_from_slice(&per_backend[..backends.min(per_backend.len())]);
 }
 
 /// A worker's slot for publishing its numbers.

@@ -11,9 +11,11 @@ use std::fmt;
 
 use strait_config::model::Config;
 use strait_dataplane::capture::RING_BYTES;
-use strait_dataplane::flow::FlowTable;
+use strait_dataplane::flow::{FlowTable, Held, BACKEND_SLOTS};
 use strait_dataplane::maglev;
+use strait_dataplane::pipeline::NEW_FLOW_SLOTS;
 use strait_dataplane::sync::{RECORD_BYTES, SYNC_SLOTS};
+use strait_dataplane::traffic::Traffic;
 use strait_dataplane::xsk::{HandoffConfig, FRAME_COUNT, FRAME_SIZE, HANDOFF_SLOTS};
 
 /// Bytes a configuration takes, by part.
@@ -33,6 +35,10 @@ pub struct Footprint {
     /// Maglev tables of the configured services, twice: the live table's and the builder's
     /// copy for the next build.
     pub maglev: u64,
+    /// Per-service and per-backend counters: per worker, its traffic slots
+    /// ([`strait_dataplane::traffic`]), new flows per backend and flow-table entries per
+    /// backend.
+    pub counters: u64,
     /// Capture rings (`strait capture`): one per worker, [`RING_BYTES`] each, allocated at
     /// start so that a capture allocates nothing on the workers' side.
     pub capture: u64,
@@ -71,6 +77,11 @@ impl Footprint {
                 0
             },
             maglev: maglev.saturating_mul(2),
+            counters: workers.saturating_mul(
+                Traffic::bytes()
+                    + (NEW_FLOW_SLOTS * size_of::<u64>()) as u64
+                    + (BACKEND_SLOTS * size_of::<Held>()) as u64,
+            ),
             capture: workers.saturating_mul(RING_BYTES),
         }
     }
@@ -82,6 +93,7 @@ impl Footprint {
             .saturating_add(self.handoff)
             .saturating_add(self.sync)
             .saturating_add(self.maglev)
+            .saturating_add(self.counters)
             .saturating_add(self.capture)
     }
 
@@ -137,9 +149,10 @@ impl fmt::Display for Footprint {
         }
         write!(
             f,
-            ", capture rings {}; Maglev tables {}",
+            ", capture rings {}; Maglev tables {}; counters {}",
             mib(self.capture),
-            mib(self.maglev)
+            mib(self.maglev),
+            mib(self.counters)
         )
     }
 }
@@ -184,9 +197,12 @@ mod tests {
         assert_eq!(f.umem, 2 * 4096 * 4096);
         assert_eq!(f.maglev, 2 * 65_537 * 2);
         assert!(f.handoff > 0);
+        // Per worker, 65,536 ids of services and of backends (4 bytes of incarnation, 16 per
+        // direction), of new flows (8) and of flow-table entries (8).
+        assert_eq!(f.counters, 2 * 65_536 * (2 * (4 + 2 * 16) + 8 + 8));
         assert_eq!(
             f.total(),
-            f.flow_tables + f.umem + f.handoff + f.sync + f.maglev + f.capture,
+            f.flow_tables + f.umem + f.handoff + f.sync + f.maglev + f.counters + f.capture,
             "{f}"
         );
     }

@@ -11,6 +11,11 @@
 //!
 //! HTTP success is a status of 200 to 399, as for Kubernetes' HTTP probes.
 //!
+//! Each backend keeps its last [`HISTORY`] transitions (up or down, when, and for a fall the
+//! [`Cause`] of the failure that tipped it: refused, timeout, reset, HTTP status N...), so
+//! that `strait status` answers "since when, and why" in an incident. Bounded, so a flapping
+//! backend costs the same as a steady one.
+//!
 //! UDP services are checked as UDP: `udp` sends a datagram and wants a reply, `dns` asks a
 //! question and wants an answer ([`dns`]). Each check sends from a connected socket of its
 //! own, so the kernel hands it the ICMP port unreachable a closed port answers with, as
@@ -23,13 +28,13 @@
 //! up for minutes, so the gateway's resident memory would grow with the churn
 //! (`strait-lab bench soak`). Pooled, the threads and their memory stay as they were.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use strait_config::model::{Config, HealthCheck, HealthKind};
 
@@ -50,6 +55,8 @@ pub struct State {
     pub checks: u64,
     /// The last failure, if the last check failed.
     pub last_error: Option<String>,
+    /// The last [`HISTORY`] transitions, oldest first.
+    pub history: VecDeque<Transition>,
 }
 
 impl Default for State {
@@ -60,6 +67,109 @@ impl Default for State {
             falls: 0,
             checks: 0,
             last_error: None,
+            history: VecDeque::new(),
+        }
+    }
+}
+
+/// Transitions a backend's [`State::history`] keeps: enough to see a flapping backend's
+/// pattern (four downs and four ups), small enough to cost nothing per backend.
+pub const HISTORY: usize = 8;
+
+/// A backend going up or down.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    /// When the check that decided it ended (wall clock, for operators).
+    pub at: SystemTime,
+    /// The state it went to.
+    pub up: bool,
+    /// Why: for a fall, the failure that made it ([`Cause`]'s words); for a rise, "passed".
+    pub cause: String,
+    /// The failure's whole message (empty for a rise).
+    pub detail: String,
+}
+
+impl Transition {
+    /// As `/services` shows it: `at` (RFC 3339, UTC, seconds), `at_unix_ms`, `to` (`up` or
+    /// `down`), `cause` and `detail`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let ms = self
+            .at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        serde_json::json!({
+            "at": humantime::format_rfc3339_seconds(self.at).to_string(),
+            "at_unix_ms": ms,
+            "to": if self.up { "up" } else { "down" },
+            "cause": self.cause,
+            "detail": self.detail,
+        })
+    }
+}
+
+/// Why a check failed, in an operator's words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// The connection was refused (nothing listens).
+    Refused,
+    /// No answer within the check's timeout (connect or read).
+    Timeout,
+    /// The connection was reset or closed before an answer.
+    Reset,
+    /// No route to the backend (host or network unreachable).
+    Unreachable,
+    /// An HTTP answer with a status outside 200-399.
+    HttpStatus(u16),
+    /// An answer that is not HTTP.
+    NotHttp,
+    /// Any other error (its message says which).
+    Other,
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cause::Refused => f.write_str("refused"),
+            Cause::Timeout => f.write_str("timeout"),
+            Cause::Reset => f.write_str("reset"),
+            Cause::Unreachable => f.write_str("unreachable"),
+            Cause::HttpStatus(c) => write!(f, "HTTP status {c}"),
+            Cause::NotHttp => f.write_str("not HTTP"),
+            Cause::Other => f.write_str("error"),
+        }
+    }
+}
+
+impl Cause {
+    /// The cause of an I/O error of a check's socket.
+    fn of(e: &std::io::Error) -> Cause {
+        use std::io::ErrorKind as K;
+        match e.kind() {
+            K::ConnectionRefused => Cause::Refused,
+            K::TimedOut | K::WouldBlock => Cause::Timeout,
+            K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof => {
+                Cause::Reset
+            }
+            K::HostUnreachable | K::NetworkUnreachable => Cause::Unreachable,
+            _ => Cause::Other,
+        }
+    }
+}
+
+/// A failed check: its [`Cause`] and message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// Why, in a word or two.
+    pub cause: Cause,
+    /// What happened, naming the address.
+    pub detail: String,
+}
+
+impl Failure {
+    fn io(what: String, e: &std::io::Error) -> Failure {
+        Failure {
+            cause: Cause::of(e),
+            detail: format!("{what}: {e}"),
         }
     }
 }
@@ -252,8 +362,8 @@ fn run(states: &States, changed: &Sender<BackendKey>, job: Job) {
     } = job;
     let addr = SocketAddr::new(key.address, check.port.unwrap_or(key.port));
     loop {
-        let result = probe(&check, addr);
-        if record(states, &key, &check, result) {
+        let result = check_once(&check, addr);
+        if record(states, &key, &check, result, SystemTime::now()) {
             let _ = changed.send(key.clone());
         }
         let jitter = 0.9 + fastrand::f64() * 0.2;
@@ -279,8 +389,15 @@ impl Drop for Checker {
     }
 }
 
-/// Applies one check result; returns whether the backend changed state.
-fn record(states: &States, key: &BackendKey, hc: &HealthCheck, result: Result<(), String>) -> bool {
+/// Applies one check result, ended at `now`; returns whether the backend changed state (and
+/// then adds the transition to its history).
+fn record(
+    states: &States,
+    key: &BackendKey,
+    hc: &HealthCheck,
+    result: Result<(), Failure>,
+    now: SystemTime,
+) -> bool {
     let mut states = states.lock().unwrap_or_else(PoisonError::into_inner);
     let Some(s) = states.get_mut(key) else {
         return false;
@@ -300,16 +417,36 @@ fn record(states: &States, key: &BackendKey, hc: &HealthCheck, result: Result<()
             }
         }
         Err(e) => {
-            s.last_error = Some(e);
             s.rises = 0;
             if s.up {
                 s.falls += 1;
                 if s.falls >= hc.fall {
                     s.up = false;
                     s.falls = 0;
+                    if s.history.len() == HISTORY {
+                        s.history.pop_front();
+                    }
+                    s.history.push_back(Transition {
+                        at: now,
+                        up: false,
+                        cause: e.cause.to_string(),
+                        detail: e.detail.clone(),
+                    });
                 }
             }
+            s.last_error = Some(e.detail);
         }
+    }
+    if s.up && !was {
+        if s.history.len() == HISTORY {
+            s.history.pop_front();
+        }
+        s.history.push_back(Transition {
+            at: now,
+            up: true,
+            cause: "passed".into(),
+            detail: String::new(),
+        });
     }
     s.up != was
 }
@@ -319,8 +456,34 @@ fn record(states: &States, key: &BackendKey, hc: &HealthCheck, result: Result<()
 /// # Errors
 /// A short description of what failed.
 pub fn probe(hc: &HealthCheck, addr: SocketAddr) -> Result<(), String> {
+    datagram_or_stream(hc, addr)
+}
+
+/// One check of `addr`, with the failure's [`Cause`]: from the socket's error for TCP and
+/// HTTP, from the message for UDP and DNS (refused, timeout, or another error).
+///
+/// # Errors
+/// What failed, and why in a word.
+pub fn check_once(hc: &HealthCheck, addr: SocketAddr) -> Result<(), Failure> {
     match &hc.kind {
         HealthKind::Tcp | HealthKind::Http { .. } => stream_probe(hc, addr),
+        _ => datagram_or_stream(hc, addr).map_err(|detail| Failure {
+            cause: if detail.contains("refused") {
+                Cause::Refused
+            } else if detail.contains("timeout") {
+                Cause::Timeout
+            } else {
+                Cause::Other
+            },
+            detail,
+        }),
+    }
+}
+
+/// One check of `addr` by its kind, failures as messages.
+fn datagram_or_stream(hc: &HealthCheck, addr: SocketAddr) -> Result<(), String> {
+    match &hc.kind {
+        HealthKind::Tcp | HealthKind::Http { .. } => stream_probe(hc, addr).map_err(|f| f.detail),
         HealthKind::Udp { payload, expect } => {
             let mut buf = [0u8; REPLY_MAX];
             let reply = exchange(addr, hc.timeout, payload, &mut buf, |_| true)
@@ -397,18 +560,15 @@ fn exchange<'b>(
 }
 
 /// A TCP connect, then for `http` a GET.
-fn stream_probe(hc: &HealthCheck, addr: SocketAddr) -> Result<(), String> {
+fn stream_probe(hc: &HealthCheck, addr: SocketAddr) -> Result<(), Failure> {
     let mut stream = TcpStream::connect_timeout(&addr, hc.timeout)
-        .map_err(|e| format!("connect {addr}: {e}"))?;
+        .map_err(|e| Failure::io(format!("connect {addr}"), &e))?;
     let HealthKind::Http { path } = &hc.kind else {
         return Ok(());
     };
-    stream
-        .set_read_timeout(Some(hc.timeout))
-        .map_err(|e| e.to_string())?;
-    stream
-        .set_write_timeout(Some(hc.timeout))
-        .map_err(|e| e.to_string())?;
+    let other = |e: std::io::Error| Failure::io(format!("socket to {addr}"), &e);
+    stream.set_read_timeout(Some(hc.timeout)).map_err(other)?;
+    stream.set_write_timeout(Some(hc.timeout)).map_err(other)?;
     let host = match addr {
         SocketAddr::V4(a) => a.to_string(),
         SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
@@ -418,15 +578,21 @@ fn stream_probe(hc: &HealthCheck, addr: SocketAddr) -> Result<(), String> {
     );
     stream
         .write_all(req.as_bytes())
-        .map_err(|e| format!("send to {addr}: {e}"))?;
+        .map_err(|e| Failure::io(format!("send to {addr}"), &e))?;
     let mut head = [0u8; 32];
     let mut got = 0;
     while got < 12 {
         match stream.read(&mut head[got..]) {
             Ok(0) => break,
             Ok(n) => got += n,
-            Err(e) => return Err(format!("read from {addr}: {e}")),
+            Err(e) => return Err(Failure::io(format!("read from {addr}"), &e)),
         }
+    }
+    if got == 0 {
+        return Err(Failure {
+            cause: Cause::Reset,
+            detail: format!("GET {path} on {addr}: closed without an answer"),
+        });
     }
     let line = String::from_utf8_lossy(&head[..got]);
     let status: Option<u16> = line
@@ -435,8 +601,14 @@ fn stream_probe(hc: &HealthCheck, addr: SocketAddr) -> Result<(), String> {
         .and_then(|c| c.parse().ok());
     match status {
         Some(c) if (200..400).contains(&c) => Ok(()),
-        Some(c) => Err(format!("GET {path} on {addr}: status {c}")),
-        None => Err(format!("GET {path} on {addr}: not an HTTP response")),
+        Some(c) => Err(Failure {
+            cause: Cause::HttpStatus(c),
+            detail: format!("GET {path} on {addr}: status {c}"),
+        }),
+        None => Err(Failure {
+            cause: Cause::NotHttp,
+            detail: format!("GET {path} on {addr}: not an HTTP response"),
+        }),
     }
 }
 
@@ -526,26 +698,120 @@ mod tests {
         let key = BackendKey::new("web", "127.0.0.1".parse().unwrap(), 80);
         states.lock().unwrap().insert(key.clone(), State::default());
         let h = hc(HealthKind::Tcp);
-        let bad = || Err("x".to_string());
-        assert!(!record(&states, &key, &h, bad()));
-        assert!(!record(&states, &key, &h, bad()));
-        assert!(
-            !record(&states, &key, &h, Ok(())),
-            "a success resets the fall count"
-        );
-        assert!(!record(&states, &key, &h, bad()));
-        assert!(!record(&states, &key, &h, bad()));
-        assert!(
-            record(&states, &key, &h, bad()),
-            "third consecutive failure: down"
-        );
+        let now = SystemTime::UNIX_EPOCH;
+        let bad = || {
+            Err(Failure {
+                cause: Cause::Refused,
+                detail: "x".into(),
+            })
+        };
+        let rec = |r| record(&states, &key, &h, r, now);
+        assert!(!rec(bad()));
+        assert!(!rec(bad()));
+        assert!(!rec(Ok(())), "a success resets the fall count");
+        assert!(!rec(bad()));
+        assert!(!rec(bad()));
+        assert!(rec(bad()), "third consecutive failure: down");
         assert!(!states.lock().unwrap()[&key].up);
-        assert!(!record(&states, &key, &h, Ok(())));
-        assert!(
-            record(&states, &key, &h, Ok(())),
-            "second consecutive success: up"
-        );
+        assert!(!rec(Ok(())));
+        assert!(rec(Ok(())), "second consecutive success: up");
         assert!(states.lock().unwrap()[&key].up);
+    }
+
+    #[test]
+    fn history_keeps_the_last_transitions_with_their_cause() {
+        let states: States = Arc::default();
+        let key = BackendKey::new("web", "127.0.0.1".parse().unwrap(), 80);
+        states.lock().unwrap().insert(key.clone(), State::default());
+        let h = HealthCheck {
+            rise: 1,
+            fall: 1,
+            ..hc(HealthKind::Tcp)
+        };
+        let at = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        let fail = |c: Cause| {
+            Err(Failure {
+                cause: c,
+                detail: format!("because {c}"),
+            })
+        };
+        // Ten flaps: down (cause varies) and up, one second apart.
+        let causes = [
+            Cause::Refused,
+            Cause::Timeout,
+            Cause::HttpStatus(503),
+            Cause::Reset,
+        ];
+        for i in 0..10u64 {
+            let c = causes[i as usize % causes.len()];
+            assert!(record(&states, &key, &h, fail(c), at(2 * i)));
+            // A second failure while down is no transition.
+            assert!(!record(&states, &key, &h, fail(Cause::Other), at(2 * i)));
+            assert!(record(&states, &key, &h, Ok(()), at(2 * i + 1)));
+        }
+        let st = states.lock().unwrap()[&key].clone();
+        assert_eq!(st.history.len(), HISTORY, "bounded");
+        // The last 8 of 20 transitions: flaps 6 to 9, each down then up.
+        let got: Vec<(u64, bool, &str)> = st
+            .history
+            .iter()
+            .map(|t| {
+                let s =
+                    t.at.duration_since(SystemTime::UNIX_EPOCH)
+                        .unwrap()
+                        .as_secs();
+                (s, t.up, t.cause.as_str())
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (12, false, "HTTP status 503"),
+                (13, true, "passed"),
+                (14, false, "reset"),
+                (15, true, "passed"),
+                (16, false, "refused"),
+                (17, true, "passed"),
+                (18, false, "timeout"),
+                (19, true, "passed"),
+            ]
+        );
+        assert_eq!(st.history[0].detail, "because HTTP status 503");
+    }
+
+    #[test]
+    fn checks_name_the_cause_of_a_failure() {
+        let status = Arc::new(AtomicU16::new(503));
+        let addr = server(Arc::clone(&status));
+        let http = hc(HealthKind::Http {
+            path: "/healthz".into(),
+        });
+        assert_eq!(
+            check_once(&http, addr).unwrap_err().cause,
+            Cause::HttpStatus(503)
+        );
+        let closed = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        assert_eq!(
+            check_once(&hc(HealthKind::Tcp), closed).unwrap_err().cause,
+            Cause::Refused
+        );
+        // A server that accepts and never answers: the read times out.
+        let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+        let f = check_once(&http, mute.local_addr().unwrap()).unwrap_err();
+        assert_eq!(f.cause, Cause::Timeout, "{f:?}");
+        // One that closes at once.
+        let rude = TcpListener::bind("127.0.0.1:0").unwrap();
+        let raddr = rude.local_addr().unwrap();
+        thread::spawn(move || {
+            for c in rude.incoming().flatten() {
+                drop(c);
+            }
+        });
+        let f = check_once(&http, raddr).unwrap_err();
+        assert_eq!(f.cause, Cause::Reset, "{f:?}");
     }
 
     #[test]

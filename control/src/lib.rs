@@ -7,7 +7,7 @@
 //!  (kube)       │  run::     │ publish; no  │  run::    ├─► VIPs on lo, gratuitous ARP / NA (vip)
 //!  health ──────┤  Gateway   │ I/O          │  Gateway  ├─► health checks, next-hop probes (neigh)
 //!  neighbours ──┘            └──────────────┘           └─► admin API's view
-//!                         admin API (admin): /healthz /services /metrics /reload
+//!                         admin API (admin): /healthz /services /traffic /metrics /reload
 //!               (the Kubernetes source writes Service status and Events itself)
 //! ```
 //!
@@ -59,6 +59,7 @@
 //! | [`status`] | `strait status`: the admin API's `/services` as a table |
 //! | [`manual`] | the man pages and shell completions of the command line, for the package |
 //! | [`sync`] | flow sync with the peer gateways: the thread between the workers' sync rings and UDP |
+//! | [`traffic`] | packets and bytes per service and backend, flows per service, summed over the workers |
 //!
 //! The lab (testbed, generators, benches) is another crate, `strait-lab`, that depends on
 //! this one; nothing here knows it.
@@ -91,5 +92,6 @@ pub mod shared;
 pub mod status;
 pub mod supervise;
 pub mod sync;
+pub mod traffic;
 pub mod vip;
 pub mod workers;

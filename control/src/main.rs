@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! strait run [--config FILE] [--kube ...]   run the gateway (default: the built-in example)
-//! strait status [--admin ADDR]              the running gateway's services, backends, health, routes
+//! strait status [--admin ADDR] [--stats|--rate]  services, backends, health, traffic, routes
 //! strait drain [--admin ADDR]               withdraw every route, forward for the grace, stop
 //! strait explain CLIENT:PORT VIP:PORT       where that flow goes and why (--proto, --json)
 //! strait check [--config FILE]              validate a configuration (default: the built-in example)
@@ -43,11 +43,21 @@ enum Command {
         #[command(flatten)]
         kube: kube::Args,
     },
-    /// Show the running gateway's services, backends, routes and BGP sessions (from its
-    /// admin API).
+    /// Show the running gateway's services, backends, health transitions, traffic per
+    /// service, flow-table occupancy, routes and BGP sessions (from its admin API).
     Status {
         #[command(flatten)]
         admin: AdminArgs,
+        /// Totals per service and backend since the start: new flows, flows, packets and
+        /// bytes in and out (as `ipvsadm -L -n --stats`).
+        #[arg(long, conflicts_with = "rate")]
+        stats: bool,
+        /// The same per second, over `--interval` (as `ipvsadm -L -n --rate`).
+        #[arg(long)]
+        rate: bool,
+        /// How far apart the two samples a rate is measured from are.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        interval: std::time::Duration,
     },
     /// Drain the running gateway: withdraw every route, keep forwarding for
     /// `gateway.drain_grace` while routers move traffic away, then stop (as SIGTERM does).
@@ -181,7 +191,19 @@ fn main() -> ExitCode {
         .with_target(false)
         .init();
     let result = match cli.command {
-        Command::Status { admin } => status::run(&admin.admin()),
+        Command::Status {
+            admin,
+            stats,
+            rate,
+            interval,
+        } => status::run(
+            &admin.admin(),
+            status::Show {
+                stats,
+                rate,
+                interval,
+            },
+        ),
         Command::Drain { admin, wait } => status::drain(&admin.admin(), wait),
         Command::Explain {
             client,

@@ -1,6 +1,13 @@
-//! `strait status`: the running gateway's `/services` and `/routes`, as tables; `strait
-//! drain`, which asks it to drain and waits until it stopped; and `strait explain`, its
-//! `/explain` as a block ([`crate::explain::render`]).
+//! `strait status`: the running gateway's `/services`, `/traffic` and `/routes`, as tables;
+//! `strait drain`, which asks it to drain and waits until it stopped; and `strait explain`,
+//! its `/explain` as a block ([`crate::explain::render`]).
+//!
+//! For an incident, plain `strait status` shows beside the services and backends each
+//! backend's last health transitions (when, and why: refused, timeout, HTTP status N...),
+//! each service's traffic per second over [`Show::interval`] (two samples of `/traffic` that
+//! far apart), and each worker's flow-table occupancy. `--stats` shows the totals per service
+//! and backend since the start, `--rate` the same per second, as `ipvsadm -L -n --stats` and
+//! `--rate` do.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -91,15 +98,73 @@ impl Admin {
     }
 }
 
-/// Fetches `/services` and `/routes` from the admin API and renders them.
+/// What `strait status` shows.
+#[derive(Debug, Clone, Copy)]
+pub struct Show {
+    /// Totals per service and backend (`--stats`) instead of the overview.
+    pub stats: bool,
+    /// Rates per service and backend (`--rate`) instead of the overview.
+    pub rate: bool,
+    /// Between the two samples a rate is measured over.
+    pub interval: Duration,
+}
+
+impl Default for Show {
+    fn default() -> Self {
+        Self {
+            stats: false,
+            rate: false,
+            interval: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Admin {
+    fn json(&self, path: &str) -> anyhow::Result<Value> {
+        let body = self.request("GET", path)?;
+        serde_json::from_str(&body).with_context(|| {
+            format!("GET {path}: the admin API answered something that is not JSON")
+        })
+    }
+
+    /// Two samples of `/traffic`, `interval` apart, and the time between them.
+    fn two_samples(&self, interval: Duration) -> anyhow::Result<(Value, Value, Duration)> {
+        let a = self.json("/traffic")?;
+        let t = std::time::Instant::now();
+        std::thread::sleep(interval);
+        let b = self.json("/traffic")?;
+        Ok((a, b, t.elapsed()))
+    }
+}
+
+/// Fetches `/services`, `/traffic` and `/routes` from the admin API and renders them as
+/// `show` says.
 ///
 /// # Errors
 /// When the gateway does not answer or answers something else than the JSON it serves.
-pub fn run(admin: &Admin) -> anyhow::Result<()> {
-    let body = admin.request("GET", "/services")?;
-    let v: Value =
-        serde_json::from_str(&body).context("the admin API answered something that is not JSON")?;
+pub fn run(admin: &Admin, show: Show) -> anyhow::Result<()> {
+    if show.stats {
+        let t = admin.json("/traffic")?;
+        print!("{}", render_stats(&t));
+        print!("{}", render_cores(&t));
+        return Ok(());
+    }
+    if show.rate {
+        let (a, b, dt) = admin.two_samples(show.interval)?;
+        print!("{}", render_rates(&a, &b, dt, true));
+        return Ok(());
+    }
+    let v = admin.json("/services")?;
     print!("{}", render(&v));
+    print!("{}", render_transitions(&v));
+    match admin.two_samples(show.interval) {
+        Ok((a, b, dt)) => {
+            print!("{}", render_rates(&a, &b, dt, false));
+            print!("{}", render_cores(&b));
+        }
+        // A gateway from before `/traffic` has none to show.
+        Err(e) => eprintln!("traffic: {e:#}"),
+    }
     match admin.request("GET", "/routes") {
         Ok(body) => {
             let r: Value = serde_json::from_str(&body)
@@ -294,6 +359,159 @@ pub fn render_routes(v: &Value) -> String {
     out
 }
 
+/// Each backend's last health transitions, oldest first (`/services`' `transitions`).
+pub fn render_transitions(v: &Value) -> String {
+    let empty = Vec::new();
+    let mut rows = String::new();
+    for s in v["services"].as_array().unwrap_or(&empty) {
+        for b in s["backends"].as_array().unwrap_or(&empty) {
+            for t in b["transitions"].as_array().unwrap_or(&empty) {
+                rows += &format!(
+                    "{:<20} {:<28} {:<21} {:<5} {}\n",
+                    s["name"].as_str().unwrap_or("?"),
+                    format!("{}:{}", fmt_ip(&b["address"]), b["port"]),
+                    t["at"].as_str().unwrap_or("?"),
+                    t["to"].as_str().unwrap_or("?"),
+                    t["cause"].as_str().unwrap_or("?"),
+                );
+            }
+        }
+    }
+    if rows.is_empty() {
+        return "health transitions: none\n".into();
+    }
+    format!(
+        "health transitions (the last few per backend, oldest first)\n{:<20} {:<28} {:<21} {:<5} {}\n{rows}",
+        "SERVICE",
+        "BACKEND",
+        "AT (UTC)",
+        "TO",
+        "CAUSE"
+    )
+}
+
+/// The counts of one `/traffic` entry (service or backend): new flows, flows, packets in and
+/// out, bytes in and out.
+fn counts(v: &Value) -> [u64; 6] {
+    [
+        "new_flows",
+        "flows",
+        "in_packets",
+        "out_packets",
+        "in_bytes",
+        "out_bytes",
+    ]
+    .map(|k| v[k].as_u64().unwrap_or(0))
+}
+
+/// `strait status --stats`: totals per service and backend since the gateway started.
+pub fn render_stats(t: &Value) -> String {
+    let empty = Vec::new();
+    let mut out = format!(
+        "{:<34} {:>10} {:>8} {:>12} {:>12} {:>14} {:>14}\n",
+        "SERVICE / BACKEND", "NEW FLOWS", "FLOWS", "IN PKTS", "OUT PKTS", "IN BYTES", "OUT BYTES"
+    );
+    let row = |name: String, c: [u64; 6]| {
+        format!(
+            "{name:<34} {:>10} {:>8} {:>12} {:>12} {:>14} {:>14}\n",
+            c[0], c[1], c[2], c[3], c[4], c[5]
+        )
+    };
+    for s in t["services"].as_array().unwrap_or(&empty) {
+        out += &row(s["name"].as_str().unwrap_or("?").to_owned(), counts(s));
+        for b in s["backends"].as_array().unwrap_or(&empty) {
+            out += &row(
+                format!("  -> {}", b["backend"].as_str().unwrap_or("?")),
+                counts(b),
+            );
+        }
+    }
+    out
+}
+
+/// Per second between two `/traffic` samples `dt` apart, per service and, with `backends`,
+/// per backend (`strait status --rate`). Entries are matched by name; one in only one sample,
+/// or whose counts went down (its id was given to a new holder), shows no rate.
+pub fn render_rates(a: &Value, b: &Value, dt: Duration, backends: bool) -> String {
+    let empty = Vec::new();
+    let secs = dt.as_secs_f64().max(1e-3);
+    let mut out = format!(
+        "traffic per second over {:.1} s\n{:<34} {:>10} {:>12} {:>12} {:>14} {:>14}\n",
+        dt.as_secs_f64(),
+        "SERVICE / BACKEND",
+        "NEW/S",
+        "IN PPS",
+        "OUT PPS",
+        "IN BPS",
+        "OUT BPS"
+    );
+    let rate = |name: String, before: Option<&Value>, now: &Value| -> String {
+        let now_c = counts(now);
+        let Some(before) = before else {
+            return format!("{name:<34} (new since the first sample)\n");
+        };
+        let was = counts(before);
+        if now_c.iter().zip(&was).any(|(n, w)| n < w) {
+            return format!("{name:<34} (counters restarted)\n");
+        }
+        let r = |i: usize| (now_c[i] - was[i]) as f64 / secs;
+        format!(
+            "{name:<34} {:>10.1} {:>12.1} {:>12.1} {:>14.1} {:>14.1}\n",
+            r(0),
+            r(2),
+            r(3),
+            r(4),
+            r(5)
+        )
+    };
+    let find = |list: &Value, key: &str, want: &Value| -> Option<Value> {
+        list.as_array()?.iter().find(|x| &x[key] == want).cloned()
+    };
+    for s in b["services"].as_array().unwrap_or(&empty) {
+        let before = find(&a["services"], "name", &s["name"]);
+        out += &rate(
+            s["name"].as_str().unwrap_or("?").to_owned(),
+            before.as_ref(),
+            s,
+        );
+        if !backends {
+            continue;
+        }
+        for be in s["backends"].as_array().unwrap_or(&empty) {
+            let was = before
+                .as_ref()
+                .and_then(|w| find(&w["backends"], "backend", &be["backend"]));
+            out += &rate(
+                format!("  -> {}", be["backend"].as_str().unwrap_or("?")),
+                was.as_ref(),
+                be,
+            );
+        }
+    }
+    out
+}
+
+/// Each worker's flow-table occupancy (`/traffic`'s `cores`).
+pub fn render_cores(t: &Value) -> String {
+    let empty = Vec::new();
+    let mut out = format!(
+        "{:<28} {:>14} {:>14} {:>7}\n",
+        "WORKER", "FLOW ENTRIES", "CAPACITY", "USED"
+    );
+    for c in t["cores"].as_array().unwrap_or(&empty) {
+        let (n, cap) = (
+            c["entries"].as_u64().unwrap_or(0),
+            c["capacity"].as_u64().unwrap_or(0),
+        );
+        out += &format!(
+            "{:<28} {n:>14} {cap:>14} {:>6.1}%\n",
+            c["worker"].as_str().unwrap_or("?"),
+            100.0 * n as f64 / cap.max(1) as f64
+        );
+    }
+    out
+}
+
 fn fmt_ip(v: &Value) -> String {
     let s = v.as_str().unwrap_or("?");
     if s.contains(':') {
@@ -345,5 +563,76 @@ mod tests {
             t.contains("203.0.113.11                             no-serving-backend"),
             "{t}"
         );
+    }
+
+    fn traffic(in_packets: u64, out_packets: u64) -> Value {
+        serde_json::from_str(&format!(
+            r#"{{"generation":4,"services":[{{"name":"web","in_packets":{in_packets},"in_bytes":{},"out_packets":{out_packets},"out_bytes":{},"new_flows":3,"flows":6,
+            "backends":[{{"backend":"198.51.100.11:8080","in_packets":{in_packets},"in_bytes":{},"out_packets":{out_packets},"out_bytes":{},"new_flows":3,"flows":6}}]}}],
+            "cores":[{{"worker":"eth0/0","entries":6,"capacity":1024}}]}}"#,
+            in_packets * 100,
+            out_packets * 1000,
+            in_packets * 100,
+            out_packets * 1000
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn renders_traffic_totals_rates_and_occupancy() {
+        let t = render_stats(&traffic(10, 8));
+        let web = t
+            .lines()
+            .find(|l| l.starts_with("web "))
+            .expect("a web row");
+        let cols: Vec<&str> = web.split_whitespace().collect();
+        assert_eq!(cols, ["web", "3", "6", "10", "8", "1000", "8000"], "{t}");
+        assert!(t.contains("  -> 198.51.100.11:8080"), "{t}");
+        let r = render_rates(
+            &traffic(10, 8),
+            &traffic(30, 18),
+            Duration::from_secs(2),
+            true,
+        );
+        let web = r
+            .lines()
+            .find(|l| l.starts_with("web "))
+            .expect("a web row");
+        let cols: Vec<&str> = web.split_whitespace().collect();
+        assert_eq!(
+            cols,
+            ["web", "0.0", "10.0", "5.0", "1000.0", "5000.0"],
+            "{r}"
+        );
+        assert!(r.contains("  -> 198.51.100.11:8080"), "{r}");
+        let r = render_rates(
+            &traffic(30, 18),
+            &traffic(10, 8),
+            Duration::from_secs(2),
+            false,
+        );
+        assert!(r.contains("(counters restarted)"), "{r}");
+        assert!(!r.contains("->"), "{r}");
+        let c = render_cores(&traffic(1, 1));
+        assert!(c.contains("eth0/0"), "{c}");
+        assert!(c.trim_end().ends_with("0.6%"), "{c}");
+    }
+
+    #[test]
+    fn renders_health_transitions() {
+        let v: Value = serde_json::from_str(
+            r#"{"services":[{"name":"web","backends":[{"address":"198.51.100.11","port":80,
+            "transitions":[{"at":"2026-12-04T22:30:01Z","to":"down","cause":"refused"},
+                           {"at":"2026-12-04T22:31:00Z","to":"up","cause":"passed"}]}]}]}"#,
+        )
+        .unwrap();
+        let t = render_transitions(&v);
+        assert!(
+            t.contains("web                  198.51.100.11:80             2026-12-04T22:30:01Z  down  refused"),
+            "{t}"
+        );
+        assert!(t.contains("up    passed"), "{t}");
+        let none: Value = serde_json::from_str(r#"{"services":[]}"#).unwrap();
+        assert_eq!(render_transitions(&none), "health transitions: none\n");
     }
 }

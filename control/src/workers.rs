@@ -465,9 +465,7 @@ where
             s.flow_capacity = capacity;
             s.worker = *w;
             s.sync = p.sync.as_ref().map(|y| y.counters).unwrap_or_default();
-            let used = shared.table.load().backends.len().min(p.new_flows.len());
-            s.new_flows.clear();
-            s.new_flows.extend_from_slice(&p.new_flows[..used]);
+            crate::cores::publish_traffic(&mut s, p, &shared.table.load());
         }
     };
     let clock = Beating {

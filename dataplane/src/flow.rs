@@ -78,6 +78,27 @@
 //! its cost: the earlier 88-byte entry spanned two or three lines.
 //!
 //! Memory is 66 bytes per way: a table of 1M ways (131072 buckets) takes 66 MiB per core.
+//!
+//! # Entries per backend
+//!
+//! The table keeps, for every backend id below [`BACKEND_SLOTS`], how many entries name it
+//! ([`FlowTable::entries_by_backend`]): the flows per service and backend that `/metrics`
+//! shows. The count is kept exact where the table changes rather than found by a walk (a
+//! walk of a million-flow table would be milliseconds, and the idle-time sweep does not run
+//! on a busy core): every way filled goes through one place (an insert, also for entries
+//! imported from peer gateways) and every way emptied through another (expiry by lookup,
+//! insert or sweep, eviction, removal), and an insert that overwrites a live entry moves its
+//! count. Both places already hold the entry's line, so the count costs an increment on a
+//! small array, and nothing on a lookup. An entry counts until it is reclaimed, expired or
+//! not, as in [`FlowTable::len`].
+//!
+//! An id is reused for another backend under a new incarnation while entries of its old
+//! holder may linger (until their next packet re-hashes them, or they expire). So each slot
+//! counts for one incarnation, the latest stored: the first entry of a new incarnation starts
+//! the slot afresh, and entries of an older one are no longer counted, stored or reclaimed.
+//! This is exact as long as an id's incarnations only grow newer, as they do for a core,
+//! which only ever moves to newer tables; the reader takes a slot's count only when its
+//! incarnation is the live backend's.
 //! All of it is allocated and written in [`FlowTable::new`], so the packet path never
 //! allocates and never takes a first-touch page fault.
 //!
@@ -133,6 +154,30 @@ pub const WAYS: usize = 8;
 /// The largest capacity [`FlowTable::new`] accepts: 2^28 ways, 16.5 GiB. Anything larger is
 /// a configuration mistake, not a table size.
 pub const MAX_CAPACITY: usize = 1 << 28;
+
+/// Backend ids whose entries [`FlowTable::entries_by_backend`] counts: as many as the
+/// pipeline's per-backend counters ([`crate::traffic::SLOTS`]); 512 KiB per table.
+pub const BACKEND_SLOTS: usize = 1 << 16;
+
+/// The entries of one backend id in a [`FlowTable`], for one incarnation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// The incarnation counted (0: none yet).
+    pub incarnation: u32,
+    /// Entries stored that name the id with that incarnation.
+    pub entries: u32,
+}
+
+impl Held {
+    /// The entries of incarnation `incarnation` in `slots[id]` (0 when the slot counts
+    /// another).
+    pub fn of(slots: &[Held], id: u32, incarnation: u32) -> u32 {
+        match slots.get(id as usize) {
+            Some(h) if h.incarnation == incarnation => h.entries,
+            _ => 0,
+        }
+    }
+}
 
 /// The bit of [`FlowValue`]'s last-seen byte 4 that marks an entry learnt from a peer.
 const LEARNT: u8 = 0x80;
@@ -539,6 +584,8 @@ pub struct FlowTable {
     /// Next bucket [`FlowTable::sweep`] visits.
     cursor: usize,
     stats: FlowStats,
+    /// Entries per backend id ([`FlowTable::entries_by_backend`]).
+    by_backend: Box<[Held]>,
 }
 
 impl fmt::Debug for FlowTable {
@@ -588,6 +635,7 @@ impl FlowTable {
             limiter: RateLimiter::new(new_flows_per_sec),
             cursor: 0,
             stats: FlowStats::default(),
+            by_backend: vec![Held::default(); BACKEND_SLOTS].into_boxed_slice(),
         }
     }
 
@@ -596,7 +644,8 @@ impl FlowTable {
         capacity.div_ceil(WAYS).next_power_of_two()
     }
 
-    /// Bytes [`FlowTable::new`] allocates for `capacity` flows (entries and tag lines), so
+    /// Bytes [`FlowTable::new`] allocates for `capacity` flows (entries and tag lines; the
+    /// entries per backend, [`BACKEND_SLOTS`] `u32`s, come on top), so
     /// an operator knows a configuration's cost before anything is allocated. Saturates
     /// instead of overflowing for absurd capacities.
     pub fn bytes_for(capacity: usize) -> u64 {
@@ -716,6 +765,9 @@ impl FlowTable {
         let (home, tag) = self.split(hash);
         if let Some((b, w)) = self.find(home, tag, &key) {
             if self.is_live(&self.entries[b][w].value, now) {
+                let old = self.entries[b][w].value;
+                self.uncount(&old);
+                self.count(&value);
                 let slot = &mut self.entries[b][w].value;
                 *slot = value;
                 return Ok(slot);
@@ -736,6 +788,7 @@ impl FlowTable {
         self.tags_mut(b)[w] = tag;
         self.len += 1;
         self.stats.inserts += 1;
+        self.count(&value);
         let entry = &mut self.entries[b][w];
         *entry = Entry { key, value };
         Ok(&mut entry.value)
@@ -836,6 +889,14 @@ impl FlowTable {
                 f(&e.key, &e.value);
             }
         }
+    }
+
+    /// Entries held per backend id and incarnation, live or expired but not yet reclaimed
+    /// (index = id; ids at or above [`BACKEND_SLOTS`] are not counted). See "Entries per
+    /// backend" above.
+    #[inline]
+    pub fn entries_by_backend(&self) -> &[Held] {
+        &self.by_backend
     }
 
     /// Entries held, live or expired but not yet reclaimed.
@@ -1047,6 +1108,33 @@ impl FlowTable {
         debug_assert_ne!(self.tags(b)[w], 0);
         self.tags_mut(b)[w] = 0;
         self.len -= 1;
+        let v = self.entries[b][w].value;
+        self.uncount(&v);
+    }
+
+    /// `v` is stored: one more entry for its backend's incarnation (the first of a newer
+    /// incarnation starts the slot afresh).
+    #[inline(always)]
+    fn count(&mut self, v: &FlowValue) {
+        if let Some(h) = self.by_backend.get_mut(v.backend.0 as usize) {
+            if h.incarnation != v.incarnation {
+                *h = Held {
+                    incarnation: v.incarnation,
+                    entries: 0,
+                };
+            }
+            h.entries += 1;
+        }
+    }
+
+    /// `v` is gone: one entry fewer, if its incarnation is the one counted.
+    #[inline(always)]
+    fn uncount(&mut self, v: &FlowValue) {
+        if let Some(h) = self.by_backend.get_mut(v.backend.0 as usize) {
+            if h.incarnation == v.incarnation {
+                h.entries = h.entries.saturating_sub(1);
+            }
+        }
     }
 }
 

@@ -146,3 +146,11 @@ fn word(b: &[u8; 16], i: usize) -> u64 {
 /// id never captures another backend's flows.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default, PartialOrd, Ord)]
 pub struct BackendId(pub u32);
+
+/// A service's stable identity across table snapshots, kept by name, where
+/// [`crate::table::ServiceTable::services`]' index is not (a removed service's index goes to
+/// another). Dense from 0, a freed id reused later under a new incarnation
+/// ([`crate::table::Service::incarnation`]); it names the service's traffic counters
+/// ([`crate::traffic`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default, PartialOrd, Ord)]
+pub struct ServiceId(pub u32);

@@ -18,9 +18,10 @@
 //!
 //! The modules import one way (`scripts/check-imports.py` holds it; the graph is in
 //! docs/architecture-modules.md): `xsk` → `pipeline` → `capture`, `explain` → `sync`,
-//! `rewrite` → `spsc`, `table`, `wire` → `maglev`, `flow` → `key`, `hint`, `stats` → `hash`.
-//! Flow sync, the explain desk and capture meet the pipeline through [`sync::WorkerSync`],
-//! [`explain::Desk`] and [`capture::Tap`], which know nothing of the pipeline.
+//! `rewrite`, `traffic` → `spsc`, `table`, `wire` → `maglev`, `flow` → `key`, `hint`, `stats`
+//! → `hash`. Flow sync, the explain desk and capture meet the pipeline through
+//! [`sync::WorkerSync`], [`explain::Desk`] and [`capture::Tap`], which know nothing of the
+//! pipeline.
 
 pub mod capture;
 #[cfg(test)]
@@ -41,6 +42,9 @@ pub mod sync;
 #[cfg(test)]
 mod sync_tests;
 pub mod table;
+pub mod traffic;
+#[cfg(test)]
+mod traffic_tests;
 pub mod wire;
 #[cfg(feature = "xsk")]
 pub mod xsk;

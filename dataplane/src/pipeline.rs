@@ -39,6 +39,7 @@ use crate::sync::{self, RecordKind, SyncRecord, WorkerSync};
 use crate::table::{
     current, reply_key, Backend, FragmentService, Frontend, Health, Port, Service, ServiceTable,
 };
+use crate::traffic::Traffic;
 use crate::wire::parse::{parse_into, Embedded, Frag, Parsed};
 use crate::wire::tcp::flags;
 use strait_config::model::Mode;
@@ -163,6 +164,8 @@ pub struct Pipeline {
     /// New flows per backend, indexed by `BackendId % NEW_FLOW_SLOTS` (ids are dense from 0,
     /// so below that bound each backend has its own slot).
     pub new_flows: Box<[u64]>,
+    /// This core's packets and bytes per service and per backend ([`crate::traffic`]).
+    pub traffic: Traffic,
     core: u16,
     cores: u16,
     /// A batch's first-pass results, [`BATCH`] of them; boxed so that the decision pass can
@@ -213,6 +216,7 @@ impl Pipeline {
             flows: FlowTable::new(capacity, timeouts, new_flows_per_sec),
             counters: Counters::default(),
             new_flows: vec![0; NEW_FLOW_SLOTS].into_boxed_slice(),
+            traffic: Traffic::new(),
             core,
             cores,
             staged: vec![
@@ -492,7 +496,17 @@ impl Pipeline {
             self.counters.fragments += 1;
             let h = maglev_hash(p.key().hash3(SEED_FLOW));
             return match pick(t, s, h) {
-                Some(b) => forward(t, s, b, p, frame, h, ingress, &mut self.counters),
+                Some(b) => forward(
+                    t,
+                    s,
+                    b,
+                    p,
+                    frame,
+                    h,
+                    ingress,
+                    &mut self.counters,
+                    &mut self.traffic,
+                ),
                 None => Verdict::Drop(DropReason::NoBackend),
             };
         }
@@ -511,7 +525,17 @@ impl Pipeline {
             Ok(b) => b,
             Err(v) => return v,
         };
-        forward(t, s, b, p, frame, fh, ingress, &mut self.counters)
+        forward(
+            t,
+            s,
+            b,
+            p,
+            frame,
+            fh,
+            ingress,
+            &mut self.counters,
+            &mut self.traffic,
+        )
     }
 
     /// Finds or makes the flow's backend. `Err` carries a final verdict (no backend, nat
@@ -704,7 +728,9 @@ impl Pipeline {
         // The reply goes back as from the frontend of the flow's backend. A backend that has
         // left the snapshot (or whose id now names another backend) leaves no frontend to
         // translate to: its flows are being re-hashed and its replies are not answered.
-        let Some(s) = current(t, v).and_then(|b| t.services.get(b.service as usize)) else {
+        let Some((b, s)) =
+            current(t, v).and_then(|b| Some((b, t.services.get(b.service as usize)?)))
+        else {
             return Verdict::Drop(DropReason::ReplyNoFlow);
         };
         v.touch(now);
@@ -728,6 +754,7 @@ impl Pipeline {
                 dst: peer_mac,
             },
         );
+        self.traffic.from_backend(s, b, p.ip_len);
         Verdict::Tx {
             port: t.client_port,
         }
@@ -775,7 +802,17 @@ impl Pipeline {
         if s.mode != Mode::Nat {
             // The ICMP packet is forwarded like the flow's own packets; the ingress port does
             // not matter for DSR.
-            return forward(t, s, b, p, frame, fh, t.client_port, &mut self.counters);
+            return forward(
+                t,
+                s,
+                b,
+                p,
+                frame,
+                fh,
+                t.client_port,
+                &mut self.counters,
+                &mut self.traffic,
+            );
         }
         if p.ttl <= 1 {
             return Verdict::Drop(DropReason::TtlExceeded);
@@ -785,6 +822,7 @@ impl Pipeline {
         };
         let src = t.ports.get(b.egress as usize).map_or([0; 6], |p| p.mac);
         rewrite::nat_icmp_error(frame, p, &b.addr, b.port, Macs { src, dst: mac });
+        self.traffic.to_backend(s, b, p.ip_len);
         Verdict::Tx { port: b.egress }
     }
 }
@@ -924,6 +962,7 @@ fn forward(
     entropy: u64,
     ingress: u8,
     c: &mut Counters,
+    traffic: &mut Traffic,
 ) -> Verdict {
     let Some(mac) = b.mac else {
         return Verdict::Drop(DropReason::NoNextHop);
@@ -938,6 +977,7 @@ fn forward(
     let how = match s.mode {
         Mode::DsrL2 => {
             rewrite::dsr_l2(frame, p, m);
+            traffic.to_backend(s, b, p.ip_len);
             return Verdict::Tx { port: b.egress };
         }
         Mode::Nat => {
@@ -945,6 +985,7 @@ fn forward(
                 return Verdict::Drop(DropReason::TtlExceeded);
             }
             rewrite::nat_forward(frame, p, &b.addr, b.port, m);
+            traffic.to_backend(s, b, p.ip_len);
             return Verdict::Tx { port: b.egress };
         }
         Mode::DsrIpip => Encap::Ipip,
@@ -963,7 +1004,10 @@ fn forward(
         mtu: port.mtu,
     };
     match rewrite::encapsulate(frame, p, &outer, m) {
-        Ok(()) => Verdict::Tx { port: b.egress },
+        Ok(()) => {
+            traffic.to_backend(s, b, p.ip_len);
+            Verdict::Tx { port: b.egress }
+        }
         Err(EncapError::TooBig { inner_mtu }) if p.df => {
             let Some(back) = t.ports.get(ingress as usize) else {
                 return Verdict::Drop(DropReason::NoEgress);

@@ -168,6 +168,28 @@ fn check_accounting(t: &FlowTable) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// The entries per backend (kept where ways fill and empty) are what a walk counts: for each
+/// id, the entries of the incarnation its slot counts, which is the newest held.
+fn check_per_backend(t: &FlowTable) -> Result<(), TestCaseError> {
+    let slots = t.entries_by_backend();
+    for id in 0..8u32 {
+        let h = slots[id as usize];
+        let walked = t
+            .iter()
+            .filter(|(_, v)| v.backend.0 == id && v.incarnation == h.incarnation)
+            .count();
+        prop_assert_eq!(h.entries as usize, walked, "backend {}", id);
+        let newest = t
+            .iter()
+            .filter(|(_, v)| v.backend.0 == id)
+            .map(|(_, v)| v.incarnation)
+            .max();
+        prop_assert!(newest.is_none_or(|n| n <= h.incarnation), "backend {}", id);
+    }
+    prop_assert!(slots[8..].iter().all(|h| h.entries == 0));
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -418,4 +440,49 @@ fn no_allocation_after_new() {
         "every insert outcome exercised: {outcomes:?}"
     );
     assert!(small.stats().evicted > 0);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Entries per backend under inserts, overwrites, expiry, eviction, removals and sweeps,
+    /// in a table that has room and in one that evicts, with each id's incarnation only
+    /// growing (a freed id given to a newer backend), as a core sees them.
+    #[test]
+    fn entries_per_backend_are_exact(
+        ops in proptest::collection::vec(op(64), 1..400),
+        capacity in prop_oneof![Just(16usize), Just(1024)],
+    ) {
+        let mut t = FlowTable::new(capacity, timeouts(), 0);
+        let mut incarnation = [1u32; 8];
+        let mut now = 1_000 * S;
+        for op in ops {
+            match op {
+                Op::Insert { k, backend, state, timeout_override, incarnation: r } => {
+                    // One insert in five is of a newer backend with the id.
+                    if r % 5 == 0 {
+                        incarnation[backend as usize] += 1;
+                    }
+                    let v = value(backend, state, timeout_override, incarnation[backend as usize], now);
+                    let _ = t.insert(key(k), v, now);
+                }
+                Op::Lookup { k } => {
+                    let _ = t.lookup(&key(k), now);
+                }
+                Op::Touch { k, flags } => {
+                    if let Some(v) = t.lookup(&key(k), now) {
+                        apply_touch(v, flags, now);
+                    }
+                }
+                Op::Remove { k } => {
+                    let _ = t.remove(&key(k));
+                }
+                Op::Advance { dt } => now += dt,
+                Op::Sweep { buckets } => {
+                    t.sweep(now, buckets);
+                }
+            }
+            check_per_backend(&t)?;
+        }
+    }
 }

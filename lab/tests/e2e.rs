@@ -17,7 +17,9 @@ use support::e2e::{
     self, backend_field, counter, dsr_l2_spread, per_backend, start, udp_ten_thousand,
     write_config, Driver, Scenario, VIP,
 };
-use support::harness::{namespaces, text, while_capturing, Capture};
+use support::harness::{
+    in_ns, must, namespaces, sh, strait, text, wait_for, while_capturing, Capture,
+};
 
 /// The serial lock and an AF_XDP testbed of `strait testbed up ARGS..`, if the tests may run.
 fn scenario(tag: &str, args: &[&str]) -> Option<Scenario> {
@@ -486,4 +488,196 @@ fn m_explain_names_the_backend_every_dsr_l2_flow_reached() {
 #[test]
 fn n_explain_names_the_backend_every_nat_flow_reached_and_explains_its_replies() {
     e2e::explain_names_the_backends(Driver::AfXdp, true);
+}
+
+/// The `[packets, bytes]` of each `counter` of nftables table `inet strait_traffic` in
+/// namespace `ns`, in rule order.
+fn nft_counters(s: &Scenario, role: &str) -> Vec<[u64; 2]> {
+    let out = s.must(
+        role,
+        &["nft", "-j", "list", "table", "inet", "strait_traffic"],
+    );
+    let v: Value = serde_json::from_str(&out).expect("nft -j prints JSON");
+    let mut counters = Vec::new();
+    for item in v["nftables"].as_array().expect("nftables") {
+        for e in item["rule"]["expr"].as_array().into_iter().flatten() {
+            if let Some(c) = e.get("counter") {
+                counters.push([
+                    c["packets"].as_u64().expect("packets"),
+                    c["bytes"].as_u64().expect("bytes"),
+                ]);
+            }
+        }
+    }
+    counters
+}
+
+#[test]
+fn o_traffic_per_service_and_backend_is_what_the_backends_saw_and_health_names_its_cause() {
+    let Some(s) = scenario("o", &["--topology", "two-arm", "--backends", "2"]) else {
+        return;
+    };
+    // What each backend receives from the client and sends to it, counted by its own kernel
+    // (nftables counters at the input and output hooks count IP lengths, as the gateway does).
+    // The gateway's health checks come from its own address and are not counted.
+    let rules = [
+        "from_client ip saddr 192.0.2.2 tcp dport 8080 counter",
+        "from_client ip saddr 192.0.2.2 udp dport 5353 counter",
+        "to_client ip daddr 192.0.2.2 tcp sport 8080 counter",
+        "to_client ip daddr 192.0.2.2 udp sport 5353 counter",
+    ];
+    for b in ["b1", "b2"] {
+        s.must(b, &["nft", "add", "table", "inet", "strait_traffic"]);
+        for (chain, hook) in [("from_client", "input"), ("to_client", "output")] {
+            s.must(
+                b,
+                &[
+                    "nft",
+                    "add",
+                    "chain",
+                    "inet",
+                    "strait_traffic",
+                    chain,
+                    &format!("{{ type filter hook {hook} priority 0; }}"),
+                ],
+            );
+        }
+        for r in rules {
+            let mut args = vec!["nft", "add", "rule", "inet", "strait_traffic"];
+            args.extend(r.split(' '));
+            s.must(b, &args);
+        }
+    }
+    let gw = start(&s, &s.config());
+    let answers = s.vip_requests(20);
+    assert!(answers.iter().all(Option::is_some), "{answers:?}");
+    let out = s
+        .python(&["udp", VIP, "53", "32000", "30"])
+        .output()
+        .unwrap();
+    assert!(
+        text(&out.stdout).contains("sent=30 answered=30"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Per backend and direction, per service (web: rules 0 and 2, echo: 1 and 3): the
+    // gateway's counters equal what the backend's kernel counted.
+    let mut want: Vec<(String, String, &str, [u64; 2])> = Vec::new();
+    for b in ["b1", "b2"] {
+        let c = nft_counters(&s, b);
+        assert_eq!(c.len(), 4, "{c:?}");
+        let ip = s.backend_ip(b);
+        want.push(("web".into(), format!("{ip}:8080"), "in", c[0]));
+        want.push(("echo".into(), format!("{ip}:5353"), "in", c[1]));
+        want.push(("web".into(), format!("{ip}:8080"), "out", c[2]));
+        want.push(("echo".into(), format!("{ip}:5353"), "out", c[3]));
+    }
+    let total = |svc: &str, dir: &str| -> [u64; 2] {
+        want.iter()
+            .filter(|w| w.0 == svc && w.2 == dir)
+            .fold([0, 0], |a, w| [a[0] + w.3[0], a[1] + w.3[1]])
+    };
+    assert!(total("web", "in")[0] >= 20 * 4, "{want:?}");
+    assert_eq!(total("echo", "in")[0], 30, "{want:?}");
+    assert_eq!(total("echo", "out")[0], 30, "{want:?}");
+    let from_metrics = |m: &str| {
+        let mut got = Vec::new();
+        for (svc, be, dir, _) in &want {
+            let l = [
+                format!("service=\"{svc}\""),
+                format!("backend=\"{be}\""),
+                format!("direction=\"{dir}\""),
+            ];
+            let l: Vec<&str> = l.iter().map(String::as_str).collect();
+            got.push([
+                labelled_in(m, "strait_backend_packets_total", &l),
+                labelled_in(m, "strait_backend_bytes_total", &l),
+            ]);
+        }
+        got
+    };
+    let expected: Vec<[u64; 2]> = want.iter().map(|w| w.3).collect();
+    // The workers publish when idle: the counts settle within moments.
+    let m = wait_for(
+        "the gateway's per-backend counters equal to the backends' own",
+        Duration::from_secs(5),
+        || {
+            let m = gw.get("/metrics");
+            (from_metrics(&m) == expected).then_some(m)
+        },
+    );
+    for svc in ["web", "echo"] {
+        for dir in ["in", "out"] {
+            let l = [format!("service=\"{svc}\""), format!("direction=\"{dir}\"")];
+            let l: Vec<&str> = l.iter().map(String::as_str).collect();
+            assert_eq!(
+                [
+                    labelled_in(&m, "strait_service_packets_total", &l),
+                    labelled_in(&m, "strait_service_bytes_total", &l),
+                ],
+                total(svc, dir),
+                "{svc} {dir}"
+            );
+        }
+    }
+    let flows = labelled_in(&m, "strait_service_flows", &["service=\"echo\""]);
+    assert!(
+        flows >= 30,
+        "30 UDP flows hold at least 30 entries: {flows}"
+    );
+
+    // `strait status --stats` shows the same numbers.
+    let stats = must(&mut in_ns(&s.ns("gw"), [strait(), "status", "--stats"]));
+    let row = |name: &str| -> Vec<u64> {
+        let line = stats
+            .lines()
+            .find(|l| l.split_whitespace().find(|w| *w != "->") == Some(name))
+            .unwrap_or_else(|| panic!("no row {name}:\n{stats}"));
+        line.split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect()
+    };
+    for svc in ["web", "echo"] {
+        let r = row(svc);
+        let (i, o) = (total(svc, "in"), total(svc, "out"));
+        assert_eq!(r[2..], [i[0], o[0], i[1], o[1]], "{svc}:\n{stats}");
+    }
+    for (svc, be, dir, c) in &want {
+        let r = row(be);
+        let at = if *dir == "in" { [2, 4] } else { [3, 5] };
+        assert_eq!([r[at[0]], r[at[1]]], *c, "{svc} {be} {dir}:\n{stats}");
+    }
+    assert!(stats.contains("FLOW ENTRIES"), "{stats}");
+
+    // b1's server stops: its checks are refused, and the transition says so.
+    sh(&["kill", "-KILL", &s.backend_pid("b1").to_string()]);
+    let b1 = s.backend_ip("b1");
+    let v = wait_for("b1 marked down", Duration::from_secs(5), || {
+        let v = gw.services()?;
+        (e2e::health_of(&v, "web", &b1) == "down").then_some(v)
+    });
+    let web = v["services"]
+        .as_array()
+        .and_then(|l| l.iter().find(|x| x["name"] == "web"))
+        .expect("web");
+    let t = web["backends"]
+        .as_array()
+        .and_then(|l| l.iter().find(|b| b["address"] == b1.as_str()))
+        .and_then(|b| b["transitions"].as_array())
+        .and_then(|t| t.last())
+        .unwrap_or_else(|| panic!("no transition for b1:\n{v:#}"));
+    assert_eq!(t["to"], "down", "{t:#}");
+    assert_eq!(t["cause"], "refused", "{t:#}");
+    let status = must(&mut in_ns(
+        &s.ns("gw"),
+        [strait(), "status", "--interval", "200ms"],
+    ));
+    assert!(
+        status
+            .lines()
+            .any(|l| l.contains(&format!("{b1}:8080")) && l.ends_with("down  refused")),
+        "{status}"
+    );
+    assert!(status.contains("traffic per second over"), "{status}");
+    assert!(status.contains("FLOW ENTRIES"), "{status}");
 }

@@ -10,7 +10,7 @@ use strait_config::model::{self, BackendState, Config, Mode, Role};
 
 use super::*;
 use crate::flow::Timeouts;
-use crate::key::{addr_bytes, BackendId};
+use crate::key::{addr_bytes, BackendId, ServiceId};
 use crate::maglev;
 
 /// Why a table could not be built.
@@ -115,6 +115,12 @@ pub struct Builder {
     /// Incarnation of each id in use, by id; bumped from `allocations` when an id is handed out.
     incarnations: Vec<u32>,
     allocations: u32,
+    /// Service ids by name, as backend ids by key: stable while the name exists, freed ids
+    /// reused later under a new incarnation (drawn from `allocations` too).
+    service_ids: HashMap<String, ServiceId>,
+    service_free: Vec<ServiceId>,
+    service_next: u32,
+    service_incarnations: Vec<u32>,
     generation: u64,
     maglev: HashMap<MaglevInput, Arc<maglev::Table>>,
     /// Each service's index in the last table, by name.
@@ -226,6 +232,17 @@ impl Builder {
                 self.free.push(id);
             }
         }
+        // And the ids of services that left.
+        let names: HashSet<&str> = cfg.services.iter().map(|s| s.name.as_str()).collect();
+        let free = &mut self.service_free;
+        self.service_ids.retain(|name, id| {
+            let keep = names.contains(name.as_str());
+            if !keep {
+                free.push(*id);
+            }
+            keep
+        });
+        t.service_ids = self.service_next;
         // Keep only the tables this build uses, so the cache never outgrows the table.
         self.maglev = used;
         self.generation += 1;
@@ -305,6 +322,7 @@ impl Builder {
             }
         }
         // 2. Drop the removed services; the last service moves into each hole.
+        let mut gone_services: Vec<&str> = Vec::new();
         for name in &order {
             if matches!(last[name], Change::Set(_)) {
                 continue;
@@ -312,6 +330,7 @@ impl Builder {
             let Some(si) = self.slots.remove(*name) else {
                 continue;
             };
+            gone_services.push(*name);
             t.services.swap_remove(si as usize);
             let Some(moved) = t.services.get(si as usize).map(Arc::clone) else {
                 continue;
@@ -352,8 +371,8 @@ impl Builder {
                 t.services[si as usize] = svc;
             }
         }
-        // 4. Free the ids of backends that left (after allocating, as a full build does,
-        // so an id is never reused within the build that freed it).
+        // 4. Free the ids of backends and services that left (after allocating, as a full
+        // build does, so an id is never reused within the build that freed it).
         for k in left {
             if !live.contains(&k) {
                 if let Some(id) = self.ids.remove(&k) {
@@ -361,6 +380,12 @@ impl Builder {
                 }
             }
         }
+        for name in gone_services {
+            if let Some(id) = self.service_ids.remove(name) {
+                self.service_free.push(id);
+            }
+        }
+        t.service_ids = self.service_next;
         // 5. The fragment index of the touched (VIP, protocol) pairs.
         for k in touched {
             match self.vips.get(&k) {
@@ -485,8 +510,11 @@ impl Builder {
             .entry((frontend.vip, frontend.proto))
             .or_default()
             .push(si);
+        let id = self.service_id_for(&s.name);
         Ok(Service {
             name: s.name.clone(),
+            id,
+            incarnation: self.service_incarnations[id.0 as usize],
             frontend,
             mode: s.mode,
             maglev,
@@ -564,6 +592,25 @@ impl Builder {
         }
     }
 
+    /// The id of the service named `name`: its own while it exists, else a free or fresh one
+    /// with a new incarnation.
+    fn service_id_for(&mut self, name: &str) -> ServiceId {
+        if let Some(id) = self.service_ids.get(name) {
+            return *id;
+        }
+        let id = self.service_free.pop().unwrap_or_else(|| {
+            self.service_next += 1;
+            ServiceId(self.service_next - 1)
+        });
+        self.service_ids.insert(name.to_owned(), id);
+        self.allocations = self.allocations.wrapping_add(1);
+        if self.service_incarnations.len() <= id.0 as usize {
+            self.service_incarnations.resize(id.0 as usize + 1, 0);
+        }
+        self.service_incarnations[id.0 as usize] = self.allocations;
+        id
+    }
+
     fn id_for(&mut self, key: BackendKey) -> BackendId {
         if let Some(id) = self.ids.get(&key) {
             return *id;
@@ -595,6 +642,7 @@ fn copy(t: &ServiceTable) -> ServiceTable {
         gue_port: t.gue_port,
         timeouts: t.timeouts,
         locals: t.locals.clone(),
+        service_ids: t.service_ids,
         frontends: t.frontends.clone(),
         by_vip_proto: t.by_vip_proto.clone(),
         nat_backends: t.nat_backends.clone(),

@@ -23,7 +23,7 @@ use hashbrown::HashMap;
 use strait_config::model::{MacAddr, Mode};
 
 use crate::flow::{FlowValue, Timeouts};
-use crate::key::{addr_bytes, bytes_addr, BackendId, FlowKey};
+use crate::key::{addr_bytes, bytes_addr, BackendId, FlowKey, ServiceId};
 use crate::maglev;
 
 mod builder;
@@ -194,6 +194,11 @@ impl Backend {
 pub struct Service {
     /// Name, for logs and the admin API.
     pub name: String,
+    /// Stable id, by name ([`ServiceId`]).
+    pub id: ServiceId,
+    /// Changes whenever `id` is given to another service, so that counts kept by id are never
+    /// attributed to the id's next holder.
+    pub incarnation: u32,
     /// The frontend.
     pub frontend: Frontend,
     /// Forwarding mode.
@@ -319,6 +324,9 @@ pub struct ServiceTable {
     /// builder by the control plane, which knows the interfaces ([`Builder::set_locals`]);
     /// empty in tests.
     pub locals: Vec<[u8; 16]>,
+    /// One past the highest [`Service::id`] the builder has handed out: the length of an
+    /// array indexed by service id that covers every service of this table.
+    pub service_ids: u32,
     frontends: HashMap<Frontend, u32>,
     by_vip_proto: HashMap<([u8; 16], u8), VipProto>,
     /// nat backends (address, port, protocol), each with the number of services that have it.
@@ -364,6 +372,7 @@ impl ServiceTable {
             gue_port: 6080,
             timeouts: Timeouts::default(),
             locals: Vec::new(),
+            service_ids: 0,
             frontends: HashMap::new(),
             by_vip_proto: HashMap::new(),
             nat_backends: HashMap::new(),
