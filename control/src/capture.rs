@@ -157,28 +157,48 @@ impl Request {
 }
 
 /// The parts of a `strait capture` command line that make its request.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args)]
 pub struct Ask {
-    /// `--vip`.
-    pub vip: Option<IpAddr>,
-    /// `--client`.
+    /// Frames to or from this address, as received (a VIP, a backend).
+    #[arg(long)]
+    pub vip: Option<std::net::IpAddr>,
+    /// Frames whose source or destination, as received, lies in this prefix or is this
+    /// address.
+    #[arg(long, value_parser = parse_net)]
     pub client: Option<ipnet::IpNet>,
-    /// `--port`.
+    /// Frames whose source or destination port, as received, is this one.
+    #[arg(long)]
     pub port: Option<u16>,
-    /// `--verdict`.
+    /// Which decisions to keep.
+    #[arg(long, value_parser = ["tx", "drop", "pass", "any"])]
     pub verdict: Option<String>,
-    /// `--reason`.
+    /// Only drops for this reason (a `reason` of strait_drops_total, e.g.
+    /// source_not_allowed).
+    #[arg(long)]
     pub reason: Option<String>,
-    /// `--count`.
+    /// Stop after this many frames (a sent frame's two copies count as one).
+    #[arg(short = 'c', long)]
     pub count: Option<u64>,
-    /// `--duration`.
-    pub duration: Option<Duration>,
-    /// `--snaplen`.
+    /// Stop after this long (e.g. 10s, 1m).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<std::time::Duration>,
+    /// Bytes kept of each frame (at most 2048).
+    #[arg(short = 's', long)]
     pub snaplen: Option<u16>,
-    /// `--every`.
+    /// Keep one matching frame in N.
+    #[arg(long)]
     pub every: Option<u32>,
-    /// `--budget`.
+    /// Frames each worker keeps per second at most (default 10000); more are counted in
+    /// strait_capture_frames_total{result="over_budget"}.
+    #[arg(long)]
     pub budget: Option<u32>,
+}
+
+/// `--client`: a prefix, or one address as its host prefix.
+fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
+    s.parse::<ipnet::IpNet>()
+        .or_else(|_| s.parse::<IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{s:?} is not an address or a prefix (192.0.2.0/24)"))
 }
 
 impl Ask {

@@ -78,39 +78,8 @@ enum Command {
     Capture {
         #[command(flatten)]
         admin: AdminArgs,
-        /// Frames to or from this address, as received (a VIP, a backend).
-        #[arg(long)]
-        vip: Option<std::net::IpAddr>,
-        /// Frames whose source or destination, as received, lies in this prefix or is this
-        /// address.
-        #[arg(long, value_parser = parse_net)]
-        client: Option<ipnet::IpNet>,
-        /// Frames whose source or destination port, as received, is this one.
-        #[arg(long)]
-        port: Option<u16>,
-        /// Which decisions to keep.
-        #[arg(long, value_parser = ["tx", "drop", "pass", "any"])]
-        verdict: Option<String>,
-        /// Only drops for this reason (a `reason` of strait_drops_total, e.g.
-        /// source_not_allowed).
-        #[arg(long)]
-        reason: Option<String>,
-        /// Stop after this many frames (a sent frame's two copies count as one).
-        #[arg(short = 'c', long)]
-        count: Option<u64>,
-        /// Stop after this long (e.g. 10s, 1m).
-        #[arg(long, value_parser = humantime::parse_duration)]
-        duration: Option<std::time::Duration>,
-        /// Bytes kept of each frame (at most 2048).
-        #[arg(short = 's', long)]
-        snaplen: Option<u16>,
-        /// Keep one matching frame in N.
-        #[arg(long)]
-        every: Option<u32>,
-        /// Frames each worker keeps per second at most (default 10000); more are counted in
-        /// strait_capture_frames_total{result="over_budget"}.
-        #[arg(long)]
-        budget: Option<u32>,
+        #[command(flatten)]
+        ask: capture::Ask,
         /// Where to write the pcapng: a file, or `-` for standard output.
         #[arg(short = 'w', long = "write")]
         write: PathBuf,
@@ -219,34 +188,7 @@ fn main() -> ExitCode {
             &kube,
         ),
         Command::Check { config } => return check(config),
-        Command::Capture {
-            admin,
-            vip,
-            client,
-            port,
-            verdict,
-            reason,
-            count,
-            duration,
-            snaplen,
-            every,
-            budget,
-            write,
-        } => {
-            let ask = capture::Ask {
-                vip,
-                client,
-                port,
-                verdict,
-                reason,
-                count,
-                duration,
-                snaplen,
-                every,
-                budget,
-            };
-            capture(&admin.admin(), &ask, &write)
-        }
+        Command::Capture { admin, ask, write } => capture(&admin.admin(), &ask, &write),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -270,13 +212,6 @@ fn capture(admin: &status::Admin, ask: &capture::Ask, out: &std::path::Path) -> 
         out.display()
     );
     Ok(())
-}
-
-/// An address or a prefix: `192.0.2.7` is `192.0.2.7/32`.
-fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
-    s.parse::<ipnet::IpNet>()
-        .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-        .map_err(|_| format!("{s:?} is not an address or a prefix (192.0.2.0/24)"))
 }
 
 /// `strait check`: exit 0 with a summary for a valid file; exit 1 listing every problem.
