@@ -267,6 +267,7 @@ impl Pipeline {
         verdicts: &mut [Verdict],
     ) {
         assert!(verdicts.len() >= frames.len(), "one verdict per frame");
+        self.traffic.settle(t);
         // The one test a call pays for capture while none runs: a load and a branch that
         // always goes the same way; the capturing twin is out of line.
         if self.capture.as_ref().is_some_and(Tap::armed) {
@@ -402,6 +403,7 @@ impl Pipeline {
         ingress: u8,
         frame: &mut Frame<'_>,
     ) -> Verdict {
+        self.traffic.settle(t);
         let mut p = Parsed::default();
         let parsed = admit_and_parse(frame.data(), t.ports.get(ingress as usize), &mut p)
             .map(|ip| ip.then_some(&p));
