@@ -629,7 +629,9 @@ impl Pipeline {
                 let mut kept = true;
                 if let Some((rkey, rh)) = reply {
                     let mut reply = value;
-                    reply.peer_mac.copy_from_slice(&frame.data()[6..12]);
+                    let mut client = [0u8; 6];
+                    client.copy_from_slice(&frame.data()[6..12]);
+                    reply.set_peer_mac(client);
                     if self.flows.insert_hashed(rkey, rh, reply, now).is_err() {
                         // Replies will not be translated: undo the forward entry so the state
                         // stays symmetric, and count the flow as stateless.
@@ -739,7 +741,7 @@ impl Pipeline {
         if matches!(p.proto, proto::TCP | proto::SCTP) {
             v.state = v.state.on_tcp_flags(p.tcp_flags);
         }
-        let peer_mac = v.peer_mac;
+        let peer_mac = v.peer_mac();
         if p.ttl <= 1 {
             return Verdict::Drop(DropReason::TtlExceeded);
         }

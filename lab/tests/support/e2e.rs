@@ -597,6 +597,14 @@ pub fn explain_names_the_backends(driver: Driver, nat: bool) {
             (&"udp".into(), &"here".into()),
             "{v}"
         );
+        let (age, idle) = (e["age_ms"].as_u64(), e["idle_ms"].as_u64());
+        let (Some(age), Some(idle)) = (age, idle) else {
+            panic!("an age and an idle time: {v}")
+        };
+        assert!(
+            idle <= age && age <= started.elapsed().as_millis() as u64,
+            "made after the test started, used since: {v}"
+        );
         assert_eq!(v["service"]["mode"], if nat { "nat" } else { "dsr-l2" });
     }
     let spread: std::collections::BTreeSet<&String> = seen.values().collect();
@@ -642,6 +650,7 @@ pub fn explain_names_the_backends(driver: Driver, nat: bool) {
         "{human}"
     );
     assert!(human.contains("made here"), "{human}");
+    assert!(human.contains(", age "), "{human}");
     let json = s.must(
         "gw",
         &[
