@@ -563,7 +563,13 @@ impl Sync {
                 }
             };
             n += 1;
-            let Some(peer) = self.peers.iter().position(|&p| p == from) else {
+            // Address and port: an IPv6 sender's flow label or scope id (which the
+            // configuration cannot name) does not make it a stranger.
+            let Some(peer) = self
+                .peers
+                .iter()
+                .position(|p| p.ip() == from.ip() && p.port() == from.port())
+            else {
                 bump(&self.stats.dropped_unknown_peer, 1);
                 continue;
             };
@@ -850,12 +856,57 @@ mod tests {
 
     #[test]
     fn a_sync_thread_asks_its_peers_for_a_dump_and_refuses_strangers() {
-        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        asks_for_a_dump_and_refuses_strangers("127.0.0.1").0.stop();
+    }
+
+    /// The same between IPv6 peers, and an IPv6 flow's record (the full form) arrives.
+    #[test]
+    fn a_sync_thread_speaks_to_ipv6_peers() {
+        if UdpSocket::bind("[::1]:0").is_err() {
+            eprintln!("skipped: no IPv6 loopback address (::1) here");
+            return;
+        }
+        let me = asks_for_a_dump_and_refuses_strangers("::1");
+        let peer = me.1;
+        let mut v6 = rec(9);
+        v6.key.src = "2001:db8:c::2"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets();
+        v6.key.dst = "2001:db8::10"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets();
+        v6.backend = "2001:db8:b::11"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets();
+        let mut out = vec![0; MAX_DATAGRAM];
+        let n = encode(Kind::Records, Form::of(&v6), &[v6], &mut out);
+        peer.send_to(&out[..n], me.0.local).unwrap();
+        wait("the IPv6 record", || {
+            me.0.stats.records_received.load(Ordering::Relaxed) == 1
+        });
+        me.0.stop();
+    }
+
+    /// A sync thread on `lo` (an IPv4 or IPv6 loopback address) with one peer: it asks the peer
+    /// for a dump, counts the peer's dump end once, refuses a stranger and garbage. Returns
+    /// the thread, still running, the peer's socket and the workers' ends.
+    fn asks_for_a_dump_and_refuses_strangers(
+        lo: &str,
+    ) -> (
+        SyncThread,
+        UdpSocket,
+        Vec<strait_dataplane::sync::WorkerSync>,
+    ) {
+        let any = |port: u16| SocketAddr::new(lo.parse().unwrap(), port);
+        let peer = UdpSocket::bind(any(0)).unwrap();
         peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let (_workers, ends) = mesh(2, SYNC_SLOTS);
+        let (workers, ends) = mesh(2, SYNC_SLOTS);
         let me = SyncThread::spawn(
             &FlowSync {
-                listen: "127.0.0.1:0".parse().unwrap(),
+                listen: any(0),
                 peers: vec![peer.local_addr().unwrap()],
             },
             ends,
@@ -880,7 +931,7 @@ mod tests {
         });
         assert_eq!(me.stats.dumps_complete.load(Ordering::Relaxed), 1);
         // A stranger is refused; garbage from the peer is counted, not fatal.
-        let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let stranger = UdpSocket::bind(any(0)).unwrap();
         let mut out = vec![0; MAX_DATAGRAM];
         let n = encode(Kind::Records, Form::V4, &[rec(1)], &mut out);
         stranger.send_to(&out[..n], me.local).unwrap();
@@ -890,7 +941,7 @@ mod tests {
                 && me.stats.dropped_malformed.load(Ordering::Relaxed) == 1
         });
         assert_eq!(me.stats.records_received.load(Ordering::Relaxed), 0);
-        me.stop();
+        (me, peer, workers)
     }
 
     /// What the admin API hands [`metrics`]: the workers' samples and the sync thread's

@@ -48,7 +48,10 @@ use strait_config::BackendState;
 use crate::vdev::Vdev;
 
 pub use config::SYNC_PORT;
-pub use fleet::{GatewaySpec, GATEWAY_ASN, ROUTER_ASN, ROUTER_BACKEND4, ROUTER_CLIENT4};
+pub use fleet::{
+    GatewaySpec, GATEWAY_ASN, ROUTER_ASN, ROUTER_BACKEND4, ROUTER_BACKEND6, ROUTER_CLIENT4,
+    ROUTER_CLIENT6,
+};
 pub use plan::{
     owns, valid_prefix, BackendSpec, Front, Layout, GW_MAC, HTTP_PORT, MAX_BACKENDS, MAX_GATEWAYS,
     NAT_PORT, NAT_UDP_PORT, VIP4, VIP6,
@@ -119,6 +122,10 @@ pub struct Opts {
     /// Queues of each of the gateway's veths, 1 ..= [`plan::MAX_QUEUES`], and so its
     /// workers per interface. Default 1.
     pub queues: u16,
+    /// The layouts with several gateways are dual stack: IPv6 addresses, an IPv6 BGP session
+    /// per gateway, the IPv6 VIP's service and flow sync over IPv6 (see `fleet`). The
+    /// one-gateway layouts have IPv6 whenever the kernel has it. Default false.
+    pub ipv6: bool,
 }
 
 impl Default for Opts {
@@ -133,6 +140,7 @@ impl Default for Opts {
             l2: false,
             dpdk: None,
             queues: 1,
+            ipv6: false,
         }
     }
 }
@@ -311,6 +319,12 @@ pub struct GatewayInfo {
     pub backend_address: Ipv4Addr,
     /// Its BGP peer, the router's end of its link (router layout only).
     pub peer: Option<Ipv4Addr>,
+    /// Its IPv6 address on the client side, if the layout has IPv6.
+    pub client_address6: Option<Ipv6Addr>,
+    /// Its IPv6 address on the backend segment, if the layout has IPv6.
+    pub backend_address6: Option<Ipv6Addr>,
+    /// Its IPv6 BGP peer (router layout with IPv6).
+    pub peer6: Option<Ipv6Addr>,
     /// The MAC of its interfaces.
     pub mac: String,
     /// Its admin API, inside its namespace.
@@ -495,11 +509,25 @@ impl Testbed {
                 r.namespace,
                 r.socket.display()
             ));
+            if self.layout.ipv6 {
+                s.push_str(&format!(
+                    "                      ip -n {} -6 route show {VIP6}\n",
+                    r.namespace
+                ));
+            }
         }
         s.push_str(&format!(
-            "try it:       ip netns exec {client} curl -s http://{VIP4}/\n\
-             tear down:    {exe} testbed down --prefix {prefix}\n",
+            "try it:       ip netns exec {client} curl -s http://{VIP4}/\n",
             client = self.client_namespace(),
+        ));
+        if self.layout.ipv6 {
+            s.push_str(&format!(
+                "              ip netns exec {client} curl -s http://[{VIP6}]/\n",
+                client = self.client_namespace(),
+            ));
+        }
+        s.push_str(&format!(
+            "tear down:    {exe} testbed down --prefix {prefix}\n"
         ));
         s
     }
@@ -576,6 +604,12 @@ pub fn up(opts: &Opts) -> Result<Testbed, Error> {
             "--config names one file; with several gateways (or --l2) each configuration goes to /run/strait/PREFIX/gwN.toml",
         ));
     }
+    let kernel_ipv6 = Path::new("/proc/sys/net/ipv6").exists();
+    if fleet && opts.ipv6 && !kernel_ipv6 {
+        return Err(Error::Options(
+            "--ipv6: this kernel has no IPv6 (/proc/sys/net/ipv6 is missing)",
+        ));
+    }
     let existing = namespaces_of(&opts.prefix)?;
     if !existing.is_empty() {
         return Err(Error::Exists {
@@ -595,7 +629,7 @@ pub fn up(opts: &Opts) -> Result<Testbed, Error> {
         prefix: opts.prefix.clone(),
         topology: opts.topology,
         backends: opts.backends,
-        ipv6: !fleet && Path::new("/proc/sys/net/ipv6").exists(),
+        ipv6: kernel_ipv6 && (!fleet || opts.ipv6),
         gateways: opts.gateways,
         l2: opts.l2,
         dpdk: opts.dpdk,
@@ -715,6 +749,9 @@ fn gateway_info(g: &GatewaySpec, config: PathBuf) -> GatewayInfo {
         client_address: g.client,
         backend_address: g.backend,
         peer: g.peer,
+        client_address6: g.client6,
+        backend_address6: g.backend6,
+        peer6: g.peer6,
         mac: g.mac.to_string(),
         admin: SocketAddr::from(([127, 0, 0, 1], 9900)),
     }
@@ -1100,6 +1137,11 @@ pub enum Command {
         /// RSS does (one-gateway AF_XDP layouts).
         #[arg(long, default_value_t = 1)]
         queues: u16,
+        /// With --gateways or --l2: dual stack, the IPv6 VIP announced over an IPv6 BGP
+        /// session per gateway (or elected with VRRPv3) and flow sync over IPv6. The
+        /// one-gateway layouts have IPv6 whenever the kernel has it.
+        #[arg(long)]
+        ipv6: bool,
         /// Print a JSON description instead of instructions.
         #[arg(long)]
         json: bool,
@@ -1142,6 +1184,7 @@ pub fn run_command(command: Command) -> anyhow::Result<()> {
             driver,
             vdev,
             queues,
+            ipv6,
             json,
         } => {
             let testbed = up(&Opts {
@@ -1154,6 +1197,7 @@ pub fn run_command(command: Command) -> anyhow::Result<()> {
                 l2,
                 dpdk: (driver == PortDriver::Dpdk).then_some(vdev),
                 queues,
+                ipv6,
             })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&testbed.summary())?);

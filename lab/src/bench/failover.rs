@@ -44,11 +44,16 @@
 //! The L2 layout (`--l2`): the gateways elect the VIP's owner with VRRP (`[gateway.l2]`);
 //! `l2-kill` kills the owner with SIGKILL, `l2-drain` drains the next one, and "withdrawn"
 //! is the time until another gateway owns the VIP.
+//!
+//! `--ipv6`: the testbed is dual stack and every stream and request goes to the IPv6 VIP,
+//! announced over the gateways' IPv6 BGP sessions (or elected with VRRPv3 on the L2
+//! layout), hashed by the router on L4 ports, its flows synced over IPv6; "withdrawn" is the
+//! router's IPv6 route (or the IPv6 VIP's owner).
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -61,7 +66,7 @@ use anyhow::{bail, ensure, Context};
 use serde::Serialize;
 
 use super::{in_netns, spawn_in_netns};
-use crate::testbed::{self, GatewayInfo, Testbed, VIP4};
+use crate::testbed::{self, GatewayInfo, Testbed, VIP4, VIP6};
 
 /// Interval between two writes of a stream: 20 writes a second show a stall of a tenth of
 /// a second, and 200 streams stay at 4,000 small packets a second, nothing for the gateways.
@@ -151,6 +156,10 @@ pub struct Options {
     /// configurations): what a restart after a backend change costs without it.
     #[arg(long)]
     pub no_sync: bool,
+    /// Streams and requests to the IPv6 VIP of a dual-stack testbed (IPv6 BGP sessions,
+    /// VRRPv3 for IPv6 with `--l2`, flow sync over IPv6).
+    #[arg(long)]
+    pub ipv6: bool,
 }
 
 /// One event's numbers.
@@ -198,6 +207,8 @@ struct Report {
     notes: Vec<String>,
     /// Whether the gateways shared flow state (`[gateway.sync]`).
     flow_sync: bool,
+    /// The VIP the streams went to.
+    vip: IpAddr,
 }
 
 /// Runs the bench.
@@ -218,10 +229,16 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         prefix: o.prefix.clone(),
         gateways: o.gateways,
         l2: o.l2,
+        ipv6: o.ipv6,
         ..testbed::Opts::default()
     })?;
     let notes = Vec::new();
-    let mut fleet = Fleet::up_with(&bed, !o.no_sync)?;
+    let vip = if o.ipv6 {
+        IpAddr::V6(VIP6)
+    } else {
+        IpAddr::V4(VIP4)
+    };
+    let mut fleet = Fleet::up_with(&bed, !o.no_sync, vip)?;
     let results = if o.l2 {
         l2_events(&bed, &mut fleet, o)?
     } else {
@@ -233,6 +250,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         cpu: cpu_model(),
         notes,
         flow_sync: !o.no_sync,
+        vip,
     };
     print_table(&report);
     if let Some(path) = &o.json {
@@ -245,7 +263,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
 
 fn events(bed: &Testbed, fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<EventResult>> {
     let n = o.gateways;
-    let client = Client::start(&bed.client_namespace(), o.streams)?;
+    let client = Client::start_to(&bed.client_namespace(), o.streams, fleet.vip)?;
     client.wait_all_open(o.streams, Duration::from_secs(30))?;
     let all: Vec<String> = bed.backends().iter().map(|b| b.name.clone()).collect();
     let all: Vec<&str> = all.iter().map(String::as_str).collect();
@@ -322,7 +340,7 @@ fn events(bed: &Testbed, fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<E
 /// next owner (`l2-drain`); "withdrawn" is the time until another gateway owns the VIP.
 fn l2_events(bed: &Testbed, fleet: &mut Fleet, o: &Options) -> anyhow::Result<Vec<EventResult>> {
     let n = o.gateways;
-    let client = Client::start(&bed.client_namespace(), o.streams)?;
+    let client = Client::start_to(&bed.client_namespace(), o.streams, fleet.vip)?;
     client.wait_all_open(o.streams, Duration::from_secs(30))?;
     let mut results = Vec::new();
     for (event, drain) in [("l2-kill", false), ("l2-drain", true)] {
@@ -456,15 +474,18 @@ pub(crate) struct Fleet {
     prefix: String,
     /// Whether the gateways run `[gateway.sync]`.
     sync: bool,
+    /// The VIP whose route (or VRRP owner) tells which gateways take traffic.
+    vip: IpAddr,
 }
 
 impl Fleet {
     pub(crate) fn up(bed: &Testbed) -> anyhow::Result<Fleet> {
-        Self::up_with(bed, true)
+        Self::up_with(bed, true, IpAddr::V4(VIP4))
     }
 
-    /// [`Fleet::up`], with flow sync between the gateways or without it.
-    pub(crate) fn up_with(bed: &Testbed, sync: bool) -> anyhow::Result<Fleet> {
+    /// [`Fleet::up`], with flow sync between the gateways or without it, watching the
+    /// route (or the owner) of `vip`.
+    pub(crate) fn up_with(bed: &Testbed, sync: bool, vip: IpAddr) -> anyhow::Result<Fleet> {
         let router_ns = match bed.router() {
             Some(r) => r.namespace.clone(),
             // The L2 layout, or a lone gateway (`bench flood`): no router to watch.
@@ -481,6 +502,7 @@ impl Fleet {
             layout: bed.layout().clone(),
             prefix: bed.prefix().to_owned(),
             sync,
+            vip,
         };
         for i in 0..fleet.gateways.len() {
             if !sync {
@@ -498,7 +520,7 @@ impl Fleet {
 
     /// The gateway whose `/routes` says it owns the VIP (VRRP master), if one does.
     fn owner(&self) -> Option<usize> {
-        let vip = VIP4.to_string();
+        let vip = self.vip.to_string();
         self.gateways.iter().position(|g| {
             admin(&g.namespace, "GET", "/routes")
                 .ok()
@@ -521,7 +543,8 @@ impl Fleet {
             interrupted()?;
             ensure!(
                 t.elapsed() < ROUTE_CHANGE.max(GATEWAY_UP),
-                "no gateway owns {VIP4} after {:?}",
+                "no gateway owns {} after {:?}",
+                self.vip,
                 t.elapsed()
             );
             thread::sleep(Duration::from_millis(10));
@@ -673,14 +696,15 @@ impl Fleet {
     fn wait_paths(&self, n: usize) -> anyhow::Result<()> {
         let t = Instant::now();
         loop {
-            let now = paths(&self.router_ns);
+            let now = paths(&self.router_ns, self.vip);
             if now == n {
                 return Ok(());
             }
             interrupted()?;
             ensure!(
                 t.elapsed() < ROUTE_CHANGE.max(GATEWAY_UP),
-                "the router's route to {VIP4} has {now} next hops, not {n}, after {:?}",
+                "the router's route to {} has {now} next hops, not {n}, after {:?}",
+                self.vip,
                 t.elapsed()
             );
             thread::sleep(Duration::from_millis(10));
@@ -700,10 +724,22 @@ impl Drop for Fleet {
     }
 }
 
-/// Next hops of the router's route to the VIP (`ip route show`): 0 without a route.
-pub fn paths(router_ns: &str) -> usize {
+/// Next hops of the router's route to `vip` (`ip route show`): 0 without a route.
+pub fn paths(router_ns: &str, vip: IpAddr) -> usize {
+    let (family, len) = if vip.is_ipv6() {
+        ("-6", 128)
+    } else {
+        ("-4", 32)
+    };
     let out = Command::new("ip")
-        .args(["-n", router_ns, "route", "show", &format!("{VIP4}/32")])
+        .args([
+            "-n",
+            router_ns,
+            family,
+            "route",
+            "show",
+            &format!("{vip}/{len}"),
+        ])
         .output();
     let text = out
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
@@ -770,6 +806,11 @@ pub(crate) struct Client {
     handle: Option<thread::JoinHandle<()>>,
 }
 
+/// Where the client's streams and requests go: the VIP's HTTP port.
+fn vip_addr(vip: IpAddr) -> SocketAddr {
+    SocketAddr::new(vip, testbed::HTTP_PORT)
+}
+
 /// An event's beginning.
 pub(crate) struct Window {
     t0: u64,
@@ -778,20 +819,27 @@ pub(crate) struct Window {
 }
 
 impl Client {
+    /// [`Client::start_to`] the IPv4 VIP.
     pub(crate) fn start(ns: &str, streams: usize) -> anyhow::Result<Client> {
+        Self::start_to(ns, streams, IpAddr::V4(VIP4))
+    }
+
+    /// Starts `streams` streams and the request threads to `vip`, from namespace `ns`.
+    pub(crate) fn start_to(ns: &str, streams: usize, vip: IpAddr) -> anyhow::Result<Client> {
         let log = Arc::new(Mutex::new(Log::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let start = Instant::now();
         let (l, s) = (log.clone(), stop.clone());
+        let to = vip_addr(vip);
         let handle = spawn_in_netns(ns, "failover-client", move || {
             let mut threads = Vec::new();
             for slot in 0..streams {
                 let (l, s) = (l.clone(), s.clone());
-                threads.push(thread::spawn(move || stream_slot(slot, &l, &s, start)));
+                threads.push(thread::spawn(move || stream_slot(slot, to, &l, &s, start)));
             }
             for _ in 0..REQUEST_THREADS {
                 let (l, s) = (l.clone(), s.clone());
-                threads.push(thread::spawn(move || requests(&l, &s, start)));
+                threads.push(thread::spawn(move || requests(to, &l, &s, start)));
             }
             for t in threads {
                 let _ = t.join();
@@ -961,14 +1009,11 @@ fn ms_of(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn vip_addr() -> SocketAddr {
-    SocketAddr::from((VIP4, testbed::HTTP_PORT))
-}
-
-/// One stream slot: a stream open at all times; one that breaks is recorded and replaced.
-fn stream_slot(slot: usize, log: &Mutex<Log>, stop: &AtomicBool, start: Instant) {
+/// One stream slot: a stream to `to` open at all times; one that breaks is recorded and
+/// replaced.
+fn stream_slot(slot: usize, to: SocketAddr, log: &Mutex<Log>, stop: &AtomicBool, start: Instant) {
     while !stop.load(Ordering::Relaxed) {
-        let Ok((stream, reader, backend)) = open_echo() else {
+        let Ok((stream, reader, backend)) = open_echo(to) else {
             thread::sleep(Duration::from_millis(100));
             continue;
         };
@@ -996,8 +1041,8 @@ fn stream_slot(slot: usize, log: &Mutex<Log>, stop: &AtomicBool, start: Instant)
 
 type Echo = (TcpStream, BufReader<TcpStream>, String);
 
-fn open_echo() -> std::io::Result<Echo> {
-    let mut s = TcpStream::connect_timeout(&vip_addr(), Duration::from_secs(2))?;
+fn open_echo(to: SocketAddr) -> std::io::Result<Echo> {
+    let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(READ_TIMEOUT))?;
     s.write_all(b"GET /echo HTTP/1.1\r\nHost: vip\r\n\r\n")?;
@@ -1063,10 +1108,10 @@ fn echo_loop(
     None
 }
 
-/// Short requests, one connection each, until stopped.
-fn requests(log: &Mutex<Log>, stop: &AtomicBool, start: Instant) {
+/// Short requests to `to`, one connection each, until stopped.
+fn requests(to: SocketAddr, log: &Mutex<Log>, stop: &AtomicBool, start: Instant) {
     while !stop.load(Ordering::Relaxed) {
-        let ok = request().is_ok_and(|head| head.starts_with("HTTP/1.1 200"));
+        let ok = request(to).is_ok_and(|head| head.starts_with("HTTP/1.1 200"));
         let t = ms(start);
         log.lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -1076,8 +1121,8 @@ fn requests(log: &Mutex<Log>, stop: &AtomicBool, start: Instant) {
     }
 }
 
-fn request() -> std::io::Result<String> {
-    let mut s = TcpStream::connect_timeout(&vip_addr(), REQUEST_TIMEOUT)?;
+fn request(to: SocketAddr) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&to, REQUEST_TIMEOUT)?;
     s.set_read_timeout(Some(REQUEST_TIMEOUT))?;
     s.write_all(b"GET / HTTP/1.0\r\nHost: vip\r\n\r\n")?;
     let mut text = String::new();

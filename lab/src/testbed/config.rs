@@ -8,6 +8,7 @@
 //! after two misses) so failover tests finish in about a second.
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::path::Path;
 
 use super::fleet::{GatewaySpec, GATEWAY_ASN, ROUTER_ASN};
@@ -140,7 +141,9 @@ pub const SYNC_PORT: u16 = 7946;
 /// (UDP 5353) in `dsr-l2` to `backends` (normally every backend; the failover bench marks
 /// one `draining` to change the backend set), and in the router layout `[gateway.bgp]` with
 /// the router as the peer, in the L2 layout `[gateway.l2]`; and, if `sync`, `[gateway.sync]`
-/// with the other gateways.
+/// with the other gateways. With IPv6 also `web6` (TCP 80 on the IPv6 VIP, the same
+/// backends by their IPv6 addresses), a second BGP peer (the router's IPv6 address on the
+/// link), and flow sync over IPv6.
 pub fn render_gateway(
     layout: &Layout,
     gw: &GatewaySpec,
@@ -219,6 +222,19 @@ hold_time = \"3s\"
 ",
             id = gw.client,
         );
+        if let Some(peer6) = gw.peer6.filter(|_| layout.ipv6) {
+            let _ = write!(
+                s,
+                "
+# The IPv6 VIP's session, over IPv6 on the same link: BIRD sends each VIP to the peers of
+# its family, with this gateway's address on the link as the next hop.
+[[gateway.bgp.peers]]
+address = \"{peer6}\"
+asn = {ROUTER_ASN}
+hold_time = \"3s\"
+"
+            );
+        }
     } else if layout.l2 {
         let members: Vec<String> = (1..=layout.gateways)
             .map(|i| format!("\"gw{i}\""))
@@ -236,11 +252,16 @@ members = [{members}]
         );
     }
     if sync && (layout.gateways > 1 || layout.l2) {
+        // Over IPv6 when the layout has it: the records of both families travel either way.
+        let sync_addr = |g: &GatewaySpec| match g.backend6.filter(|_| layout.ipv6) {
+            Some(a) => SocketAddr::from((a, SYNC_PORT)),
+            None => SocketAddr::from((g.backend, SYNC_PORT)),
+        };
         let peers: Vec<String> = layout
             .gateway_specs()
-            .into_iter()
+            .iter()
             .filter(|g| g.name != gw.name)
-            .map(|g| format!("\"{}:{SYNC_PORT}\"", g.backend))
+            .map(|g| format!("\"{}\"", sync_addr(g)))
             .collect();
         let _ = write!(
             s,
@@ -248,10 +269,10 @@ members = [{members}]
 # Flow sync with the other gateways, over the backend segment: a flow keeps its backend when
 # the router moves it to another gateway or this one restarts, even after a backend change.
 [gateway.sync]
-listen = \"{me}:{SYNC_PORT}\"
+listen = \"{me}\"
 peers = [{peers}]
 ",
-            me = gw.backend,
+            me = sync_addr(gw),
             peers = peers.join(", "),
         );
     }
@@ -273,6 +294,17 @@ peers = [{peers}]
             .iter()
             .map(|(b, state)| (b.ipv4.to_string(), UDP_PORT, b.mac, *state)),
     );
+    if layout.ipv6 {
+        service(
+            &mut s,
+            "HTTP over IPv6 in dsr-l2, to the same backends by their IPv6 addresses.",
+            ("web6", &VIP6.to_string(), HTTP_PORT, "tcp", "dsr-l2"),
+            None,
+            backends
+                .iter()
+                .filter_map(|(b, state)| Some((b.ipv6?.to_string(), HTTP_PORT, b.mac, *state))),
+        );
+    }
     s
 }
 
@@ -429,6 +461,71 @@ mod tests {
         assert!(l2.members.contains(&l2.name));
         assert_eq!(c.gateway.interfaces[0].name, "veth-gw");
         assert!(c.gateway.sync.is_some());
+    }
+
+    /// A dual-stack fleet: the IPv6 VIP's service to every backend's IPv6 address, an IPv6 BGP
+    /// peer beside the IPv4 one, flow sync over IPv6; on the L2 layout no BGP at all.
+    #[test]
+    fn an_ipv6_fleet_gateway_peers_and_syncs_over_ipv6() {
+        let layout = Layout {
+            dpdk: None,
+            queues: 1,
+            prefix: "st9".to_owned(),
+            topology: Topology::OneArm,
+            backends: 3,
+            ipv6: true,
+            gateways: 3,
+            l2: false,
+        };
+        let mut all = active(&layout.backend_specs());
+        all[2].1 = BackendState::Draining;
+        let text = render_gateway(&layout, &layout.gateway(2), &all, true, Path::new("/x"));
+        let c = strait_config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let peers: Vec<String> = c
+            .gateway
+            .bgp
+            .as_ref()
+            .expect("[gateway.bgp]")
+            .peers
+            .iter()
+            .map(|p| p.address.to_string())
+            .collect();
+        assert_eq!(peers, ["192.0.2.33", "2001:db8:c:2::1"]);
+        let sync = c.gateway.sync.as_ref().expect("[gateway.sync]");
+        assert_eq!(sync.listen.to_string(), "[2001:db8:b::2]:7946");
+        let peers: Vec<String> = sync.peers.iter().map(ToString::to_string).collect();
+        assert_eq!(peers, ["[2001:db8:b::1]:7946", "[2001:db8:b::3]:7946"]);
+        let web6 = c.services.iter().find(|s| s.name == "web6").expect("web6");
+        assert_eq!(web6.frontend().to_string(), "[2001:db8::10]:80");
+        assert_eq!(web6.mode, Mode::DsrL2);
+        let b: Vec<String> = web6
+            .backends
+            .iter()
+            .map(|b| format!("{} {}", b.socket_addr(), b.state.as_str()))
+            .collect();
+        assert_eq!(
+            b,
+            [
+                "[2001:db8:b::11]:80 active",
+                "[2001:db8:b::12]:80 active",
+                "[2001:db8:b::13]:80 draining"
+            ]
+        );
+
+        let l2 = Layout {
+            l2: true,
+            gateways: 2,
+            ..layout
+        };
+        let text = render_gateway(&l2, &l2.gateway(1), &all, true, Path::new("/x"));
+        let c = strait_config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert!(c.gateway.bgp.is_none());
+        assert!(c.gateway.l2.is_some());
+        assert_eq!(
+            c.gateway.sync.expect("[gateway.sync]").peers[0].to_string(),
+            "[2001:db8:b::2]:7946"
+        );
+        assert!(c.services.iter().any(|s| s.name == "web6"));
     }
 
     /// The failover bench's backend change: the last backend draining in both services, and

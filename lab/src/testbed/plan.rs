@@ -208,7 +208,7 @@ pub struct Layout {
     /// Number of backend namespaces.
     pub backends: usize,
     /// Whether to configure IPv6 (the kernel may have it off; the layouts with several
-    /// gateways are IPv4 only).
+    /// gateways have it when asked, `--ipv6`).
     pub ipv6: bool,
     /// Gateway namespaces, 1 ..= [`MAX_GATEWAYS`]; 1 without `l2` is the layout above.
     pub gateways: usize,
@@ -713,13 +713,15 @@ mod tests {
             }
         }
         for (gateways, l2) in [(2, false), (MAX_GATEWAYS, false), (1, true), (3, true)] {
-            all.push(Layout {
-                dpdk: None,
-                queues: 1,
-                gateways,
-                l2,
-                ..layout(Topology::OneArm, 3, false)
-            });
+            for ipv6 in [false, true] {
+                all.push(Layout {
+                    dpdk: None,
+                    queues: 1,
+                    gateways,
+                    l2,
+                    ..layout(Topology::OneArm, 3, ipv6)
+                });
+            }
         }
         for topology in [Topology::OneArm, Topology::TwoArm] {
             all.push(Layout {
