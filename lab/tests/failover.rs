@@ -4,7 +4,8 @@
 //! through more than one gateway; `testbed down` leaves nothing. `bench failover` with 20
 //! streams resets none of them when a gateway is killed. The L2 layout: two gateways on the
 //! client segment elect the VIP's owner with VRRP; SIGKILL of the owner hands the VIP to
-//! the other within a second and resets no stream, and so does a drain. The one-gateway
+//! the other within a second and resets no stream, and so does a drain. The same with an
+//! IPv6 VIP: IPv6 BGP sessions and ECMP, flow sync over IPv6, VRRPv3 for IPv6. The one-gateway
 //! benches run here too: floods, and an abused admin API. Needs root,
 //! bird2, keepalived, iproute2 (tc), ethtool and curl; fails with a clear message without
 //! them unless `STRAIT_SKIP_PRIVILEGED=1`.
@@ -205,6 +206,72 @@ fn no_event_of_three_gateways_resets_a_stream() {
         Default::default(),
         "the bench left namespaces"
     );
+}
+
+/// `bench failover --ipv6`: the streams go to the IPv6 VIP, which the router learns over
+/// the gateways' IPv6 sessions and spreads by ECMP on L4 ports; the gateways sync flows over
+/// IPv6. Kill, drain, restart after a backend change and a kill during one reset no stream.
+#[test]
+fn no_event_of_three_gateways_resets_an_ipv6_stream() {
+    let Some(_serial) = serial_if(privileged) else {
+        return;
+    };
+    let p = prefix("h");
+    let report = bench(
+        &p,
+        &["failover", "--ipv6", "--gateways", "3", "--streams", "10"],
+    );
+    assert_eq!(report["vip"], "2001:db8::10", "{report}");
+    let results = report["results"].as_array().expect("results");
+    let events: Vec<&str> = results.iter().filter_map(|r| r["event"].as_str()).collect();
+    assert_eq!(
+        events,
+        ["kill", "drain", "restart", "backend-change-during-kill"]
+    );
+    for r in results {
+        assert_eq!(r["streams"], 10, "{r}");
+        assert_eq!(r["streams_reset"], 0, "streams reset: {r}");
+        assert_eq!(r["flows_moved_backend"], 0, "flows moved: {r}");
+        // The event hit a gateway that carried some of the streams: ECMP spread them.
+        assert!(
+            r["gateway_share"].as_f64().is_some_and(|s| s > 0.0),
+            "the gateway had no traffic: {r}"
+        );
+    }
+}
+
+/// `bench failover --l2 --ipv6`: VRRPv3 elects the IPv6 VIP's owner; its SIGKILL and its
+/// drain move the IPv6 VIP (the new owner's unsolicited neighbour advertisement) and reset
+/// no stream.
+#[test]
+fn killing_or_draining_the_ipv6_vips_vrrp_owner_resets_no_stream() {
+    let Some(_serial) = serial_if(privileged) else {
+        return;
+    };
+    let p = prefix("i");
+    let report = bench(
+        &p,
+        &[
+            "failover",
+            "--l2",
+            "--ipv6",
+            "--gateways",
+            "2",
+            "--streams",
+            "10",
+        ],
+    );
+    assert_eq!(report["vip"], "2001:db8::10", "{report}");
+    let results = report["results"].as_array().expect("results");
+    let events: Vec<&str> = results.iter().filter_map(|r| r["event"].as_str()).collect();
+    assert_eq!(events, ["l2-kill", "l2-drain"]);
+    for r in results {
+        assert_eq!(r["streams_reset"], 0, "streams reset: {r}");
+        assert!(
+            r["withdrawn_ms"].as_u64().is_some_and(|ms| ms < 3000),
+            "the IPv6 VIP took 3 s or more to move: {r}"
+        );
+    }
 }
 
 #[test]
