@@ -240,6 +240,27 @@ impl Bird {
         );
         let added = after.difference(&before).count();
         let withdrawn = before.difference(&after).count();
+        // BIRD sends a VIP to the peers of its family only: a VIP of a family without a peer
+        // is announced to nobody.
+        for family_v6 in [false, true] {
+            let orphans = after
+                .difference(&before)
+                .filter(|v| v.is_ipv6() == family_v6)
+                .count();
+            if orphans > 0
+                && !self
+                    .bgp
+                    .peers
+                    .iter()
+                    .any(|p| p.address.is_ipv6() == family_v6)
+            {
+                let family = if family_v6 { "IPv6" } else { "IPv4" };
+                warn!(
+                    vips = orphans,
+                    "bgp: {family} VIPs to announce but no {family} peer in [[gateway.bgp.peers]]: no router learns them"
+                );
+            }
+        }
         self.announced = vips;
         let r = self.write_config().and_then(|()| self.reconfigure());
         match r {
