@@ -21,7 +21,8 @@
 //! namespaces `{prefix}-gw1..N`, each with a configuration of its own
 //! (`/run/strait/{prefix}/gwN.toml`), behind a router namespace `{prefix}-rt` that runs BIRD
 //! 2 (BGP to every gateway, the VIP as a kernel multipath route), or on the client's
-//! segment. The router's BIRD is a recorded server like the backends, so `down` ends it.
+//! segment; with `--ipv6`, dual stack. The router's BIRD is a recorded server like the
+//! backends, so `down` ends it.
 //!
 //! The backends are real processes (`strait-lab testbed serve`, see `backend_server`) rather
 //! than threads: a thread cannot enter another network namespace without `setns`, which
