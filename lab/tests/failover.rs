@@ -41,9 +41,17 @@ fn prefix(tag: &str) -> String {
     format!("fo{}{tag}", std::process::id() % 100_000)
 }
 
+const VIP6: &str = "2001:db8::10";
+
 /// Next hops of the router's route to the VIP.
 fn paths(bed: &Bed) -> usize {
-    let out = bed.exec("rt", &["ip", "route", "show", &format!("{VIP}/32")]);
+    paths_to(bed, &format!("{VIP}/32"))
+}
+
+/// Next hops of the router's route to `prefix` (of either family).
+fn paths_to(bed: &Bed, prefix: &str) -> usize {
+    let family = if prefix.contains(':') { "-6" } else { "-4" };
+    let out = bed.exec("rt", &["ip", family, "route", "show", prefix]);
     let t = text(&out.stdout);
     match t.matches("nexthop via").count() {
         0 => usize::from(t.contains(" via ")),
@@ -94,13 +102,15 @@ fn bench(p: &str, args: &[&str]) -> Value {
     report
 }
 
+/// Dual stack: both VIPs, each over the sessions of its family, each route with three next
+/// hops hashed on L4 ports.
 #[test]
 fn three_gateways_behind_a_router_share_the_vip_and_down_leaves_nothing() {
     let Some(_serial) = serial_if(privileged) else {
         return;
     };
     let p = prefix("a");
-    let bed = Bed::up(&p, &["--gateways", "3", "--backends", "3"]);
+    let bed = Bed::up(&p, &["--gateways", "3", "--backends", "3", "--ipv6"]);
     let gateways = bed.info["gateways"].as_array().expect("gateways").clone();
     assert_eq!(gateways.len(), 3, "{}", bed.info);
     assert_eq!(bed.info["router"]["namespace"], format!("{p}-rt"));
@@ -110,11 +120,11 @@ fn three_gateways_behind_a_router_share_the_vip_and_down_leaves_nothing() {
         tc.contains("strait_rehash"),
         "no hash reset on the router:\n{tc}"
     );
-    let policy = bed.must(
-        "rt",
-        &["sysctl", "-n", "net.ipv4.fib_multipath_hash_policy"],
-    );
-    assert_eq!(policy.trim(), "1");
+    for family in ["ipv4", "ipv6"] {
+        let key = format!("net.{family}.fib_multipath_hash_policy");
+        let policy = bed.must("rt", &["sysctl", "-n", &key]);
+        assert_eq!(policy.trim(), "1", "{key}");
+    }
 
     let mut procs = Vec::new();
     for g in &gateways {
@@ -135,28 +145,43 @@ fn three_gateways_behind_a_router_share_the_vip_and_down_leaves_nothing() {
         Duration::from_secs(20),
         || (paths(&bed) == 3).then_some(()),
     );
+    wait_for(
+        "an IPv6 route with 3 next hops on the router",
+        Duration::from_secs(20),
+        || (paths_to(&bed, &format!("{VIP6}/128")) == 3).then_some(()),
+    );
     let route = bed.must("rt", &["ip", "route", "show", &format!("{VIP}/32")]);
-    eprintln!("the router's route:\n{route}");
+    let route6 = bed.must("rt", &["ip", "-6", "route", "show", &format!("{VIP6}/128")]);
+    eprintln!("the router's routes:\n{route}{route6}");
     for g in &gateways {
         let via = format!("nexthop via {}", g["client_address"].as_str().unwrap());
         assert!(route.contains(&via), "{via} missing:\n{route}");
+        let via6 = format!("nexthop via {}", g["client_address6"].as_str().unwrap());
+        assert!(route6.contains(&via6), "{via6} missing:\n{route6}");
     }
 
-    // Thirty connections, each on a new source port: the L4 hash spreads them.
-    for i in 0..30 {
-        let answer = bed
-            .curl(&format!("http://{VIP}/"))
-            .unwrap_or_else(|e| panic!("request {i} through the router failed: {e}"));
-        assert!(answer.starts_with("backend=b"), "{answer}");
+    // Thirty connections per family, each on a new source port: the L4 hash spreads them.
+    for url in [format!("http://{VIP}/"), format!("http://[{VIP6}]/")] {
+        let before: Vec<f64> = gateways
+            .iter()
+            .map(|g| rx_packets(g["namespace"].as_str().unwrap()))
+            .collect();
+        for i in 0..30 {
+            let answer = bed
+                .curl(&url)
+                .unwrap_or_else(|e| panic!("request {i} to {url} through the router failed: {e}"));
+            assert!(answer.starts_with("backend=b"), "{answer}");
+        }
+        let used = gateways
+            .iter()
+            .zip(&before)
+            .filter(|(g, b)| rx_packets(g["namespace"].as_str().unwrap()) > **b)
+            .count();
+        assert!(
+            used >= 2,
+            "only {used} of 3 gateways forwarded 30 connections to {url}"
+        );
     }
-    let used = gateways
-        .iter()
-        .filter(|g| rx_packets(g["namespace"].as_str().unwrap()) > 0.0)
-        .count();
-    assert!(
-        used >= 2,
-        "only {used} of 3 gateways forwarded 30 connections"
-    );
 
     // SIGTERM to all at once (each withdraws, forwards through its 2 s drain grace and
     // exits 0, its BIRD directory removed), then collect them.
