@@ -1899,7 +1899,7 @@ fn the_gateway_is_ready_once_the_first_list_is_applied() {
     let file =
         strait_config::parse("[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n").unwrap();
     let mut gw = strait_control::run::Gateway::with_ports(
-        strait_control::run::Source::Builtin,
+        strait_control::run::ConfigSource::Builtin,
         file,
         vec![strait_dataplane::table::Port::new(
             strait_config::model::MacAddr([2, 0, 0, 0, 0, 1]),
