@@ -517,3 +517,185 @@ fn a_kubernetes_change_reads_only_its_backends_next_hops() {
         .and_then(|b| b.mac_addr());
     assert_eq!(resolved, Some(MacAddr([2, 0, 0, 1, 3, 0xef])));
 }
+
+/// Slow start: `web` with `backends` and `slow_start = "6s"` (and `extra` service fields).
+fn ramped(backends: &[&str], extra: &str) -> String {
+    config(backends).replace(
+        "maglev_table_size = 251",
+        &format!("maglev_table_size = 251\nslow_start = \"6s\"\n{extra}"),
+    )
+}
+
+/// The weight and (id, incarnation) of web's backend `addr` in the live table, 0 when it
+/// takes no new flows.
+fn weight_of(c: &Driven, addr: &str) -> (u32, (u32, u32)) {
+    let t = &c.live;
+    let web = t.services.iter().find(|s| s.name == "web").unwrap();
+    let b = web
+        .backends
+        .iter()
+        .filter_map(|&id| t.backend(id))
+        .find(|b| b.address() == ip(addr))
+        .unwrap();
+    let w = if b.health == Health::Up { b.weight } else { 0 };
+    (w, (b.id.0, b.incarnation))
+}
+
+fn reload(c: &mut Driven, toml: &str) {
+    let loaded = Loaded {
+        config: strait_config::parse(toml).unwrap(),
+        locals: Vec::new(),
+        neighbours: Neighbours::default(),
+    };
+    c.handle(Event::Reload(Ok(Box::new(loaded)))).unwrap();
+}
+
+/// Ticks when the core asks to, until it asks no more; the weights of `addr` after each
+/// tick, with the time since `start` in milliseconds.
+fn run_ramp(c: &mut Driven, addr: &str, start: Instant) -> Vec<(u128, u32)> {
+    let mut seen = Vec::new();
+    while let Some(at) = c.core.poll_timeout() {
+        assert!(at > c.now, "a deadline in the past");
+        c.now = at;
+        let before = c.live.generation;
+        c.handle(Event::Tick).unwrap();
+        assert_eq!(
+            c.live.generation,
+            before + 1,
+            "a step updates the table once"
+        );
+        seen.push(((c.now - start).as_millis(), weight_of(c, addr).0));
+        assert!(seen.len() < 100, "the ramp does not end");
+    }
+    seen
+}
+
+#[test]
+fn an_added_backend_ramps_a_step_a_second_and_keeps_its_id() {
+    let two = ["198.51.100.11", "198.51.100.12"];
+    let mut c = Driven::new(&ramped(&two, ""));
+    // A service's first backends have nobody to share with: no ramp.
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 100);
+    assert_eq!(
+        c.core.poll_timeout(),
+        None,
+        "nothing ramps, nothing to wake for"
+    );
+
+    let start = c.now;
+    reload(
+        &mut c,
+        &ramped(&["198.51.100.11", "198.51.100.12", "198.51.100.13"], ""),
+    );
+    let (w, id) = weight_of(&c, "198.51.100.13");
+    assert_eq!(w, 10, "10 % of weight 100 at first");
+    assert_eq!(
+        weight_of(&c, "198.51.100.11").0,
+        100,
+        "the others keep theirs"
+    );
+    assert_eq!(c.core.poll_timeout(), Some(start + Duration::from_secs(1)));
+
+    // A tick before the step is due changes nothing.
+    c.now = start + Duration::from_millis(500);
+    let g = c.live.generation;
+    c.handle(Event::Tick).unwrap();
+    assert_eq!(c.live.generation, g, "no table between steps");
+
+    let steps = run_ramp(&mut c, "198.51.100.13", start);
+    assert_eq!(
+        steps,
+        [
+            (1000, 25),
+            (2000, 40),
+            (3000, 55),
+            (4000, 70),
+            (5000, 85),
+            (6000, 100)
+        ]
+    );
+    assert_eq!(
+        weight_of(&c, "198.51.100.13").1,
+        id,
+        "the same id and incarnation all along: its flows keep it"
+    );
+    assert_eq!(c.core.poll_timeout(), None, "the ramp is over");
+    let t = c.live.generation;
+    c.now += Duration::from_secs(5);
+    c.handle(Event::Tick).unwrap();
+    assert_eq!(c.live.generation, t, "no rebuild once nothing ramps");
+}
+
+#[test]
+fn without_slow_start_an_added_backend_takes_its_weight_at_once() {
+    let mut c = Driven::new(&config(&["198.51.100.11", "198.51.100.12"]));
+    reload(
+        &mut c,
+        &config(&["198.51.100.11", "198.51.100.12", "198.51.100.13"]),
+    );
+    assert_eq!(weight_of(&c, "198.51.100.13").0, 100);
+    assert_eq!(c.core.poll_timeout(), None);
+}
+
+#[test]
+fn recovered_and_undrained_backends_ramp_again() {
+    let two = ["198.51.100.11", "198.51.100.12"];
+    let mut c = Driven::new(&ramped(&two, "health_check = { kind = \"tcp\" }"));
+    let b1 = BackendKey::new("web", ip("198.51.100.11"), 80);
+    c.handle(Event::Health(vec![(b1.clone(), false)])).unwrap();
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 0);
+    assert_eq!(c.core.poll_timeout(), None, "going down starts nothing");
+
+    c.now += Duration::from_secs(10);
+    let start = c.now;
+    c.handle(Event::Health(vec![(b1.clone(), true)])).unwrap();
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 10, "healthy again: ramps");
+    c.now = start + Duration::from_secs(2);
+    c.handle(Event::Tick).unwrap();
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 40);
+
+    // Down in the middle of the ramp ends it; up again starts it over.
+    c.handle(Event::Health(vec![(b1.clone(), false)])).unwrap();
+    assert_eq!(c.core.poll_timeout(), None);
+    c.now += Duration::from_millis(300);
+    let again = c.now;
+    c.handle(Event::Health(vec![(b1, true)])).unwrap();
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 10);
+    let steps = run_ramp(&mut c, "198.51.100.11", again);
+    assert_eq!(steps.len(), 6);
+    assert_eq!(steps.last(), Some(&(6000, 100)));
+
+    // Drained and back to active: ramps again, from the reload that undrains it.
+    let drained = ramped(&two, "health_check = { kind = \"tcp\" }").replacen(
+        "port = 80, mac",
+        "port = 80, state = \"draining\", mac",
+        1,
+    );
+    reload(&mut c, &drained);
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 0);
+    c.now += Duration::from_secs(1);
+    reload(&mut c, &ramped(&two, "health_check = { kind = \"tcp\" }"));
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 10, "undrained: ramps");
+    assert_eq!(weight_of(&c, "198.51.100.12").0, 100);
+
+    // Turning slow start off ends the ramp at once.
+    reload(
+        &mut c,
+        &config(&two).replace(
+            "maglev_table_size = 251",
+            "maglev_table_size = 251\nhealth_check = { kind = \"tcp\" }",
+        ),
+    );
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 100);
+    assert_eq!(c.core.poll_timeout(), None);
+}
+
+#[test]
+fn turning_slow_start_on_ramps_no_serving_backend() {
+    let two = ["198.51.100.11", "198.51.100.12"];
+    let mut c = Driven::new(&config(&two));
+    reload(&mut c, &ramped(&two, ""));
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 100);
+    assert_eq!(weight_of(&c, "198.51.100.12").0, 100);
+    assert_eq!(c.core.poll_timeout(), None);
+}
