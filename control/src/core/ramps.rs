@@ -48,11 +48,12 @@
 //!   between gateways in that window (flow sync covers it where it runs).
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use strait_config::model::{BackendState, Service};
 use strait_dataplane::table::{Health, ServiceTable};
+use tracing::info;
 
 /// The time between two steps of a ramp.
 pub const STEP: Duration = Duration::from_secs(1);
@@ -131,11 +132,15 @@ impl Ramps {
         ramps.retain(|k, _| now_serving.contains(k));
         if !was.is_empty() {
             for k in &now_serving {
-                if !was.contains(k) {
-                    ramps.entry(*k).or_insert(Ramp {
-                        since: now,
-                        step: 0,
-                    });
+                if !was.contains(k) && !ramps.contains_key(k) {
+                    info!(service = %s.name, backend = %SocketAddr::from(*k), slow_start = ?window, "backend came up: ramping its weight");
+                    ramps.insert(
+                        *k,
+                        Ramp {
+                            since: now,
+                            step: 0,
+                        },
+                    );
                 }
             }
         }
@@ -146,6 +151,7 @@ impl Ramps {
             let step = steps(now, r.since);
             if step >= n {
                 ramps.remove(&k);
+                info!(service = %s.name, backend = %SocketAddr::from(k), weight = b.weight, "slow start over: full weight");
                 continue;
             }
             r.step = step;
@@ -183,14 +189,6 @@ impl Ramps {
             .flat_map(|m| m.values())
             .map(|r| r.since + STEP * u32::try_from(r.step + 1).unwrap_or(u32::MAX))
             .min()
-    }
-
-    /// The backends ramping: service, (address, port), the whole seconds since each came up.
-    pub fn iter(&self, now: Instant) -> impl Iterator<Item = (&str, (IpAddr, u16), u64)> + '_ {
-        self.services.iter().flat_map(move |(n, m)| {
-            m.iter()
-                .map(move |(k, r)| (n.as_str(), *k, steps(now, r.since)))
-        })
     }
 }
 

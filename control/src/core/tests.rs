@@ -529,8 +529,13 @@ fn ramped(backends: &[&str], extra: &str) -> String {
 /// The weight and (id, incarnation) of web's backend `addr` in the live table, 0 when it
 /// takes no new flows.
 fn weight_of(c: &Driven, addr: &str) -> (u32, (u32, u32)) {
+    weight_in(c, "web", addr)
+}
+
+/// [`weight_of`] in service `service`.
+fn weight_in(c: &Driven, service: &str, addr: &str) -> (u32, (u32, u32)) {
     let t = &c.live;
-    let web = t.services.iter().find(|s| s.name == "web").unwrap();
+    let web = t.services.iter().find(|s| s.name == service).unwrap();
     let b = web
         .backends
         .iter()
@@ -698,4 +703,59 @@ fn turning_slow_start_on_ramps_no_serving_backend() {
     assert_eq!(weight_of(&c, "198.51.100.11").0, 100);
     assert_eq!(weight_of(&c, "198.51.100.12").0, 100);
     assert_eq!(c.core.poll_timeout(), None);
+}
+
+#[test]
+fn a_kubernetes_endpoint_that_comes_up_ramps_and_one_that_goes_ends_its_ramp() {
+    let mut c = Driven::new(&config(&["198.51.100.11"]));
+    let web = c.core.config().services[0].clone();
+    let kube = |backends: &[&str]| {
+        let mut s = web.clone();
+        s.name = "default/k".to_owned();
+        s.vip = ip("203.0.113.20");
+        s.slow_start = Some(Duration::from_secs(6));
+        s.backends = backends
+            .iter()
+            .map(|a| {
+                let mut b = web.backends[0].clone();
+                b.address = ip(a);
+                b
+            })
+            .collect();
+        Arc::new(s)
+    };
+    let publish = |c: &mut Driven, s: Option<Arc<Service>>| {
+        let services: Vec<Arc<Service>> = s.iter().cloned().collect();
+        c.handle(Event::Kube(vec![Publication {
+            services,
+            changes: vec![("default/k".to_owned(), s)],
+        }]))
+        .unwrap();
+    };
+    publish(&mut c, Some(kube(&["198.51.100.21"])));
+    assert_eq!(weight_in(&c, "default/k", "198.51.100.21").0, 100);
+    assert_eq!(c.core.poll_timeout(), None);
+
+    // A second endpoint becomes ready: it ramps.
+    let start = c.now;
+    publish(&mut c, Some(kube(&["198.51.100.21", "198.51.100.22"])));
+    assert_eq!(weight_in(&c, "default/k", "198.51.100.22").0, 10);
+    assert_eq!(c.core.poll_timeout(), Some(start + Duration::from_secs(1)));
+    c.now = start + Duration::from_secs(1);
+    c.handle(Event::Tick).unwrap();
+    assert_eq!(weight_in(&c, "default/k", "198.51.100.22").0, 25);
+
+    // It goes (not ready, or its pod deleted): its ramp ends with it.
+    publish(&mut c, Some(kube(&["198.51.100.21"])));
+    assert_eq!(c.core.poll_timeout(), None);
+    // Back a little later: a ramp from the start again.
+    c.now += Duration::from_millis(1500);
+    let again = c.now;
+    publish(&mut c, Some(kube(&["198.51.100.21", "198.51.100.22"])));
+    assert_eq!(weight_in(&c, "default/k", "198.51.100.22").0, 10);
+    assert_eq!(c.core.poll_timeout(), Some(again + Duration::from_secs(1)));
+    // The Service removed mid-ramp: nothing left to step.
+    publish(&mut c, None);
+    assert_eq!(c.core.poll_timeout(), None);
+    assert_eq!(c.core.ramps().next(), None);
 }
