@@ -64,9 +64,13 @@ memory_mb = {DPDK_MEMORY_MB}
             "
 [[gateway.interfaces]]
 name = \"{name}\"
-queues = [0]
+queues = [{queues}]
 role = \"{role}\"
-"
+",
+            queues = (0..layout.queues.max(1))
+                .map(|q| q.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
         );
         if let Some(vdev) = layout.dpdk {
             let _ = writeln!(
@@ -324,6 +328,7 @@ mod tests {
     fn render_parse(topology: Topology, ipv6: bool) -> strait_config::Config {
         let layout = Layout {
             dpdk: None,
+            queues: 1,
             prefix: "st9".to_owned(),
             topology,
             backends: 3,
@@ -379,6 +384,7 @@ mod tests {
     fn every_gateway_of_a_router_layout_peers_with_its_link() {
         let layout = Layout {
             dpdk: None,
+            queues: 1,
             prefix: "st9".to_owned(),
             topology: Topology::OneArm,
             backends: 3,
@@ -437,6 +443,7 @@ mod tests {
             gateways: 2,
             l2: false,
             dpdk: None,
+            queues: 1,
         };
         let mut backends = active(&layout.backend_specs());
         backends[2].1 = BackendState::Draining;
