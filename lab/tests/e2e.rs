@@ -712,10 +712,11 @@ fn slow_start_weight(v: &Value, addr: &str) -> Option<u64> {
 /// in its first second, 85/185 in its sixth), and is about half once the ramp is over. 24
 /// keep-alive connections opened on b1 before the reload answer from b1 after the ramp:
 /// by then about half of their Maglev slots are b2's (that none is has a chance of 2^-24),
-/// so only their flow entries keep them where they are.
+/// so only their flow entries keep them where they are. Then b2's server dies and comes
+/// back: healthy again, b2 ramps again, and takes few of the new flows of its first second.
 #[test]
-fn p_slow_start_ramps_an_added_backend_and_moves_no_established_flow() {
-    let Some(s) = scenario("p", &["--backends", "2"]) else {
+fn q_slow_start_ramps_an_added_or_recovered_backend_and_moves_no_established_flow() {
+    let Some(s) = scenario("slow", &["--backends", "2"]) else {
         return;
     };
     let ramped = |t: &str| {
@@ -892,5 +893,42 @@ fn p_slow_start_ramps_an_added_backend_and_moves_no_established_flow() {
         conns.round(),
         first,
         "an established connection moved or broke over the ramp"
+    );
+
+    // b2's server dies and comes back: healthy again, it ramps again from 10.
+    sh(&["kill", "-KILL", &s.backend_pid("b2").to_string()]);
+    wait_for("b2 marked down", Duration::from_secs(5), || {
+        let v = gw.services()?;
+        (e2e::health_of(&v, "web", &b2) == "down").then_some(())
+    });
+    let _revived = s.serve("b2", "b2", &["--tcp", "[::]:80"]);
+    let w = wait_for("b2 up again", Duration::from_secs(5), || {
+        let v = gw.services()?;
+        (e2e::health_of(&v, "web", &b2) == "up").then(|| slow_start_weight(&v, &b2))
+    });
+    assert!(
+        w.is_some_and(|w| w <= 25),
+        "healthy again, b2 does not ramp: {w:?}"
+    );
+    // Its first second: 10 of 110, then 25 of 125, of the new flows.
+    let out = s.python(&["rate", VIP, "100", "1"]).output().unwrap();
+    let answers: Vec<Option<String>> = text(&out.stdout)
+        .lines()
+        .map(|l| l.split_once(' ').map(|(_, a)| a.to_owned()))
+        .collect();
+    let per = per_backend(&answers);
+    let b2n = per.get("b2").copied().unwrap_or(0);
+    assert!(
+        b2n < 35 && per.values().sum::<usize>() == 100,
+        "b2 took {b2n} of the first 100 new flows after it recovered: {per:?}"
+    );
+    wait_for("the ramp over", Duration::from_secs(8), || {
+        let v = gw.services()?;
+        slow_start_weight(&v, &b2).is_none().then_some(())
+    });
+    assert_eq!(
+        conns.round(),
+        first,
+        "an established connection moved or broke over the second ramp"
     );
 }
