@@ -412,12 +412,11 @@ impl Control {
         let probes = hops.fill(&mut filled.services, &loaded.neighbours);
         // On a copy, committed with the table.
         let mut ramps = self.ramps.clone();
-        ramps.retain(|n| filled.services.iter().any(|s| s.name == n));
+        ramps.retain_services(&filled.services);
         let mut index = None;
         for s in &mut filled.services {
             ramps.apply(s, &self.table, &mut index, down, self.now);
         }
-        drop(index);
         self.builder.set_locals(&loaded.locals);
         let table = match self.builder.build(&filled, &self.ports, down) {
             Ok(t) => t,
@@ -611,7 +610,6 @@ impl Control {
                 self.now,
             );
         }
-        drop(index);
         let by_name: HashMap<&str, &Service> = set.iter().map(|s| (s.name.as_str(), s)).collect();
         let changes: Vec<Change<'_>> = names
             .iter()
@@ -649,8 +647,7 @@ impl Control {
         let mut cfg = self.config.clone();
         self.hops.clear();
         let probes = self.hops.fill(&mut cfg.services, &self.neighbours);
-        self.ramps
-            .retain(|n| cfg.services.iter().any(|s| s.name == n));
+        self.ramps.retain_services(&cfg.services);
         let mut index = None;
         let health = &self.health;
         for s in &mut cfg.services {
@@ -662,8 +659,6 @@ impl Control {
                 self.now,
             );
         }
-        drop(index);
-        let health = &self.health;
         let table = self
             .builder
             .build(&cfg, &self.ports, |s, a, p| health.is_down(s, a, p))

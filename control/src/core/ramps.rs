@@ -50,7 +50,7 @@
 //!   pick another backend on another gateway, which only matters to a flow the router moves
 //!   between gateways in that window (flow sync covers it where it runs).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -113,7 +113,7 @@ impl Ramps {
             b.state == BackendState::Active && b.weight > 0 && !down(&s.name, b.address, b.port)
         };
         let index = index.get_or_insert_with(|| live_index(table));
-        let was: Vec<(IpAddr, u16)> = index
+        let was: HashSet<(IpAddr, u16)> = index
             .get(s.name.as_str())
             .map(|&i| {
                 table.services[i]
@@ -126,7 +126,7 @@ impl Ramps {
             })
             .unwrap_or_default();
         let ramps = self.services.entry(s.name.clone()).or_default();
-        let now_serving: Vec<(IpAddr, u16)> = s
+        let now_serving: HashSet<(IpAddr, u16)> = s
             .backends
             .iter()
             .filter(|b| serving(b))
@@ -170,9 +170,13 @@ impl Ramps {
         self.services.remove(name);
     }
 
-    /// Keeps the ramps of the services `keep` says to.
-    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
-        self.services.retain(|n, _| keep(n));
+    /// Keeps the ramps of `services` only (a whole build: the others are gone).
+    pub fn retain_services(&mut self, services: &[Service]) {
+        if self.services.is_empty() {
+            return;
+        }
+        let names: HashSet<&str> = services.iter().map(|s| s.name.as_str()).collect();
+        self.services.retain(|n, _| names.contains(n.as_str()));
     }
 
     /// The services with a backend whose ramp is at another step at `now` than their table
