@@ -7,10 +7,10 @@
 //! - **What comes up.** A backend of a service with `slow_start` that takes new flows in the
 //!   table about to be built and did not in the live one: added (to the file, or a new ready
 //!   endpoint or node from Kubernetes), healthy again, or no longer draining (its `state`
-//!   back to `active`, its weight back above 0). It ramps only when the live table gave the
-//!   service another backend taking new flows: a service's first backends (at start, a new
-//!   service, every backend back at once) have nobody to share with, and taking their full
-//!   weight at once is what they would get anyway. A backend that stops taking new flows
+//!   back to `active`, its weight back above 0). It ramps only beside a backend that takes
+//!   new flows in both tables: a service's first backends (at start, a new service, every
+//!   backend back at once, a single backend replaced) have nobody to share with, and all
+//!   the new flows are what they get anyway. A backend that stops taking new flows
 //!   (down, draining, removed) ends its ramp; when it comes back, the ramp starts again.
 //!   Turning `slow_start` on ramps no backend that is already serving.
 //! - **The weight over the ramp.** Linear in the whole seconds `k` since the backend came up:
@@ -18,7 +18,7 @@
 //!   `w`, then `w` from second `n` on. 10 % is Envoy's default `min_weight_percent` for its
 //!   slow start: a share small enough for a cold backend and large enough to warm it. With
 //!   the default weight 100 every step moves a few percent of the weight; a weight below
-//!   ten ramps in coarser steps, and weight 1 cannot ramp at all (a weight is whole).
+//!   ten ramps in coarser steps, and weight 1 does not ramp at all (a weight is whole).
 //!   The share of new flows follows the weight: `w_r / (w_r + Σ others)`, so a backend
 //!   beside one other of equal weight starts at 1/11 of the new flows, not 1/20.
 //! - **Steps at most once a second, and only while something ramps.** A step is an
@@ -93,10 +93,10 @@ pub fn live_index(table: &ServiceTable) -> LiveIndex<'_> {
 
 impl Ramps {
     /// Follows service `s` as it is about to be built at `now` (`down(service, address,
-    /// port)` says which backends failed their health check), against the live `table` (`index` from
-    /// [`live_index`], made on first use): starts the ramps of backends that came up, ends
-    /// those of backends that no longer take new flows, and sets each ramping backend's
-    /// weight in `s` to its ramp's.
+    /// port)` says which backends failed their health check), against the live `table`
+    /// (`index` from [`live_index`], made on first use): starts the ramps of backends that
+    /// came up, ends those of backends that no longer take new flows, and sets each ramping
+    /// backend's weight in `s` to its ramp's.
     pub fn apply<'t>(
         &mut self,
         s: &mut Service,
@@ -133,12 +133,18 @@ impl Ramps {
             .map(|b| (b.address.to_canonical(), b.port))
             .collect();
         ramps.retain(|k, _| now_serving.contains(k));
-        if !was.is_empty() {
-            for k in &now_serving {
-                if !was.contains(k) && !ramps.contains_key(k) {
-                    info!(service = %s.name, backend = %SocketAddr::from(*k), slow_start = ?window, "backend came up: ramping its weight");
+        let n = window.as_secs().max(1);
+        // Beside a backend that takes new flows before and after: else there is nobody to
+        // share with.
+        if now_serving.iter().any(|k| was.contains(k)) {
+            for b in &s.backends {
+                let k = (b.address.to_canonical(), b.port);
+                // Weight 1 has no smaller step to start from.
+                let can = weight(b.weight, 0, n) < b.weight;
+                if can && now_serving.contains(&k) && !was.contains(&k) && !ramps.contains_key(&k) {
+                    info!(service = %s.name, backend = %SocketAddr::from(k), slow_start = ?window, "backend came up: ramping its weight");
                     ramps.insert(
-                        *k,
+                        k,
                         Ramp {
                             since: now,
                             step: 0,
@@ -147,7 +153,6 @@ impl Ramps {
                 }
             }
         }
-        let n = window.as_secs().max(1);
         for b in s.backends.iter_mut() {
             let k = (b.address.to_canonical(), b.port);
             let Some(r) = ramps.get_mut(&k) else { continue };

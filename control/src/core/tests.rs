@@ -759,3 +759,23 @@ fn a_kubernetes_endpoint_that_comes_up_ramps_and_one_that_goes_ends_its_ramp() {
     assert_eq!(c.core.poll_timeout(), None);
     assert_eq!(c.core.ramps().next(), None);
 }
+
+#[test]
+fn a_backend_with_nobody_to_share_with_or_no_smaller_weight_does_not_ramp() {
+    let mut c = Driven::new(&ramped(&["198.51.100.11"], ""));
+    // The only backend replaced: the new one takes every new flow at once anyway.
+    reload(&mut c, &ramped(&["198.51.100.12"], ""));
+    assert_eq!(weight_of(&c, "198.51.100.12").0, 100);
+    assert_eq!(c.core.poll_timeout(), None);
+    // Weight 1 has no smaller step.
+    let two = ramped(&["198.51.100.12", "198.51.100.13"], "");
+    let light = two.replacen(
+        "{ address = \"198.51.100.13\", port = 80,",
+        "{ address = \"198.51.100.13\", port = 80, weight = 1,",
+        1,
+    );
+    assert_ne!(light, two);
+    reload(&mut c, &light);
+    assert_eq!(weight_of(&c, "198.51.100.13").0, 1);
+    assert_eq!(c.core.poll_timeout(), None);
+}
