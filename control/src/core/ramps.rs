@@ -41,14 +41,16 @@
 //!   ramp runs on the monotonic clock from the moment this core learnt that the backend
 //!   came up, so the gateways' tables differ by that moment, and not by their clock skew.
 //!   A shared wall-clock start would help only with a start time shared by all the
-//!   gateways, and none exists: EndpointSlice conditions carry no time, and each gateway
-//!   runs its own health checks. So gateways disagree by how far apart they observed the
-//!   change: a Kubernetes change reaches every gateway's watch within the API server's
-//!   delivery (milliseconds to tens of milliseconds), a health check turns up within about
-//!   one `interval` on each gateway (each checks on its own clock), a file reload when the
-//!   operator's tooling reloads each one. Within that window a new flow's first packets may
-//!   pick another backend on another gateway, which only matters to a flow the router moves
-//!   between gateways in that window (flow sync covers it where it runs).
+//!   gateways, and none exists: EndpointSlice conditions carry no time (the slice's optional
+//!   `endpoints.kubernetes.io/last-change-trigger-time` annotation is the latest change of
+//!   any of its endpoints, not one endpoint's), and each gateway runs its own health checks.
+//!   So gateways disagree by how far apart they observed the change: a Kubernetes change
+//!   reaches every gateway's watch within the API server's delivery (milliseconds to tens
+//!   of milliseconds), a health check turns up within about one `interval` on each gateway
+//!   (each checks on its own clock), a file reload when the operator's tooling reloads each
+//!   one. Within that window a new flow's first packets may pick another backend on another
+//!   gateway, which only matters to a flow the router moves between gateways in that window
+//!   (flow sync covers it where it runs).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
