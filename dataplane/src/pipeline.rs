@@ -1111,6 +1111,37 @@ backends = [{}]
         (v, f.data().to_vec())
     }
 
+    /// Runs `frames` through `process_batch` in calls of up to `per_call` frames (each
+    /// given the headroom of a UMEM frame); the verdicts and the frames as they leave.
+    pub(crate) fn run_batch(
+        pipe: &mut Pipeline,
+        t: &ServiceTable,
+        now: u64,
+        frames: &[Vec<u8>],
+        per_call: usize,
+    ) -> Vec<(Verdict, Vec<u8>)> {
+        let mut out = Vec::new();
+        for chunk in frames.chunks(per_call) {
+            let mut bufs: Vec<Vec<u8>> = chunk
+                .iter()
+                .map(|f| {
+                    let mut b = vec![0u8; HEADROOM + f.len() + 64];
+                    b[HEADROOM..HEADROOM + f.len()].copy_from_slice(f);
+                    b
+                })
+                .collect();
+            let mut fs: Vec<Frame<'_>> = bufs
+                .iter_mut()
+                .zip(chunk)
+                .map(|(b, f)| Frame::new(b, HEADROOM, f.len()))
+                .collect();
+            let mut vs = vec![Verdict::Pass; fs.len()];
+            pipe.process_batch(t, now, 0, &mut fs, &mut vs);
+            out.extend(vs.into_iter().zip(fs.iter().map(|f| f.data().to_vec())));
+        }
+        out
+    }
+
     pub(crate) const CLIENT: ([u8; 4], u16) = ([192, 0, 2, 7], 40000);
     pub(crate) const VIP_A: ([u8; 4], u16) = ([203, 0, 113, 10], 80);
 

@@ -54,7 +54,7 @@
 //! publishes, each a walk over the slots in use. Slots are dense (both directions of an id in 32 bytes, incarnations apart) and
 //! fixed-size, so an id checked once against [`SLOTS`] indexes them without further bounds
 //! checks. The instructions and time this adds per packet are in
-//! docs/performance-counters.md.
+//! docs/performance.md ("Cost of the traffic counters").
 
 use crate::table::{Backend, Service, ServiceTable};
 

@@ -3,7 +3,9 @@
 //! which knows nothing of the pipeline that drives it.
 
 use crate::flow::Timeouts;
-use crate::pipeline::tests::{backend_by_mac, build, config, run, CLIENT_MAC, GW_MAC, SEC};
+use crate::pipeline::tests::{
+    backend_by_mac, build, config, run, run_batch, CLIENT_MAC, GW_MAC, SEC,
+};
 use crate::pipeline::{Pipeline, Verdict};
 use crate::table::Service;
 use crate::table::{Builder, ServiceTable};
@@ -118,7 +120,6 @@ fn nat_counts_every_packet_and_byte_in_and_every_reply_out() {
 
 #[test]
 fn a_batch_counts_as_its_frames_one_by_one() {
-    use crate::rewrite::{Frame, HEADROOM};
     let x = ("198.51.100.11", 0x11);
     let y = ("198.51.100.12", 0x12);
     let t = build(&mut Builder::new(), &config("nat", &[x, y], &[]));
@@ -138,22 +139,8 @@ fn a_batch_counts_as_its_frames_one_by_one() {
         let _ = run(&mut one, &t, SEC, f);
     }
     let mut batched = Pipeline::new(0, 1, 1024, Timeouts::default(), 0);
-    let mut bufs: Vec<Vec<u8>> = frames
-        .iter()
-        .map(|f| {
-            let mut b = vec![0u8; HEADROOM + f.len() + 64];
-            b[HEADROOM..HEADROOM + f.len()].copy_from_slice(f);
-            b
-        })
-        .collect();
-    let mut fs: Vec<Frame<'_>> = bufs
-        .iter_mut()
-        .zip(&frames)
-        .map(|(b, f)| Frame::new(b, HEADROOM, f.len()))
-        .collect();
-    let mut verdicts = vec![Verdict::Pass; fs.len()];
-    batched.process_batch(&t, SEC, 0, &mut fs, &mut verdicts);
-    assert!(verdicts.iter().all(|v| *v == Verdict::Tx { port: 0 }));
+    let out = run_batch(&mut batched, &t, SEC, &frames, frames.len());
+    assert!(out.iter().all(|(v, _)| *v == Verdict::Tx { port: 0 }));
     let s = &t.services[0];
     assert_eq!(
         counts(&batched.traffic.service(&t, s)),

@@ -322,6 +322,29 @@ mac = \"{mac}\"
 
 #[cfg(test)]
 mod tests {
+    /// `--queues`: the gateway gets a worker per queue on every interface.
+    #[test]
+    fn a_worker_per_queue() {
+        for topology in [Topology::OneArm, Topology::TwoArm] {
+            let layout = Layout {
+                prefix: "st9".to_owned(),
+                topology,
+                backends: 2,
+                ipv6: false,
+                gateways: 1,
+                l2: false,
+                dpdk: None,
+                queues: 2,
+            };
+            let c = strait_config::parse(&render(&layout, Path::new("/x.toml")))
+                .expect("the configuration parses");
+            assert!(!c.gateway.interfaces.is_empty());
+            for i in &c.gateway.interfaces {
+                assert_eq!(i.queues, [0, 1], "{}", i.name);
+            }
+        }
+    }
+
     use super::*;
     use strait_config::{HealthKind, Mode, Protocol, Role};
 
