@@ -1,12 +1,24 @@
 //! ICMPv4 (RFC 792) and ICMPv6 (RFC 4443) messages: the header, and which types are errors
 //! that embed the packet that caused them.
 
-use super::{be16, Error};
+use super::{checksum, get16, get32, set16, set32, Error, Field};
 
 /// Length of the ICMP header (type, code, checksum, 4 bytes of rest).
-pub const HEADER_LEN: usize = 8;
+pub const HEADER_LEN: usize = field::REST.end;
 /// Offset of the checksum.
-pub const CHECKSUM_OFFSET: usize = 2;
+pub const CHECKSUM_OFFSET: usize = field::CHECKSUM.start;
+
+/// Where the fields lie (RFC 792, RFC 4443 section 2.1).
+mod field {
+    use super::Field;
+    pub const TYPE: usize = 0;
+    pub const CODE: usize = 1;
+    pub const CHECKSUM: Field = 2..4;
+    /// The rest of the header, by type: for "fragmentation needed" (RFC 1191) two unused
+    /// bytes and the next-hop MTU, for "packet too big" (RFC 4443) the MTU, as one
+    /// big-endian word either way.
+    pub const REST: Field = 4..8;
+}
 
 /// ICMPv4 types used here.
 pub mod v4 {
@@ -73,23 +85,69 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     /// Message type.
+    #[inline(always)]
     pub fn msg_type(&self) -> u8 {
-        self.buf.as_ref()[0]
+        self.buf.as_ref()[field::TYPE]
     }
 
     /// Message code.
+    #[inline(always)]
     pub fn code(&self) -> u8 {
-        self.buf.as_ref()[1]
+        self.buf.as_ref()[field::CODE]
     }
 
     /// Checksum as on the wire.
+    #[inline(always)]
     pub fn checksum(&self) -> u16 {
-        be16(self.buf.as_ref(), CHECKSUM_OFFSET)
+        get16(self.buf.as_ref(), field::CHECKSUM)
+    }
+
+    /// The last four bytes of the header as one word: the MTU of "fragmentation needed"
+    /// and "packet too big", the identifier and sequence number of an echo.
+    #[inline(always)]
+    pub fn rest(&self) -> u32 {
+        get32(self.buf.as_ref(), field::REST)
     }
 
     /// The bytes after the 8-byte header: for an error, the start of the offending packet.
+    #[inline(always)]
     pub fn payload(&self) -> &[u8] {
         &self.buf.as_ref()[HEADER_LEN..]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Sets the message type.
+    #[inline(always)]
+    pub fn set_msg_type(&mut self, t: u8) {
+        self.buf.as_mut()[field::TYPE] = t;
+    }
+
+    /// Sets the message code.
+    #[inline(always)]
+    pub fn set_code(&mut self, c: u8) {
+        self.buf.as_mut()[field::CODE] = c;
+    }
+
+    /// Writes the checksum field.
+    #[inline(always)]
+    pub fn set_checksum(&mut self, c: u16) {
+        set16(self.buf.as_mut(), field::CHECKSUM, c);
+    }
+
+    /// Sets the rest of the header ([`Packet::rest`]).
+    #[inline(always)]
+    pub fn set_rest(&mut self, r: u32) {
+        set32(self.buf.as_mut(), field::REST, r);
+    }
+
+    /// Computes the checksum over the whole message (the view's bytes) and `pseudo`, the
+    /// pseudo-header sum ICMPv6 covers (RFC 4443 section 2.3; zero for ICMPv4), and writes
+    /// it.
+    pub fn fill_checksum(&mut self, pseudo: u64) {
+        self.set_checksum(0);
+        let c = !checksum::fold(checksum::sum(pseudo, self.buf.as_ref()));
+        self.set_checksum(c);
     }
 }
 
@@ -103,10 +161,25 @@ mod tests {
         let p = Packet::new_checked(&b[..]).unwrap();
         assert_eq!((p.msg_type(), p.code(), p.checksum()), (3, 4, 0xabcd));
         assert_eq!(p.payload(), &[0x45]);
+        assert_eq!(p.rest(), 1500);
         assert!(is_error_v4(p.msg_type()));
         assert!(!is_error_v4(v4::ECHO_REQUEST));
         assert!(is_error_v6(v6::PACKET_TOO_BIG));
         assert!(!is_error_v6(v6::ECHO_REQUEST));
         assert_eq!(Packet::new_checked(&b[..7]).unwrap_err(), Error::Truncated);
+    }
+
+    #[test]
+    fn construct() {
+        // A "fragmentation needed" quoting one byte, checksum over the whole message.
+        let mut b = [0u8; 9];
+        b[8] = 0x45;
+        let mut p = Packet::new_checked(&mut b[..]).unwrap();
+        p.set_msg_type(v4::DEST_UNREACHABLE);
+        p.set_code(v4::CODE_FRAG_NEEDED);
+        p.set_rest(1480);
+        p.fill_checksum(0);
+        assert_eq!(&b[..8], &[3, 4, 0xb2, 0x33, 0, 0, 0x05, 0xc8]);
+        assert_eq!(checksum::checksum(&b), 0, "the message verifies");
     }
 }

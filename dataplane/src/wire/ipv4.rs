@@ -11,6 +11,13 @@ pub const FLAG_MF: u16 = 0x2000;
 /// Mask of the fragment offset (in 8-byte units).
 pub const FRAG_OFFSET_MASK: u16 = 0x1fff;
 
+/// The IP version a packet states in the high nibble of its first byte, where IPv4 and IPv6
+/// both keep it: for telling them apart before either view is made.
+#[inline(always)]
+pub const fn version(first: u8) -> u8 {
+    first >> 4
+}
+
 mod field {
     use core::ops::Range;
     pub const VER_IHL: usize = 0;
@@ -44,7 +51,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         if b.len() < HEADER_LEN {
             return Err(Error::Truncated);
         }
-        if b[field::VER_IHL] >> 4 != 4 || b[field::VER_IHL] & 0x0f < 5 {
+        if version(b[field::VER_IHL]) != 4 || b[field::VER_IHL] & 0x0f < 5 {
             return Err(Error::Malformed);
         }
         let p = Self { buf };
@@ -56,6 +63,15 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(Error::Truncated);
         }
         Ok(p)
+    }
+
+    /// Wraps bytes the caller vouches for: accessors panic past the end of `buf`. For frames
+    /// validated by [`Packet::new_checked`] (the pipeline re-wraps a frame it parsed to
+    /// rewrite it), the fixed header an ICMP error quotes (whose stated length runs past the
+    /// quote), and a header about to be written.
+    #[inline(always)]
+    pub(crate) fn new_unchecked(buf: T) -> Self {
+        Self { buf }
     }
 
     /// Header length in bytes, options included.
@@ -157,12 +173,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Wraps bytes already validated by [`Packet::new_checked`] (the pipeline re-wraps a
-    /// frame it parsed to rewrite it). Accessors may panic on bytes that were not validated.
-    pub(crate) fn new_unchecked(buf: T) -> Self {
-        Self { buf }
-    }
-
     /// Sets the source address, updating the header checksum incrementally.
     pub fn set_src(&mut self, a: [u8; 4]) {
         let old = self.src();

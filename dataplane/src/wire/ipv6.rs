@@ -91,6 +91,15 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Ok(p)
     }
 
+    /// Wraps bytes the caller vouches for: accessors panic past the end of `buf`. For frames
+    /// validated by [`Packet::new_checked`] (the pipeline re-wraps a frame it parsed to
+    /// rewrite it), the fixed header an ICMP error quotes (whose stated length runs past the
+    /// quote), and a header about to be written.
+    #[inline(always)]
+    pub(crate) fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+
     /// Traffic class.
     pub fn traffic_class(&self) -> u8 {
         ((be32(self.buf.as_ref(), field::VER_TC_FLOW) >> 20) & 0xff) as u8
@@ -199,12 +208,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Wraps bytes already validated by [`Packet::new_checked`] (the pipeline re-wraps a
-    /// frame it parsed to rewrite it). Accessors may panic on bytes that were not validated.
-    pub(crate) fn new_unchecked(buf: T) -> Self {
-        Self { buf }
-    }
-
     /// Sets the source address (IPv6 has no header checksum; the caller fixes the upper
     /// layer's).
     pub fn set_src(&mut self, a: [u8; 16]) {
