@@ -1,6 +1,6 @@
 //! Ethernet II frames (IEEE 802.3) with an optional single 802.1Q tag.
 
-use super::{be16, Error};
+use super::{be16, put16, Error};
 
 /// Length of an untagged Ethernet header.
 pub const HEADER_LEN: usize = 14;
@@ -49,7 +49,15 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Ok(Self { buf })
     }
 
+    /// Wraps bytes the caller vouches for: accessors panic past the end of `buf`. For frames
+    /// the pipeline parsed before it rewrites them.
+    #[inline(always)]
+    pub(crate) fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+
     /// Destination MAC address.
+    #[inline(always)]
     pub fn dst(&self) -> [u8; 6] {
         let mut m = [0; 6];
         m.copy_from_slice(&self.buf.as_ref()[field::DST]);
@@ -57,6 +65,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     /// Source MAC address.
+    #[inline(always)]
     pub fn src(&self) -> [u8; 6] {
         let mut m = [0; 6];
         m.copy_from_slice(&self.buf.as_ref()[field::SRC]);
@@ -64,6 +73,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     /// The outer EtherType (0x8100 for a tagged frame).
+    #[inline(always)]
     pub fn ethertype(&self) -> u16 {
         be16(self.buf.as_ref(), field::ETHERTYPE)
     }
@@ -93,13 +103,26 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the destination MAC address.
+    #[inline(always)]
     pub fn set_dst(&mut self, mac: [u8; 6]) {
         self.buf.as_mut()[field::DST].copy_from_slice(&mac);
     }
 
     /// Sets the source MAC address.
+    #[inline(always)]
     pub fn set_src(&mut self, mac: [u8; 6]) {
         self.buf.as_mut()[field::SRC].copy_from_slice(&mac);
+    }
+
+    /// Sets the EtherType of the payload: after the VLAN tag if there is one, else the
+    /// outer one.
+    #[inline(always)]
+    pub fn set_payload_ethertype(&mut self, t: u16) {
+        let at = match self.ethertype() {
+            ETHERTYPE_VLAN => field::INNER_ETHERTYPE,
+            _ => field::ETHERTYPE,
+        };
+        put16(self.buf.as_mut(), at, t);
     }
 }
 
@@ -128,7 +151,13 @@ mod tests {
         let mut p = Packet::new_checked(&mut b[..]).unwrap();
         p.set_dst([1, 2, 3, 4, 5, 6]);
         p.set_src([7, 8, 9, 10, 11, 12]);
+        p.set_payload_ethertype(ETHERTYPE_IPV6);
         assert_eq!(&b[..12], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+        assert_eq!(&b[12..], &[0x81, 0x00, 0x20, 0x64, 0x86, 0xdd]);
+        let mut untagged = [0u8; 14];
+        let mut p = Packet::new_checked(&mut untagged[..]).unwrap();
+        p.set_payload_ethertype(ETHERTYPE_IPV4);
+        assert_eq!(p.ethertype(), ETHERTYPE_IPV4);
     }
 
     #[test]

@@ -84,6 +84,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Ok(Self { buf })
     }
 
+    /// Wraps bytes the caller vouches for: accessors panic past the end of `buf`. For frames
+    /// the pipeline parsed before it rewrites them, and a message about to be written.
+    #[inline(always)]
+    pub(crate) fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+
     /// Message type.
     #[inline(always)]
     pub fn msg_type(&self) -> u8 {

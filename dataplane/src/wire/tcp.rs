@@ -1,6 +1,6 @@
 //! TCP headers (RFC 9293): the fields a load balancer reads and rewrites.
 
-use super::{get16, get32, set16, Error, Field};
+use super::{checksum, get16, get32, set16, Error, Field};
 
 /// Length of a TCP header without options.
 pub const HEADER_LEN: usize = field::URGENT.end;
@@ -144,6 +144,14 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     #[inline(always)]
     pub fn set_checksum(&mut self, c: u16) {
         set16(self.buf.as_mut(), field::CHECKSUM, c);
+    }
+
+    /// Computes the checksum over the whole segment (the view's bytes: header, options and
+    /// payload, link padding excluded) and `pseudo`, its pseudo-header sum
+    /// ([`checksum::pseudo_header`]), and writes it: one pass over the segment.
+    #[inline]
+    pub fn fill_checksum(&mut self, pseudo: u64) {
+        checksum::complete(self.buf.as_mut(), field::CHECKSUM.start, pseudo, false);
     }
 }
 

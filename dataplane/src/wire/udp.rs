@@ -1,6 +1,6 @@
 //! UDP headers (RFC 768).
 
-use super::{get16, set16, Error, Field};
+use super::{checksum, get16, set16, Error, Field};
 
 /// Length of a UDP header.
 pub const HEADER_LEN: usize = field::CHECKSUM.end;
@@ -105,6 +105,14 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     #[inline(always)]
     pub fn set_checksum(&mut self, c: u16) {
         set16(self.buf.as_mut(), field::CHECKSUM, c);
+    }
+
+    /// Computes the checksum over the whole segment (the view's bytes: header, options and
+    /// payload, link padding excluded) and `pseudo`, its pseudo-header sum
+    /// ([`checksum::pseudo_header`]), and writes it: one pass over the segment. A zero result is written as all ones (RFC 768).
+    #[inline]
+    pub fn fill_checksum(&mut self, pseudo: u64) {
+        checksum::complete(self.buf.as_mut(), field::CHECKSUM.start, pseudo, true);
     }
 }
 
