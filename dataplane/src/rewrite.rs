@@ -402,10 +402,8 @@ pub fn encapsulate(
     frame.push_front(overhead);
     let d = frame.data_mut();
     d.copy_within(overhead..overhead + l2, 0);
-    let mut eth = ethernet::Packet::new_unchecked(&mut d[..l2]);
-    eth.set_dst(m.dst);
-    eth.set_src(m.src);
-    eth.set_payload_ethertype(if outer_v6 {
+    set_macs(d, m);
+    ethernet::Packet::new_unchecked(&mut d[..l2]).set_payload_ethertype(if outer_v6 {
         ethernet::ETHERTYPE_IPV6
     } else {
         ethernet::ETHERTYPE_IPV4

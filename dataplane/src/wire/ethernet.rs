@@ -114,15 +114,15 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         self.buf.as_mut()[field::SRC].copy_from_slice(&mac);
     }
 
-    /// Sets the EtherType of the payload: after the VLAN tag if there is one, else the
-    /// outer one.
+    /// Sets the EtherType of the payload (after the VLAN tag if there is one) in a view over
+    /// exactly the header, tag included ([`Packet::header_len`] bytes): its last two bytes.
+    /// The rewrite knows the header's length from the parse, so the tag is not read again.
     #[inline(always)]
     pub fn set_payload_ethertype(&mut self, t: u16) {
-        let at = match self.ethertype() {
-            ETHERTYPE_VLAN => field::INNER_ETHERTYPE,
-            _ => field::ETHERTYPE,
-        };
-        put16(self.buf.as_mut(), at, t);
+        debug_assert_eq!(self.buf.as_ref().len(), self.header_len());
+        let b = self.buf.as_mut();
+        let at = b.len() - 2;
+        put16(b, at, t);
     }
 }
 
@@ -151,8 +151,10 @@ mod tests {
         let mut p = Packet::new_checked(&mut b[..]).unwrap();
         p.set_dst([1, 2, 3, 4, 5, 6]);
         p.set_src([7, 8, 9, 10, 11, 12]);
-        p.set_payload_ethertype(ETHERTYPE_IPV6);
         assert_eq!(&b[..12], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+        Packet::new_checked(&mut b[..])
+            .unwrap()
+            .set_payload_ethertype(ETHERTYPE_IPV6);
         assert_eq!(&b[12..], &[0x81, 0x00, 0x20, 0x64, 0x86, 0xdd]);
         let mut untagged = [0u8; 14];
         let mut p = Packet::new_checked(&mut untagged[..]).unwrap();
