@@ -101,6 +101,10 @@ impl<'a> Frame<'a> {
     }
 }
 
+/// TTL (hop limit) of the IP headers the gateway writes: an encapsulation's outer header and
+/// an ICMP error's; Linux's default (`net.ipv4.ip_default_ttl`).
+const TTL: u8 = 64;
+
 /// Source and destination MACs of a frame leaving the gateway.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Macs {
@@ -415,42 +419,47 @@ pub fn encapsulate(
     };
     let s = o.source();
     if outer_v6 {
-        ipv6::emit(
-            &mut d[l2..],
-            p.tos,
-            (entropy >> 16) as u32,
-            payload_len as u16,
-            next,
-            64,
-            s,
-            *dst,
-        );
+        ipv6::Repr {
+            src: s,
+            dst: *dst,
+            next_header: next,
+            payload_len: payload_len as u16,
+            hop_limit: TTL,
+            traffic_class: p.tos,
+            flow_label: (entropy >> 16) as u32,
+        }
+        .emit(&mut ipv6::Packet::new_unchecked(&mut d[l2..]));
     } else {
         let (mut s4, mut d4) = ([0u8; 4], [0u8; 4]);
         s4.copy_from_slice(&s[12..]);
         d4.copy_from_slice(&dst[12..]);
         let df = p.df && !p.v6;
-        let ident = if df { 0 } else { (entropy >> 24) as u16 };
-        ipv4::emit(
-            &mut d[l2..],
-            p.tos,
-            (ip_hdr + payload_len) as u16,
-            ident,
-            df,
-            64,
-            next,
-            s4,
-            d4,
-        );
+        ipv4::Repr {
+            src: s4,
+            dst: d4,
+            protocol: next,
+            payload_len: payload_len as u16,
+            tos: p.tos,
+            ident: if df { 0 } else { (entropy >> 24) as u16 },
+            dont_fragment: df,
+            ttl: TTL,
+        }
+        .emit(&mut ipv4::Packet::new_unchecked(&mut d[l2..]));
     }
     if let Encap::Gue { port } = how {
         let u = l2 + ip_hdr;
-        udp::emit(&mut d[u..], o.gue_source_port(), port, payload_len as u16);
+        let mut gue = udp::Packet::new_unchecked(&mut d[u..u + payload_len]);
+        udp::Repr {
+            src_port: o.gue_source_port(),
+            dst_port: port,
+            payload_len: p.ip_len as u16,
+        }
+        .emit(&mut gue);
         if outer_v6 {
             // RFC 6935/6936 allow a zero UDP checksum for tunnels over IPv6 only where both ends
             // opt in; compute it so any receiver accepts the packet.
             let ps = checksum::pseudo_header(&s, dst, proto::UDP, payload_len as u32);
-            udp::Packet::new_unchecked(&mut d[u..u + payload_len]).fill_checksum(ps);
+            gue.fill_checksum(ps);
         }
         // Over IPv4 the checksum stays zero (RFC 768: "no checksum"), as GUE allows and the
         // kernel's fou sends by default; the inner packet has its own checksums.
@@ -492,45 +501,36 @@ pub fn icmp_too_big(frame: &mut Frame<'_>, p: &Parsed, inner_mtu: u16, port_mac:
     d.copy_within(l2..l2 + quote, start);
     let icmp_len = icmp::HEADER_LEN + quote;
     let ic = l2 + ip_hdr;
-    let (msg_type, code, pseudo) = if p.v6 {
-        let pseudo = checksum::pseudo_header(&p.dst, &p.src, proto::ICMPV6, icmp_len as u32);
-        (icmp::v6::PACKET_TOO_BIG, 0, pseudo)
-    } else {
-        (icmp::v4::DEST_UNREACHABLE, icmp::v4::CODE_FRAG_NEEDED, 0)
-    };
     let mut msg = icmp::Packet::new_unchecked(&mut d[ic..ic + icmp_len]);
-    msg.set_msg_type(msg_type);
-    msg.set_code(code);
-    // The MTU in the last bytes of the header: a 16-bit next-hop MTU behind two unused bytes
-    // (RFC 1191) or a 32-bit MTU (RFC 4443), the same word.
-    msg.set_rest(inner_mtu as u32);
-    msg.fill_checksum(pseudo);
     if p.v6 {
-        ipv6::emit(
-            &mut d[l2..],
-            0,
-            0,
-            icmp_len as u16,
-            proto::ICMPV6,
-            64,
-            p.dst,
-            p.src,
-        );
+        let pseudo = checksum::pseudo_header(&p.dst, &p.src, proto::ICMPV6, icmp_len as u32);
+        icmp::Repr::packet_too_big(inner_mtu as u32).emit(&mut msg, pseudo);
+        ipv6::Repr {
+            src: p.dst,
+            dst: p.src,
+            next_header: proto::ICMPV6,
+            payload_len: icmp_len as u16,
+            hop_limit: TTL,
+            traffic_class: 0,
+            flow_label: 0,
+        }
+        .emit(&mut ipv6::Packet::new_unchecked(&mut d[l2..]));
     } else {
+        icmp::Repr::frag_needed(inner_mtu).emit(&mut msg, 0);
         let (mut s4, mut d4) = ([0u8; 4], [0u8; 4]);
         s4.copy_from_slice(&p.dst[12..]);
         d4.copy_from_slice(&p.src[12..]);
-        ipv4::emit(
-            &mut d[l2..],
-            0,
-            (ip_hdr + icmp_len) as u16,
-            0,
-            true,
-            64,
-            proto::ICMP,
-            s4,
-            d4,
-        );
+        ipv4::Repr {
+            src: s4,
+            dst: d4,
+            protocol: proto::ICMP,
+            payload_len: icmp_len as u16,
+            tos: 0,
+            ident: 0,
+            dont_fragment: true,
+            ttl: TTL,
+        }
+        .emit(&mut ipv4::Packet::new_unchecked(&mut d[l2..]));
     }
     frame.len = l2 + ip_hdr + icmp_len;
 }

@@ -66,6 +66,53 @@ pub const fn is_error_v6(t: u8) -> bool {
     )
 }
 
+/// The header of an ICMP error the gateway answers with: [`Repr::emit`] writes it in front
+/// of the quote of the packet that caused it, and the checksum over both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Repr {
+    /// Message type.
+    pub msg_type: u8,
+    /// Message code.
+    pub code: u8,
+    /// The last four bytes of the header ([`Packet::rest`]).
+    pub rest: u32,
+}
+
+impl Repr {
+    /// ICMPv4 "fragmentation needed and DF set" (RFC 1191 section 4): the next-hop MTU in the
+    /// low 16 bits of the rest, behind two unused bytes.
+    pub const fn frag_needed(mtu: u16) -> Self {
+        Self {
+            msg_type: v4::DEST_UNREACHABLE,
+            code: v4::CODE_FRAG_NEEDED,
+            rest: mtu as u32,
+        }
+    }
+
+    /// ICMPv6 "packet too big" (RFC 4443 section 3.2): the MTU is the rest.
+    pub const fn packet_too_big(mtu: u32) -> Self {
+        Self {
+            msg_type: v6::PACKET_TOO_BIG,
+            code: 0,
+            rest: mtu,
+        }
+    }
+
+    /// Writes the header into the first [`HEADER_LEN`] bytes of `packet`, which holds the
+    /// whole message (the quote already behind the header), and the checksum over the
+    /// message and `pseudo`, the pseudo-header sum ICMPv6 covers (zero for ICMPv4).
+    ///
+    /// # Panics
+    /// If `packet` holds fewer than [`HEADER_LEN`] bytes.
+    #[inline]
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>, pseudo: u64) {
+        packet.set_msg_type(self.msg_type);
+        packet.set_code(self.code);
+        packet.set_rest(self.rest);
+        packet.fill_checksum(pseudo);
+    }
+}
+
 /// A view of an ICMP message.
 #[derive(Debug, Clone, Copy)]
 pub struct Packet<T> {
@@ -179,14 +226,20 @@ mod tests {
     #[test]
     fn construct() {
         // A "fragmentation needed" quoting one byte, checksum over the whole message.
-        let mut b = [0u8; 9];
+        let mut b = [0xffu8; 9];
         b[8] = 0x45;
         let mut p = Packet::new_checked(&mut b[..]).unwrap();
-        p.set_msg_type(v4::DEST_UNREACHABLE);
-        p.set_code(v4::CODE_FRAG_NEEDED);
-        p.set_rest(1480);
-        p.fill_checksum(0);
+        Repr::frag_needed(1480).emit(&mut p, 0);
         assert_eq!(&b[..8], &[3, 4, 0xb2, 0x33, 0, 0, 0x05, 0xc8]);
         assert_eq!(checksum::checksum(&b), 0, "the message verifies");
+        let mut p = Packet::new_checked(&mut b[..]).unwrap();
+        p.set_msg_type(v6::ECHO_REQUEST);
+        p.set_code(0);
+        p.set_rest(0x0001_0002);
+        p.fill_checksum(0x1234);
+        assert_eq!(checksum::fold(checksum::sum(0x1234, &b)), 0xffff);
+        let p = Packet::new_checked(&b[..]).unwrap();
+        assert_eq!((p.msg_type(), p.code(), p.rest()), (128, 0, 0x0001_0002));
+        assert_eq!(Repr::packet_too_big(1280).rest, 1280);
     }
 }

@@ -225,25 +225,43 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 }
 
-/// Writes a 40-byte IPv6 header into `b[..40]`.
-#[allow(clippy::too_many_arguments)]
-pub fn emit(
-    b: &mut [u8],
-    traffic_class: u8,
-    flow_label: u32,
-    payload_len: u16,
-    next: u8,
-    hop_limit: u8,
-    src: [u8; 16],
-    dst: [u8; 16],
-) {
-    let w = (6u32 << 28) | (traffic_class as u32) << 20 | (flow_label & 0x000f_ffff);
-    b[0..4].copy_from_slice(&w.to_be_bytes());
-    put16(b, field::PAYLOAD_LEN, payload_len);
-    b[field::NEXT_HEADER] = next;
-    b[field::HOP_LIMIT] = hop_limit;
-    b[field::SRC].copy_from_slice(&src);
-    b[field::DST].copy_from_slice(&dst);
+/// An IPv6 header without extension headers, as the gateway writes it (the outer header of
+/// an encapsulation, the header of an ICMPv6 error it answers with): [`Repr::emit`] writes
+/// it whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Repr {
+    /// Source address.
+    pub src: [u8; 16],
+    /// Destination address.
+    pub dst: [u8; 16],
+    /// Protocol of the payload.
+    pub next_header: u8,
+    /// Length of the payload (everything after the 40-byte header).
+    pub payload_len: u16,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Traffic class (DSCP and ECN).
+    pub traffic_class: u8,
+    /// Flow label; only its low 20 bits are written.
+    pub flow_label: u32,
+}
+
+impl Repr {
+    /// Writes the header into the first [`HEADER_LEN`] bytes of `packet`.
+    ///
+    /// # Panics
+    /// If `packet` holds fewer than [`HEADER_LEN`] bytes.
+    #[inline]
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
+        let b = &mut packet.buf.as_mut()[..HEADER_LEN];
+        let w = (6u32 << 28) | (self.traffic_class as u32) << 20 | (self.flow_label & 0x000f_ffff);
+        b[field::VER_TC_FLOW..field::VER_TC_FLOW + 4].copy_from_slice(&w.to_be_bytes());
+        put16(b, field::PAYLOAD_LEN, self.payload_len);
+        b[field::NEXT_HEADER] = self.next_header;
+        b[field::HOP_LIMIT] = self.hop_limit;
+        b[field::SRC].copy_from_slice(&self.src);
+        b[field::DST].copy_from_slice(&self.dst);
+    }
 }
 
 #[cfg(test)]
@@ -255,16 +273,16 @@ mod tests {
         let src = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
         let mut dst = src;
         dst[15] = 0x10;
-        emit(
-            &mut b,
-            0x28,
-            0x12345,
-            (ext.len() + payload.len()) as u16,
-            next,
-            64,
+        Repr {
             src,
             dst,
-        );
+            next_header: next,
+            payload_len: (ext.len() + payload.len()) as u16,
+            hop_limit: 64,
+            traffic_class: 0x28,
+            flow_label: 0xf12345,
+        }
+        .emit(&mut Packet::new_unchecked(&mut b[..]));
         b.extend_from_slice(ext);
         b.extend_from_slice(payload);
         b

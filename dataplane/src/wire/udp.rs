@@ -46,7 +46,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Wraps bytes the caller vouches for: accessors panic past the end of `buf`. For the
     /// header of a first fragment, the quote of an ICMP error, frames the pipeline parsed
-    /// before it rewrites them, and a header about to be written ([`emit`]).
+    /// before it rewrites them, and a header about to be written ([`Repr::emit`]).
     #[inline(always)]
     pub(crate) fn new_unchecked(buf: T) -> Self {
         Self { buf }
@@ -116,14 +116,31 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 }
 
-/// Writes a UDP header into `b[..8]` with a zero checksum (the caller fills it in, or leaves
-/// zero where RFC 768 / RFC 6935 allow it).
-pub fn emit(b: &mut [u8], src_port: u16, dst_port: u16, len: u16) {
-    let mut p = Packet::new_unchecked(b);
-    p.set_src_port(src_port);
-    p.set_dst_port(dst_port);
-    p.set_len(len);
-    p.set_checksum(0);
+/// A UDP header as the gateway writes it (the outer header of GUE): [`Repr::emit`] writes
+/// it with a zero checksum, which the caller fills in ([`Packet::fill_checksum`]) or leaves
+/// zero where RFC 768 and RFC 6935 allow it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Repr {
+    /// Source port.
+    pub src_port: u16,
+    /// Destination port.
+    pub dst_port: u16,
+    /// Length of the payload (the length field less the 8-byte header).
+    pub payload_len: u16,
+}
+
+impl Repr {
+    /// Writes the header into the first [`HEADER_LEN`] bytes of `packet`, checksum zero.
+    ///
+    /// # Panics
+    /// If `packet` holds fewer than [`HEADER_LEN`] bytes.
+    #[inline]
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
+        packet.set_src_port(self.src_port);
+        packet.set_dst_port(self.dst_port);
+        packet.set_len(HEADER_LEN as u16 + self.payload_len);
+        packet.set_checksum(0);
+    }
 }
 
 #[cfg(test)]
@@ -132,8 +149,13 @@ mod tests {
 
     #[test]
     fn deconstruct_construct() {
-        let mut b = [0u8; 12];
-        emit(&mut b, 6080, 53, 12);
+        let mut b = [0xffu8; 12];
+        Repr {
+            src_port: 6080,
+            dst_port: 53,
+            payload_len: 4,
+        }
+        .emit(&mut Packet::new_unchecked(&mut b[..]));
         let p = Packet::new_checked(&b[..]).unwrap();
         assert_eq!(
             (p.src_port(), p.dst_port(), p.len(), p.checksum()),
