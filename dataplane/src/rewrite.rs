@@ -109,9 +109,9 @@ const TTL: u8 = 64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Macs {
     /// The egress port's own MAC.
-    pub src: [u8; 6],
+    pub src: ethernet::Address,
     /// The next hop's MAC.
-    pub dst: [u8; 6],
+    pub dst: ethernet::Address,
 }
 
 #[inline(always)]
@@ -474,7 +474,12 @@ pub fn encapsulate(
 /// from. A checksum the client left to offload is completed first, so the quote shows the
 /// packet as it went on the wire.
 #[inline]
-pub fn icmp_too_big(frame: &mut Frame<'_>, p: &Parsed, inner_mtu: u16, port_mac: [u8; 6]) {
+pub fn icmp_too_big(
+    frame: &mut Frame<'_>,
+    p: &Parsed,
+    inner_mtu: u16,
+    port_mac: ethernet::Address,
+) {
     if p.l4_partial {
         complete_l4(frame.data_mut(), p);
     }
@@ -627,8 +632,8 @@ mod tests {
     const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xc1];
     const GW_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
     const M: Macs = Macs {
-        src: GW_MAC,
-        dst: [2, 0, 0, 0, 1, 0x21],
+        src: ethernet::Address(GW_MAC),
+        dst: ethernet::Address([2, 0, 0, 0, 1, 0x21]),
     };
 
     /// RFC 1071 one word at a time, folded.
@@ -811,7 +816,7 @@ mod tests {
         for v6 in [false, true] {
             let valid = client_frame(v6, false, &[0x61; 1400]);
             let partial = offloaded(&valid);
-            let answer = |f: &mut Frame<'_>, p: &Parsed| icmp_too_big(f, p, 1280, GW_MAC);
+            let answer = |f: &mut Frame<'_>, p: &Parsed| icmp_too_big(f, p, 1280, GW_MAC.into());
             let (_, want) = rewritten(&valid, &answer);
             let (_, got) = rewritten(&partial, &answer);
             assert_eq!(got, want, "v6={v6}");
