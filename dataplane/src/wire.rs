@@ -39,6 +39,13 @@ pub(crate) fn put16(b: &mut [u8], off: usize, v: u16) {
     b[off..off + 2].copy_from_slice(&v.to_be_bytes());
 }
 
+/// The IP version a packet states in the high nibble of its first byte, where IPv4 and IPv6
+/// both keep it: for telling them apart before either view is made.
+#[inline(always)]
+pub const fn ip_version(first: u8) -> u8 {
+    first >> 4
+}
+
 /// Where a field of more than one byte lies in its header.
 pub(crate) type Field = core::ops::Range<usize>;
 

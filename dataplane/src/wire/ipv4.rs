@@ -1,6 +1,6 @@
 //! IPv4 headers (RFC 791), options detected and skipped.
 
-use super::{be16, checksum, put16, Error};
+use super::{be16, checksum, ip_version, put16, Error};
 
 /// Length of an IPv4 header without options.
 pub const HEADER_LEN: usize = 20;
@@ -10,13 +10,6 @@ pub const FLAG_DF: u16 = 0x4000;
 pub const FLAG_MF: u16 = 0x2000;
 /// Mask of the fragment offset (in 8-byte units).
 pub const FRAG_OFFSET_MASK: u16 = 0x1fff;
-
-/// The IP version a packet states in the high nibble of its first byte, where IPv4 and IPv6
-/// both keep it: for telling them apart before either view is made.
-#[inline(always)]
-pub const fn version(first: u8) -> u8 {
-    first >> 4
-}
 
 mod field {
     use core::ops::Range;
@@ -51,7 +44,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         if b.len() < HEADER_LEN {
             return Err(Error::Truncated);
         }
-        if version(b[field::VER_IHL]) != 4 || b[field::VER_IHL] & 0x0f < 5 {
+        if ip_version(b[field::VER_IHL]) != 4 || b[field::VER_IHL] & 0x0f < 5 {
             return Err(Error::Malformed);
         }
         let p = Self { buf };

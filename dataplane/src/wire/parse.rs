@@ -16,7 +16,7 @@
 //! otherwise verified here: only a nat rewrite, which must recompute it, checks it first
 //! (the pipeline does), and DSR leaves it to the backend.
 
-use super::{checksum, ethernet, icmp, ipv4, ipv6, ports, sctp, tcp, udp, Error};
+use super::{checksum, ethernet, icmp, ip_version, ipv4, ipv6, ports, sctp, tcp, udp, Error};
 use crate::key::{proto, v4_mapped, FlowKey};
 use crate::stats::DropReason;
 
@@ -320,7 +320,7 @@ fn embedded(frame: &[u8], at: usize, end: usize) -> Result<Option<Embedded>, Dro
     };
     // The quote is cut anywhere, so its header gets an unchecked view once its fixed part
     // is known to be there: the total length it states runs past the quote.
-    let hl = match b.first().map(|&v| ipv4::version(v)) {
+    let hl = match b.first().map(|&v| ip_version(v)) {
         Some(4) if b.len() >= ipv4::HEADER_LEN => {
             let ip = ipv4::Packet::new_unchecked(b);
             let hl = ip.header_len();
