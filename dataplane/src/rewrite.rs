@@ -23,8 +23,7 @@
 //! of the layer at the summary's offsets: the parse already checked their lengths, and the
 //! views' accessors compile to the loads and stores of the fields.
 
-use crate::key::is_v4;
-use crate::key::proto;
+use crate::key::{is_v4, proto, v4_unmapped};
 use crate::wire::checksum::{self, update16, update_bytes};
 use crate::wire::parse::{Frag, Parsed};
 use crate::wire::{ethernet, icmp, ipv4, ipv6, ports, sctp, tcp, udp};
@@ -257,13 +256,11 @@ fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &[u8; 16], port:
         }
         ip.set_hop_limit(p.ttl - 1);
     } else {
-        let mut a = [0u8; 4];
-        a.copy_from_slice(&addr[12..]);
         let mut ip = ipv4::Packet::new_unchecked(&mut d[p.l3..]);
         if dst_side {
-            ip.set_dst(a);
+            ip.set_dst(v4_unmapped(addr));
         } else {
-            ip.set_src(a);
+            ip.set_src(v4_unmapped(addr));
         }
         ip.decrement_ttl();
     }
@@ -430,13 +427,10 @@ pub fn encapsulate(
         }
         .emit(&mut ipv6::Packet::new_unchecked(&mut d[l2..]));
     } else {
-        let (mut s4, mut d4) = ([0u8; 4], [0u8; 4]);
-        s4.copy_from_slice(&s[12..]);
-        d4.copy_from_slice(&dst[12..]);
         let df = p.df && !p.v6;
         ipv4::Repr {
-            src: s4,
-            dst: d4,
+            src: v4_unmapped(&s),
+            dst: v4_unmapped(dst),
             protocol: next,
             payload_len: payload_len as u16,
             tos: p.tos,
@@ -522,12 +516,9 @@ pub fn icmp_too_big(
         .emit(&mut ipv6::Packet::new_unchecked(&mut d[l2..]));
     } else {
         icmp::Repr::frag_needed(inner_mtu).emit(&mut msg, 0);
-        let (mut s4, mut d4) = ([0u8; 4], [0u8; 4]);
-        s4.copy_from_slice(&p.dst[12..]);
-        d4.copy_from_slice(&p.src[12..]);
         ipv4::Repr {
-            src: s4,
-            dst: d4,
+            src: v4_unmapped(&p.dst),
+            dst: v4_unmapped(&p.src),
             protocol: proto::ICMP,
             payload_len: icmp_len as u16,
             tos: 0,
@@ -594,11 +585,9 @@ pub fn nat_icmp_error(frame: &mut Frame<'_>, p: &Parsed, addr: &[u8; 16], port: 
     if p.v6 {
         ipv6::Packet::new_unchecked(&mut d[e.ip..e.l4]).set_src(*addr);
     } else {
-        let mut a = [0u8; 4];
-        a.copy_from_slice(&addr[12..]);
         let mut ip = ipv4::Packet::new_unchecked(&mut d[e.ip..e.l4]);
         let old_ec = ip.checksum();
-        ip.set_src(a);
+        ip.set_src(v4_unmapped(addr));
         c = update16(c, old_ec, ip.checksum());
     }
     if p.v6 {
@@ -610,10 +599,8 @@ pub fn nat_icmp_error(frame: &mut Frame<'_>, p: &Parsed, addr: &[u8; 16], port: 
         ip.set_hop_limit(p.ttl - 1);
     } else {
         icmp::Packet::new_unchecked(&mut d[p.l4..]).set_checksum(c);
-        let mut a = [0u8; 4];
-        a.copy_from_slice(&addr[12..]);
         let mut ip = ipv4::Packet::new_unchecked(&mut d[p.l3..]);
-        ip.set_dst(a);
+        ip.set_dst(v4_unmapped(addr));
         ip.decrement_ttl();
     }
 }
