@@ -77,11 +77,11 @@ use strait_dataplane::xsk::{
 use strait_testkit::harness::{enter_netns, ip, pin_thread, Netns};
 use strait_testkit::privileged as gate;
 
-#[path = "support/counting_alloc.rs"]
-mod counting;
-#[path = "support/packet_socket.rs"]
-mod packet_socket;
-use counting::{ALLOCS, COUNTING};
+use strait_testkit::alloc::{ALLOCS, COUNTING};
+use strait_testkit::packet_socket;
+
+#[global_allocator]
+static ALLOCATOR: strait_testkit::alloc::Counting = strait_testkit::alloc::Counting;
 
 const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x02];
 const MAC_G: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x01];

@@ -490,6 +490,16 @@ fn n_explain_names_the_backend_every_nat_flow_reached_and_explains_its_replies()
     e2e::explain_names_the_backends(Driver::AfXdp, true);
 }
 
+#[test]
+fn m2_explain_asks_every_core_for_a_dsr_flow_on_two_workers() {
+    e2e::explain_on_two_workers(false);
+}
+
+#[test]
+fn n2_explain_asks_the_owner_core_for_a_nat_flow_on_two_workers() {
+    e2e::explain_on_two_workers(true);
+}
+
 /// The `[packets, bytes]` of each `counter` of nftables table `inet strait_traffic` in
 /// namespace `ns`, in rule order.
 fn nft_counters(s: &Scenario, role: &str) -> Vec<[u64; 2]> {
