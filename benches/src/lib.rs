@@ -144,6 +144,7 @@ pub fn config(mode: Mode, services: usize) -> Config {
                 session_affinity: None,
                 health_check: None,
                 route: Default::default(),
+                slow_start: None,
                 backends: (0..BACKENDS_PER_SERVICE)
                     .map(|j| {
                         let b = s * BACKENDS_PER_SERVICE + j;

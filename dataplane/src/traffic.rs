@@ -58,7 +58,7 @@
 
 use crate::table::{Backend, Service, ServiceTable};
 
-/// Slots per array: ids below this have their own slot. The four arrays take 4.5 MiB per
+/// Slots per array: ids below this have their own slot. The arrays take 5 MiB per
 /// core, written once at start so that counting never page-faults.
 pub const SLOTS: usize = 1 << 16;
 

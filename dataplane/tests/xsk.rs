@@ -2240,6 +2240,7 @@ mod draw {
             session_affinity: None,
             health_check: None,
             route: Default::default(),
+            slow_start: None,
             backends: bs,
         }
     }
@@ -2495,6 +2496,7 @@ fn steering_maps_recover_from_a_full_map() {
             session_affinity: None,
             health_check: None,
             route: Default::default(),
+            slow_start: None,
             backends: Vec::new(),
         };
         let all: Vec<model::Service> = (0..cap)
@@ -2592,6 +2594,7 @@ fn steering_map_update_cost_at_scale() {
             session_affinity: None,
             health_check: None,
             route: Default::default(),
+            slow_start: None,
             backends: (0..BACKENDS)
                 .map(|k| model::Backend {
                     address: std::net::IpAddr::V4(std::net::Ipv4Addr::new(

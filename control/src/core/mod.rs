@@ -49,6 +49,10 @@
 //! - **Health checks are the core's decision.** The core says which backend is checked how
 //!   ([`Effect::StartCheck`], [`Effect::StopCheck`]); a restarted check starts up, and the
 //!   core forgets what it was told of it. Reports of backends it does not check are ignored.
+//! - **Slow start ramps by incremental updates.** A backend that comes up in a service with
+//!   `slow_start` takes a growing share of its weight, stepped once a second by an update
+//!   of its service alone ([`ramps`] says what comes up and how the weight grows); the
+//!   timer wakes the core for a step only while some backend ramps.
 //! - **Logs are `tracing` events**, as in quinn-proto: observations, not effects on the
 //!   world; the driver's subscriber writes them.
 //! - **Deterministic.** Effects come in a fixed order and every list in them is sorted, so
@@ -68,6 +72,7 @@
 //! | `hops.rs` | next hops: a read of the kernel's table ([`Neighbours`]), what it covers ([`Scope`]), those followed ([`NextHops`]) |
 //! | `merge.rs` | the merged configuration kept in step with Kubernetes changes |
 //! | `checks.rs` | the health checks wanted and the health told |
+//! | `ramps.rs` | slow start: the backends ramping to their weight, and their weight now |
 //! | `routes.rs` | which VIPs are announced, followed per changed service |
 //! | `vips.rs` | the VIPs claimed, followed per changed service |
 
@@ -75,6 +80,7 @@ mod checks;
 mod event;
 pub mod hops;
 mod merge;
+pub mod ramps;
 mod routes;
 mod vips;
 
@@ -172,6 +178,8 @@ pub struct Control {
     vips: vips::Vips,
     /// Which claimed VIPs are announced to the routers.
     routes: routes::Routes,
+    /// The backends ramping to their weight (slow start).
+    ramps: ramps::Ramps,
     /// Keys the steering maps still lack.
     maps_incomplete: bool,
     maps_retry_at: Instant,
@@ -208,6 +216,7 @@ impl Control {
             recheck_asked: false,
             vips: vips::Vips::default(),
             routes: routes::Routes::default(),
+            ramps: ramps::Ramps::default(),
             maps_incomplete: false,
             maps_retry_at: now,
             recheck_at: now,
@@ -280,10 +289,7 @@ impl Control {
                 }
                 Ok(())
             }
-            Event::Tick => {
-                self.tick(now);
-                Ok(())
-            }
+            Event::Tick => self.tick(now),
         }
     }
 
@@ -296,7 +302,7 @@ impl Control {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let maps = self.maps_incomplete.then_some(self.maps_retry_at);
         let hops = self.hops.watching().then_some(self.recheck_at);
-        maps.into_iter().chain(hops).min()
+        maps.into_iter().chain(hops).chain(self.ramps.next()).min()
     }
 
     /// Takes back a table replaced by an [`Effect::Publish`] once the workers and the
@@ -358,6 +364,11 @@ impl Control {
         self.routes.draining()
     }
 
+    /// The backends ramping to their weight (slow start).
+    pub fn ramps(&self) -> &ramps::Ramps {
+        &self.ramps
+    }
+
     /// The next hops taken from the kernel.
     pub fn next_hops(&self) -> &NextHops {
         &self.hops
@@ -399,6 +410,13 @@ impl Control {
         let mut filled = merged.clone();
         let mut hops = NextHops::default();
         let probes = hops.fill(&mut filled.services, &loaded.neighbours);
+        // On a copy, committed with the table.
+        let mut ramps = self.ramps.clone();
+        ramps.retain_services(&filled.services);
+        let mut index = None;
+        for s in &mut filled.services {
+            ramps.apply(s, &self.table, &mut index, down, self.now);
+        }
         self.builder.set_locals(&loaded.locals);
         let table = match self.builder.build(&filled, &self.ports, down) {
             Ok(t) => t,
@@ -416,6 +434,7 @@ impl Control {
         self.locals = loaded.locals;
         self.neighbours = loaded.neighbours;
         self.hops = hops;
+        self.ramps = ramps;
         self.sync_checks(None);
         self.status_due = true;
         info!(
@@ -524,7 +543,7 @@ impl Control {
         self.update(names.into_iter().collect(), Fill::Live, "health changed")
     }
 
-    fn tick(&mut self, now: Instant) {
+    fn tick(&mut self, now: Instant) -> Result<(), Error> {
         if self.maps_incomplete && now >= self.maps_retry_at {
             self.maps_retry_at = now + MAPS_RETRY;
             self.effects.push_back(Effect::RetryMaps);
@@ -539,6 +558,18 @@ impl Control {
             self.recheck_asked = true;
             self.effects.push_back(Effect::ReadNeighbours(Scope::All));
         }
+        // A held service takes its ramp's weight when its update completes.
+        let held = self.held.as_ref();
+        let due: Vec<String> = self
+            .ramps
+            .due(now)
+            .into_iter()
+            .filter(|n| held.is_none_or(|h| !h.contains(n)))
+            .collect();
+        if due.is_empty() {
+            return Ok(());
+        }
+        self.update(due, Fill::Live, "slow start")
     }
 
     /// Updates the table for the services named in `names` (set or removed) from the live
@@ -549,6 +580,11 @@ impl Control {
             .iter()
             .filter_map(|n| merge::find(&self.config, file_len, n).cloned())
             .collect();
+        for n in &names {
+            if !set.iter().any(|s| &s.name == n) {
+                self.ramps.forget(n);
+            }
+        }
         match fill {
             Fill::Read => {
                 for n in &names {
@@ -562,6 +598,17 @@ impl Control {
                     live_macs(&self.table, s);
                 }
             }
+        }
+        let mut index = None;
+        let health = &self.health;
+        for s in &mut set {
+            self.ramps.apply(
+                s,
+                &self.table,
+                &mut index,
+                |n, a, p| health.is_down(n, a, p),
+                self.now,
+            );
         }
         let by_name: HashMap<&str, &Service> = set.iter().map(|s| (s.name.as_str(), s)).collect();
         let changes: Vec<Change<'_>> = names
@@ -600,7 +647,18 @@ impl Control {
         let mut cfg = self.config.clone();
         self.hops.clear();
         let probes = self.hops.fill(&mut cfg.services, &self.neighbours);
+        self.ramps.retain_services(&cfg.services);
+        let mut index = None;
         let health = &self.health;
+        for s in &mut cfg.services {
+            self.ramps.apply(
+                s,
+                &self.table,
+                &mut index,
+                |n, a, p| health.is_down(n, a, p),
+                self.now,
+            );
+        }
         let table = self
             .builder
             .build(&cfg, &self.ports, |s, a, p| health.is_down(s, a, p))

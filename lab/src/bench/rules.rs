@@ -378,6 +378,7 @@ fn service(i: usize, s: &SvcSpec) -> Service {
         session_affinity: None,
         health_check: None,
         route: Default::default(),
+        slow_start: None,
         backends: s
             .endpoints
             .iter()
