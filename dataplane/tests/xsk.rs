@@ -2239,6 +2239,7 @@ mod draw {
             source_ranges: Vec::new(),
             session_affinity: None,
             health_check: None,
+            passive_health: None,
             route: Default::default(),
             backends: bs,
         }
@@ -2494,6 +2495,7 @@ fn steering_maps_recover_from_a_full_map() {
             source_ranges: Vec::new(),
             session_affinity: None,
             health_check: None,
+            passive_health: None,
             route: Default::default(),
             backends: Vec::new(),
         };
@@ -2591,6 +2593,7 @@ fn steering_map_update_cost_at_scale() {
             source_ranges: Vec::new(),
             session_affinity: None,
             health_check: None,
+            passive_health: None,
             route: Default::default(),
             backends: (0..BACKENDS)
                 .map(|k| model::Backend {
