@@ -275,7 +275,7 @@ pub fn render(v: &Value) -> String {
                 format!("{}:{}", fmt_ip(&b["address"]), b["port"]),
                 b["weight"].to_string(),
                 b["state"].as_str().unwrap_or("?"),
-                b["health"].as_str().unwrap_or("?"),
+                health_cell(b),
                 match &b["next_hop_mac"] {
                     Value::String(m) => m.as_str(),
                     Value::Null if b.get("next_hop_mac").is_some() => "unresolved",
@@ -286,6 +286,19 @@ pub fn render(v: &Value) -> String {
         }
     }
     out
+}
+
+/// A backend's health as `strait status` shows it: the active check's word, and when its
+/// health keeps it from new flows, by what and why: `down (active: timeout)`,
+/// `out (passive: refused)`.
+fn health_cell(b: &Value) -> String {
+    let health = b["health"].as_str().unwrap_or("?");
+    let out = &b["out"];
+    match (out["by"].as_str(), out["cause"].as_str()) {
+        (Some("passive"), Some(cause)) => format!("out (passive: {cause})"),
+        (Some(by), Some(cause)) if !cause.is_empty() => format!("{health} ({by}: {cause})"),
+        _ => health.to_owned(),
+    }
 }
 
 /// The routes part of `strait status`: the BGP sessions, then each VIP's route.

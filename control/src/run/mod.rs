@@ -334,6 +334,20 @@ impl Gateway {
             }
             Effect::StartCheck { backend, check } => self.checker.start(backend, check),
             Effect::StopCheck { backend } => self.checker.stop(&backend),
+            Effect::PassiveOut {
+                backend,
+                cause,
+                failures,
+                window,
+            } => self.checker.passive_out(
+                &backend,
+                cause.as_str(),
+                format!(
+                    "{failures} connection attempts {} within {}",
+                    cause.as_str(),
+                    humantime::format_duration(window)
+                ),
+            ),
             Effect::ClaimVips(v) => {
                 if let Some(vips) = &mut self.vips {
                     if let Err(e) = vips.claim(&v) {
@@ -423,11 +437,14 @@ impl Gateway {
         let mut watchdog = crate::supervise::Watchdog::from_env();
         let mut trimmer = crate::heap::Trimmer::new();
         let mut generation = self.core.table().generation;
+        let mut watcher = crate::passive::Watcher::new();
+        let mut passive = self.passive_on();
         loop {
             // A new table freed the previous one: hand the freed pages back (crate::heap).
             if self.core.table().generation != generation {
                 generation = self.core.table().generation;
                 trimmer.rebuilt();
+                passive = self.passive_on();
             }
             trimmer.tick(Instant::now());
             if let Some(w) = &mut watchdog {
@@ -444,8 +461,9 @@ impl Gateway {
                 info!("drain grace over");
                 return;
             }
-            let wait = self.core.poll_timeout().map_or(IDLE, |at| {
-                at.saturating_duration_since(Instant::now()).min(IDLE)
+            let idle = if passive { crate::passive::POLL } else { IDLE };
+            let wait = self.core.poll_timeout().map_or(idle, |at| {
+                at.saturating_duration_since(Instant::now()).min(idle)
             });
             match self.changes.recv_timeout(wait) {
                 Ok(k) => {
@@ -466,6 +484,14 @@ impl Gateway {
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
+            }
+            if passive {
+                let failed = watcher.poll(&self.shared.cores, &self.shared.table.load());
+                if !failed.is_empty() {
+                    if let Err(e) = self.handle(Event::Passive(failed)) {
+                        warn!("rebuild failed, keeping the previous table: {e}");
+                    }
+                }
             }
             if self
                 .core
@@ -527,6 +553,18 @@ impl Gateway {
                 }
             }
         }
+    }
+
+    /// Whether some service has passive health: then the loop polls the workers' samples
+    /// every [`crate::passive::POLL`].
+    fn passive_on(&self) -> bool {
+        self.workers.is_some()
+            && self
+                .core
+                .config()
+                .services
+                .iter()
+                .any(|s| s.passive_health.is_some())
     }
 
     /// Starts draining for `why`; returns when the grace ends.
