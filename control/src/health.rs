@@ -444,7 +444,7 @@ fn passive_back(states: &States, key: &BackendKey, started: Instant, now: System
     let Some(s) = states.get_mut(key) else {
         return false;
     };
-    if !s.passive.as_ref().is_some_and(|p| started >= p.since) {
+    if s.passive.as_ref().is_none_or(|p| started < p.since) {
         return false;
     }
     s.passive = None;

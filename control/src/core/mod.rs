@@ -778,7 +778,7 @@ impl Control {
             // would report the pass that brings the backend back.
             let health = &self.health;
             self.passive.retain(&name, |a, p| {
-                want.get(&(a, p)).is_some() && want.get(&(a, p)) == health.check_of(&name, a, p)
+                want.contains_key(&(a, p)) && want.get(&(a, p)) == health.check_of(&name, a, p)
             });
             self.health.sync(&name, want, &mut self.effects);
         }
