@@ -75,6 +75,15 @@ fn a_rst_answering_a_nat_syn_is_one_refusal_of_that_backend() {
         &segment(from(&b), CLIENT, Seg::Rst),
     );
     assert_eq!(pipe.passive.of(b.id), [1, 0]);
+    // And the client's next SYN from the same port is a new flow, not one pinned to the
+    // backend that refused.
+    let _ = run(
+        &mut pipe,
+        &t,
+        SEC + 3 * MS,
+        &segment(CLIENT, VIP_A, Seg::Syn),
+    );
+    assert_eq!(pipe.counters.flows_reopened, 1);
     // The other backend counted nothing.
     let other = t
         .backends

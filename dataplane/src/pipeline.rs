@@ -657,6 +657,32 @@ impl Pipeline {
         Ok(b)
     }
 
+    /// Backend `b` of service `s` reset a connection (reply `p`), which `refused` when the
+    /// RST answered the SYN: then one failure ([`Failure::Refused`]). Either way the
+    /// connection is over and its forward entry closes, so that the client's next SYN from
+    /// that port (clients reuse ports within seconds) is a new flow that gets a backend
+    /// afresh, instead of following the entry to a backend that takes no new flows (one
+    /// passive health took out keeps its flows) and refuses it again.
+    #[cold]
+    #[inline(never)]
+    fn reset_by_backend(&mut self, s: &Service, b: &Backend, p: &Parsed, now: u64, refused: bool) {
+        if refused {
+            self.passive.count(b.id, Failure::Refused);
+        }
+        let forward = FlowKey {
+            src: p.dst,
+            dst: s.frontend.vip,
+            src_port: p.dst_port,
+            dst_port: s.frontend.port,
+            proto: p.proto,
+        };
+        if let Some(f) = self.flows.lookup(&forward, now) {
+            if f.backend == b.id {
+                f.state = FlowState::TcpClosing;
+            }
+        }
+    }
+
     /// A client's SYN on a nat flow still in its SYN state, the previous one last seen at
     /// `seen` (ms): a failure of backend `b` ([`Failure::Unanswered`]) when the previous SYN
     /// is at least [`SYN_RETRANSMIT_MIN_MS`] old (a retransmission, not a duplicate) and the
@@ -766,15 +792,18 @@ impl Pipeline {
             return Verdict::Drop(DropReason::ReplyNoFlow);
         };
         v.touch(now);
+        let (mut reset, mut refused) = (false, false);
         if matches!(p.proto, proto::TCP | proto::SCTP) {
-            if p.tcp_flags & flags::RST != 0 && v.state == FlowState::TcpSyn {
-                // The backend's first answer to the client's SYN is a RST (an SCTP INIT's,
-                // an ABORT): it refused the connection.
-                self.passive.count(b.id, Failure::Refused);
-            }
+            reset = p.tcp_flags & flags::RST != 0;
+            // The backend's first answer to the client's SYN is a RST (an SCTP INIT's, an
+            // ABORT): it refused the connection.
+            refused = reset && v.state == FlowState::TcpSyn;
             v.state = v.state.on_tcp_flags(p.tcp_flags);
         }
         let peer_mac = v.peer_mac;
+        if reset {
+            self.reset_by_backend(s, b, p, now, refused);
+        }
         if p.ttl <= 1 {
             return Verdict::Drop(DropReason::TtlExceeded);
         }
