@@ -690,6 +690,8 @@ struct Churn {
     ok: u64,
     per_backend: std::collections::BTreeMap<String, u64>,
     refused: Vec<f64>,
+    /// The client ports of the refused connections, in the order of `refused`.
+    ports: Vec<u16>,
     failed: Vec<String>,
 }
 
@@ -720,13 +722,16 @@ fn churn_while(s: &Scenario, kill: impl FnOnce()) -> Churn {
         ok: 0,
         per_backend: Default::default(),
         refused: Vec::new(),
+        ports: Vec::new(),
         failed: Vec::new(),
     };
     for line in report.lines() {
         if let Some(rest) = line.strip_prefix("ok=") {
             c.ok = rest.split_whitespace().next().unwrap().parse().unwrap();
         } else if let Some(t) = line.strip_prefix("REFUSED ") {
+            let (t, port) = t.split_once(' ').unwrap();
             c.refused.push(t.parse().unwrap());
+            c.ports.push(port.parse().unwrap());
         } else if let Some(f) = line.strip_prefix("FAILED ") {
             c.failed.push(f.to_owned());
         } else if let Some((b, n)) = line.split_once(' ') {
@@ -803,9 +808,12 @@ fn p_passive_health_takes_a_refusing_nat_backend_out_of_new_flows_within_millise
         with.ok,
         with.failed.len(),
     );
-    // The first burst of refusals ends within tens of milliseconds, but a trickle goes on
-    // until the active check falls (docs/reliability.md); the bound asserts the reduction
-    // measured, generously, so that a loaded machine does not make the test flaky.
+    // The target is 50 ms of refusals; on a shared two-core machine a generous bound keeps
+    // the test from flaking while still telling the two apart.
+    assert!(
+        w < 0.25,
+        "new connections refused for {w:.3} s with passive health: {with:?}"
+    );
     assert!(
         with.refused.len() * 4 < without.refused.len(),
         "passive health did not cut refused connections by 4x: {} vs {} ({w:.3} s vs {wo:.3} s)",

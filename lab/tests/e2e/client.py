@@ -15,9 +15,9 @@
     client.py churn VIP THREADS SECONDS  open new connections as fast as THREADS threads can for
                                      SECONDS, each one GET with Connection: close; print
                                      "ok=N refused=N failed=N", then per backend "backend=NAME N",
-                                     then one "REFUSED T" (connect refused) or "FAILED T ERROR"
-                                     (any other error) line per failed connection, T the
-                                     monotonic time its connect began
+                                     then one "REFUSED T PORT" (connect refused) or "FAILED T
+                                     ERROR" (any other error) line per failed connection, T
+                                     the monotonic time its connect began, PORT its own
     client.py explain ADMIN PROTO    for every "SRC DST" line on stdin (ADDR:PORT each), GET
                                      /explain?client=SRC&vip=DST&proto=PROTO from the admin API
                                      at ADMIN and print its JSON on one line (or an error object)
@@ -153,13 +153,19 @@ def churn(vip, threads, seconds):
     def one():
         while time.monotonic() < end:
             t = time.monotonic()
+            s = socket.socket()
+            s.settimeout(3)
             try:
-                s = socket.create_connection((vip, 80), timeout=3)
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+                s.connect((vip, 80))
             except ConnectionRefusedError:
+                s.close()
                 with lock:
-                    refused.append(t)
+                    refused.append((t, port))
                 continue
             except OSError as e:
+                s.close()
                 with lock:
                     failed.append((t, type(e).__name__))
                 continue
@@ -190,8 +196,8 @@ def churn(vip, threads, seconds):
     print(f"ok={ok[0]} refused={len(refused)} failed={len(failed)}")
     for b, n in sorted(per.items()):
         print(f"{b} {n}")
-    for t in sorted(refused):
-        print(f"REFUSED {t:.6f}")
+    for t, port in sorted(refused):
+        print(f"REFUSED {t:.6f} {port}")
     for t, e in sorted(failed):
         print(f"FAILED {t:.6f} {e}")
     sys.stdout.flush()
