@@ -35,10 +35,10 @@ impl Failure {
     }
 }
 
-/// Backend ids with counters of their own; larger ids share slots (as for new flows,
-/// [`crate::pipeline::NEW_FLOW_SLOTS`]). The zeroed allocation is touched only for ids in
+/// Backend ids with counters of their own; larger ids share slots (as many as for new
+/// flows, `pipeline::NEW_FLOW_SLOTS`). The zeroed allocation is touched only for ids in
 /// use, so an idle slot costs address space, not memory.
-pub const SLOTS: usize = crate::pipeline::NEW_FLOW_SLOTS;
+pub const SLOTS: usize = 1 << 16;
 
 /// Least time between a SYN and the client's next SYN on the same entry for the second one
 /// to count as a retransmission of an unanswered SYN: 200 ms, Linux's `TCP_RTO_MIN`. No
