@@ -1191,6 +1191,41 @@ mod tests {
     use std::net::TcpStream;
     use std::time::Instant;
 
+    #[test]
+    fn out_names_what_took_a_backend_out_and_why() {
+        use crate::health::{PassiveOut, State, Transition};
+        use std::time::SystemTime;
+        assert_eq!(out_json(None), serde_json::Value::Null);
+        let mut s = State::default();
+        assert_eq!(out_json(Some(&s)), serde_json::Value::Null);
+        s.passive = Some(PassiveOut {
+            cause: "refused",
+            detail: "3 connection attempts refused within 1s".into(),
+            at: SystemTime::UNIX_EPOCH,
+            since: Instant::now(),
+        });
+        let v = out_json(Some(&s));
+        assert_eq!(
+            (v["by"].as_str(), v["cause"].as_str()),
+            (Some("passive"), Some("refused"))
+        );
+        assert_eq!(v["since"], "1970-01-01T00:00:00Z");
+        // Its check falls too: the active check's fall is what shows.
+        s.up = false;
+        s.last_error = Some("connect 198.51.100.11:80: timed out".into());
+        s.history.push_back(Transition {
+            at: SystemTime::UNIX_EPOCH,
+            up: false,
+            cause: "timeout".into(),
+            detail: String::new(),
+        });
+        let v = out_json(Some(&s));
+        assert_eq!(
+            (v["by"].as_str(), v["cause"].as_str()),
+            (Some("active"), Some("timeout"))
+        );
+    }
+
     fn get(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
         raw(
             addr,

@@ -729,6 +729,39 @@ mod tests {
     }
 
     #[test]
+    fn a_pass_after_a_passive_verdict_is_reported_and_ends_it() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (tx, changed) = mpsc::channel();
+        let mut checker = Checker::new(tx);
+        let key = BackendKey::new("web", addr.ip(), addr.port());
+        checker.start(key.clone(), hc(HealthKind::Tcp));
+        // Up all along: no report.
+        assert!(changed.recv_timeout(Duration::from_millis(100)).is_err());
+        checker.passive_out(
+            &key,
+            "refused",
+            "3 connection attempts refused within 1s".into(),
+        );
+        let states = checker.states();
+        let held = states.lock().unwrap()[&key].passive.clone();
+        assert_eq!(held.map(|p| p.cause), Some("refused"));
+        // The next check (20 ms later) passes: reported, and the hold ends.
+        assert_eq!(
+            changed.recv_timeout(Duration::from_secs(2)),
+            Ok(key.clone())
+        );
+        let s = states.lock().unwrap()[&key].clone();
+        assert!(s.up && s.passive.is_none());
+        let t: Vec<(bool, &str)> = s.history.iter().map(|t| (t.up, t.cause.as_str())).collect();
+        assert_eq!(t, [(false, "passive: refused"), (true, "passed")]);
+        // Once: later passes report nothing.
+        assert!(changed.recv_timeout(Duration::from_millis(100)).is_err());
+        checker.stop(&key);
+        drop(l);
+    }
+
+    #[test]
     fn probes_tcp_and_http() {
         let status = Arc::new(AtomicU16::new(200));
         let addr = server(Arc::clone(&status));

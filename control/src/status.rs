@@ -558,6 +558,24 @@ mod tests {
     }
 
     #[test]
+    fn the_health_column_says_by_what_and_why_a_backend_is_out() {
+        let b = |health: &str, out: &str| -> Value {
+            serde_json::from_str(&format!(r#"{{"health":"{health}","out":{out}}}"#)).unwrap()
+        };
+        assert_eq!(health_cell(&b("up", "null")), "up");
+        assert_eq!(
+            health_cell(&b("up", r#"{"by":"passive","cause":"refused"}"#)),
+            "out (passive: refused)"
+        );
+        assert_eq!(
+            health_cell(&b("down", r#"{"by":"active","cause":"timeout"}"#)),
+            "down (active: timeout)"
+        );
+        // A gateway that does not say why.
+        assert_eq!(health_cell(&serde_json::json!({"health": "down"})), "down");
+    }
+
+    #[test]
     fn renders_routes_and_sessions() {
         let v: Value = serde_json::from_str(
             r#"{"draining":false,"bgp":{"running":true,"error":null,"announced":1,"restarts":0,
