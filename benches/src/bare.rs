@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use strait_dataplane::hash::{hash_words, SEED_FLOW};
 
-use crate::{established_order, flow, Measurement, Tuple, BATCH, MIN_BATCHES};
+use crate::{established_order, flow, Measurement, Tuple, BATCH};
 
 /// A 16-byte key (the 4-tuple and protocol in two words) and an 8-byte value, padded to 32
 /// bytes so that no slot straddles a cache line.
@@ -181,20 +181,14 @@ impl Bare {
         for _ in 0..self.keys.len().div_ceil(BATCH) {
             let _ = self.batch();
         }
-        let mut spent = Duration::ZERO;
-        let mut batches = Vec::with_capacity(MIN_BATCHES);
-        while spent < time || batches.len() < MIN_BATCHES {
-            let t = self.batch();
-            spent += t;
-            batches.push(t);
-        }
-        Measurement::new(&batches, BATCH)
+        crate::measure_batches(time, || self.batch())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MIN_BATCHES;
 
     #[test]
     fn every_flow_is_found_and_others_are_not() {

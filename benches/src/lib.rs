@@ -145,6 +145,7 @@ pub fn config(mode: Mode, services: usize) -> Config {
                 health_check: None,
                 passive_health: None,
                 route: Default::default(),
+                slow_start: None,
                 backends: (0..BACKENDS_PER_SERVICE)
                     .map(|j| {
                         let b = s * BACKENDS_PER_SERVICE + j;
@@ -532,14 +533,7 @@ impl Bench {
     /// Runs batches until `time` of pipeline time (the sum of the batches' times) has been
     /// measured, and at least [`MIN_BATCHES`]; returns every batch's time.
     pub fn measure(&mut self, time: Duration) -> Measurement {
-        let mut spent = Duration::ZERO;
-        let mut batches = Vec::with_capacity(MIN_BATCHES);
-        while spent < time || batches.len() < MIN_BATCHES {
-            let t = self.batch();
-            spent += t;
-            batches.push(t);
-        }
-        Measurement::new(&batches, BATCH)
+        measure_batches(time, || self.batch())
     }
 
     fn fill(&mut self) {
@@ -687,6 +681,20 @@ impl Measurement {
     pub fn median_ns(&self) -> f64 {
         self.quantile_ns(0.5)
     }
+}
+
+/// Times `batch` (one batch of [`BATCH`] packets, returning its own timed part) until `time`
+/// has been measured and at least [`MIN_BATCHES`] batches ran: the one measuring loop of the
+/// pipeline's rows and of the bare-lookup reference.
+pub fn measure_batches(time: Duration, mut batch: impl FnMut() -> Duration) -> Measurement {
+    let mut spent = Duration::ZERO;
+    let mut batches = Vec::with_capacity(MIN_BATCHES);
+    while spent < time || batches.len() < MIN_BATCHES {
+        let t = batch();
+        spent += t;
+        batches.push(t);
+    }
+    Measurement::new(&batches, BATCH)
 }
 
 #[cfg(test)]

@@ -70,7 +70,7 @@ pub use model::{
     Service, Timeouts,
 };
 pub use summary::summary;
-pub use validate::{parse_community, parse_large_community};
+pub use validate::{parse_community, parse_large_community, parse_slow_start};
 
 /// The annotated example configuration (`strait.example.toml`), also the built-in default
 /// of `strait run` and `strait check`.

@@ -477,6 +477,10 @@ pub struct Service {
     /// Passive health (nat mode): how many failed connection attempts within how long take
     /// a backend out of new flows; `None` means off ([`PassiveHealth::default_for`]).
     pub passive_health: Option<PassiveHealth>,
+    /// How long a backend that comes up (added, healthy again, no longer draining) takes
+    /// to ramp from a small share of its weight to all of it, in whole seconds; `None`
+    /// means at once (`control::core`'s slow start says how the ramp goes).
+    pub slow_start: Option<Duration>,
     /// Backends, in file order, unique by `(address, port)`. May be empty.
     pub backends: Vec<Backend>,
     /// BGP attributes the gateway sets on the route of this service's VIP.
@@ -534,6 +538,12 @@ impl Service {
     pub const MAX_AFFINITY_TIMEOUT: Duration = Duration::from_secs(86_400);
     /// Shortest session affinity timeout: 1 s, Kubernetes' minimum.
     pub const MIN_AFFINITY_TIMEOUT: Duration = Duration::from_secs(1);
+    /// Shortest `slow_start`: one step of the ramp (the weight steps at most once a
+    /// second).
+    pub const MIN_SLOW_START: Duration = Duration::from_secs(1);
+    /// Longest `slow_start`: 1 h. A backend warms up in seconds to minutes (Envoy's
+    /// examples use 60 s); a longer ramp only delays its full share.
+    pub const MAX_SLOW_START: Duration = Duration::from_secs(3600);
 
     /// The frontend as a socket address (`vip:port`).
     pub fn frontend(&self) -> SocketAddr {

@@ -142,6 +142,7 @@ pub(crate) struct RawService {
     pub mode: Option<String>,
     pub maglev_table_size: Option<i64>,
     pub source_ranges: Option<Vec<String>>,
+    pub slow_start: Option<String>,
     pub session_affinity: Option<RawAffinity>,
     pub health_check: Option<RawHealthCheck>,
     pub passive_health: Option<RawPassiveHealth>,
@@ -617,6 +618,7 @@ pub(crate) fn raw_service(s: &crate::model::Service) -> RawService {
                 ..RawPassiveHealth::default()
             }),
         },
+        slow_start: s.slow_start.map(duration),
         bgp_communities: (!s.route.communities.is_empty()).then(|| {
             s.route
                 .communities

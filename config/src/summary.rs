@@ -170,6 +170,9 @@ fn service_line(s: &Service) -> String {
         }
         None => line.push_str("; affinity none"),
     }
+    if let Some(d) = s.slow_start {
+        let _ = write!(line, "; slow start {}", show(d));
+    }
     if s.source_ranges.is_empty() {
         line.push_str("; sources all");
     } else {

@@ -702,6 +702,16 @@ impl Checker {
             }
             _ => None,
         };
+        let slow_start = match &raw.slow_start {
+            None => Some(None),
+            Some(v) => {
+                let path = format!("{path}.slow_start");
+                parse_slow_start(v)
+                    .map_err(|why| self.problem(path, why))
+                    .ok()
+                    .map(Some)
+            }
+        };
         let backends = self.backends(path, &raw.backends, vip, port, mode);
         let route = self.route_attrs(path, raw);
         Some(Service {
@@ -715,6 +725,7 @@ impl Checker {
             session_affinity: session_affinity?,
             health_check: health_check?,
             passive_health: passive_health?,
+            slow_start: slow_start?,
             backends: backends?,
             route: route?,
         })
@@ -1370,6 +1381,38 @@ fn dns_name(name: &str) -> Result<String, &'static str> {
         }
     }
     Ok(n.to_owned())
+}
+
+/// A service's `slow_start` (also the `strait.dev/slow-start` annotation's value): a
+/// duration of whole seconds within
+/// [`Service::MIN_SLOW_START`]`..=`[`Service::MAX_SLOW_START`].
+///
+/// # Errors
+/// Why the value is refused, without the field's path.
+pub fn parse_slow_start(value: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(value).map_err(|e| {
+        format!("{value:?} is not a duration like \"30s\", \"500ms\" or \"2h\" ({e})")
+    })?;
+    if d.subsec_nanos() != 0 {
+        Err(format!(
+            "{} is not whole seconds (the ramp steps once a second)",
+            show(d)
+        ))
+    } else if d < Service::MIN_SLOW_START {
+        Err(format!(
+            "{} is shorter than {} (omit the field for no slow start)",
+            show(d),
+            show(Service::MIN_SLOW_START)
+        ))
+    } else if d > Service::MAX_SLOW_START {
+        Err(format!(
+            "{} is longer than {}",
+            show(d),
+            show(Service::MAX_SLOW_START)
+        ))
+    } else {
+        Ok(d)
+    }
 }
 
 /// A standard BGP community `"asn:value"`, two numbers of 0..=65535.

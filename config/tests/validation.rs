@@ -80,6 +80,7 @@ fn service_defaults() {
     assert!(s.source_ranges.is_empty());
     assert_eq!(s.session_affinity, None);
     assert_eq!(s.health_check, None);
+    assert_eq!(s.slow_start, None, "no slow start unless asked");
     let b = &s.backends[0];
     assert_eq!(b.port, 80, "backend port defaults to the service port");
     assert_eq!(b.weight, 100);
@@ -113,6 +114,33 @@ fn affinity_table_alone_means_kubernetes_default_timeout() {
         c.services[0].session_affinity,
         Some(Duration::from_secs(86_400))
     );
+}
+
+#[test]
+fn slow_start_whole_seconds_within_an_hour() {
+    let c = accepted(&service("slow_start = \"30s\""));
+    assert_eq!(c.services[0].slow_start, Some(Duration::from_secs(30)));
+    let c = accepted(&service("slow_start = \"1h\""));
+    assert_eq!(c.services[0].slow_start, Some(Duration::from_secs(3600)));
+    refused(
+        &service("slow_start = \"0s\""),
+        "services[0].slow_start: 0s is shorter than 1s (omit the field for no slow start)",
+    );
+    refused(
+        &service("slow_start = \"1500ms\""),
+        "services[0].slow_start: 1s 500ms is not whole seconds (the ramp steps once a second)",
+    );
+    refused(
+        &service("slow_start = \"3601s\""),
+        "services[0].slow_start: 1h 1s is longer than 1h",
+    );
+    let p = problems(&service("slow_start = \"warm\""));
+    assert!(
+        p[0].starts_with("services[0].slow_start: \"warm\" is not a duration"),
+        "{p:?}"
+    );
+    let p = problems(&service("slow_start = 30"));
+    assert!(p[0].contains("slow_start"), "{p:?}");
 }
 
 #[test]
@@ -1325,6 +1353,7 @@ fn service_fields_are_public_model() {
         health_check: None,
         passive_health: None,
         route: Default::default(),
+        slow_start: None,
         backends: vec![],
     };
     assert_eq!(s.frontend().to_string(), "203.0.113.1:1");

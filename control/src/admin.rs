@@ -576,10 +576,16 @@ pub fn services_json(shared: &Shared) -> String {
     // kernel's neighbour table when the configuration gives none), by service and then by
     // (address, port): one pass over the table's backends.
     let mut macs = std::collections::HashMap::with_capacity(table.backends.len());
+    // And the weight of each backend taking new flows, which is less than its configured
+    // weight while it ramps (slow start).
+    let mut weights = std::collections::HashMap::new();
     for s in &table.services {
         for b in s.backends.iter().filter_map(|&id| table.backend(id)) {
             if let Some(mac) = b.mac_addr() {
                 macs.insert((s.name.as_str(), b.socket_addr()), mac);
+            }
+            if b.health == strait_dataplane::table::Health::Up {
+                weights.insert((s.name.as_str(), b.socket_addr()), b.weight);
             }
         }
     }
@@ -601,10 +607,13 @@ pub fn services_json(shared: &Shared) -> String {
                         (BackendState::Draining, _) | (_, 0) => "draining",
                         _ => "active",
                     };
+                    let key = (s.name.as_str(), SocketAddr::new(b.address.to_canonical(), b.port));
+                    let ramping = weights.get(&key).filter(|&&w| w < b.weight);
                     json!({
                         "address": b.address.to_string(),
                         "port": b.port,
                         "weight": b.weight,
+                        "slow_start_weight": ramping,
                         "state": state,
                         "health": match h { None => "unchecked", Some(h) if h.up => "up", Some(_) => "down" },
                         "out": out_json(h),
@@ -1064,6 +1073,7 @@ impl Collector for Metrics {
         let mut up = Vec::new();
         let mut passive_failures = Vec::new();
         let mut out = Vec::new();
+        let mut weight = Vec::new();
         let health = shared
             .health
             .lock()
@@ -1079,6 +1089,12 @@ impl Collector for Metrics {
                 .map(|(_, s)| s.new_flows.get(b.id.0 as usize).copied().unwrap_or(0))
                 .sum();
             per_backend.push((labels.clone(), n));
+            let w = if b.health == strait_dataplane::table::Health::Up {
+                i64::from(b.weight)
+            } else {
+                0
+            };
+            weight.push((labels.clone(), w));
             let h = health.get(&BackendKey::new(svc.name.clone(), b.address(), b.port));
             let is_up = h.is_none_or(|h| h.up);
             for why in strait_dataplane::passive::Failure::ALL {
@@ -1134,6 +1150,13 @@ impl Collector for Metrics {
             "backend_new_flows",
             "New flows sent to each backend.",
             &per_backend,
+        )?;
+        gauge(
+            &mut enc,
+            "backend_weight",
+            "The Maglev weight each backend takes new flows by now: its configured weight, \
+             less while it ramps up (slow_start), 0 while it takes none (down, draining).",
+            &weight,
         )?;
         gauge(
             &mut enc,
@@ -1507,6 +1530,10 @@ mod tests {
             "strait_dropped_packets_total{core=\"veth-gw/0\",reason=\"ip_truncated\"} 0"
         ));
         assert!(m.contains("strait_backend_up{service=\"web\",backend=\"198.51.100.11:80\"} 1"));
+        assert!(
+            m.contains("strait_backend_weight{service=\"web\",backend=\"198.51.100.11:80\"} 100"),
+            "{m}"
+        );
         assert!(m.contains("strait_snapshot_generation 1"));
         assert!(
             m.contains("strait_service_serving_backends{service=\"web\"} 4"),

@@ -56,12 +56,7 @@ pub fn publish_traffic(
     s.new_flows.clear();
     s.new_flows
         .extend_from_slice(&p.new_flows[..backends.min(p.new_flows.len())]);
-    p.traffic.export(
-        t.service_ids as usize,
-        backends,
-        &mut s.services,
-        &mut s.backends,
-    );
+    p.traffic.export(t, &mut s.services, &mut s.backends);
     p.passive.export(backends, &mut s.passive);
     let per_backend = p.flows.entries_by_backend();
     s.backend_flows.clear();

@@ -256,6 +256,7 @@ fn entry_json(t: &ServiceTable, core: u16, e: &Entry) -> Value {
         "backend": backend,
         "backend_id": e.backend.0,
         "state": state_name(e.state),
+        "age_ms": e.age_ms,
         "idle_ms": e.idle_ms,
         "timeout_ms": e.timeout_ms,
         "left_ms": e.left_ms(),
@@ -456,8 +457,13 @@ fn entry_line(e: &Value) -> String {
         Value::Null => format!("backend id {} (no longer in the table)", e["backend_id"]),
         b => s(b),
     };
+    // A reverse-nat entry keeps no age of its own: its forward entry's is the flow's.
+    let age = match &e["age_ms"] {
+        Value::Null => String::new(),
+        a => format!("age {}, ", secs(a)),
+    };
     format!(
-        "core {}: {backend}, {}, idle {}, {} left, {}",
+        "core {}: {backend}, {}, {age}idle {}, {} left, {}",
         e["core"],
         s(&e["state"]),
         secs(&e["idle_ms"]),

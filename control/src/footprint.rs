@@ -197,9 +197,10 @@ mod tests {
         assert_eq!(f.umem, 2 * 4096 * 4096);
         assert_eq!(f.maglev, 2 * 65_537 * 2);
         assert!(f.handoff > 0);
-        // Per worker, 65,536 ids of services and of backends (4 bytes of incarnation, 16 per
-        // direction), of new flows (8) and of flow-table entries (8).
-        assert_eq!(f.counters, 2 * 65_536 * (2 * (4 + 2 * 16) + 8 + 8));
+        // Per worker, 65,536 ids of backends and of services' retired counts (4 bytes of
+        // incarnation, 16 per direction), backends' services (8), new flows (8) and
+        // flow-table entries (8).
+        assert_eq!(f.counters, 2 * 65_536 * (2 * (4 + 2 * 16) + 8 + 8 + 8));
         assert_eq!(
             f.total(),
             f.flow_tables + f.umem + f.handoff + f.sync + f.maglev + f.counters + f.capture,

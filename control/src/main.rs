@@ -184,7 +184,7 @@ fn main() -> ExitCode {
             .and_then(|_| explain::check_socket("vip", &vip))
             .and_then(|_| status::explain(&admin.admin(), &client, &vip, &proto, json)),
         Command::Run { config, kube } => run::run(
-            config.map_or(run::Source::Builtin, run::Source::File),
+            config.map_or(run::ConfigSource::Builtin, run::ConfigSource::File),
             &kube,
         ),
         Command::Check { config } => return check(config),

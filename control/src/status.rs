@@ -273,7 +273,10 @@ pub fn render(v: &Value) -> String {
             out += &format!(
                 "{n:<20} {f:<28} {m:<9} {h:<8} {:<28} {:>6} {:<9} {:<9} {}\n",
                 format!("{}:{}", fmt_ip(&b["address"]), b["port"]),
-                b["weight"].to_string(),
+                match &b["slow_start_weight"] {
+                    Value::Number(now) => format!("{now}/{}", b["weight"]),
+                    _ => b["weight"].to_string(),
+                },
                 b["state"].as_str().unwrap_or("?"),
                 health_cell(b),
                 match &b["next_hop_mac"] {
@@ -543,11 +546,16 @@ mod tests {
         let v: Value = serde_json::from_str(
             r#"{"generation":3,"services":[{"name":"web","vip":"203.0.113.10","port":80,"protocol":"tcp","mode":"dsr-l2","healthy":true,
             "backends":[{"address":"198.51.100.11","port":80,"weight":100,"state":"active","health":"up","next_hop_mac":"02:00:00:00:01:11"},
+                        {"address":"198.51.100.12","port":80,"weight":100,"slow_start_weight":25,"state":"active","health":"up","next_hop_mac":"02:00:00:00:01:12"},
                         {"address":"2001:db8::11","port":80,"weight":0,"state":"draining","health":"down","next_hop_mac":null}]},
             {"name":"empty","vip":"203.0.113.11","port":53,"protocol":"udp","mode":"nat","healthy":false,"backends":[]}]}"#,
         )
         .unwrap();
         let t = render(&v);
+        assert!(
+            t.contains("198.51.100.12:80             25/100 active"),
+            "{t}"
+        );
         assert!(t.starts_with("table generation 3\n"));
         assert!(t.contains("web                  203.0.113.10:80/tcp"));
         assert!(t.contains("198.51.100.11:80"));

@@ -532,6 +532,43 @@ fn route_attribute_annotations() {
 }
 
 #[test]
+fn slow_start_annotation() {
+    let mut svc = lb("web");
+    let t = tr(
+        &settings(Mode::Nat),
+        &[three_nodes(), vec![svc.clone()]].concat(),
+        WEB_17,
+    );
+    assert_eq!(t.services[0].slow_start, None, "off by default");
+
+    svc["metadata"]["annotations"] = json!({ "strait.dev/slow-start": "30s" });
+    let t = tr(
+        &settings(Mode::Nat),
+        &[three_nodes(), vec![svc.clone()]].concat(),
+        WEB_17,
+    );
+    assert_eq!(t.services[0].slow_start, Some(Duration::from_secs(30)));
+    assert_eq!(count(&t, WarningKind::BadValue), 0, "{:?}", t.warnings);
+
+    // What the file's `slow_start` refuses is left out with a warning; the Service stays.
+    for bad in ["soon", "1500ms", "0s", "2h"] {
+        svc["metadata"]["annotations"] = json!({ "strait.dev/slow-start": bad });
+        let t = tr(
+            &settings(Mode::Nat),
+            &[three_nodes(), vec![svc.clone()]].concat(),
+            WEB_17,
+        );
+        assert_eq!(t.services[0].slow_start, None, "{bad}");
+        assert_eq!(
+            count(&t, WarningKind::BadValue),
+            1,
+            "{bad}: {:?}",
+            t.warnings
+        );
+    }
+}
+
+#[test]
 fn ipv6_frontends_pick_ipv6_nodes_and_sanitised_names() {
     let objs = vec![
         node_v6("n1", "198.51.100.1", "2001:db8:1::1"),
@@ -1899,7 +1936,7 @@ fn the_gateway_is_ready_once_the_first_list_is_applied() {
     let file =
         strait_config::parse("[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n").unwrap();
     let mut gw = strait_control::run::Gateway::with_ports(
-        strait_control::run::Source::Builtin,
+        strait_control::run::ConfigSource::Builtin,
         file,
         vec![strait_dataplane::table::Port::new(
             strait_config::model::MacAddr([2, 0, 0, 0, 0, 1]),

@@ -10,9 +10,8 @@ use strait_config::model::Mode;
 
 use crate::capture::*;
 use crate::flow::Timeouts;
-use crate::pipeline::tests::{build, config, tcp, CLIENT, SEC, VIP_A};
+use crate::pipeline::tests::{build, config, run_batch, tcp, CLIENT, SEC, VIP_A};
 use crate::pipeline::{Pipeline, Verdict};
-use crate::rewrite::{Frame, HEADROOM};
 use crate::stats::DropReason;
 use crate::table::{Builder, Prefix, ServiceTable};
 
@@ -26,34 +25,15 @@ fn bed(mode: &str) -> (Arc<Hub>, Pipeline, ServiceTable) {
     (hub, pipe, t)
 }
 
-/// Runs `frames` through `process_batch` in batches of up to 32; the verdicts and the
-/// frames as they leave.
+/// Runs `frames` through `process_batch` in calls of up to 32; the verdicts and the frames
+/// as they leave.
 fn batch(
     pipe: &mut Pipeline,
     t: &ServiceTable,
     now: u64,
     frames: &[Vec<u8>],
 ) -> Vec<(Verdict, Vec<u8>)> {
-    let mut out = Vec::new();
-    for chunk in frames.chunks(32) {
-        let mut bufs: Vec<Vec<u8>> = chunk
-            .iter()
-            .map(|f| {
-                let mut b = vec![0u8; HEADROOM + f.len() + 64];
-                b[HEADROOM..HEADROOM + f.len()].copy_from_slice(f);
-                b
-            })
-            .collect();
-        let mut fs: Vec<Frame<'_>> = bufs
-            .iter_mut()
-            .zip(chunk)
-            .map(|(b, f)| Frame::new(b, HEADROOM, f.len()))
-            .collect();
-        let mut vs = vec![Verdict::Pass; fs.len()];
-        pipe.process_batch(t, now, 0, &mut fs, &mut vs);
-        out.extend(vs.into_iter().zip(fs.iter().map(|f| f.data().to_vec())));
-    }
-    out
+    run_batch(pipe, t, now, frames, 32)
 }
 
 /// What a session drained: (direction, verdict, service, backend, mode, bytes).

@@ -89,14 +89,19 @@ pub struct Entry {
     pub learnt: bool,
     /// Reverse-nat entries: the MAC replies are sent to. Zero elsewhere.
     pub peer_mac: [u8; 6],
+    /// Milliseconds since it was made (or learnt from a peer), by the worker's clock; `None`
+    /// for a reverse-nat entry, which is made with its forward entry and keeps no time of its
+    /// own ([`FlowValue::made_ms`]).
+    pub age_ms: Option<u64>,
 }
 
 impl Entry {
-    /// `v` as of `now`, if it is live.
-    fn of(flows: &FlowTable, v: &FlowValue, now: u64) -> Option<Entry> {
+    /// `v` as of `now`, if it is live; `reverse` if it is a reverse-nat entry.
+    fn of(flows: &FlowTable, v: &FlowValue, now: u64, reverse: bool) -> Option<Entry> {
         if !flows.is_live(v, now) {
             return None;
         }
+        let now_ms = now / 1_000_000;
         Some(Entry {
             backend: v.backend,
             incarnation: v.incarnation,
@@ -104,7 +109,8 @@ impl Entry {
             idle_ms: (now / 1_000_000).saturating_sub(v.last_seen_ms()),
             timeout_ms: flows.timeout_of(v) / 1_000_000,
             learnt: v.learnt(),
-            peer_mac: v.peer_mac,
+            peer_mac: if reverse { v.peer_mac() } else { [0; 6] },
+            age_ms: (!reverse).then(|| now_ms.saturating_sub(v.made_ms())),
         })
     }
 
@@ -113,11 +119,16 @@ impl Entry {
         self.timeout_ms.saturating_sub(self.idle_ms)
     }
 
+    /// Four words: the last holds the peer MAC (a reverse entry) or the age in milliseconds
+    /// (48 bits, any other), the state, and flags (learnt; reverse).
     fn to_words(self) -> [u64; 4] {
         let mut last = [0u8; 8];
-        last[..6].copy_from_slice(&self.peer_mac);
+        match self.age_ms {
+            Some(age) => last[..6].copy_from_slice(&age.min((1 << 48) - 1).to_le_bytes()[..6]),
+            None => last[..6].copy_from_slice(&self.peer_mac),
+        }
         last[6] = state_byte(self.state);
-        last[7] = u8::from(self.learnt);
+        last[7] = u8::from(self.learnt) | u8::from(self.age_ms.is_none()) << 1;
         [
             u64::from(self.backend.0) | u64::from(self.incarnation) << 32,
             self.idle_ms,
@@ -128,16 +139,22 @@ impl Entry {
 
     fn from_words(w: &[u64]) -> Option<Entry> {
         let last = w[3].to_le_bytes();
+        let mut six = [0u8; 8];
+        six[..6].copy_from_slice(&last[..6]);
+        let reverse = last[7] & 2 != 0;
         let mut peer_mac = [0u8; 6];
-        peer_mac.copy_from_slice(&last[..6]);
+        if reverse {
+            peer_mac.copy_from_slice(&last[..6]);
+        }
         Some(Entry {
             backend: BackendId(w[0] as u32),
             incarnation: (w[0] >> 32) as u32,
             state: byte_state(last[6])?,
             idle_ms: w[1],
             timeout_ms: w[2],
-            learnt: last[7] != 0,
+            learnt: last[7] & 1 != 0,
             peer_mac,
+            age_ms: (!reverse).then(|| u64::from_le_bytes(six)),
         })
     }
 }
@@ -255,26 +272,32 @@ fn forward_of(t: &ServiceTable, r: &FlowKey, b: &Backend) -> Option<FlowKey> {
 /// What core `core`'s flow table `flows` holds about `k` at `now` (nanoseconds, the worker's
 /// clock). Read-only: it reclaims nothing and touches no entry.
 pub fn probe(t: &ServiceTable, flows: &FlowTable, core: u16, k: &FlowKey, now: u64) -> Probe {
-    let live = |key: &FlowKey| flows.peek(key).and_then(|v| Entry::of(flows, v, now));
+    // `reverse`: the key is a reply's, its entry a reverse-nat one.
+    let live = |key: &FlowKey, reverse: bool| {
+        flows
+            .peek(key)
+            .and_then(|v| Entry::of(flows, v, now, reverse))
+    };
+    let service = service_of(t, k);
     let mut p = Probe {
         core,
         generation: t.generation,
-        flow: live(k),
+        flow: live(k, service.is_none()),
         ..Probe::default()
     };
-    if let Some((_, s)) = service_of(t, k) {
+    if let Some((_, s)) = service {
         if s.affinity_secs != 0 {
-            p.affinity = live(&affinity_key(k));
+            p.affinity = live(&affinity_key(k), false);
         }
         if s.mode == Mode::Nat {
             let held = flows.peek(k).and_then(|v| current(t, v));
-            p.partner = held.and_then(|b| live(&reply_key(k, b)));
+            p.partner = held.and_then(|b| live(&reply_key(k, b), true));
         }
     } else if maybe_reply(t, k) {
         let held = flows.peek(k).and_then(|v| current(t, v));
         p.partner = held
             .and_then(|b| forward_of(t, k, b))
-            .and_then(|f| live(&f));
+            .and_then(|f| live(&f, false));
     }
     p
 }
@@ -797,6 +820,7 @@ mod tests {
             timeout_ms: 86_400_000_000,
             learnt: true,
             peer_mac: [2, 0, 0, 0, 0, 0xc1],
+            age_ms: None,
         };
         for p in [
             Probe::default(),
@@ -808,6 +832,8 @@ mod tests {
                 partner: Some(Entry {
                     learnt: false,
                     state: FlowState::Udp,
+                    peer_mac: [0; 6],
+                    age_ms: Some(3_600_000 * 24 * 400),
                     ..e
                 }),
             },

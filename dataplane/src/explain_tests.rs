@@ -142,6 +142,7 @@ fn the_maglev_answer_is_where_the_syn_goes_and_then_the_entry_says_so() {
             assert_eq!(entry.backend, b.id);
             assert_eq!(entry.state, FlowState::TcpSyn);
             assert_eq!(entry.idle_ms, 1);
+            assert_eq!(entry.age_ms, Some(1), "made by the SYN at 1 s");
             assert_eq!(entry.timeout_ms, Timeouts::default().tcp_syn / 1_000_000);
             assert!(!entry.learnt);
             assert!(
@@ -255,6 +256,12 @@ fn a_nat_flow_shows_its_translation_and_its_reply_is_explained_as_that_flows() {
         reply_entry.unwrap().peer_mac,
         crate::pipeline::tests::CLIENT_MAC
     );
+    assert_eq!(
+        reply_entry.unwrap().age_ms,
+        None,
+        "the forward entry's age is the flow's"
+    );
+    assert_eq!(f.entries[0].1.age_ms, Some(0));
 
     // The reply's 5-tuple.
     let e = ask(&t, &[&pipes[0], &pipes[1]], reply, SEC);
@@ -414,6 +421,7 @@ fn a_flow_learnt_from_a_peer_says_so_on_every_core() {
     assert_eq!(f.entries.len(), 2, "{:?}", f.entries);
     for (core, entry) in &f.entries {
         assert!(entry.learnt, "core {core}");
+        assert_eq!(entry.age_ms, Some(1000), "learnt at 1 s, asked at 2 s");
         assert_eq!(entry.backend, other.id);
         assert_eq!(entry.state, FlowState::TcpEstablished);
     }

@@ -288,9 +288,13 @@ pub struct FlowValue {
     /// Idle timeout in seconds that replaces the state's; 0 means use the state's. Session
     /// affinity entries carry their service's `sessionAffinityConfig.clientIP.timeoutSeconds`.
     pub timeout_override: u32,
-    /// For reverse-NAT entries: the MAC the client's packets came from (the next hop back to
-    /// the client). Zero elsewhere.
-    pub peer_mac: [u8; 6],
+    /// Six bytes whose meaning is the entry's kind's: in a reverse-nat entry the MAC the
+    /// client's packets came from (the next hop back to the client, [`FlowValue::peer_mac`]);
+    /// in every other entry (a forward flow's, a session-affinity entry) when it was made, in
+    /// milliseconds of the caller's clock, 48 bits little-endian ([`FlowValue::made_ms`]; a
+    /// reverse entry is made with its forward entry). One field for both because the entry
+    /// fills its cache line: six more bytes would push it past 64.
+    link: [u8; 6],
     /// When the flow last saw a packet: milliseconds of the caller's monotonic clock, the low
     /// 39 bits of these 40 (little-endian; the clock must stay below 2^39 ms, 17 years, as a
     /// clock since boot does), see [`FlowValue::last_seen_ms`]; the top bit says the entry
@@ -311,12 +315,36 @@ impl FlowValue {
             backend,
             incarnation,
             timeout_override: 0,
-            peer_mac: [0; 6],
+            link: [0; 6],
             last_seen: [0; 5],
             state,
         };
         v.touch(now);
+        v.link
+            .copy_from_slice(&(now / NANOS_PER_MS).to_le_bytes()[..6]);
         v
+    }
+
+    /// A reverse-nat entry's next hop back to the client (meaningless in other entries).
+    #[inline]
+    pub fn peer_mac(&self) -> [u8; 6] {
+        self.link
+    }
+
+    /// Makes this a reverse-nat entry whose replies go to `mac`.
+    #[inline]
+    pub fn set_peer_mac(&mut self, mac: [u8; 6]) {
+        self.link = mac;
+    }
+
+    /// When a forward or affinity entry was made (learnt, for an entry from a peer gateway),
+    /// in whole milliseconds of the caller's clock (meaningless in a reverse-nat entry, whose
+    /// forward entry has it).
+    #[inline]
+    pub fn made_ms(&self) -> u64 {
+        let mut b = [0u8; 8];
+        b[..6].copy_from_slice(&self.link);
+        u64::from_le_bytes(b)
     }
 
     /// Records a packet at `now` (nanoseconds), which restarts the idle timeout.
@@ -503,7 +531,7 @@ impl Entry {
             backend: BackendId(0),
             incarnation: 0,
             timeout_override: 0,
-            peer_mac: [0; 6],
+            link: [0; 6],
             last_seen: [0; 5],
             state: FlowState::Other,
         },
@@ -1212,7 +1240,7 @@ mod tests {
 
     fn val(backend: u32, state: FlowState, now: u64) -> FlowValue {
         let mut v = FlowValue::new(BackendId(backend), backend * 10, state, now);
-        v.peer_mac = [2, 0, 0, 0, 0, backend as u8];
+        v.set_peer_mac([2, 0, 0, 0, 0, backend as u8]);
         v
     }
 

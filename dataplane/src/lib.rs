@@ -17,7 +17,7 @@
 //! call [`pipeline::Pipeline::process`].
 //!
 //! The modules import one way (`scripts/check-imports.py` holds it; the graph is in
-//! docs/architecture-modules.md): `xsk` → `pipeline` → `capture`, `explain` → `sync`,
+//! docs/architecture.md, "Module graph"): `xsk` → `pipeline` → `capture`, `explain` → `sync`,
 //! `rewrite`, `traffic` → `spsc`, `table`, `wire` → `maglev`, `flow` → `key`, `hint`, `stats`
 //! → `hash`. Flow sync, the explain desk and capture meet the pipeline through
 //! [`sync::WorkerSync`], [`explain::Desk`] and [`capture::Tap`], which know nothing of the

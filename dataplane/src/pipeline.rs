@@ -272,6 +272,7 @@ impl Pipeline {
         verdicts: &mut [Verdict],
     ) {
         assert!(verdicts.len() >= frames.len(), "one verdict per frame");
+        self.traffic.settle(t);
         // The one test a call pays for capture while none runs: a load and a branch that
         // always goes the same way; the capturing twin is out of line.
         if self.capture.as_ref().is_some_and(Tap::armed) {
@@ -407,6 +408,7 @@ impl Pipeline {
         ingress: u8,
         frame: &mut Frame<'_>,
     ) -> Verdict {
+        self.traffic.settle(t);
         let mut p = Parsed::default();
         let parsed = admit_and_parse(frame.data(), t.ports.get(ingress as usize), &mut p)
             .map(|ip| ip.then_some(&p));
@@ -638,7 +640,9 @@ impl Pipeline {
                 let mut kept = true;
                 if let Some((rkey, rh)) = reply {
                     let mut reply = value;
-                    reply.peer_mac.copy_from_slice(&frame.data()[6..12]);
+                    let mut client = [0u8; 6];
+                    client.copy_from_slice(&frame.data()[6..12]);
+                    reply.set_peer_mac(client);
                     if self.flows.insert_hashed(rkey, rh, reply, now).is_err() {
                         // Replies will not be translated: undo the forward entry so the state
                         // stays symmetric, and count the flow as stateless.
@@ -800,7 +804,7 @@ impl Pipeline {
             refused = reset && v.state == FlowState::TcpSyn;
             v.state = v.state.on_tcp_flags(p.tcp_flags);
         }
-        let peer_mac = v.peer_mac;
+        let peer_mac = v.peer_mac();
         if reset {
             self.reset_by_backend(s, b, p, now, refused);
         }
@@ -1171,6 +1175,37 @@ backends = [{}]
         let mut f = Frame::new(&mut buf, HEADROOM, frame.len());
         let v = pipe.process(t, now, 0, &mut f);
         (v, f.data().to_vec())
+    }
+
+    /// Runs `frames` through `process_batch` in calls of up to `per_call` frames (each
+    /// given the headroom of a UMEM frame); the verdicts and the frames as they leave.
+    pub(crate) fn run_batch(
+        pipe: &mut Pipeline,
+        t: &ServiceTable,
+        now: u64,
+        frames: &[Vec<u8>],
+        per_call: usize,
+    ) -> Vec<(Verdict, Vec<u8>)> {
+        let mut out = Vec::new();
+        for chunk in frames.chunks(per_call) {
+            let mut bufs: Vec<Vec<u8>> = chunk
+                .iter()
+                .map(|f| {
+                    let mut b = vec![0u8; HEADROOM + f.len() + 64];
+                    b[HEADROOM..HEADROOM + f.len()].copy_from_slice(f);
+                    b
+                })
+                .collect();
+            let mut fs: Vec<Frame<'_>> = bufs
+                .iter_mut()
+                .zip(chunk)
+                .map(|(b, f)| Frame::new(b, HEADROOM, f.len()))
+                .collect();
+            let mut vs = vec![Verdict::Pass; fs.len()];
+            pipe.process_batch(t, now, 0, &mut fs, &mut vs);
+            out.extend(vs.into_iter().zip(fs.iter().map(|f| f.data().to_vec())));
+        }
+        out
     }
 
     pub(crate) const CLIENT: ([u8; 4], u16) = ([192, 0, 2, 7], 40000);

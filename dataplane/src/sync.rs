@@ -521,7 +521,7 @@ fn import(flows: &mut FlowTable, c: &mut SyncCounters, t: &ServiceTable, r: &Syn
     }
     if let Some(rkey) = reply {
         let mut rv = value;
-        rv.peer_mac = r.peer_mac;
+        rv.set_peer_mac(r.peer_mac);
         if flows.insert_unlimited(rkey, rv, now).is_err() {
             flows.remove(&key);
             c.table_full += 1;
@@ -565,7 +565,7 @@ fn dump_step(flows: &FlowTable, sy: &mut WorkerSync, t: &ServiceTable, now: u64)
             let mut peer_mac = [0; 6];
             if s.mode == Mode::Nat && !affinity {
                 if let Some(rv) = flows.peek(&reply_key(k, b)) {
-                    peer_mac = rv.peer_mac;
+                    peer_mac = rv.peer_mac();
                 }
             }
             let r = SyncRecord {

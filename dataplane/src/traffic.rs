@@ -20,28 +20,45 @@
 //! The slots are indexed by the ids the [`crate::table::Builder`] keeps stable across builds,
 //! [`crate::key::ServiceId`] (by service name) and [`crate::key::BackendId`] (by service
 //! frontend, address and port), and each slot remembers the *incarnation* of the id it counts
-//! for. An id handed to a new service or backend gets a new incarnation; the first packet
-//! counted for it finds the slot's incarnation different and starts the slot from zero, so the
-//! old holder's counts are never attributed to the new one, and a service or backend that
-//! stays keeps counting in the same slot whatever index it has. The control plane sums, for
-//! each id of the live table, only the slots whose incarnation is the live one: a core that
-//! has not yet counted for a new holder still holds its predecessor's counts, and they are
-//! left out. A service or backend that leaves the table leaves `/metrics` with its counts.
+//! for. An id handed to a new service or backend gets a new incarnation. Before a core counts
+//! under a table it has not counted under yet, it settles its slots with it
+//! ([`Traffic::settle`], once per table change: a walk over the table's backends): a backend
+//! slot whose incarnation is not the table's holder's is taken over by the new holder and
+//! starts from zero, so the old holder's counts are never attributed to the new one, and a
+//! backend that stays keeps counting in the same slot whatever index its service has. The
+//! packet path then counts without checking anything but the id's range. The control plane
+//! sums, for each id of the live table, only the slots whose incarnation is the live one: a
+//! core that has not yet counted under the live table still holds predecessors' counts, and
+//! they are left out. A service or backend that leaves the table leaves `/metrics` with its
+//! counts.
+//!
+//! # Service totals
+//!
+//! The packet path counts per backend only: a service's counts are its backends' counts,
+//! added up when the core publishes ([`Traffic::export`]), plus those of its backends that
+//! have left. Each backend slot remembers the service (id and incarnation) it first counted
+//! for; when the slot is taken over by the id's next holder, its counts are folded into that
+//! service's *retired* slot before it restarts from zero. A service's total therefore never
+//! falls when a backend leaves or its id is reused: it is the retired slot plus every backend
+//! slot that counts for it, whether that backend is still in the table or not. Backends
+//! still in the table count for the service the table gives them now; a backend that left
+//! counts for the service it last counted for.
 //!
 //! Ids at or above [`SLOTS`] are not counted (the configuration would need more than 65,536
 //! services or backends at once); their packets still count in the per-core counters.
 //!
 //! # Cost
 //!
-//! Two slot updates per packet (the service's and the backend's, each with its incarnation
-//! check), in the worker's own memory. Slots are dense (both directions of an id in 32 bytes,
-//! incarnations apart) and fixed-size, so an id checked once against [`SLOTS`] indexes them
-//! without further bounds checks. The instructions and time this adds per packet are in
-//! docs/performance-counters.md.
+//! One slot update per packet (the backend's: two additions), in the worker's own memory; the
+//! incarnations are settled once per table change and the services' sums taken when the core
+//! publishes, each a walk over the slots in use. Slots are dense (both directions of an id in 32 bytes, incarnations apart) and
+//! fixed-size, so an id checked once against [`SLOTS`] indexes them without further bounds
+//! checks. The instructions and time this adds per packet are in
+//! docs/performance.md ("Cost of the traffic counters").
 
-use crate::table::{Backend, Service};
+use crate::table::{Backend, Service, ServiceTable};
 
-/// Slots per array: ids below this have their own slot. The four arrays take 4.5 MiB per
+/// Slots per array: ids below this have their own slot. The arrays take 5 MiB per
 /// core, written once at start so that counting never page-faults.
 pub const SLOTS: usize = 1 << 16;
 
@@ -111,23 +128,6 @@ impl Slots {
         }
     }
 
-    /// Counts a packet of `bytes` for `id` of `incarnation`, restarting the id's counts when
-    /// they were another incarnation's.
-    #[inline(always)]
-    fn count(&mut self, id: u32, incarnation: u32, bytes: u32, out: bool) {
-        let i = id as usize;
-        if i >= SLOTS {
-            return;
-        }
-        if self.incarnation[i] != incarnation {
-            self.incarnation[i] = incarnation;
-            self.pairs[i] = [Pair::default(); 2];
-        }
-        let p = &mut self.pairs[i][out as usize];
-        p.packets += 1;
-        p.bytes += u64::from(bytes);
-    }
-
     /// The counts of `id`, whatever their incarnation; zero past the slots.
     fn tally(&self, id: usize) -> Tally {
         if id >= SLOTS {
@@ -143,24 +143,51 @@ impl Slots {
         }
     }
 
-    /// Replaces `out` with the counts of ids `0..n`; allocates only when `out` must grow.
-    fn export(&self, n: usize, out: &mut Vec<Tally>) {
-        out.clear();
-        out.extend((0..n.min(SLOTS)).map(|id| self.tally(id)));
+    /// Adds `t`'s counts to `id`'s slot if `t` is for the slot's incarnation or a later one
+    /// (incarnations grow: the table builder draws them from one counter); a later one
+    /// restarts the slot. Counts of an earlier incarnation are of a holder that is gone.
+    fn fold(&mut self, id: usize, t: &Tally) {
+        if id >= SLOTS || t.incarnation < self.incarnation[id] {
+            return;
+        }
+        if t.incarnation > self.incarnation[id] {
+            self.incarnation[id] = t.incarnation;
+            self.pairs[id] = [Pair::default(); 2];
+        }
+        let [i, o] = &mut self.pairs[id];
+        i.packets += t.in_packets;
+        i.bytes += t.in_bytes;
+        o.packets += t.out_packets;
+        o.bytes += t.out_bytes;
     }
 }
 
-/// One core's traffic counts, by service id and by backend id.
+/// The service a backend slot counts for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Owner {
+    service: u32,
+    incarnation: u32,
+}
+
+/// One core's traffic counts, by backend id, and by service id for the backends that left.
 #[derive(Clone)]
 pub struct Traffic {
-    services: Slots,
     backends: Slots,
+    /// The service each backend slot counts for, set when the slot takes a new incarnation.
+    owners: Box<[Owner; SLOTS]>,
+    /// Per service id, the counts of its backends whose slots were taken over.
+    retired: Slots,
+    /// Backend ids below this have counted.
+    high: usize,
+    /// The serial of the table the slots are settled with ([`ServiceTable::serial`]; 0: none).
+    table: u64,
 }
 
 impl core::fmt::Debug for Traffic {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Traffic")
             .field("slots", &SLOTS)
+            .field("high", &self.high)
             .finish_non_exhaustive()
     }
 }
@@ -175,14 +202,21 @@ impl Traffic {
     /// Zeroed slots, [`SLOTS`] of each kind, written now.
     pub fn new() -> Self {
         Self {
-            services: Slots::new(),
             backends: Slots::new(),
+            owners: vec![Owner::default(); SLOTS]
+                .into_boxed_slice()
+                .try_into()
+                .expect("SLOTS owners"),
+            retired: Slots::new(),
+            high: 0,
+            table: 0,
         }
     }
 
     /// Bytes [`Traffic::new`] allocates.
     pub const fn bytes() -> u64 {
-        (2 * SLOTS * (4 + 2 * core::mem::size_of::<Pair>())) as u64
+        let slots = 4 + 2 * core::mem::size_of::<Pair>();
+        (SLOTS * (2 * slots + core::mem::size_of::<Owner>())) as u64
     }
 
     /// Counts a packet of `bytes` sent to backend `b` of service `s`.
@@ -197,17 +231,100 @@ impl Traffic {
         self.count(s, b, bytes, true);
     }
 
+    /// Counts in `b`'s slot, settled for the table `b` is from ([`Traffic::settle`]).
     #[inline(always)]
     fn count(&mut self, s: &Service, b: &Backend, bytes: usize, out: bool) {
-        self.services
-            .count(s.id.0, s.incarnation, bytes as u32, out);
-        self.backends
-            .count(b.id.0, b.incarnation, bytes as u32, out);
+        let i = b.id.0 as usize;
+        if i >= SLOTS {
+            return;
+        }
+        debug_assert_eq!(
+            (self.backends.incarnation[i], self.owners[i]),
+            (
+                b.incarnation,
+                Owner {
+                    service: s.id.0,
+                    incarnation: s.incarnation
+                }
+            ),
+            "traffic slots not settled with the table"
+        );
+        let p = &mut self.backends.pairs[i][out as usize];
+        p.packets += 1;
+        p.bytes += bytes as u64;
     }
 
-    /// Service `s`'s counts on this core (zero when its slot counts for another holder).
-    pub fn service(&self, s: &Service) -> Tally {
-        current_of(self.services.tally(s.id.0 as usize), s.incarnation)
+    /// Makes the backend slots table `t`'s before anything is counted under it: each of its
+    /// backends' slots holds its incarnation (taken over from the last holder if not) and
+    /// names the service `t` gives it. One comparison when `t` is the table of the last call;
+    /// else a walk over `t`'s backends, out of line. Runs on the worker's thread, before a
+    /// batch; allocates nothing.
+    #[inline(always)]
+    pub fn settle(&mut self, t: &ServiceTable) {
+        if t.serial() != self.table {
+            self.settle_with(t);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn settle_with(&mut self, t: &ServiceTable) {
+        for b in t.backends.iter().take(SLOTS).flatten() {
+            let Some(s) = t.services.get(b.service as usize) else {
+                continue;
+            };
+            let i = b.id.0 as usize;
+            if i >= SLOTS {
+                continue;
+            }
+            if self.backends.incarnation[i] != b.incarnation {
+                self.take_over(i, s, b);
+            } else {
+                // The same backend, counted for the service the table gives it now (its
+                // service renamed while it kept its frontend, address and port).
+                self.owners[i] = Owner {
+                    service: s.id.0,
+                    incarnation: s.incarnation,
+                };
+            }
+        }
+        self.table = t.serial();
+    }
+
+    /// Gives slot `i` to backend `b` of service `s`: what it counted for its last holder goes
+    /// to that holder's service's retired slot, and it starts again from zero.
+    #[cold]
+    #[inline(never)]
+    fn take_over(&mut self, i: usize, s: &Service, b: &Backend) {
+        let old = self.backends.tally(i);
+        if old.incarnation != 0 {
+            self.retired.fold(
+                self.owners[i].service as usize,
+                &Tally {
+                    incarnation: self.owners[i].incarnation,
+                    ..old
+                },
+            );
+        }
+        self.backends.incarnation[i] = b.incarnation;
+        self.backends.pairs[i] = [Pair::default(); 2];
+        self.owners[i] = Owner {
+            service: s.id.0,
+            incarnation: s.incarnation,
+        };
+        self.high = self.high.max(i + 1);
+    }
+
+    /// Service `s`'s counts on this core, for table `t` (zero when its id counts for another
+    /// holder): what [`Traffic::export`] publishes for it.
+    pub fn service(&self, t: &ServiceTable, s: &Service) -> Tally {
+        let mut total = current_of(self.retired.tally(s.id.0 as usize), s.incarnation);
+        self.each_counted(t, |owner, b| {
+            if owner == s.id.0 {
+                total.add_if_same(b);
+            }
+        });
+        total
     }
 
     /// Backend `b`'s counts on this core (zero when its slot counts for another holder).
@@ -215,18 +332,67 @@ impl Traffic {
         current_of(self.backends.tally(b.id.0 as usize), b.incarnation)
     }
 
-    /// Replaces `services` and `backends` with the slots of service ids `0..n_services` and
-    /// backend ids `0..n_backends` (each with its incarnation: read them with [`current`]).
-    /// Allocates only when a vector must grow.
-    pub fn export(
-        &self,
-        n_services: usize,
-        n_backends: usize,
-        services: &mut Vec<Tally>,
-        backends: &mut Vec<Tally>,
-    ) {
-        self.services.export(n_services, services);
-        self.backends.export(n_backends, backends);
+    /// Calls `f` with every counted backend slot and the id of the service it counts for,
+    /// the slot's tally carrying that service's incarnation: the service table `t` gives it
+    /// for a backend still in it, the slot's owner for one that left.
+    fn each_counted(&self, t: &ServiceTable, mut f: impl FnMut(u32, &Tally)) {
+        for i in 0..self.high {
+            let tally = self.backends.tally(i);
+            if tally.incarnation == 0 {
+                continue;
+            }
+            let live = t
+                .backends
+                .get(i)
+                .and_then(Option::as_ref)
+                .filter(|b| b.incarnation == tally.incarnation)
+                .and_then(|b| t.services.get(b.service as usize));
+            let owner = match live {
+                Some(s) => Owner {
+                    service: s.id.0,
+                    incarnation: s.incarnation,
+                },
+                None => self.owners[i],
+            };
+            f(
+                owner.service,
+                &Tally {
+                    incarnation: owner.incarnation,
+                    ..tally
+                },
+            );
+        }
+    }
+
+    /// Replaces `services` and `backends` with this core's counts for service ids
+    /// `0..t.service_ids` and backend ids `0..t.backends.len()`, each with its incarnation
+    /// (read them with [`current`]). A service's counts are summed here from its backends'
+    /// (see "Service totals" above): a walk over the backend slots in use, on the worker's
+    /// thread between batches. Allocates only when a vector must grow.
+    pub fn export(&self, t: &ServiceTable, services: &mut Vec<Tally>, backends: &mut Vec<Tally>) {
+        backends.clear();
+        backends.extend((0..t.backends.len().min(SLOTS)).map(|id| self.backends.tally(id)));
+        services.clear();
+        services.resize((t.service_ids as usize).min(SLOTS), Tally::ZERO);
+        for s in &t.services {
+            if let Some(slot) = services.get_mut(s.id.0 as usize) {
+                *slot = current_of(self.retired.tally(s.id.0 as usize), s.incarnation);
+            }
+        }
+        self.each_counted(t, |owner, b| {
+            if let Some(slot) = services.get_mut(owner as usize) {
+                slot.add_if_same(b);
+            }
+        });
+    }
+}
+
+impl Tally {
+    /// Adds `o`'s counts if they are for this tally's incarnation.
+    fn add_if_same(&mut self, o: &Tally) {
+        if o.incarnation == self.incarnation {
+            self.add(o);
+        }
     }
 }
 

@@ -3,7 +3,9 @@
 //! which knows nothing of the pipeline that drives it.
 
 use crate::flow::Timeouts;
-use crate::pipeline::tests::{backend_by_mac, build, config, run, CLIENT_MAC, GW_MAC, SEC};
+use crate::pipeline::tests::{
+    backend_by_mac, build, config, run, run_batch, CLIENT_MAC, GW_MAC, SEC,
+};
 use crate::pipeline::{Pipeline, Verdict};
 use crate::table::Service;
 use crate::table::{Builder, ServiceTable};
@@ -99,12 +101,12 @@ fn nat_counts_every_packet_and_byte_in_and_every_reply_out() {
         );
     }
     let (sa, sb) = (&t.services[0], &t.services[1]);
-    assert_eq!(counts(&pipe.traffic.service(sa)), sum(a.values()));
-    assert_eq!(counts(&pipe.traffic.service(sb)), sum(b.values()));
+    assert_eq!(counts(&pipe.traffic.service(&t, sa)), sum(a.values()));
+    assert_eq!(counts(&pipe.traffic.service(&t, sb)), sum(b.values()));
     // 20 flows of 4 segments (payloads 0, 37, 74, 111 plus the flow's number) and 2
     // replies each (100 and 101 bytes of payload).
     assert_eq!(
-        counts(&pipe.traffic.service(sa)),
+        counts(&pipe.traffic.service(&t, sa)),
         tally(80, 80 * 40 + 20 * 222 + 4 * 190, 40, 40 * 40 + 20 * 201)
     );
     // A reply without a flow is dropped and counts nowhere.
@@ -113,12 +115,11 @@ fn nat_counts_every_packet_and_byte_in_and_every_reply_out() {
         run(&mut pipe, &t, SEC, &stray).0,
         Verdict::Drop(crate::stats::DropReason::ReplyNoFlow)
     );
-    assert_eq!(counts(&pipe.traffic.service(sb)), sum(b.values()));
+    assert_eq!(counts(&pipe.traffic.service(&t, sb)), sum(b.values()));
 }
 
 #[test]
 fn a_batch_counts_as_its_frames_one_by_one() {
-    use crate::rewrite::{Frame, HEADROOM};
     let x = ("198.51.100.11", 0x11);
     let y = ("198.51.100.12", 0x12);
     let t = build(&mut Builder::new(), &config("nat", &[x, y], &[]));
@@ -138,28 +139,14 @@ fn a_batch_counts_as_its_frames_one_by_one() {
         let _ = run(&mut one, &t, SEC, f);
     }
     let mut batched = Pipeline::new(0, 1, 1024, Timeouts::default(), 0);
-    let mut bufs: Vec<Vec<u8>> = frames
-        .iter()
-        .map(|f| {
-            let mut b = vec![0u8; HEADROOM + f.len() + 64];
-            b[HEADROOM..HEADROOM + f.len()].copy_from_slice(f);
-            b
-        })
-        .collect();
-    let mut fs: Vec<Frame<'_>> = bufs
-        .iter_mut()
-        .zip(&frames)
-        .map(|(b, f)| Frame::new(b, HEADROOM, f.len()))
-        .collect();
-    let mut verdicts = vec![Verdict::Pass; fs.len()];
-    batched.process_batch(&t, SEC, 0, &mut fs, &mut verdicts);
-    assert!(verdicts.iter().all(|v| *v == Verdict::Tx { port: 0 }));
+    let out = run_batch(&mut batched, &t, SEC, &frames, frames.len());
+    assert!(out.iter().all(|(v, _)| *v == Verdict::Tx { port: 0 }));
     let s = &t.services[0];
     assert_eq!(
-        counts(&batched.traffic.service(s)),
+        counts(&batched.traffic.service(&t, s)),
         (70, 70 * 40 + 69 * 70 / 2, 0, 0)
     );
-    assert_eq!(batched.traffic.service(s), one.traffic.service(s));
+    assert_eq!(batched.traffic.service(&t, s), one.traffic.service(&t, s));
     for &id in &s.backends {
         let b = t.backend(id).expect("backend");
         assert_eq!(batched.traffic.backend(b), one.traffic.backend(b));
@@ -173,7 +160,7 @@ fn dsr_counts_in_only() {
     let mut pipe = Pipeline::new(0, 1, 1024, Timeouts::default(), 0);
     let a = traffic(&mut pipe, &t, [203, 0, 113, 10], 40000, 3, 2, 0);
     assert_eq!(
-        counts(&pipe.traffic.service(&t.services[0])),
+        counts(&pipe.traffic.service(&t, &t.services[0])),
         sum(a.values())
     );
     assert_eq!(sum(a.values()).0, 9);
@@ -181,7 +168,7 @@ fn dsr_counts_in_only() {
     // the kernel's, not the service's.
     let reply = segment((addr(x.0), 80), ([192, 0, 2, 7], 40000), false, 10);
     assert_eq!(run(&mut pipe, &t, SEC, &reply).0, Verdict::Pass);
-    assert_eq!(pipe.traffic.service(&t.services[0]).out_packets, 0);
+    assert_eq!(pipe.traffic.service(&t, &t.services[0]).out_packets, 0);
 }
 
 /// A configuration of dsr-l2 services, each `(name, VIP's last byte, backend address,
@@ -232,7 +219,7 @@ fn counts_keep_their_identity(full: bool) {
     send(&mut pipe, &t1, 10, 3);
     send(&mut pipe, &t1, 20, 2);
     let (a1, b1) = (service(&t1, "a"), service(&t1, "b"));
-    assert_eq!(pipe.traffic.service(a1).in_packets, 3);
+    assert_eq!(pipe.traffic.service(&t1, a1).in_packets, 3);
     // a leaves: b takes index 0; then c arrives, which takes a's freed ids (service and
     // backend: a backend is new to its service's frontend).
     let only_b = services(&[("b", 20, "198.51.100.32", 0x32)]);
@@ -258,12 +245,12 @@ fn counts_keep_their_identity(full: bool) {
     let b2 = service(&t2, "b");
     assert_eq!((b2.id, b2.incarnation), (b1.id, b1.incarnation));
     assert_eq!(
-        pipe.traffic.service(b2).in_packets,
+        pipe.traffic.service(&t2, b2).in_packets,
         2,
         "b's counts follow it"
     );
     send(&mut pipe, &t2, 20, 1);
-    assert_eq!(pipe.traffic.service(b2).in_packets, 3);
+    assert_eq!(pipe.traffic.service(&t2, b2).in_packets, 3);
 
     let c = service(&t3, "c");
     assert_eq!(c.id, a1.id, "c has a's freed id");
@@ -272,7 +259,7 @@ fn counts_keep_their_identity(full: bool) {
     let ab = t1.backend(a1.backends[0]).expect("a's backend");
     assert_eq!(cb.id, ab.id, "c's backend has a's backend's freed id");
     assert_eq!(
-        pipe.traffic.service(c),
+        pipe.traffic.service(&t3, c),
         Tally {
             incarnation: c.incarnation,
             ..Tally::ZERO
@@ -280,9 +267,13 @@ fn counts_keep_their_identity(full: bool) {
     );
     assert_eq!(pipe.traffic.backend(&cb).in_packets, 0, "nothing inherited");
     send(&mut pipe, &t3, 30, 1);
-    assert_eq!(pipe.traffic.service(c).in_packets, 1, "a's 3 are not c's");
+    assert_eq!(
+        pipe.traffic.service(&t3, c).in_packets,
+        1,
+        "a's 3 are not c's"
+    );
     assert_eq!(pipe.traffic.backend(&cb).in_packets, 1);
-    assert_eq!(pipe.traffic.service(service(&t3, "b")).in_packets, 3);
+    assert_eq!(pipe.traffic.service(&t3, service(&t3, "b")).in_packets, 3);
     assert_eq!(t3.service_ids, 2, "ids stay dense");
 }
 
@@ -294,4 +285,60 @@ fn counts_keep_their_identity_across_full_builds() {
 #[test]
 fn counts_keep_their_identity_across_updates() {
     counts_keep_their_identity(false);
+}
+
+/// A backend that leaves takes none of its service's counts with it, also when its id goes
+/// to a newcomer of another service: a service's total is its backends' counts plus those of
+/// the backends that left, and never falls.
+#[test]
+fn a_service_keeps_the_counts_of_backends_that_left() {
+    let x = ("198.51.100.41", 0x41);
+    let y = ("198.51.100.42", 0x42);
+    let z = ("198.51.100.43", 0x43);
+    let mut builder = Builder::new();
+    let t1 = build(&mut builder, &config("dsr-l2", &[x, y], &[]));
+    let mut pipe = Pipeline::new(0, 1, 1024, Timeouts::default(), 0);
+    let a = traffic(&mut pipe, &t1, [203, 0, 113, 10], 40000, 20, 1, 0);
+    assert_eq!(a.len(), 2, "both backends got flows: {a:?}");
+    let before = pipe.traffic.service(&t1, &t1.services[0]);
+    assert_eq!(counts(&before), sum(a.values()));
+    let y_id = t1.services[0]
+        .backends
+        .iter()
+        .filter_map(|&id| t1.backend(id))
+        .find(|b| b.mac == Some([2, 0, 0, 0, 1, 0x42]))
+        .expect("y")
+        .id;
+
+    // y leaves its service.
+    let t2 = build(&mut builder, &config("dsr-l2", &[x], &[]));
+    assert_eq!(pipe.traffic.service(&t2, &t2.services[0]), before);
+
+    // Service b's backend takes y's freed id and counts from zero; a keeps y's counts.
+    let t3 = build(&mut builder, &config("dsr-l2", &[x], &[z]));
+    let zb = t3.backend(t3.services[1].backends[0]).expect("z").clone();
+    assert_eq!(zb.id, y_id, "z has y's freed id");
+    let b = traffic(&mut pipe, &t3, [203, 0, 113, 20], 41000, 5, 1, 0);
+    assert_eq!(counts(&pipe.traffic.backend(&zb)), sum(b.values()));
+    assert_eq!(pipe.traffic.service(&t3, &t3.services[0]), before);
+    assert_eq!(
+        counts(&pipe.traffic.service(&t3, &t3.services[1])),
+        sum(b.values())
+    );
+
+    // The published copies read the same.
+    let (mut services, mut backends) = (Vec::new(), Vec::new());
+    pipe.traffic.export(&t3, &mut services, &mut backends);
+    for s in &t3.services {
+        assert_eq!(
+            crate::traffic::current(&services, s.id.0, s.incarnation),
+            pipe.traffic.service(&t3, s),
+            "service {}",
+            s.name
+        );
+    }
+    assert_eq!(
+        crate::traffic::current(&backends, zb.id.0, zb.incarnation),
+        pipe.traffic.backend(&zb)
+    );
 }

@@ -1,14 +1,7 @@
 //! The flow table against a `HashMap` model, under a fake clock, and a check that the table
-//! does not allocate after construction.
-//!
-//! Unsafe here is only the counting allocator's `unsafe impl GlobalAlloc`, which must be
-//! unsafe; it forwards every call to `System`.
-#![allow(unsafe_code)]
+//! does not allocate after construction (the testkit's counting allocator).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proptest::prelude::*;
 
@@ -143,7 +136,7 @@ fn value(
 ) -> FlowValue {
     let mut v = FlowValue::new(BackendId(backend), incarnation, state, now);
     v.timeout_override = timeout_override;
-    v.peer_mac = [2, 0, 0, 0, (incarnation >> 8) as u8, incarnation as u8];
+    v.set_peer_mac([2, 0, 0, 0, (incarnation >> 8) as u8, incarnation as u8]);
     v
 }
 
@@ -322,69 +315,20 @@ proptest! {
 
 // --- No allocation after `new` --------------------------------------------------------
 
-/// Counts allocations made by threads that opted in, so that other tests running in
-/// parallel in this binary do not disturb the count.
-struct CountingAlloc;
-
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-fn note_allocation() {
-    // `try_with`: the allocator may run while this thread's locals are being torn down.
-    if COUNTING.try_with(Cell::get).unwrap_or(false) {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so
-// `System`'s guarantees are ours; counting touches only an atomic and a const-initialised
-// thread-local, neither of which allocates.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        // SAFETY: our caller upholds `GlobalAlloc::alloc`'s contract, which is `System`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        // SAFETY: as for `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_allocation();
-        // SAFETY: `ptr` and `layout` came from this allocator, which is `System`'s.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` and `layout` came from this allocator, which is `System`'s.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: CountingAlloc = CountingAlloc;
+static ALLOCATOR: strait_testkit::alloc::Counting = strait_testkit::alloc::Counting;
 
-/// Allocations made by this thread while running `f`.
+/// Allocations (and frees) made by this thread while running `f`.
 fn allocations_in(f: impl FnOnce()) -> usize {
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
-    COUNTING.with(|c| c.set(true));
-    f();
-    COUNTING.with(|c| c.set(false));
-    ALLOCATIONS.load(Ordering::Relaxed) - before
+    strait_testkit::alloc::counted(f).1
 }
 
 #[test]
 fn counting_allocator_counts() {
     let n = allocations_in(|| drop(std::hint::black_box(vec![1u8; 10])));
     assert_eq!(
-        n, 1,
-        "the counter must see an allocation, or the zero below proves nothing"
+        n, 2,
+        "the counter must see an allocation and its free, or the zero below proves nothing"
     );
 }
 

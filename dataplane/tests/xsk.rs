@@ -77,11 +77,11 @@ use strait_dataplane::xsk::{
 use strait_testkit::harness::{enter_netns, ip, pin_thread, Netns};
 use strait_testkit::privileged as gate;
 
-#[path = "support/counting_alloc.rs"]
-mod counting;
-#[path = "support/packet_socket.rs"]
-mod packet_socket;
-use counting::{ALLOCS, COUNTING};
+use strait_testkit::alloc::{ALLOCS, COUNTING};
+use strait_testkit::packet_socket;
+
+#[global_allocator]
+static ALLOCATOR: strait_testkit::alloc::Counting = strait_testkit::alloc::Counting;
 
 const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x02];
 const MAC_G: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x01];
@@ -2241,6 +2241,7 @@ mod draw {
             health_check: None,
             passive_health: None,
             route: Default::default(),
+            slow_start: None,
             backends: bs,
         }
     }
@@ -2497,6 +2498,7 @@ fn steering_maps_recover_from_a_full_map() {
             health_check: None,
             passive_health: None,
             route: Default::default(),
+            slow_start: None,
             backends: Vec::new(),
         };
         let all: Vec<model::Service> = (0..cap)
@@ -2595,6 +2597,7 @@ fn steering_map_update_cost_at_scale() {
             health_check: None,
             passive_health: None,
             route: Default::default(),
+            slow_start: None,
             backends: (0..BACKENDS)
                 .map(|k| model::Backend {
                     address: std::net::IpAddr::V4(std::net::Ipv4Addr::new(

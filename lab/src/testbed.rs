@@ -116,6 +116,9 @@ pub struct Opts {
     pub l2: bool,
     /// The gateway's ports are DPDK ports on this vdev (see `plan`'s "DPDK" section).
     pub dpdk: Option<Vdev>,
+    /// Queues of each of the gateway's veths, 1 ..= [`plan::MAX_QUEUES`], and so its
+    /// workers per interface. Default 1.
+    pub queues: u16,
 }
 
 impl Default for Opts {
@@ -129,6 +132,7 @@ impl Default for Opts {
             gateways: 1,
             l2: false,
             dpdk: None,
+            queues: 1,
         }
     }
 }
@@ -557,6 +561,16 @@ pub fn up(opts: &Opts) -> Result<Testbed, Error> {
             "--driver dpdk builds the one-gateway layouts only: leave out --gateways and --l2",
         ));
     }
+    if opts.queues == 0 || opts.queues > plan::MAX_QUEUES {
+        return Err(Error::Options(
+            "--queues: the gateway's veths have 1 to 4 queues",
+        ));
+    }
+    if opts.queues > 1 && (fleet || opts.dpdk.is_some()) {
+        return Err(Error::Options(
+            "--queues builds the one-gateway AF_XDP layouts only: leave out --gateways, --l2 and --driver dpdk",
+        ));
+    }
     if fleet && opts.config_path.is_some() {
         return Err(Error::Options(
             "--config names one file; with several gateways (or --l2) each configuration goes to /run/strait/PREFIX/gwN.toml",
@@ -585,6 +599,7 @@ pub fn up(opts: &Opts) -> Result<Testbed, Error> {
         gateways: opts.gateways,
         l2: opts.l2,
         dpdk: opts.dpdk,
+        queues: opts.queues,
     };
     let dir = run_dir(&layout.prefix);
     let config_path = opts.config_path.clone().unwrap_or_else(|| {
@@ -1080,6 +1095,11 @@ pub enum Command {
         /// With `--driver dpdk`: the PMD of the gateway's ports.
         #[arg(long, value_enum, default_value_t = Vdev::AfPacket)]
         vdev: Vdev,
+        /// Queues of each of the gateway's veths, 1 to 4: the gateway runs a worker per
+        /// queue, and the veth before it spreads flows over them by their hash, as a NIC's
+        /// RSS does (one-gateway AF_XDP layouts).
+        #[arg(long, default_value_t = 1)]
+        queues: u16,
         /// Print a JSON description instead of instructions.
         #[arg(long)]
         json: bool,
@@ -1121,6 +1141,7 @@ pub fn run_command(command: Command) -> anyhow::Result<()> {
             l2,
             driver,
             vdev,
+            queues,
             json,
         } => {
             let testbed = up(&Opts {
@@ -1132,6 +1153,7 @@ pub fn run_command(command: Command) -> anyhow::Result<()> {
                 gateways,
                 l2,
                 dpdk: (driver == PortDriver::Dpdk).then_some(vdev),
+                queues,
             })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&testbed.summary())?);

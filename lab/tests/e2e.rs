@@ -8,6 +8,7 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use std::process::Stdio;
 use support::bed::{Gateway, CLIENT};
 use support::e2e::{
     self, backend_field, counter, dsr_l2_spread, per_backend, start, udp_ten_thousand,
-    write_config, Driver, Scenario, VIP,
+    write_config, Driver, KeepAlive, Scenario, VIP,
 };
 use support::harness::{
     in_ns, must, namespaces, sh, strait, text, wait_for, while_capturing, Capture, Proc,
@@ -491,6 +492,16 @@ fn n_explain_names_the_backend_every_nat_flow_reached_and_explains_its_replies()
     e2e::explain_names_the_backends(Driver::AfXdp, true);
 }
 
+#[test]
+fn m2_explain_asks_every_core_for_a_dsr_flow_on_two_workers() {
+    e2e::explain_on_two_workers(false);
+}
+
+#[test]
+fn n2_explain_asks_the_owner_core_for_a_nat_flow_on_two_workers() {
+    e2e::explain_on_two_workers(true);
+}
+
 /// The `[packets, bytes]` of each `counter` of nftables table `inet strait_traffic` in
 /// namespace `ns`, in rule order.
 fn nft_counters(s: &Scenario, role: &str) -> Vec<[u64; 2]> {
@@ -838,5 +849,245 @@ fn p_passive_health_takes_a_refusing_nat_backend_out_of_new_flows_within_millise
             .iter()
             .any(|t| t["to"] == "down" && t["cause"] == "passive: refused"),
         "{transitions:#?}"
+    );
+}
+
+/// The weight `/services` shows backend `addr` of `web` taking new flows by while it ramps
+/// up (`slow_start_weight`); `None` when it does not ramp.
+fn slow_start_weight(v: &Value, addr: &str) -> Option<u64> {
+    v["services"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == "web")?["backends"]
+        .as_array()?
+        .iter()
+        .find(|b| b["address"] == addr)?["slow_start_weight"]
+        .as_u64()
+}
+
+/// Slow start over the testbed: `web` serves b1 with `slow_start = "6s"`; a reload adds b2
+/// while a client opens 100 new connections a second. b2's share of the new connections
+/// rises second by second as its weight does (10, 25, .., 85 of 100: 10/110 of the new flows
+/// in its first second, 85/185 in its sixth), and is about half once the ramp is over. 24
+/// keep-alive connections opened on b1 before the reload answer from b1 after the ramp:
+/// by then about half of their Maglev slots are b2's (that none is has a chance of 2^-24),
+/// so only their flow entries keep them where they are. Then b2's server dies and comes
+/// back: healthy again, b2 ramps again, and takes few of the new flows of its first second.
+#[test]
+fn q_slow_start_ramps_an_added_or_recovered_backend_and_moves_no_established_flow() {
+    let Some(s) = scenario("slow", &["--backends", "2"]) else {
+        return;
+    };
+    let ramped = |t: &str| {
+        t.replacen(
+            "mode = \"dsr-l2\"\n",
+            "mode = \"dsr-l2\"\nslow_start = \"6s\"\n",
+            1,
+        )
+    };
+    let full = s.dir.join("full.toml");
+    std::fs::write(&full, ramped(&std::fs::read_to_string(s.config()).unwrap())).unwrap();
+    let without = write_config(&s, |t| {
+        let t = ramped(t);
+        let start = t
+            .find("[[services.backends]]\naddress = \"198.51.100.12\"\nport = 80\n")
+            .expect("b2 in web");
+        let end = t[start + 10..]
+            .find("[[")
+            .map_or(t.len(), |e| start + 10 + e);
+        format!("{}{}", &t[..start], &t[end..])
+    });
+    std::fs::copy(&without, s.config()).unwrap();
+    let gw = start(&s, &s.config());
+    let (mut conns, first) = KeepAlive::open(&s, 24);
+    assert!(
+        first.iter().all(|a| a.starts_with("backend=b1 ")),
+        "{first:?}"
+    );
+
+    const RATE: f64 = 100.0;
+    let rate = Proc::spawn(
+        s.python(&["rate", VIP, &RATE.to_string(), "11"])
+            .stdout(std::process::Stdio::piped()),
+    );
+    sleep(Duration::from_millis(1500));
+    let wall = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let asked = wall(std::time::SystemTime::now());
+    e2e::reload(&gw, &s, &full);
+    let answered = wall(std::time::SystemTime::now());
+    // The ramp starts while the gateway handles the reload.
+    let t0 = (asked + answered) / 2.0;
+    let b2 = s.backend_ip("b2");
+    // The weight the gateway shows for b2, every 200 ms until the client is done.
+    let mut shown: Vec<(f64, Option<u64>)> = Vec::new();
+    while wall(std::time::SystemTime::now()) < t0 + 8.0 {
+        let v = gw.services().expect("/services");
+        shown.push((
+            wall(std::time::SystemTime::now()) - t0,
+            slow_start_weight(&v, &b2),
+        ));
+        sleep(Duration::from_millis(200));
+    }
+    let out = rate.wait();
+    let lines = text(&out.stdout);
+
+    // New connections per second since the reload, per backend.
+    let mut before = BTreeMap::<String, usize>::new();
+    let mut per_second = BTreeMap::<i64, BTreeMap<String, usize>>::new();
+    let mut errors = Vec::new();
+    for l in lines.lines() {
+        let (t, answer) = l.split_once(' ').expect("TIME ANSWER");
+        let t: f64 = t.parse().expect("a time");
+        if answer.starts_with("ERROR") {
+            errors.push(l.to_owned());
+            continue;
+        }
+        let backend = answer
+            .strip_prefix("backend=")
+            .and_then(|a| a.split(' ').next())
+            .unwrap_or_else(|| panic!("not an answer: {l}"))
+            .to_owned();
+        assert!(
+            answer.contains(&format!("client={CLIENT}:")),
+            "the client address is lost: {l}"
+        );
+        if t < asked {
+            *before.entry(backend).or_default() += 1;
+        } else if t > answered {
+            let k = (t - t0).floor() as i64;
+            *per_second.entry(k).or_default().entry(backend).or_default() += 1;
+        }
+    }
+    assert!(errors.is_empty(), "new connections failed: {errors:?}");
+    assert_eq!(before.get("b2"), None, "b2 answered before it was added");
+    let share = |ks: std::ops::RangeInclusive<i64>| {
+        let (mut b2n, mut all) = (0, 0);
+        for k in ks {
+            let m = per_second.get(&k).cloned().unwrap_or_default();
+            b2n += m.get("b2").copied().unwrap_or(0);
+            all += m.values().sum::<usize>();
+        }
+        assert!(
+            all > 0,
+            "no new connections in those seconds: {per_second:?}"
+        );
+        b2n as f64 / all as f64
+    };
+    // The figure in docs/operations.md: new connections per second per backend.
+    eprintln!("second  b1  b2  b2 share  b2 weight  expected share");
+    for (k, m) in &per_second {
+        let (n1, n2) = (
+            m.get("b1").copied().unwrap_or(0),
+            m.get("b2").copied().unwrap_or(0),
+        );
+        let w = if (0..6).contains(k) { 10 + 15 * k } else { 100 };
+        eprintln!(
+            "{k:>6} {n1:>3} {n2:>3} {:>8.2} {w:>10} {:>15.2}",
+            n2 as f64 / (n1 + n2).max(1) as f64,
+            w as f64 / (100 + w) as f64
+        );
+    }
+    eprintln!("shown weights (s since the reload, slow_start_weight): {shown:?}");
+    // 100 new flows a second: each second's share is within about 0.05 of its expectation
+    // (one standard deviation), each three seconds' within about 0.03.
+    let (first_half, second_half, after) = (share(0..=2), share(3..=5), share(6..=9));
+    assert!(
+        share(0..=0) < 0.3,
+        "b2 took {:.2} of the new flows in its first second (its weight 10 of 110)",
+        share(0..=0)
+    );
+    // Expected 0.20, 0.41, then 0.5.
+    assert!(
+        first_half + 0.1 < second_half && first_half + 0.15 < after,
+        "b2's share does not rise over the ramp: {first_half:.2}, {second_half:.2}, then {after:.2}\n{per_second:?}"
+    );
+    assert!(
+        (0.4..=0.6).contains(&after),
+        "b2 takes {after:.2} of the new flows after the ramp, not about half: {per_second:?}"
+    );
+
+    // The gateway showed the ramp: a weight rising step by step, none once it was over.
+    let weights: Vec<u64> = shown.iter().filter_map(|(_, w)| *w).collect();
+    assert!(
+        weights.first().is_some_and(|&w| w <= 25) && weights.windows(2).all(|p| p[0] <= p[1]),
+        "{shown:?}"
+    );
+    let mut steps = weights.clone();
+    steps.dedup();
+    assert!(steps.len() >= 4, "fewer than four steps shown: {shown:?}");
+    for (t, w) in &shown {
+        if let Some(w) = w {
+            // At most one step a second: step k is not shown before second k (one step a
+            // second from the reload, 0.2 s of slack for when the reload was handled).
+            let k = (w - 10) / 15;
+            assert!(
+                *t >= k as f64 - 0.2,
+                "weight {w} shown at {t:.2} s: {shown:?}"
+            );
+        }
+    }
+    assert_eq!(
+        shown.last().map(|(_, w)| *w),
+        Some(None),
+        "the ramp did not end: {shown:?}"
+    );
+    assert_eq!(
+        backend_field(&gw.services().unwrap(), "web", &b2, "health").as_deref(),
+        Some("up")
+    );
+    let m = gw.get("/metrics");
+    assert!(
+        m.contains(&format!(
+            "strait_backend_weight{{service=\"web\",backend=\"{b2}:80\"}} 100"
+        )),
+        "{m}"
+    );
+
+    // Established flows stayed where they were: same backend, same client port, no reset.
+    assert_eq!(
+        conns.round(),
+        first,
+        "an established connection moved or broke over the ramp"
+    );
+
+    // b2's server dies and comes back: healthy again, it ramps again from 10.
+    sh(&["kill", "-KILL", &s.backend_pid("b2").to_string()]);
+    wait_for("b2 marked down", Duration::from_secs(5), || {
+        let v = gw.services()?;
+        (e2e::health_of(&v, "web", &b2) == "down").then_some(())
+    });
+    let _revived = s.serve("b2", "b2", &["--tcp", "[::]:80"]);
+    let w = wait_for("b2 up again", Duration::from_secs(5), || {
+        let v = gw.services()?;
+        (e2e::health_of(&v, "web", &b2) == "up").then(|| slow_start_weight(&v, &b2))
+    });
+    assert!(
+        w.is_some_and(|w| w <= 25),
+        "healthy again, b2 does not ramp: {w:?}"
+    );
+    // Its first second: 10 of 110, then 25 of 125, of the new flows.
+    let out = s.python(&["rate", VIP, "100", "1"]).output().unwrap();
+    let answers: Vec<Option<String>> = text(&out.stdout)
+        .lines()
+        .map(|l| l.split_once(' ').map(|(_, a)| a.to_owned()))
+        .collect();
+    let per = per_backend(&answers);
+    let b2n = per.get("b2").copied().unwrap_or(0);
+    assert!(
+        b2n < 35 && per.values().sum::<usize>() == 100,
+        "b2 took {b2n} of the first 100 new flows after it recovered: {per:?}"
+    );
+    wait_for("the ramp over", Duration::from_secs(8), || {
+        let v = gw.services()?;
+        slow_start_weight(&v, &b2).is_none().then_some(())
+    });
+    assert_eq!(
+        conns.round(),
+        first,
+        "an established connection moved or broke over the second ramp"
     );
 }

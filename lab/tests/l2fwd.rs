@@ -28,11 +28,11 @@ use strait_lab::l2fwd::{L2fwd, L2fwdConfig, L2fwdStats};
 use strait_testkit::harness::{enter_netns, ip, Netns};
 use strait_testkit::privileged as gate;
 
-#[path = "../../dataplane/tests/support/counting_alloc.rs"]
-mod counting;
-#[path = "../../dataplane/tests/support/packet_socket.rs"]
-mod packet_socket;
-use counting::{ALLOCS, COUNTING};
+use strait_testkit::alloc::{ALLOCS, COUNTING};
+use strait_testkit::packet_socket;
+
+#[global_allocator]
+static ALLOCATOR: strait_testkit::alloc::Counting = strait_testkit::alloc::Counting;
 
 const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x01];
 const MAC_F0: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0xfe];

@@ -26,12 +26,12 @@ use strait_dataplane::stats::{Counters, DropReason};
 use strait_dataplane::table::{Prefix, ServiceTable};
 use strait_tests::{offload, sctp, sctp_data, sctp_init, tcp, udp, Bed, CLIENT_MAC, GW_MAC, SEC};
 
-#[path = "../../dataplane/tests/support/counting_alloc.rs"]
-mod counting;
+use strait_testkit::alloc::{ALLOCS, COUNTING};
 #[cfg(feature = "dpdk")]
-#[path = "../../dataplane/tests/support/packet_socket.rs"]
-mod packet_socket;
-use counting::{ALLOCS, COUNTING};
+use strait_testkit::packet_socket;
+
+#[global_allocator]
+static ALLOCATOR: strait_testkit::alloc::Counting = strait_testkit::alloc::Counting;
 
 use strait_tests::ALL_MODES as CONFIG;
 
@@ -683,8 +683,8 @@ mod dpdk {
     use strait_testkit::privileged as gate;
     use strait_tests::{udp, CLIENT_MAC, GW_MAC};
 
-    use super::counting::{ALLOCS, COUNTING};
     use super::packet_socket::PacketSocket;
+    use strait_testkit::alloc::{ALLOCS, COUNTING};
 
     const CONFIG: &str = r#"
 [gateway]

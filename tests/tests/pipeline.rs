@@ -914,3 +914,60 @@ fn icmp_errors_about_sctp_flows_reach_their_backend() {
     assert_eq!(bed.pipe.counters.icmp_errors_forwarded, 2);
     assert!(bed.pipe.counters.balanced());
 }
+
+/// What slow start relies on: a table update that only changes a backend's weight (as each
+/// step of a ramp does) keeps every established flow on its backend, while new flows are
+/// hashed by the new weights.
+#[test]
+fn a_weight_change_moves_new_flows_only() {
+    use strait_config::model::MacAddr;
+    use strait_dataplane::table::{Builder, Change, Port};
+
+    let mut cfg = strait_config::parse(CONFIG).unwrap();
+    let ports = vec![Port::new(MacAddr(GW_MAC), 1500)];
+    let mut builder = Builder::new();
+    let mut bed = Bed::new(CONFIG);
+    bed.table = builder.build(&cfg, &ports, |_, _, _| false).unwrap();
+    let open = |bed: &mut Bed, port: u16, flags: &str| {
+        let (v, out) = bed.run(&tcp("192.0.2.7", port, "203.0.113.10", 80, flags, b""));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        dst_mac(&out)
+    };
+    let ports_used = 20000..20400u16;
+    let before: Vec<[u8; 6]> = ports_used.clone().map(|p| open(&mut bed, p, "S")).collect();
+
+    // Backend 198.51.100.14 down to a tenth of its weight, by an update of `l2` alone.
+    let l2 = cfg.services.iter_mut().find(|s| s.name == "l2").unwrap();
+    let light = l2
+        .backends
+        .iter_mut()
+        .find(|b| b.address.to_string() == "198.51.100.14")
+        .unwrap();
+    light.weight = 10;
+    let light_mac = light.mac.unwrap().0;
+    let next = builder
+        .update(&bed.table, &[Change::Set(l2)], |_, _, _| false)
+        .unwrap();
+    // A gateway with no flow state sends some of these flows elsewhere under the new table
+    // (a copy of it, by an empty update): only their entries keep them.
+    let mut fresh = Bed::new(CONFIG);
+    fresh.table = builder.update(&next, &[], |_, _, _| false).unwrap();
+    let moved = ports_used
+        .clone()
+        .zip(&before)
+        .filter(|(p, mac)| open(&mut fresh, *p, "S") != **mac)
+        .count();
+    assert!(moved > 0, "the weight change moved no slot of these flows");
+    bed.table = next;
+    bed.now += SEC;
+    for (p, mac) in ports_used.zip(&before) {
+        assert_eq!(open(&mut bed, p, "A"), *mac, "flow from port {p} moved");
+    }
+    // New flows: the light backend gets about 10 / 310 of them, not a quarter.
+    let new: Vec<[u8; 6]> = (30000..34000u16).map(|p| open(&mut bed, p, "S")).collect();
+    let light_n = new.iter().filter(|m| **m == light_mac).count();
+    assert!(
+        (40..=220).contains(&light_n),
+        "{light_n} of 4000 new flows to the backend at weight 10 of 310"
+    );
+}

@@ -50,6 +50,10 @@
 //! - **Health checks are the core's decision.** The core says which backend is checked how
 //!   ([`Effect::StartCheck`], [`Effect::StopCheck`]); a restarted check starts up, and the
 //!   core forgets what it was told of it. Reports of backends it does not check are ignored.
+//! - **Slow start ramps by incremental updates.** A backend that comes up in a service with
+//!   `slow_start` takes a growing share of its weight, stepped once a second by an update
+//!   of its service alone ([`ramps`] says what comes up and how the weight grows); the
+//!   timer wakes the core for a step only while some backend ramps.
 //! - **Logs are `tracing` events**, as in quinn-proto: observations, not effects on the
 //!   world; the driver's subscriber writes them.
 //! - **Deterministic.** Effects come in a fixed order and every list in them is sorted, so
@@ -70,6 +74,7 @@
 //! | `merge.rs` | the merged configuration kept in step with Kubernetes changes |
 //! | `checks.rs` | the health checks wanted and the health told |
 //! | `passive.rs` | passive health: failed connection attempts over a window, the backends taken out of new flows |
+//! | `ramps.rs` | slow start: the backends ramping to their weight, and their weight now |
 //! | `routes.rs` | which VIPs are announced, followed per changed service |
 //! | `vips.rs` | the VIPs claimed, followed per changed service |
 
@@ -78,6 +83,7 @@ mod event;
 pub mod hops;
 mod merge;
 pub mod passive;
+pub mod ramps;
 mod routes;
 mod vips;
 
@@ -177,6 +183,8 @@ pub struct Control {
     vips: vips::Vips,
     /// Which claimed VIPs are announced to the routers.
     routes: routes::Routes,
+    /// The backends ramping to their weight (slow start).
+    ramps: ramps::Ramps,
     /// Keys the steering maps still lack.
     maps_incomplete: bool,
     maps_retry_at: Instant,
@@ -214,6 +222,7 @@ impl Control {
             recheck_asked: false,
             vips: vips::Vips::default(),
             routes: routes::Routes::default(),
+            ramps: ramps::Ramps::default(),
             maps_incomplete: false,
             maps_retry_at: now,
             recheck_at: now,
@@ -290,10 +299,7 @@ impl Control {
                 }
                 Ok(())
             }
-            Event::Tick => {
-                self.tick(now);
-                Ok(())
-            }
+            Event::Tick => self.tick(now),
         }
     }
 
@@ -306,7 +312,7 @@ impl Control {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let maps = self.maps_incomplete.then_some(self.maps_retry_at);
         let hops = self.hops.watching().then_some(self.recheck_at);
-        maps.into_iter().chain(hops).min()
+        maps.into_iter().chain(hops).chain(self.ramps.next()).min()
     }
 
     /// Takes back a table replaced by an [`Effect::Publish`] once the workers and the
@@ -373,6 +379,11 @@ impl Control {
         self.routes.draining()
     }
 
+    /// The backends ramping to their weight (slow start).
+    pub fn ramps(&self) -> &ramps::Ramps {
+        &self.ramps
+    }
+
     /// The next hops taken from the kernel.
     pub fn next_hops(&self) -> &NextHops {
         &self.hops
@@ -421,6 +432,13 @@ impl Control {
                 .and_then(|m| m.get(&(k.address, k.port)));
             c.is_some() && c == health.check_of(&k.service, k.address, k.port)
         });
+        // On a copy, committed with the table.
+        let mut ramps = self.ramps.clone();
+        ramps.retain_services(&filled.services);
+        let mut index = None;
+        for s in &mut filled.services {
+            ramps.apply(s, &self.table, &mut index, down, self.now);
+        }
         self.builder.set_locals(&loaded.locals);
         let table = match self.builder.build(&filled, &self.ports, down) {
             Ok(t) => t,
@@ -438,6 +456,7 @@ impl Control {
         self.locals = loaded.locals;
         self.neighbours = loaded.neighbours;
         self.hops = hops;
+        self.ramps = ramps;
         self.sync_checks(None);
         self.status_due = true;
         info!(
@@ -598,7 +617,7 @@ impl Control {
         self.update(names.into_iter().collect(), Fill::Live, "passive health")
     }
 
-    fn tick(&mut self, now: Instant) {
+    fn tick(&mut self, now: Instant) -> Result<(), Error> {
         if self.maps_incomplete && now >= self.maps_retry_at {
             self.maps_retry_at = now + MAPS_RETRY;
             self.effects.push_back(Effect::RetryMaps);
@@ -613,6 +632,18 @@ impl Control {
             self.recheck_asked = true;
             self.effects.push_back(Effect::ReadNeighbours(Scope::All));
         }
+        // A held service takes its ramp's weight when its update completes.
+        let held = self.held.as_ref();
+        let due: Vec<String> = self
+            .ramps
+            .due(now)
+            .into_iter()
+            .filter(|n| held.is_none_or(|h| !h.contains(n)))
+            .collect();
+        if due.is_empty() {
+            return Ok(());
+        }
+        self.update(due, Fill::Live, "slow start")
     }
 
     /// Updates the table for the services named in `names` (set or removed) from the live
@@ -623,6 +654,11 @@ impl Control {
             .iter()
             .filter_map(|n| merge::find(&self.config, file_len, n).cloned())
             .collect();
+        for n in &names {
+            if !set.iter().any(|s| &s.name == n) {
+                self.ramps.forget(n);
+            }
+        }
         match fill {
             Fill::Read => {
                 for n in &names {
@@ -638,6 +674,17 @@ impl Control {
             }
         }
         self.passive.apply(&mut set, |_| true);
+        let mut index = None;
+        let health = &self.health;
+        for s in &mut set {
+            self.ramps.apply(
+                s,
+                &self.table,
+                &mut index,
+                |n, a, p| health.is_down(n, a, p),
+                self.now,
+            );
+        }
         let by_name: HashMap<&str, &Service> = set.iter().map(|s| (s.name.as_str(), s)).collect();
         let changes: Vec<Change<'_>> = names
             .iter()
@@ -676,7 +723,18 @@ impl Control {
         self.hops.clear();
         let probes = self.hops.fill(&mut cfg.services, &self.neighbours);
         self.passive.apply(&mut cfg.services, |_| true);
+        self.ramps.retain_services(&cfg.services);
+        let mut index = None;
         let health = &self.health;
+        for s in &mut cfg.services {
+            self.ramps.apply(
+                s,
+                &self.table,
+                &mut index,
+                |n, a, p| health.is_down(n, a, p),
+                self.now,
+            );
+        }
         let table = self
             .builder
             .build(&cfg, &self.ports, |s, a, p| health.is_down(s, a, p))

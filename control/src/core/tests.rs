@@ -673,3 +673,265 @@ fn passive_health_takes_out_at_most_half_of_a_service() {
     .unwrap();
     assert!(off.passive_out.is_empty());
 }
+
+/// Slow start: `web` with `backends` and `slow_start = "6s"` (and `extra` service fields).
+fn ramped(backends: &[&str], extra: &str) -> String {
+    config(backends).replace(
+        "maglev_table_size = 251",
+        &format!("maglev_table_size = 251\nslow_start = \"6s\"\n{extra}"),
+    )
+}
+
+/// The weight and (id, incarnation) of web's backend `addr` in the live table, 0 when it
+/// takes no new flows.
+fn weight_of(c: &Driven, addr: &str) -> (u32, (u32, u32)) {
+    weight_in(c, "web", addr)
+}
+
+/// [`weight_of`] in service `service`.
+fn weight_in(c: &Driven, service: &str, addr: &str) -> (u32, (u32, u32)) {
+    let t = &c.live;
+    let web = t.services.iter().find(|s| s.name == service).unwrap();
+    let b = web
+        .backends
+        .iter()
+        .filter_map(|&id| t.backend(id))
+        .find(|b| b.address() == ip(addr))
+        .unwrap();
+    let w = if b.health == Health::Up { b.weight } else { 0 };
+    (w, (b.id.0, b.incarnation))
+}
+
+fn reload(c: &mut Driven, toml: &str) {
+    let loaded = Loaded {
+        config: strait_config::parse(toml).unwrap(),
+        locals: Vec::new(),
+        neighbours: Neighbours::default(),
+    };
+    c.handle(Event::Reload(Ok(Box::new(loaded)))).unwrap();
+}
+
+/// Ticks when the core asks to, until it asks no more; the weights of `addr` after each
+/// tick, with the time since `start` in milliseconds.
+fn run_ramp(c: &mut Driven, addr: &str, start: Instant) -> Vec<(u128, u32)> {
+    let mut seen = Vec::new();
+    while let Some(at) = c.core.poll_timeout() {
+        assert!(at > c.now, "a deadline in the past");
+        c.now = at;
+        let before = c.live.generation;
+        c.handle(Event::Tick).unwrap();
+        assert_eq!(
+            c.live.generation,
+            before + 1,
+            "a step updates the table once"
+        );
+        seen.push(((c.now - start).as_millis(), weight_of(c, addr).0));
+        assert!(seen.len() < 100, "the ramp does not end");
+    }
+    seen
+}
+
+#[test]
+fn an_added_backend_ramps_a_step_a_second_and_keeps_its_id() {
+    let two = ["198.51.100.11", "198.51.100.12"];
+    let mut c = Driven::new(&ramped(&two, ""));
+    // A service's first backends have nobody to share with: no ramp.
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 100);
+    assert_eq!(
+        c.core.poll_timeout(),
+        None,
+        "nothing ramps, nothing to wake for"
+    );
+
+    let start = c.now;
+    reload(
+        &mut c,
+        &ramped(&["198.51.100.11", "198.51.100.12", "198.51.100.13"], ""),
+    );
+    let (w, id) = weight_of(&c, "198.51.100.13");
+    assert_eq!(w, 10, "10 % of weight 100 at first");
+    assert_eq!(
+        weight_of(&c, "198.51.100.11").0,
+        100,
+        "the others keep theirs"
+    );
+    assert_eq!(c.core.poll_timeout(), Some(start + Duration::from_secs(1)));
+
+    // A tick before the step is due changes nothing.
+    c.now = start + Duration::from_millis(500);
+    let g = c.live.generation;
+    c.handle(Event::Tick).unwrap();
+    assert_eq!(c.live.generation, g, "no table between steps");
+
+    let steps = run_ramp(&mut c, "198.51.100.13", start);
+    assert_eq!(
+        steps,
+        [
+            (1000, 25),
+            (2000, 40),
+            (3000, 55),
+            (4000, 70),
+            (5000, 85),
+            (6000, 100)
+        ]
+    );
+    assert_eq!(
+        weight_of(&c, "198.51.100.13").1,
+        id,
+        "the same id and incarnation all along: its flows keep it"
+    );
+    assert_eq!(c.core.poll_timeout(), None, "the ramp is over");
+    let t = c.live.generation;
+    c.now += Duration::from_secs(5);
+    c.handle(Event::Tick).unwrap();
+    assert_eq!(c.live.generation, t, "no rebuild once nothing ramps");
+}
+
+#[test]
+fn without_slow_start_an_added_backend_takes_its_weight_at_once() {
+    let mut c = Driven::new(&config(&["198.51.100.11", "198.51.100.12"]));
+    reload(
+        &mut c,
+        &config(&["198.51.100.11", "198.51.100.12", "198.51.100.13"]),
+    );
+    assert_eq!(weight_of(&c, "198.51.100.13").0, 100);
+    assert_eq!(c.core.poll_timeout(), None);
+}
+
+#[test]
+fn recovered_and_undrained_backends_ramp_again() {
+    let two = ["198.51.100.11", "198.51.100.12"];
+    let mut c = Driven::new(&ramped(&two, "health_check = { kind = \"tcp\" }"));
+    let b1 = BackendKey::new("web", ip("198.51.100.11"), 80);
+    c.handle(Event::Health(vec![(b1.clone(), false)])).unwrap();
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 0);
+    assert_eq!(c.core.poll_timeout(), None, "going down starts nothing");
+
+    c.now += Duration::from_secs(10);
+    let start = c.now;
+    c.handle(Event::Health(vec![(b1.clone(), true)])).unwrap();
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 10, "healthy again: ramps");
+    c.now = start + Duration::from_secs(2);
+    c.handle(Event::Tick).unwrap();
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 40);
+
+    // Down in the middle of the ramp ends it; up again starts it over.
+    c.handle(Event::Health(vec![(b1.clone(), false)])).unwrap();
+    assert_eq!(c.core.poll_timeout(), None);
+    c.now += Duration::from_millis(300);
+    let again = c.now;
+    c.handle(Event::Health(vec![(b1, true)])).unwrap();
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 10);
+    let steps = run_ramp(&mut c, "198.51.100.11", again);
+    assert_eq!(steps.len(), 6);
+    assert_eq!(steps.last(), Some(&(6000, 100)));
+
+    // Drained and back to active: ramps again, from the reload that undrains it.
+    let drained = ramped(&two, "health_check = { kind = \"tcp\" }").replacen(
+        "port = 80, mac",
+        "port = 80, state = \"draining\", mac",
+        1,
+    );
+    reload(&mut c, &drained);
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 0);
+    c.now += Duration::from_secs(1);
+    reload(&mut c, &ramped(&two, "health_check = { kind = \"tcp\" }"));
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 10, "undrained: ramps");
+    assert_eq!(weight_of(&c, "198.51.100.12").0, 100);
+
+    // Turning slow start off ends the ramp at once.
+    reload(
+        &mut c,
+        &config(&two).replace(
+            "maglev_table_size = 251",
+            "maglev_table_size = 251\nhealth_check = { kind = \"tcp\" }",
+        ),
+    );
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 100);
+    assert_eq!(c.core.poll_timeout(), None);
+}
+
+#[test]
+fn turning_slow_start_on_ramps_no_serving_backend() {
+    let two = ["198.51.100.11", "198.51.100.12"];
+    let mut c = Driven::new(&config(&two));
+    reload(&mut c, &ramped(&two, ""));
+    assert_eq!(weight_of(&c, "198.51.100.11").0, 100);
+    assert_eq!(weight_of(&c, "198.51.100.12").0, 100);
+    assert_eq!(c.core.poll_timeout(), None);
+}
+
+#[test]
+fn a_kubernetes_endpoint_that_comes_up_ramps_and_one_that_goes_ends_its_ramp() {
+    let mut c = Driven::new(&config(&["198.51.100.11"]));
+    let web = c.core.config().services[0].clone();
+    let kube = |backends: &[&str]| {
+        let mut s = web.clone();
+        s.name = "default/k".to_owned();
+        s.vip = ip("203.0.113.20");
+        s.slow_start = Some(Duration::from_secs(6));
+        s.backends = backends
+            .iter()
+            .map(|a| {
+                let mut b = web.backends[0].clone();
+                b.address = ip(a);
+                b
+            })
+            .collect();
+        Arc::new(s)
+    };
+    let publish = |c: &mut Driven, s: Option<Arc<Service>>| {
+        let services: Vec<Arc<Service>> = s.iter().cloned().collect();
+        c.handle(Event::Kube(vec![Publication {
+            services,
+            changes: vec![("default/k".to_owned(), s)],
+        }]))
+        .unwrap();
+    };
+    publish(&mut c, Some(kube(&["198.51.100.21"])));
+    assert_eq!(weight_in(&c, "default/k", "198.51.100.21").0, 100);
+    assert_eq!(c.core.poll_timeout(), None);
+
+    // A second endpoint becomes ready: it ramps.
+    let start = c.now;
+    publish(&mut c, Some(kube(&["198.51.100.21", "198.51.100.22"])));
+    assert_eq!(weight_in(&c, "default/k", "198.51.100.22").0, 10);
+    assert_eq!(c.core.poll_timeout(), Some(start + Duration::from_secs(1)));
+    c.now = start + Duration::from_secs(1);
+    c.handle(Event::Tick).unwrap();
+    assert_eq!(weight_in(&c, "default/k", "198.51.100.22").0, 25);
+
+    // It goes (not ready, or its pod deleted): its ramp ends with it.
+    publish(&mut c, Some(kube(&["198.51.100.21"])));
+    assert_eq!(c.core.poll_timeout(), None);
+    // Back a little later: a ramp from the start again.
+    c.now += Duration::from_millis(1500);
+    let again = c.now;
+    publish(&mut c, Some(kube(&["198.51.100.21", "198.51.100.22"])));
+    assert_eq!(weight_in(&c, "default/k", "198.51.100.22").0, 10);
+    assert_eq!(c.core.poll_timeout(), Some(again + Duration::from_secs(1)));
+    // The Service removed mid-ramp: nothing left to step.
+    publish(&mut c, None);
+    assert_eq!(c.core.poll_timeout(), None);
+    assert_eq!(c.core.ramps().next(), None);
+}
+
+#[test]
+fn a_backend_with_nobody_to_share_with_or_no_smaller_weight_does_not_ramp() {
+    let mut c = Driven::new(&ramped(&["198.51.100.11"], ""));
+    // The only backend replaced: the new one takes every new flow at once anyway.
+    reload(&mut c, &ramped(&["198.51.100.12"], ""));
+    assert_eq!(weight_of(&c, "198.51.100.12").0, 100);
+    assert_eq!(c.core.poll_timeout(), None);
+    // Weight 1 has no smaller step.
+    let two = ramped(&["198.51.100.12", "198.51.100.13"], "");
+    let light = two.replacen(
+        "{ address = \"198.51.100.13\", port = 80,",
+        "{ address = \"198.51.100.13\", port = 80, weight = 1,",
+        1,
+    );
+    assert_ne!(light, two);
+    reload(&mut c, &light);
+    assert_eq!(weight_of(&c, "198.51.100.13").0, 1);
+    assert_eq!(c.core.poll_timeout(), None);
+}

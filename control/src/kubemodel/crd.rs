@@ -25,7 +25,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::pool::{LabelSelector, Pool, Scope, SelectorOp};
+use super::pool::{Allocation, LabelSelector, Pool, SelectorOp};
 
 /// The spec of a `StraitAddressPool`: its addresses and how they are handed out.
 #[derive(CustomResource, Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
@@ -265,7 +265,7 @@ pub fn pools_in(
                     .map(|(n, _)| n.clone())
                     .collect()
             });
-            Some(Scope {
+            Some(Allocation {
                 namespaces: a.namespaces.clone(),
                 selected_namespaces,
                 service_labels: sels(&a.service_selectors, "serviceSelectors")?,

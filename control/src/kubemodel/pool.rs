@@ -234,7 +234,7 @@ pub struct Pool {
     pub whole: bool,
     /// Which Services it is handed out to automatically, and before which other pools;
     /// `None`: any Service, after the scoped pools that admit it.
-    pub scope: Option<Scope>,
+    pub scope: Option<Allocation>,
 }
 
 /// Which Services a pool's addresses are handed out to automatically (MetalLB's
@@ -242,7 +242,7 @@ pub struct Pool {
 /// picked (any namespace when both are empty), and matching one of `service_labels` (any
 /// Service when empty); pools with a lower `priority` are tried first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Scope {
+pub struct Allocation {
     /// Namespaces admitted by name.
     pub namespaces: Vec<String>,
     /// Namespaces admitted because their labels match one of the pool's
@@ -255,7 +255,7 @@ pub struct Scope {
     pub priority: Option<i32>,
 }
 
-impl Scope {
+impl Allocation {
     /// Whether a Service in `namespace` with `labels` is admitted.
     pub fn admits(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
         let by_name = self.namespaces.iter().any(|n| n == namespace);

@@ -131,6 +131,12 @@ pub const LARGE_COMMUNITIES_ANNOTATION: &str = "strait.dev/bgp-large-communities
 /// `localPref`, Cilium's `localPreference`): a number.
 pub const LOCAL_PREF_ANNOTATION: &str = "strait.dev/bgp-local-pref";
 
+/// The annotation setting a Service's slow start (the configuration file's `slow_start`):
+/// how long an endpoint that comes up ramps to its full share of new flows, e.g. `30s`.
+/// Envoy's `slow_start_window` and Traefik's and HAProxy's `slowstart` do the same; none of
+/// them has a Kubernetes annotation Strait could share, so the name is Strait's.
+pub const SLOW_START_ANNOTATION: &str = "strait.dev/slow-start";
+
 impl Settings {
     /// Shortest wait before reconnecting: 800 ms, kube-rs' `DefaultBackoff` start.
     pub const DEFAULT_BACKOFF_MIN: Duration = Duration::from_millis(800);

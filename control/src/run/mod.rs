@@ -36,7 +36,7 @@ use crate::shared::{Shared, Sources};
 use crate::vip::Vips;
 use crate::workers::{self, Workers};
 
-pub use source::{interface_addrs, port_of, Source};
+pub use source::{interface_addrs, port_of, ConfigSource};
 
 /// The longest the loop waits for an input: the stop and SIGHUP flags are looked at this
 /// often, which bounds how long a signal waits.
@@ -44,7 +44,7 @@ const IDLE: Duration = Duration::from_millis(100);
 
 /// The gateway's control side: the core and the world it drives.
 pub struct Gateway {
-    source: Source,
+    source: ConfigSource,
     core: Control,
     checker: Checker,
     /// Health-state changes from the checker's threads.
@@ -78,7 +78,7 @@ impl Gateway {
     ///
     /// # Errors
     /// A configuration that does not validate, or an interface that does not exist.
-    pub fn start(source: Source) -> anyhow::Result<Self> {
+    pub fn start(source: ConfigSource) -> anyhow::Result<Self> {
         let cfg = source.load()?;
         source::check_tunnel_sources(&cfg)?;
         // Refused before anything is allocated: a configuration beyond the machine would
@@ -108,7 +108,7 @@ impl Gateway {
     ///
     /// # Errors
     /// When the first table does not build.
-    pub fn with_ports(source: Source, cfg: Config, ports: Vec<Port>) -> anyhow::Result<Self> {
+    pub fn with_ports(source: ConfigSource, cfg: Config, ports: Vec<Port>) -> anyhow::Result<Self> {
         let (tx, changes) = mpsc::channel();
         let checker = Checker::new(tx);
         let core = Control::new(Instant::now(), source::loaded(cfg), ports)?;
@@ -611,7 +611,7 @@ fn admin_options(g: &strait_config::model::Gateway) -> anyhow::Result<admin::Opt
 ///
 /// # Errors
 /// Missing privileges, a bad configuration, a missing interface, an admin address in use.
-pub fn run(source: Source, kube: &crate::kube::Args) -> anyhow::Result<()> {
+pub fn run(source: ConfigSource, kube: &crate::kube::Args) -> anyhow::Result<()> {
     // A clear error before any socket or BPF call fails with EPERM.
     if !nix::unistd::Uid::effective().is_root() {
         anyhow::bail!(

@@ -13,14 +13,14 @@ use crate::core::Loaded;
 
 /// Where the configuration comes from.
 #[derive(Clone, Debug)]
-pub enum Source {
+pub enum ConfigSource {
     /// A file, re-read on reload.
     File(PathBuf),
     /// The built-in example (the testbed's default).
     Builtin,
 }
 
-impl Source {
+impl ConfigSource {
     /// Loads and validates the configuration, with unset tunnel sources filled from the
     /// backend-facing interface's addresses.
     ///
@@ -28,20 +28,20 @@ impl Source {
     /// The file cannot be read, or does not validate (every problem, with its path).
     pub fn load(&self) -> anyhow::Result<Config> {
         let mut cfg = match self {
-            Source::File(p) => {
+            ConfigSource::File(p) => {
                 strait_config::load(p).map_err(|e| anyhow::anyhow!("{}:\n{e}", p.display()))?
             }
-            Source::Builtin => strait_config::example(),
+            ConfigSource::Builtin => strait_config::example(),
         };
         default_tunnel_sources(&mut cfg);
         Ok(cfg)
     }
 
-    /// [`Source::load`], with the interfaces' addresses and a read of the backend
+    /// [`ConfigSource::load`], with the interfaces' addresses and a read of the backend
     /// interface's neighbours: what the control core takes a configuration with.
     ///
     /// # Errors
-    /// As [`Source::load`].
+    /// As [`ConfigSource::load`].
     pub fn loaded(&self) -> anyhow::Result<Loaded> {
         Ok(loaded(self.load()?))
     }

@@ -247,6 +247,7 @@ impl Builder {
         self.maglev = used;
         self.generation += 1;
         t.generation = self.generation;
+        t.serial = super::next_serial();
         self.synced = true;
         // The first update after a full build copies into this rather than into fresh
         // allocations: their page faults are paid here, off the change path.
@@ -406,6 +407,7 @@ impl Builder {
         }
         self.generation += 1;
         t.generation = self.generation;
+        t.serial = super::next_serial();
         self.synced = true;
         Ok(t)
     }
@@ -633,6 +635,7 @@ impl Builder {
 fn copy(t: &ServiceTable) -> ServiceTable {
     ServiceTable {
         generation: t.generation,
+        serial: super::next_serial(),
         services: t.services.clone(),
         backends: t.backends.clone(),
         ports: t.ports.clone(),

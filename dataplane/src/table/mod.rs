@@ -301,6 +301,8 @@ impl core::fmt::Debug for Vlans {
 pub struct ServiceTable {
     /// Increases by one with every build; shown in /metrics.
     pub generation: u64,
+    /// Names this snapshot among every table of the process ([`ServiceTable::serial`]).
+    serial: u64,
     /// Services: in configuration order after [`Builder::build`]; [`Builder::update`]
     /// keeps each service's index and moves the last service into a removed one's.
     pub services: Vec<Arc<Service>>,
@@ -358,11 +360,30 @@ pub enum FragmentService {
     Ambiguous,
 }
 
+/// Serials of tables: one counter for the process, so that no two snapshots share one, whatever
+/// builder made them.
+static SERIALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A serial no table has had (never 0).
+pub(crate) fn next_serial() -> u64 {
+    SERIALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+}
+
 impl ServiceTable {
+    /// A number no other table of the process has: given to the snapshot when it is made
+    /// (built, updated or made empty), so that state a core keeps per table (the traffic
+    /// slots, [`crate::traffic::Traffic::settle`]) knows when the table it works under changed
+    /// at the cost of one comparison. Unlike [`ServiceTable::generation`] it differs between
+    /// tables of different builders.
+    pub fn serial(&self) -> u64 {
+        self.serial
+    }
+
     /// An empty table (no services): everything is passed to the kernel.
     pub fn empty(ports: Vec<Port>) -> Self {
         Self {
             generation: 0,
+            serial: next_serial(),
             services: Vec::new(),
             backends: Vec::new(),
             ports,

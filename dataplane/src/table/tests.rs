@@ -133,6 +133,7 @@ mod incremental {
             health_check: None,
             passive_health: None,
             route: Default::default(),
+            slow_start: None,
             backends: bs,
         }
     }

@@ -26,7 +26,7 @@ use std::os::fd::AsFd;
 use rustix::event::{self, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 
-use super::socket::{BindMode, BindPolicy, KernelStats, Port, PortConfig};
+use super::socket::{BindMode, BindPolicy, KernelStats, PortConfig, QueueSocket};
 use super::umem::{Held, Owner, Umem, FRAME_COUNT};
 use super::XskError;
 use crate::rewrite::Frame;
@@ -172,7 +172,7 @@ impl Accounting {
 /// Field order is drop order: the sockets (and their rings), then the UMEM they use.
 #[derive(Debug)]
 pub struct QueueGroup {
-    ports: Vec<Port>,
+    ports: Vec<QueueSocket>,
     umem: Umem,
     /// Socket index by table port, [`NO_PORT`] where the group has no socket.
     by_table_port: [u8; 256],
@@ -237,7 +237,7 @@ impl QueueGroup {
 
     /// A fresh UMEM and every socket bound in `mode`: the first registers the UMEM, the others
     /// share it. On error everything made so far is closed.
-    fn bind_all(cfg: &GroupConfig, mode: BindMode) -> Result<(Vec<Port>, Umem), XskError> {
+    fn bind_all(cfg: &GroupConfig, mode: BindMode) -> Result<(Vec<QueueSocket>, Umem), XskError> {
         let first = &cfg.ports[0];
         let umem = Umem::new(cfg.frames).map_err(|source| XskError::Umem {
             iface: first.iface.clone(),
@@ -245,10 +245,10 @@ impl QueueGroup {
             call: "mmap",
             source,
         })?;
-        let mut ports: Vec<Port> = Vec::with_capacity(cfg.ports.len());
+        let mut ports: Vec<QueueSocket> = Vec::with_capacity(cfg.ports.len());
         for pc in &cfg.ports {
             let shared = ports.first().map(|p| p.as_fd());
-            let port = Port::open(pc, cfg.queue, &umem, mode, shared)?;
+            let port = QueueSocket::open(pc, cfg.queue, &umem, mode, shared)?;
             ports.push(port);
         }
         Ok((ports, umem))
@@ -270,13 +270,13 @@ impl QueueGroup {
     }
 
     /// The sockets, in configuration order.
-    pub fn ports(&self) -> &[Port] {
+    pub fn ports(&self) -> &[QueueSocket] {
         &self.ports
     }
 
     /// A name for logs and metrics: `iface/q` for one interface, `a+b/q` for several.
     pub fn name(&self) -> String {
-        let ifaces: Vec<&str> = self.ports.iter().map(Port::iface).collect();
+        let ifaces: Vec<&str> = self.ports.iter().map(QueueSocket::iface).collect();
         format!("{}/{}", ifaces.join("+"), self.queue)
     }
 
@@ -357,7 +357,7 @@ impl QueueGroup {
         self.ports.iter_mut().any(|p| p.rx_ready(1) > 0)
     }
 
-    /// Reads up to `out.len()` frames from socket `s`'s RX ring; see [`Port::read_rx`].
+    /// Reads up to `out.len()` frames from socket `s`'s RX ring; see [`QueueSocket::read_rx`].
     #[inline]
     pub fn read_rx(&mut self, s: usize, out: &mut [Held]) -> (usize, u32) {
         self.ports[s].read_rx(&mut self.umem, out)
@@ -403,7 +403,7 @@ impl QueueGroup {
         self.umem.recycle(h.idx, Owner::Worker);
     }
 
-    /// Stages a held frame on socket `s`'s TX ring; see [`Port::stage_tx`].
+    /// Stages a held frame on socket `s`'s TX ring; see [`QueueSocket::stage_tx`].
     #[inline]
     pub fn stage_tx(&mut self, s: usize, h: &Held) -> bool {
         self.ports[s].stage_tx(&mut self.umem, h)
@@ -412,13 +412,13 @@ impl QueueGroup {
     /// Publishes every socket's staged TX descriptors. Returns how many.
     #[inline]
     pub fn submit_tx(&mut self) -> u32 {
-        self.ports.iter_mut().map(Port::submit_tx).sum()
+        self.ports.iter_mut().map(QueueSocket::submit_tx).sum()
     }
 
-    /// [`Port::flush_tx`] on every socket. Returns the syscalls made.
+    /// [`QueueSocket::flush_tx`] on every socket. Returns the syscalls made.
     ///
     /// # Errors
-    /// As [`Port::flush_tx`].
+    /// As [`QueueSocket::flush_tx`].
     #[inline]
     pub fn flush_tx(&mut self) -> Result<u32, XskError> {
         let mut n = 0;
@@ -436,7 +436,7 @@ impl QueueGroup {
     /// ask for one. Returns the syscalls made.
     ///
     /// # Errors
-    /// As [`Port::flush_tx`].
+    /// As [`QueueSocket::flush_tx`].
     #[inline]
     pub fn drain_tx(&mut self) -> Result<u32, XskError> {
         let mut n = 0;
@@ -450,10 +450,10 @@ impl QueueGroup {
         Ok(n)
     }
 
-    /// [`Port::wake_fill`] on every socket. Returns the syscalls made.
+    /// [`QueueSocket::wake_fill`] on every socket. Returns the syscalls made.
     ///
     /// # Errors
-    /// As [`Port::wake_fill`].
+    /// As [`QueueSocket::wake_fill`].
     #[inline]
     pub fn wake_fill(&mut self) -> Result<u32, XskError> {
         let mut n = 0;

@@ -79,7 +79,9 @@ pub use group::{Accounting, GroupConfig, QueueGroup, MAX_GROUP_PORTS};
 pub use handoff::{Handoff, HandoffConfig, HandoffError, HandoffRx, HandoffTx, HANDOFF_SLOTS};
 pub use prog::{MapSync, SteerCounters, SteerProgram, SteerStats};
 pub use ring::LayoutError as RingLayoutError;
-pub use socket::{interface_port, BindMode, BindPolicy, KernelStats, Port, PortConfig, RingSizes};
+pub use socket::{
+    interface_port, BindMode, BindPolicy, KernelStats, PortConfig, QueueSocket, RingSizes,
+};
 pub use umem::{Held, FRAME_COUNT, FRAME_SIZE, MAX_PACKET, RX_OFFSET};
 pub use worker::{run_worker, Clock, MonotonicClock, PortDriver, WorkerStats, BATCH};
 

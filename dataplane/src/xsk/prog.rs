@@ -34,7 +34,7 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use strait_config::model::Mode;
 
 use super::attach::{Aligned, AttachMode, AttachPolicy, XdpProgram};
-use super::{Port, XskError};
+use super::{QueueSocket, XskError};
 use crate::embedded_object;
 use crate::table::{Service, ServiceTable};
 
@@ -461,7 +461,7 @@ impl SteerProgram {
     ///
     /// # Errors
     /// [`XskError::Bpf`] if the XSKMAP update fails (queue beyond the map's 256 slots).
-    pub fn register(&self, queue: u32, port: &Port) -> Result<(), XskError> {
+    pub fn register(&self, queue: u32, port: &QueueSocket) -> Result<(), XskError> {
         let fd = port.as_fd().as_raw_fd() as u32;
         self.xsks
             .update(&queue.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)

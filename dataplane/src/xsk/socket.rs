@@ -1,4 +1,4 @@
-//! [`Port`]: one AF_XDP socket bound to one (interface, queue), and its four rings. The
+//! [`QueueSocket`]: one AF_XDP socket bound to one (interface, queue), and its four rings. The
 //! UMEM belongs to the [`super::QueueGroup`] the socket is a member of.
 
 use std::fmt;
@@ -160,14 +160,15 @@ impl KernelStats {
 /// [`super::QueueGroup`] whose UMEM it uses.
 ///
 /// Single-threaded by design: the worker that owns the group is the only user of its rings
-/// (a Port may move to the worker's thread, but is not Sync). Field order is drop order: rings,
-/// then the socket. The group drops its ports before the UMEM.
+/// (a QueueSocket may move to the worker's thread, but is not Sync). Field order is drop
+/// order: rings, then the socket. The group drops its ports before the UMEM.
 #[derive(Debug)]
-pub struct Port {
+pub struct QueueSocket {
     fill: Producer<u64>,
     comp: Consumer<u64>,
     rx: Consumer<XdpDesc>,
-    /// Holds the TX descriptors staged by [`Port::stage_tx`] until [`Port::submit_tx`].
+    /// Holds the TX descriptors staged by [`QueueSocket::stage_tx`] until
+    /// [`QueueSocket::submit_tx`].
     tx: Producer<XdpDesc>,
     fd: OwnedFd,
     iface: String,
@@ -175,7 +176,7 @@ pub struct Port {
     table_port: u8,
 }
 
-impl Port {
+impl QueueSocket {
     /// Creates the socket and its four rings and binds it to `cfg.iface` queue `queue`.
     ///
     /// With `shared: None` the socket registers `umem` (`XDP_UMEM_REG`) and binds in `mode`.
@@ -425,7 +426,7 @@ impl Port {
 
     /// Writes `h` (a frame the worker holds) as the next TX descriptor, from the packet's
     /// current head, and hands the frame to the kernel's TX side; published by
-    /// [`Port::submit_tx`]. Returns false (and keeps the frame) when the ring is full.
+    /// [`QueueSocket::submit_tx`]. Returns false (and keeps the frame) when the ring is full.
     #[inline]
     pub(crate) fn stage_tx(&mut self, umem: &mut Umem, h: &Held) -> bool {
         let mut slot = self.tx.reserve(1);
@@ -500,7 +501,7 @@ impl Port {
     }
 }
 
-impl AsFd for Port {
+impl AsFd for QueueSocket {
     /// The AF_XDP socket, for the XSKMAP.
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()

@@ -384,7 +384,7 @@ fn measure(opts: Run, netns: Option<&str>) -> anyhow::Result<()> {
     // The gateway itself, as `strait run --kube` has it once the interfaces are known: with
     // its worker and steering program (Target::Workers), no VIPs on an interface.
     let mut control = strait_control::run::Gateway::with_ports(
-        strait_control::run::Source::Builtin,
+        strait_control::run::ConfigSource::Builtin,
         file.clone(),
         ports.to_vec(),
     )?;
@@ -764,7 +764,7 @@ fn measure_dsr(
         opts.services + CLUSTER_SERVICES
     );
     let mut control = strait_control::run::Gateway::with_ports(
-        strait_control::run::Source::Builtin,
+        strait_control::run::ConfigSource::Builtin,
         file.clone(),
         ports.to_vec(),
     )?;

@@ -379,6 +379,7 @@ fn service(i: usize, s: &SvcSpec) -> Service {
         health_check: None,
         passive_health: None,
         route: Default::default(),
+        slow_start: None,
         backends: s
             .endpoints
             .iter()

@@ -64,9 +64,13 @@ memory_mb = {DPDK_MEMORY_MB}
             "
 [[gateway.interfaces]]
 name = \"{name}\"
-queues = [0]
+queues = [{queues}]
 role = \"{role}\"
-"
+",
+            queues = (0..layout.queues.max(1))
+                .map(|q| q.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
         );
         if let Some(vdev) = layout.dpdk {
             let _ = writeln!(
@@ -318,12 +322,36 @@ mac = \"{mac}\"
 
 #[cfg(test)]
 mod tests {
+    /// `--queues`: the gateway gets a worker per queue on every interface.
+    #[test]
+    fn a_worker_per_queue() {
+        for topology in [Topology::OneArm, Topology::TwoArm] {
+            let layout = Layout {
+                prefix: "st9".to_owned(),
+                topology,
+                backends: 2,
+                ipv6: false,
+                gateways: 1,
+                l2: false,
+                dpdk: None,
+                queues: 2,
+            };
+            let c = strait_config::parse(&render(&layout, Path::new("/x.toml")))
+                .expect("the configuration parses");
+            assert!(!c.gateway.interfaces.is_empty());
+            for i in &c.gateway.interfaces {
+                assert_eq!(i.queues, [0, 1], "{}", i.name);
+            }
+        }
+    }
+
     use super::*;
     use strait_config::{HealthKind, Mode, Protocol, Role};
 
     fn render_parse(topology: Topology, ipv6: bool) -> strait_config::Config {
         let layout = Layout {
             dpdk: None,
+            queues: 1,
             prefix: "st9".to_owned(),
             topology,
             backends: 3,
@@ -379,6 +407,7 @@ mod tests {
     fn every_gateway_of_a_router_layout_peers_with_its_link() {
         let layout = Layout {
             dpdk: None,
+            queues: 1,
             prefix: "st9".to_owned(),
             topology: Topology::OneArm,
             backends: 3,
@@ -437,6 +466,7 @@ mod tests {
             gateways: 2,
             l2: false,
             dpdk: None,
+            queues: 1,
         };
         let mut backends = active(&layout.backend_specs());
         backends[2].1 = BackendState::Draining;

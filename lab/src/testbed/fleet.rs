@@ -353,6 +353,7 @@ mod tests {
     fn layout(gateways: usize, l2: bool) -> Layout {
         Layout {
             dpdk: None,
+            queues: 1,
             prefix: "st9".to_owned(),
             topology: Topology::OneArm,
             backends: 3,

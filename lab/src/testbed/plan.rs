@@ -217,7 +217,14 @@ pub struct Layout {
     /// The gateway's ports are DPDK ports on this vdev (one gateway only); see the module
     /// docs.
     pub dpdk: Option<Vdev>,
+    /// Queues of each of the gateway's veths (and of their peers), 1 ..= [`MAX_QUEUES`]; one
+    /// gateway, AF_XDP only. The peer picks a queue per packet by the flow's hash, so the
+    /// gateway's workers each get a share of the flows, as behind a NIC's RSS.
+    pub queues: u16,
 }
+
+/// Most queues a gateway veth gets.
+pub const MAX_QUEUES: u16 = 4;
 
 impl Layout {
     /// How the client reaches the gateways.
@@ -404,9 +411,10 @@ impl Layout {
             Topology::TwoArm => c.ip(
                 &client,
                 &format!(
-                    "link add name eth0 address {CLIENT_MAC} type veth \
-                     peer name {} address {GW_MAC} netns {gw}",
-                    self.wire("veth-c")
+                    "link add name eth0 address {CLIENT_MAC}{q} type veth \
+                     peer name {} address {GW_MAC}{q} netns {gw}",
+                    self.wire("veth-c"),
+                    q = queues(self.queues),
                 ),
             ),
         }
@@ -414,7 +422,14 @@ impl Layout {
             Topology::OneArm => "veth-gw",
             Topology::TwoArm => "veth-b",
         };
-        c.port(&sw, "p-gw", &gw, &self.wire(gw_backend_if), GW_MAC);
+        c.port_queues(
+            &sw,
+            "p-gw",
+            &gw,
+            &self.wire(gw_backend_if),
+            GW_MAC,
+            self.queues,
+        );
         if self.dpdk.is_some() {
             // Each veth is the wire of a DPDK port, as a NIC bound to DPDK would be: no
             // address, no IPv6, and the kernel's stack blind to what it receives (an
@@ -635,16 +650,39 @@ impl Commands {
 
     /// A veth from the bridge in `sw` (port `port`) to `ifname` in `ns`, created in place.
     pub(super) fn port(&mut self, sw: &str, port: &str, ns: &str, ifname: &str, mac: MacAddr) {
+        self.port_queues(sw, port, ns, ifname, mac, 1);
+    }
+
+    /// [`Commands::port`] with `queues` queues at both ends.
+    pub(super) fn port_queues(
+        &mut self,
+        sw: &str,
+        port: &str,
+        ns: &str,
+        ifname: &str,
+        mac: MacAddr,
+        queues_n: u16,
+    ) {
         let port_mac = port_mac(mac);
+        let q = queues(queues_n);
         self.ip(
             sw,
             &format!(
-                "link add name {port} address {port_mac} type veth \
-                 peer name {ifname} address {mac} netns {ns}"
+                "link add name {port} address {port_mac}{q} type veth \
+                 peer name {ifname} address {mac}{q} netns {ns}"
             ),
         );
         self.ip(sw, &format!("link set {port} master {BRIDGE}"));
         self.ip(sw, &format!("link set {port} up"));
+    }
+}
+
+/// The `ip link add` words for a veth end's queues: none for one (the kernel's default).
+fn queues(n: u16) -> String {
+    if n > 1 {
+        format!(" numtxqueues {n} numrxqueues {n}")
+    } else {
+        String::new()
     }
 }
 
@@ -655,6 +693,7 @@ mod tests {
     fn layout(topology: Topology, backends: usize, ipv6: bool) -> Layout {
         Layout {
             dpdk: None,
+            queues: 1,
             prefix: "st9".to_owned(),
             topology,
             backends,
@@ -676,6 +715,7 @@ mod tests {
         for (gateways, l2) in [(2, false), (MAX_GATEWAYS, false), (1, true), (3, true)] {
             all.push(Layout {
                 dpdk: None,
+                queues: 1,
                 gateways,
                 l2,
                 ..layout(Topology::OneArm, 3, false)
@@ -684,10 +724,38 @@ mod tests {
         for topology in [Topology::OneArm, Topology::TwoArm] {
             all.push(Layout {
                 dpdk: Some(Vdev::AfPacket),
+                queues: 1,
+                ..layout(topology, 2, true)
+            });
+            all.push(Layout {
+                queues: MAX_QUEUES,
                 ..layout(topology, 2, true)
             });
         }
         all
+    }
+
+    /// `--queues`: both ends of each of the gateway's veths get the queues, nothing else does.
+    #[test]
+    fn the_gateways_veths_get_the_queues_asked_for() {
+        for topology in [Topology::OneArm, Topology::TwoArm] {
+            let l = Layout {
+                queues: 2,
+                ..layout(topology, 2, false)
+            };
+            let with: Vec<String> = l
+                .commands()
+                .into_iter()
+                .map(|c| c.join(" "))
+                .filter(|c| c.contains("numtxqueues"))
+                .collect();
+            let gw_ifs: Vec<&str> = l.gateway_interfaces().iter().map(|(n, _)| *n).collect();
+            assert_eq!(with.len(), gw_ifs.len(), "{with:?}");
+            for (c, ifname) in with.iter().zip(&gw_ifs) {
+                assert_eq!(c.matches("numtxqueues 2 numrxqueues 2").count(), 2, "{c}");
+                assert!(c.contains(&format!("peer name {ifname} ")), "{c}");
+            }
+        }
     }
 
     #[test]

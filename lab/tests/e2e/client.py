@@ -18,6 +18,10 @@
                                      then one "REFUSED T PORT" (connect refused) or "FAILED T
                                      ERROR" (any other error) line per failed connection, T
                                      the monotonic time its connect began, PORT its own
+    client.py rate VIP PER_SECOND SECONDS  open a new connection PER_SECOND times a second
+                                     for SECONDS, GET / on each and close it; print per
+                                     connection the wall-clock time it was opened and the
+                                     answer: "TIME backend=b1 client=IP:PORT" (or "TIME ERROR ..")
     client.py explain ADMIN PROTO    for every "SRC DST" line on stdin (ADDR:PORT each), GET
                                      /explain?client=SRC&vip=DST&proto=PROTO from the admin API
                                      at ADMIN and print its JSON on one line (or an error object)
@@ -203,6 +207,21 @@ def churn(vip, threads, seconds):
     sys.stdout.flush()
 
 
+def rate(vip, per_second, seconds):
+    start = time.monotonic()
+    for i in range(int(per_second * seconds)):
+        wait = start + i / per_second - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        opened = time.time()
+        try:
+            with socket.create_connection((vip, 80), timeout=2) as s:
+                answer = http_get(s)
+        except OSError as e:
+            answer = f"ERROR {e!r}"
+        print(f"{opened:.3f} {answer}", flush=True)
+
+
 def explain(admin, proto):
     import http.client
     import json
@@ -235,6 +254,8 @@ if __name__ == "__main__":
         udpmap(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif cmd == "churn":
         churn(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+    elif cmd == "rate":
+        rate(sys.argv[2], float(sys.argv[3]), float(sys.argv[4]))
     elif cmd == "explain":
         explain(sys.argv[2], sys.argv[3])
     elif cmd == "raw":

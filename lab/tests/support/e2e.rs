@@ -597,6 +597,14 @@ pub fn explain_names_the_backends(driver: Driver, nat: bool) {
             (&"udp".into(), &"here".into()),
             "{v}"
         );
+        let (age, idle) = (e["age_ms"].as_u64(), e["idle_ms"].as_u64());
+        let (Some(age), Some(idle)) = (age, idle) else {
+            panic!("an age and an idle time: {v}")
+        };
+        assert!(
+            idle <= age && age <= started.elapsed().as_millis() as u64,
+            "made after the test started, used since: {v}"
+        );
         assert_eq!(v["service"]["mode"], if nat { "nat" } else { "dsr-l2" });
     }
     let spread: std::collections::BTreeSet<&String> = seen.values().collect();
@@ -642,6 +650,7 @@ pub fn explain_names_the_backends(driver: Driver, nat: bool) {
         "{human}"
     );
     assert!(human.contains("made here"), "{human}");
+    assert!(human.contains(", age "), "{human}");
     let json = s.must(
         "gw",
         &[
@@ -694,5 +703,80 @@ pub fn explain_names_the_backends(driver: Driver, nat: bool) {
         started.elapsed()
     );
     println!("{human}");
+    drop(gw);
+}
+
+/// With two workers (each of the gateway's veths has two queues, and the veth before it picks
+/// one by the flow's hash, as a NIC's RSS does): 1,000 UDP flows are sent and explained. A
+/// nat flow is asked of its owner core only (steered by client address and port, frames that
+/// arrive on the other queue handed over) and its entry is there, its reply's reverse entry
+/// beside it; a DSR flow is asked of every core and held by the one its queue feeds. Both
+/// cores hold flows, and every answer names the backend the servers saw.
+pub fn explain_on_two_workers(nat: bool) {
+    let args: &[&str] = if nat {
+        &["--topology", "two-arm", "--backends", "4", "--queues", "2"]
+    } else {
+        &["--backends", "4", "--queues", "2"]
+    };
+    let Some(s) = scenario(Driver::AfXdp, if nat { "qn" } else { "ql" }, args) else {
+        return;
+    };
+    let gw = start(&s, &s.config());
+    let (vip_port, backend_port) = if nat { (53, 5353) } else { (5353, 5353) };
+    let dst = format!("{VIP}:{vip_port}");
+    let addr_of = |name: &str| format!("{}:{backend_port}", s.backend_ip(name));
+
+    let seen = udp_backends(&s, vip_port, 20_000..21_000);
+    assert_eq!(seen.len(), 1000);
+    let flows: Vec<(String, String)> = seen
+        .keys()
+        .map(|p| (format!("{CLIENT}:{p}"), dst.clone()))
+        .collect();
+    let mut held_by = BTreeMap::<u64, usize>::new();
+    let mut core_of = BTreeMap::<u16, u64>::new();
+    for ((p, backend), v) in seen.iter().zip(explain_all(&s, "udp", &flows)) {
+        let (explained, why) = named(&v);
+        assert_eq!(
+            (explained.as_str(), why.as_str()),
+            (addr_of(backend).as_str(), "entry"),
+            "port {p}: the servers saw {backend}: {v}"
+        );
+        assert_eq!(v["cores"], 2, "{v}");
+        let entries = v["entries"].as_array().expect("entries");
+        assert_eq!(entries.len(), 1, "one core holds the flow: {v}");
+        let core = entries[0]["core"].as_u64().expect("a core");
+        let asked: Vec<u64> = v["cores_asked"]
+            .as_array()
+            .expect("cores_asked")
+            .iter()
+            .filter_map(Value::as_u64)
+            .collect();
+        if nat {
+            assert_eq!(asked, [core], "only the owner is asked, and holds it: {v}");
+            assert_eq!(v["rewrite"]["reply_entry"]["core"], core, "{v}");
+        } else {
+            assert_eq!(asked, [0, 1], "DSR: every core is asked: {v}");
+        }
+        *held_by.entry(core).or_default() += 1;
+        core_of.insert(*p, core);
+    }
+    assert_eq!(held_by.len(), 2, "both workers hold flows: {held_by:?}");
+
+    if nat {
+        // Each reply's 5-tuple: its reverse entry, on its flow's owner core.
+        let replies: Vec<(String, String)> = seen
+            .iter()
+            .map(|(p, backend)| (addr_of(backend), format!("{CLIENT}:{p}")))
+            .collect();
+        for ((p, _), v) in seen.iter().zip(explain_all(&s, "udp", &replies)) {
+            assert_eq!(v["kind"], "reply", "{v}");
+            assert_eq!(v["reply_entry"]["core"], core_of[p], "{v}");
+            assert_eq!(v["forward_entry"]["core"], core_of[p], "{v}");
+        }
+    }
+    eprintln!(
+        "explain on two workers, {}: flows held per core {held_by:?}",
+        if nat { "nat" } else { "dsr-l2" }
+    );
     drop(gw);
 }

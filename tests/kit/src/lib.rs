@@ -6,13 +6,20 @@
 //!   on drop, processes killed (by pid) on drop, polling with a deadline, captures read
 //!   with tshark, the workspace's binaries;
 //! - [`fake_api`] and [`objects`]: a fake Kubernetes API server speaking the real
-//!   list/watch wire format, and the objects the tests give it.
+//!   list/watch wire format, and the objects the tests give it;
+//! - [`alloc`]: a global allocator that counts a thread's allocations (the proof that a loop
+//!   allocates nothing), which a test file installs;
+//! - [`packet_socket`]: a raw `AF_PACKET` socket to send and capture whole Ethernet frames.
 //!
-//! A test helper crate, not part of the product: only dev-dependencies name it.
+//! A test helper crate, not part of the product: only dev-dependencies name it. `unsafe` is
+//! denied except in `alloc` and `packet_socket` (unsafe islands, listed with the others in
+//! docs/architecture.md).
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
+pub mod alloc;
 pub mod fake_api;
 pub mod harness;
 pub mod objects;
+pub mod packet_socket;
 pub mod privileged;

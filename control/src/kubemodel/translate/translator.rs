@@ -14,6 +14,7 @@ use strait_dataplane::maglev;
 
 use super::super::settings::{
     COMMUNITIES_ANNOTATION, LARGE_COMMUNITIES_ANNOTATION, LOCAL_PREF_ANNOTATION, MODE_ANNOTATION,
+    SLOW_START_ANNOTATION,
 };
 use super::{
     check, owner_key, owns, sanitise, Candidate, Front, Settings, Warning, WarningKind,
@@ -58,6 +59,7 @@ struct Shape<'a> {
     ranges: Ranges,
     health_check_node_port: Option<u16>,
     route: model::RouteAttrs,
+    slow_start: Option<Duration>,
 }
 
 /// Which Nodes a Service's translation read.
@@ -368,6 +370,7 @@ impl<'a> Translator<'a> {
                 .and_then(|p| u16::try_from(p).ok())
                 .filter(|&p| p != 0),
             route: self.route_attrs(&object, svc),
+            slow_start: self.slow_start(&object, svc),
         };
         for port in spec.ports.iter().flatten() {
             self.port(&object, &shape, &frontends, port);
@@ -465,6 +468,27 @@ impl<'a> Translator<'a> {
         let mut merged = model::RouteAttrs::default();
         merged.merge(&attrs);
         merged
+    }
+
+    /// The Service's slow start: its [`SLOW_START_ANNOTATION`], else none. A value the
+    /// configuration file's `slow_start` would refuse is left out with a warning.
+    fn slow_start(&mut self, object: &str, svc: &Service) -> Option<Duration> {
+        let v = svc
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SLOW_START_ANNOTATION))?;
+        match strait_config::parse_slow_start(v.trim()) {
+            Ok(d) => Some(d),
+            Err(why) => {
+                self.warn(
+                    WarningKind::BadValue,
+                    object,
+                    format!("annotation {SLOW_START_ANNOTATION}: {why}; no slow start"),
+                );
+                None
+            }
+        }
     }
 
     /// The Service's forwarding mode: its `strait.dev/mode` annotation, else the default.
@@ -597,6 +621,7 @@ impl<'a> Translator<'a> {
                 ),
                 health_check,
                 route: shape.route.clone(),
+                slow_start: shape.slow_start,
                 backends,
             };
             self.out.push(Candidate {

@@ -1,18 +1,29 @@
 //! A raw packet socket (AF_PACKET) bound to one interface: the privileged tests send and
-//! capture Ethernet frames with it. Test support, included with `#[path]` by the tests that
-//! need it; the product has no raw packet socket.
+//! capture Ethernet frames with it; the product has no raw packet socket. One of the unsafe
+//! islands (docs/architecture.md, "Unsafe islands"): the socket calls.
 #![allow(unsafe_code)]
-#![allow(dead_code, reason = "each including test uses a part")]
 
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
-use strait_dataplane::xsk::{ifindex, XskError};
+/// The last OS error, naming the call that failed and on which interface.
+fn failed(iface: &str, call: &str) -> io::Error {
+    let e = io::Error::last_os_error();
+    io::Error::new(e.kind(), format!("{call} on {iface}: {e}"))
+}
 
-fn last_error() -> io::Error {
-    io::Error::last_os_error()
+/// The interface index of `iface` in the calling thread's namespace.
+fn ifindex(iface: &str) -> io::Result<u32> {
+    let name = std::ffi::CString::new(iface)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name with a NUL"))?;
+    // SAFETY: `name` is a valid NUL-terminated string that lives across the call, which only
+    // reads it.
+    match unsafe { libc::if_nametoindex(name.as_ptr()) } {
+        0 => Err(failed(iface, "if_nametoindex")),
+        i => Ok(i),
+    }
 }
 
 /// A raw `AF_PACKET` socket bound to one interface: every frame in or out of the interface
@@ -28,15 +39,9 @@ impl PacketSocket {
     /// `timeout` and then fail with `WouldBlock`/`TimedOut`.
     ///
     /// # Errors
-    /// [`XskError::NoInterface`], or [`XskError::Socket`] naming the failed call.
-    pub fn open(iface: &str, timeout: Duration) -> Result<Self, XskError> {
+    /// The failed call, with the interface's name.
+    pub fn open(iface: &str, timeout: Duration) -> io::Result<Self> {
         let idx = ifindex(iface)?;
-        let err = |call, source| XskError::Socket {
-            iface: iface.to_owned(),
-            queue: 0,
-            call,
-            source,
-        };
         let proto = (libc::ETH_P_ALL as u16).to_be();
         // SAFETY: plain socket(2); checked below.
         let raw = unsafe {
@@ -47,7 +52,7 @@ impl PacketSocket {
             )
         };
         if raw < 0 {
-            return Err(err("socket(AF_PACKET)", last_error()));
+            return Err(failed(iface, "socket(AF_PACKET)"));
         }
         // SAFETY: `raw` is a new, valid descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
@@ -70,7 +75,7 @@ impl PacketSocket {
             )
         };
         if rc < 0 {
-            return Err(err("bind(AF_PACKET)", last_error()));
+            return Err(failed(iface, "bind(AF_PACKET)"));
         }
         let tv = libc::timeval {
             tv_sec: timeout.as_secs() as libc::time_t,
@@ -88,7 +93,7 @@ impl PacketSocket {
             )
         };
         if rc < 0 {
-            return Err(err("setsockopt(SO_RCVTIMEO)", last_error()));
+            return Err(failed(iface, "setsockopt(SO_RCVTIMEO)"));
         }
         Ok(Self {
             file: File::from(fd),
@@ -98,11 +103,11 @@ impl PacketSocket {
 
 impl PacketSocket {
     /// Sends written frames straight to the driver (`PACKET_QDISC_BYPASS`), which also makes
-    /// the TX queue the writing CPU's number modulo the queue count (see [`pin_thread`]).
+    /// the TX queue the writing CPU's number modulo the queue count (see `harness::pin_thread`).
     ///
     /// # Errors
-    /// [`XskError::Socket`] if `setsockopt(PACKET_QDISC_BYPASS)` fails.
-    pub fn bypass_qdisc(&self) -> Result<(), XskError> {
+    /// If `setsockopt(PACKET_QDISC_BYPASS)` fails.
+    pub fn bypass_qdisc(&self) -> io::Result<()> {
         let one: libc::c_int = 1;
         // SAFETY: `one` is a valid c_int that lives across the call, its size is passed, and
         // the kernel only reads it.
@@ -116,12 +121,7 @@ impl PacketSocket {
             )
         };
         if rc < 0 {
-            return Err(XskError::Socket {
-                iface: String::new(),
-                queue: 0,
-                call: "setsockopt(PACKET_QDISC_BYPASS)",
-                source: last_error(),
-            });
+            return Err(failed("the socket", "setsockopt(PACKET_QDISC_BYPASS)"));
         }
         Ok(())
     }

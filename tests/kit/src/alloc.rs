@@ -1,9 +1,15 @@
 //! A global allocator that counts the allocations of threads that ask for it: the proof that
-//! a loop allocates nothing. Included by the tests that need it (`#[path]`), because a test
-//! binary can have only one global allocator and each test file is its own binary.
+//! a loop allocates nothing. A test binary has one global allocator, so each test file that
+//! counts installs it itself:
+//!
+//! ```ignore
+//! #[global_allocator]
+//! static ALLOCATOR: strait_testkit::alloc::Counting = strait_testkit::alloc::Counting;
+//! ```
 //!
 //! A thread sets [`COUNTING`] around the code under test and reads [`ALLOCS`] before and
-//! after.
+//! after ([`counted`] does both). One of the unsafe islands (docs/architecture.md, "Unsafe
+//! islands"): `GlobalAlloc` is an unsafe trait.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -24,8 +30,9 @@ fn note() {
     }
 }
 
-/// `System`, counting.
-struct Counting;
+/// `System`, counting the allocations of threads whose [`COUNTING`] is on.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counting;
 
 // SAFETY: every method forwards its arguments unchanged to `System`, which implements
 // `GlobalAlloc` correctly; the bookkeeping around it neither allocates nor panics.
@@ -59,5 +66,13 @@ unsafe impl GlobalAlloc for Counting {
     }
 }
 
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+/// Runs `f` with this thread's allocations counted; what it returned and how many it made.
+/// Counts only where [`Counting`] is the global allocator.
+pub fn counted<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    COUNTING.with(|c| c.set(true));
+    let before = ALLOCS.load(Ordering::Relaxed);
+    let out = f();
+    let made = ALLOCS.load(Ordering::Relaxed) - before;
+    COUNTING.with(|c| c.set(false));
+    (out, made)
+}
