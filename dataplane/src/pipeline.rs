@@ -820,8 +820,8 @@ impl Pipeline {
             &s.frontend.vip,
             s.frontend.port,
             Macs {
-                src: port.mac,
-                dst: peer_mac,
+                src: port.mac.into(),
+                dst: peer_mac.into(),
             },
         );
         self.traffic.from_backend(s, b, p.ip_len);
@@ -891,7 +891,16 @@ impl Pipeline {
             return Verdict::Drop(DropReason::NoNextHop);
         };
         let src = t.ports.get(b.egress as usize).map_or([0; 6], |p| p.mac);
-        rewrite::nat_icmp_error(frame, p, &b.addr, b.port, Macs { src, dst: mac });
+        rewrite::nat_icmp_error(
+            frame,
+            p,
+            &b.addr,
+            b.port,
+            Macs {
+                src: src.into(),
+                dst: mac.into(),
+            },
+        );
         self.traffic.to_backend(s, b, p.ip_len);
         Verdict::Tx { port: b.egress }
     }
@@ -1041,8 +1050,8 @@ fn forward(
         return Verdict::Drop(DropReason::NoEgress);
     };
     let m = Macs {
-        src: port.mac,
-        dst: mac,
+        src: port.mac.into(),
+        dst: mac.into(),
     };
     let how = match s.mode {
         Mode::DsrL2 => {
@@ -1082,7 +1091,7 @@ fn forward(
             let Some(back) = t.ports.get(ingress as usize) else {
                 return Verdict::Drop(DropReason::NoEgress);
             };
-            rewrite::icmp_too_big(frame, p, inner_mtu, back.mac);
+            rewrite::icmp_too_big(frame, p, inner_mtu, back.mac.into());
             c.icmp_too_big_sent += 1;
             Verdict::Tx { port: ingress }
         }

@@ -18,13 +18,15 @@
 //! ([`sctp_intact`]), so a packet damaged on the way is dropped, not given a valid checksum.
 //!
 //! All functions take the frame and the [`Parsed`] summary of it and trust that summary
-//! (offsets in range); they are called only by the pipeline right after parsing.
+//! (offsets in range); they are called only by the pipeline right after parsing. They touch
+//! the frame only through the wire views ([`crate::wire`]), made unchecked over the bytes
+//! of the layer at the summary's offsets: the parse already checked their lengths, and the
+//! views' accessors compile to the loads and stores of the fields.
 
-use crate::key::is_v4;
-use crate::key::proto;
+use crate::key::{is_v4, proto, v4_unmapped};
 use crate::wire::checksum::{self, update16, update_bytes};
 use crate::wire::parse::{Frag, Parsed};
-use crate::wire::{ethernet, icmp, ipv4, ipv6, put16, sctp, tcp, udp};
+use crate::wire::{ethernet, icmp, ipv4, ipv6, ports, sctp, tcp, udp};
 
 /// A frame in a buffer with headroom: the packet is `buf[head..head + len]`.
 ///
@@ -98,19 +100,24 @@ impl<'a> Frame<'a> {
     }
 }
 
+/// TTL (hop limit) of the IP headers the gateway writes: an encapsulation's outer header and
+/// an ICMP error's; Linux's default (`net.ipv4.ip_default_ttl`).
+const TTL: u8 = 64;
+
 /// Source and destination MACs of a frame leaving the gateway.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Macs {
     /// The egress port's own MAC.
-    pub src: [u8; 6],
+    pub src: ethernet::Address,
     /// The next hop's MAC.
-    pub dst: [u8; 6],
+    pub dst: ethernet::Address,
 }
 
 #[inline(always)]
 fn set_macs(data: &mut [u8], m: Macs) {
-    data[0..6].copy_from_slice(&m.dst);
-    data[6..12].copy_from_slice(&m.src);
+    let mut eth = ethernet::Packet::new_unchecked(data);
+    eth.set_dst(m.dst);
+    eth.set_src(m.src);
 }
 
 /// dsr-l2: only the MACs change (and a checksum left to offload is completed); the IP
@@ -151,19 +158,24 @@ pub fn complete_partial(data: &mut [u8]) -> bool {
 #[inline(never)]
 fn complete_l4(d: &mut [u8], p: &Parsed) {
     debug_assert!(p.l4_partial && p.frag == Frag::None);
-    let (field, udp) = match p.proto {
-        proto::TCP => (tcp::CHECKSUM_OFFSET, false),
-        proto::SCTP => return sctp_checksum(d, p),
-        _ => (udp::CHECKSUM_OFFSET, true),
-    };
+    if p.proto == proto::SCTP {
+        return sctp_checksum(d, p);
+    }
     let end = p.l3 + p.ip_len;
-    let ip = &d[p.l3..];
+    let len = (end - p.l4) as u32;
     let pseudo = if p.v6 {
-        checksum::pseudo_header(&ip[8..24], &ip[24..40], p.proto, (end - p.l4) as u32)
+        let ip = ipv6::Packet::new_unchecked(&d[p.l3..]);
+        checksum::pseudo_header(&ip.src(), &ip.dst(), p.proto, len)
     } else {
-        checksum::pseudo_header(&ip[12..16], &ip[16..20], p.proto, (end - p.l4) as u32)
+        let ip = ipv4::Packet::new_unchecked(&d[p.l3..]);
+        checksum::pseudo_header(&ip.src(), &ip.dst(), p.proto, len)
     };
-    checksum::complete(&mut d[p.l4..end], field, pseudo, udp);
+    let segment = &mut d[p.l4..end];
+    if p.proto == proto::TCP {
+        tcp::Packet::new_unchecked(segment).fill_checksum(pseudo);
+    } else {
+        udp::Packet::new_unchecked(segment).fill_checksum(pseudo);
+    }
 }
 
 /// Writes the CRC32c of an unfragmented SCTP packet into its checksum field: one pass over
@@ -184,23 +196,6 @@ pub fn sctp_intact(d: &[u8], p: &Parsed) -> bool {
     p.l4_partial || sctp::verify(&d[p.l4..p.l3 + p.ip_len])
 }
 
-/// Offset of the transport checksum for a protocol, if it has one that covers the
-/// pseudo-header and the packet carries it.
-#[inline(always)]
-fn l4_checksum_at(p: &Parsed) -> Option<usize> {
-    if p.frag == Frag::Later {
-        return None;
-    }
-    let off = match p.proto {
-        proto::TCP => tcp::CHECKSUM_OFFSET,
-        proto::UDP => udp::CHECKSUM_OFFSET,
-        _ => return None,
-    };
-    let at = p.l4 + off;
-    // A first fragment may be cut before the checksum field; nothing to fix then.
-    (at + 2 <= p.l3 + p.ip_len).then_some(at)
-}
-
 /// Rewrites one address (`dst` or `src`) and its port, fixing the IPv4 header checksum and
 /// the transport checksum (updated, or completed when left to offload; SCTP's computed
 /// anew), and decrements the TTL / hop limit. The caller checked the TTL, and for SCTP that
@@ -209,9 +204,6 @@ fn l4_checksum_at(p: &Parsed) -> Option<usize> {
 fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &[u8; 16], port: u16, m: Macs) {
     let d = frame.data_mut();
     set_macs(d, m);
-    // A partial checksum is not a checksum: updating it would carry the old pseudo-header
-    // sum along. It is completed once the addresses and ports are final.
-    let csum_at = l4_checksum_at(p).filter(|_| !p.l4_partial);
     let (old_addr, new_addr): (&[u8], &[u8]) = if p.v6 {
         (if dst_side { &p.dst } else { &p.src }, &addr[..])
     } else {
@@ -220,24 +212,40 @@ fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &[u8; 16], port:
             &addr[12..],
         )
     };
-    if let Some(at) = csum_at {
-        let mut c = u16::from_be_bytes([d[at], d[at + 1]]);
-        let udp_v4_none = p.proto == proto::UDP && !p.v6 && c == 0;
-        if !udp_v4_none {
-            c = update_bytes(c, old_addr, new_addr);
-            if p.frag != Frag::Later {
-                let port_at = p.l4 + if dst_side { 2 } else { 0 };
-                let old_port = u16::from_be_bytes([d[port_at], d[port_at + 1]]);
-                c = update16(c, old_port, port);
-            }
-            if p.proto == proto::UDP {
-                c = checksum::udp_nonzero(c);
-            }
-            put16(d, at, c);
-        }
-    }
+    // A later fragment has no transport header: its addresses change, nothing else. The
+    // parse checked that any other TCP/UDP packet, a first fragment too, holds the fixed
+    // header, checksum included.
     if p.frag != Frag::Later && matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP) {
-        put16(d, p.l4 + if dst_side { 2 } else { 0 }, port);
+        let seg = &mut d[p.l4..];
+        let mut l4 = ports::Packet::new_unchecked(&mut *seg);
+        let old_port = if dst_side {
+            l4.dst_port()
+        } else {
+            l4.src_port()
+        };
+        if dst_side {
+            l4.set_dst_port(port);
+        } else {
+            l4.set_src_port(port);
+        }
+        // A partial checksum is not a checksum: updating it would carry the old
+        // pseudo-header sum along. It is completed once the addresses and ports are final.
+        let update = |c: u16| update16(update_bytes(c, old_addr, new_addr), old_port, port);
+        match p.proto {
+            proto::TCP if !p.l4_partial => {
+                let mut t = tcp::Packet::new_unchecked(seg);
+                t.set_checksum(update(t.checksum()));
+            }
+            proto::UDP if !p.l4_partial => {
+                let mut u = udp::Packet::new_unchecked(seg);
+                let c = u.checksum();
+                // Zero over IPv4 means "no checksum" and stays.
+                if p.v6 || c != 0 {
+                    u.set_checksum(checksum::udp_nonzero(update(c)));
+                }
+            }
+            _ => {}
+        }
     }
     if p.v6 {
         let mut ip = ipv6::Packet::new_unchecked(&mut d[p.l3..]);
@@ -248,13 +256,11 @@ fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &[u8; 16], port:
         }
         ip.set_hop_limit(p.ttl - 1);
     } else {
-        let mut a = [0u8; 4];
-        a.copy_from_slice(&addr[12..]);
         let mut ip = ipv4::Packet::new_unchecked(&mut d[p.l3..]);
         if dst_side {
-            ip.set_dst(a);
+            ip.set_dst(v4_unmapped(addr));
         } else {
-            ip.set_src(a);
+            ip.set_src(v4_unmapped(addr));
         }
         ip.decrement_ttl();
     }
@@ -398,15 +404,11 @@ pub fn encapsulate(
     let d = frame.data_mut();
     d.copy_within(overhead..overhead + l2, 0);
     set_macs(d, m);
-    put16(
-        d,
-        l2 - 2,
-        if outer_v6 {
-            ethernet::ETHERTYPE_IPV6
-        } else {
-            ethernet::ETHERTYPE_IPV4
-        },
-    );
+    ethernet::Packet::new_unchecked(&mut d[..l2]).set_payload_ethertype(if outer_v6 {
+        ethernet::ETHERTYPE_IPV6
+    } else {
+        ethernet::ETHERTYPE_IPV4
+    });
     let inner_proto = if p.v6 { proto::IPV6 } else { proto::IPIP };
     let (next, payload_len) = match how {
         Encap::Ipip => (inner_proto, p.ip_len),
@@ -414,43 +416,44 @@ pub fn encapsulate(
     };
     let s = o.source();
     if outer_v6 {
-        ipv6::emit(
-            &mut d[l2..],
-            p.tos,
-            (entropy >> 16) as u32,
-            payload_len as u16,
-            next,
-            64,
-            s,
-            *dst,
-        );
+        ipv6::Repr {
+            src: s,
+            dst: *dst,
+            next_header: next,
+            payload_len: payload_len as u16,
+            hop_limit: TTL,
+            traffic_class: p.tos,
+            flow_label: (entropy >> 16) as u32,
+        }
+        .emit(&mut ipv6::Packet::new_unchecked(&mut d[l2..]));
     } else {
-        let (mut s4, mut d4) = ([0u8; 4], [0u8; 4]);
-        s4.copy_from_slice(&s[12..]);
-        d4.copy_from_slice(&dst[12..]);
         let df = p.df && !p.v6;
-        let ident = if df { 0 } else { (entropy >> 24) as u16 };
-        ipv4::emit(
-            &mut d[l2..],
-            p.tos,
-            (ip_hdr + payload_len) as u16,
-            ident,
-            df,
-            64,
-            next,
-            s4,
-            d4,
-        );
+        ipv4::Repr {
+            src: v4_unmapped(&s),
+            dst: v4_unmapped(dst),
+            protocol: next,
+            payload_len: payload_len as u16,
+            tos: p.tos,
+            ident: if df { 0 } else { (entropy >> 24) as u16 },
+            dont_fragment: df,
+            ttl: TTL,
+        }
+        .emit(&mut ipv4::Packet::new_unchecked(&mut d[l2..]));
     }
     if let Encap::Gue { port } = how {
         let u = l2 + ip_hdr;
-        udp::emit(&mut d[u..], o.gue_source_port(), port, payload_len as u16);
+        let mut gue = udp::Packet::new_unchecked(&mut d[u..u + payload_len]);
+        udp::Repr {
+            src_port: o.gue_source_port(),
+            dst_port: port,
+            payload_len: p.ip_len as u16,
+        }
+        .emit(&mut gue);
         if outer_v6 {
             // RFC 6935/6936 allow a zero UDP checksum for tunnels over IPv6 only where both ends
             // opt in; compute it so any receiver accepts the packet.
             let ps = checksum::pseudo_header(&s, dst, proto::UDP, payload_len as u32);
-            let c = !checksum::fold(checksum::sum(ps, &d[u..u + payload_len]));
-            put16(d, u + udp::CHECKSUM_OFFSET, checksum::udp_nonzero(c));
+            gue.fill_checksum(ps);
         }
         // Over IPv4 the checksum stays zero (RFC 768: "no checksum"), as GUE allows and the
         // kernel's fou sends by default; the inner packet has its own checksums.
@@ -465,7 +468,12 @@ pub fn encapsulate(
 /// from. A checksum the client left to offload is completed first, so the quote shows the
 /// packet as it went on the wire.
 #[inline]
-pub fn icmp_too_big(frame: &mut Frame<'_>, p: &Parsed, inner_mtu: u16, port_mac: [u8; 6]) {
+pub fn icmp_too_big(
+    frame: &mut Frame<'_>,
+    p: &Parsed,
+    inner_mtu: u16,
+    port_mac: ethernet::Address,
+) {
     if p.l4_partial {
         complete_l4(frame.data_mut(), p);
     }
@@ -474,8 +482,10 @@ pub fn icmp_too_big(frame: &mut Frame<'_>, p: &Parsed, inner_mtu: u16, port_mac:
     let d = &mut frame.buf[frame.head..frame.head + room];
     // Back to where it came from, from this port's own MAC (never the frame's destination
     // MAC, which may be broadcast or another host's).
-    d.copy_within(6..12, 0);
-    d[6..12].copy_from_slice(&port_mac);
+    let mut eth = ethernet::Packet::new_unchecked(&mut *d);
+    let client = eth.src();
+    eth.set_dst(client);
+    eth.set_src(port_mac);
     let (ip_hdr, quote_max) = if p.v6 {
         // RFC 4443 section 2.4(c): as much of the invoking packet as fits in the minimum MTU.
         (ipv6::HEADER_LEN, 1280 - ipv6::HEADER_LEN - icmp::HEADER_LEN)
@@ -490,46 +500,34 @@ pub fn icmp_too_big(frame: &mut Frame<'_>, p: &Parsed, inner_mtu: u16, port_mac:
     d.copy_within(l2..l2 + quote, start);
     let icmp_len = icmp::HEADER_LEN + quote;
     let ic = l2 + ip_hdr;
+    let mut msg = icmp::Packet::new_unchecked(&mut d[ic..ic + icmp_len]);
     if p.v6 {
-        d[ic] = icmp::v6::PACKET_TOO_BIG;
-        d[ic + 1] = 0;
-        d[ic + 4..ic + 8].copy_from_slice(&(inner_mtu as u32).to_be_bytes());
-        ipv6::emit(
-            &mut d[l2..],
-            0,
-            0,
-            icmp_len as u16,
-            proto::ICMPV6,
-            64,
-            p.dst,
-            p.src,
-        );
+        let pseudo = checksum::pseudo_header(&p.dst, &p.src, proto::ICMPV6, icmp_len as u32);
+        icmp::Repr::packet_too_big(inner_mtu as u32).emit(&mut msg, pseudo);
+        ipv6::Repr {
+            src: p.dst,
+            dst: p.src,
+            next_header: proto::ICMPV6,
+            payload_len: icmp_len as u16,
+            hop_limit: TTL,
+            traffic_class: 0,
+            flow_label: 0,
+        }
+        .emit(&mut ipv6::Packet::new_unchecked(&mut d[l2..]));
     } else {
-        d[ic] = icmp::v4::DEST_UNREACHABLE;
-        d[ic + 1] = icmp::v4::CODE_FRAG_NEEDED;
-        d[ic + 4..ic + 6].copy_from_slice(&[0, 0]);
-        d[ic + 6..ic + 8].copy_from_slice(&inner_mtu.to_be_bytes());
-        let (mut s4, mut d4) = ([0u8; 4], [0u8; 4]);
-        s4.copy_from_slice(&p.dst[12..]);
-        d4.copy_from_slice(&p.src[12..]);
-        ipv4::emit(
-            &mut d[l2..],
-            0,
-            (ip_hdr + icmp_len) as u16,
-            0,
-            true,
-            64,
-            proto::ICMP,
-            s4,
-            d4,
-        );
+        icmp::Repr::frag_needed(inner_mtu).emit(&mut msg, 0);
+        ipv4::Repr {
+            src: v4_unmapped(&p.dst),
+            dst: v4_unmapped(&p.src),
+            protocol: proto::ICMP,
+            payload_len: icmp_len as u16,
+            tos: 0,
+            ident: 0,
+            dont_fragment: true,
+            ttl: TTL,
+        }
+        .emit(&mut ipv4::Packet::new_unchecked(&mut d[l2..]));
     }
-    put16(d, ic + icmp::CHECKSUM_OFFSET, 0);
-    let mut acc = checksum::sum(0, &d[ic..ic + icmp_len]);
-    if p.v6 {
-        acc += checksum::pseudo_header(&p.dst, &p.src, proto::ICMPV6, icmp_len as u32);
-    }
-    put16(d, ic + icmp::CHECKSUM_OFFSET, !checksum::fold(acc));
     frame.len = l2 + ip_hdr + icmp_len;
 }
 
@@ -545,64 +543,64 @@ pub fn nat_icmp_error(frame: &mut Frame<'_>, p: &Parsed, addr: &[u8; 16], port: 
     let Some(e) = p.embedded else { return };
     let d = frame.data_mut();
     set_macs(d, m);
-    let ic = p.l4 + icmp::CHECKSUM_OFFSET;
-    let mut c = u16::from_be_bytes([d[ic], d[ic + 1]]);
+    let mut c = icmp::Packet::new_unchecked(&d[p.l4..]).checksum();
+    let (old_a, new_a): (&[u8], &[u8]) = if p.v6 {
+        (&e.src, &addr[..])
+    } else {
+        (&e.src[12..], &addr[12..])
+    };
+    // The quoted transport header: at least its first 8 bytes (the parse checked).
+    let quote = &mut d[e.l4..e.end];
     // Embedded transport checksum, when quoted: it covers the embedded source address (in
     // its pseudo-header) and port. A zero UDP checksum over IPv4 means none and stays.
-    let l4c = e.l4
-        + if e.proto == proto::TCP {
-            tcp::CHECKSUM_OFFSET
-        } else {
-            udp::CHECKSUM_OFFSET
-        };
-    if l4c + 2 <= e.end && e.proto != proto::SCTP {
-        let old_l4c = u16::from_be_bytes([d[l4c], d[l4c + 1]]);
-        if !(e.proto == proto::UDP && !p.v6 && old_l4c == 0) {
-            let (old_a, new_a): (&[u8], &[u8]) = if p.v6 {
-                (&e.src, &addr[..])
-            } else {
-                (&e.src[12..], &addr[12..])
-            };
-            let old_port = u16::from_be_bytes([d[e.l4], d[e.l4 + 1]]);
-            let mut n = update16(update_bytes(old_l4c, old_a, new_a), old_port, port);
-            if e.proto == proto::UDP {
-                n = checksum::udp_nonzero(n);
+    let old_port = ports::Packet::new_unchecked(&*quote).src_port();
+    let update = |l4c: u16| update16(update_bytes(l4c, old_a, new_a), old_port, port);
+    match e.proto {
+        proto::TCP => {
+            let mut t = tcp::Packet::new_unchecked(&mut *quote);
+            if t.has_checksum() {
+                let old = t.checksum();
+                let new = update(old);
+                c = update16(c, old, new);
+                t.set_checksum(new);
             }
-            c = update16(c, old_l4c, n);
-            put16(d, l4c, n);
         }
+        proto::UDP => {
+            let mut u = udp::Packet::new_unchecked(&mut *quote);
+            let old = u.checksum();
+            if p.v6 || old != 0 {
+                let new = checksum::udp_nonzero(update(old));
+                c = update16(c, old, new);
+                u.set_checksum(new);
+            }
+        }
+        _ => {}
     }
     // Embedded source port.
-    let old_port = u16::from_be_bytes([d[e.l4], d[e.l4 + 1]]);
     c = update16(c, old_port, port);
-    put16(d, e.l4, port);
+    ports::Packet::new_unchecked(quote).set_src_port(port);
     // Embedded source address (and the embedded IPv4 header checksum, which the ICMP
     // checksum covers too).
+    c = update_bytes(c, old_a, new_a);
     if p.v6 {
-        c = update_bytes(c, &e.src, addr);
-        d[e.ip + 8..e.ip + 24].copy_from_slice(addr);
+        ipv6::Packet::new_unchecked(&mut d[e.ip..e.l4]).set_src(*addr);
     } else {
-        let ec = e.ip + 10;
-        let old_ec = u16::from_be_bytes([d[ec], d[ec + 1]]);
-        let new_ec = update_bytes(old_ec, &e.src[12..], &addr[12..]);
-        c = update_bytes(c, &e.src[12..], &addr[12..]);
-        c = update16(c, old_ec, new_ec);
-        put16(d, ec, new_ec);
-        d[e.ip + 12..e.ip + 16].copy_from_slice(&addr[12..]);
+        let mut ip = ipv4::Packet::new_unchecked(&mut d[e.ip..e.l4]);
+        let old_ec = ip.checksum();
+        ip.set_src(v4_unmapped(addr));
+        c = update16(c, old_ec, ip.checksum());
     }
     if p.v6 {
         // ICMPv6's checksum covers the pseudo-header, so the outer destination change too.
         c = update_bytes(c, &p.dst, addr);
-        put16(d, ic, c);
+        icmp::Packet::new_unchecked(&mut d[p.l4..]).set_checksum(c);
         let mut ip = ipv6::Packet::new_unchecked(&mut d[p.l3..]);
         ip.set_dst(*addr);
         ip.set_hop_limit(p.ttl - 1);
     } else {
-        put16(d, ic, c);
-        let mut a = [0u8; 4];
-        a.copy_from_slice(&addr[12..]);
+        icmp::Packet::new_unchecked(&mut d[p.l4..]).set_checksum(c);
         let mut ip = ipv4::Packet::new_unchecked(&mut d[p.l3..]);
-        ip.set_dst(a);
+        ip.set_dst(v4_unmapped(addr));
         ip.decrement_ttl();
     }
 }
@@ -621,8 +619,8 @@ mod tests {
     const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xc1];
     const GW_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
     const M: Macs = Macs {
-        src: GW_MAC,
-        dst: [2, 0, 0, 0, 1, 0x21],
+        src: ethernet::Address(GW_MAC),
+        dst: ethernet::Address([2, 0, 0, 0, 1, 0x21]),
     };
 
     /// RFC 1071 one word at a time, folded.
@@ -805,7 +803,7 @@ mod tests {
         for v6 in [false, true] {
             let valid = client_frame(v6, false, &[0x61; 1400]);
             let partial = offloaded(&valid);
-            let answer = |f: &mut Frame<'_>, p: &Parsed| icmp_too_big(f, p, 1280, GW_MAC);
+            let answer = |f: &mut Frame<'_>, p: &Parsed| icmp_too_big(f, p, 1280, GW_MAC.into());
             let (_, want) = rewritten(&valid, &answer);
             let (_, got) = rewritten(&partial, &answer);
             assert_eq!(got, want, "v6={v6}");

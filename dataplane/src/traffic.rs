@@ -103,6 +103,13 @@ struct Pair {
     bytes: u64,
 }
 
+impl Pair {
+    fn add(&mut self, packets: u64, bytes: u64) {
+        self.packets += packets;
+        self.bytes += bytes;
+    }
+}
+
 /// Counts by id, kept dense: the incarnations apart (sixteen to a line) and both directions
 /// of an id together (two ids to a line), so that the slots of a configuration's busy ids
 /// stay in the caches while flow-table lines stream through them. Fixed-size arrays, so that
@@ -155,10 +162,8 @@ impl Slots {
             self.pairs[id] = [Pair::default(); 2];
         }
         let [i, o] = &mut self.pairs[id];
-        i.packets += t.in_packets;
-        i.bytes += t.in_bytes;
-        o.packets += t.out_packets;
-        o.bytes += t.out_bytes;
+        i.add(t.in_packets, t.in_bytes);
+        o.add(t.out_packets, t.out_bytes);
     }
 }
 

@@ -1,6 +1,8 @@
 //! Ethernet II frames (IEEE 802.3) with an optional single 802.1Q tag.
 
-use super::{be16, Error};
+use core::fmt;
+
+use super::{be16, put16, Error};
 
 /// Length of an untagged Ethernet header.
 pub const HEADER_LEN: usize = 14;
@@ -16,6 +18,53 @@ pub const ETHERTYPE_ARP: u16 = 0x0806;
 pub const ETHERTYPE_VLAN: u16 = 0x8100;
 /// TPID of an 802.1ad (QinQ) service tag.
 pub const ETHERTYPE_QINQ: u16 = 0x88a8;
+
+/// A MAC address (IEEE 802), its six bytes in wire order. A newtype rather than `[u8; 6]`
+/// so that a MAC is never taken for other bytes where it crosses a function boundary;
+/// `#[repr(transparent)]`, so it is passed, stored and copied as the array is.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Address(pub [u8; 6]);
+
+impl Address {
+    /// The broadcast address, ff:ff:ff:ff:ff:ff.
+    pub const BROADCAST: Self = Self([0xff; 6]);
+
+    /// The six bytes, in wire order.
+    #[inline(always)]
+    pub const fn octets(self) -> [u8; 6] {
+        self.0
+    }
+
+    /// Whether this is a group (multicast or broadcast) address: the I/G bit, the least
+    /// significant bit of the first byte.
+    #[inline(always)]
+    pub const fn is_multicast(self) -> bool {
+        self.0[0] & 1 != 0
+    }
+}
+
+impl From<[u8; 6]> for Address {
+    #[inline(always)]
+    fn from(b: [u8; 6]) -> Self {
+        Self(b)
+    }
+}
+
+impl From<Address> for [u8; 6] {
+    #[inline(always)]
+    fn from(a: Address) -> Self {
+        a.0
+    }
+}
+
+impl fmt::Display for Address {
+    /// Six lower-case hex bytes joined by colons, as `ip link` shows them.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [a, b, c, d, e, g] = self.0;
+        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+    }
+}
 
 mod field {
     use core::ops::Range;
@@ -49,21 +98,31 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Ok(Self { buf })
     }
 
+    /// Wraps bytes the caller vouches for: accessors panic past the end of `buf`. For frames
+    /// the pipeline parsed before it rewrites them.
+    #[inline(always)]
+    pub(crate) fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+
     /// Destination MAC address.
-    pub fn dst(&self) -> [u8; 6] {
+    #[inline(always)]
+    pub fn dst(&self) -> Address {
         let mut m = [0; 6];
         m.copy_from_slice(&self.buf.as_ref()[field::DST]);
-        m
+        Address(m)
     }
 
     /// Source MAC address.
-    pub fn src(&self) -> [u8; 6] {
+    #[inline(always)]
+    pub fn src(&self) -> Address {
         let mut m = [0; 6];
         m.copy_from_slice(&self.buf.as_ref()[field::SRC]);
-        m
+        Address(m)
     }
 
     /// The outer EtherType (0x8100 for a tagged frame).
+    #[inline(always)]
     pub fn ethertype(&self) -> u16 {
         be16(self.buf.as_ref(), field::ETHERTYPE)
     }
@@ -93,13 +152,26 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the destination MAC address.
-    pub fn set_dst(&mut self, mac: [u8; 6]) {
-        self.buf.as_mut()[field::DST].copy_from_slice(&mac);
+    #[inline(always)]
+    pub fn set_dst(&mut self, mac: Address) {
+        self.buf.as_mut()[field::DST].copy_from_slice(&mac.0);
     }
 
     /// Sets the source MAC address.
-    pub fn set_src(&mut self, mac: [u8; 6]) {
-        self.buf.as_mut()[field::SRC].copy_from_slice(&mac);
+    #[inline(always)]
+    pub fn set_src(&mut self, mac: Address) {
+        self.buf.as_mut()[field::SRC].copy_from_slice(&mac.0);
+    }
+
+    /// Sets the EtherType of the payload (after the VLAN tag if there is one) in a view over
+    /// exactly the header, tag included ([`Packet::header_len`] bytes): its last two bytes.
+    /// The rewrite knows the header's length from the parse, so the tag is not read again.
+    #[inline(always)]
+    pub fn set_payload_ethertype(&mut self, t: u16) {
+        debug_assert_eq!(self.buf.as_ref().len(), self.header_len());
+        let b = self.buf.as_mut();
+        let at = b.len() - 2;
+        put16(b, at, t);
     }
 }
 
@@ -114,8 +186,10 @@ mod tests {
     #[test]
     fn deconstruct_tagged() {
         let p = Packet::new_checked(&TAGGED[..]).unwrap();
-        assert_eq!(p.dst(), [2, 0, 0, 0, 0, 1]);
-        assert_eq!(p.src(), [2, 0, 0, 0, 0, 2]);
+        assert_eq!(p.dst(), Address([2, 0, 0, 0, 0, 1]));
+        assert_eq!(p.src(), Address([2, 0, 0, 0, 0, 2]));
+        assert_eq!(p.dst().to_string(), "02:00:00:00:00:01");
+        assert!(!p.dst().is_multicast() && Address::BROADCAST.is_multicast());
         assert_eq!(p.ethertype(), ETHERTYPE_VLAN);
         assert_eq!(p.vlan(), Some(100));
         assert_eq!(p.payload_ethertype(), ETHERTYPE_IPV4);
@@ -126,9 +200,17 @@ mod tests {
     fn construct() {
         let mut b = TAGGED;
         let mut p = Packet::new_checked(&mut b[..]).unwrap();
-        p.set_dst([1, 2, 3, 4, 5, 6]);
-        p.set_src([7, 8, 9, 10, 11, 12]);
+        p.set_dst(Address([1, 2, 3, 4, 5, 6]));
+        p.set_src([7, 8, 9, 10, 11, 12].into());
         assert_eq!(&b[..12], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+        Packet::new_checked(&mut b[..])
+            .unwrap()
+            .set_payload_ethertype(ETHERTYPE_IPV6);
+        assert_eq!(&b[12..], &[0x81, 0x00, 0x20, 0x64, 0x86, 0xdd]);
+        let mut untagged = [0u8; 14];
+        let mut p = Packet::new_checked(&mut untagged[..]).unwrap();
+        p.set_payload_ethertype(ETHERTYPE_IPV4);
+        assert_eq!(p.ethertype(), ETHERTYPE_IPV4);
     }
 
     #[test]

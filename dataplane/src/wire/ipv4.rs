@@ -1,6 +1,6 @@
 //! IPv4 headers (RFC 791), options detected and skipped.
 
-use super::{be16, checksum, put16, Error};
+use super::{be16, checksum, ip_version, put16, Error};
 
 /// Length of an IPv4 header without options.
 pub const HEADER_LEN: usize = 20;
@@ -44,7 +44,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         if b.len() < HEADER_LEN {
             return Err(Error::Truncated);
         }
-        if b[field::VER_IHL] >> 4 != 4 || b[field::VER_IHL] & 0x0f < 5 {
+        if ip_version(b[field::VER_IHL]) != 4 || b[field::VER_IHL] & 0x0f < 5 {
             return Err(Error::Malformed);
         }
         let p = Self { buf };
@@ -56,6 +56,15 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(Error::Truncated);
         }
         Ok(p)
+    }
+
+    /// Wraps bytes the caller vouches for: accessors panic past the end of `buf`. For frames
+    /// validated by [`Packet::new_checked`] (the pipeline re-wraps a frame it parsed to
+    /// rewrite it), the fixed header an ICMP error quotes (whose stated length runs past the
+    /// quote), and a header about to be written.
+    #[inline(always)]
+    pub(crate) fn new_unchecked(buf: T) -> Self {
+        Self { buf }
     }
 
     /// Header length in bytes, options included.
@@ -157,12 +166,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Wraps bytes already validated by [`Packet::new_checked`] (the pipeline re-wraps a
-    /// frame it parsed to rewrite it). Accessors may panic on bytes that were not validated.
-    pub(crate) fn new_unchecked(buf: T) -> Self {
-        Self { buf }
-    }
-
     /// Sets the source address, updating the header checksum incrementally.
     pub fn set_src(&mut self, a: [u8; 4]) {
         let old = self.src();
@@ -196,31 +199,54 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 }
 
-/// Writes a 20-byte IPv4 header (no options) into `b[..20]` with a correct checksum.
-#[allow(clippy::too_many_arguments)]
-pub fn emit(
-    b: &mut [u8],
-    tos: u8,
-    total_len: u16,
-    ident: u16,
-    df: bool,
-    ttl: u8,
-    proto: u8,
-    src: [u8; 4],
-    dst: [u8; 4],
-) {
-    b[field::VER_IHL] = 0x45;
-    b[field::TOS] = tos;
-    put16(b, field::TOTAL_LEN, total_len);
-    put16(b, field::IDENT, ident);
-    put16(b, field::FLAGS_FRAG, if df { FLAG_DF } else { 0 });
-    b[field::TTL] = ttl;
-    b[field::PROTO] = proto;
-    put16(b, field::CHECKSUM, 0);
-    b[field::SRC].copy_from_slice(&src);
-    b[field::DST].copy_from_slice(&dst);
-    let c = checksum::checksum(&b[..HEADER_LEN]);
-    put16(b, field::CHECKSUM, c);
+/// An IPv4 header without options, as the gateway writes it (the outer header of an
+/// encapsulation, the header of an ICMP error it answers with): [`Repr::emit`] writes it
+/// whole, checksum included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Repr {
+    /// Source address.
+    pub src: [u8; 4],
+    /// Destination address.
+    pub dst: [u8; 4],
+    /// Protocol of the payload.
+    pub protocol: u8,
+    /// Length of the payload: the total length less the 20-byte header.
+    pub payload_len: u16,
+    /// Type of service (DSCP and ECN).
+    pub tos: u8,
+    /// Identification.
+    pub ident: u16,
+    /// Don't fragment.
+    pub dont_fragment: bool,
+    /// Time to live.
+    pub ttl: u8,
+}
+
+impl Repr {
+    /// Writes the header into the first [`HEADER_LEN`] bytes of `packet`, with its checksum.
+    ///
+    /// # Panics
+    /// If `packet` holds fewer than [`HEADER_LEN`] bytes.
+    #[inline]
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
+        let b = &mut packet.buf.as_mut()[..HEADER_LEN];
+        b[field::VER_IHL] = 0x45;
+        b[field::TOS] = self.tos;
+        put16(b, field::TOTAL_LEN, HEADER_LEN as u16 + self.payload_len);
+        put16(b, field::IDENT, self.ident);
+        put16(
+            b,
+            field::FLAGS_FRAG,
+            if self.dont_fragment { FLAG_DF } else { 0 },
+        );
+        b[field::TTL] = self.ttl;
+        b[field::PROTO] = self.protocol;
+        put16(b, field::CHECKSUM, 0);
+        b[field::SRC].copy_from_slice(&self.src);
+        b[field::DST].copy_from_slice(&self.dst);
+        let c = checksum::checksum(b);
+        put16(b, field::CHECKSUM, c);
+    }
 }
 
 #[cfg(test)]
@@ -260,18 +286,18 @@ mod tests {
 
     #[test]
     fn construct_matches_fixture() {
-        let mut b = [0u8; 20];
-        emit(
-            &mut b,
-            0,
-            40,
-            0x1234,
-            true,
-            64,
-            6,
-            [192, 0, 2, 1],
-            [203, 0, 113, 10],
-        );
+        let mut b = [0xffu8; 20];
+        Repr {
+            src: [192, 0, 2, 1],
+            dst: [203, 0, 113, 10],
+            protocol: 6,
+            payload_len: 20,
+            tos: 0,
+            ident: 0x1234,
+            dont_fragment: true,
+            ttl: 64,
+        }
+        .emit(&mut Packet::new_unchecked(&mut b[..]));
         assert_eq!(&b[..], &with_checksum()[..20]);
     }
 

@@ -1,6 +1,6 @@
 //! IPv6 headers (RFC 8200) and the walk over extension headers to the upper layer.
 
-use super::{be16, be32, put16, Error};
+use super::{be16, get16, get32, ip_version, put16, set32, Error};
 
 /// Length of the fixed IPv6 header.
 pub const HEADER_LEN: usize = 40;
@@ -29,12 +29,28 @@ pub mod next_header {
 
 mod field {
     use core::ops::Range;
-    pub const VER_TC_FLOW: usize = 0;
+    /// Version (4 bits), traffic class (8) and flow label (20).
+    pub const VER_TC_FLOW: Range<usize> = 0..4;
     pub const PAYLOAD_LEN: usize = 4;
     pub const NEXT_HEADER: usize = 6;
     pub const HOP_LIMIT: usize = 7;
     pub const SRC: Range<usize> = 8..24;
     pub const DST: Range<usize> = 24..40;
+}
+
+/// Where the fields of an extension header lie (RFC 8200 sections 4.3 to 4.5, RFC 4302
+/// section 2), from its start.
+mod ext_field {
+    use crate::wire::Field;
+    /// Next header: the same place in every extension header.
+    pub const NEXT_HEADER: usize = 0;
+    /// Length of the header, in units and less a count that depend on its kind; the
+    /// fragment header has none (it is 8 bytes long), its second byte is reserved.
+    pub const LEN: usize = 1;
+    /// Fragment offset (in 8-byte units, the high 13 bits) and the M flag (the low bit).
+    pub const FRAG_OFFSET_FLAGS: Field = 2..4;
+    /// Fragment identification.
+    pub const FRAG_IDENT: Field = 4..8;
 }
 
 /// Where the upper-layer header starts, and the fragment header if one was crossed.
@@ -78,7 +94,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         if b.len() < HEADER_LEN {
             return Err(Error::Truncated);
         }
-        if b[field::VER_TC_FLOW] >> 4 != 6 {
+        if ip_version(b[field::VER_TC_FLOW.start]) != 6 {
             return Err(Error::Malformed);
         }
         let p = Self { buf };
@@ -91,14 +107,23 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Ok(p)
     }
 
+    /// Wraps bytes the caller vouches for: accessors panic past the end of `buf`. For frames
+    /// validated by [`Packet::new_checked`] (the pipeline re-wraps a frame it parsed to
+    /// rewrite it), the fixed header an ICMP error quotes (whose stated length runs past the
+    /// quote), and a header about to be written.
+    #[inline(always)]
+    pub(crate) fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+
     /// Traffic class.
     pub fn traffic_class(&self) -> u8 {
-        ((be32(self.buf.as_ref(), field::VER_TC_FLOW) >> 20) & 0xff) as u8
+        ((get32(self.buf.as_ref(), field::VER_TC_FLOW) >> 20) & 0xff) as u8
     }
 
     /// Flow label.
     pub fn flow_label(&self) -> u32 {
-        be32(self.buf.as_ref(), field::VER_TC_FLOW) & 0x000f_ffff
+        get32(self.buf.as_ref(), field::VER_TC_FLOW) & 0x000f_ffff
     }
 
     /// Payload length (everything after the fixed header).
@@ -149,26 +174,27 @@ impl<T: AsRef<[u8]>> Packet<T> {
             let len = match nh {
                 next_header::HOP_BY_HOP if i > 0 => return Err(Error::Malformed),
                 next_header::HOP_BY_HOP | next_header::ROUTING | next_header::DEST_OPTS => {
-                    if b.len() < off + 2 {
+                    if b.len() < off + ext_field::LEN + 1 {
                         return Err(Error::Truncated);
                     }
-                    (b[off + 1] as usize + 1) * 8
+                    (b[off + ext_field::LEN] as usize + 1) * 8
                 }
                 next_header::AUTH => {
-                    if b.len() < off + 2 {
+                    if b.len() < off + ext_field::LEN + 1 {
                         return Err(Error::Truncated);
                     }
-                    (b[off + 1] as usize + 2) * 4
+                    (b[off + ext_field::LEN] as usize + 2) * 4
                 }
                 next_header::FRAGMENT => {
                     if b.len() < off + FRAG_HEADER_LEN {
                         return Err(Error::Truncated);
                     }
-                    let w = be16(b, off + 2);
+                    let h = &b[off..off + FRAG_HEADER_LEN];
+                    let w = get16(h, ext_field::FRAG_OFFSET_FLAGS);
                     fragment = Some(Fragment {
                         offset: (w & 0xfff8) as usize,
                         more: w & 1 != 0,
-                        ident: be32(b, off + 4),
+                        ident: get32(h, ext_field::FRAG_IDENT),
                     });
                     FRAG_HEADER_LEN
                 }
@@ -183,7 +209,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
             if b.len() < off + len {
                 return Err(Error::Truncated);
             }
-            nh = b[off];
+            nh = b[off + ext_field::NEXT_HEADER];
             off += len;
             if matches!(fragment, Some(f) if f.offset != 0) {
                 // A non-first fragment's payload is opaque: no further header to walk.
@@ -199,12 +225,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Wraps bytes already validated by [`Packet::new_checked`] (the pipeline re-wraps a
-    /// frame it parsed to rewrite it). Accessors may panic on bytes that were not validated.
-    pub(crate) fn new_unchecked(buf: T) -> Self {
-        Self { buf }
-    }
-
     /// Sets the source address (IPv6 has no header checksum; the caller fixes the upper
     /// layer's).
     pub fn set_src(&mut self, a: [u8; 16]) {
@@ -222,25 +242,43 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 }
 
-/// Writes a 40-byte IPv6 header into `b[..40]`.
-#[allow(clippy::too_many_arguments)]
-pub fn emit(
-    b: &mut [u8],
-    traffic_class: u8,
-    flow_label: u32,
-    payload_len: u16,
-    next: u8,
-    hop_limit: u8,
-    src: [u8; 16],
-    dst: [u8; 16],
-) {
-    let w = (6u32 << 28) | (traffic_class as u32) << 20 | (flow_label & 0x000f_ffff);
-    b[0..4].copy_from_slice(&w.to_be_bytes());
-    put16(b, field::PAYLOAD_LEN, payload_len);
-    b[field::NEXT_HEADER] = next;
-    b[field::HOP_LIMIT] = hop_limit;
-    b[field::SRC].copy_from_slice(&src);
-    b[field::DST].copy_from_slice(&dst);
+/// An IPv6 header without extension headers, as the gateway writes it (the outer header of
+/// an encapsulation, the header of an ICMPv6 error it answers with): [`Repr::emit`] writes
+/// it whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Repr {
+    /// Source address.
+    pub src: [u8; 16],
+    /// Destination address.
+    pub dst: [u8; 16],
+    /// Protocol of the payload.
+    pub next_header: u8,
+    /// Length of the payload (everything after the 40-byte header).
+    pub payload_len: u16,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Traffic class (DSCP and ECN).
+    pub traffic_class: u8,
+    /// Flow label; only its low 20 bits are written.
+    pub flow_label: u32,
+}
+
+impl Repr {
+    /// Writes the header into the first [`HEADER_LEN`] bytes of `packet`.
+    ///
+    /// # Panics
+    /// If `packet` holds fewer than [`HEADER_LEN`] bytes.
+    #[inline]
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
+        let b = &mut packet.buf.as_mut()[..HEADER_LEN];
+        let w = (6u32 << 28) | (self.traffic_class as u32) << 20 | (self.flow_label & 0x000f_ffff);
+        set32(b, field::VER_TC_FLOW, w);
+        put16(b, field::PAYLOAD_LEN, self.payload_len);
+        b[field::NEXT_HEADER] = self.next_header;
+        b[field::HOP_LIMIT] = self.hop_limit;
+        b[field::SRC].copy_from_slice(&self.src);
+        b[field::DST].copy_from_slice(&self.dst);
+    }
 }
 
 #[cfg(test)]
@@ -252,16 +290,16 @@ mod tests {
         let src = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
         let mut dst = src;
         dst[15] = 0x10;
-        emit(
-            &mut b,
-            0x28,
-            0x12345,
-            (ext.len() + payload.len()) as u16,
-            next,
-            64,
+        Repr {
             src,
             dst,
-        );
+            next_header: next,
+            payload_len: (ext.len() + payload.len()) as u16,
+            hop_limit: 64,
+            traffic_class: 0x28,
+            flow_label: 0xf12345,
+        }
+        .emit(&mut Packet::new_unchecked(&mut b[..]));
         b.extend_from_slice(ext);
         b.extend_from_slice(payload);
         b

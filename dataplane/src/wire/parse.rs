@@ -16,7 +16,7 @@
 //! otherwise verified here: only a nat rewrite, which must recompute it, checks it first
 //! (the pipeline does), and DSR leaves it to the backend.
 
-use super::{be16, checksum, ethernet, icmp, ipv4, ipv6, sctp, tcp, udp, Error};
+use super::{checksum, ethernet, icmp, ip_version, ipv4, ipv6, ports, sctp, tcp, udp, Error};
 use crate::key::{proto, v4_mapped, FlowKey};
 use crate::stats::DropReason;
 
@@ -175,8 +175,8 @@ pub fn claimed(frame: &[u8]) -> Option<Claimed> {
         _ => return None,
     };
     let ports = l4
-        .filter(|l4| l4.len() >= 4)
-        .map(|l4| (be16(l4, 0), be16(l4, 2)));
+        .and_then(|l4| ports::Packet::new_checked(l4).ok())
+        .map(|l4| (l4.src_port(), l4.dst_port()));
     Some(Claimed { src, dst, ports })
 }
 
@@ -261,10 +261,11 @@ pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
                 if l4.len() < tcp::HEADER_LEN {
                     return Err(DropReason::L4Truncated);
                 }
-                (be16(l4, 0), be16(l4, 2), l4[13])
+                let h = tcp::Packet::new_unchecked(l4);
+                (h.src_port(), h.dst_port(), h.flags())
             } else {
                 let h = tcp::Packet::new_checked(l4).map_err(|_| DropReason::L4Truncated)?;
-                p.l4_partial = partial(p, l4, tcp::CHECKSUM_OFFSET);
+                p.l4_partial = partial(p, l4.len(), h.checksum());
                 (h.src_port(), h.dst_port(), h.flags())
             };
             (p.src_port, p.dst_port, p.tcp_flags) = t;
@@ -274,10 +275,11 @@ pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
                 if l4.len() < udp::HEADER_LEN {
                     return Err(DropReason::L4Truncated);
                 }
-                (p.src_port, p.dst_port) = (be16(l4, 0), be16(l4, 2));
+                let h = udp::Packet::new_unchecked(l4);
+                (p.src_port, p.dst_port) = (h.src_port(), h.dst_port());
             } else {
                 let h = udp::Packet::new_checked(l4).map_err(|_| DropReason::L4Truncated)?;
-                p.l4_partial = partial(p, l4, udp::CHECKSUM_OFFSET);
+                p.l4_partial = partial(p, l4.len(), h.checksum());
                 (p.src_port, p.dst_port) = (h.src_port(), h.dst_port());
             }
         }
@@ -316,24 +318,25 @@ fn embedded(frame: &[u8], at: usize, end: usize) -> Result<Option<Embedded>, Dro
         ip: at,
         ..Embedded::default()
     };
-    let hl = match b.first().map(|v| v >> 4) {
+    // The quote is cut anywhere, so its header gets an unchecked view once its fixed part
+    // is known to be there: the total length it states runs past the quote.
+    let hl = match b.first().map(|&v| ip_version(v)) {
         Some(4) if b.len() >= ipv4::HEADER_LEN => {
-            let hl = ((b[0] & 0x0f) as usize) * 4;
+            let ip = ipv4::Packet::new_unchecked(b);
+            let hl = ip.header_len();
             if hl < ipv4::HEADER_LEN {
                 return Err(DropReason::IcmpEmbeddedTruncated);
             }
-            let mut a = [0; 4];
-            a.copy_from_slice(&b[12..16]);
-            e.src = v4_mapped(a);
-            a.copy_from_slice(&b[16..20]);
-            e.dst = v4_mapped(a);
-            e.proto = b[9];
+            e.src = v4_mapped(ip.src());
+            e.dst = v4_mapped(ip.dst());
+            e.proto = ip.protocol();
             hl
         }
         Some(6) if b.len() >= ipv6::HEADER_LEN => {
-            e.src.copy_from_slice(&b[8..24]);
-            e.dst.copy_from_slice(&b[24..40]);
-            e.proto = b[6];
+            let ip = ipv6::Packet::new_unchecked(b);
+            e.src = ip.src();
+            e.dst = ip.dst();
+            e.proto = ip.next_header();
             ipv6::HEADER_LEN
         }
         _ => return Err(DropReason::IcmpEmbeddedTruncated),
@@ -346,24 +349,25 @@ fn embedded(frame: &[u8], at: usize, end: usize) -> Result<Option<Embedded>, Dro
     }
     e.l4 = at + hl;
     e.end = end;
-    e.src_port = be16(b, hl);
-    e.dst_port = be16(b, hl + 2);
+    let l4 = ports::Packet::new_unchecked(&b[hl..]);
+    e.src_port = l4.src_port();
+    e.dst_port = l4.dst_port();
     Ok(Some(e))
 }
 
-/// Whether the checksum at `field` of the unfragmented segment `l4` (the whole IP payload,
-/// as the sender's device would sum it) holds only its pseudo-header sum. The addresses are
-/// `p`'s, as they arrived.
+/// Whether `csum`, the checksum field of an unfragmented segment of `len` bytes (the whole
+/// IP payload, as the sender's device would sum it), holds only its pseudo-header sum. The
+/// addresses are `p`'s, as they arrived.
 #[inline(always)]
-fn partial(p: &Parsed, l4: &[u8], field: usize) -> bool {
-    let len = l4.len() as u32;
+fn partial(p: &Parsed, len: usize, csum: u16) -> bool {
+    let len = len as u32;
     // One call per family, so that each sums addresses of a size known here.
     let pseudo = if p.v6 {
         checksum::pseudo_header(&p.src, &p.dst, p.proto, len)
     } else {
         checksum::pseudo_header(&p.src[12..], &p.dst[12..], p.proto, len)
     };
-    checksum::is_partial(be16(l4, field), pseudo)
+    checksum::is_partial(csum, pseudo)
 }
 
 fn ip_reason(e: Error) -> DropReason {

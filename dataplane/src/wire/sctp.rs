@@ -11,13 +11,25 @@
 //! Linux's `sctp_compute_cksum` and the RFC's sample code write it). CRC32c itself comes from
 //! the `crc32c` crate (SSE 4.2 / ARMv8 CRC instructions where the CPU has them).
 
-use super::{be16, be32, Error};
+use super::{get16, get32, set16, Error, Field};
 use crate::wire::tcp::flags;
 
 /// Length of the SCTP common header.
-pub const HEADER_LEN: usize = 12;
+pub const HEADER_LEN: usize = field::CHECKSUM.end;
 /// Offset of the checksum within the header.
-pub const CHECKSUM_OFFSET: usize = 8;
+pub const CHECKSUM_OFFSET: usize = field::CHECKSUM.start;
+
+/// Where the fields of the common header lie (RFC 9260 section 3.1).
+mod field {
+    use super::Field;
+    pub const SRC_PORT: Field = 0..2;
+    pub const DST_PORT: Field = 2..4;
+    pub const VERIFICATION_TAG: Field = 4..8;
+    /// CRC32c, least significant byte first.
+    pub const CHECKSUM: Field = 8..12;
+    /// Type of the first chunk, right after the common header.
+    pub const FIRST_CHUNK_TYPE: usize = CHECKSUM.end;
+}
 
 /// Chunk types (RFC 9260 section 3.2) the load balancer tells apart.
 pub mod chunk {
@@ -58,28 +70,33 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     /// Source port.
+    #[inline(always)]
     pub fn src_port(&self) -> u16 {
-        be16(self.buf.as_ref(), 0)
+        get16(self.buf.as_ref(), field::SRC_PORT)
     }
 
     /// Destination port.
+    #[inline(always)]
     pub fn dst_port(&self) -> u16 {
-        be16(self.buf.as_ref(), 2)
+        get16(self.buf.as_ref(), field::DST_PORT)
     }
 
     /// Verification tag.
+    #[inline(always)]
     pub fn verification_tag(&self) -> u32 {
-        be32(self.buf.as_ref(), 4)
+        get32(self.buf.as_ref(), field::VERIFICATION_TAG)
     }
 
     /// The checksum field as the CRC value it holds (stored least significant byte first).
+    #[inline(always)]
     pub fn checksum(&self) -> u32 {
-        field(self.buf.as_ref())
+        checksum_field(self.buf.as_ref())
     }
 
     /// Type of the first chunk, if the packet has one.
+    #[inline(always)]
     pub fn first_chunk(&self) -> Option<u8> {
-        self.buf.as_ref().get(HEADER_LEN).copied()
+        self.buf.as_ref().get(field::FIRST_CHUNK_TYPE).copied()
     }
 
     /// Whether the checksum field holds the CRC32c of the packet.
@@ -89,6 +106,18 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Sets the source port (the CRC32c is the caller's: [`Packet::fill_checksum`]).
+    #[inline(always)]
+    pub fn set_src_port(&mut self, port: u16) {
+        set16(self.buf.as_mut(), field::SRC_PORT, port);
+    }
+
+    /// Sets the destination port (the CRC32c is the caller's: [`Packet::fill_checksum`]).
+    #[inline(always)]
+    pub fn set_dst_port(&mut self, port: u16) {
+        set16(self.buf.as_mut(), field::DST_PORT, port);
+    }
+
     /// Writes the CRC32c of the packet into its checksum field.
     pub fn fill_checksum(&mut self) {
         fill_checksum(self.buf.as_mut());
@@ -97,23 +126,24 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
 /// The checksum field of the SCTP packet `b` (at least [`HEADER_LEN`] bytes).
 #[inline(always)]
-fn field(b: &[u8]) -> u32 {
-    u32::from_le_bytes([b[8], b[9], b[10], b[11]])
+fn checksum_field(b: &[u8]) -> u32 {
+    let c = field::CHECKSUM.start;
+    u32::from_le_bytes([b[c], b[c + 1], b[c + 2], b[c + 3]])
 }
 
 /// CRC32c of the SCTP packet `b` (at least [`HEADER_LEN`] bytes) with its checksum field
 /// taken as zero: one pass over the packet, which is not modified.
 #[inline]
 pub fn crc(b: &[u8]) -> u32 {
-    let c = crc32c::crc32c(&b[..CHECKSUM_OFFSET]);
+    let c = crc32c::crc32c(&b[..field::CHECKSUM.start]);
     let c = crc32c::crc32c_append(c, &[0; 4]);
-    crc32c::crc32c_append(c, &b[HEADER_LEN..])
+    crc32c::crc32c_append(c, &b[field::CHECKSUM.end..])
 }
 
 /// Whether the checksum of the SCTP packet `b` (at least [`HEADER_LEN`] bytes) verifies.
 #[inline]
 pub fn verify(b: &[u8]) -> bool {
-    field(b) == crc(b)
+    checksum_field(b) == crc(b)
 }
 
 /// Writes the CRC32c of the SCTP packet `b` (at least [`HEADER_LEN`] bytes) into its
@@ -121,7 +151,7 @@ pub fn verify(b: &[u8]) -> bool {
 #[inline]
 pub fn fill_checksum(b: &mut [u8]) {
     let c = crc(b);
-    b[CHECKSUM_OFFSET..HEADER_LEN].copy_from_slice(&c.to_le_bytes());
+    b[field::CHECKSUM].copy_from_slice(&c.to_le_bytes());
 }
 
 /// Whether the checksum field of `b` (at least [`HEADER_LEN`] bytes) was left to the
@@ -130,7 +160,7 @@ pub fn fill_checksum(b: &mut [u8]) {
 /// is zero once in 2^32 packets; completing it then writes the same zero.
 #[inline(always)]
 pub fn is_partial(b: &[u8]) -> bool {
-    field(b) == 0
+    checksum_field(b) == 0
 }
 
 /// The TCP flags ([`flags`]) an SCTP packet stands for in the flow table, from the type of
@@ -183,6 +213,18 @@ mod tests {
         assert!(p.verify_checksum());
         assert_eq!(Packet::new_checked(&b[..11]).unwrap_err(), Error::Truncated);
         assert_eq!(Packet::new_checked(&b[..12]).unwrap().first_chunk(), None);
+    }
+
+    #[test]
+    fn construct() {
+        let mut b = init();
+        let mut p = Packet::new_checked(&mut b[..]).unwrap();
+        p.set_src_port(5001);
+        p.set_dst_port(36412);
+        assert!(!p.verify_checksum(), "the ports are covered");
+        p.fill_checksum();
+        assert!(p.verify_checksum());
+        assert_eq!(&b[..4], &[0x13, 0x89, 0x8e, 0x3c]);
     }
 
     /// RFC 3720 appendix B.4's CRC32c test vectors (the same polynomial), through `crc`:

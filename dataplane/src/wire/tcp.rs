@@ -1,11 +1,11 @@
 //! TCP headers (RFC 9293): the fields a load balancer reads and rewrites.
 
-use super::{be16, be32, put16, Error};
+use super::{checksum, get16, get32, set16, Error, Field};
 
 /// Length of a TCP header without options.
-pub const HEADER_LEN: usize = 20;
+pub const HEADER_LEN: usize = field::URGENT.end;
 /// Offset of the checksum within the header.
-pub const CHECKSUM_OFFSET: usize = 16;
+pub const CHECKSUM_OFFSET: usize = field::CHECKSUM.start;
 
 /// TCP flag bits (RFC 9293 section 3.1).
 pub mod flags {
@@ -19,6 +19,21 @@ pub mod flags {
     pub const PSH: u8 = 0x08;
     /// Acknowledgment field is significant.
     pub const ACK: u8 = 0x10;
+}
+
+/// Where the fields lie (RFC 9293 section 3.1).
+mod field {
+    use super::Field;
+    pub const SRC_PORT: Field = 0..2;
+    pub const DST_PORT: Field = 2..4;
+    pub const SEQ_NUM: Field = 4..8;
+    pub const ACK_NUM: Field = 8..12;
+    /// Data offset (high nibble, in 32-bit words) and reserved bits.
+    pub const DATA_OFF: usize = 12;
+    pub const FLAGS: usize = 13;
+    pub const WINDOW: Field = 14..16;
+    pub const CHECKSUM: Field = 16..18;
+    pub const URGENT: Field = 18..20;
 }
 
 /// A view of a TCP segment.
@@ -37,56 +52,106 @@ impl<T: AsRef<[u8]>> Packet<T> {
         if b.len() < HEADER_LEN {
             return Err(Error::Truncated);
         }
-        let doff = (b[12] >> 4) as usize * 4;
+        let p = Self { buf };
+        let doff = p.header_len();
         if doff < HEADER_LEN {
             return Err(Error::Malformed);
         }
-        if b.len() < doff {
+        if p.buf.as_ref().len() < doff {
             return Err(Error::Truncated);
         }
-        Ok(Self { buf })
+        Ok(p)
+    }
+
+    /// Wraps bytes the caller vouches for: accessors panic past the end of `buf`. For the
+    /// fixed header of a first fragment (whose options may lie in the next fragment), the
+    /// quote of an ICMP error, and frames the pipeline parsed before it rewrites them.
+    #[inline(always)]
+    pub(crate) fn new_unchecked(buf: T) -> Self {
+        Self { buf }
     }
 
     /// Source port.
+    #[inline(always)]
     pub fn src_port(&self) -> u16 {
-        be16(self.buf.as_ref(), 0)
+        get16(self.buf.as_ref(), field::SRC_PORT)
     }
 
     /// Destination port.
+    #[inline(always)]
     pub fn dst_port(&self) -> u16 {
-        be16(self.buf.as_ref(), 2)
+        get16(self.buf.as_ref(), field::DST_PORT)
     }
 
     /// Sequence number.
+    #[inline(always)]
     pub fn seq(&self) -> u32 {
-        be32(self.buf.as_ref(), 4)
+        get32(self.buf.as_ref(), field::SEQ_NUM)
     }
 
     /// Acknowledgment number.
+    #[inline(always)]
     pub fn ack(&self) -> u32 {
-        be32(self.buf.as_ref(), 8)
+        get32(self.buf.as_ref(), field::ACK_NUM)
     }
 
     /// Header length in bytes, options included.
+    #[inline(always)]
     pub fn header_len(&self) -> usize {
-        (self.buf.as_ref()[12] >> 4) as usize * 4
+        (self.buf.as_ref()[field::DATA_OFF] >> 4) as usize * 4
     }
 
     /// The flag byte (CWR ECE URG ACK PSH RST SYN FIN).
+    #[inline(always)]
     pub fn flags(&self) -> u8 {
-        self.buf.as_ref()[13]
+        self.buf.as_ref()[field::FLAGS]
+    }
+
+    /// Receive window.
+    #[inline(always)]
+    pub fn window(&self) -> u16 {
+        get16(self.buf.as_ref(), field::WINDOW)
     }
 
     /// Checksum as on the wire.
+    #[inline(always)]
     pub fn checksum(&self) -> u16 {
-        be16(self.buf.as_ref(), CHECKSUM_OFFSET)
+        get16(self.buf.as_ref(), field::CHECKSUM)
+    }
+
+    /// Whether the bytes hold the checksum field (a quote in an ICMP error may stop after
+    /// the ports).
+    #[inline(always)]
+    pub fn has_checksum(&self) -> bool {
+        self.buf.as_ref().len() >= field::CHECKSUM.end
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Sets the source port (the checksum is the caller's).
+    #[inline(always)]
+    pub fn set_src_port(&mut self, port: u16) {
+        set16(self.buf.as_mut(), field::SRC_PORT, port);
+    }
+
+    /// Sets the destination port (the checksum is the caller's).
+    #[inline(always)]
+    pub fn set_dst_port(&mut self, port: u16) {
+        set16(self.buf.as_mut(), field::DST_PORT, port);
+    }
+
     /// Writes the checksum field.
+    #[inline(always)]
     pub fn set_checksum(&mut self, c: u16) {
-        put16(self.buf.as_mut(), CHECKSUM_OFFSET, c);
+        set16(self.buf.as_mut(), field::CHECKSUM, c);
+    }
+
+    /// Computes the checksum over the whole segment (the view's bytes: header, options and
+    /// payload, link padding excluded) and `pseudo`, its pseudo-header sum
+    /// ([`checksum::pseudo_header`]), and writes it: one pass over the segment.
+    #[inline]
+    pub fn fill_checksum(&mut self, pseudo: u64) {
+        checksum::complete(self.buf.as_mut(), field::CHECKSUM.start, pseudo, false);
     }
 }
 
@@ -114,10 +179,16 @@ mod tests {
     #[test]
     fn construct() {
         let mut b = SYN;
-        Packet::new_checked(&mut b[..])
-            .unwrap()
-            .set_checksum(0xbeef);
+        let mut p = Packet::new_checked(&mut b[..]).unwrap();
+        p.set_checksum(0xbeef);
+        p.set_src_port(443);
+        p.set_dst_port(8080);
         assert_eq!(&b[16..18], &[0xbe, 0xef]);
+        assert_eq!(&b[0..4], &[0x01, 0xbb, 0x1f, 0x90]);
+        let p = Packet::new_checked(&b[..]).unwrap();
+        assert_eq!(p.window(), 0xfaf0);
+        assert!(p.has_checksum());
+        assert!(!Packet::new_unchecked(&b[..8]).has_checksum());
     }
 
     #[test]

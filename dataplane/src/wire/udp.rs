@@ -1,11 +1,20 @@
 //! UDP headers (RFC 768).
 
-use super::{be16, put16, Error};
+use super::{checksum, get16, set16, Error, Field};
 
 /// Length of a UDP header.
-pub const HEADER_LEN: usize = 8;
+pub const HEADER_LEN: usize = field::CHECKSUM.end;
 /// Offset of the checksum within the header.
-pub const CHECKSUM_OFFSET: usize = 6;
+pub const CHECKSUM_OFFSET: usize = field::CHECKSUM.start;
+
+/// Where the fields lie (RFC 768).
+mod field {
+    use super::Field;
+    pub const SRC_PORT: Field = 0..2;
+    pub const DST_PORT: Field = 2..4;
+    pub const LENGTH: Field = 4..6;
+    pub const CHECKSUM: Field = 6..8;
+}
 
 /// A view of a UDP datagram.
 #[derive(Debug, Clone, Copy)]
@@ -24,29 +33,41 @@ impl<T: AsRef<[u8]>> Packet<T> {
         if b.len() < HEADER_LEN {
             return Err(Error::Truncated);
         }
-        let len = be16(b, 4) as usize;
+        let p = Self { buf };
+        let len = p.len() as usize;
         if len < HEADER_LEN {
             return Err(Error::Malformed);
         }
-        if b.len() < len {
+        if p.buf.as_ref().len() < len {
             return Err(Error::Truncated);
         }
-        Ok(Self { buf })
+        Ok(p)
+    }
+
+    /// Wraps bytes the caller vouches for: accessors panic past the end of `buf`. For the
+    /// header of a first fragment, the quote of an ICMP error, frames the pipeline parsed
+    /// before it rewrites them, and a header about to be written ([`Repr::emit`]).
+    #[inline(always)]
+    pub(crate) fn new_unchecked(buf: T) -> Self {
+        Self { buf }
     }
 
     /// Source port.
+    #[inline(always)]
     pub fn src_port(&self) -> u16 {
-        be16(self.buf.as_ref(), 0)
+        get16(self.buf.as_ref(), field::SRC_PORT)
     }
 
     /// Destination port.
+    #[inline(always)]
     pub fn dst_port(&self) -> u16 {
-        be16(self.buf.as_ref(), 2)
+        get16(self.buf.as_ref(), field::DST_PORT)
     }
 
     /// Length field (header and payload).
+    #[inline(always)]
     pub fn len(&self) -> u16 {
-        be16(self.buf.as_ref(), 4)
+        get16(self.buf.as_ref(), field::LENGTH)
     }
 
     /// Whether the datagram has no payload.
@@ -55,18 +76,71 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     /// Checksum as on the wire (0 means none, over IPv4).
+    #[inline(always)]
     pub fn checksum(&self) -> u16 {
-        be16(self.buf.as_ref(), CHECKSUM_OFFSET)
+        get16(self.buf.as_ref(), field::CHECKSUM)
     }
 }
 
-/// Writes a UDP header into `b[..8]` with a zero checksum (the caller fills it in, or leaves
-/// zero where RFC 768 / RFC 6935 allow it).
-pub fn emit(b: &mut [u8], src_port: u16, dst_port: u16, len: u16) {
-    put16(b, 0, src_port);
-    put16(b, 2, dst_port);
-    put16(b, 4, len);
-    put16(b, CHECKSUM_OFFSET, 0);
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Sets the source port (the checksum is the caller's).
+    #[inline(always)]
+    pub fn set_src_port(&mut self, port: u16) {
+        set16(self.buf.as_mut(), field::SRC_PORT, port);
+    }
+
+    /// Sets the destination port (the checksum is the caller's).
+    #[inline(always)]
+    pub fn set_dst_port(&mut self, port: u16) {
+        set16(self.buf.as_mut(), field::DST_PORT, port);
+    }
+
+    /// Sets the length field.
+    #[inline(always)]
+    pub fn set_len(&mut self, len: u16) {
+        set16(self.buf.as_mut(), field::LENGTH, len);
+    }
+
+    /// Writes the checksum field.
+    #[inline(always)]
+    pub fn set_checksum(&mut self, c: u16) {
+        set16(self.buf.as_mut(), field::CHECKSUM, c);
+    }
+
+    /// Computes the checksum over the whole segment (the view's bytes: header, options and
+    /// payload, link padding excluded) and `pseudo`, its pseudo-header sum
+    /// ([`checksum::pseudo_header`]), and writes it: one pass over the segment. A zero result is written as all ones (RFC 768).
+    #[inline]
+    pub fn fill_checksum(&mut self, pseudo: u64) {
+        checksum::complete(self.buf.as_mut(), field::CHECKSUM.start, pseudo, true);
+    }
+}
+
+/// A UDP header as the gateway writes it (the outer header of GUE): [`Repr::emit`] writes
+/// it with a zero checksum, which the caller fills in ([`Packet::fill_checksum`]) or leaves
+/// zero where RFC 768 and RFC 6935 allow it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Repr {
+    /// Source port.
+    pub src_port: u16,
+    /// Destination port.
+    pub dst_port: u16,
+    /// Length of the payload (the length field less the 8-byte header).
+    pub payload_len: u16,
+}
+
+impl Repr {
+    /// Writes the header into the first [`HEADER_LEN`] bytes of `packet`, checksum zero.
+    ///
+    /// # Panics
+    /// If `packet` holds fewer than [`HEADER_LEN`] bytes.
+    #[inline]
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
+        packet.set_src_port(self.src_port);
+        packet.set_dst_port(self.dst_port);
+        packet.set_len(HEADER_LEN as u16 + self.payload_len);
+        packet.set_checksum(0);
+    }
 }
 
 #[cfg(test)]
@@ -75,8 +149,13 @@ mod tests {
 
     #[test]
     fn deconstruct_construct() {
-        let mut b = [0u8; 12];
-        emit(&mut b, 6080, 53, 12);
+        let mut b = [0xffu8; 12];
+        Repr {
+            src_port: 6080,
+            dst_port: 53,
+            payload_len: 4,
+        }
+        .emit(&mut Packet::new_unchecked(&mut b[..]));
         let p = Packet::new_checked(&b[..]).unwrap();
         assert_eq!(
             (p.src_port(), p.dst_port(), p.len(), p.checksum()),

@@ -547,6 +547,17 @@ fn explain_all(s: &Scenario, proto: &str, flows: &[(String, String)]) -> Vec<Val
     answers
 }
 
+/// The replies' 5-tuples (backend address -> client port) of the flows `seen` (client port
+/// -> backend name), `addr_of` giving a backend's address.
+fn replies(
+    seen: &BTreeMap<u16, String>,
+    addr_of: impl Fn(&str) -> String,
+) -> Vec<(String, String)> {
+    seen.iter()
+        .map(|(p, backend)| (addr_of(backend), format!("{CLIENT}:{p}")))
+        .collect()
+}
+
 /// The backend an explanation names (`ADDR:PORT`), and why (`entry`, `maglev`, ...).
 fn named(v: &Value) -> (String, String) {
     assert_eq!(v["kind"], "forward", "{v}");
@@ -612,11 +623,10 @@ pub fn explain_names_the_backends(driver: Driver, nat: bool) {
 
     if nat {
         // Every reply's 5-tuple (backend:5353 -> client:port): the reply of its flow.
-        let replies: Vec<(String, String)> = seen
+        for ((p, _), v) in seen
             .iter()
-            .map(|(p, backend)| (addr_of(backend), format!("{CLIENT}:{p}")))
-            .collect();
-        for ((p, _), v) in seen.iter().zip(explain_all(&s, "udp", &replies)) {
+            .zip(explain_all(&s, "udp", &replies(&seen, addr_of)))
+        {
             assert_eq!(v["kind"], "reply", "{v}");
             assert_eq!(v["of_flow"]["src"], format!("{CLIENT}:{p}"), "{v}");
             assert_eq!(v["of_flow"]["dst"], dst, "{v}");
@@ -764,11 +774,10 @@ pub fn explain_on_two_workers(nat: bool) {
 
     if nat {
         // Each reply's 5-tuple: its reverse entry, on its flow's owner core.
-        let replies: Vec<(String, String)> = seen
+        for ((p, _), v) in seen
             .iter()
-            .map(|(p, backend)| (addr_of(backend), format!("{CLIENT}:{p}")))
-            .collect();
-        for ((p, _), v) in seen.iter().zip(explain_all(&s, "udp", &replies)) {
+            .zip(explain_all(&s, "udp", &replies(&seen, addr_of)))
+        {
             assert_eq!(v["kind"], "reply", "{v}");
             assert_eq!(v["reply_entry"]["core"], core_of[p], "{v}");
             assert_eq!(v["forward_entry"]["core"], core_of[p], "{v}");
