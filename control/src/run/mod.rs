@@ -9,7 +9,7 @@
 //!  the clock (poll_timeout) ──────────┘          Effect      └─► neigh::probe, neigh reads
 //! ```
 //!
-//! [`Gateway`] turns the world into [`Event`]s for the core ([`crate::core`]) and carries
+//! [`Driver`] turns the world into [`Event`]s for the core ([`crate::core`]) and carries
 //! out the [`Effect`]s it returns, in order; it decides nothing. Everything it does is I/O:
 //! reading the file and the interfaces ([`source`]), the atomic swap, the steering maps,
 //! the health-check threads, `ip` for the VIPs, netlink reads and probes.
@@ -43,7 +43,7 @@ pub use source::{interface_addrs, port_of, ConfigSource};
 const IDLE: Duration = Duration::from_millis(100);
 
 /// The gateway's control side: the core and the world it drives.
-pub struct Gateway {
+pub struct Driver {
     source: ConfigSource,
     core: Control,
     checker: Checker,
@@ -64,17 +64,17 @@ pub struct Gateway {
     dpdk: Option<crate::dpdk::Ports>,
 }
 
-impl std::fmt::Debug for Gateway {
+impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gateway")
+        f.debug_struct("Driver")
             .field("source", &self.source)
             .finish_non_exhaustive()
     }
 }
 
-impl Gateway {
+impl Driver {
     /// Loads the configuration, checks the interfaces, builds the first table and starts the
-    /// health checks. Workers start separately ([`Gateway::start_workers`]).
+    /// health checks. Workers start separately ([`Driver::start_workers`]).
     ///
     /// # Errors
     /// A configuration that does not validate, or an interface that does not exist.
@@ -101,7 +101,7 @@ impl Gateway {
         Ok(g)
     }
 
-    /// The state [`Gateway::start`] makes once the interfaces are known: the core with its
+    /// The state [`Driver::start`] makes once the interfaces are known: the core with its
     /// first table, the health checks and the shared state, with no workers and no VIPs.
     /// Also what `strait-lab bench control` drives, so that it measures the gateway's own
     /// per-change path.
@@ -627,7 +627,7 @@ pub fn run(source: ConfigSource, kube: &crate::kube::Args) -> anyhow::Result<()>
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))
         .context("installing SIGHUP")?;
 
-    let mut gateway = Gateway::start(source)?;
+    let mut gateway = Driver::start(source)?;
     let (request_tx, request_rx) = mpsc::channel::<Request>();
     let opts = admin_options(&gateway.core.file().gateway)?;
     let bound = admin::start_with(&opts, Arc::clone(&gateway.shared), request_tx)?;
