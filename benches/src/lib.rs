@@ -143,6 +143,7 @@ pub fn config(mode: Mode, services: usize) -> Config {
                 source_ranges: Vec::new(),
                 session_affinity: None,
                 health_check: None,
+                passive_health: None,
                 route: Default::default(),
                 slow_start: None,
                 backends: (0..BACKENDS_PER_SERVICE)

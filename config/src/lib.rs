@@ -66,7 +66,8 @@ use std::path::Path;
 pub use error::{ConfigError, Problem};
 pub use model::{
     is_prime, Backend, BackendState, Config, DnsType, Gateway, HealthCheck, HealthKind, Interface,
-    MacAddr, Mode, ParseEnumError, ParseMacError, Protocol, Role, RouteAttrs, Service, Timeouts,
+    MacAddr, Mode, ParseEnumError, ParseMacError, PassiveHealth, Protocol, Role, RouteAttrs,
+    Service, Timeouts,
 };
 pub use summary::summary;
 pub use validate::{parse_community, parse_large_community, parse_slow_start};

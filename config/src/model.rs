@@ -474,6 +474,9 @@ pub struct Service {
     pub session_affinity: Option<Duration>,
     /// Active health check of the backends; `None` means backends are taken as healthy.
     pub health_check: Option<HealthCheck>,
+    /// Passive health (nat mode): how many failed connection attempts within how long take
+    /// a backend out of new flows; `None` means off ([`PassiveHealth::default_for`]).
+    pub passive_health: Option<PassiveHealth>,
     /// How long a backend that comes up (added, healthy again, no longer draining) takes
     /// to ramp from a small share of its weight to all of it, in whole seconds; `None`
     /// means at once (`control::core`'s slow start says how the ramp goes).
@@ -545,6 +548,74 @@ impl Service {
     /// The frontend as a socket address (`vip:port`).
     pub fn frontend(&self) -> SocketAddr {
         SocketAddr::new(self.vip, self.port)
+    }
+}
+
+/// Passive health of a nat service's backends (`[services.passive_health]`): the gateway
+/// sees each backend's answers to new connections, and a backend that refuses or leaves
+/// unanswered `failures` of them within `window` (summed over the worker cores) takes no new
+/// flows until its active check passes again; its existing flows stay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PassiveHealth {
+    /// Failed connection attempts that take a backend out.
+    pub failures: u32,
+    /// The time they must fall within.
+    pub window: Duration,
+}
+
+impl PassiveHealth {
+    /// Default `failures`: 3. A backend whose listener closed refuses thousands of
+    /// connections a second under load, so three come within a millisecond of each other;
+    /// one or two in a second from a healthy one (a full accept queue) do not take it out.
+    pub const DEFAULT_FAILURES: u32 = 3;
+    /// Largest `failures`.
+    pub const MAX_FAILURES: u32 = 10_000;
+    /// Default `window`: 1 s.
+    pub const DEFAULT_WINDOW: Duration = Duration::from_secs(1);
+    /// Shortest `window`: 10 ms, a few of the control side's looks.
+    pub const MIN_WINDOW: Duration = Duration::from_millis(10);
+    /// Longest `window`: 1 min.
+    pub const MAX_WINDOW: Duration = Duration::from_secs(60);
+
+    /// The defaults.
+    pub const DEFAULT: PassiveHealth = PassiveHealth {
+        failures: Self::DEFAULT_FAILURES,
+        window: Self::DEFAULT_WINDOW,
+    };
+
+    /// Passive health of a service that does not set `[services.passive_health]`: on, with
+    /// the defaults, where it can work (nat mode, TCP or SCTP, with an active check to bring
+    /// a backend back), off elsewhere.
+    pub fn default_for(
+        mode: Mode,
+        protocol: Protocol,
+        check: Option<&HealthCheck>,
+    ) -> Option<PassiveHealth> {
+        Self::applies(mode, protocol, check)
+            .is_ok()
+            .then_some(Self::DEFAULT)
+    }
+
+    /// Whether passive health can work on a service: why not, in words, if not.
+    ///
+    /// # Errors
+    /// DSR modes (the backends' answers do not pass through the gateway), UDP (no
+    /// connection to refuse), no active check (nothing would bring a backend back).
+    pub fn applies(
+        mode: Mode,
+        protocol: Protocol,
+        check: Option<&HealthCheck>,
+    ) -> Result<(), &'static str> {
+        if mode != Mode::Nat {
+            return Err("needs mode = \"nat\": in DSR modes the backends answer the clients directly and the gateway sees no answer (DSR backends have active checks only)");
+        }
+        if protocol == Protocol::Udp {
+            return Err("needs protocol tcp or sctp: UDP has no connection to refuse");
+        }
+        if check.is_none() {
+            return Err("needs [services.health_check]: a backend taken out comes back when its active check passes");
+        }
+        Ok(())
     }
 }
 

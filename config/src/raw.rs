@@ -145,6 +145,7 @@ pub(crate) struct RawService {
     pub slow_start: Option<String>,
     pub session_affinity: Option<RawAffinity>,
     pub health_check: Option<RawHealthCheck>,
+    pub passive_health: Option<RawPassiveHealth>,
     pub bgp_communities: Option<Vec<String>>,
     pub bgp_large_communities: Option<Vec<String>>,
     pub bgp_local_pref: Option<i64>,
@@ -174,6 +175,15 @@ pub(crate) struct RawHealthCheck {
     pub timeout: Option<String>,
     pub rise: Option<i64>,
     pub fall: Option<i64>,
+}
+
+/// `[services.passive_health]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPassiveHealth {
+    pub enabled: Option<bool>,
+    pub failures: Option<i64>,
+    pub window: Option<String>,
 }
 
 /// `[[services.backends]]`.
@@ -381,12 +391,21 @@ fn check_gateway(gateway: &Spanned<DeValue<'_>>, errors: &mut Errors) {
 }
 
 fn check_service(service: &Spanned<DeValue<'_>>, errors: &mut Errors) {
-    let (rest, nested) = split(service, &["session_affinity", "health_check", "backends"]);
+    let (rest, nested) = split(
+        service,
+        &[
+            "session_affinity",
+            "health_check",
+            "passive_health",
+            "backends",
+        ],
+    );
     try_as::<RawService>(&rest, errors);
     for (key, value) in nested {
         match key {
             "session_affinity" => try_as::<RawAffinity>(&value, errors),
             "health_check" => try_as::<RawHealthCheck>(&value, errors),
+            "passive_health" => try_as::<RawPassiveHealth>(&value, errors),
             _ => each_table(&value, |b| try_as::<RawBackend>(b, errors)),
         }
     }
@@ -582,6 +601,23 @@ pub(crate) fn raw_service(s: &crate::model::Service) -> RawService {
             rise: Some(h.rise.into()),
             fall: Some(h.fall.into()),
         }),
+        passive_health: match s.passive_health {
+            Some(p) => Some(RawPassiveHealth {
+                enabled: None,
+                failures: Some(p.failures.into()),
+                window: Some(duration(p.window)),
+            }),
+            // Off where the default is on: said so.
+            None => crate::model::PassiveHealth::default_for(
+                s.mode,
+                s.protocol,
+                s.health_check.as_ref(),
+            )
+            .map(|_| RawPassiveHealth {
+                enabled: Some(false),
+                ..RawPassiveHealth::default()
+            }),
+        },
         slow_start: s.slow_start.map(duration),
         bgp_communities: (!s.route.communities.is_empty()).then(|| {
             s.route

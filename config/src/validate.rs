@@ -22,11 +22,11 @@ use ipnet::IpNet;
 use crate::error::Problem;
 use crate::model::{
     is_prime, Backend, BackendState, Config, Gateway, HealthCheck, HealthKind, Interface, MacAddr,
-    Mode, ParseEnumError, Protocol, Role, RouteAttrs, Service, Timeouts,
+    Mode, ParseEnumError, PassiveHealth, Protocol, Role, RouteAttrs, Service, Timeouts,
 };
 use crate::raw::{
-    RawAffinity, RawBackend, RawConfig, RawGateway, RawHealthCheck, RawInterface, RawService,
-    RawTimeouts,
+    RawAffinity, RawBackend, RawConfig, RawGateway, RawHealthCheck, RawInterface, RawPassiveHealth,
+    RawService, RawTimeouts,
 };
 
 /// Longest interface name: `IFNAMSIZ` (16) less the terminating NUL.
@@ -696,6 +696,12 @@ impl Checker {
             None => Some(None),
             Some(h) => self.health_check(path, h, protocol).map(Some),
         };
+        let passive_health = match (mode, protocol, &health_check) {
+            (Some(m), Some(p), Some(hc)) => {
+                self.passive_health(path, raw.passive_health.as_ref(), m, p, hc.as_ref())
+            }
+            _ => None,
+        };
         let slow_start = match &raw.slow_start {
             None => Some(None),
             Some(v) => {
@@ -718,6 +724,7 @@ impl Checker {
             source_ranges: source_ranges?,
             session_affinity: session_affinity?,
             health_check: health_check?,
+            passive_health: passive_health?,
             slow_start: slow_start?,
             backends: backends?,
             route: route?,
@@ -870,6 +877,56 @@ impl Checker {
             Service::MIN_AFFINITY_TIMEOUT,
             Service::MAX_AFFINITY_TIMEOUT,
         )
+    }
+
+    /// `[services.passive_health]` of a service in `mode` over `protocol` with active check
+    /// `check`: absent, the default for such a service; `enabled = false`, off; otherwise on,
+    /// where it can work.
+    fn passive_health(
+        &mut self,
+        path: &str,
+        raw: Option<&RawPassiveHealth>,
+        mode: Mode,
+        protocol: Protocol,
+        check: Option<&HealthCheck>,
+    ) -> Option<Option<PassiveHealth>> {
+        let Some(raw) = raw else {
+            return Some(PassiveHealth::default_for(mode, protocol, check));
+        };
+        let path = format!("{path}.passive_health");
+        let failures = self.int_or(
+            &format!("{path}.failures"),
+            raw.failures,
+            1,
+            PassiveHealth::MAX_FAILURES,
+            PassiveHealth::DEFAULT_FAILURES,
+        );
+        let window_path = format!("{path}.window");
+        let window = self
+            .duration_or(
+                &window_path,
+                raw.window.as_ref(),
+                PassiveHealth::DEFAULT_WINDOW,
+            )
+            .and_then(|d| {
+                self.duration_in(
+                    &window_path,
+                    d,
+                    PassiveHealth::MIN_WINDOW,
+                    PassiveHealth::MAX_WINDOW,
+                )
+            });
+        if raw.enabled == Some(false) {
+            return Some(None);
+        }
+        if let Err(why) = PassiveHealth::applies(mode, protocol, check) {
+            self.problem(&path, why);
+            return None;
+        }
+        Some(Some(PassiveHealth {
+            failures: failures?,
+            window: window?,
+        }))
     }
 
     fn health_check(

@@ -1351,6 +1351,7 @@ fn service_fields_are_public_model() {
         source_ranges: vec![],
         session_affinity: None,
         health_check: None,
+        passive_health: None,
         route: Default::default(),
         slow_start: None,
         backends: vec![],
@@ -1715,4 +1716,90 @@ fn bad_dpdk_settings_are_refused_with_their_field() {
         assert_eq!(p.len(), 1, "{text}\n{p:?}");
         assert!(p[0].starts_with(want), "{text}\nwanted {want}\ngot {p:?}");
     }
+}
+
+// ---- passive health ------------------------------------------------------------------
+
+const CHECK: &str = "[services.health_check]\nkind = \"tcp\"\n";
+
+#[test]
+fn passive_health_is_on_by_default_where_it_can_work() {
+    let nat = accepted(&service(&format!("mode = \"nat\"\n{CHECK}")));
+    assert_eq!(
+        nat.services[0].passive_health,
+        Some(strait_config::PassiveHealth {
+            failures: 3,
+            window: Duration::from_secs(1)
+        })
+    );
+    // DSR (no answers seen), UDP (no connection), no active check (nothing brings a backend
+    // back): off.
+    let dsr = accepted(&service(CHECK));
+    assert_eq!(dsr.services[0].passive_health, None);
+    let udp = accepted(&service(&format!(
+        "mode = \"nat\"\nprotocol = \"udp\"\n{CHECK}"
+    )));
+    assert_eq!(udp.services[0].passive_health, None);
+    let unchecked = accepted(&service("mode = \"nat\""));
+    assert_eq!(unchecked.services[0].passive_health, None);
+}
+
+#[test]
+fn passive_health_is_read_and_can_be_turned_off() {
+    let c = accepted(&service(&format!(
+        "mode = \"nat\"\n{CHECK}\n[services.passive_health]\nfailures = 10\nwindow = \"250ms\"\n"
+    )));
+    assert_eq!(
+        c.services[0].passive_health,
+        Some(strait_config::PassiveHealth {
+            failures: 10,
+            window: Duration::from_millis(250)
+        })
+    );
+    let off = accepted(&service(&format!(
+        "mode = \"nat\"\n{CHECK}\n[services.passive_health]\nenabled = false\n"
+    )));
+    assert_eq!(off.services[0].passive_health, None);
+    // Off is off anywhere, DSR included.
+    let dsr = accepted(&service("[services.passive_health]\nenabled = false\n"));
+    assert_eq!(dsr.services[0].passive_health, None);
+    // And a round trip keeps it off.
+    let again = accepted(&strait_config::to_toml(&off));
+    assert_eq!(again.services[0].passive_health, None);
+}
+
+#[test]
+fn passive_health_is_refused_where_it_cannot_work() {
+    refused(
+        &service(&format!("{CHECK}\n[services.passive_health]\nfailures = 3\n")),
+        "services[0].passive_health: needs mode = \"nat\": in DSR modes the backends answer the clients directly and the gateway sees no answer (DSR backends have active checks only)",
+    );
+    refused(
+        &service("mode = \"nat\"\n[services.passive_health]\n"),
+        "services[0].passive_health: needs [services.health_check]: a backend taken out comes back when its active check passes",
+    );
+    refused(
+        &service(&format!(
+            "mode = \"nat\"\nprotocol = \"udp\"\n{CHECK}\n[services.passive_health]\n"
+        )),
+        "services[0].passive_health: needs protocol tcp or sctp: UDP has no connection to refuse",
+    );
+    refused(
+        &service(&format!(
+            "mode = \"nat\"\n{CHECK}\n[services.passive_health]\nfailures = 0\n"
+        )),
+        "services[0].passive_health.failures: 0 is outside 1..=10000",
+    );
+    refused(
+        &service(&format!(
+            "mode = \"nat\"\n{CHECK}\n[services.passive_health]\nwindow = \"5ms\"\n"
+        )),
+        "services[0].passive_health.window: 5ms is shorter than 10ms",
+    );
+    refused(
+        &service(&format!(
+            "mode = \"nat\"\n{CHECK}\n[services.passive_health]\nwindow = \"2m\"\n"
+        )),
+        "services[0].passive_health.window: 2m is longer than 1m",
+    );
 }

@@ -529,6 +529,39 @@ fn response(status: u16, ctype: &str, body: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// Why a backend takes no new flows for its health, as `/services` shows it: `null` when
+/// it takes them, else `by` (`active`: its check fell; `passive`: the gateway saw it refuse
+/// or leave unanswered new connections, nat mode), `cause` (the check's failure: refused,
+/// timeout, HTTP status N...; or passive health's: refused, unanswered), `detail` and
+/// `since` (RFC 3339). A backend out both ways shows its active check's fall.
+fn out_json(h: Option<&crate::health::State>) -> serde_json::Value {
+    let Some(h) = h else {
+        return serde_json::Value::Null;
+    };
+    if !h.up {
+        let fall = h
+            .history
+            .iter()
+            .rev()
+            .find(|t| !t.up && !t.cause.starts_with("passive"));
+        return json!({
+            "by": "active",
+            "cause": fall.map_or("", |t| t.cause.as_str()),
+            "detail": h.last_error.clone().unwrap_or_default(),
+            "since": fall.map(|t| humantime::format_rfc3339_seconds(t.at).to_string()),
+        });
+    }
+    match &h.passive {
+        Some(p) => json!({
+            "by": "passive",
+            "cause": p.cause,
+            "detail": p.detail,
+            "since": humantime::format_rfc3339_seconds(p.at).to_string(),
+        }),
+        None => serde_json::Value::Null,
+    }
+}
+
 /// `/services`: the configuration's view, with health from the checker and the table's
 /// traffic state.
 pub fn services_json(shared: &Shared) -> String {
@@ -583,6 +616,7 @@ pub fn services_json(shared: &Shared) -> String {
                         "slow_start_weight": ramping,
                         "state": state,
                         "health": match h { None => "unchecked", Some(h) if h.up => "up", Some(_) => "down" },
+                        "out": out_json(h),
                         "last_error": h.and_then(|h| h.last_error.clone()),
                         "transitions": h.map_or_else(Vec::new, |h| h.history.iter().map(|t| t.to_json()).collect()),
                         "next_hop_mac": next_hop_mac(&s.name, b.address, b.port),
@@ -590,7 +624,7 @@ pub fn services_json(shared: &Shared) -> String {
                 })
                 .collect();
             let healthy = s.backends.is_empty()
-                || s.backends.iter().any(|b| health.get(&BackendKey::new(s.name.clone(), b.address, b.port)).is_none_or(|h| h.up));
+                || s.backends.iter().any(|b| health.get(&BackendKey::new(s.name.clone(), b.address, b.port)).is_none_or(|h| h.up && h.passive.is_none()));
             json!({
                 "name": s.name,
                 "vip": s.vip.to_string(),
@@ -1037,6 +1071,8 @@ impl Collector for Metrics {
         let table = shared.table.load();
         let mut per_backend = Vec::new();
         let mut up = Vec::new();
+        let mut passive_failures = Vec::new();
+        let mut out = Vec::new();
         let mut weight = Vec::new();
         let health = shared
             .health
@@ -1059,11 +1095,56 @@ impl Collector for Metrics {
                 0
             };
             weight.push((labels.clone(), w));
-            let is_up = health
-                .get(&BackendKey::new(svc.name.clone(), b.address(), b.port))
-                .is_none_or(|h| h.up);
+            let h = health.get(&BackendKey::new(svc.name.clone(), b.address(), b.port));
+            let is_up = h.is_none_or(|h| h.up);
+            for why in strait_dataplane::passive::Failure::ALL {
+                let n: u64 = samples
+                    .iter()
+                    .map(|(_, s)| {
+                        s.passive
+                            .get(b.id.0 as usize)
+                            .map_or(0, |c| c[why as usize])
+                    })
+                    .sum();
+                let mut l = labels.clone();
+                l.push(("cause", why.as_str().to_owned()));
+                passive_failures.push((l, n));
+            }
+            if let Some(h) = h {
+                let by = if !h.up {
+                    Some("active")
+                } else {
+                    h.passive.as_ref().map(|_| "passive")
+                };
+                if let Some(by) = by {
+                    let cause = match &out_json(Some(h))["cause"] {
+                        serde_json::Value::String(c) => c.clone(),
+                        _ => String::new(),
+                    };
+                    let mut l = labels.clone();
+                    l.push(("by", by.to_owned()));
+                    l.push(("cause", cause));
+                    out.push((l, 1));
+                }
+            }
             up.push((labels, i64::from(is_up)));
         }
+        counter(
+            &mut enc,
+            "backend_passive_failures",
+            "New connections the backend refused (RST to the SYN) or left unanswered (the SYN \
+             retransmitted while the backend sent nothing), seen by the workers in nat mode \
+             (passive health).",
+            &passive_failures,
+        )?;
+        gauge(
+            &mut enc,
+            "backend_out",
+            "1 for each backend its health keeps from new flows, by what took it out (active: \
+             its check fell; passive: refused or unanswered connections, nat mode) and the \
+             cause; a backend in service has no series.",
+            &out,
+        )?;
         counter(
             &mut enc,
             "backend_new_flows",
@@ -1132,6 +1213,41 @@ mod tests {
     use std::io::{Read, Write};
     use std::net::TcpStream;
     use std::time::Instant;
+
+    #[test]
+    fn out_names_what_took_a_backend_out_and_why() {
+        use crate::health::{PassiveOut, State, Transition};
+        use std::time::SystemTime;
+        assert_eq!(out_json(None), serde_json::Value::Null);
+        let mut s = State::default();
+        assert_eq!(out_json(Some(&s)), serde_json::Value::Null);
+        s.passive = Some(PassiveOut {
+            cause: "refused",
+            detail: "3 connection attempts refused within 1s".into(),
+            at: SystemTime::UNIX_EPOCH,
+            since: Instant::now(),
+        });
+        let v = out_json(Some(&s));
+        assert_eq!(
+            (v["by"].as_str(), v["cause"].as_str()),
+            (Some("passive"), Some("refused"))
+        );
+        assert_eq!(v["since"], "1970-01-01T00:00:00Z");
+        // Its check falls too: the active check's fall is what shows.
+        s.up = false;
+        s.last_error = Some("connect 198.51.100.11:80: timed out".into());
+        s.history.push_back(Transition {
+            at: SystemTime::UNIX_EPOCH,
+            up: false,
+            cause: "timeout".into(),
+            detail: String::new(),
+        });
+        let v = out_json(Some(&s));
+        assert_eq!(
+            (v["by"].as_str(), v["cause"].as_str()),
+            (Some("active"), Some("timeout"))
+        );
+    }
 
     fn get(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
         raw(

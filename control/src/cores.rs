@@ -38,6 +38,9 @@ pub struct CoreSample {
     pub backends: Vec<strait_dataplane::traffic::Tally>,
     /// Flow-table entries per backend id, trimmed to the ids in use.
     pub backend_flows: Vec<strait_dataplane::flow::Held>,
+    /// Failed connection attempts per backend id, `[refused, unanswered]`
+    /// ([`strait_dataplane::passive`]), trimmed to the ids in use.
+    pub passive: Vec<[u64; 2]>,
 }
 
 /// Copies what the worker counted per service and backend into its sample, for the ids the
@@ -54,6 +57,7 @@ pub fn publish_traffic(
     s.new_flows
         .extend_from_slice(&p.new_flows[..backends.min(p.new_flows.len())]);
     p.traffic.export(t, &mut s.services, &mut s.backends);
+    p.passive.export(backends, &mut s.passive);
     let per_backend = p.flows.entries_by_backend();
     s.backend_flows.clear();
     s.backend_flows
@@ -75,6 +79,10 @@ pub struct CoreStats {
     /// ([`strait_dataplane::explain`]); `None` until the worker starts. Locked by the admin
     /// API only (one query at a time per worker), never by the worker.
     pub explain: Mutex<Option<strait_dataplane::explain::Window>>,
+    /// The worker's count of failed connection attempts ([`CoreSample::passive`] summed), as
+    /// of its latest sample: a relaxed store per publish, so that the passive-health watcher
+    /// ([`crate::passive`]) locks a sample only when it changed.
+    pub passive_total: std::sync::atomic::AtomicU64,
 }
 
 /// Writes where each worker's UMEM frames are (`strait_umem_frames{core, state}`), the UMEM's

@@ -36,8 +36,8 @@ pub struct Footprint {
     /// copy for the next build.
     pub maglev: u64,
     /// Per-service and per-backend counters: per worker, its traffic slots
-    /// ([`strait_dataplane::traffic`]), new flows per backend and flow-table entries per
-    /// backend.
+    /// ([`strait_dataplane::traffic`]), new flows per backend, failed connection attempts
+    /// per backend ([`strait_dataplane::passive`]) and flow-table entries per backend.
     pub counters: u64,
     /// Capture rings (`strait capture`): one per worker, [`RING_BYTES`] each, allocated at
     /// start so that a capture allocates nothing on the workers' side.
@@ -80,6 +80,7 @@ impl Footprint {
             counters: workers.saturating_mul(
                 Traffic::bytes()
                     + (NEW_FLOW_SLOTS * size_of::<u64>()) as u64
+                    + (strait_dataplane::passive::SLOTS * size_of::<[u64; 2]>()) as u64
                     + (BACKEND_SLOTS * size_of::<Held>()) as u64,
             ),
             capture: workers.saturating_mul(RING_BYTES),
@@ -198,9 +199,9 @@ mod tests {
         assert_eq!(f.maglev, 2 * 65_537 * 2);
         assert!(f.handoff > 0);
         // Per worker, 65,536 ids of backends and of services' retired counts (4 bytes of
-        // incarnation, 16 per direction), backends' services (8), new flows (8) and
-        // flow-table entries (8).
-        assert_eq!(f.counters, 2 * 65_536 * (2 * (4 + 2 * 16) + 8 + 8 + 8));
+        // incarnation, 16 per direction), backends' services (8), new flows (8), failed
+        // connection attempts (16) and flow-table entries (8).
+        assert_eq!(f.counters, 2 * 65_536 * (2 * (4 + 2 * 16) + 8 + 8 + 16 + 8));
         assert_eq!(
             f.total(),
             f.flow_tables + f.umem + f.handoff + f.sync + f.maglev + f.counters + f.capture,

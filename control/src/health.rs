@@ -57,6 +57,22 @@ pub struct State {
     pub last_error: Option<String>,
     /// The last [`HISTORY`] transitions, oldest first.
     pub history: VecDeque<Transition>,
+    /// Set while passive health holds the backend out of new flows: the first pass of a
+    /// check that began after it brings the backend back (a report on the channel).
+    pub passive: Option<PassiveOut>,
+}
+
+/// Why and since when passive health holds a backend out ([`State::passive`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PassiveOut {
+    /// The failure that tipped it: `refused` or `unanswered`.
+    pub cause: &'static str,
+    /// In words: how many attempts failed within how long.
+    pub detail: String,
+    /// When (wall clock, for operators).
+    pub at: SystemTime,
+    /// When, by the checks' clock: a check that began before says nothing of it.
+    pub since: Instant,
 }
 
 impl Default for State {
@@ -68,6 +84,7 @@ impl Default for State {
             checks: 0,
             last_error: None,
             history: VecDeque::new(),
+            passive: None,
         }
     }
 }
@@ -245,6 +262,32 @@ impl Checker {
             .is_some_and(|s| !s.up)
     }
 
+    /// Passive health took `key` out of new flows for `cause` (`detail` in words): recorded
+    /// in its history, and its first pass of a check that begins from now on is reported on
+    /// the channel (then the core brings it back). Nothing for a backend not checked.
+    pub fn passive_out(&self, key: &BackendKey, cause: &'static str, detail: String) {
+        let mut states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(s) = states.get_mut(key) else {
+            return;
+        };
+        let at = SystemTime::now();
+        push_history(
+            s,
+            Transition {
+                at,
+                up: false,
+                cause: format!("passive: {cause}"),
+                detail: detail.clone(),
+            },
+        );
+        s.passive = Some(PassiveOut {
+            cause,
+            detail,
+            at,
+            since: Instant::now(),
+        });
+    }
+
     /// Starts checks for backends new in `cfg` (or whose check changed) and stops those of
     /// backends that left. A backend whose check did not change keeps its thread and state.
     /// (The gateway's control core decides which checks run and says so one by one, with
@@ -362,8 +405,12 @@ fn run(states: &States, changed: &Sender<BackendKey>, job: Job) {
     } = job;
     let addr = SocketAddr::new(key.address, check.port.unwrap_or(key.port));
     loop {
+        let started = Instant::now();
         let result = check_once(&check, addr);
-        if record(states, &key, &check, result, SystemTime::now()) {
+        let passed = result.is_ok();
+        let mut report = record(states, &key, &check, result, SystemTime::now());
+        report |= passed && passive_back(states, &key, started, SystemTime::now());
+        if report {
             let _ = changed.send(key.clone());
         }
         let jitter = 0.9 + fastrand::f64() * 0.2;
@@ -387,6 +434,40 @@ impl Drop for Checker {
             let _ = p.thread.join();
         }
     }
+}
+
+/// A check of `key` that began at `started` passed, at `now`: whether that ends a hold of
+/// passive health ([`State::passive`]) set before the check began (then the return to new
+/// flows is added to its history, unless the check's own rise just added it).
+fn passive_back(states: &States, key: &BackendKey, started: Instant, now: SystemTime) -> bool {
+    let mut states = states.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(s) = states.get_mut(key) else {
+        return false;
+    };
+    if s.passive.as_ref().is_none_or(|p| started < p.since) {
+        return false;
+    }
+    s.passive = None;
+    if s.up && !s.history.back().is_some_and(|t| t.up) {
+        push_history(
+            s,
+            Transition {
+                at: now,
+                up: true,
+                cause: "passed".into(),
+                detail: String::new(),
+            },
+        );
+    }
+    true
+}
+
+/// Adds `t` to the backend's history, dropping the oldest beyond [`HISTORY`].
+fn push_history(s: &mut State, t: Transition) {
+    if s.history.len() == HISTORY {
+        s.history.pop_front();
+    }
+    s.history.push_back(t);
 }
 
 /// Applies one check result, ended at `now`; returns whether the backend changed state (and
@@ -645,6 +726,39 @@ mod tests {
             }
         });
         addr
+    }
+
+    #[test]
+    fn a_pass_after_a_passive_verdict_is_reported_and_ends_it() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (tx, changed) = mpsc::channel();
+        let mut checker = Checker::new(tx);
+        let key = BackendKey::new("web", addr.ip(), addr.port());
+        checker.start(key.clone(), hc(HealthKind::Tcp));
+        // Up all along: no report.
+        assert!(changed.recv_timeout(Duration::from_millis(100)).is_err());
+        checker.passive_out(
+            &key,
+            "refused",
+            "3 connection attempts refused within 1s".into(),
+        );
+        let states = checker.states();
+        let held = states.lock().unwrap()[&key].passive.clone();
+        assert_eq!(held.map(|p| p.cause), Some("refused"));
+        // The next check (20 ms later) passes: reported, and the hold ends.
+        assert_eq!(
+            changed.recv_timeout(Duration::from_secs(2)),
+            Ok(key.clone())
+        );
+        let s = states.lock().unwrap()[&key].clone();
+        assert!(s.up && s.passive.is_none());
+        let t: Vec<(bool, &str)> = s.history.iter().map(|t| (t.up, t.cause.as_str())).collect();
+        assert_eq!(t, [(false, "passive: refused"), (true, "passed")]);
+        // Once: later passes report nothing.
+        assert!(changed.recv_timeout(Duration::from_millis(100)).is_err());
+        checker.stop(&key);
+        drop(l);
     }
 
     #[test]

@@ -87,6 +87,7 @@ pub mod l2;
 pub mod manual;
 mod metrics;
 pub mod neigh;
+pub mod passive;
 pub mod run;
 pub mod shared;
 pub mod status;

@@ -278,7 +278,7 @@ pub fn render(v: &Value) -> String {
                     _ => b["weight"].to_string(),
                 },
                 b["state"].as_str().unwrap_or("?"),
-                b["health"].as_str().unwrap_or("?"),
+                health_cell(b),
                 match &b["next_hop_mac"] {
                     Value::String(m) => m.as_str(),
                     Value::Null if b.get("next_hop_mac").is_some() => "unresolved",
@@ -289,6 +289,19 @@ pub fn render(v: &Value) -> String {
         }
     }
     out
+}
+
+/// A backend's health as `strait status` shows it: the active check's word, and when its
+/// health keeps it from new flows, by what and why: `down (active: timeout)`,
+/// `out (passive: refused)`.
+fn health_cell(b: &Value) -> String {
+    let health = b["health"].as_str().unwrap_or("?");
+    let out = &b["out"];
+    match (out["by"].as_str(), out["cause"].as_str()) {
+        (Some("passive"), Some(cause)) => format!("out (passive: {cause})"),
+        (Some(by), Some(cause)) if !cause.is_empty() => format!("{health} ({by}: {cause})"),
+        _ => health.to_owned(),
+    }
 }
 
 /// The routes part of `strait status`: the BGP sessions, then each VIP's route.
@@ -550,6 +563,24 @@ mod tests {
         assert!(t.contains("up        02:00:00:00:01:11"));
         assert!(t.contains("draining  down      unresolved"));
         assert!(t.contains("(no backends)"));
+    }
+
+    #[test]
+    fn the_health_column_says_by_what_and_why_a_backend_is_out() {
+        let b = |health: &str, out: &str| -> Value {
+            serde_json::from_str(&format!(r#"{{"health":"{health}","out":{out}}}"#)).unwrap()
+        };
+        assert_eq!(health_cell(&b("up", "null")), "up");
+        assert_eq!(
+            health_cell(&b("up", r#"{"by":"passive","cause":"refused"}"#)),
+            "out (passive: refused)"
+        );
+        assert_eq!(
+            health_cell(&b("down", r#"{"by":"active","cause":"timeout"}"#)),
+            "down (active: timeout)"
+        );
+        // A gateway that does not say why.
+        assert_eq!(health_cell(&serde_json::json!({"health": "down"})), "down");
     }
 
     #[test]

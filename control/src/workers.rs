@@ -466,6 +466,8 @@ where
             s.worker = *w;
             s.sync = p.sync.as_ref().map(|y| y.counters).unwrap_or_default();
             crate::cores::publish_traffic(&mut s, p, &shared.table.load());
+            slot.passive_total
+                .store(p.passive.total(), std::sync::atomic::Ordering::Relaxed);
         }
     };
     let clock = Beating {

@@ -1935,7 +1935,7 @@ fn the_gateway_is_ready_once_the_first_list_is_applied() {
     // The gateway as `strait run --kube` has it, without workers or VIPs (no root).
     let file =
         strait_config::parse("[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n").unwrap();
-    let mut gw = strait_control::run::Gateway::with_ports(
+    let mut gw = strait_control::run::Driver::with_ports(
         strait_control::run::ConfigSource::Builtin,
         file,
         vec![strait_dataplane::table::Port::new(

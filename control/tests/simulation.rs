@@ -264,6 +264,11 @@ impl World {
                     self.told.remove(&backend);
                     self.running.insert(backend, (check, true));
                 }
+                Effect::PassiveOut { backend, .. } => {
+                    self.check(self.running.contains_key(&backend), || {
+                        format!("passive health took out {backend:?}, which is not checked")
+                    });
+                }
                 Effect::StopCheck { backend } => {
                     self.check(self.running.contains_key(&backend), || {
                         format!("stopping {backend:?}, which is not checked")

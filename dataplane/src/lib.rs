@@ -34,6 +34,9 @@ pub mod hash;
 pub mod hint;
 pub mod key;
 pub mod maglev;
+pub mod passive;
+#[cfg(test)]
+mod passive_tests;
 pub mod pipeline;
 pub mod rewrite;
 pub mod spsc;

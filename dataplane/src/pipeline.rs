@@ -33,6 +33,7 @@ use crate::capture::{Decision, Look, Tap};
 use crate::flow::{FlowState, FlowTable, FlowValue, InsertError, Timeouts};
 use crate::hash::{maglev_hash, SEED_FLOW};
 use crate::key::{is_v4, proto, FlowKey};
+use crate::passive::{Failure, Passive, SYN_RETRANSMIT_MIN_MS};
 use crate::rewrite::{self, Encap, EncapError, Frame, Macs, Outer};
 use crate::stats::{Counters, DropReason};
 use crate::sync::{self, RecordKind, SyncRecord, WorkerSync};
@@ -166,6 +167,9 @@ pub struct Pipeline {
     pub new_flows: Box<[u64]>,
     /// This core's packets and bytes per service and per backend ([`crate::traffic`]).
     pub traffic: Traffic,
+    /// This core's failed connection attempts per backend, seen in nat mode
+    /// ([`crate::passive`]).
+    pub passive: Passive,
     core: u16,
     cores: u16,
     /// A batch's first-pass results, [`BATCH`] of them; boxed so that the decision pass can
@@ -217,6 +221,7 @@ impl Pipeline {
             counters: Counters::default(),
             new_flows: vec![0; NEW_FLOW_SLOTS].into_boxed_slice(),
             traffic: Traffic::new(),
+            passive: Passive::default(),
             core,
             cores,
             staged: vec![
@@ -573,6 +578,12 @@ impl Pipeline {
                             sy.export(&record(key, s, b, v.state, RecordKind::Flow, frame));
                         }
                     }
+                    if state == FlowState::TcpSyn
+                        && p.tcp_flags & (flags::SYN | flags::ACK) == flags::SYN
+                    {
+                        // The client's SYN again: its first went unanswered, or was lost.
+                        self.syn_again(s, b, key, seen, now);
+                    }
                     return Ok(b);
                 }
                 Some(b) if b.keeps_flows() && b.incarnation == v.incarnation => {
@@ -648,6 +659,53 @@ impl Pipeline {
             Err(InsertError::RateLimited) => self.counters.stateless_rate_limited += 1,
         }
         Ok(b)
+    }
+
+    /// Backend `b` of service `s` reset a connection (reply `p`), which `refused` when the
+    /// RST answered the SYN: then one failure ([`Failure::Refused`]). Either way the
+    /// connection is over and its forward entry closes, so that the client's next SYN from
+    /// that port (clients reuse ports within seconds) is a new flow that gets a backend
+    /// afresh, instead of following the entry to a backend that takes no new flows (one
+    /// passive health took out keeps its flows) and refuses it again.
+    #[cold]
+    #[inline(never)]
+    fn reset_by_backend(&mut self, s: &Service, b: &Backend, p: &Parsed, now: u64, refused: bool) {
+        if refused {
+            self.passive.count(b.id, Failure::Refused);
+        }
+        let forward = FlowKey {
+            src: p.dst,
+            dst: s.frontend.vip,
+            src_port: p.dst_port,
+            dst_port: s.frontend.port,
+            proto: p.proto,
+        };
+        if let Some(f) = self.flows.lookup(&forward, now) {
+            if f.backend == b.id {
+                f.state = FlowState::TcpClosing;
+            }
+        }
+    }
+
+    /// A client's SYN on a nat flow still in its SYN state, the previous one last seen at
+    /// `seen` (ms): a failure of backend `b` ([`Failure::Unanswered`]) when the previous SYN
+    /// is at least [`SYN_RETRANSMIT_MIN_MS`] old (a retransmission, not a duplicate) and the
+    /// backend has sent nothing on the connection (its reply entry is still in its SYN
+    /// state; a SYN-ACK lost on the way to the client is not the backend's failure). DSR
+    /// modes do not see the backend's answers and count nothing.
+    #[cold]
+    #[inline(never)]
+    fn syn_again(&mut self, s: &Service, b: &Backend, key: &FlowKey, seen: u64, now: u64) {
+        if s.mode != Mode::Nat || (now / 1_000_000).saturating_sub(seen) < SYN_RETRANSMIT_MIN_MS {
+            return;
+        }
+        let unanswered = self
+            .flows
+            .peek(&reply_key(key, b))
+            .is_some_and(|r| r.state == FlowState::TcpSyn && r.backend == b.id);
+        if unanswered {
+            self.passive.count(b.id, Failure::Unanswered);
+        }
     }
 
     /// ClientIP session affinity: the backend a client's earlier flows went to, while it is
@@ -738,10 +796,18 @@ impl Pipeline {
             return Verdict::Drop(DropReason::ReplyNoFlow);
         };
         v.touch(now);
+        let (mut reset, mut refused) = (false, false);
         if matches!(p.proto, proto::TCP | proto::SCTP) {
+            reset = p.tcp_flags & flags::RST != 0;
+            // The backend's first answer to the client's SYN is a RST (an SCTP INIT's, an
+            // ABORT): it refused the connection.
+            refused = reset && v.state == FlowState::TcpSyn;
             v.state = v.state.on_tcp_flags(p.tcp_flags);
         }
         let peer_mac = v.peer_mac();
+        if reset {
+            self.reset_by_backend(s, b, p, now, refused);
+        }
         if p.ttl <= 1 {
             return Verdict::Drop(DropReason::TtlExceeded);
         }

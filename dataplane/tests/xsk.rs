@@ -2239,6 +2239,7 @@ mod draw {
             source_ranges: Vec::new(),
             session_affinity: None,
             health_check: None,
+            passive_health: None,
             route: Default::default(),
             slow_start: None,
             backends: bs,
@@ -2495,6 +2496,7 @@ fn steering_maps_recover_from_a_full_map() {
             source_ranges: Vec::new(),
             session_affinity: None,
             health_check: None,
+            passive_health: None,
             route: Default::default(),
             slow_start: None,
             backends: Vec::new(),
@@ -2593,6 +2595,7 @@ fn steering_map_update_cost_at_scale() {
             source_ranges: Vec::new(),
             session_affinity: None,
             health_check: None,
+            passive_health: None,
             route: Default::default(),
             slow_start: None,
             backends: (0..BACKENDS)

@@ -13,6 +13,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use std::process::Stdio;
 use support::bed::{Gateway, CLIENT};
 use support::e2e::{
     self, backend_field, counter, dsr_l2_spread, per_backend, start, udp_ten_thousand,
@@ -691,6 +692,164 @@ fn o_traffic_per_service_and_backend_is_what_the_backends_saw_and_health_names_i
     );
     assert!(status.contains("traffic per second over"), "{status}");
     assert!(status.contains("FLOW ENTRIES"), "{status}");
+}
+
+/// What the churn client saw: connections answered per backend, refused connects (their
+/// start times, monotonic seconds), other failures.
+#[derive(Debug)]
+struct Churn {
+    ok: u64,
+    per_backend: std::collections::BTreeMap<String, u64>,
+    refused: Vec<f64>,
+    /// The client ports of the refused connections, in the order of `refused`.
+    ports: Vec<u16>,
+    failed: Vec<String>,
+}
+
+impl Churn {
+    /// Seconds from the first refused connect to the last: how long new connections were
+    /// refused.
+    fn refused_for(&self) -> f64 {
+        match (self.refused.first(), self.refused.last()) {
+            (Some(a), Some(b)) => b - a,
+            _ => 0.0,
+        }
+    }
+}
+
+/// Runs the churn client (16 threads of new connections, `Connection: close`) and twelve
+/// streams for 4 s, calls `kill` 1.5 s in, and returns what the churn client saw; asserts
+/// that no stream to a backend other than b1 broke or stalled.
+fn churn_while(s: &Scenario, kill: impl FnOnce()) -> Churn {
+    let streams = Proc::spawn(
+        s.python(&["stream", VIP, "12", "4.5"])
+            .stdout(Stdio::piped()),
+    );
+    let churn = Proc::spawn(s.python(&["churn", VIP, "16", "4"]).stdout(Stdio::piped()));
+    sleep(Duration::from_millis(1500));
+    kill();
+    let report = text(&churn.wait().stdout);
+    let mut c = Churn {
+        ok: 0,
+        per_backend: Default::default(),
+        refused: Vec::new(),
+        ports: Vec::new(),
+        failed: Vec::new(),
+    };
+    for line in report.lines() {
+        if let Some(rest) = line.strip_prefix("ok=") {
+            c.ok = rest.split_whitespace().next().unwrap().parse().unwrap();
+        } else if let Some(t) = line.strip_prefix("REFUSED ") {
+            let (t, port) = t.split_once(' ').unwrap();
+            c.refused.push(t.parse().unwrap());
+            c.ports.push(port.parse().unwrap());
+        } else if let Some(f) = line.strip_prefix("FAILED ") {
+            c.failed.push(f.to_owned());
+        } else if let Some((b, n)) = line.split_once(' ') {
+            c.per_backend.insert(b.to_owned(), n.parse().unwrap());
+        }
+    }
+    let streams = text(&streams.wait().stdout);
+    let mut others = 0;
+    for line in streams.lines().filter(|l| !l.starts_with("backend=b1")) {
+        others += 1;
+        assert!(
+            line.contains("error=none"),
+            "a stream to a live backend broke: {line}\n{streams}"
+        );
+    }
+    assert!(others > 0, "no stream landed on a live backend:\n{streams}");
+    c
+}
+
+#[test]
+fn p_passive_health_takes_a_refusing_nat_backend_out_of_new_flows_within_milliseconds() {
+    let Some(s) = scenario("p", &["--topology", "two-arm", "--backends", "3"]) else {
+        return;
+    };
+    // One sitting, two runs: passive health off (active checks only, 500 ms x fall 2), then
+    // on (the default).
+    let on = s.dir.join("passive-on.toml");
+    std::fs::copy(s.config(), &on).unwrap();
+    let off = write_config(&s, |t| {
+        t.replacen(
+            "\n[[services.backends]]",
+            "\n[services.passive_health]\nenabled = false\n\n[[services.backends]]",
+            1,
+        )
+    });
+    std::fs::copy(&off, s.config()).unwrap();
+    let gw = start(&s, &s.config());
+    let b1 = s.backend_ip("b1");
+    let pid = s.backend_pid("b1");
+    let without = churn_while(&s, || {
+        sh(&["kill", "-KILL", &pid.to_string()]);
+    });
+    assert!(
+        !without.refused.is_empty(),
+        "b1's refusals never reached the client: {without:?}"
+    );
+    assert!(
+        counter(&gw, "strait_backend_passive_failures_total") > 0,
+        "the workers count refusals even with passive health off"
+    );
+    // b1 back, a server of this test's own; passive health on.
+    let revived = s.serve("b1", "b1", &[]);
+    wait_for("b1 up again", Duration::from_secs(10), || {
+        let v = gw.services()?;
+        (e2e::health_of(&v, "web", &b1) == "up").then_some(())
+    });
+    e2e::reload(&gw, &s, &on);
+    let before = per_backend(&s.vip_requests(30));
+    assert!(
+        before.contains_key("b1"),
+        "b1 takes no new flows: {before:?}"
+    );
+    let with = churn_while(&s, || revived.signal("KILL"));
+    let (w, wo) = (with.refused_for(), without.refused_for());
+    eprintln!(
+        "passive health off: {} connections refused over {:.0} ms ({} answered, {} other failures)\n\
+         passive health on:  {} connections refused over {:.0} ms ({} answered, {} other failures)",
+        without.refused.len(),
+        wo * 1000.0,
+        without.ok,
+        without.failed.len(),
+        with.refused.len(),
+        w * 1000.0,
+        with.ok,
+        with.failed.len(),
+    );
+    // The target is 50 ms of refusals; on a shared two-core machine a generous bound keeps
+    // the test from flaking while still telling the two apart.
+    assert!(
+        w < 0.25,
+        "new connections refused for {w:.3} s with passive health: {with:?}"
+    );
+    assert!(
+        with.refused.len() * 4 < without.refused.len(),
+        "passive health did not cut refused connections by 4x: {} vs {} ({w:.3} s vs {wo:.3} s)",
+        with.refused.len(),
+        without.refused.len()
+    );
+    assert!(with.ok > 0 && with.per_backend.len() >= 2, "{with:?}");
+    // Why b1 is out: the transitions name passive health and its cause.
+    let v = gw.services().expect("services");
+    let web = v["services"]
+        .as_array()
+        .and_then(|l| l.iter().find(|x| x["name"] == "web"))
+        .expect("web");
+    let transitions = web["backends"]
+        .as_array()
+        .and_then(|l| l.iter().find(|b| b["address"] == b1.as_str()))
+        .and_then(|b| b["transitions"].as_array())
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        transitions
+            .iter()
+            .any(|t| t["to"] == "down" && t["cause"] == "passive: refused"),
+        "{transitions:#?}"
+    );
 }
 
 /// The weight `/services` shows backend `addr` of `web` taking new flows by while it ramps

@@ -47,6 +47,11 @@ impl Checks {
         self.is_down(service, address, port) && check(wanted) == check(&self.wanted)
     }
 
+    /// The check of backend (`address`, `port`) of `service`, if it is checked.
+    pub fn check_of(&self, service: &str, address: IpAddr, port: u16) -> Option<&HealthCheck> {
+        self.wanted.get(service)?.get(&(address, port))
+    }
+
     /// Every check wanted.
     pub fn iter(&self) -> impl Iterator<Item = (BackendKey, &HealthCheck)> + '_ {
         self.wanted.iter().flat_map(|(s, m)| {

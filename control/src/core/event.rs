@@ -20,8 +20,13 @@ pub enum Event {
     Reload(Result<Box<Loaded>, String>),
     /// Publications of the Kubernetes source since the last event, in order.
     Kube(Vec<Publication>),
-    /// Backends whose health check changed state: `true` is up.
+    /// Backends whose health check changed state: `true` is up. In nat mode also a pass of
+    /// a backend passive health took out, by a check that began after it was
+    /// ([`Effect::PassiveOut`]): `true` then brings it back.
     Health(Vec<(BackendKey, bool)>),
+    /// Failed connection attempts the workers saw since the last such event
+    /// ([`strait_dataplane::passive`]): backend, cause, how many (summed over the cores).
+    Passive(Vec<(BackendKey, strait_dataplane::passive::Failure, u64)>),
     /// A read of the kernel's neighbour table and routes on the backend interface, as
     /// [`Effect::ReadNeighbours`] asked for it: of the whole table, or of some next hops
     /// ([`Neighbours::only`]); an empty one of the whole table when it could not be read.
@@ -77,6 +82,19 @@ pub enum Effect {
         backend: BackendKey,
         /// How.
         check: HealthCheck,
+    },
+    /// Passive health took `backend` out of new flows (the [`Effect::Publish`] that follows
+    /// says so to the workers): its checker reports the first pass of a check that begins
+    /// from now on ([`Event::Health`] up), which brings it back.
+    PassiveOut {
+        /// Service name, address and port.
+        backend: BackendKey,
+        /// The failure that tipped it.
+        cause: strait_dataplane::passive::Failure,
+        /// The service's `passive_health.failures`...
+        failures: u32,
+        /// ... within its `passive_health.window`.
+        window: std::time::Duration,
     },
     /// Stop checking `backend`.
     StopCheck {

@@ -4,7 +4,8 @@
 //!  Event ──► Control::handle(now, event) ──► Control::poll_effect() ──► Effect
 //!   Reload (file read, SIGHUP / POST /reload)     Publish (table; which services changed)
 //!   Kube (publications of the Kubernetes source)   Status (what the admin API shows)
-//!   Health (backends that went up or down)         StartCheck / StopCheck
+//!   Health (backends that went up or down)         StartCheck / StopCheck, PassiveOut
+//!   Passive (failed connection attempts, nat)
 //!   Neighbours (a read of the kernel's table)      ClaimVips / ReleaseVips
 //!   Maps (whether the steering maps took a table)  Probe (next hops to resolve)
 //!   Forwarding (the workers run: VIPs may go up)   ReadNeighbours / RetryMaps
@@ -72,6 +73,7 @@
 //! | `hops.rs` | next hops: a read of the kernel's table ([`Neighbours`]), what it covers ([`Scope`]), those followed ([`NextHops`]) |
 //! | `merge.rs` | the merged configuration kept in step with Kubernetes changes |
 //! | `checks.rs` | the health checks wanted and the health told |
+//! | `passive.rs` | passive health: failed connection attempts over a window, the backends taken out of new flows |
 //! | `ramps.rs` | slow start: the backends ramping to their weight, and their weight now |
 //! | `routes.rs` | which VIPs are announced, followed per changed service |
 //! | `vips.rs` | the VIPs claimed, followed per changed service |
@@ -80,6 +82,7 @@ mod checks;
 mod event;
 pub mod hops;
 mod merge;
+pub mod passive;
 pub mod ramps;
 mod routes;
 mod vips;
@@ -164,6 +167,8 @@ pub struct Control {
     table: Arc<ServiceTable>,
     /// The health checks wanted, and the health the core was told.
     health: checks::Checks,
+    /// Passive health: recent failed connection attempts, the backends taken out.
+    passive: passive::Passive,
     hops: NextHops,
     /// The kernel's neighbour table as the core knows it: the last read of the whole table,
     /// updated by the reads of some next hops since.
@@ -209,6 +214,7 @@ impl Control {
             builder: Builder::new(),
             table: Arc::new(ServiceTable::empty(Vec::new())),
             health: checks::Checks::default(),
+            passive: passive::Passive::default(),
             hops: NextHops::default(),
             neighbours: loaded.neighbours,
             held: None,
@@ -249,7 +255,10 @@ impl Control {
         self.now = now;
         // The held update first, so that inputs change in the order they came. Should its
         // table not build, the event is still handled (and builds the table whole).
-        if matches!(event, Event::Reload(_) | Event::Health(_)) {
+        if matches!(
+            event,
+            Event::Reload(_) | Event::Health(_) | Event::Passive(_)
+        ) {
             if let Err(e) = self.complete_held() {
                 warn!("{e}");
             }
@@ -258,6 +267,7 @@ impl Control {
             Event::Reload(loaded) => self.reload(loaded),
             Event::Kube(publications) => self.kube_changed(publications),
             Event::Health(reports) => self.health(reports),
+            Event::Passive(reports) => self.passive_failures(reports),
             Event::Neighbours(read) => self.neighbours(read),
             Event::Maps { complete } => {
                 if complete && self.maps_incomplete {
@@ -339,6 +349,11 @@ impl Control {
             .is_down(&backend.service, backend.address, backend.port)
     }
 
+    /// Whether passive health took `backend` out of new flows, and why.
+    pub fn passive_out(&self, backend: &BackendKey) -> Option<&passive::Out> {
+        self.passive.out(backend)
+    }
+
     /// The health checks wanted, by backend.
     pub fn checks(&self) -> impl Iterator<Item = (BackendKey, &HealthCheck)> + '_ {
         self.health.iter()
@@ -410,6 +425,13 @@ impl Control {
         let mut filled = merged.clone();
         let mut hops = NextHops::default();
         let probes = hops.fill(&mut filled.services, &loaded.neighbours);
+        // Backends out by passive health stay out while their check runs on unchanged.
+        self.passive.apply(&mut filled.services, |k| {
+            let c = wanted
+                .get(&k.service)
+                .and_then(|m| m.get(&(k.address, k.port)));
+            c.is_some() && c == health.check_of(&k.service, k.address, k.port)
+        });
         // On a copy, committed with the table.
         let mut ramps = self.ramps.clone();
         ramps.retain_services(&filled.services);
@@ -527,6 +549,10 @@ impl Control {
     fn health(&mut self, reports: Vec<(BackendKey, bool)>) -> Result<(), Error> {
         let mut names = BTreeSet::new();
         for (backend, up) in reports {
+            if up && self.passive.back(&backend) {
+                info!(service = %backend.service, backend = %std::net::SocketAddr::new(backend.address, backend.port), "passive health: back, its active check passed");
+                names.insert(backend.service.clone());
+            }
             if self.health.report(&backend, up) {
                 let BackendKey {
                     service,
@@ -541,6 +567,54 @@ impl Control {
             return Ok(());
         }
         self.update(names.into_iter().collect(), Fill::Live, "health changed")
+    }
+
+    /// Failed connection attempts the workers saw: takes the backends that reach their
+    /// service's `passive_health` out of new flows ([`passive`]). Attempts on a backend of a
+    /// service without passive health, or without an active check, are not counted.
+    fn passive_failures(
+        &mut self,
+        reports: Vec<(BackendKey, strait_dataplane::passive::Failure, u64)>,
+    ) -> Result<(), Error> {
+        let file_len = self.file.services.len();
+        let mut names = BTreeSet::new();
+        for (backend, cause, n) in reports {
+            let Some(s) = merge::find(&self.config, file_len, &backend.service) else {
+                continue;
+            };
+            let Some(ph) = s.passive_health else {
+                continue;
+            };
+            let checked = self
+                .health
+                .check_of(&backend.service, backend.address, backend.port)
+                .is_some();
+            if checked
+                && self
+                    .passive
+                    .failed(&backend, cause, n, self.now, ph, s.backends.len())
+            {
+                info!(
+                    service = %backend.service,
+                    backend = %std::net::SocketAddr::new(backend.address, backend.port),
+                    cause = cause.as_str(),
+                    "passive health: {} failed connection attempts within {}: no new flows until its active check passes",
+                    ph.failures,
+                    humantime::format_duration(ph.window)
+                );
+                self.effects.push_back(Effect::PassiveOut {
+                    backend: backend.clone(),
+                    cause,
+                    failures: ph.failures,
+                    window: ph.window,
+                });
+                names.insert(backend.service);
+            }
+        }
+        if names.is_empty() {
+            return Ok(());
+        }
+        self.update(names.into_iter().collect(), Fill::Live, "passive health")
     }
 
     fn tick(&mut self, now: Instant) -> Result<(), Error> {
@@ -599,6 +673,7 @@ impl Control {
                 }
             }
         }
+        self.passive.apply(&mut set, |_| true);
         let mut index = None;
         let health = &self.health;
         for s in &mut set {
@@ -647,6 +722,7 @@ impl Control {
         let mut cfg = self.config.clone();
         self.hops.clear();
         let probes = self.hops.fill(&mut cfg.services, &self.neighbours);
+        self.passive.apply(&mut cfg.services, |_| true);
         self.ramps.retain_services(&cfg.services);
         let mut index = None;
         let health = &self.health;
@@ -756,6 +832,12 @@ impl Control {
             let want = merge::find(&self.config, file_len, &name)
                 .and_then(|s| checks::wanted(std::slice::from_ref(s)).remove(&name))
                 .unwrap_or_default();
+            // A check that stops or restarts forgets what passive health decided: nothing
+            // would report the pass that brings the backend back.
+            let health = &self.health;
+            self.passive.retain(&name, |a, p| {
+                want.contains_key(&(a, p)) && want.get(&(a, p)) == health.check_of(&name, a, p)
+            });
             self.health.sync(&name, want, &mut self.effects);
         }
     }

@@ -18,6 +18,8 @@ struct Driven {
     claimed: BTreeSet<IpAddr>,
     checks: BTreeSet<BackendKey>,
     routes: Arc<RouteMap>,
+    /// The backends passive health took out, in order.
+    passive_out: Vec<BackendKey>,
 }
 
 impl Driven {
@@ -41,6 +43,7 @@ impl Driven {
             claimed: BTreeSet::new(),
             checks: BTreeSet::new(),
             routes: Arc::default(),
+            passive_out: Vec::new(),
         };
         d.run();
         d
@@ -79,6 +82,7 @@ impl Driven {
                 Effect::StopCheck { backend } => {
                     self.checks.remove(&backend);
                 }
+                Effect::PassiveOut { backend, .. } => self.passive_out.push(backend),
                 Effect::Routes(r) => self.routes = r,
                 Effect::Status { .. } | Effect::RetryMaps => {}
             }
@@ -516,6 +520,158 @@ fn a_kubernetes_change_reads_only_its_backends_next_hops() {
         .find(|b| b.socket_addr().ip() == node(1007))
         .and_then(|b| b.mac_addr());
     assert_eq!(resolved, Some(MacAddr([2, 0, 0, 1, 3, 0xef])));
+}
+
+/// A nat service "web" with a TCP check and passive health (3 failures within 1 s) over
+/// backends `backends` (port 8080).
+fn nat_config(backends: &[&str]) -> String {
+    config(backends)
+        .replace("port = 80, mac", "port = 8080, mac")
+        .replace(
+            "maglev_table_size = 251",
+            "maglev_table_size = 251\nmode = \"nat\"\nhealth_check = { kind = \"tcp\" }\n\
+             passive_health = { failures = 3, window = \"1s\" }",
+        )
+}
+
+/// The health of each backend of service `web` in `t`, by address.
+fn healths(t: &ServiceTable) -> std::collections::BTreeMap<IpAddr, Health> {
+    let web = t.services.iter().find(|s| s.name == "web").unwrap();
+    web.backends
+        .iter()
+        .map(|&id| {
+            let b = t.backend(id).unwrap();
+            (b.address(), b.health)
+        })
+        .collect()
+}
+
+#[test]
+fn failures_within_the_window_take_a_backend_out_of_new_flows_only() {
+    use strait_dataplane::passive::Failure;
+    let mut c = Driven::new(&nat_config(&["198.51.100.11", "198.51.100.12"]));
+    let b1 = BackendKey::new("web", ip("198.51.100.11"), 8080);
+    let gen = c.live.generation;
+    // Two refusals, then one more 1.5 s later: never three within a second.
+    c.handle(Event::Passive(vec![(b1.clone(), Failure::Refused, 2)]))
+        .unwrap();
+    c.now += Duration::from_millis(1500);
+    c.handle(Event::Passive(vec![(b1.clone(), Failure::Refused, 1)]))
+        .unwrap();
+    assert_eq!(c.live.generation, gen, "not out");
+    assert!(c.passive_out.is_empty());
+    // Two more within the second: the last three are.
+    c.now += Duration::from_millis(300);
+    c.handle(Event::Passive(vec![(b1.clone(), Failure::Unanswered, 2)]))
+        .unwrap();
+    assert_eq!(c.live.generation, gen + 1);
+    assert_eq!(c.passive_out, vec![b1.clone()]);
+    let out = c.core.passive_out(&b1).copied().expect("out");
+    assert_eq!(out.cause, Failure::Unanswered);
+    // No new flows, existing flows stay: draining in the table, out of the Maglev members.
+    let h = healths(&c.live);
+    assert_eq!(h[&ip("198.51.100.11")], Health::Draining);
+    assert_eq!(h[&ip("198.51.100.12")], Health::Up);
+    let web = c.live.services.iter().find(|s| s.name == "web").unwrap();
+    assert_eq!(web.members.len(), 1);
+    let b = c
+        .live
+        .backends
+        .iter()
+        .flatten()
+        .find(|b| b.address() == ip("198.51.100.11"));
+    assert!(b.unwrap().keeps_flows(), "its flows stay");
+    // More failures while out change nothing.
+    c.handle(Event::Passive(vec![(b1.clone(), Failure::Refused, 50)]))
+        .unwrap();
+    assert_eq!(c.live.generation, gen + 1);
+    assert_eq!(c.passive_out.len(), 1);
+}
+
+#[test]
+fn the_active_check_brings_a_backend_back() {
+    use strait_dataplane::passive::Failure;
+    let mut c = Driven::new(&nat_config(&["198.51.100.11", "198.51.100.12"]));
+    let b1 = BackendKey::new("web", ip("198.51.100.11"), 8080);
+    c.handle(Event::Passive(vec![(b1.clone(), Failure::Refused, 3)]))
+        .unwrap();
+    assert_eq!(healths(&c.live)[&ip("198.51.100.11")], Health::Draining);
+    // Its check falls meanwhile: down (its flows re-hash), and still out.
+    c.handle(Event::Health(vec![(b1.clone(), false)])).unwrap();
+    assert_eq!(healths(&c.live)[&ip("198.51.100.11")], Health::Down);
+    assert!(c.core.passive_out(&b1).is_some());
+    // The check passes again: back in full.
+    c.handle(Event::Health(vec![(b1.clone(), true)])).unwrap();
+    assert_eq!(healths(&c.live)[&ip("198.51.100.11")], Health::Up);
+    assert!(c.core.passive_out(&b1).is_none());
+    // Out again; this time the check never fell: its pass (reported by the checker for a
+    // check begun after the verdict) brings it back.
+    c.handle(Event::Passive(vec![(b1.clone(), Failure::Refused, 3)]))
+        .unwrap();
+    assert_eq!(healths(&c.live)[&ip("198.51.100.11")], Health::Draining);
+    let gen = c.live.generation;
+    c.handle(Event::Health(vec![(b1.clone(), true)])).unwrap();
+    assert_eq!(c.live.generation, gen + 1);
+    assert_eq!(healths(&c.live)[&ip("198.51.100.11")], Health::Up);
+    // A reload that keeps the check keeps a backend out; one that changes it forgets it.
+    c.handle(Event::Passive(vec![(b1.clone(), Failure::Refused, 3)]))
+        .unwrap();
+    let toml = nat_config(&["198.51.100.11", "198.51.100.12"]);
+    let reload = |toml: &str| {
+        Event::Reload(Ok(Box::new(Loaded {
+            config: strait_config::parse(toml).unwrap(),
+            locals: Vec::new(),
+            neighbours: Neighbours::default(),
+        })))
+    };
+    c.handle(reload(&toml)).unwrap();
+    assert_eq!(healths(&c.live)[&ip("198.51.100.11")], Health::Draining);
+    c.handle(reload(
+        &toml.replace("kind = \"tcp\"", "kind = \"tcp\", rise = 3"),
+    ))
+    .unwrap();
+    assert_eq!(healths(&c.live)[&ip("198.51.100.11")], Health::Up);
+    assert!(c.core.passive_out(&b1).is_none());
+}
+
+#[test]
+fn passive_health_takes_out_at_most_half_of_a_service() {
+    use strait_dataplane::passive::Failure;
+    let mut c = Driven::new(&nat_config(&[
+        "198.51.100.11",
+        "198.51.100.12",
+        "198.51.100.13",
+    ]));
+    let key = |a: &str| BackendKey::new("web", ip(a), 8080);
+    c.handle(Event::Passive(vec![
+        (key("198.51.100.11"), Failure::Refused, 3),
+        (key("198.51.100.12"), Failure::Refused, 3),
+    ]))
+    .unwrap();
+    assert_eq!(c.passive_out, vec![key("198.51.100.11")]);
+    let h = healths(&c.live);
+    assert_eq!(h.values().filter(|h| **h == Health::Up).count(), 2);
+    // A lone backend is never taken out; nor is a service without passive health touched.
+    let mut lone = Driven::new(&nat_config(&["198.51.100.11"]));
+    lone.handle(Event::Passive(vec![(
+        key("198.51.100.11"),
+        Failure::Refused,
+        10,
+    )]))
+    .unwrap();
+    assert!(lone.passive_out.is_empty());
+    let off = nat_config(&["198.51.100.11", "198.51.100.12"]).replace(
+        "passive_health = { failures = 3, window = \"1s\" }",
+        "passive_health = { enabled = false }",
+    );
+    let mut off = Driven::new(&off);
+    off.handle(Event::Passive(vec![(
+        key("198.51.100.11"),
+        Failure::Refused,
+        10,
+    )]))
+    .unwrap();
+    assert!(off.passive_out.is_empty());
 }
 
 /// Slow start: `web` with `backends` and `slow_start = "6s"` (and `extra` service fields).

@@ -8,7 +8,7 @@
 //!        │  pool::plan (addresses) ─ translate (pure) ─ validate (config rules)
 //!        ▼
 //!   publish(Publication) ──► control loop (std mpsc) ──► core: Event::Kube ──► Builder::update
-//!   (list + changed names)     (run::Gateway)            (core::Control)  ──► ArcSwap ◄── workers
+//!   (list + changed names)     (run::Driver)             (core::Control)  ──► ArcSwap ◄── workers
 //! ```
 //!
 //! tokio lives on this module's thread only: the control loop receives plain

@@ -9,7 +9,7 @@
 //!  the clock (poll_timeout) ──────────┘          Effect      └─► neigh::probe, neigh reads
 //! ```
 //!
-//! [`Gateway`] turns the world into [`Event`]s for the core ([`crate::core`]) and carries
+//! [`Driver`] turns the world into [`Event`]s for the core ([`crate::core`]) and carries
 //! out the [`Effect`]s it returns, in order; it decides nothing. Everything it does is I/O:
 //! reading the file and the interfaces ([`source`]), the atomic swap, the steering maps,
 //! the health-check threads, `ip` for the VIPs, netlink reads and probes.
@@ -43,7 +43,7 @@ pub use source::{interface_addrs, port_of, ConfigSource};
 const IDLE: Duration = Duration::from_millis(100);
 
 /// The gateway's control side: the core and the world it drives.
-pub struct Gateway {
+pub struct Driver {
     source: ConfigSource,
     core: Control,
     checker: Checker,
@@ -64,17 +64,17 @@ pub struct Gateway {
     dpdk: Option<crate::dpdk::Ports>,
 }
 
-impl std::fmt::Debug for Gateway {
+impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gateway")
+        f.debug_struct("Driver")
             .field("source", &self.source)
             .finish_non_exhaustive()
     }
 }
 
-impl Gateway {
+impl Driver {
     /// Loads the configuration, checks the interfaces, builds the first table and starts the
-    /// health checks. Workers start separately ([`Gateway::start_workers`]).
+    /// health checks. Workers start separately ([`Driver::start_workers`]).
     ///
     /// # Errors
     /// A configuration that does not validate, or an interface that does not exist.
@@ -101,7 +101,7 @@ impl Gateway {
         Ok(g)
     }
 
-    /// The state [`Gateway::start`] makes once the interfaces are known: the core with its
+    /// The state [`Driver::start`] makes once the interfaces are known: the core with its
     /// first table, the health checks and the shared state, with no workers and no VIPs.
     /// Also what `strait-lab bench control` drives, so that it measures the gateway's own
     /// per-change path.
@@ -334,6 +334,20 @@ impl Gateway {
             }
             Effect::StartCheck { backend, check } => self.checker.start(backend, check),
             Effect::StopCheck { backend } => self.checker.stop(&backend),
+            Effect::PassiveOut {
+                backend,
+                cause,
+                failures,
+                window,
+            } => self.checker.passive_out(
+                &backend,
+                cause.as_str(),
+                format!(
+                    "{failures} connection attempts {} within {}",
+                    cause.as_str(),
+                    humantime::format_duration(window)
+                ),
+            ),
             Effect::ClaimVips(v) => {
                 if let Some(vips) = &mut self.vips {
                     if let Err(e) = vips.claim(&v) {
@@ -423,11 +437,14 @@ impl Gateway {
         let mut watchdog = crate::supervise::Watchdog::from_env();
         let mut trimmer = crate::heap::Trimmer::new();
         let mut generation = self.core.table().generation;
+        let mut watcher = crate::passive::Watcher::new();
+        let mut passive = self.passive_on();
         loop {
             // A new table freed the previous one: hand the freed pages back (crate::heap).
             if self.core.table().generation != generation {
                 generation = self.core.table().generation;
                 trimmer.rebuilt();
+                passive = self.passive_on();
             }
             trimmer.tick(Instant::now());
             if let Some(w) = &mut watchdog {
@@ -444,8 +461,9 @@ impl Gateway {
                 info!("drain grace over");
                 return;
             }
-            let wait = self.core.poll_timeout().map_or(IDLE, |at| {
-                at.saturating_duration_since(Instant::now()).min(IDLE)
+            let idle = if passive { crate::passive::POLL } else { IDLE };
+            let wait = self.core.poll_timeout().map_or(idle, |at| {
+                at.saturating_duration_since(Instant::now()).min(idle)
             });
             match self.changes.recv_timeout(wait) {
                 Ok(k) => {
@@ -466,6 +484,14 @@ impl Gateway {
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
+            }
+            if passive {
+                let failed = watcher.poll(&self.shared.cores, &self.shared.table.load());
+                if !failed.is_empty() {
+                    if let Err(e) = self.handle(Event::Passive(failed)) {
+                        warn!("rebuild failed, keeping the previous table: {e}");
+                    }
+                }
             }
             if self
                 .core
@@ -529,6 +555,18 @@ impl Gateway {
         }
     }
 
+    /// Whether some service has passive health: then the loop polls the workers' samples
+    /// every [`crate::passive::POLL`].
+    fn passive_on(&self) -> bool {
+        self.workers.is_some()
+            && self
+                .core
+                .config()
+                .services
+                .iter()
+                .any(|s| s.passive_health.is_some())
+    }
+
     /// Starts draining for `why`; returns when the grace ends.
     fn start_drain(&mut self, why: &str) -> Instant {
         let grace = self.core.file().gateway.drain_grace;
@@ -589,7 +627,7 @@ pub fn run(source: ConfigSource, kube: &crate::kube::Args) -> anyhow::Result<()>
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))
         .context("installing SIGHUP")?;
 
-    let mut gateway = Gateway::start(source)?;
+    let mut gateway = Driver::start(source)?;
     let (request_tx, request_rx) = mpsc::channel::<Request>();
     let opts = admin_options(&gateway.core.file().gateway)?;
     let bound = admin::start_with(&opts, Arc::clone(&gateway.shared), request_tx)?;

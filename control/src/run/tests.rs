@@ -7,7 +7,7 @@ fn reload_swaps_good_configs_and_refuses_bad_ones() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("strait.toml");
     std::fs::write(&path, config(&["198.51.100.11"])).unwrap();
-    let mut c = Gateway::start(ConfigSource::File(path.clone())).unwrap();
+    let mut c = Driver::start(ConfigSource::File(path.clone())).unwrap();
     assert_eq!(c.shared.table.load().generation, 1);
     let first_id = c.shared.table.load().services[0].backends[0];
 
@@ -43,7 +43,7 @@ fn a_missing_interface_is_named() {
         config(&["198.51.100.11"]).replace("\"lo\"", "\"nosuch0\""),
     )
     .unwrap();
-    let e = Gateway::start(ConfigSource::File(path))
+    let e = Driver::start(ConfigSource::File(path))
         .unwrap_err()
         .to_string();
     assert!(e.contains("interface nosuch0 not found"), "{e}");

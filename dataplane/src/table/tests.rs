@@ -131,6 +131,7 @@ mod incremental {
             },
             session_affinity: affinity.then_some(Duration::from_secs(60)),
             health_check: None,
+            passive_health: None,
             route: Default::default(),
             slow_start: None,
             backends: bs,

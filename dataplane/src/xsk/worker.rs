@@ -393,6 +393,13 @@ impl PortDriver for QueueGroup {
 /// the hook's copy (a few hundred bytes) costs nothing per packet.
 pub const PUBLISH_EVERY: u64 = 1024;
 
+/// Least time between two calls of the `publish` hook made because the pipeline counted a
+/// failed connection attempt ([`crate::passive`]) while busy: 1 ms, so the control side,
+/// which looks every few milliseconds, sees a failing backend within a few of them, and a
+/// backend refusing thousands of connections a second costs at most a thousand copies of
+/// the sample a second (a few microseconds each), only while it fails.
+pub const PASSIVE_PUBLISH_NS: u64 = 1_000_000;
+
 /// Flow-table buckets swept per idle turn: 64 buckets (512 ways) is well under a microsecond,
 /// so an arriving packet waits at most that long, and an idle core still walks a million-flow
 /// table in a few seconds.
@@ -413,8 +420,9 @@ pub const BOOKS_EVERY_NS: u64 = 100_000_000;
 /// pipeline's `now`, read once per such turn, and times the turns that found work
 /// ([`WorkerStats::busy`], read at a turn's start and after its TX kick). The pipeline's
 /// counters stay in `pipe`; `publish` sees them (and the worker's statistics) when the
-/// worker turns idle, every [`PUBLISH_EVERY`] batches and, while idle, with each look at the
-/// UMEM's books, to copy them where the admin API reads. While idle the worker also expires
+/// worker turns idle, every [`PUBLISH_EVERY`] batches, at most every [`PASSIVE_PUBLISH_NS`]
+/// while the pipeline counts failed connection attempts ([`crate::passive`]) and, while idle,
+/// with each look at the UMEM's books, to copy them where the admin API reads. While idle the worker also expires
 /// flows, [`SWEEP_BUCKETS`] buckets a turn.
 ///
 /// An idle worker sleeps in `poll(2)` on its sockets, so a frame handed to it then waits up to
@@ -446,6 +454,8 @@ where
     let mut books_at = clock.now_ns();
     let mut held: [D::Held; B] = std::array::from_fn(|_| D::Held::default());
     let mut idle = 0u32;
+    // The passive-health total last published, and when.
+    let (mut passive_seen, mut passive_at) = (0u64, 0u64);
     let sockets = group.ports();
     while !stop.load(Ordering::Relaxed) {
         let turn = clock.now_ns();
@@ -462,6 +472,7 @@ where
             // its frames are at rest.
             let looked = look_at_books(group, &mut st, &mut books_at, now);
             if idle == 1 || looked {
+                passive_seen = pipe.passive.total();
                 publish(pipe, &st);
             }
             pipe.flows.sweep(now, SWEEP_BUCKETS);
@@ -537,6 +548,13 @@ where
         st.refused(group.take_tx_refused());
         if st.batches / PUBLISH_EVERY != batches / PUBLISH_EVERY {
             let _ = look_at_books(group, &mut st, &mut books_at, now);
+            passive_seen = pipe.passive.total();
+            publish(pipe, &st);
+        } else if pipe.passive.total() != passive_seen
+            && now.saturating_sub(passive_at) >= PASSIVE_PUBLISH_NS
+        {
+            // A backend failed connection attempts: the control side decides on it soon.
+            (passive_seen, passive_at) = (pipe.passive.total(), now);
             publish(pipe, &st);
         }
     }

@@ -383,7 +383,7 @@ fn measure(opts: Run, netns: Option<&str>) -> anyhow::Result<()> {
     );
     // The gateway itself, as `strait run --kube` has it once the interfaces are known: with
     // its worker and steering program (Target::Workers), no VIPs on an interface.
-    let mut control = strait_control::run::Gateway::with_ports(
+    let mut control = strait_control::run::Driver::with_ports(
         strait_control::run::ConfigSource::Builtin,
         file.clone(),
         ports.to_vec(),
@@ -678,7 +678,7 @@ type Publish<'a> = dyn FnMut(
 /// loop run them.
 fn through(
     ctl: &mut Controller,
-    control: &mut strait_control::run::Gateway,
+    control: &mut strait_control::run::Driver,
     publication: &mut Publish<'_>,
     kind: Kind,
     obj: DynamicObject,
@@ -763,7 +763,7 @@ fn measure_dsr(
         round.services.len(),
         opts.services + CLUSTER_SERVICES
     );
-    let mut control = strait_control::run::Gateway::with_ports(
+    let mut control = strait_control::run::Driver::with_ports(
         strait_control::run::ConfigSource::Builtin,
         file.clone(),
         ports.to_vec(),
@@ -793,7 +793,7 @@ fn measure_dsr(
 
     // Slice changes, each removing one pod of a Service no change touched before.
     let slice_changes = |ctl: &mut Controller,
-                         control: &mut strait_control::run::Gateway,
+                         control: &mut strait_control::run::Driver,
                          publication: &mut Publish<'_>,
                          from: usize,
                          last: &mut Vec<Arc<Service>>|

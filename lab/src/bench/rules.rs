@@ -377,6 +377,7 @@ fn service(i: usize, s: &SvcSpec) -> Service {
         source_ranges: Vec::new(),
         session_affinity: None,
         health_check: None,
+        passive_health: None,
         route: Default::default(),
         slow_start: None,
         backends: s

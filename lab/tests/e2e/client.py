@@ -12,6 +12,12 @@
                                      how many were sent
     client.py udpmap VIP PORT FIRST N  as udp, printing per source port the answer (or -):
                                      "PORT backend=b1 client=IP:PORT"
+    client.py churn VIP THREADS SECONDS  open new connections as fast as THREADS threads can for
+                                     SECONDS, each one GET with Connection: close; print
+                                     "ok=N refused=N failed=N", then per backend "backend=NAME N",
+                                     then one "REFUSED T PORT" (connect refused) or "FAILED T
+                                     ERROR" (any other error) line per failed connection, T
+                                     the monotonic time its connect began, PORT its own
     client.py rate VIP PER_SECOND SECONDS  open a new connection PER_SECOND times a second
                                      for SECONDS, GET / on each and close it; print per
                                      connection the wall-clock time it was opened and the
@@ -143,6 +149,64 @@ def udpmap(vip, port, first, n):
     sys.stdout.flush()
 
 
+def churn(vip, threads, seconds):
+    lock = threading.Lock()
+    ok, per, refused, failed = [0], {}, [], []
+    end = time.monotonic() + seconds
+
+    def one():
+        while time.monotonic() < end:
+            t = time.monotonic()
+            s = socket.socket()
+            s.settimeout(3)
+            try:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+                s.connect((vip, 80))
+            except ConnectionRefusedError:
+                s.close()
+                with lock:
+                    refused.append((t, port))
+                continue
+            except OSError as e:
+                s.close()
+                with lock:
+                    failed.append((t, type(e).__name__))
+                continue
+            try:
+                s.settimeout(3)
+                s.sendall(b"GET / HTTP/1.1\r\nHost: vip\r\nConnection: close\r\n\r\n")
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        raise ConnectionError("closed before the response")
+                    data += chunk
+                backend = data.split(b"\r\n\r\n", 1)[1].split(b" ")[0].decode()
+                with lock:
+                    ok[0] += 1
+                    per[backend] = per.get(backend, 0) + 1
+            except OSError as e:
+                with lock:
+                    failed.append((t, type(e).__name__))
+            finally:
+                s.close()
+
+    workers = [threading.Thread(target=one) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    print(f"ok={ok[0]} refused={len(refused)} failed={len(failed)}")
+    for b, n in sorted(per.items()):
+        print(f"{b} {n}")
+    for t, port in sorted(refused):
+        print(f"REFUSED {t:.6f} {port}")
+    for t, e in sorted(failed):
+        print(f"FAILED {t:.6f} {e}")
+    sys.stdout.flush()
+
+
 def rate(vip, per_second, seconds):
     start = time.monotonic()
     for i in range(int(per_second * seconds)):
@@ -188,6 +252,8 @@ if __name__ == "__main__":
         udp(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif cmd == "udpmap":
         udpmap(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    elif cmd == "churn":
+        churn(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
     elif cmd == "rate":
         rate(sys.argv[2], float(sys.argv[3]), float(sys.argv[4]))
     elif cmd == "explain":

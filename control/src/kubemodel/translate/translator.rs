@@ -614,6 +614,11 @@ impl<'a> Translator<'a> {
                 maglev_table_size,
                 source_ranges,
                 session_affinity: shape.affinity,
+                passive_health: model::PassiveHealth::default_for(
+                    shape.mode,
+                    protocol,
+                    health_check.as_ref(),
+                ),
                 health_check,
                 route: shape.route.clone(),
                 slow_start: shape.slow_start,
