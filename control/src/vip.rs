@@ -26,7 +26,7 @@ use strait_config::model::{Config, Role};
 use tracing::{info, warn};
 
 /// The label of the IPv4 VIPs this module puts on `lo`: a run of strait adopts the VIPs an
-/// earlier, killed run left ([`Vips::claim`]).
+/// earlier, killed run left ([`VipAddresses::claim`]).
 const LABEL: &str = "lo:strait";
 
 /// Gratuitous-ARP processes run at the same time when many VIPs appear at once.
@@ -46,13 +46,13 @@ pub fn client_interface(cfg: &Config) -> String {
 
 /// The VIPs the gateway has added, and where.
 #[derive(Debug)]
-pub struct Vips {
+pub struct VipAddresses {
     iface: String,
     netns: Option<String>,
     added: BTreeSet<IpAddr>,
 }
 
-impl Vips {
+impl VipAddresses {
     /// VIP management for the client-facing interface of `cfg`. `netns` runs the commands in
     /// a named namespace (tests); the gateway itself runs inside its namespace and passes
     /// `None`.
@@ -271,7 +271,7 @@ fn spawn_captured(mut c: Command) -> anyhow::Result<std::process::Child> {
         .context("running arping")
 }
 
-impl Drop for Vips {
+impl Drop for VipAddresses {
     fn drop(&mut self) {
         let all: Vec<IpAddr> = self.added.iter().copied().collect();
         for vip in all {
@@ -376,7 +376,7 @@ backends = []
             .spawn()
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(700));
-        let mut vips = Vips::new(&cfg, Some(pair.0.clone()));
+        let mut vips = VipAddresses::new(&cfg, Some(pair.0.clone()));
         vips.sync(&cfg).unwrap();
         // The neighbour resolves the VIP by ARP: the kernel answers for it.
         let arp = Command::new("ip")
@@ -437,7 +437,7 @@ backends = []
 
         // A killed run's VIPs (never removed: forgotten, as SIGKILL would) are adopted by
         // the next run, which removes them when done; an operator's own address is not.
-        let mut killed = Vips::new(&cfg, Some(pair.0.clone()));
+        let mut killed = VipAddresses::new(&cfg, Some(pair.0.clone()));
         killed.sync(&cfg).unwrap();
         std::mem::forget(killed);
         let operators = "203.0.113.99";
@@ -459,7 +459,7 @@ backends = []
         extra.name = "ops".into();
         extra.vip = operators.parse().unwrap();
         with_own.services.push(extra);
-        let mut next = Vips::new(&with_own, Some(pair.0.clone()));
+        let mut next = VipAddresses::new(&with_own, Some(pair.0.clone()));
         next.sync(&with_own).unwrap();
         drop(next);
         assert!(!addrs("lo").contains("203.0.113.10"), "adopted and removed");

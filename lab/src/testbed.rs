@@ -805,7 +805,7 @@ fn start_router(layout: &Layout, dir: &Path) -> Result<(Child, RouterInfo), Erro
         source,
     })?;
     let deadline = Instant::now() + ROUTER_READY_TIMEOUT;
-    while strait_control::bgp::bird::Control::connect(&socket).is_err() {
+    while strait_control::bgp::bird::BirdSocket::connect(&socket).is_err() {
         let failed = |detail: String| Error::Server {
             name: "router".to_owned(),
             detail,

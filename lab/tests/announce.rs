@@ -114,7 +114,7 @@ impl Router {
         wait_for(
             "the router's control socket",
             Duration::from_secs(5),
-            || bird::Control::connect(&socket).ok(),
+            || bird::BirdSocket::connect(&socket).ok(),
         );
         Router {
             socket,
@@ -124,7 +124,7 @@ impl Router {
 
     /// BIRD's `show route all PREFIX` on the router: the route with its attributes.
     fn show_all(&self, prefix: &str) -> String {
-        let mut c = bird::Control::connect(&self.socket).expect("the router's socket");
+        let mut c = bird::BirdSocket::connect(&self.socket).expect("the router's socket");
         c.command(&format!("show route all {prefix}"))
             .expect("show route all")
             .into_iter()
@@ -134,7 +134,7 @@ impl Router {
 
     /// Whether the router has a route to `prefix` (BIRD's `show route PREFIX`).
     fn has(&self, prefix: &str) -> bool {
-        let Ok(mut c) = bird::Control::connect(&self.socket) else {
+        let Ok(mut c) = bird::BirdSocket::connect(&self.socket) else {
             return false;
         };
         c.command(&format!("show route {prefix}"))

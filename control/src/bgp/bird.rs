@@ -128,7 +128,7 @@ fn peer(c: &mut String, bgp: &Bgp, i: usize, p: &BgpPeer, communities: &str) {
 
 /// A connection to BIRD's control socket.
 #[derive(Debug)]
-pub struct Control {
+pub struct BirdSocket {
     reader: BufReader<UnixStream>,
 }
 
@@ -143,7 +143,7 @@ pub struct Protocol {
     pub info: String,
 }
 
-impl Control {
+impl BirdSocket {
     /// Connects to the socket at `path` and reads BIRD's greeting.
     ///
     /// # Errors

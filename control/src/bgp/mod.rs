@@ -187,7 +187,7 @@ struct Bird {
     conf: PathBuf,
     socket: PathBuf,
     child: Option<Child>,
-    control: Option<bird::Control>,
+    control: Option<bird::BirdSocket>,
     /// The VIPs announced (sorted).
     announced: Vec<IpAddr>,
     status: Arc<Mutex<Status>>,
@@ -314,7 +314,7 @@ impl Bird {
         self.child = Some(child);
         let deadline = Instant::now() + STARTUP;
         loop {
-            match bird::Control::connect(&self.socket) {
+            match bird::BirdSocket::connect(&self.socket) {
                 Ok(c) => {
                     self.control = Some(c);
                     break;

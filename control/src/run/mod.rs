@@ -4,7 +4,7 @@
 //!  config file, SIGHUP, POST /reload ─┐                     ┌─► ArcSwap<ServiceTable> ◄─ workers
 //!  Kubernetes feed (mpsc) ────────────┤   Event             │   + SteerProgram::update_maps
 //!  health checker (mpsc) ─────────────┼──────► core::Control ┼─► Checker::start / stop
-//!  neighbour reads (rtnetlink) ───────┤   (now passed in)    ├─► Vips::claim / release
+//!  neighbour reads (rtnetlink) ───────┤   (now passed in)    ├─► VipAddresses::claim / release
 //!  SIGTERM, POST /drain ──────────────┤                      ├─► bgp::Speaker::announce
 //!  the clock (poll_timeout) ──────────┘          Effect      └─► neigh::probe, neigh reads
 //! ```
@@ -33,7 +33,7 @@ use crate::footprint::Footprint;
 use crate::health::Checker;
 use crate::l2::Vrrp;
 use crate::shared::{Shared, Sources};
-use crate::vip::Vips;
+use crate::vip::VipAddresses;
 use crate::workers::{self, Workers};
 
 pub use source::{interface_addrs, port_of, ConfigSource};
@@ -51,7 +51,7 @@ pub struct Driver {
     changes: Receiver<BackendKey>,
     /// State the admin API and the workers read.
     pub shared: Arc<Shared>,
-    vips: Option<Vips>,
+    vips: Option<VipAddresses>,
     workers: Option<Workers>,
     /// The Kubernetes source's publications, when `--kube` is given.
     kube: Option<Receiver<crate::kubemodel::Publication>>,
@@ -155,7 +155,7 @@ impl Driver {
         // and TCP retransmits to the gateway the routers moved to.
         let g = &self.core.file().gateway;
         if g.l2.is_none() && g.bgp.is_none() {
-            self.vips = Some(Vips::new(self.core.file(), None));
+            self.vips = Some(VipAddresses::new(self.core.file(), None));
         }
         self.core.handle(Instant::now(), Event::Forwarding)?;
         while let Some(e) = self.core.poll_effect() {
