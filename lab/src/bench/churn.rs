@@ -187,6 +187,9 @@ pub struct Report {
     pub fds_min: usize,
     /// Most open file descriptors after the warm-up.
     pub fds_max: usize,
+    /// How far the floor of open descriptors rose from the earlier to the later half of the
+    /// samples after the warm-up (a leak; 0 or less: none).
+    pub fds_floor_rise: i64,
     /// Every sample.
     pub samples: Vec<Sample>,
     /// The machine.
@@ -329,6 +332,7 @@ fn churn(world: &mut World, load: &Load, o: &Options) -> anyhow::Result<Report> 
         rss_growth_pct: mem.growth_pct,
         fds_min: mem.fds_min,
         fds_max: mem.fds_max,
+        fds_floor_rise: mem.fds_floor_rise,
         samples,
         cpu: cpu_model(),
         date: utc_now(),
@@ -342,6 +346,11 @@ pub(crate) struct Memory {
     pub growth_pct: f64,
     pub fds_min: usize,
     pub fds_max: usize,
+    /// The fewest descriptors of the later half of the samples after the warm-up, less the
+    /// fewest of the earlier half: a leak raises that floor, while a socket a sample catches
+    /// open for a moment (a health check's connection, a neighbour read during a reload)
+    /// raises only one sample.
+    pub fds_floor_rise: i64,
 }
 
 impl Memory {
@@ -365,6 +374,14 @@ impl Memory {
             },
             fds_min: after.iter().map(|s| s.fds).min().unwrap_or(0),
             fds_max: after.iter().map(|s| s.fds).max().unwrap_or(0),
+            fds_floor_rise: {
+                let (early, late) = after.split_at(after.len() / 2);
+                let floor = |h: &[Sample]| h.iter().map(|s| s.fds).min();
+                match (floor(early), floor(late)) {
+                    (Some(e), Some(l)) => l as i64 - e as i64,
+                    _ => 0,
+                }
+            },
         }
     }
 }
@@ -1323,6 +1340,18 @@ mod tests {
         assert_eq!((m.baseline, m.max), (1000, 1010));
         assert!((m.growth_pct - 1.0).abs() < 1e-9);
         assert_eq!((m.fds_min, m.fds_max), (10, 11));
+        assert_eq!(m.fds_floor_rise, 0, "one sample above the floor is no leak");
+
+        let fds = |list: &[usize]| {
+            let samples: Vec<Sample> = list
+                .iter()
+                .enumerate()
+                .map(|(i, &f)| s(10.0 * i as f64, 1000, f))
+                .collect();
+            Memory::of(&samples, 0.0).fds_floor_rise
+        };
+        assert_eq!(fds(&[48, 61, 48, 52, 48, 48]), 0, "transient sockets");
+        assert_eq!(fds(&[48, 49, 50, 51, 52, 53]), 3, "one more every sample: a leak");
     }
 
     #[test]
