@@ -1351,7 +1351,11 @@ mod tests {
             Memory::of(&samples, 0.0).fds_floor_rise
         };
         assert_eq!(fds(&[48, 61, 48, 52, 48, 48]), 0, "transient sockets");
-        assert_eq!(fds(&[48, 49, 50, 51, 52, 53]), 3, "one more every sample: a leak");
+        assert_eq!(
+            fds(&[48, 49, 50, 51, 52, 53]),
+            3,
+            "one more every sample: a leak"
+        );
     }
 
     #[test]
