@@ -143,7 +143,7 @@
 use core::fmt;
 
 use crate::hash::SEED_FLOW;
-use crate::key::{BackendId, FlowKey};
+use crate::key::{Addr, BackendId, FlowKey, Proto};
 
 /// Ways per bucket. Eight 16-bit tags fill 16 bytes, a quarter of a cache line, so one line
 /// load screens a whole bucket (four, in fact); and an insert's worst case stays at 8 entries
@@ -521,11 +521,11 @@ impl Entry {
     /// Filler for empty ways; never read while its tag is 0.
     const EMPTY: Entry = Entry {
         key: FlowKey {
-            src: [0; 16],
-            dst: [0; 16],
+            src: Addr([0; 16]),
+            dst: Addr([0; 16]),
             src_port: 0,
             dst_port: 0,
-            proto: 0,
+            proto: Proto(0),
         },
         value: FlowValue {
             backend: BackendId(0),
@@ -1227,8 +1227,8 @@ mod tests {
         let mut dst = [0x20, 0x01, 0x0d, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
         dst[15] = 1;
         FlowKey {
-            src,
-            dst,
+            src: Addr(src),
+            dst: Addr(dst),
             src_port: 40000,
             dst_port: 53,
             proto: proto::UDP,
