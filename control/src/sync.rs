@@ -759,7 +759,7 @@ mod tests {
             state: FlowState::TcpSyn,
             kind: RecordKind::Flow,
             flags: 0,
-            peer_mac: [2, 0, 0, 0, 0, 1],
+            peer_mac: [2, 0, 0, 0, 0, 1].into(),
         }
     }
 
