@@ -1,6 +1,6 @@
 //! TCP headers (RFC 9293): the fields a load balancer reads and rewrites.
 
-use super::{checksum, get16, get32, set16, Error, Field};
+use super::{checksum, get16, get32, ports, set16, Error, Field};
 
 /// Length of a TCP header without options.
 pub const HEADER_LEN: usize = field::URGENT.end;
@@ -24,8 +24,7 @@ pub mod flags {
 /// Where the fields lie (RFC 9293 section 3.1).
 mod field {
     use super::Field;
-    pub const SRC_PORT: Field = 0..2;
-    pub const DST_PORT: Field = 2..4;
+    // 0..4: the source and destination ports, read and written through `ports::Packet`.
     pub const SEQ_NUM: Field = 4..8;
     pub const ACK_NUM: Field = 8..12;
     /// Data offset (high nibble, in 32-bit words) and reserved bits.
@@ -71,16 +70,22 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Self { buf }
     }
 
+    /// The two ports, through the view TCP, UDP and SCTP share.
+    #[inline(always)]
+    pub fn ports(&self) -> ports::Packet<&[u8]> {
+        ports::Packet::new_unchecked(self.buf.as_ref())
+    }
+
     /// Source port.
     #[inline(always)]
     pub fn src_port(&self) -> u16 {
-        get16(self.buf.as_ref(), field::SRC_PORT)
+        self.ports().src_port()
     }
 
     /// Destination port.
     #[inline(always)]
     pub fn dst_port(&self) -> u16 {
-        get16(self.buf.as_ref(), field::DST_PORT)
+        self.ports().dst_port()
     }
 
     /// Sequence number.
@@ -128,16 +133,22 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// The two ports, writable, through the view TCP, UDP and SCTP share.
+    #[inline(always)]
+    pub fn ports_mut(&mut self) -> ports::Packet<&mut [u8]> {
+        ports::Packet::new_unchecked(self.buf.as_mut())
+    }
+
     /// Sets the source port (the checksum is the caller's).
     #[inline(always)]
     pub fn set_src_port(&mut self, port: u16) {
-        set16(self.buf.as_mut(), field::SRC_PORT, port);
+        self.ports_mut().set_src_port(port);
     }
 
     /// Sets the destination port (the checksum is the caller's).
     #[inline(always)]
     pub fn set_dst_port(&mut self, port: u16) {
-        set16(self.buf.as_mut(), field::DST_PORT, port);
+        self.ports_mut().set_dst_port(port);
     }
 
     /// Writes the checksum field.

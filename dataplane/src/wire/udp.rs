@@ -1,6 +1,6 @@
 //! UDP headers (RFC 768).
 
-use super::{checksum, get16, set16, Error, Field};
+use super::{checksum, get16, ports, set16, Error, Field};
 
 /// Length of a UDP header.
 pub const HEADER_LEN: usize = field::CHECKSUM.end;
@@ -10,8 +10,7 @@ pub const CHECKSUM_OFFSET: usize = field::CHECKSUM.start;
 /// Where the fields lie (RFC 768).
 mod field {
     use super::Field;
-    pub const SRC_PORT: Field = 0..2;
-    pub const DST_PORT: Field = 2..4;
+    // 0..4: the source and destination ports, read and written through `ports::Packet`.
     pub const LENGTH: Field = 4..6;
     pub const CHECKSUM: Field = 6..8;
 }
@@ -52,16 +51,22 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Self { buf }
     }
 
+    /// The two ports, through the view TCP, UDP and SCTP share.
+    #[inline(always)]
+    pub fn ports(&self) -> ports::Packet<&[u8]> {
+        ports::Packet::new_unchecked(self.buf.as_ref())
+    }
+
     /// Source port.
     #[inline(always)]
     pub fn src_port(&self) -> u16 {
-        get16(self.buf.as_ref(), field::SRC_PORT)
+        self.ports().src_port()
     }
 
     /// Destination port.
     #[inline(always)]
     pub fn dst_port(&self) -> u16 {
-        get16(self.buf.as_ref(), field::DST_PORT)
+        self.ports().dst_port()
     }
 
     /// Length field (header and payload).
@@ -83,16 +88,22 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// The two ports, writable, through the view TCP, UDP and SCTP share.
+    #[inline(always)]
+    pub fn ports_mut(&mut self) -> ports::Packet<&mut [u8]> {
+        ports::Packet::new_unchecked(self.buf.as_mut())
+    }
+
     /// Sets the source port (the checksum is the caller's).
     #[inline(always)]
     pub fn set_src_port(&mut self, port: u16) {
-        set16(self.buf.as_mut(), field::SRC_PORT, port);
+        self.ports_mut().set_src_port(port);
     }
 
     /// Sets the destination port (the checksum is the caller's).
     #[inline(always)]
     pub fn set_dst_port(&mut self, port: u16) {
-        set16(self.buf.as_mut(), field::DST_PORT, port);
+        self.ports_mut().set_dst_port(port);
     }
 
     /// Sets the length field.
