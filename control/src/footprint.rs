@@ -178,7 +178,7 @@ mod tests {
     use strait_testkit::config::{GatewayToml, ServiceToml};
 
     /// Interfaces `a` and `b`, each with `queues`, and one service with a full-size table.
-    fn config(flow_capacity_per_core: u32, queues: &[u16]) -> Config {
+    fn config(flow_capacity_per_core: u32, queues: &[u32]) -> Config {
         let toml = GatewayToml::new()
             .set("flow_capacity_per_core", flow_capacity_per_core)
             .interface("a", queues)

@@ -14,8 +14,6 @@
 //! full. Frames are built (that allocates) before the allocator is armed;
 //! the counted loop copies each into one preallocated buffer and calls `Pipeline::process`.
 
-use std::sync::atomic::Ordering;
-
 use etherparse::{icmpv4, Icmpv4Type, PacketBuilder};
 use std::sync::Arc;
 

@@ -19,7 +19,7 @@ use std::fmt;
 pub struct GatewayToml {
     gateway: Vec<(String, String)>,
     tables: Vec<String>,
-    interfaces: Vec<(String, Vec<u16>)>,
+    interfaces: Vec<Interface>,
     services: Vec<ServiceToml>,
 }
 
@@ -41,8 +41,25 @@ impl GatewayToml {
     }
 
     /// Adds an interface and the queues its workers serve.
-    pub fn interface(mut self, name: &str, queues: &[u16]) -> Self {
-        self.interfaces.push((name.to_string(), queues.to_vec()));
+    pub fn interface(mut self, name: &str, queues: &[u32]) -> Self {
+        self.interfaces.push(Interface {
+            name: name.to_string(),
+            queues: queues.to_vec(),
+            keys: Vec::new(),
+        });
+        self
+    }
+
+    /// Adds `key = value` to the interface added last (`role`, `vlans`); `value` is TOML.
+    ///
+    /// # Panics
+    /// When no interface was added yet.
+    pub fn interface_set(mut self, key: &str, value: impl fmt::Display) -> Self {
+        let last = self
+            .interfaces
+            .last_mut()
+            .expect("an interface to set a key of");
+        last.keys.push((key.to_string(), value.to_string()));
         self
     }
 
@@ -70,17 +87,29 @@ impl fmt::Display for GatewayToml {
         for t in &self.tables {
             writeln!(f, "{}", t.trim_end())?;
         }
-        for (name, queues) in &self.interfaces {
+        for i in &self.interfaces {
             writeln!(
                 f,
-                "[[gateway.interfaces]]\nname = \"{name}\"\nqueues = {queues:?}"
+                "[[gateway.interfaces]]\nname = \"{}\"\nqueues = {:?}",
+                i.name, i.queues
             )?;
+            for (k, v) in &i.keys {
+                writeln!(f, "{k} = {v}")?;
+            }
         }
         for s in &self.services {
             write!(f, "{s}")?;
         }
         Ok(())
     }
+}
+
+/// One `[[gateway.interfaces]]` entry.
+#[derive(Clone, Debug)]
+struct Interface {
+    name: String,
+    queues: Vec<u32>,
+    keys: Vec<(String, String)>,
 }
 
 /// One `[[services]]` entry: name, VIP and port, the keys a test sets and the backends
@@ -170,6 +199,8 @@ mod tests {
         let bgp = "[gateway.bgp]\nasn = 64512\nrouter_id = \"192.0.2.1\"\n\
                    peers = [{ address = \"198.51.100.1\", asn = 64500 }]\n";
         let t = GatewayToml::eth0()
+            .interface("eth1", &[0, 1])
+            .interface_set("role", "\"backend\"")
             .set("mtu", 1400)
             .table(bgp)
             .service(
@@ -185,6 +216,7 @@ mod tests {
             format!(
                 "[gateway]\nmtu = 1400\n{bgp}\
                  [[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n\
+                 [[gateway.interfaces]]\nname = \"eth1\"\nqueues = [0, 1]\nrole = \"backend\"\n\
                  [[services]]\nname = \"web\"\nvip = \"203.0.113.10\"\nport = 80\n\
                  mode = \"nat\"\nmaglev_table_size = 251\n\
                  backends = [{{ address = \"198.51.100.11\", port = 8080 }}, \
@@ -196,7 +228,7 @@ mod tests {
         let cfg = strait_config::parse(&t.to_string()).expect("the real parser takes it");
         assert_eq!(cfg.gateway.mtu, 1400);
         assert!(cfg.gateway.bgp.is_some());
-        assert_eq!(cfg.gateway.interfaces.len(), 1);
+        assert_eq!(cfg.gateway.interfaces.len(), 2);
         assert_eq!(cfg.services.len(), 2);
         assert_eq!(cfg.services[0].backends.len(), 2);
     }
