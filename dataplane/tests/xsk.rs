@@ -104,38 +104,63 @@ const SCTP_PACKETS: usize = 8;
 /// own address 192.0.2.2 at MAC_A: dsr-l2 TCP, UDP and SCTP on VIP, dsr-ipip UDP on
 /// VIP_IPIP, nat UDP 203.0.113.12:53 to port 5353, dsr-l2 UDP on VIP6.
 fn config() -> String {
-    let service = |name, vip, port, protocol, mode| {
-        ServiceToml::new(name, vip, port)
-            .protocol(protocol)
-            .mode(mode)
-    };
-    let at_a = |s: ServiceToml, port| s.backend_mac("192.0.2.2", port, MAC_A_STR);
-    GatewayToml::new()
+    let services = [
+        (
+            "web-tcp",
+            "203.0.113.10",
+            80,
+            "tcp",
+            "dsr-l2",
+            "192.0.2.2",
+            80,
+        ),
+        (
+            "web-udp",
+            "203.0.113.10",
+            80,
+            "udp",
+            "dsr-l2",
+            "192.0.2.2",
+            80,
+        ),
+        (
+            "signalling",
+            "203.0.113.10",
+            7777,
+            "sctp",
+            "dsr-l2",
+            "192.0.2.2",
+            7777,
+        ),
+        (
+            "tunnelled",
+            "203.0.113.11",
+            80,
+            "udp",
+            "dsr-ipip",
+            "192.0.2.2",
+            80,
+        ),
+        ("dns", "203.0.113.12", 53, "udp", "nat", "192.0.2.2", 5353),
+        ("web6", VIP6, 80, "udp", "dsr-l2", "2001:db8::2", 80),
+    ];
+    let gateway = GatewayToml::new()
         .set("new_flows_per_second_per_core", 0)
         .interface("veth-g", &[0])
-        .interface_set("vlans", "[200]")
-        .service(at_a(
-            service("web-tcp", "203.0.113.10", 80, "tcp", "dsr-l2"),
-            80,
-        ))
-        .service(at_a(
-            service("web-udp", "203.0.113.10", 80, "udp", "dsr-l2"),
-            80,
-        ))
-        .service(at_a(
-            service("signalling", "203.0.113.10", 7777, "sctp", "dsr-l2"),
-            7777,
-        ))
-        .service(at_a(
-            service("tunnelled", "203.0.113.11", 80, "udp", "dsr-ipip"),
-            80,
-        ))
-        .service(at_a(service("dns", "203.0.113.12", 53, "udp", "nat"), 5353))
-        .service(service("web6", VIP6, 80, "udp", "dsr-l2").backend_mac(
-            "2001:db8::2",
-            80,
-            MAC_A_STR,
-        ))
+        .interface_set("vlans", "[200]");
+    services
+        .into_iter()
+        .fold(
+            gateway,
+            |g, (name, vip, port, protocol, mode, backend, backend_port)| {
+                g.service(
+                    ServiceToml::new(name, vip, port)
+                        .protocol(protocol)
+                        .mode(mode)
+                        .backend_mac(backend, backend_port, MAC_A_STR),
+                )
+            },
+        )
         .to_string()
 }
 
