@@ -68,23 +68,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Ok(Self { buf })
     }
 
-    /// The two ports, through the view TCP, UDP and SCTP share.
-    #[inline(always)]
-    pub fn ports(&self) -> ports::Packet<&[u8]> {
-        ports::Packet::new_unchecked(self.buf.as_ref())
-    }
-
-    /// Source port.
-    #[inline(always)]
-    pub fn src_port(&self) -> u16 {
-        self.ports().src_port()
-    }
-
-    /// Destination port.
-    #[inline(always)]
-    pub fn dst_port(&self) -> u16 {
-        self.ports().dst_port()
-    }
+    ports::accessors!(read);
 
     /// Verification tag.
     #[inline(always)]
@@ -111,23 +95,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// The two ports, writable, through the view TCP, UDP and SCTP share.
-    #[inline(always)]
-    pub fn ports_mut(&mut self) -> ports::Packet<&mut [u8]> {
-        ports::Packet::new_unchecked(self.buf.as_mut())
-    }
-
-    /// Sets the source port (the CRC32c is the caller's: [`Packet::fill_checksum`]).
-    #[inline(always)]
-    pub fn set_src_port(&mut self, port: u16) {
-        self.ports_mut().set_src_port(port);
-    }
-
-    /// Sets the destination port (the CRC32c is the caller's: [`Packet::fill_checksum`]).
-    #[inline(always)]
-    pub fn set_dst_port(&mut self, port: u16) {
-        self.ports_mut().set_dst_port(port);
-    }
+    ports::accessors!(
+        write,
+        "the CRC32c is the caller's: [`Packet::fill_checksum`]"
+    );
 
     /// Writes the CRC32c of the packet into its checksum field.
     pub fn fill_checksum(&mut self) {

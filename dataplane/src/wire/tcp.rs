@@ -70,23 +70,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Self { buf }
     }
 
-    /// The two ports, through the view TCP, UDP and SCTP share.
-    #[inline(always)]
-    pub fn ports(&self) -> ports::Packet<&[u8]> {
-        ports::Packet::new_unchecked(self.buf.as_ref())
-    }
-
-    /// Source port.
-    #[inline(always)]
-    pub fn src_port(&self) -> u16 {
-        self.ports().src_port()
-    }
-
-    /// Destination port.
-    #[inline(always)]
-    pub fn dst_port(&self) -> u16 {
-        self.ports().dst_port()
-    }
+    ports::accessors!(read);
 
     /// Sequence number.
     #[inline(always)]
@@ -133,23 +117,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// The two ports, writable, through the view TCP, UDP and SCTP share.
-    #[inline(always)]
-    pub fn ports_mut(&mut self) -> ports::Packet<&mut [u8]> {
-        ports::Packet::new_unchecked(self.buf.as_mut())
-    }
-
-    /// Sets the source port (the checksum is the caller's).
-    #[inline(always)]
-    pub fn set_src_port(&mut self, port: u16) {
-        self.ports_mut().set_src_port(port);
-    }
-
-    /// Sets the destination port (the checksum is the caller's).
-    #[inline(always)]
-    pub fn set_dst_port(&mut self, port: u16) {
-        self.ports_mut().set_dst_port(port);
-    }
+    ports::accessors!(write, "the checksum is the caller's");
 
     /// Writes the checksum field.
     #[inline(always)]
