@@ -22,7 +22,7 @@ fn key(i: u64) -> FlowKey {
     FlowKey::new(
         IpAddr::V4(t.client),
         IpAddr::V4(t.vip),
-        6,
+        strait_dataplane::key::proto::TCP,
         t.client_port,
         t.port,
     )

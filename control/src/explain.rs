@@ -22,7 +22,7 @@ use strait_dataplane::explain::{
     cores_to_ask, explain, Entry, Explanation, Forward, Probe, Reply, Rewrite, Source, Verdict, Why,
 };
 use strait_dataplane::flow::FlowState;
-use strait_dataplane::key::{addr_bytes, bytes_addr, proto, FlowKey};
+use strait_dataplane::key::{addr_bytes, bytes_addr, proto, Addr, FlowKey, Proto};
 use strait_dataplane::table::{Backend, Health, ServiceTable};
 
 use crate::shared::Shared;
@@ -202,7 +202,7 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn proto_number(s: &str) -> Option<u8> {
+fn proto_number(s: &str) -> Option<Proto> {
     match s.to_ascii_lowercase().as_str() {
         "tcp" => Some(proto::TCP),
         "udp" => Some(proto::UDP),
@@ -211,16 +211,16 @@ fn proto_number(s: &str) -> Option<u8> {
     }
 }
 
-fn proto_name(p: u8) -> String {
+fn proto_name(p: Proto) -> String {
     match p {
         proto::TCP => "tcp".into(),
         proto::UDP => "udp".into(),
         proto::SCTP => "sctp".into(),
-        other => other.to_string(),
+        other => other.0.to_string(),
     }
 }
 
-fn sock(a: [u8; 16], port: u16) -> String {
+fn sock(a: Addr, port: u16) -> String {
     SocketAddr::new(bytes_addr(a), port).to_string()
 }
 

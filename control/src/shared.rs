@@ -4,9 +4,10 @@
 //! VRRP sides' and the flow sync's status). The control loop builds it and the admin API
 //! reads it; the drivers below do not import it, each hands its own view over.
 //!
-//! Workers never block on it: each publishes a copy of its counters into its own
-//! [`CoreStats`] with `try_lock` every few batches (skipping a round if the admin API happens
-//! to be reading), and reads the table through an [`ArcSwap`] load.
+//! The workers see only their part of it ([`crate::workers::Handles`]: the table's swap,
+//! their [`CoreStats`], the capture hub) and never block on it: each publishes a copy of its
+//! counters into its own [`CoreStats`] with `try_lock` every few batches (skipping a round if
+//! the admin API happens to be reading), and reads the table through an [`ArcSwap`] load.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -33,8 +34,8 @@ pub struct Sources {
 /// Everything the admin API reads.
 #[derive(Debug)]
 pub struct Shared {
-    /// The table the workers forward with.
-    pub table: ArcSwap<ServiceTable>,
+    /// The table the workers forward with; shared with them ([`crate::workers::Handles`]).
+    pub table: Arc<ArcSwap<ServiceTable>>,
     /// The configuration the table was built from.
     pub config: Mutex<Sources>,
     /// Health-check states.
@@ -77,7 +78,7 @@ impl Shared {
     ) -> Self {
         let capture = Arc::new(strait_dataplane::capture::Hub::new(cores.len()));
         Self {
-            table: ArcSwap::new(table),
+            table: Arc::new(ArcSwap::new(table)),
             config: Mutex::new(Sources {
                 file: Arc::new(config),
                 kube: Arc::default(),

@@ -150,7 +150,7 @@ fn expand(c: &[u8]) -> Option<[u8; RECORD_BYTES]> {
     }
     let mut b = [0u8; RECORD_BYTES];
     for (i, at) in [0usize, 16, 32].into_iter().enumerate() {
-        b[at..at + 16].copy_from_slice(&v4_mapped([0; 4]));
+        b[at..at + 16].copy_from_slice(v4_mapped([0; 4]).octets());
         b[at + 12..at + 16].copy_from_slice(&c[i * 4..i * 4 + 4]);
     }
     b[48..64].copy_from_slice(&c[12..28]);
@@ -754,10 +754,12 @@ mod tests {
         assert_eq!(out, recs, "the compact form carries every field");
         // The full form, for any record; an IPv6 record needs it.
         let mut v6 = SyncRecord::sample(7);
-        v6.key.src = "2001:db8::7"
-            .parse::<std::net::Ipv6Addr>()
-            .unwrap()
-            .octets();
+        v6.key.src = strait_dataplane::key::Addr(
+            "2001:db8::7"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets(),
+        );
         assert_eq!(Form::of(&v6), Form::Full);
         let full: Vec<_> = (0..MAX_RECORDS as u16)
             .map(SyncRecord::sample)
@@ -853,18 +855,24 @@ mod tests {
         let me = asks_for_a_dump_and_refuses_strangers("::1");
         let peer = me.1;
         let mut v6 = SyncRecord::sample(9);
-        v6.key.src = "2001:db8:c::2"
-            .parse::<std::net::Ipv6Addr>()
-            .unwrap()
-            .octets();
-        v6.key.dst = "2001:db8::10"
-            .parse::<std::net::Ipv6Addr>()
-            .unwrap()
-            .octets();
-        v6.backend = "2001:db8:b::11"
-            .parse::<std::net::Ipv6Addr>()
-            .unwrap()
-            .octets();
+        v6.key.src = strait_dataplane::key::Addr(
+            "2001:db8:c::2"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets(),
+        );
+        v6.key.dst = strait_dataplane::key::Addr(
+            "2001:db8::10"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets(),
+        );
+        v6.backend = strait_dataplane::key::Addr(
+            "2001:db8:b::11"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets(),
+        );
         let mut out = vec![0; MAX_DATAGRAM];
         let n = encode(Kind::Records, Form::of(&v6), &[v6], &mut out);
         peer.send_to(&out[..n], me.0.local).unwrap();

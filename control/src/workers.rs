@@ -30,24 +30,58 @@
 //! two-arm configurations should list the same queues on both arms (logged at start). A
 //! worker is pinned to the core configured for its queue on the first interface that lists
 //! the queue with a core.
+//!
+//! The workers take the few handles they use ([`Handles`]: the table's swap, their
+//! statistics slots, the capture hub) and give back what they show ([`Views`]: the steering
+//! counters, the flow sync's and the DPDK ports' readers); `run` builds the one from its
+//! shared state and puts the other into it, so this module does not know the admin API's
+//! whole view.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::thread::{self, JoinHandle};
+use std::time::Instant;
 
 use anyhow::Context;
+use arc_swap::ArcSwap;
 use strait_config::model::{Config, Driver, Mode};
+use strait_dataplane::capture::Hub;
 use strait_dataplane::pipeline::Pipeline;
+use strait_dataplane::table::ServiceTable;
 use strait_dataplane::xsk::{
     run_worker, AttachPolicy, GroupConfig, Handoff, HandoffConfig, MonotonicClock, PortConfig,
-    PortDriver, QueueGroup, SteerProgram, WorkerStats,
+    PortDriver, QueueGroup, SteerProgram, SteerStats, WorkerStats,
 };
 use tracing::{info, warn};
 
 use crate::cores::CoreStats;
-use crate::shared::Shared;
 use crate::sync::{SyncStats, SyncThread};
 use strait_dataplane::sync::SYNC_SLOTS;
+
+/// What the workers read of the gateway's state, and nothing more.
+#[derive(Debug, Clone)]
+pub struct Handles {
+    /// The table the workers forward with; the control loop swaps it, each worker loads it
+    /// once a batch.
+    pub table: Arc<ArcSwap<ServiceTable>>,
+    /// One statistics slot per worker, from [`slots`], in start order.
+    pub cores: Vec<Arc<CoreStats>>,
+    /// The capture hub: each worker takes its tap, and its clock counts from the hub's
+    /// origin so that capture records and the workers' times agree.
+    pub capture: Arc<Hub>,
+}
+
+/// What the started workers show, for the admin API to read on each scrape.
+#[derive(Debug, Default)]
+pub struct Views {
+    /// A reader of each interface's XDP steering counters, in configuration order (AF_XDP
+    /// only).
+    pub xdp: Vec<SteerStats>,
+    /// The flow sync thread's counters, when `[gateway.sync]` is configured.
+    pub sync: Option<Arc<SyncStats>>,
+    /// A reader of the DPDK ports' counters, when DPDK ports run.
+    pub dpdk: Option<crate::dpdk::StatsReader>,
+}
 
 /// The running workers and the steering programs they depend on.
 pub struct Workers {
@@ -139,7 +173,7 @@ pub fn slots(cfg: &Config) -> Vec<Arc<CoreStats>> {
 
 /// Attaches the programs and starts a worker per queue group of `cfg`; with DPDK
 /// interfaces, sets up a queue group per worker on `dpdk` (from [`crate::dpdk::open`]) and
-/// starts its ports.
+/// starts its ports. The workers, and the views of them the admin API reads.
 ///
 /// # Errors
 /// When a program cannot be attached or a socket cannot be opened (no AF_XDP, no such queue,
@@ -148,16 +182,16 @@ pub fn slots(cfg: &Config) -> Vec<Arc<CoreStats>> {
 /// the failure are stopped again.
 pub fn start(
     cfg: &Config,
-    shared: &Arc<Shared>,
+    handles: &Handles,
     dpdk: Option<crate::dpdk::Ports>,
-) -> anyhow::Result<Workers> {
+) -> anyhow::Result<(Workers, Views)> {
     let g = &cfg.gateway;
     let plans = plan(cfg);
     let total = plans.len();
     anyhow::ensure!(
-        shared.cores.len() == total,
+        handles.cores.len() == total,
         "{} statistics slots for {total} workers (slots() and start() disagree)",
-        shared.cores.len()
+        handles.cores.len()
     );
     for p in plans
         .iter()
@@ -169,7 +203,7 @@ pub fn start(
             .collect();
         warn!(worker = %p.name, ?missing, "queue {} is not served on every interface: frames this worker must send on the others are dropped (other_port); list the same queues on every interface", p.queue);
     }
-    let table = shared.table.load_full();
+    let table = handles.table.load_full();
     let mtu = table.ports.iter().map(|p| p.mtu).max().unwrap_or(1500);
     let handoff_cfg = HandoffConfig::for_mtu(mtu);
     if total > 1 && cfg.services.iter().any(|s| s.mode == Mode::Nat) {
@@ -188,8 +222,9 @@ pub fn start(
         sync: None,
         dpdk,
     };
-    match spawn_all(cfg, shared, &plans, &handoff_cfg, &mut workers) {
-        Ok(()) => Ok(workers),
+    let mut views = Views::default();
+    match spawn_all(cfg, handles, &plans, &handoff_cfg, &mut workers, &mut views) {
+        Ok(()) => Ok((workers, views)),
         Err(e) => {
             workers.stop();
             Err(e)
@@ -205,26 +240,23 @@ struct Parts {
     slot: Arc<CoreStats>,
 }
 
-/// The body of [`start`]: fills `w` as it goes, so the caller can stop what was started.
+/// The body of [`start`]: fills `w` and `views` as it goes, so the caller can stop what was
+/// started.
 fn spawn_all(
     cfg: &Config,
-    shared: &Arc<Shared>,
+    handles: &Handles,
     plans: &[Plan],
     handoff_cfg: &HandoffConfig,
     w: &mut Workers,
+    views: &mut Views,
 ) -> anyhow::Result<()> {
     let g = &cfg.gateway;
     let dpdk = g
         .interfaces
         .iter()
         .any(|i| matches!(i.driver, Driver::Dpdk { .. }));
-    shared
-        .xdp
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clear();
     if !dpdk {
-        attach_programs(cfg, shared, w)?;
+        attach_programs(cfg, w, views)?;
     }
     let total = plans.len();
     let mut ends = Handoff::mesh(total, handoff_cfg).into_iter();
@@ -234,7 +266,7 @@ fn spawn_all(
             let stats = Arc::new(SyncStats::default());
             let t = SyncThread::spawn(s, thread, Arc::clone(&stats))
                 .with_context(|| format!("starting flow sync on {}", s.listen))?;
-            *shared.sync.lock().unwrap_or_else(PoisonError::into_inner) = Some(stats);
+            views.sync = Some(stats);
             w.sync = Some(t);
             Some(workers.into_iter())
         }
@@ -245,15 +277,15 @@ fn spawn_all(
         let handoff = ends
             .next()
             .context("the handoff mesh has an end per worker")?;
-        let slot = Arc::clone(&shared.cores[index]);
+        let slot = Arc::clone(&handles.cores[index]);
         let pipe = Pipeline::new(
             index as u16,
             total as u16,
             g.flow_capacity_per_core as usize,
-            shared.table.load().timeouts,
+            handles.table.load().timeouts,
             g.new_flows_per_second_per_core,
         );
-        let pipe = pipe.with_capture(shared.capture.tap(index as u16));
+        let pipe = pipe.with_capture(handles.capture.tap(index as u16));
         let pipe = match sync_ends.as_mut().and_then(Iterator::next) {
             Some(ends) => pipe.with_sync(ends),
             None => pipe,
@@ -268,7 +300,7 @@ fn spawn_all(
         });
     }
     if dpdk {
-        return spawn_dpdk(shared, plans, parts, w);
+        return spawn_dpdk(handles, plans, parts, w, views);
     }
     for (p, parts) in plans.iter().zip(parts) {
         let members = p
@@ -289,9 +321,9 @@ fn spawn_all(
                 .register(p.queue, port)
                 .with_context(|| format!("registering {} queue {}", port.iface(), p.queue))?;
         }
-        spawn(w, shared, p, parts, "xsk", move || group)?;
+        spawn(w, handles, p, parts, "xsk", move || group)?;
     }
-    let table = shared.table.load();
+    let table = handles.table.load();
     for (prog, iface) in w.progs.iter_mut().zip(&g.interfaces) {
         let sync = prog.update_maps(&table)?;
         info!(iface = %iface.name, added = sync.added, "steering maps filled");
@@ -299,8 +331,9 @@ fn spawn_all(
     Ok(())
 }
 
-/// Attaches the steering program to every interface, and gives the admin API its counters.
-fn attach_programs(cfg: &Config, shared: &Arc<Shared>, w: &mut Workers) -> anyhow::Result<()> {
+/// Attaches the steering program to every interface, and keeps a reader of its counters
+/// for the admin API.
+fn attach_programs(cfg: &Config, w: &mut Workers, views: &mut Views) -> anyhow::Result<()> {
     for iface in &cfg.gateway.interfaces {
         let prog = SteerProgram::attach(&iface.name, AttachPolicy::default())
             .with_context(|| format!("attaching the XDP steering program to {}", iface.name))?;
@@ -309,11 +342,7 @@ fn attach_programs(cfg: &Config, shared: &Arc<Shared>, w: &mut Workers) -> anyho
         let reader = prog
             .counters_reader()
             .with_context(|| format!("reading the steering counters of {}", iface.name))?;
-        shared
-            .xdp
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(reader);
+        views.xdp.push(reader);
         info!(iface = %iface.name, mode = ?prog.mode(), replaced = ?prog.replaced_programs(), "XDP program attached");
         w.progs.push(prog);
     }
@@ -323,10 +352,11 @@ fn attach_programs(cfg: &Config, shared: &Arc<Shared>, w: &mut Workers) -> anyho
 /// Sets up a DPDK queue group per plan, starts the ports, then a worker per group.
 #[cfg(feature = "dpdk")]
 fn spawn_dpdk(
-    shared: &Arc<Shared>,
+    handles: &Handles,
     plans: &[Plan],
     parts: Vec<Parts>,
     w: &mut Workers,
+    views: &mut Views,
 ) -> anyhow::Result<()> {
     let dpdk = w
         .dpdk
@@ -341,10 +371,10 @@ fn spawn_dpdk(
         groups.push(group);
     }
     dpdk.start().context("starting the DPDK ports")?;
-    *shared.dpdk.lock().unwrap_or_else(PoisonError::into_inner) = Some(dpdk.stats_reader());
+    views.dpdk = Some(dpdk.stats_reader());
     for ((p, parts), group) in plans.iter().zip(parts).zip(groups) {
         info!(worker = %p.name, "DPDK queue group ready");
-        spawn(w, shared, p, parts, "dpdk", move || {
+        spawn(w, handles, p, parts, "dpdk", move || {
             let reg = strait_dpdk::ThreadRegistration::new();
             if !reg.registered() {
                 warn!("worker not registered with EAL (no free lcore id): no mempool cache");
@@ -357,10 +387,11 @@ fn spawn_dpdk(
 
 #[cfg(not(feature = "dpdk"))]
 fn spawn_dpdk(
-    _shared: &Arc<Shared>,
+    _handles: &Handles,
     _plans: &[Plan],
     _parts: Vec<Parts>,
     _w: &mut Workers,
+    _views: &mut Views,
 ) -> anyhow::Result<()> {
     anyhow::bail!("DPDK interfaces in a build without the `dpdk` feature")
 }
@@ -391,7 +422,7 @@ impl OnThread for (strait_dpdk::DpdkGroup, strait_dpdk::ThreadRegistration) {
 /// that thread and gives the driver.
 fn spawn<T, M>(
     w: &mut Workers,
-    shared: &Arc<Shared>,
+    handles: &Handles,
     p: &Plan,
     parts: Parts,
     kind: &str,
@@ -402,19 +433,15 @@ where
     <T::Driver as PortDriver>::Error: std::error::Error + Send + Sync + 'static,
     M: FnOnce() -> T + Send + 'static,
 {
-    let Parts {
-        handoff,
-        pipe,
-        slot,
-    } = parts;
-    let name = slot.name.clone();
+    let name = parts.slot.name.clone();
     let core = p.core;
-    let (shared, stop) = (Arc::clone(shared), Arc::clone(&w.stop));
+    let (table, stop) = (Arc::clone(&handles.table), Arc::clone(&w.stop));
+    let origin = handles.capture.origin();
     let handle = thread::Builder::new()
         .name(format!("{kind} {name}"))
         .spawn(move || {
             let mut on = make();
-            worker(on.driver(), pipe, handoff, core, &shared, &stop, &slot)
+            worker(on.driver(), parts, core, &table, origin, &stop)
         })
         .context("spawning a worker thread")?;
     w.threads.push((name, handle));
@@ -436,19 +463,26 @@ impl strait_dataplane::xsk::Clock for Beating<'_> {
     }
 }
 
+/// One worker's thread: pins it to `core`, runs the loop over `group` until `stop`, with
+/// the table loaded from `table` once a batch and time counted from `origin`.
 fn worker<D>(
     group: &mut D,
-    mut pipe: Pipeline,
-    mut handoff: Handoff,
+    parts: Parts,
     core: Option<usize>,
-    shared: &Shared,
+    table: &ArcSwap<ServiceTable>,
+    origin: Instant,
     stop: &AtomicBool,
-    slot: &CoreStats,
 ) -> anyhow::Result<WorkerStats>
 where
     D: PortDriver,
     D::Error: std::error::Error + Send + Sync + 'static,
 {
+    let Parts {
+        mut handoff,
+        mut pipe,
+        slot,
+    } = parts;
+    let slot = &*slot;
     match core {
         Some(c) if core_affinity::set_for_current(core_affinity::CoreId { id: c }) => {
             info!(worker = %slot.name, core = c, "worker pinned")
@@ -465,20 +499,20 @@ where
             s.flow_capacity = capacity;
             s.worker = *w;
             s.sync = p.sync.as_ref().map(|y| y.counters).unwrap_or_default();
-            crate::cores::publish_traffic(&mut s, p, &shared.table.load());
+            crate::cores::publish_traffic(&mut s, p, &table.load());
             slot.passive_total
                 .store(p.passive.total(), std::sync::atomic::Ordering::Relaxed);
         }
     };
     let clock = Beating {
-        clock: MonotonicClock::since(shared.capture.origin()),
+        clock: MonotonicClock::since(origin),
         beat: &slot.heartbeat,
     };
     let stats = run_worker(
         group,
         &mut pipe,
         &mut handoff,
-        || shared.table.load_full(),
+        || table.load_full(),
         stop,
         clock,
         publish,

@@ -59,6 +59,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use strait_config::model::Mode;
 
+use crate::key::Addr;
 use crate::stats::DropReason;
 use crate::table::{Frontend, Prefix, ServiceTable};
 use crate::wire::parse::Parsed;
@@ -181,7 +182,7 @@ impl Outcome {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Filter {
     /// Frames to or from this address (key form), as received.
-    pub vip: Option<[u8; 16]>,
+    pub vip: Option<Addr>,
     /// Frames whose source or destination, as received, lies in this prefix.
     pub client: Option<Prefix>,
     /// Frames whose source or destination port, as received, is this one.
@@ -220,7 +221,7 @@ impl Filter {
     /// Whether a frame with these addresses and ports (as received) passes the address part
     /// of the filter. `ports` is `None` for a frame whose transport header was not read.
     #[inline]
-    pub fn matches(&self, src: &[u8; 16], dst: &[u8; 16], ports: Option<(u16, u16)>) -> bool {
+    pub fn matches(&self, src: &Addr, dst: &Addr, ports: Option<(u16, u16)>) -> bool {
         self.vip.is_none_or(|v| v == *src || v == *dst)
             && self
                 .client
@@ -268,7 +269,7 @@ impl Filter {
             | outcome << 32
             | reason << 40
             | u64::from(self.snaplen) << 48;
-        let vip = u128::from_be_bytes(self.vip.unwrap_or_default());
+        let vip = u128::from_be_bytes(self.vip.unwrap_or_default().0);
         (w[1], w[2]) = ((vip >> 64) as u64, vip as u64);
         let (addr, mask) = self.client.map_or((0, 0), |c| c.bits());
         (w[3], w[4]) = ((addr >> 64) as u64, addr as u64);
@@ -282,7 +283,7 @@ impl Filter {
         let join = |hi: u64, lo: u64| u128::from(hi) << 64 | u128::from(lo);
         let reason = (w[0] >> 40) as u8;
         Self {
-            vip: (flags & 1 != 0).then(|| join(w[1], w[2]).to_be_bytes()),
+            vip: (flags & 1 != 0).then(|| Addr(join(w[1], w[2]).to_be_bytes())),
             client: (flags & 2 != 0).then(|| Prefix::from_bits(join(w[3], w[4]), join(w[5], w[6]))),
             port: (flags & 4 != 0).then_some((w[0] >> 16) as u16),
             outcome: Outcome::ALL[((w[0] >> 32) as u8 as usize).min(3)],
@@ -297,10 +298,10 @@ impl Filter {
 }
 
 /// The address of `a` in key form (IPv4-mapped for IPv4), as filters and records hold it.
-pub fn key_addr(a: IpAddr) -> [u8; 16] {
+pub fn key_addr(a: IpAddr) -> Addr {
     match a {
         IpAddr::V4(v4) => crate::key::v4_mapped(v4.octets()),
-        IpAddr::V6(v6) => v6.octets(),
+        IpAddr::V6(v6) => Addr(v6.octets()),
     }
 }
 
@@ -608,7 +609,7 @@ impl Record<'_> {
         let (len, cap) = ((w[3] >> 32) as u32, (w[3] as u32 as usize).min(SNAP_MAX));
         words_into(&w[HEAD_WORDS..], &mut bytes[..cap]);
         let backend = (w[6] & 1 << 16 != 0).then(|| {
-            let a = (u128::from(w[4]) << 64 | u128::from(w[5])).to_be_bytes();
+            let a = Addr((u128::from(w[4]) << 64 | u128::from(w[5])).to_be_bytes());
             (unkey(&a), w[6] as u16)
         });
         let name_len = ((w[6] >> 24) as u8 as usize).min(NAME_MAX);
@@ -646,8 +647,8 @@ fn words_into(w: &[u64], out: &mut [u8]) {
 }
 
 /// An address from key form.
-fn unkey(a: &[u8; 16]) -> IpAddr {
-    let v6 = std::net::Ipv6Addr::from(*a);
+fn unkey(a: &Addr) -> IpAddr {
+    let v6 = std::net::Ipv6Addr::from(a.0);
     match v6.to_ipv4_mapped() {
         Some(v4) => IpAddr::V4(v4),
         None => IpAddr::V6(v6),
@@ -920,7 +921,7 @@ impl Tap {
         slot[2].store(meta | code << 8 | arg << 16 | mode << 48, Ordering::Relaxed);
         let mut w6 = to_core << 32;
         if let Some(b) = backend {
-            let a = u128::from_be_bytes(b.addr);
+            let a = u128::from_be_bytes(b.addr.0);
             slot[4].store((a >> 64) as u64, Ordering::Relaxed);
             slot[5].store(a as u64, Ordering::Relaxed);
             w6 |= u64::from(b.port) | 1 << 16;

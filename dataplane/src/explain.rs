@@ -52,7 +52,7 @@ use strait_config::model::Mode;
 
 use crate::flow::{FlowState, FlowTable, FlowValue};
 use crate::hash::{maglev_hash, owner_core, SEED_FLOW};
-use crate::key::{bytes_addr, is_v4, v4_mapped, BackendId, FlowKey};
+use crate::key::{bytes_addr, is_v4, v4_mapped, Addr, BackendId, FlowKey, Proto};
 use crate::rewrite::{Encap, Outer};
 use crate::spsc;
 use crate::sync::{byte_state, state_byte};
@@ -210,11 +210,11 @@ impl Probe {
 
 fn key_words(k: &FlowKey, id: u64) -> [u64; QUERY_WORDS] {
     let mut b = [0u8; 40];
-    b[..16].copy_from_slice(&k.src);
-    b[16..32].copy_from_slice(&k.dst);
+    b[..16].copy_from_slice(k.src.octets());
+    b[16..32].copy_from_slice(k.dst.octets());
     b[32..34].copy_from_slice(&k.src_port.to_le_bytes());
     b[34..36].copy_from_slice(&k.dst_port.to_le_bytes());
-    b[36] = k.proto;
+    b[36] = k.proto.0;
     let mut w = [0u64; QUERY_WORDS];
     w[0] = id;
     for (w, c) in w[1..].iter_mut().zip(b.chunks_exact(8)) {
@@ -229,11 +229,11 @@ fn words_key(w: &[u64; QUERY_WORDS]) -> FlowKey {
         c.copy_from_slice(&w.to_le_bytes());
     }
     let mut k = FlowKey::default();
-    k.src.copy_from_slice(&b[..16]);
-    k.dst.copy_from_slice(&b[16..32]);
+    k.src.0.copy_from_slice(&b[..16]);
+    k.dst.0.copy_from_slice(&b[16..32]);
     k.src_port = u16::from_le_bytes([b[32], b[33]]);
     k.dst_port = u16::from_le_bytes([b[34], b[35]]);
-    k.proto = b[36];
+    k.proto = Proto(b[36]);
     k
 }
 
@@ -576,7 +576,7 @@ pub enum Verdict {
     /// the frontends of that VIP (empty: no such VIP).
     NoFrontend {
         /// (service name, port, protocol) of every frontend at the destination VIP.
-        served: Vec<(String, u16, u8)>,
+        served: Vec<(String, u16, Proto)>,
     },
     /// Client to a frontend.
     Forward(Box<Forward>),
@@ -749,7 +749,7 @@ fn rewrite(
     let src = if is_v4(&b.tunnel) {
         v4_mapped(t.tunnel_src_v4)
     } else {
-        t.tunnel_src_v6
+        Addr(t.tunnel_src_v6)
     };
     let outer = Outer {
         how,

@@ -7,7 +7,7 @@ use core::net::IpAddr;
 use crate::explain::*;
 use crate::flow::{FlowState, Timeouts};
 use crate::hash::owner_core;
-use crate::key::{proto, v4_mapped, FlowKey};
+use crate::key::{proto, v4_mapped, FlowKey, Proto};
 use crate::pipeline::tests::{backend_by_mac, build, config, run, tcp, CLIENT, SEC, VIP_A};
 use crate::pipeline::{Pipeline, Verdict as PipeVerdict};
 use crate::table::Builder;
@@ -17,7 +17,7 @@ const X: (&str, u8) = ("198.51.100.11", 0x11);
 const Y: (&str, u8) = ("198.51.100.12", 0x12);
 const Z: (&str, u8) = ("198.51.100.13", 0x13);
 
-fn key(client: ([u8; 4], u16), vip: ([u8; 4], u16), p: u8) -> FlowKey {
+fn key(client: ([u8; 4], u16), vip: ([u8; 4], u16), p: Proto) -> FlowKey {
     FlowKey {
         src: v4_mapped(client.0),
         dst: v4_mapped(vip.0),

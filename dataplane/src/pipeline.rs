@@ -1073,7 +1073,7 @@ fn forward(
     let src = if is_v4(&b.tunnel) {
         crate::key::v4_mapped(t.tunnel_src_v4)
     } else {
-        t.tunnel_src_v6
+        crate::key::Addr(t.tunnel_src_v6)
     };
     let outer = Outer {
         how,

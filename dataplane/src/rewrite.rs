@@ -23,7 +23,7 @@
 //! of the layer at the summary's offsets: the parse already checked their lengths, and the
 //! views' accessors compile to the loads and stores of the fields.
 
-use crate::key::{is_v4, proto, v4_unmapped};
+use crate::key::{is_v4, proto, v4_unmapped, Addr};
 use crate::wire::checksum::{self, update16, update_bytes};
 use crate::wire::parse::{Frag, Parsed};
 use crate::wire::{ethernet, icmp, ipv4, ipv6, ports, sctp, tcp, udp};
@@ -165,10 +165,10 @@ fn complete_l4(d: &mut [u8], p: &Parsed) {
     let len = (end - p.l4) as u32;
     let pseudo = if p.v6 {
         let ip = ipv6::Packet::new_unchecked(&d[p.l3..]);
-        checksum::pseudo_header(&ip.src(), &ip.dst(), p.proto, len)
+        checksum::pseudo_header(&ip.src(), &ip.dst(), p.proto.0, len)
     } else {
         let ip = ipv4::Packet::new_unchecked(&d[p.l3..]);
-        checksum::pseudo_header(&ip.src(), &ip.dst(), p.proto, len)
+        checksum::pseudo_header(&ip.src(), &ip.dst(), p.proto.0, len)
     };
     let segment = &mut d[p.l4..end];
     if p.proto == proto::TCP {
@@ -201,15 +201,19 @@ pub fn sctp_intact(d: &[u8], p: &Parsed) -> bool {
 /// anew), and decrements the TTL / hop limit. The caller checked the TTL, and for SCTP that
 /// the packet is not a fragment and its CRC32c verifies ([`sctp_intact`]).
 #[inline]
-fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &[u8; 16], port: u16, m: Macs) {
+fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &Addr, port: u16, m: Macs) {
     let d = frame.data_mut();
     set_macs(d, m);
     let (old_addr, new_addr): (&[u8], &[u8]) = if p.v6 {
-        (if dst_side { &p.dst } else { &p.src }, &addr[..])
+        (if dst_side { &p.dst.0 } else { &p.src.0 }, &addr.0[..])
     } else {
         (
-            if dst_side { &p.dst[12..] } else { &p.src[12..] },
-            &addr[12..],
+            if dst_side {
+                &p.dst.0[12..]
+            } else {
+                &p.src.0[12..]
+            },
+            &addr.0[12..],
         )
     };
     // A later fragment has no transport header: its addresses change, nothing else. The
@@ -250,9 +254,9 @@ fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &[u8; 16], port:
     if p.v6 {
         let mut ip = ipv6::Packet::new_unchecked(&mut d[p.l3..]);
         if dst_side {
-            ip.set_dst(*addr);
+            ip.set_dst(addr.0);
         } else {
-            ip.set_src(*addr);
+            ip.set_src(addr.0);
         }
         ip.set_hop_limit(p.ttl - 1);
     } else {
@@ -273,13 +277,13 @@ fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &[u8; 16], port:
 
 /// nat, client to backend: destination VIP:port becomes backend:port.
 #[inline]
-pub fn nat_forward(frame: &mut Frame<'_>, p: &Parsed, addr: &[u8; 16], port: u16, m: Macs) {
+pub fn nat_forward(frame: &mut Frame<'_>, p: &Parsed, addr: &Addr, port: u16, m: Macs) {
     nat(frame, p, true, addr, port, m);
 }
 
 /// nat, backend to client: source backend:port becomes VIP:port.
 #[inline]
-pub fn nat_reply(frame: &mut Frame<'_>, p: &Parsed, addr: &[u8; 16], port: u16, m: Macs) {
+pub fn nat_reply(frame: &mut Frame<'_>, p: &Parsed, addr: &Addr, port: u16, m: Macs) {
     nat(frame, p, false, addr, port, m);
 }
 
@@ -316,9 +320,9 @@ pub struct Outer {
     /// IPIP or GUE.
     pub how: Encap,
     /// Outer source (key form); its low bits are replaced by flow entropy.
-    pub src: [u8; 16],
+    pub src: Addr,
     /// Outer destination (key form): the backend node.
-    pub dst: [u8; 16],
+    pub dst: Addr,
     /// The flow hash.
     pub entropy: u64,
     /// Egress MTU.
@@ -329,14 +333,14 @@ impl Outer {
     /// The outer source address the packet carries: [`Outer::src`] with its low byte (IPv4)
     /// or low 16 bits (IPv6) replaced by the flow's entropy.
     #[inline(always)]
-    pub fn source(&self) -> [u8; 16] {
+    pub fn source(&self) -> Addr {
         let mut s = self.src;
         if is_v4(&self.dst) {
-            s[15] = self.entropy as u8;
+            s.0[15] = self.entropy as u8;
         } else {
             let e = (self.entropy as u16).to_be_bytes();
-            s[14] = e[0];
-            s[15] = e[1];
+            s.0[14] = e[0];
+            s.0[15] = e[1];
         }
         s
     }
@@ -417,9 +421,9 @@ pub fn encapsulate(
     let s = o.source();
     if outer_v6 {
         ipv6::Repr {
-            src: s,
-            dst: *dst,
-            next_header: next,
+            src: s.0,
+            dst: dst.0,
+            next_header: next.0,
             payload_len: payload_len as u16,
             hop_limit: TTL,
             traffic_class: p.tos,
@@ -431,7 +435,7 @@ pub fn encapsulate(
         ipv4::Repr {
             src: v4_unmapped(&s),
             dst: v4_unmapped(dst),
-            protocol: next,
+            protocol: next.0,
             payload_len: payload_len as u16,
             tos: p.tos,
             ident: if df { 0 } else { (entropy >> 24) as u16 },
@@ -452,7 +456,8 @@ pub fn encapsulate(
         if outer_v6 {
             // RFC 6935/6936 allow a zero UDP checksum for tunnels over IPv6 only where both ends
             // opt in; compute it so any receiver accepts the packet.
-            let ps = checksum::pseudo_header(&s, dst, proto::UDP, payload_len as u32);
+            let ps =
+                checksum::pseudo_header(s.octets(), dst.octets(), proto::UDP.0, payload_len as u32);
             gue.fill_checksum(ps);
         }
         // Over IPv4 the checksum stays zero (RFC 768: "no checksum"), as GUE allows and the
@@ -502,12 +507,17 @@ pub fn icmp_too_big(
     let ic = l2 + ip_hdr;
     let mut msg = icmp::Packet::new_unchecked(&mut d[ic..ic + icmp_len]);
     if p.v6 {
-        let pseudo = checksum::pseudo_header(&p.dst, &p.src, proto::ICMPV6, icmp_len as u32);
+        let pseudo = checksum::pseudo_header(
+            p.dst.octets(),
+            p.src.octets(),
+            proto::ICMPV6.0,
+            icmp_len as u32,
+        );
         icmp::Repr::packet_too_big(inner_mtu as u32).emit(&mut msg, pseudo);
         ipv6::Repr {
-            src: p.dst,
-            dst: p.src,
-            next_header: proto::ICMPV6,
+            src: p.dst.0,
+            dst: p.src.0,
+            next_header: proto::ICMPV6.0,
             payload_len: icmp_len as u16,
             hop_limit: TTL,
             traffic_class: 0,
@@ -519,7 +529,7 @@ pub fn icmp_too_big(
         ipv4::Repr {
             src: v4_unmapped(&p.dst),
             dst: v4_unmapped(&p.src),
-            protocol: proto::ICMP,
+            protocol: proto::ICMP.0,
             payload_len: icmp_len as u16,
             tos: 0,
             ident: 0,
@@ -539,15 +549,15 @@ pub fn icmp_too_big(
 /// checksum and the outer header. An embedded SCTP checksum is left: it covers the whole
 /// packet, of which the quote holds a part, and receivers match an SCTP error by its ports
 /// and verification tag.
-pub fn nat_icmp_error(frame: &mut Frame<'_>, p: &Parsed, addr: &[u8; 16], port: u16, m: Macs) {
+pub fn nat_icmp_error(frame: &mut Frame<'_>, p: &Parsed, addr: &Addr, port: u16, m: Macs) {
     let Some(e) = p.embedded else { return };
     let d = frame.data_mut();
     set_macs(d, m);
     let mut c = icmp::Packet::new_unchecked(&d[p.l4..]).checksum();
     let (old_a, new_a): (&[u8], &[u8]) = if p.v6 {
-        (&e.src, &addr[..])
+        (&e.src.0, &addr.0[..])
     } else {
-        (&e.src[12..], &addr[12..])
+        (&e.src.0[12..], &addr.0[12..])
     };
     // The quoted transport header: at least its first 8 bytes (the parse checked).
     let quote = &mut d[e.l4..e.end];
@@ -583,7 +593,7 @@ pub fn nat_icmp_error(frame: &mut Frame<'_>, p: &Parsed, addr: &[u8; 16], port: 
     // checksum covers too).
     c = update_bytes(c, old_a, new_a);
     if p.v6 {
-        ipv6::Packet::new_unchecked(&mut d[e.ip..e.l4]).set_src(*addr);
+        ipv6::Packet::new_unchecked(&mut d[e.ip..e.l4]).set_src(addr.0);
     } else {
         let mut ip = ipv4::Packet::new_unchecked(&mut d[e.ip..e.l4]);
         let old_ec = ip.checksum();
@@ -592,10 +602,10 @@ pub fn nat_icmp_error(frame: &mut Frame<'_>, p: &Parsed, addr: &[u8; 16], port: 
     }
     if p.v6 {
         // ICMPv6's checksum covers the pseudo-header, so the outer destination change too.
-        c = update_bytes(c, &p.dst, addr);
+        c = update_bytes(c, p.dst.octets(), addr.octets());
         icmp::Packet::new_unchecked(&mut d[p.l4..]).set_checksum(c);
         let mut ip = ipv6::Packet::new_unchecked(&mut d[p.l3..]);
-        ip.set_dst(*addr);
+        ip.set_dst(addr.0);
         ip.set_hop_limit(p.ttl - 1);
     } else {
         icmp::Packet::new_unchecked(&mut d[p.l4..]).set_checksum(c);
@@ -711,11 +721,11 @@ mod tests {
         out
     }
 
-    fn backend(v6: bool) -> [u8; 16] {
+    fn backend(v6: bool) -> Addr {
         if v6 {
-            [
+            Addr([
                 0x20, 0x01, 0x0d, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x21,
-            ]
+            ])
         } else {
             v4_mapped([198, 51, 100, 21])
         }
@@ -739,7 +749,7 @@ mod tests {
         let outer = |how, v6: bool| Outer {
             how,
             src: if v6 {
-                [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+                Addr([0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
             } else {
                 v4_mapped([192, 0, 2, 1])
             },

@@ -72,7 +72,7 @@ use std::sync::Arc;
 use strait_config::model::Mode;
 
 use crate::flow::{FlowState, FlowTable, FlowValue, WAYS};
-use crate::key::FlowKey;
+use crate::key::{Addr, FlowKey, Proto};
 use crate::spsc;
 use crate::table::{current, reply_key, Frontend, ServiceTable};
 
@@ -123,7 +123,7 @@ pub struct SyncRecord {
     /// The flow's key: client to frontend (client port 0 for affinity entries).
     pub key: FlowKey,
     /// The backend's address, 16 bytes (IPv4-mapped for IPv4).
-    pub backend: [u8; 16],
+    pub backend: Addr,
     /// The backend's port.
     pub backend_port: u16,
     /// The flow's state, which picks its idle timeout.
@@ -215,13 +215,13 @@ impl SyncRecord {
     #[inline]
     pub fn to_bytes(&self) -> [u8; RECORD_BYTES] {
         let mut b = [0u8; RECORD_BYTES];
-        b[0..16].copy_from_slice(&self.key.src);
-        b[16..32].copy_from_slice(&self.key.dst);
-        b[32..48].copy_from_slice(&self.backend);
+        b[0..16].copy_from_slice(self.key.src.octets());
+        b[16..32].copy_from_slice(self.key.dst.octets());
+        b[32..48].copy_from_slice(self.backend.octets());
         b[48..50].copy_from_slice(&self.key.src_port.to_be_bytes());
         b[50..52].copy_from_slice(&self.key.dst_port.to_be_bytes());
         b[52..54].copy_from_slice(&self.backend_port.to_be_bytes());
-        b[54] = self.key.proto;
+        b[54] = self.key.proto.0;
         b[55] = state_byte(self.state);
         b[56] = self.kind as u8;
         b[57] = self.flags;
@@ -234,10 +234,10 @@ impl SyncRecord {
     /// # Errors
     /// [`RecordError`] for a state, kind or protocol byte this version does not know.
     pub fn from_bytes(b: &[u8; RECORD_BYTES]) -> Result<Self, RecordError> {
-        let a16 = |at: usize| -> [u8; 16] {
+        let a16 = |at: usize| -> Addr {
             let mut a = [0u8; 16];
             a.copy_from_slice(&b[at..at + 16]);
-            a
+            Addr(a)
         };
         let u16_at = |at: usize| u16::from_be_bytes([b[at], b[at + 1]]);
         let state = byte_state(b[55]).ok_or(RecordError::State(b[55]))?;
@@ -246,10 +246,10 @@ impl SyncRecord {
             2 => RecordKind::Affinity,
             k => return Err(RecordError::Kind(k)),
         };
-        let proto = b[54];
+        let proto = Proto(b[54]);
         use crate::key::proto::{SCTP, TCP, UDP};
         if !matches!(proto, TCP | UDP | SCTP) {
-            return Err(RecordError::Proto(proto));
+            return Err(RecordError::Proto(proto.0));
         }
         let mut peer_mac = [0u8; 6];
         peer_mac.copy_from_slice(&b[58..64]);

@@ -52,7 +52,7 @@ fn key(i: u8) -> FlowKey {
         let mut d = s;
         d[5] = 1;
         d[15] = 10;
-        (s, d)
+        (Addr(s), Addr(d))
     };
     let proto = if i % 4 < 2 { proto::TCP } else { proto::UDP };
     FlowKey {

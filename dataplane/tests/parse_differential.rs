@@ -54,7 +54,7 @@ use etherparse::{
     LaxSlicedPacket, NetSlice, PacketBuilder, SlicedPacket, TcpHeader, TransportSlice, VlanId,
 };
 use proptest::prelude::*;
-use strait_dataplane::key::v4_mapped;
+use strait_dataplane::key::{v4_mapped, Addr};
 use strait_dataplane::stats::DropReason;
 use strait_dataplane::wire::parse::{parse, Frag, Parsed};
 
@@ -380,10 +380,10 @@ fn off(frame: &[u8], part: &[u8]) -> usize {
     part.as_ptr() as usize - frame.as_ptr() as usize
 }
 
-fn key(a: IpAddr) -> [u8; 16] {
+fn key(a: IpAddr) -> Addr {
     match a {
         IpAddr::V4(a) => v4_mapped(a.octets()),
-        IpAddr::V6(a) => a.octets(),
+        IpAddr::V6(a) => Addr(a.octets()),
     }
 }
 
@@ -656,7 +656,7 @@ fn agree(f: &[u8], p: &Parsed, s: &SlicedPacket<'_>, r: &Raw) -> Result<(), Test
     }
     if r.v4_ah {
         // Difference 8.
-        prop_assert_eq!(p.proto, hdr_proto);
+        prop_assert_eq!(p.proto.0, hdr_proto);
         prop_assert_eq!(p.l4, p.l3 + (f[p.l3] & 0x0f) as usize * 4);
         return Ok(());
     }
@@ -664,7 +664,7 @@ fn agree(f: &[u8], p: &Parsed, s: &SlicedPacket<'_>, r: &Raw) -> Result<(), Test
         // Difference 6.
         return Ok(());
     }
-    prop_assert_eq!(p.proto, payload.ip_number.0, "protocol");
+    prop_assert_eq!(p.proto.0, payload.ip_number.0, "protocol");
     prop_assert_eq!(p.l4, off(f, payload.payload), "l4 offset");
     // A checksum left to offload: the field is the folded pseudo-header sum of the segment
     // (the whole IP payload), for an unfragmented TCP or UDP packet.
@@ -706,7 +706,7 @@ fn agree(f: &[u8], p: &Parsed, s: &SlicedPacket<'_>, r: &Raw) -> Result<(), Test
             }
         }
         _ => {
-            if p.frag == Frag::None && matches!(p.proto, 6 | 17) {
+            if p.frag == Frag::None && matches!(p.proto.0, 6 | 17) {
                 prop_assert!(false, "etherparse read no transport header ours read");
             }
         }
@@ -741,7 +741,7 @@ fn embedded_agrees(
                 40,
             )
         }
-        _ => ([0; 16], [0; 16], 0, 0),
+        _ => (Addr([0; 16]), Addr([0; 16]), 0, 0),
     };
     let Some(e) = p.embedded else {
         // An error about something other than TCP or UDP (the box's own pings) is the
@@ -765,7 +765,7 @@ fn embedded_agrees(
         quoted.is_some(),
         "etherparse cannot read the quoted header ours read"
     );
-    prop_assert_eq!((e.src, e.dst, e.proto), (src, dst, proto));
+    prop_assert_eq!((e.src, e.dst, e.proto.0), (src, dst, proto));
     prop_assert_eq!(e.l4, e.ip + hdr_len);
     prop_assert_eq!((e.src_port, e.dst_port), (be16(f, e.l4), be16(f, e.l4 + 2)));
     Ok(())

@@ -64,7 +64,7 @@ use packet_socket::PacketSocket;
 use strait_config::model::{self, Mode};
 use strait_dataplane::flow::FlowState;
 use strait_dataplane::flow::Timeouts;
-use strait_dataplane::key::addr_bytes;
+use strait_dataplane::key::{addr_bytes, Addr, Proto};
 use strait_dataplane::pipeline::{owner_core, Pipeline};
 use strait_dataplane::stats::{Counters, DropReason};
 use strait_dataplane::sync::{flags as sync_flags, mesh, RecordKind, SyncCounters, SyncRecord};
@@ -390,7 +390,13 @@ fn gateway(
     let (mut sync_ends, mut sync_thread) = mesh(1, 1024);
     let mut sync_thread = sync_thread.pop().expect("one worker");
     let learnt = SyncRecord {
-        key: strait_dataplane::FlowKey::new([192, 0, 2, 99].into(), VIP.into(), 6, 5555, 80),
+        key: strait_dataplane::FlowKey::new(
+            [192, 0, 2, 99].into(),
+            VIP.into(),
+            strait_dataplane::key::proto::TCP,
+            5555,
+            80,
+        ),
         backend: addr_bytes(CLIENT.into()),
         backend_port: 80,
         state: FlowState::TcpEstablished,
@@ -2013,10 +2019,10 @@ fn keys_diff(got: &SteerKeys, want: &SteerKeys) -> String {
 }
 
 /// `struct endpoint_key` of steer.bpf.c, written out here from the C struct.
-fn endpoint_key_bytes(addr: &[u8; 16], port: u16, proto: u8) -> Vec<u8> {
+fn endpoint_key_bytes(addr: &Addr, port: u16, proto: Proto) -> Vec<u8> {
     let mut k = addr.to_vec();
     k.extend_from_slice(&port.to_be_bytes());
-    k.extend_from_slice(&[proto, 0]);
+    k.extend_from_slice(&[proto.0, 0]);
     k
 }
 
@@ -2218,7 +2224,7 @@ mod draw {
     }
 
     /// The gateway's own addresses: a subset of four.
-    pub fn locals(pick: &[u8]) -> Vec<[u8; 16]> {
+    pub fn locals(pick: &[u8]) -> Vec<strait_dataplane::key::Addr> {
         let pool = [
             IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
             IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1)),
@@ -2398,7 +2404,7 @@ impl Exercised {
             is.get(k)
                 .is_some_and(|now| svcs.iter().any(|s| !now.contains(s)))
         });
-        let mut vips: BTreeMap<[u8; 16], u32> = BTreeMap::new();
+        let mut vips: BTreeMap<Addr, u32> = BTreeMap::new();
         for s in &new.services {
             *vips.entry(s.frontend.vip).or_default() += 1;
         }
@@ -2508,7 +2514,11 @@ fn steering_maps_recover_from_a_full_map() {
                 .update(&swapped, &[Change::Set(&x1)], |_, _, _| false)
                 .expect("over-capacity table"),
         );
-        let refused = endpoint_key_bytes(&strait_dataplane::key::addr_bytes(x1.vip), x1.port, 6);
+        let refused = endpoint_key_bytes(
+            &strait_dataplane::key::addr_bytes(x1.vip),
+            x1.port,
+            strait_dataplane::key::proto::TCP,
+        );
         for attempt in ["first", "again"] {
             let e = prog
                 .update_maps(&over)

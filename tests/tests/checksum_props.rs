@@ -511,7 +511,7 @@ fn router(v6: bool) -> IpAddr {
 fn spec_for(t: &ServiceTable, c: &Case) -> Spec {
     let s = &t.services[c.service];
     let vip = service_addr(s);
-    let tcp = s.frontend.proto == 6;
+    let tcp = s.frontend.proto == strait_dataplane::key::proto::TCP;
     Spec {
         src_mac: CLIENT_MAC,
         dst_mac: GW_MAC,
@@ -994,7 +994,11 @@ fn gen_fuzz_seeds() {
         parse_seeds.push((
             format!(
                 "{}-{fam}-{}",
-                if s.frontend.proto == 6 { "syn" } else { "udp" },
+                if s.frontend.proto == strait_dataplane::key::proto::TCP {
+                    "syn"
+                } else {
+                    "udp"
+                },
                 s.name
             ),
             first.clone(),

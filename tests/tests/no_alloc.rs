@@ -520,7 +520,7 @@ fn the_sync_paths_do_not_allocate() {
                 ..r
             };
             let mut gone = r;
-            gone.backend[15] ^= 0xff;
+            gone.backend.0[15] ^= 0xff;
             let mut elsewhere = r;
             elsewhere.key.dst_port ^= 0x5a5a;
             for rec in [r, new, gone, elsewhere] {

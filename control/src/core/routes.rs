@@ -199,7 +199,11 @@ impl Routes {
 
 /// Whether the table's service for `s` has a backend that takes new flows.
 pub fn serves(table: &ServiceTable, s: &strait_config::model::Service) -> bool {
-    let frontend = Frontend::new(s.vip, s.port, s.protocol.number());
+    let frontend = Frontend::new(
+        s.vip,
+        s.port,
+        strait_dataplane::key::Proto(s.protocol.number()),
+    );
     table
         .service_for(&frontend)
         .and_then(|i| table.services.get(i as usize))

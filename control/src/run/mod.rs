@@ -235,11 +235,17 @@ impl Driver {
     /// # Errors
     /// As [`workers::start`].
     pub fn start_workers(&mut self) -> anyhow::Result<()> {
-        self.workers = Some(workers::start(
-            &self.shared.config(),
-            &self.shared,
-            self.dpdk.take(),
-        )?);
+        let shared = &self.shared;
+        let handles = workers::Handles {
+            table: Arc::clone(&shared.table),
+            cores: shared.cores.clone(),
+            capture: Arc::clone(&shared.capture),
+        };
+        let (started, views) = workers::start(&shared.config(), &handles, self.dpdk.take())?;
+        *shared.xdp.lock().unwrap_or_else(PoisonError::into_inner) = views.xdp;
+        *shared.sync.lock().unwrap_or_else(PoisonError::into_inner) = views.sync;
+        *shared.dpdk.lock().unwrap_or_else(PoisonError::into_inner) = views.dpdk;
+        self.workers = Some(started);
         Ok(())
     }
 

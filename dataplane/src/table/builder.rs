@@ -10,7 +10,7 @@ use strait_config::model::{self, BackendState, Config, Mode, Role};
 
 use super::*;
 use crate::flow::Timeouts;
-use crate::key::{addr_bytes, BackendId, ServiceId};
+use crate::key::{addr_bytes, Addr, BackendId, Proto, ServiceId};
 use crate::maglev;
 
 /// Why a table could not be built.
@@ -57,7 +57,7 @@ pub enum TableError {
 }
 
 /// Identity of a backend for id allocation: (service frontend, address, port).
-type BackendKey = (Frontend, [u8; 16], u16);
+type BackendKey = (Frontend, Addr, u16);
 
 /// What a Maglev table is a function of: its size and the weighted members, in member
 /// order (the member order also fixes which index a slot names).
@@ -127,7 +127,7 @@ pub struct Builder {
     slots: HashMap<String, u32>,
     /// The services on each (VIP, protocol) of the last table, by index: the source of the
     /// fragment index.
-    vips: HashMap<([u8; 16], u8), Vec<u32>>,
+    vips: HashMap<(Addr, Proto), Vec<u32>>,
     /// Egress port of every backend, from the interface roles of the last full build.
     backend_port: u8,
     /// Whether the builder's state describes the last table it made (false before the first
@@ -138,7 +138,7 @@ pub struct Builder {
     spare: Option<ServiceTable>,
     /// The gateway's own addresses in key form, put into every table made
     /// ([`Builder::set_locals`]).
-    locals: Vec<[u8; 16]>,
+    locals: Vec<Addr>,
 }
 
 impl Builder {
@@ -313,7 +313,7 @@ impl Builder {
             None => copy(prev),
         };
         t.locals.clone_from(&self.locals);
-        let mut touched: Vec<([u8; 16], u8)> = Vec::new();
+        let mut touched: Vec<(Addr, Proto)> = Vec::new();
         let mut left: Vec<BackendKey> = Vec::new();
         // 1. Take every changed service that exists out of the indexes.
         for name in &order {
@@ -537,7 +537,7 @@ impl Builder {
         prev: &ServiceTable,
         si: u32,
         old: &Service,
-        touched: &mut Vec<([u8; 16], u8)>,
+        touched: &mut Vec<(Addr, Proto)>,
         left: &mut Vec<BackendKey>,
     ) {
         let f = old.frontend;
@@ -575,7 +575,7 @@ impl Builder {
         s: &Service,
         from: u32,
         to: u32,
-        touched: &mut Vec<([u8; 16], u8)>,
+        touched: &mut Vec<(Addr, Proto)>,
     ) {
         if let Some(v) = t.frontends.get_mut(&s.frontend) {
             *v = to;
@@ -657,7 +657,7 @@ fn frontend_of(s: &model::Service) -> Frontend {
     Frontend {
         vip: addr_bytes(s.vip),
         port: s.port,
-        proto: s.protocol.number(),
+        proto: Proto(s.protocol.number()),
     }
 }
 
@@ -665,7 +665,7 @@ fn frontend_of(s: &model::Service) -> Frontend {
 /// backend keeps its permutation in every build and on every gateway.
 fn backend_identity(key: &BackendKey) -> u64 {
     let mut b = [0u8; 18];
-    b[..16].copy_from_slice(&key.1);
+    b[..16].copy_from_slice(key.1.octets());
     b[16..].copy_from_slice(&key.2.to_be_bytes());
     crate::hash::hash_bytes(crate::hash::SEED_MAGLEV, &b)
 }

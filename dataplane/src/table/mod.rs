@@ -23,7 +23,7 @@ use hashbrown::HashMap;
 use strait_config::model::{MacAddr, Mode};
 
 use crate::flow::{FlowValue, Timeouts};
-use crate::key::{addr_bytes, bytes_addr, BackendId, FlowKey, ServiceId};
+use crate::key::{addr_bytes, bytes_addr, Addr, BackendId, FlowKey, Proto, ServiceId};
 use crate::maglev;
 
 mod builder;
@@ -36,16 +36,16 @@ pub use builder::{Builder, Change, TableError};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Frontend {
     /// VIP in key form ([`Frontend::vip_addr`] gives the address).
-    pub vip: [u8; 16],
+    pub vip: Addr,
     /// Frontend port.
     pub port: u16,
     /// IP protocol number.
-    pub proto: u8,
+    pub proto: Proto,
 }
 
 impl Frontend {
     /// The frontend `vip:port` over IP protocol `proto`.
-    pub fn new(vip: IpAddr, port: u16, proto: u8) -> Self {
+    pub fn new(vip: IpAddr, port: u16, proto: Proto) -> Self {
         Self {
             vip: addr_bytes(vip),
             port,
@@ -80,7 +80,7 @@ impl Prefix {
             u128::MAX << (128 - len.min(128))
         };
         Self {
-            addr: u128::from_be_bytes(addr_bytes(addr)) & mask,
+            addr: u128::from_be_bytes(addr_bytes(addr).0) & mask,
             mask,
         }
     }
@@ -100,15 +100,15 @@ impl Prefix {
 
     /// Whether `a` (key form) lies inside the prefix.
     #[inline(always)]
-    pub fn contains(&self, a: &[u8; 16]) -> bool {
-        u128::from_be_bytes(*a) & self.mask == self.addr
+    pub fn contains(&self, a: &Addr) -> bool {
+        u128::from_be_bytes(a.0) & self.mask == self.addr
     }
 }
 
 /// `address/length` in the address family's own terms (`198.51.100.0/24`, `2001:db8::/32`).
 impl core::fmt::Display for Prefix {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let addr = bytes_addr(self.addr.to_be_bytes());
+        let addr = bytes_addr(Addr(self.addr.to_be_bytes()));
         let len = self.mask.leading_ones();
         let len = if addr.is_ipv4() {
             len.saturating_sub(96)
@@ -142,11 +142,11 @@ pub struct Backend {
     /// Index of its service in [`ServiceTable::services`].
     pub service: u32,
     /// Backend address in key form ([`Backend::address`]): the nat rewrite target.
-    pub addr: [u8; 16],
+    pub addr: Addr,
     /// Backend port.
     pub port: u16,
     /// Encapsulation target for dsr-ipip / dsr-gue in key form ([`Backend::tunnel_target`]).
-    pub tunnel: [u8; 16],
+    pub tunnel: Addr,
     /// Next-hop MAC as the rewrite copies it ([`Backend::mac_addr`]); `None` until the
     /// control plane resolves it.
     pub mac: Option<[u8; 6]>,
@@ -219,7 +219,7 @@ pub struct Service {
 impl Service {
     /// Whether the client address `src` may use this service.
     #[inline(always)]
-    pub fn allows(&self, src: &[u8; 16]) -> bool {
+    pub fn allows(&self, src: &Addr) -> bool {
         self.acl.is_empty() || self.acl.iter().any(|p| p.contains(src))
     }
 
@@ -325,14 +325,14 @@ pub struct ServiceTable {
     /// comes from a nat backend's service port (the gateway's health checks). Given to the
     /// builder by the control plane, which knows the interfaces ([`Builder::set_locals`]);
     /// empty in tests.
-    pub locals: Vec<[u8; 16]>,
+    pub locals: Vec<Addr>,
     /// One past the highest [`Service::id`] the builder has handed out: the length of an
     /// array indexed by service id that covers every service of this table.
     pub service_ids: u32,
     frontends: HashMap<Frontend, u32>,
-    by_vip_proto: HashMap<([u8; 16], u8), VipProto>,
+    by_vip_proto: HashMap<(Addr, Proto), VipProto>,
     /// nat backends (address, port, protocol), each with the number of services that have it.
-    nat_backends: HashMap<([u8; 16], u16, u8), u32>,
+    nat_backends: HashMap<(Addr, u16, Proto), u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -408,7 +408,7 @@ impl ServiceTable {
 
     /// The service for a non-first fragment (which has no ports) to `vip` with `proto`.
     #[inline]
-    pub fn fragment_service(&self, vip: &[u8; 16], proto: u8) -> Option<FragmentService> {
+    pub fn fragment_service(&self, vip: &Addr, proto: Proto) -> Option<FragmentService> {
         self.by_vip_proto.get(&(*vip, proto)).map(|v| match v {
             VipProto::One(i) => FragmentService::One(*i),
             VipProto::Several => FragmentService::Ambiguous,
@@ -417,7 +417,7 @@ impl ServiceTable {
 
     /// Whether a packet from `addr:port` over `proto` may be a nat reply.
     #[inline(always)]
-    pub fn is_nat_backend(&self, addr: &[u8; 16], port: u16, proto: u8) -> bool {
+    pub fn is_nat_backend(&self, addr: &Addr, port: u16, proto: Proto) -> bool {
         !self.nat_backends.is_empty() && self.nat_backends.contains_key(&(*addr, port, proto))
     }
 
@@ -427,7 +427,7 @@ impl ServiceTable {
     /// imported record, not per packet; a map by address kept beside the table cost every
     /// table update a copy of it (0.5 ms at 100,000 backends, `bench control`).
     #[inline]
-    pub fn backend_at(&self, f: &Frontend, addr: &[u8; 16], port: u16) -> Option<&Backend> {
+    pub fn backend_at(&self, f: &Frontend, addr: &Addr, port: u16) -> Option<&Backend> {
         let s = self.services.get(self.service_for(f)? as usize)?;
         s.backends
             .iter()
@@ -448,7 +448,7 @@ impl ServiceTable {
     }
 
     /// Whether any service has the VIP `vip` (any port or protocol).
-    pub fn has_vip(&self, vip: &[u8; 16]) -> bool {
+    pub fn has_vip(&self, vip: &Addr) -> bool {
         self.services.iter().any(|s| &s.frontend.vip == vip)
     }
 }

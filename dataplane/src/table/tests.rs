@@ -161,7 +161,7 @@ mod incremental {
         a == IpAddr::V4(Ipv4Addr::new(198, 51, 100, 7))
     }
 
-    type Addr = ([u8; 16], u16);
+    type Endpoint = (crate::key::Addr, u16);
 
     /// A service with every id resolved: what a table says, whatever its numbering.
     #[derive(Debug, PartialEq)]
@@ -171,17 +171,17 @@ mod incremental {
         acl: Vec<Prefix>,
         affinity: u32,
         backends: Vec<Backend>,
-        members: Vec<Addr>,
+        members: Vec<Endpoint>,
         maglev_size: u32,
-        slots: Vec<Option<Addr>>,
+        slots: Vec<Option<Endpoint>>,
     }
 
     /// The table by service name, ids resolved, after checking that its indexes agree
     /// with its services.
     fn canon(t: &ServiceTable) -> BTreeMap<String, Canon> {
         let mut out = BTreeMap::new();
-        let mut nat: HashMap<([u8; 16], u16, u8), u32> = HashMap::new();
-        let mut vips: HashMap<([u8; 16], u8), Vec<u32>> = HashMap::new();
+        let mut nat: HashMap<(crate::key::Addr, u16, crate::key::Proto), u32> = HashMap::new();
+        let mut vips: HashMap<(crate::key::Addr, crate::key::Proto), Vec<u32>> = HashMap::new();
         let mut ids = 0;
         for (si, s) in t.services.iter().enumerate() {
             let si = si as u32;
@@ -202,7 +202,7 @@ mod incremental {
                     *nat.entry((b.addr, b.port, f.proto)).or_insert(0) += 1;
                 }
             }
-            let members: Vec<Addr> = s
+            let members: Vec<Endpoint> = s
                 .members
                 .iter()
                 .map(|&id| {
@@ -248,7 +248,7 @@ mod incremental {
     }
 
     /// Backend ids by key (frontend, address, port).
-    fn ids(t: &ServiceTable) -> HashMap<(Frontend, Addr), BackendId> {
+    fn ids(t: &ServiceTable) -> HashMap<(Frontend, Endpoint), BackendId> {
         t.services
             .iter()
             .flat_map(|s| {
@@ -423,9 +423,16 @@ fn the_key_forms_read_back_as_addresses_and_macs() {
 
     let s = &t.services[0];
     assert_eq!(s.frontend.vip_addr().to_string(), "203.0.113.10");
-    assert_eq!(s.frontend, Frontend::new(s.frontend.vip_addr(), 80, 6));
     assert_eq!(
-        t.service_for(&Frontend::new(s.frontend.vip_addr(), 80, 6)),
+        s.frontend,
+        Frontend::new(s.frontend.vip_addr(), 80, crate::key::proto::TCP)
+    );
+    assert_eq!(
+        t.service_for(&Frontend::new(
+            s.frontend.vip_addr(),
+            80,
+            crate::key::proto::TCP
+        )),
         Some(0)
     );
     assert!(s.allows_addr("192.0.2.7".parse().unwrap()));

@@ -17,7 +17,7 @@
 //! (the pipeline does), and DSR leaves it to the backend.
 
 use super::{checksum, ethernet, icmp, ip_version, ipv4, ipv6, ports, sctp, tcp, udp, Error};
-use crate::key::{proto, v4_mapped, FlowKey};
+use crate::key::{proto, v4_mapped, Addr, FlowKey, Proto};
 use crate::stats::DropReason;
 
 /// Where a packet stands in fragmentation.
@@ -40,11 +40,11 @@ pub struct Embedded {
     /// Offset of the embedded transport header in the frame.
     pub l4: usize,
     /// Embedded source address (key form).
-    pub src: [u8; 16],
+    pub src: Addr,
     /// Embedded destination address (key form).
-    pub dst: [u8; 16],
+    pub dst: Addr,
     /// Embedded protocol.
-    pub proto: u8,
+    pub proto: Proto,
     /// Embedded source port.
     pub src_port: u16,
     /// Embedded destination port.
@@ -63,11 +63,11 @@ pub struct Parsed {
     /// IP total length (header, extensions and payload); bytes past it are link padding.
     pub ip_len: usize,
     /// Source address (key form: IPv4-mapped for IPv4).
-    pub src: [u8; 16],
+    pub src: Addr,
     /// Destination address (key form).
-    pub dst: [u8; 16],
+    pub dst: Addr,
     /// Upper-layer protocol.
-    pub proto: u8,
+    pub proto: Proto,
     /// Offset of the upper-layer header in the frame.
     pub l4: usize,
     /// TTL or hop limit.
@@ -168,9 +168,12 @@ pub fn claimed(frame: &[u8]) -> Option<Claimed> {
         }
         ethernet::ETHERTYPE_IPV6 => {
             let ip = ipv6::Packet::new_checked(l3).ok()?;
-            let direct = matches!(ip.next_header(), proto::TCP | proto::UDP | proto::SCTP);
+            let direct = matches!(
+                Proto(ip.next_header()),
+                proto::TCP | proto::UDP | proto::SCTP
+            );
             let l4 = direct.then(|| l3.get(ipv6::HEADER_LEN..)).flatten();
-            (ip.src(), ip.dst(), l4)
+            (Addr(ip.src()), Addr(ip.dst()), l4)
         }
         _ => return None,
     };
@@ -184,9 +187,9 @@ pub fn claimed(frame: &[u8]) -> Option<Claimed> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Claimed {
     /// Source address (key form).
-    pub src: [u8; 16],
+    pub src: Addr,
     /// Destination address (key form).
-    pub dst: [u8; 16],
+    pub dst: Addr,
     /// Source and destination ports, when the transport header could be read.
     pub ports: Option<(u16, u16)>,
 }
@@ -217,7 +220,7 @@ pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
             p.ip_len = ip.total_len() as usize;
             p.src = v4_mapped(ip.src());
             p.dst = v4_mapped(ip.dst());
-            p.proto = ip.protocol();
+            p.proto = Proto(ip.protocol());
             p.l4 = l3 + ip.header_len();
             p.ttl = ip.ttl();
             p.tos = ip.tos();
@@ -233,9 +236,9 @@ pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
             let up = ip.upper().map_err(|_| DropReason::Ipv6ExtensionHeaders)?;
             p.v6 = true;
             p.ip_len = ip.total_len();
-            p.src = ip.src();
-            p.dst = ip.dst();
-            p.proto = up.protocol;
+            p.src = Addr(ip.src());
+            p.dst = Addr(ip.dst());
+            p.proto = Proto(up.protocol);
             p.l4 = l3 + up.offset;
             p.ttl = ip.hop_limit();
             p.tos = ip.traffic_class();
@@ -329,14 +332,14 @@ fn embedded(frame: &[u8], at: usize, end: usize) -> Result<Option<Embedded>, Dro
             }
             e.src = v4_mapped(ip.src());
             e.dst = v4_mapped(ip.dst());
-            e.proto = ip.protocol();
+            e.proto = Proto(ip.protocol());
             hl
         }
         Some(6) if b.len() >= ipv6::HEADER_LEN => {
             let ip = ipv6::Packet::new_unchecked(b);
-            e.src = ip.src();
-            e.dst = ip.dst();
-            e.proto = ip.next_header();
+            e.src = Addr(ip.src());
+            e.dst = Addr(ip.dst());
+            e.proto = Proto(ip.next_header());
             ipv6::HEADER_LEN
         }
         _ => return Err(DropReason::IcmpEmbeddedTruncated),
@@ -363,9 +366,9 @@ fn partial(p: &Parsed, len: usize, csum: u16) -> bool {
     let len = len as u32;
     // One call per family, so that each sums addresses of a size known here.
     let pseudo = if p.v6 {
-        checksum::pseudo_header(&p.src, &p.dst, p.proto, len)
+        checksum::pseudo_header(p.src.octets(), p.dst.octets(), p.proto.0, len)
     } else {
-        checksum::pseudo_header(&p.src[12..], &p.dst[12..], p.proto, len)
+        checksum::pseudo_header(&p.src.0[12..], &p.dst.0[12..], p.proto.0, len)
     };
     checksum::is_partial(csum, pseudo)
 }

@@ -36,6 +36,7 @@ use strait_config::model::Mode;
 use super::attach::{Aligned, AttachMode, AttachPolicy, XdpProgram};
 use super::{QueueSocket, XskError};
 use crate::embedded_object;
+use crate::key::{Addr, Proto};
 use crate::table::{Service, ServiceTable};
 
 /// The compiled program, `bpf/steer.bpf.c`.
@@ -48,11 +49,11 @@ const PROGRAM: &str = "strait_steer";
 type EndpointKey = [u8; 20];
 
 /// The key `steer.bpf.c` uses for `frontends` and `nat_backends`.
-fn endpoint_key(addr: &[u8; 16], port: u16, proto: u8) -> EndpointKey {
+fn endpoint_key(addr: &Addr, port: u16, proto: Proto) -> EndpointKey {
     let mut k = [0u8; 20];
-    k[..16].copy_from_slice(addr);
+    k[..16].copy_from_slice(addr.octets());
     k[16..18].copy_from_slice(&port.to_be_bytes());
-    k[18] = proto;
+    k[18] = proto.0;
     k
 }
 
@@ -524,7 +525,7 @@ impl SteerProgram {
         drop(prev);
         self.locals.begin_recount();
         for &a in &t.locals {
-            self.locals.count(a, Count::Tally);
+            self.locals.count(a.0, Count::Tally);
         }
         self.locals.end_recount();
         let mut n = MapSync::default();
@@ -597,7 +598,7 @@ impl SteerProgram {
         let f = &s.frontend;
         self.frontends
             .count(endpoint_key(&f.vip, f.port, f.proto), c);
-        self.vips.count(f.vip, c);
+        self.vips.count(f.vip.0, c);
         if s.mode != Mode::Nat {
             return;
         }
@@ -708,7 +709,7 @@ mod tests {
         a[10] = 0xff;
         a[11] = 0xff;
         a[12..].copy_from_slice(&[203, 0, 113, 10]);
-        let k = endpoint_key(&a, 80, 6);
+        let k = endpoint_key(&Addr(a), 80, Proto(6));
         assert_eq!(&k[..16], &a);
         assert_eq!(&k[16..18], &[0, 80]);
         assert_eq!(k[18], 6);

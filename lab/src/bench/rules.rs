@@ -582,7 +582,12 @@ fn profile(
         .backends
         .iter()
         .flatten()
-        .map(|b| (Frontend::new(b.address(), b.port, 6), ()))
+        .map(|b| {
+            (
+                Frontend::new(b.address(), b.port, strait_dataplane::key::proto::TCP),
+                (),
+            )
+        })
         .collect();
     let indexes_copy_ms = copy_time(&|| {
         std::hint::black_box((frontends.clone(), nat.clone()));
