@@ -662,44 +662,27 @@ mod dpdk {
 
     use super::packet_socket::PacketSocket;
     use strait_testkit::alloc::{ALLOCS, COUNTING};
+    use strait_testkit::config::{GatewayToml, ServiceToml};
 
-    const CONFIG: &str = r#"
-[gateway]
-new_flows_per_second_per_core = 0
-
-[gateway.dpdk]
-no_huge = true
-memory_mb = 512
-
-[[gateway.interfaces]]
-name = "tap-g"
-queues = [0]
-driver = "dpdk"
-device = "net_af_packet0,iface=dp-g"
-
-[[services]]
-name = "dsr"
-vip = "203.0.113.10"
-port = 80
-protocol = "udp"
-mode = "dsr-l2"
-
-[[services.backends]]
-address = "192.0.2.2"
-mac = "02:00:00:00:00:c1"
-
-[[services]]
-name = "nat"
-vip = "203.0.113.12"
-port = 53
-protocol = "udp"
-mode = "nat"
-
-[[services.backends]]
-address = "192.0.2.2"
-port = 5353
-mac = "02:00:00:00:00:c1"
-"#;
+    /// The gateway: the DPDK port on dp-g (its exception TAP tap-g), a dsr-l2 UDP service
+    /// and a nat one (53 to 5353), both to veth-a's address and MAC.
+    fn config() -> String {
+        let service = |name, vip, port, mode, backend_port| {
+            ServiceToml::new(name, vip, port)
+                .protocol("udp")
+                .mode(mode)
+                .backend_mac("192.0.2.2", backend_port, "02:00:00:00:00:c1")
+        };
+        GatewayToml::new()
+            .set("new_flows_per_second_per_core", 0)
+            .table("[gateway.dpdk]\nno_huge = true\nmemory_mb = 512")
+            .interface("tap-g", &[0])
+            .interface_set("driver", r#""dpdk""#)
+            .interface_set("device", r#""net_af_packet0,iface=dp-g""#)
+            .service(service("dsr", "203.0.113.10", 80, "dsr-l2", 80))
+            .service(service("nat", "203.0.113.12", 53, "nat", 5353))
+            .to_string()
+    }
 
     /// Frames of warm-up, and frames counted.
     const WARM: u64 = 2_000;
@@ -851,7 +834,7 @@ mac = "02:00:00:00:00:c1"
         // This thread (and the worker it spawns) in -g: EAL's packet socket and the TAP are
         // made here.
         enter_netns(ns_g);
-        let cfg = strait_config::parse(CONFIG).unwrap_or_else(|e| panic!("{e}"));
+        let cfg = strait_config::parse(&config()).unwrap_or_else(|e| panic!("{e}"));
         let d = cfg.gateway.dpdk.clone().expect("[gateway.dpdk]");
         let opts = EalOptions {
             cores: vec![0],
