@@ -224,8 +224,8 @@ fn sock(a: Addr, port: u16) -> String {
     SocketAddr::new(bytes_addr(a), port).to_string()
 }
 
-fn mac(m: [u8; 6]) -> String {
-    MacAddr(m).to_string()
+fn mac(m: strait_dataplane::wire::ethernet::Address) -> String {
+    MacAddr(m.0).to_string()
 }
 
 fn state_name(s: FlowState) -> &'static str {

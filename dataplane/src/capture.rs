@@ -989,7 +989,7 @@ fn describe<'t>(
             let mac = out.get(..6);
             members
                 .into_iter()
-                .find(|b| b.mac.as_ref().map(|m| &m[..]) == mac)
+                .find(|b| b.mac.as_ref().map(|m| &m.0[..]) == mac)
         }
         Mode::Nat => match out_hdr {
             Some(o) => match o.ports {

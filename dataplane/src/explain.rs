@@ -57,6 +57,7 @@ use crate::rewrite::{Encap, Outer};
 use crate::spsc;
 use crate::sync::{byte_state, state_byte};
 use crate::table::{current, reply_key, Backend, Frontend, Health, Prefix, Service, ServiceTable};
+use crate::wire::ethernet::Address as Mac;
 
 /// Words of a query in the ring: its id, then the 5-tuple.
 const QUERY_WORDS: usize = 6;
@@ -88,7 +89,7 @@ pub struct Entry {
     /// Learnt from a peer gateway by flow sync, not made here by a packet.
     pub learnt: bool,
     /// Reverse-nat entries: the MAC replies are sent to. Zero elsewhere.
-    pub peer_mac: [u8; 6],
+    pub peer_mac: Mac,
     /// Milliseconds since it was made (or learnt from a peer), by the worker's clock; `None`
     /// for a reverse-nat entry, which is made with its forward entry and keeps no time of its
     /// own ([`FlowValue::made_ms`]).
@@ -109,7 +110,11 @@ impl Entry {
             idle_ms: (now / 1_000_000).saturating_sub(v.last_seen_ms()),
             timeout_ms: flows.timeout_of(v) / 1_000_000,
             learnt: v.learnt(),
-            peer_mac: if reverse { v.peer_mac() } else { [0; 6] },
+            peer_mac: if reverse {
+                v.peer_mac()
+            } else {
+                Mac::default()
+            },
             age_ms: (!reverse).then(|| now_ms.saturating_sub(v.made_ms())),
         })
     }
@@ -125,7 +130,7 @@ impl Entry {
         let mut last = [0u8; 8];
         match self.age_ms {
             Some(age) => last[..6].copy_from_slice(&age.min((1 << 48) - 1).to_le_bytes()[..6]),
-            None => last[..6].copy_from_slice(&self.peer_mac),
+            None => last[..6].copy_from_slice(&self.peer_mac.0),
         }
         last[6] = state_byte(self.state);
         last[7] = u8::from(self.learnt) | u8::from(self.age_ms.is_none()) << 1;
@@ -153,7 +158,7 @@ impl Entry {
             idle_ms: w[1],
             timeout_ms: w[2],
             learnt: last[7] & 1 != 0,
-            peer_mac,
+            peer_mac: Mac(peer_mac),
             age_ms: (!reverse).then(|| u64::from_le_bytes(six)),
         })
     }
@@ -502,14 +507,14 @@ pub enum Rewrite {
     /// dsr-l2: new MACs, VIP kept.
     DsrL2 {
         /// Source MAC (the egress port's) and next-hop MAC.
-        macs: ([u8; 6], [u8; 6]),
+        macs: (Mac, Mac),
         /// Egress port.
         port: u8,
     },
     /// dsr-ipip / dsr-gue: an outer header to the backend node.
     Encap {
         /// Source MAC and next-hop MAC.
-        macs: ([u8; 6], [u8; 6]),
+        macs: (Mac, Mac),
         /// Egress port.
         port: u8,
         /// Outer source and destination.
@@ -520,7 +525,7 @@ pub enum Rewrite {
     /// nat: destination rewritten to the backend; replies translated back.
     Nat {
         /// Source MAC and next-hop MAC.
-        macs: ([u8; 6], [u8; 6]),
+        macs: (Mac, Mac),
         /// Egress port.
         port: u8,
         /// The new destination.
@@ -564,7 +569,7 @@ pub struct Reply {
     /// The forward flow's entry on the same core.
     pub forward_entry: Option<Entry>,
     /// Source MAC and destination MAC (the client's next hop) of the translated reply.
-    pub macs: ([u8; 6], [u8; 6]),
+    pub macs: (Mac, Mac),
     /// The port it leaves on.
     pub port: u8,
 }
@@ -787,8 +792,8 @@ fn reply(t: &ServiceTable, cores: u16, k: &FlowKey, probes: &[Probe]) -> Reply {
     Reply {
         core,
         macs: (
-            t.ports.get(port as usize).map_or([0; 6], |p| p.mac),
-            entry.map_or([0; 6], |e| e.peer_mac),
+            t.ports.get(port as usize).map_or(Mac::default(), |p| p.mac),
+            entry.map_or(Mac::default(), |e| e.peer_mac),
         ),
         entry: entry.filter(|_| flow.is_some()),
         flow,
@@ -819,7 +824,7 @@ mod tests {
             idle_ms: 1 << 40,
             timeout_ms: 86_400_000_000,
             learnt: true,
-            peer_mac: [2, 0, 0, 0, 0, 0xc1],
+            peer_mac: [2, 0, 0, 0, 0, 0xc1].into(),
             age_ms: None,
         };
         for p in [
@@ -832,7 +837,7 @@ mod tests {
                 partner: Some(Entry {
                     learnt: false,
                     state: FlowState::Udp,
-                    peer_mac: [0; 6],
+                    peer_mac: [0; 6].into(),
                     age_ms: Some(3_600_000 * 24 * 400),
                     ..e
                 }),

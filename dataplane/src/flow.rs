@@ -144,6 +144,7 @@ use core::fmt;
 
 use crate::hash::SEED_FLOW;
 use crate::key::{Addr, BackendId, FlowKey, Proto};
+use crate::wire::ethernet::Address as Mac;
 
 /// Ways per bucket. Eight 16-bit tags fill 16 bytes, a quarter of a cache line, so one line
 /// load screens a whole bucket (four, in fact); and an insert's worst case stays at 8 entries
@@ -327,14 +328,14 @@ impl FlowValue {
 
     /// A reverse-nat entry's next hop back to the client (meaningless in other entries).
     #[inline]
-    pub fn peer_mac(&self) -> [u8; 6] {
-        self.link
+    pub fn peer_mac(&self) -> Mac {
+        Mac(self.link)
     }
 
     /// Makes this a reverse-nat entry whose replies go to `mac`.
     #[inline]
-    pub fn set_peer_mac(&mut self, mac: [u8; 6]) {
-        self.link = mac;
+    pub fn set_peer_mac(&mut self, mac: Mac) {
+        self.link = mac.0;
     }
 
     /// When a forward or affinity entry was made (learnt, for an entry from a peer gateway),
@@ -1237,7 +1238,7 @@ mod tests {
 
     fn val(backend: u32, state: FlowState, now: u64) -> FlowValue {
         let mut v = FlowValue::new(BackendId(backend), backend * 10, state, now);
-        v.set_peer_mac([2, 0, 0, 0, 0, backend as u8]);
+        v.set_peer_mac([2, 0, 0, 0, 0, backend as u8].into());
         v
     }
 

@@ -104,7 +104,7 @@ fn admit(frame: &[u8], port: Option<&Port>) -> Result<bool, DropReason> {
     if eth[0] & 1 != 0 {
         return Ok(false);
     }
-    if eth[..6] != port.mac {
+    if eth[..6] != port.mac.0 {
         return Err(DropReason::OtherHost);
     }
     if eth[12..14] == [0x81, 0x00] {
@@ -642,7 +642,7 @@ impl Pipeline {
                     let mut reply = value;
                     let mut client = [0u8; 6];
                     client.copy_from_slice(&frame.data()[6..12]);
-                    reply.set_peer_mac(client);
+                    reply.set_peer_mac(client.into());
                     if self.flows.insert_hashed(rkey, rh, reply, now).is_err() {
                         // Replies will not be translated: undo the forward entry so the state
                         // stays symmetric, and count the flow as stateless.
@@ -743,7 +743,7 @@ impl Pipeline {
         value.timeout_override = s.affinity_secs;
         if self.flows.insert_hashed(akey, ah, value, now).is_ok() {
             if let Some(sy) = &mut self.sync {
-                let peer_mac = [0; 6];
+                let peer_mac = crate::wire::ethernet::Address::default();
                 sy.export(&SyncRecord {
                     key: akey,
                     backend: b.addr,
@@ -820,8 +820,8 @@ impl Pipeline {
             &s.frontend.vip,
             s.frontend.port,
             Macs {
-                src: port.mac.into(),
-                dst: peer_mac.into(),
+                src: port.mac,
+                dst: peer_mac,
             },
         );
         self.traffic.from_backend(s, b, p.ip_len);
@@ -890,7 +890,7 @@ impl Pipeline {
         let Some(mac) = b.mac else {
             return Verdict::Drop(DropReason::NoNextHop);
         };
-        let src = t.ports.get(b.egress as usize).map_or([0; 6], |p| p.mac);
+        let src = t.ports.get(b.egress as usize).map_or([0; 6], |p| p.mac.0);
         rewrite::nat_icmp_error(
             frame,
             p,
@@ -898,7 +898,7 @@ impl Pipeline {
             b.port,
             Macs {
                 src: src.into(),
-                dst: mac.into(),
+                dst: mac,
             },
         );
         self.traffic.to_backend(s, b, p.ip_len);
@@ -941,7 +941,7 @@ fn record(
         state,
         kind,
         flags: steering(s),
-        peer_mac,
+        peer_mac: peer_mac.into(),
     }
 }
 
@@ -1050,8 +1050,8 @@ fn forward(
         return Verdict::Drop(DropReason::NoEgress);
     };
     let m = Macs {
-        src: port.mac.into(),
-        dst: mac.into(),
+        src: port.mac,
+        dst: mac,
     };
     let how = match s.mode {
         Mode::DsrL2 => {
@@ -1091,7 +1091,7 @@ fn forward(
             let Some(back) = t.ports.get(ingress as usize) else {
                 return Verdict::Drop(DropReason::NoEgress);
             };
-            rewrite::icmp_too_big(frame, p, inner_mtu, back.mac.into());
+            rewrite::icmp_too_big(frame, p, inner_mtu, back.mac);
             c.icmp_too_big_sent += 1;
             Verdict::Tx { port: ingress }
         }
@@ -1224,7 +1224,7 @@ backends = [{}]
         t.backends
             .iter()
             .flatten()
-            .find(|b| b.mac.is_some_and(|m| m == mac))
+            .find(|b| b.mac.is_some_and(|m| m.0 == mac))
             .cloned()
             .expect("a backend with that MAC")
     }
@@ -1238,7 +1238,7 @@ backends = [{}]
         let (v, out) = run(&mut pipe, &t1, SEC, &tcp(CLIENT, VIP_A, true));
         assert_eq!(v, Verdict::Tx { port: 0 });
         let first = backend_by_mac(&t1, &out[0..6]);
-        let (gone, kept) = if first.mac == Some([2, 0, 0, 0, 1, 0x11]) {
+        let (gone, kept) = if first.mac.map(|m| m.0) == Some([2, 0, 0, 0, 1, 0x11]) {
             (x, y)
         } else {
             (y, x)
@@ -1289,7 +1289,7 @@ backends = [{}]
         let (v, out) = run(&mut pipe, &t1, SEC, &client_segment(flags::SYN));
         assert_eq!(v, Verdict::Tx { port: 0 });
         let first = backend_by_mac(&t1, &out[0..6]);
-        let (old, other) = if first.mac == Some([2, 0, 0, 0, 1, x.1]) {
+        let (old, other) = if first.mac.map(|m| m.0) == Some([2, 0, 0, 0, 1, x.1]) {
             (x, y)
         } else {
             (y, x)
@@ -1368,7 +1368,7 @@ backends = [
         let mut pipe = Pipeline::new(0, 1, 1024, Timeouts::default(), 0);
         let (_, out) = run(&mut pipe, &t1, SEC, &client_segment(flags::SYN));
         let first = backend_by_mac(&t1, &out[0..6]);
-        let old = if first.mac == Some([2, 0, 0, 0, 1, x.1]) {
+        let old = if first.mac.map(|m| m.0) == Some([2, 0, 0, 0, 1, x.1]) {
             x
         } else {
             y
@@ -1407,7 +1407,7 @@ backends = [
         assert_eq!(&out[0..6], &CLIENT_MAC, "back to the client's next hop");
 
         // A rebuild that keeps the backend keeps translating its replies.
-        let (gone, kept) = if first.mac == Some([2, 0, 0, 0, 1, 0x21]) {
+        let (gone, kept) = if first.mac.map(|m| m.0) == Some([2, 0, 0, 0, 1, 0x21]) {
             (x, y)
         } else {
             (y, x)

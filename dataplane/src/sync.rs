@@ -75,6 +75,7 @@ use crate::flow::{FlowState, FlowTable, FlowValue, WAYS};
 use crate::key::{Addr, FlowKey, Proto};
 use crate::spsc;
 use crate::table::{current, reply_key, Frontend, ServiceTable};
+use crate::wire::ethernet::Address as Mac;
 
 /// Bytes of one record, in the ring and on the wire: one cache line.
 pub const RECORD_BYTES: usize = 64;
@@ -133,7 +134,7 @@ pub struct SyncRecord {
     /// Bits of [`flags`].
     pub flags: u8,
     /// nat: the MAC the client's packets came from, where replies go; zero otherwise.
-    pub peer_mac: [u8; 6],
+    pub peer_mac: Mac,
 }
 
 #[cfg(any(test, feature = "testing"))]
@@ -156,7 +157,7 @@ impl SyncRecord {
             state: FlowState::TcpEstablished,
             kind: RecordKind::Flow,
             flags: flags::EVERYWHERE,
-            peer_mac: [2, 0, 0, 0, 0, 0xc1],
+            peer_mac: [2, 0, 0, 0, 0, 0xc1].into(),
         }
     }
 }
@@ -225,7 +226,7 @@ impl SyncRecord {
         b[55] = state_byte(self.state);
         b[56] = self.kind as u8;
         b[57] = self.flags;
-        b[58..64].copy_from_slice(&self.peer_mac);
+        b[58..64].copy_from_slice(&self.peer_mac.0);
         b
     }
 
@@ -266,7 +267,7 @@ impl SyncRecord {
             state,
             kind,
             flags: b[57],
-            peer_mac,
+            peer_mac: peer_mac.into(),
         })
     }
 
@@ -587,7 +588,7 @@ fn dump_step(flows: &FlowTable, sy: &mut WorkerSync, t: &ServiceTable, now: u64)
             };
             let Some(b) = current(t, v) else { return };
             let affinity = v.state == FlowState::Other && v.timeout_override != 0;
-            let mut peer_mac = [0; 6];
+            let mut peer_mac = Mac::default();
             if s.mode == Mode::Nat && !affinity {
                 if let Some(rv) = flows.peek(&reply_key(k, b)) {
                     peer_mac = rv.peer_mac();

@@ -85,7 +85,7 @@ fn an_imported_flow_keeps_its_backend_where_maglev_would_move_it() {
         assert_eq!(v, Verdict::Tx { port: 0 });
         assert_eq!(
             out[0..6],
-            chosen.mac.unwrap(),
+            chosen.mac.unwrap().0,
             "{mode}: the recorded backend, not Maglev's"
         );
         assert_eq!(b.counters.flows_created, 0);
@@ -132,7 +132,7 @@ fn records_this_table_cannot_follow_are_counted_and_dropped() {
         state: FlowState::TcpEstablished,
         kind: RecordKind::Flow,
         flags: flags::EVERYWHERE,
-        peer_mac: [0; 6],
+        peer_mac: [0; 6].into(),
     };
     let unknown_backend = SyncRecord {
         backend: crate::key::v4_mapped([198, 51, 100, 99]),
@@ -230,7 +230,7 @@ fn a_dump_walks_the_table_in_bounded_steps_and_sends_forward_entries_only() {
         );
         assert!(dumped.iter().all(|r| r.flags & flags::DUMP != 0));
         if mode == "nat" {
-            assert!(dumped.iter().all(|r| r.peer_mac == CLIENT_MAC));
+            assert!(dumped.iter().all(|r| r.peer_mac.0 == CLIENT_MAC));
         }
         assert_eq!(p.sync.as_ref().unwrap().counters.dumps, 1);
         assert_eq!(p.sync_turn(&t, SEC), 0, "done");

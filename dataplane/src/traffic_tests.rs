@@ -308,7 +308,7 @@ fn a_service_keeps_the_counts_of_backends_that_left() {
         .backends
         .iter()
         .filter_map(|&id| t1.backend(id))
-        .find(|b| b.mac == Some([2, 0, 0, 0, 1, 0x42]))
+        .find(|b| b.mac.map(|m| m.0) == Some([2, 0, 0, 0, 1, 0x42]))
         .expect("y")
         .id;
 

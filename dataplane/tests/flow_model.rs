@@ -136,7 +136,7 @@ fn value(
 ) -> FlowValue {
     let mut v = FlowValue::new(BackendId(backend), incarnation, state, now);
     v.timeout_override = timeout_override;
-    v.set_peer_mac([2, 0, 0, 0, (incarnation >> 8) as u8, incarnation as u8]);
+    v.set_peer_mac([2, 0, 0, 0, (incarnation >> 8) as u8, incarnation as u8].into());
     v
 }
 

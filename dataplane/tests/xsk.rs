@@ -351,7 +351,7 @@ fn gateway(
         enter_netns(&ns);
         let cfg = strait_config::parse(&config()).map_err(|e| e.to_string())?;
         let link = interface_port("veth-g").map_err(|e| e.to_string())?;
-        if link.mac != MAC_G {
+        if link.mac.0 != MAC_G {
             return Err(format!("veth-g MAC read as {:02x?}", link.mac));
         }
         let table = Arc::new(
@@ -402,7 +402,7 @@ fn gateway(
         state: FlowState::TcpEstablished,
         kind: RecordKind::Flow,
         flags: sync_flags::EVERYWHERE,
-        peer_mac: [0; 6],
+        peer_mac: [0; 6].into(),
     };
     assert!(sync_thread.to_worker.push(&learnt));
     let stop = Arc::new(AtomicBool::new(false));
@@ -1340,7 +1340,7 @@ fn two_arm_gateway(
             .map(|i| interface_port(i).map_err(|e| e.to_string()))
             .into_iter()
             .collect::<Result<Vec<_>, _>>()?;
-        if links[0].mac != MAC_GC || links[1].mac != MAC_GB {
+        if links[0].mac.0 != MAC_GC || links[1].mac.0 != MAC_GB {
             return Err(format!("gateway MACs read as {links:02x?}"));
         }
         let table = Arc::new(

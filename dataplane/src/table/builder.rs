@@ -471,7 +471,7 @@ impl Builder {
                 addr: key.1,
                 port: b.port,
                 tunnel: addr_bytes(b.tunnel_target()),
-                mac: b.mac.map(|m| m.0),
+                mac: b.mac.map(|m| Mac(m.0)),
                 egress: self.backend_port,
                 weight: b.weight,
                 health,

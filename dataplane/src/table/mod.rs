@@ -25,6 +25,7 @@ use strait_config::model::{MacAddr, Mode};
 use crate::flow::{FlowValue, Timeouts};
 use crate::key::{addr_bytes, bytes_addr, Addr, BackendId, FlowKey, Proto, ServiceId};
 use crate::maglev;
+use crate::wire::ethernet::Address as Mac;
 
 mod builder;
 #[cfg(test)]
@@ -149,7 +150,7 @@ pub struct Backend {
     pub tunnel: Addr,
     /// Next-hop MAC as the rewrite copies it ([`Backend::mac_addr`]); `None` until the
     /// control plane resolves it.
-    pub mac: Option<[u8; 6]>,
+    pub mac: Option<Mac>,
     /// Egress port (index into [`ServiceTable::ports`]).
     pub egress: u8,
     /// Maglev weight.
@@ -185,7 +186,7 @@ impl Backend {
 
     /// The next-hop MAC; `None` until the control plane resolves it.
     pub fn mac_addr(&self) -> Option<MacAddr> {
-        self.mac.map(MacAddr)
+        self.mac.map(|m| MacAddr(m.0))
     }
 }
 
@@ -235,7 +236,7 @@ impl Service {
 pub struct Port {
     /// The interface's own MAC: the source MAC of frames it sends, and the only unicast
     /// destination it takes frames for ([`Port::mac_addr`]).
-    pub mac: [u8; 6],
+    pub mac: Mac,
     /// MTU of the interface.
     pub mtu: u16,
     /// The 802.1Q VLANs whose tagged frames the port takes, besides untagged ones.
@@ -247,7 +248,7 @@ impl Port {
     /// port the VLANs its interface is configured with.
     pub const fn new(mac: MacAddr, mtu: u16) -> Self {
         Self {
-            mac: mac.0,
+            mac: Mac(mac.0),
             mtu,
             vlans: Vlans::NONE,
         }
@@ -255,7 +256,7 @@ impl Port {
 
     /// The interface's own MAC.
     pub const fn mac_addr(&self) -> MacAddr {
-        MacAddr(self.mac)
+        MacAddr(self.mac.0)
     }
 }
 

@@ -38,6 +38,7 @@ use super::{QueueSocket, XskError};
 use crate::embedded_object;
 use crate::key::{Addr, Proto};
 use crate::table::{Service, ServiceTable};
+use crate::wire::ethernet::Address as Mac;
 
 /// The compiled program, `bpf/steer.bpf.c`.
 static OBJECT: &Aligned<[u8]> = embedded_object!("steer");
@@ -133,9 +134,9 @@ type PortConf = [u8; 520];
 
 /// The `port_conf` of an interface with MAC `mac` serving VLANs `vlans` (besides untagged).
 /// Ids outside 1..=4094 are ignored (the configuration refuses them).
-fn port_conf(mac: [u8; 6], vlans: &[u16]) -> PortConf {
+fn port_conf(mac: Mac, vlans: &[u16]) -> PortConf {
     let mut c = [0u8; 520];
-    c[..6].copy_from_slice(&mac);
+    c[..6].copy_from_slice(&mac.0);
     let mut words = [0u64; 64];
     for &v in vlans.iter().filter(|v| (1..=4094).contains(*v)) {
         words[v as usize / 64] |= 1 << (v % 64);
@@ -161,7 +162,7 @@ pub struct SteerProgram {
     /// What the port accepts (`port_conf`).
     port: MapHandle,
     /// The interface's MAC when attached.
-    mac: [u8; 6],
+    mac: Mac,
     /// The table the counts of the lookup maps describe: the last one given to
     /// [`SteerProgram::update_maps`]. Holding it keeps its services alive, so a service
     /// pointer seen again in the next table is the same service, not a reused address.
@@ -439,7 +440,7 @@ impl SteerProgram {
     }
 
     /// The MAC the port accepts unicast frames to: the interface's when attached.
-    pub fn mac(&self) -> [u8; 6] {
+    pub fn mac(&self) -> Mac {
         self.mac
     }
 
@@ -718,7 +719,7 @@ mod tests {
 
     #[test]
     fn port_conf_layout_matches_the_c_struct() {
-        let c = port_conf([2, 0, 0, 0, 0, 9], &[1, 64, 100, 4094, 0, 4095]);
+        let c = port_conf([2, 0, 0, 0, 0, 9].into(), &[1, 64, 100, 4094, 0, 4095]);
         assert_eq!(&c[..8], &[2, 0, 0, 0, 0, 9, 0, 0]);
         let word = |i: usize| u64::from_ne_bytes(c[8 + 8 * i..16 + 8 * i].try_into().unwrap());
         assert_eq!(word(0), 1 << 1, "0 is not a VLAN");
