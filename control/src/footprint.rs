@@ -175,20 +175,21 @@ pub fn machine_memory() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strait_testkit::config::{GatewayToml, ServiceToml};
 
-    fn config(extra_gateway: &str, queues: &str) -> Config {
-        strait_config::parse(&format!(
-            "[gateway]\n{extra_gateway}\n[[gateway.interfaces]]\nname = \"a\"\nqueues = {queues}\n\
-             [[gateway.interfaces]]\nname = \"b\"\nqueues = {queues}\n\
-             [[services]]\nname = \"web\"\nvip = \"203.0.113.10\"\nport = 80\n\
-             maglev_table_size = 65537\nbackends = []\n"
-        ))
-        .expect("valid")
+    /// Interfaces `a` and `b`, each with `queues`, and one service with a full-size table.
+    fn config(flow_capacity_per_core: u32, queues: &[u32]) -> Config {
+        let toml = GatewayToml::new()
+            .set("flow_capacity_per_core", flow_capacity_per_core)
+            .interface("a", queues)
+            .interface("b", queues)
+            .service(ServiceToml::new("web", "203.0.113.10", 80).maglev_table_size(65537));
+        strait_config::parse(&toml.to_string()).expect("valid")
     }
 
     #[test]
     fn counts_one_worker_per_queue_index_and_each_part() {
-        let f = Footprint::of(&config("flow_capacity_per_core = 1048576", "[0, 1]"));
+        let f = Footprint::of(&config(1_048_576, &[0, 1]));
         assert_eq!(
             f.workers, 2,
             "queues 0 and 1 on two interfaces are two workers"
@@ -211,10 +212,7 @@ mod tests {
 
     #[test]
     fn a_footprint_beyond_the_machine_is_refused_naming_both() {
-        let f = Footprint::of(&config(
-            "flow_capacity_per_core = 268435456",
-            "[0, 1, 2, 3]",
-        ));
+        let f = Footprint::of(&config(268_435_456, &[0, 1, 2, 3]));
         let err = f
             .fits(8 << 30)
             .expect_err("4 x 256M flows do not fit in 8 GiB");

@@ -698,6 +698,7 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
     use std::sync::atomic::{AtomicU16, Ordering};
+    use strait_testkit::config::{GatewayToml, ServiceToml};
 
     fn hc(kind: HealthKind) -> HealthCheck {
         HealthCheck {
@@ -932,22 +933,14 @@ mod tests {
     fn checker_follows_a_real_server_going_away_and_back() {
         let status = Arc::new(AtomicU16::new(200));
         let addr = server(Arc::clone(&status));
-        let cfg = strait_config::parse(&format!(
-            r#"
-[[gateway.interfaces]]
-name = "eth0"
-queues = [0]
-[[services]]
-name = "web"
-vip = "203.0.113.10"
-port = 80
-mode = "nat"
-health_check = {{ kind = "http", path = "/healthz", interval = "50ms", timeout = "40ms" }}
-backends = [{{ address = "127.0.0.1", port = {} }}]
-"#,
-            addr.port()
-        ))
-        .unwrap();
+        let web = ServiceToml::new("web", "203.0.113.10", 80)
+            .mode("nat")
+            .set(
+                "health_check",
+                r#"{ kind = "http", path = "/healthz", interval = "50ms", timeout = "40ms" }"#,
+            )
+            .backend("127.0.0.1", addr.port());
+        let cfg = strait_config::parse(&GatewayToml::eth0().service(web).to_string()).unwrap();
         let (tx, rx) = mpsc::channel();
         let mut c = Checker::new(tx);
         c.sync(&cfg);

@@ -97,24 +97,15 @@ impl Watcher {
 mod tests {
     use super::*;
     use strait_dataplane::table::Builder;
+    use strait_testkit::config::{GatewayToml, ServiceToml};
 
     #[test]
     fn failures_are_summed_over_the_cores_once_each() {
-        let cfg = strait_config::parse(
-            r#"
-[[gateway.interfaces]]
-name = "eth0"
-queues = [0]
-[[services]]
-name = "web"
-vip = "203.0.113.10"
-port = 80
-mode = "nat"
-maglev_table_size = 251
-backends = [{ address = "198.51.100.11", port = 8080, mac = "02:00:00:00:01:11" }]
-"#,
-        )
-        .unwrap();
+        let web = ServiceToml::new("web", "203.0.113.10", 80)
+            .mode("nat")
+            .maglev_table_size(251)
+            .backend_mac("198.51.100.11", 8080, "02:00:00:00:01:11");
+        let cfg = strait_config::parse(&GatewayToml::eth0().service(web).to_string()).unwrap();
         let ports = [strait_dataplane::table::Port::new(
             strait_config::model::MacAddr([2, 0, 0, 0, 0, 1]),
             1500,

@@ -740,33 +740,12 @@ pub(crate) fn metrics(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use strait_dataplane::flow::FlowState;
-    use strait_dataplane::key::{proto, v4_mapped};
     use strait_dataplane::sync::{mesh, SYNC_SLOTS};
-    use strait_dataplane::FlowKey;
-
-    fn rec(i: u16) -> SyncRecord {
-        SyncRecord {
-            key: FlowKey {
-                src: v4_mapped([198, 51, 100, 7]),
-                dst: v4_mapped([203, 0, 113, 10]),
-                src_port: 1000 + i,
-                dst_port: 80,
-                proto: proto::TCP,
-            },
-            backend: v4_mapped([192, 0, 2, 21]),
-            backend_port: 8080,
-            state: FlowState::TcpSyn,
-            kind: RecordKind::Flow,
-            flags: 0,
-            peer_mac: [2, 0, 0, 0, 0, 1].into(),
-        }
-    }
 
     #[test]
     fn datagrams_round_trip() {
         let mut buf = vec![0; MAX_DATAGRAM];
-        let recs: Vec<_> = (0..MAX_V4_RECORDS as u16).map(rec).collect();
+        let recs: Vec<_> = (0..MAX_V4_RECORDS as u16).map(SyncRecord::sample).collect();
         let n = encode(Kind::Records, Form::V4, &recs, &mut buf);
         assert_eq!(n, MAX_DATAGRAM);
         assert!(n <= 1452, "fits an IPv6 packet in a 1500-byte MTU");
@@ -774,7 +753,7 @@ mod tests {
         assert_eq!(decode(&buf[..n], &mut out), Ok(Kind::Records));
         assert_eq!(out, recs, "the compact form carries every field");
         // The full form, for any record; an IPv6 record needs it.
-        let mut v6 = rec(7);
+        let mut v6 = SyncRecord::sample(7);
         v6.key.src = strait_dataplane::key::Addr(
             "2001:db8::7"
                 .parse::<std::net::Ipv6Addr>()
@@ -783,7 +762,7 @@ mod tests {
         );
         assert_eq!(Form::of(&v6), Form::Full);
         let full: Vec<_> = (0..MAX_RECORDS as u16)
-            .map(rec)
+            .map(SyncRecord::sample)
             .chain([v6])
             .skip(1)
             .collect();
@@ -799,7 +778,12 @@ mod tests {
     #[test]
     fn malformed_datagrams_are_refused_never_a_panic() {
         let mut buf = vec![0; MAX_DATAGRAM];
-        let n = encode(Kind::Records, Form::V4, &[rec(1), rec(2)], &mut buf);
+        let n = encode(
+            Kind::Records,
+            Form::V4,
+            &[SyncRecord::sample(1), SyncRecord::sample(2)],
+            &mut buf,
+        );
         let good = buf[..n].to_vec();
         let mut out = Vec::new();
         assert_eq!(decode(&good[..5], &mut out), Err(DecodeError::Length));
@@ -870,7 +854,7 @@ mod tests {
         }
         let me = asks_for_a_dump_and_refuses_strangers("::1");
         let peer = me.1;
-        let mut v6 = rec(9);
+        let mut v6 = SyncRecord::sample(9);
         v6.key.src = strait_dataplane::key::Addr(
             "2001:db8:c::2"
                 .parse::<std::net::Ipv6Addr>()
@@ -941,7 +925,7 @@ mod tests {
         // A stranger is refused; garbage from the peer is counted, not fatal.
         let stranger = UdpSocket::bind(any(0)).unwrap();
         let mut out = vec![0; MAX_DATAGRAM];
-        let n = encode(Kind::Records, Form::V4, &[rec(1)], &mut out);
+        let n = encode(Kind::Records, Form::V4, &[SyncRecord::sample(1)], &mut out);
         stranger.send_to(&out[..n], me.local).unwrap();
         peer.send_to(b"not a datagram of ours", me.local).unwrap();
         wait("both dropped", || {

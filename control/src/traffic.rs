@@ -250,20 +250,26 @@ mod tests {
     use strait_dataplane::pipeline::Verdict;
     use strait_dataplane::rewrite::{Frame, HEADROOM};
     use strait_dataplane::table::{Builder, Port};
+    use strait_testkit::config::{GatewayToml, ServiceToml};
 
     const GW_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
 
     /// nat services `(name, VIP's last byte, backend's last byte)`, backends on port 8080.
     fn config(list: &[(&str, u8, u8)]) -> Config {
-        let mut s = String::from("[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0, 1]\n");
+        let mut g = GatewayToml::new().interface("eth0", &[0, 1]);
         for (name, vip, b) in list {
-            s += &format!(
-                "[[services]]\nname = \"{name}\"\nvip = \"203.0.113.{vip}\"\nport = 80\n\
-                 mode = \"nat\"\nmaglev_table_size = 251\nbackends = [{{ address = \
-                 \"198.51.100.{b}\", port = 8080, mac = \"02:00:00:00:01:{b:02x}\" }}]\n"
+            g = g.service(
+                ServiceToml::new(name, &format!("203.0.113.{vip}"), 80)
+                    .mode("nat")
+                    .maglev_table_size(251)
+                    .backend_mac(
+                        &format!("198.51.100.{b}"),
+                        8080,
+                        &format!("02:00:00:00:01:{b:02x}"),
+                    ),
             );
         }
-        strait_config::parse(&s).expect("test config")
+        strait_config::parse(&g.to_string()).expect("test config")
     }
 
     fn build(b: &mut Builder, cfg: &Config) -> ServiceTable {

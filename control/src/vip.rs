@@ -284,6 +284,7 @@ impl Drop for VipAddresses {
 mod tests {
     use super::*;
     use std::process::Stdio;
+    use strait_testkit::config::{GatewayToml, ServiceToml};
     use strait_testkit::privileged as gate;
 
     /// Two namespaces joined by a veth pair, deleted on drop.
@@ -339,21 +340,11 @@ mod tests {
         }
         let pair = Pair::new("v");
         let cfg = strait_config::parse(
-            r#"
-[[gateway.interfaces]]
-name = "va"
-queues = [0]
-[[services]]
-name = "web"
-vip = "203.0.113.10"
-port = 80
-backends = []
-[[services]]
-name = "web6"
-vip = "2001:db8::10"
-port = 80
-backends = []
-"#,
+            &GatewayToml::new()
+                .interface("va", &[0])
+                .service(ServiceToml::new("web", "203.0.113.10", 80))
+                .service(ServiceToml::new("web6", "2001:db8::10", 80))
+                .to_string(),
         )
         .unwrap();
         // Capture on the neighbour while the VIPs are added.

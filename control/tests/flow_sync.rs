@@ -16,6 +16,7 @@ use strait_dataplane::pipeline::{owner_core, Pipeline, Verdict};
 use strait_dataplane::rewrite::{Frame, HEADROOM};
 use strait_dataplane::sync::{mesh, SyncCounters, SYNC_SLOTS};
 use strait_dataplane::table::{Builder, Port, ServiceTable};
+use strait_testkit::config::{GatewayToml, ServiceToml};
 
 const GW_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
 const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xc1];
@@ -26,30 +27,19 @@ const SEC: u64 = 1_000_000_000;
 
 fn table(mode: &str, backends: &[u8]) -> ServiceTable {
     let port = if mode == "nat" { 8080 } else { 80 };
-    let list: Vec<String> = backends
-        .iter()
-        .map(|b| {
-            format!(
-                r#"{{ address = "198.51.100.{b}", port = {port}, mac = "02:00:00:00:01:{b:02x}" }}"#
+    let a = backends.iter().fold(
+        ServiceToml::new("a", "203.0.113.10", 80)
+            .mode(mode)
+            .maglev_table_size(251),
+        |s, b| {
+            s.backend_mac(
+                &format!("198.51.100.{b}"),
+                port,
+                &format!("02:00:00:00:01:{b:02x}"),
             )
-        })
-        .collect();
-    let cfg = strait_config::parse(&format!(
-        r#"
-[[gateway.interfaces]]
-name = "eth0"
-queues = [0]
-[[services]]
-name = "a"
-vip = "203.0.113.10"
-port = 80
-mode = "{mode}"
-maglev_table_size = 251
-backends = [{}]
-"#,
-        list.join(", ")
-    ))
-    .expect("config");
+        },
+    );
+    let cfg = strait_config::parse(&GatewayToml::eth0().service(a).to_string()).expect("config");
     Builder::new()
         .build(&cfg, &[Port::new(MacAddr(GW_MAC), 1500)], |_, _, _| false)
         .expect("table")

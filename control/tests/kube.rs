@@ -23,6 +23,7 @@ use strait_control::kubemodel::settings::Settings;
 use strait_control::kubemodel::translate::{self, Cluster, Translation, WarningKind};
 use strait_control::kubemodel::Controller;
 use strait_control::kubemodel::Kind;
+use strait_testkit::config::GatewayToml;
 use strait_testkit::fake_api::{FakeApi, Res};
 use strait_testkit::harness::Scratch;
 use strait_testkit::objects::{lb_service, node, with_status, CLASS};
@@ -717,11 +718,9 @@ fn large_backend_sets_get_the_large_maglev_table() {
 #[test]
 fn a_refused_service_is_dropped_with_the_rule_named() {
     // IPv6 VIPs need an MTU of at least 1280: the gateway's 576 refuses them.
-    let mut g = strait_config::parse(
-        "[gateway]\nmtu = 576\n[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n",
-    )
-    .unwrap()
-    .gateway;
+    let mut g = strait_config::parse(&GatewayToml::eth0().set("mtu", 576).to_string())
+        .unwrap()
+        .gateway;
     g.default_mode = Mode::Nat;
     let mut st = Settings::new(g);
     st.mode = Mode::DsrL2;

@@ -43,6 +43,7 @@ use strait_control::core::{
 };
 use strait_control::kubemodel::Publication;
 use strait_dataplane::table::{Builder, Frontend, Port, ServiceTable};
+use strait_testkit::config::{GatewayToml, ServiceToml};
 
 /// File services' names; `ns/k2` is also a Kubernetes name, so the file takes it over.
 const FILE_NAMES: [&str; 4] = ["f0", "f1", "f2", "ns/k2"];
@@ -780,67 +781,60 @@ impl World {
 /// A file configuration: 0 to 4 services, valid as far as its parts go (`valid`), or with
 /// a mistake the validation names.
 fn file_toml(rng: &mut fastrand::Rng, valid: bool) -> String {
-    let mut t = String::from("[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n");
+    let mut g = GatewayToml::eth0();
     if !valid {
-        match rng.u8(..3) {
-            0 => t = format!("[gateway]\nmtu = {}\n{t}", rng.u32(1..500)),
-            1 => t.push_str("[[services]]\nname = \"bad\"\nvip = \"203.0.113.1\"\nport = 70000\n"),
-            _ => t.push_str("this is not toml ["),
-        }
-        return t;
+        let t = g.to_string();
+        return match rng.u8(..3) {
+            0 => format!("[gateway]\nmtu = {}\n{t}", rng.u32(1..500)),
+            1 => t + "[[services]]\nname = \"bad\"\nvip = \"203.0.113.1\"\nport = 70000\n",
+            _ => t + "this is not toml [",
+        };
     }
     let mut names: Vec<&str> = FILE_NAMES.to_vec();
     rng.shuffle(&mut names);
     for name in names.into_iter().take(rng.usize(..=4)) {
         let vip = format!("203.0.113.{}", 1 + rng.u8(..6));
         let port = [80, 443][rng.usize(..2)];
-        t.push_str(&service_toml(rng, name, &vip, port));
+        g = g.service(service_toml(rng, name, &vip, port));
     }
-    t
+    g.to_string()
 }
 
 /// A `[[services]]` entry with random protocol, mode, health check and backends.
-fn service_toml(rng: &mut fastrand::Rng, name: &str, vip: &str, port: u16) -> String {
+fn service_toml(rng: &mut fastrand::Rng, name: &str, vip: &str, port: u32) -> ServiceToml {
     let protocol = if rng.u8(..4) == 0 { "udp" } else { "tcp" };
     let mode = if rng.bool() { "dsr-l2" } else { "nat" };
-    let mut t = format!(
-        "[[services]]\nname = \"{name}\"\nvip = \"{vip}\"\nport = {port}\nprotocol = \"{protocol}\"\n\
-         mode = \"{mode}\"\nmaglev_table_size = 31\n"
-    );
+    let mut s = ServiceToml::new(name, vip, port)
+        .protocol(protocol)
+        .mode(mode)
+        .maglev_table_size(31);
     if rng.u8(..3) == 0 {
         let interval = [1, 2][rng.usize(..2)];
-        t.push_str(&format!(
-            "health_check = {{ kind = \"tcp\", interval = \"{interval}s\" }}\n"
-        ));
+        s = s.set(
+            "health_check",
+            format!("{{ kind = \"tcp\", interval = \"{interval}s\" }}"),
+        );
     }
     let mut addrs = addresses();
     rng.shuffle(&mut addrs);
-    let backends: Vec<String> = addrs
-        .into_iter()
-        .take(rng.usize(..=4))
-        .map(|a| {
-            let mac = if rng.u8(..3) == 0 {
-                format!(", mac = \"02:00:00:00:01:{:02x}\"", rng.u8(..))
-            } else {
-                String::new()
-            };
-            let weight = if rng.u8(..6) == 0 { ", weight = 0" } else { "" };
-            format!("{{ address = \"{a}\", port = 8080{mac}{weight} }}")
-        })
-        .collect();
-    t.push_str(&format!("backends = [{}]\n", backends.join(", ")));
-    t
+    for a in addrs.into_iter().take(rng.usize(..=4)) {
+        let mac = if rng.u8(..3) == 0 {
+            format!(", mac = \"02:00:00:00:01:{:02x}\"", rng.u8(..))
+        } else {
+            String::new()
+        };
+        let weight = if rng.u8(..6) == 0 { ", weight = 0" } else { "" };
+        s = s.backend_table(format!("{{ address = \"{a}\", port = 8080{mac}{weight} }}"));
+    }
+    s
 }
 
 /// Kubernetes service `ns/k{i}`: its own VIP on port 80, so Kubernetes services never share
 /// a frontend, but file services on the first VIPs may take theirs.
 fn kube_service(rng: &mut fastrand::Rng, i: usize) -> Option<Service> {
     let vip = format!("203.0.113.{}", 1 + i);
-    let t = format!(
-        "[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n{}",
-        service_toml(rng, &format!("ns/k{i}"), &vip, 80)
-    );
-    let mut cfg = strait_config::parse(&t).ok()?;
+    let t = GatewayToml::eth0().service(service_toml(rng, &format!("ns/k{i}"), &vip, 80));
+    let mut cfg = strait_config::parse(&t.to_string()).ok()?;
     cfg.services.pop()
 }
 

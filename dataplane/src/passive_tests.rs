@@ -37,160 +37,109 @@ fn segment(src: ([u8; 4], u16), dst: ([u8; 4], u16), seg: Seg) -> Vec<u8> {
     out
 }
 
-/// A pipeline and a table of service a in `mode` with two backends; the backend the
-/// client's connection goes to, from its first SYN at `SEC`.
-fn setup(mode: &str) -> (Pipeline, ServiceTable, Backend) {
-    let (x, y) = (("198.51.100.51", 0x51), ("198.51.100.52", 0x52));
-    let t = build(&mut Builder::new(), &config(mode, &[x, y], &[]));
-    let mut pipe = Pipeline::new(0, 1, 1024, Timeouts::default(), 0);
-    let (v, out) = run(&mut pipe, &t, SEC, &segment(CLIENT, VIP_A, Seg::Syn));
-    assert_eq!(v, Verdict::Tx { port: 0 });
-    let b = backend_by_mac(&t, &out[0..6]);
-    (pipe, t, b)
+/// A client's connection to service a in `mode` with two backends, from the client's first
+/// SYN at `SEC`: the pipeline, its table and the backend the connection went to.
+struct Conn {
+    pipe: Pipeline,
+    t: ServiceTable,
+    b: Backend,
 }
 
-/// The backend's address and port as the source of its replies.
-fn from(b: &Backend) -> ([u8; 4], u16) {
-    (b.addr[12..].try_into().expect("IPv4"), b.port)
+impl Conn {
+    fn new(mode: &str) -> Self {
+        let (x, y) = (("198.51.100.51", 0x51), ("198.51.100.52", 0x52));
+        let t = build(&mut Builder::new(), &config(mode, &[x, y], &[]));
+        let mut pipe = Pipeline::new(0, 1, 1024, Timeouts::default(), 0);
+        let (v, out) = run(&mut pipe, &t, SEC, &segment(CLIENT, VIP_A, Seg::Syn));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        let b = backend_by_mac(&t, &out[0..6]);
+        Self { pipe, t, b }
+    }
+
+    /// The client sends `seg` to the VIP at `now`: the verdict and the frame as it leaves.
+    fn client_sends(&mut self, now: u64, seg: Seg) -> (Verdict, Vec<u8>) {
+        run(&mut self.pipe, &self.t, now, &segment(CLIENT, VIP_A, seg))
+    }
+
+    /// The backend answers the client with `seg` at `now`.
+    fn backend_sends(&mut self, now: u64, seg: Seg) -> (Verdict, Vec<u8>) {
+        let from = (self.b.addr[12..].try_into().expect("IPv4"), self.b.port);
+        run(&mut self.pipe, &self.t, now, &segment(from, CLIENT, seg))
+    }
 }
 
 #[test]
 fn a_rst_answering_a_nat_syn_is_one_refusal_of_that_backend() {
-    let (mut pipe, t, b) = setup("nat");
-    let (v, out) = run(
-        &mut pipe,
-        &t,
-        SEC + MS,
-        &segment(from(&b), CLIENT, Seg::RstAck),
-    );
+    let mut c = Conn::new("nat");
+    let (v, out) = c.backend_sends(SEC + MS, Seg::RstAck);
     assert_eq!(v, Verdict::Tx { port: 0 }, "the refusal reaches the client");
     assert_eq!(&out[26..30], &VIP_A.0, "from the VIP");
-    assert_eq!(pipe.passive.of(b.id), [1, 0]);
-    assert_eq!(pipe.passive.total(), 1);
+    assert_eq!(c.pipe.passive.of(c.b.id), [1, 0]);
+    assert_eq!(c.pipe.passive.total(), 1);
     // The connection is over: a second RST is not another attempt's.
-    let _ = run(
-        &mut pipe,
-        &t,
-        SEC + 2 * MS,
-        &segment(from(&b), CLIENT, Seg::Rst),
-    );
-    assert_eq!(pipe.passive.of(b.id), [1, 0]);
+    let _ = c.backend_sends(SEC + 2 * MS, Seg::Rst);
+    assert_eq!(c.pipe.passive.of(c.b.id), [1, 0]);
     // And the client's next SYN from the same port is a new flow, not one pinned to the
     // backend that refused.
-    let _ = run(
-        &mut pipe,
-        &t,
-        SEC + 3 * MS,
-        &segment(CLIENT, VIP_A, Seg::Syn),
-    );
-    assert_eq!(pipe.counters.flows_reopened, 1);
+    let _ = c.client_sends(SEC + 3 * MS, Seg::Syn);
+    assert_eq!(c.pipe.counters.flows_reopened, 1);
     // The other backend counted nothing.
-    let other = t
-        .backends
-        .iter()
-        .flatten()
-        .find(|o| o.id != b.id)
-        .expect("two backends");
-    assert_eq!(pipe.passive.of(other.id), [0, 0]);
-    assert!(pipe.counters.balanced());
+    let other =
+        c.t.backends
+            .iter()
+            .flatten()
+            .find(|o| o.id != c.b.id)
+            .expect("two backends");
+    assert_eq!(c.pipe.passive.of(other.id), [0, 0]);
+    assert!(c.pipe.counters.balanced());
 }
 
 #[test]
 fn an_established_flows_rst_is_no_failure() {
-    let (mut pipe, t, b) = setup("nat");
-    let _ = run(
-        &mut pipe,
-        &t,
-        SEC + MS,
-        &segment(from(&b), CLIENT, Seg::SynAck),
-    );
-    let _ = run(
-        &mut pipe,
-        &t,
-        SEC + 2 * MS,
-        &segment(CLIENT, VIP_A, Seg::Ack),
-    );
-    let _ = run(
-        &mut pipe,
-        &t,
-        SEC + 3 * MS,
-        &segment(from(&b), CLIENT, Seg::Ack),
-    );
-    let (v, _) = run(
-        &mut pipe,
-        &t,
-        SEC + 4 * MS,
-        &segment(from(&b), CLIENT, Seg::RstAck),
-    );
+    let mut c = Conn::new("nat");
+    let _ = c.backend_sends(SEC + MS, Seg::SynAck);
+    let _ = c.client_sends(SEC + 2 * MS, Seg::Ack);
+    let _ = c.backend_sends(SEC + 3 * MS, Seg::Ack);
+    let (v, _) = c.backend_sends(SEC + 4 * MS, Seg::RstAck);
     assert_eq!(v, Verdict::Tx { port: 0 });
-    assert_eq!(pipe.passive.total(), 0);
+    assert_eq!(c.pipe.passive.total(), 0);
     // Nor after the backend's SYN-ACK alone, before the client's ACK: it answered.
-    let (mut pipe, t, b) = setup("nat");
-    let _ = run(
-        &mut pipe,
-        &t,
-        SEC + MS,
-        &segment(from(&b), CLIENT, Seg::SynAck),
-    );
-    let _ = run(
-        &mut pipe,
-        &t,
-        SEC + 2 * MS,
-        &segment(from(&b), CLIENT, Seg::RstAck),
-    );
-    assert_eq!(pipe.passive.total(), 0);
+    let mut c = Conn::new("nat");
+    let _ = c.backend_sends(SEC + MS, Seg::SynAck);
+    let _ = c.backend_sends(SEC + 2 * MS, Seg::RstAck);
+    assert_eq!(c.pipe.passive.total(), 0);
 }
 
 #[test]
 fn a_retransmitted_syn_past_the_deadline_is_one_unanswered_attempt() {
-    let (mut pipe, t, b) = setup("nat");
+    let mut c = Conn::new("nat");
     // A duplicate within 200 ms is not a retransmission.
-    let (v, out) = run(
-        &mut pipe,
-        &t,
-        SEC + 50 * MS,
-        &segment(CLIENT, VIP_A, Seg::Syn),
-    );
+    let (v, out) = c.client_sends(SEC + 50 * MS, Seg::Syn);
     assert_eq!(v, Verdict::Tx { port: 0 });
-    assert_eq!(backend_by_mac(&t, &out[0..6]).id, b.id, "same flow");
-    assert_eq!(pipe.passive.total(), 0);
+    assert_eq!(backend_by_mac(&c.t, &out[0..6]).id, c.b.id, "same flow");
+    assert_eq!(c.pipe.passive.total(), 0);
     // The client's retransmission, 1 s after its last SYN (Linux's initial RTO).
-    let _ = run(
-        &mut pipe,
-        &t,
-        2 * SEC + 50 * MS,
-        &segment(CLIENT, VIP_A, Seg::Syn),
-    );
-    assert_eq!(pipe.passive.of(b.id), [0, Failure::Unanswered as u64]);
+    let _ = c.client_sends(2 * SEC + 50 * MS, Seg::Syn);
+    assert_eq!(c.pipe.passive.of(c.b.id), [0, Failure::Unanswered as u64]);
     // And the next one, 2 s later.
-    let _ = run(
-        &mut pipe,
-        &t,
-        4 * SEC + 50 * MS,
-        &segment(CLIENT, VIP_A, Seg::Syn),
-    );
-    assert_eq!(pipe.passive.of(b.id), [0, 2]);
-    assert!(pipe.counters.balanced());
+    let _ = c.client_sends(4 * SEC + 50 * MS, Seg::Syn);
+    assert_eq!(c.pipe.passive.of(c.b.id), [0, 2]);
+    assert!(c.pipe.counters.balanced());
 }
 
 #[test]
 fn a_syn_retransmitted_after_the_backend_answered_is_no_failure() {
     // The backend's SYN-ACK went out, and was lost on the way to the client.
-    let (mut pipe, t, b) = setup("nat");
-    let _ = run(
-        &mut pipe,
-        &t,
-        SEC + MS,
-        &segment(from(&b), CLIENT, Seg::SynAck),
-    );
-    let _ = run(&mut pipe, &t, 2 * SEC, &segment(CLIENT, VIP_A, Seg::Syn));
-    assert_eq!(pipe.passive.total(), 0);
+    let mut c = Conn::new("nat");
+    let _ = c.backend_sends(SEC + MS, Seg::SynAck);
+    let _ = c.client_sends(2 * SEC, Seg::Syn);
+    assert_eq!(c.pipe.passive.total(), 0);
 }
 
 #[test]
 fn dsr_modes_count_nothing() {
-    let (mut pipe, t, _) = setup("dsr-l2");
-    let _ = run(&mut pipe, &t, 2 * SEC, &segment(CLIENT, VIP_A, Seg::Syn));
-    let _ = run(&mut pipe, &t, 4 * SEC, &segment(CLIENT, VIP_A, Seg::Syn));
-    assert_eq!(pipe.passive.total(), 0);
+    let mut c = Conn::new("dsr-l2");
+    let _ = c.client_sends(2 * SEC, Seg::Syn);
+    let _ = c.client_sends(4 * SEC, Seg::Syn);
+    assert_eq!(c.pipe.passive.total(), 0);
 }

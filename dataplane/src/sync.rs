@@ -137,6 +137,31 @@ pub struct SyncRecord {
     pub peer_mac: Mac,
 }
 
+#[cfg(any(test, feature = "testing"))]
+impl SyncRecord {
+    /// A test's record: an established TCP flow 198.51.100.7:(40000 + `i`) to
+    /// 203.0.113.10:80, sent to 192.0.2.21:8080, imported by every worker. Records for
+    /// different `i` differ in the client port only.
+    pub fn sample(i: u16) -> SyncRecord {
+        use crate::key::{proto, v4_mapped};
+        SyncRecord {
+            key: FlowKey {
+                src: v4_mapped([198, 51, 100, 7]),
+                dst: v4_mapped([203, 0, 113, 10]),
+                src_port: 40000 + i,
+                dst_port: 80,
+                proto: proto::TCP,
+            },
+            backend: v4_mapped([192, 0, 2, 21]),
+            backend_port: 8080,
+            state: FlowState::TcpEstablished,
+            kind: RecordKind::Flow,
+            flags: flags::EVERYWHERE,
+            peer_mac: [2, 0, 0, 0, 0, 0xc1].into(),
+        }
+    }
+}
+
 /// Why bytes are not a record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecordError {
@@ -609,29 +634,10 @@ fn dump_step(flows: &FlowTable, sy: &mut WorkerSync, t: &ServiceTable, now: u64)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::{proto, v4_mapped};
-
-    fn rec(i: u16) -> SyncRecord {
-        SyncRecord {
-            key: FlowKey {
-                src: v4_mapped([198, 51, 100, 7]),
-                dst: v4_mapped([203, 0, 113, 10]),
-                src_port: 40000 + i,
-                dst_port: 80,
-                proto: proto::TCP,
-            },
-            backend: v4_mapped([192, 0, 2, 21]),
-            backend_port: 8080,
-            state: FlowState::TcpEstablished,
-            kind: RecordKind::Flow,
-            flags: flags::EVERYWHERE,
-            peer_mac: [2, 0, 0, 0, 0, 0xc1].into(),
-        }
-    }
 
     #[test]
     fn a_record_round_trips_through_bytes_and_words() {
-        let r = rec(1);
+        let r = SyncRecord::sample(1);
         assert_eq!(SyncRecord::from_bytes(&r.to_bytes()), Ok(r));
         assert_eq!(SyncRecord::from_words(&r.to_words()), Ok(r));
         let mut bad = r.to_bytes();
@@ -644,7 +650,7 @@ mod tests {
         bad[54] = 1;
         assert_eq!(SyncRecord::from_bytes(&bad), Err(RecordError::Proto(1)));
         // SCTP associations are flows like TCP connections, and sync as such.
-        let mut sctp = rec(2);
+        let mut sctp = SyncRecord::sample(2);
         sctp.key.proto = crate::key::proto::SCTP;
         assert_eq!(SyncRecord::from_bytes(&sctp.to_bytes()), Ok(sctp));
     }
@@ -677,12 +683,12 @@ mod tests {
         let (mut tx, mut rx) = ring(4);
         assert!(rx.pop().is_none());
         for i in 0..4 {
-            assert!(tx.push(&rec(i)));
+            assert!(tx.push(&SyncRecord::sample(i)));
         }
-        assert!(!tx.push(&rec(9)), "full");
+        assert!(!tx.push(&SyncRecord::sample(9)), "full");
         for round in 0..10u16 {
-            assert_eq!(rx.pop(), Some(Ok(rec(round))));
-            assert!(tx.push(&rec(round + 4)));
+            assert_eq!(rx.pop(), Some(Ok(SyncRecord::sample(round))));
+            assert!(tx.push(&SyncRecord::sample(round + 4)));
         }
         assert_eq!(tx.room(4), 0);
     }
@@ -696,7 +702,7 @@ mod tests {
         let h = std::thread::spawn(move || {
             let mut i = 0u32;
             while i < n {
-                if tx.push(&rec(i as u16)) {
+                if tx.push(&SyncRecord::sample(i as u16)) {
                     i += 1;
                 } else {
                     std::thread::yield_now();
@@ -707,7 +713,7 @@ mod tests {
         while i < n {
             match rx.pop() {
                 Some(r) => {
-                    assert_eq!(r, Ok(rec(i as u16)));
+                    assert_eq!(r, Ok(SyncRecord::sample(i as u16)));
                     i += 1;
                 }
                 None => std::thread::yield_now(),

@@ -11,6 +11,7 @@ use crate::table::Service;
 use crate::table::{Builder, ServiceTable};
 use crate::traffic::Tally;
 use std::collections::HashMap;
+use strait_testkit::config::{GatewayToml, ServiceToml};
 
 /// An Ethernet/IPv4/TCP frame with `payload` bytes of data; its IP length is 40 + that.
 fn segment(src: ([u8; 4], u16), dst: ([u8; 4], u16), syn: bool, payload: usize) -> Vec<u8> {
@@ -174,15 +175,16 @@ fn dsr_counts_in_only() {
 /// A configuration of dsr-l2 services, each `(name, VIP's last byte, backend address,
 /// its MAC's last byte)`.
 fn services(list: &[(&str, u8, &str, u8)]) -> strait_config::model::Config {
-    let mut s = String::from("[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n");
+    let mut g = GatewayToml::eth0();
     for (name, vip, backend, mac) in list {
-        s += &format!(
-            "[[services]]\nname = \"{name}\"\nvip = \"203.0.113.{vip}\"\nport = 80\n\
-             mode = \"dsr-l2\"\nmaglev_table_size = 251\nbackends = [{{ address = \
-             \"{backend}\", port = 80, mac = \"02:00:00:00:01:{mac:02x}\" }}]\n"
+        g = g.service(
+            ServiceToml::new(name, &format!("203.0.113.{vip}"), 80)
+                .mode("dsr-l2")
+                .maglev_table_size(251)
+                .backend_mac(backend, 80, &format!("02:00:00:00:01:{mac:02x}")),
         );
     }
-    strait_config::parse(&s).expect("test config")
+    strait_config::parse(&g.to_string()).expect("test config")
 }
 
 fn service<'t>(t: &'t ServiceTable, name: &str) -> &'t Service {

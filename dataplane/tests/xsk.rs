@@ -74,6 +74,7 @@ use strait_dataplane::xsk::{
     Handoff, HandoffConfig, KernelStats, MapSync, MonotonicClock, PortConfig, QueueGroup,
     SteerCounters, SteerProgram, WorkerStats,
 };
+use strait_testkit::config::{GatewayToml, ServiceToml};
 use strait_testkit::harness::{enter_netns, ip, pin_thread, Netns};
 use strait_testkit::privileged as gate;
 
@@ -99,84 +100,71 @@ const UDP_PACKETS: usize = 32;
 /// SCTP INITs the client injects to VIP:7777 (this kernel may have no SCTP sockets).
 const SCTP_PACKETS: usize = 8;
 
-const CONFIG: &str = r#"
-[gateway]
-new_flows_per_second_per_core = 0
+/// The gateway: veth-g (queue 0, VLAN 200) and its services, every backend the client's
+/// own address 192.0.2.2 at MAC_A: dsr-l2 TCP, UDP and SCTP on VIP, dsr-ipip UDP on
+/// VIP_IPIP, nat UDP 203.0.113.12:53 to port 5353, dsr-l2 UDP on VIP6.
+fn config() -> String {
+    let services = [
+        (
+            "web-tcp",
+            "203.0.113.10",
+            80,
+            "tcp",
+            "dsr-l2",
+            "192.0.2.2",
+            80,
+        ),
+        (
+            "web-udp",
+            "203.0.113.10",
+            80,
+            "udp",
+            "dsr-l2",
+            "192.0.2.2",
+            80,
+        ),
+        (
+            "signalling",
+            "203.0.113.10",
+            7777,
+            "sctp",
+            "dsr-l2",
+            "192.0.2.2",
+            7777,
+        ),
+        (
+            "tunnelled",
+            "203.0.113.11",
+            80,
+            "udp",
+            "dsr-ipip",
+            "192.0.2.2",
+            80,
+        ),
+        ("dns", "203.0.113.12", 53, "udp", "nat", "192.0.2.2", 5353),
+        ("web6", VIP6, 80, "udp", "dsr-l2", "2001:db8::2", 80),
+    ];
+    let gateway = GatewayToml::new()
+        .set("new_flows_per_second_per_core", 0)
+        .interface("veth-g", &[0])
+        .interface_set("vlans", "[200]");
+    services
+        .into_iter()
+        .fold(
+            gateway,
+            |g, (name, vip, port, protocol, mode, backend, backend_port)| {
+                g.service(
+                    ServiceToml::new(name, vip, port)
+                        .protocol(protocol)
+                        .mode(mode)
+                        .backend_mac(backend, backend_port, MAC_A_STR),
+                )
+            },
+        )
+        .to_string()
+}
 
-[[gateway.interfaces]]
-name = "veth-g"
-queues = [0]
-vlans = [200]
-
-[[services]]
-name = "web-tcp"
-vip = "203.0.113.10"
-port = 80
-protocol = "tcp"
-mode = "dsr-l2"
-
-[[services.backends]]
-address = "192.0.2.2"
-mac = "02:00:00:00:0a:02"
-
-[[services]]
-name = "web-udp"
-vip = "203.0.113.10"
-port = 80
-protocol = "udp"
-mode = "dsr-l2"
-
-[[services.backends]]
-address = "192.0.2.2"
-mac = "02:00:00:00:0a:02"
-
-[[services]]
-name = "signalling"
-vip = "203.0.113.10"
-port = 7777
-protocol = "sctp"
-mode = "dsr-l2"
-
-[[services.backends]]
-address = "192.0.2.2"
-mac = "02:00:00:00:0a:02"
-
-[[services]]
-name = "tunnelled"
-vip = "203.0.113.11"
-port = 80
-protocol = "udp"
-mode = "dsr-ipip"
-
-[[services.backends]]
-address = "192.0.2.2"
-mac = "02:00:00:00:0a:02"
-
-[[services]]
-name = "dns"
-vip = "203.0.113.12"
-port = 53
-protocol = "udp"
-mode = "nat"
-
-[[services.backends]]
-address = "192.0.2.2"
-port = 5353
-mac = "02:00:00:00:0a:02"
-
-[[services]]
-name = "web6"
-vip = "2001:db8:10::10"
-port = 80
-protocol = "udp"
-mode = "dsr-l2"
-
-[[services.backends]]
-address = "2001:db8::2"
-mac = "02:00:00:00:0a:02"
-"#;
-
-/// Keys of the steering maps for [`CONFIG`]: frontends (TCP and UDP on VIP:80, SCTP on
+/// Keys of the steering maps for [`config`]: frontends (TCP and UDP on VIP:80, SCTP on
 /// VIP:7777, VIP_IPIP:80, 203.0.113.12:53, VIP6:80), VIPs, and nat backends
 /// (192.0.2.2:5353/udp).
 const FRONTENDS: u32 = 6;
@@ -361,7 +349,7 @@ fn gateway(
 ) -> Result<Report, String> {
     let setup = || -> Result<_, String> {
         enter_netns(&ns);
-        let cfg = strait_config::parse(CONFIG).map_err(|e| e.to_string())?;
+        let cfg = strait_config::parse(&config()).map_err(|e| e.to_string())?;
         let link = interface_port("veth-g").map_err(|e| e.to_string())?;
         if link.mac.0 != MAC_G {
             return Err(format!("veth-g MAC read as {:02x?}", link.mac));
@@ -1196,37 +1184,21 @@ const BACKEND_PORT: u16 = 8080;
 const TTL: u8 = 64;
 
 /// The gateway of the two-arm testbed: veth-c faces the clients, veth-b the backends, and the
-/// nat service VIP:80 goes to BACKEND:8080. `queues` is the TOML list of queues served on
-/// both interfaces.
-fn two_arm_config(queues: &str) -> String {
-    format!(
-        r#"
-[gateway]
-new_flows_per_second_per_core = 0
-
-[[gateway.interfaces]]
-name = "veth-c"
-queues = {queues}
-role = "client"
-
-[[gateway.interfaces]]
-name = "veth-b"
-queues = {queues}
-role = "backend"
-
-[[services]]
-name = "web"
-vip = "203.0.113.10"
-port = 80
-protocol = "tcp"
-mode = "nat"
-
-[[services.backends]]
-address = "198.51.100.11"
-port = 8080
-mac = "02:00:00:00:0b:11"
-"#
-    )
+/// nat service VIP:80 goes to BACKEND:8080. `queues` are served on both interfaces.
+fn two_arm_config(queues: &[u32]) -> String {
+    GatewayToml::new()
+        .set("new_flows_per_second_per_core", 0)
+        .interface("veth-c", queues)
+        .interface_set("role", r#""client""#)
+        .interface("veth-b", queues)
+        .interface_set("role", r#""backend""#)
+        .service(
+            ServiceToml::new("web", "203.0.113.10", 80)
+                .protocol("tcp")
+                .mode("nat")
+                .backend_mac("198.51.100.11", 8080, "02:00:00:00:0b:11"),
+        )
+        .to_string()
 }
 
 fn mac_str(m: [u8; 6]) -> String {
@@ -1361,10 +1333,9 @@ fn two_arm_gateway(
     ready: mpsc::Sender<Result<Vec<String>, String>>,
     stop: mpsc::Receiver<()>,
 ) -> Result<ArmReport, String> {
-    let list = format!("{queues:?}");
     let setup = || -> Result<_, String> {
         enter_netns(&ns);
-        let cfg = strait_config::parse(&two_arm_config(&list)).map_err(|e| e.to_string())?;
+        let cfg = strait_config::parse(&two_arm_config(&queues)).map_err(|e| e.to_string())?;
         let links = ["veth-c", "veth-b"]
             .map(|i| interface_port(i).map_err(|e| e.to_string()))
             .into_iter()
@@ -2153,7 +2124,7 @@ fn with_steer_program(case: &str, f: impl FnOnce(&mut SteerProgram, &KernelMaps)
 
 /// The gateway part of the map tests' configurations: veth-g, queue 0.
 fn map_test_config(services: Vec<model::Service>) -> model::Config {
-    let gateway = strait_config::parse("[[gateway.interfaces]]\nname = \"veth-g\"\nqueues = [0]\n")
+    let gateway = strait_config::parse(&GatewayToml::new().interface("veth-g", &[0]).to_string())
         .expect("gateway config")
         .gateway;
     model::Config { gateway, services }

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use std::process::Stdio;
 use support::bed::{Gateway, CLIENT};
+use support::config::ServiceToml;
 use support::e2e::{
     self, backend_field, counter, dsr_l2_spread, per_backend, start, udp_ten_thousand,
     write_config, Driver, KeepAlive, Scenario, VIP,
@@ -150,10 +151,10 @@ fn c_ipip_and_gue_leave_encapsulated_with_valid_checksums() {
     // own address on the backend-facing interface.
     let cfg = write_config(&s, |t| {
         let t = t.replacen("mode = \"dsr-l2\"", "mode = \"dsr-ipip\"", 1);
-        format!(
-            "{t}\n[[services]]\nname = \"gue\"\nvip = \"{VIP}\"\nport = 81\nmode = \"dsr-gue\"\n\
-             backends = [{{ address = \"198.51.100.11\", port = 81, mac = \"02:00:00:00:01:11\" }}]\n"
-        )
+        let gue = ServiceToml::new("gue", VIP, 81)
+            .mode("dsr-gue")
+            .backend_mac("198.51.100.11", 81, "02:00:00:00:01:11");
+        format!("{t}\n{gue}")
     });
     let _gw = start(&s, &cfg);
     // One capture per backend, on its interface.

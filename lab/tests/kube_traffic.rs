@@ -55,16 +55,6 @@ fn prefix(tag: &str) -> String {
 // ---- the testbed ---------------------------------------------------------------------
 
 impl Bed {
-    /// The testbed's gateway settings (interfaces, admin address) without its services:
-    /// every service comes from Kubernetes.
-    fn gateway_config(&self) -> PathBuf {
-        let full = std::fs::read_to_string(self.config()).expect("testbed configuration");
-        let gateway = full.split("\n[[services]]").next().unwrap_or_default();
-        let out = self.dir.join("gateway.toml");
-        std::fs::write(&out, gateway).expect("writing the gateway configuration");
-        out
-    }
-
     /// Adds `addr` to `lo` of every backend: what kube-proxy's rules do for a
     /// LoadBalancer address on a node (accept it locally). Backends keep
     /// `arp_ignore=1`, so they do not answer ARP for it.

@@ -897,9 +897,7 @@ fn d_an_sctp_service_from_kubernetes_is_served_in_nat() {
         fake.apply(node(&format!("n{}", i + 1), &s.backend_ip(b)));
     }
     // The testbed's gateway settings without its services: they come from Kubernetes.
-    let full = std::fs::read_to_string(s.config()).expect("testbed configuration");
-    let gateway = s.dir.join("gateway.toml");
-    std::fs::write(&gateway, full.split("\n[[services]]").next().unwrap()).unwrap();
+    let gateway = s.gateway_config();
     let mut cmd = Gateway::command(&s, &gateway);
     cmd.args(["--kube", "--kubeconfig"])
         .arg(fake.kubeconfig(s.dir.path()))

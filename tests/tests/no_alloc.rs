@@ -14,8 +14,6 @@
 //! full. Frames are built (that allocates) before the allocator is armed;
 //! the counted loop copies each into one preallocated buffer and calls `Pipeline::process`.
 
-use std::sync::atomic::Ordering;
-
 use etherparse::{icmpv4, Icmpv4Type, PacketBuilder};
 use std::sync::Arc;
 
@@ -26,7 +24,7 @@ use strait_dataplane::stats::{Counters, DropReason};
 use strait_dataplane::table::{Prefix, ServiceTable};
 use strait_tests::{offload, sctp, sctp_data, sctp_init, tcp, udp, Bed, CLIENT_MAC, GW_MAC, SEC};
 
-use strait_testkit::alloc::{ALLOCS, COUNTING};
+use strait_testkit::alloc::counted;
 #[cfg(feature = "dpdk")]
 use strait_testkit::packet_socket;
 
@@ -340,29 +338,73 @@ fn run(
     seen
 }
 
+/// The traffic every test of this file drives: the shapes, one frame buffer, the source
+/// port new flows count up, and the second pipeline (core 0 of 4, for handoffs) beside the
+/// bed's own.
+struct Traffic {
+    shapes: Vec<Shape>,
+    buf: Vec<u8>,
+    port: u16,
+    four: Pipeline,
+}
+
+impl Traffic {
+    fn new(four: Pipeline) -> Self {
+        Self {
+            shapes: shapes(),
+            buf: vec![0u8; HEADROOM + 2048],
+            port: 0,
+            four,
+        }
+    }
+
+    /// Core 0 of 4 over [`CONFIG`].
+    fn core_0_of_4() -> Pipeline {
+        Bed::with(CONFIG, 1500, 4, 0).pipe
+    }
+
+    /// Runs `packets` frames through `bed`'s pipeline and this one ([`run`]).
+    fn run(&mut self, bed: &mut Bed, packets: usize) -> Seen {
+        run(
+            &bed.table,
+            &mut bed.pipe,
+            &mut self.four,
+            &self.shapes,
+            &mut self.buf,
+            &mut bed.now,
+            &mut self.port,
+            packets,
+        )
+    }
+}
+
 /// How much a counter grew.
 fn grew(before: &Counters, after: &Counters, f: fn(&Counters) -> u64) -> u64 {
     f(after) - f(before)
 }
 
-/// The tests of this file share [`ALLOCS`]: one at a time.
+/// The tests of this file share the allocation counter: one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// This test's turn of the allocation counter.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 #[test]
 fn the_packet_path_does_not_allocate() {
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = serial();
     // A small table (4096 entries) so that new flows fill it: evictions and stateless flows
     // are exercised too. One core (no handoff) and core 0 of 4 (handoffs).
     let mut bed = Bed::new(CONFIG);
-    let mut four = Bed::with(CONFIG, 1500, 4, 0).pipe;
     // A capture armed on both pipelines: the client's frames (others filtered out), one in
     // two (the rest sampled out), no budget to speak of, a ring nobody drains while counted.
     let hub = Arc::new(Hub::new(2));
     let one = std::mem::replace(&mut bed.pipe, Pipeline::new(0, 1, 1, Default::default(), 0));
     bed.pipe = one.with_capture(hub.tap(0));
-    four = four.with_capture(hub.tap(1));
+    let mut traffic = Traffic::new(Traffic::core_0_of_4().with_capture(hub.tap(1)));
     let mut capture = hub
         .arm(Filter {
             client: Some(Prefix::new("192.0.2.0".parse().unwrap(), 24)),
@@ -371,52 +413,22 @@ fn the_packet_path_does_not_allocate() {
             ..Filter::default()
         })
         .expect("no other capture");
-    let shapes = shapes();
-    let mut buf = vec![0u8; HEADROOM + 2048];
-    let mut port = 0u16;
 
     // Warm-up, not counted: opens the established flows, fills the table, touches every path
     // once (a lazy first-use allocation anywhere would be paid here, and is allowed).
-    let warm = run(
-        &bed.table,
-        &mut bed.pipe,
-        &mut four,
-        &shapes,
-        &mut buf,
-        &mut bed.now,
-        &mut port,
-        20_000,
-    );
+    let warm = traffic.run(&mut bed, 20_000);
     assert!(warm.tx > 0 && warm.pass > 0 && warm.drop > 0, "{warm:?}");
 
     // The counter counts: one box is one allocation and one free.
-    COUNTING.with(|c| c.set(true));
-    drop(std::hint::black_box(Box::new(7u64)));
-    COUNTING.with(|c| c.set(false));
-    assert_eq!(
-        ALLOCS.swap(0, Ordering::Relaxed),
-        2,
-        "the allocator does not count"
-    );
+    let ((), made) = counted(|| drop(std::hint::black_box(Box::new(7u64))));
+    assert_eq!(made, 2, "the allocator does not count");
 
     // An empty ring to fill while counted (draining allocates: the control side's).
     capture.drain(|_| {});
     let captured_before = hub.counters(0);
     let before = bed.pipe.counters;
     let flows_before = bed.pipe.flows.stats();
-    COUNTING.with(|c| c.set(true));
-    let seen = run(
-        &bed.table,
-        &mut bed.pipe,
-        &mut four,
-        &shapes,
-        &mut buf,
-        &mut bed.now,
-        &mut port,
-        100_000,
-    );
-    COUNTING.with(|c| c.set(false));
-    let events = ALLOCS.load(Ordering::Relaxed);
+    let (seen, events) = counted(|| traffic.run(&mut bed, 100_000));
 
     let after = bed.pipe.counters;
     let flows_after = bed.pipe.flows.stats();
@@ -453,7 +465,7 @@ fn the_packet_path_does_not_allocate() {
         flows_after.evicted + flows_after.full > flows_before.evicted + flows_before.full,
         "the table never filled: {flows_after:?}"
     );
-    assert!(bed.pipe.counters.balanced() && four.counters.balanced());
+    assert!(bed.pipe.counters.balanced() && traffic.four.counters.balanced());
     // The capture took every path of its own while counted.
     let captured = hub.counters(0);
     for (name, before, after) in [
@@ -478,38 +490,22 @@ fn the_packet_path_does_not_allocate() {
 #[test]
 fn the_sync_paths_do_not_allocate() {
     use strait_dataplane::sync::{mesh, SyncRecord};
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = serial();
 
     let mut bed = Bed::new(CONFIG);
     let (mut ends, mut thread) = mesh(1, 256);
     bed.pipe =
         Pipeline::new(0, 1, 4096, Default::default(), 0).with_sync(ends.pop().expect("one worker"));
     let mut th = thread.pop().expect("one worker");
-    let mut four = Bed::with(CONFIG, 1500, 4, 0).pipe;
     let (mut ends4, _thread4) = mesh(4, 256);
-    four = four.with_sync(ends4.swap_remove(0));
-    let shapes = shapes();
-    let mut buf = vec![0u8; HEADROOM + 2048];
-    let mut port = 0u16;
+    let mut traffic = Traffic::new(Traffic::core_0_of_4().with_sync(ends4.swap_remove(0)));
     let mut import_port = 1u16;
 
     let mut round = |bed: &mut Bed,
-                     four: &mut Pipeline,
+                     traffic: &mut Traffic,
                      th: &mut strait_dataplane::sync::ThreadEnds,
-                     port: &mut u16,
                      i: u64| {
-        let _ = run(
-            &bed.table,
-            &mut bed.pipe,
-            four,
-            &shapes,
-            &mut buf,
-            &mut bed.now,
-            port,
-            2_000,
-        );
+        let _ = traffic.run(bed, 2_000);
         // The sync thread's part, in miniature: every exported record comes back as a peer's
         // copy of it (refreshed), as a flow new here (imported), and with a backend or a
         // frontend this table does not have.
@@ -537,19 +533,17 @@ fn the_sync_paths_do_not_allocate() {
                 .requested
                 .store(i / 8 + 1, std::sync::atomic::Ordering::Release);
         }
-        let _ = four.sync_turn(&bed.table, bed.now);
+        let _ = traffic.four.sync_turn(&bed.table, bed.now);
     };
     for i in 0..10 {
-        round(&mut bed, &mut four, &mut th, &mut port, i);
+        round(&mut bed, &mut traffic, &mut th, i);
     }
     let before = bed.pipe.sync.as_ref().expect("sync").counters;
-    ALLOCS.store(0, Ordering::Relaxed);
-    COUNTING.with(|c| c.set(true));
-    for i in 10..60 {
-        round(&mut bed, &mut four, &mut th, &mut port, i);
-    }
-    COUNTING.with(|c| c.set(false));
-    let events = ALLOCS.load(Ordering::Relaxed);
+    let ((), events) = counted(|| {
+        for i in 10..60 {
+            round(&mut bed, &mut traffic, &mut th, i);
+        }
+    });
     let after = bed.pipe.sync.as_ref().expect("sync").counters;
     for (name, a, b) in [
         ("exported", after.exported, before.exported),
@@ -584,46 +578,31 @@ fn the_sync_paths_do_not_allocate() {
 fn the_explain_desk_does_not_allocate() {
     use strait_dataplane::explain::desk;
     use strait_dataplane::wire::parse::parse;
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = serial();
     let mut bed = Bed::new(CONFIG);
     let (d, mut window) = desk();
     bed.pipe = Pipeline::new(0, 1, 4096, Default::default(), 0).with_explain(d);
-    let mut four = Bed::with(CONFIG, 1500, 4, 0).pipe;
-    let shapes = shapes();
-    let mut buf = vec![0u8; HEADROOM + 2048];
-    let mut port = 0u16;
-    let _ = run(
-        &bed.table,
-        &mut bed.pipe,
-        &mut four,
-        &shapes,
-        &mut buf,
-        &mut bed.now,
-        &mut port,
-        5_000,
-    );
-    let keys: Vec<strait_dataplane::FlowKey> = shapes
+    let mut traffic = Traffic::new(Traffic::core_0_of_4());
+    let _ = traffic.run(&mut bed, 5_000);
+    let keys: Vec<strait_dataplane::FlowKey> = traffic
+        .shapes
         .iter()
         .filter_map(|s| parse(&s.frame).ok().flatten().map(|p| p.key()))
         .collect();
     assert!(keys.len() > 20, "{} keys", keys.len());
     let mut answered = 0;
     let mut entries = 0;
-    ALLOCS.store(0, Ordering::Relaxed);
-    COUNTING.with(|c| c.set(true));
-    for _ in 0..100 {
-        for k in &keys {
-            let id = window.send(k).expect("room");
-            assert!(bed.pipe.explain_pending());
-            answered += bed.pipe.explain_turn(&bed.table, bed.now);
-            let p = window.receive(id).expect("answered");
-            entries += usize::from(p.flow.is_some());
+    let ((), events) = counted(|| {
+        for _ in 0..100 {
+            for k in &keys {
+                let id = window.send(k).expect("room");
+                assert!(bed.pipe.explain_pending());
+                answered += bed.pipe.explain_turn(&bed.table, bed.now);
+                let p = window.receive(id).expect("answered");
+                entries += usize::from(p.flow.is_some());
+            }
         }
-    }
-    COUNTING.with(|c| c.set(false));
-    let events = ALLOCS.load(Ordering::Relaxed);
+    });
     assert_eq!(answered, 100 * keys.len());
     assert!(entries > 0, "no query found a flow entry");
     assert_eq!(
@@ -640,9 +619,7 @@ fn the_explain_desk_does_not_allocate() {
 #[cfg(feature = "dpdk")]
 #[test]
 fn the_dpdk_worker_loop_does_not_allocate() {
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = serial();
     dpdk::run();
 }
 
@@ -685,44 +662,27 @@ mod dpdk {
 
     use super::packet_socket::PacketSocket;
     use strait_testkit::alloc::{ALLOCS, COUNTING};
+    use strait_testkit::config::{GatewayToml, ServiceToml};
 
-    const CONFIG: &str = r#"
-[gateway]
-new_flows_per_second_per_core = 0
-
-[gateway.dpdk]
-no_huge = true
-memory_mb = 512
-
-[[gateway.interfaces]]
-name = "tap-g"
-queues = [0]
-driver = "dpdk"
-device = "net_af_packet0,iface=dp-g"
-
-[[services]]
-name = "dsr"
-vip = "203.0.113.10"
-port = 80
-protocol = "udp"
-mode = "dsr-l2"
-
-[[services.backends]]
-address = "192.0.2.2"
-mac = "02:00:00:00:00:c1"
-
-[[services]]
-name = "nat"
-vip = "203.0.113.12"
-port = 53
-protocol = "udp"
-mode = "nat"
-
-[[services.backends]]
-address = "192.0.2.2"
-port = 5353
-mac = "02:00:00:00:00:c1"
-"#;
+    /// The gateway: the DPDK port on dp-g (its exception TAP tap-g), a dsr-l2 UDP service
+    /// and a nat one (53 to 5353), both to veth-a's address and MAC.
+    fn config() -> String {
+        let service = |name, vip, port, mode, backend_port| {
+            ServiceToml::new(name, vip, port)
+                .protocol("udp")
+                .mode(mode)
+                .backend_mac("192.0.2.2", backend_port, "02:00:00:00:00:c1")
+        };
+        GatewayToml::new()
+            .set("new_flows_per_second_per_core", 0)
+            .table("[gateway.dpdk]\nno_huge = true\nmemory_mb = 512")
+            .interface("tap-g", &[0])
+            .interface_set("driver", r#""dpdk""#)
+            .interface_set("device", r#""net_af_packet0,iface=dp-g""#)
+            .service(service("dsr", "203.0.113.10", 80, "dsr-l2", 80))
+            .service(service("nat", "203.0.113.12", 53, "nat", 5353))
+            .to_string()
+    }
 
     /// Frames of warm-up, and frames counted.
     const WARM: u64 = 2_000;
@@ -874,7 +834,7 @@ mac = "02:00:00:00:00:c1"
         // This thread (and the worker it spawns) in -g: EAL's packet socket and the TAP are
         // made here.
         enter_netns(ns_g);
-        let cfg = strait_config::parse(CONFIG).unwrap_or_else(|e| panic!("{e}"));
+        let cfg = strait_config::parse(&config()).unwrap_or_else(|e| panic!("{e}"));
         let d = cfg.gateway.dpdk.clone().expect("[gateway.dpdk]");
         let opts = EalOptions {
             cores: vec![0],

@@ -3,6 +3,7 @@ use std::time::Instant;
 
 use strait_config::model::{MacAddr, Service};
 use strait_dataplane::table::{Health, Port, ServiceTable};
+use strait_testkit::config::{GatewayToml, ServiceToml};
 
 use super::*;
 use crate::kubemodel::Publication;
@@ -90,6 +91,9 @@ impl Driven {
     }
 }
 
+/// A TCP health check with the default timings.
+const TCP_CHECK: &str = r#"{ kind = "tcp" }"#;
+
 fn ip(a: &str) -> IpAddr {
     a.parse().unwrap()
 }
@@ -97,25 +101,21 @@ fn ip(a: &str) -> IpAddr {
 /// A file with one dsr-l2 service on `lo` whose backends (with MACs) are `backends`; the
 /// driver's tests share it.
 pub(crate) fn config(backends: &[&str]) -> String {
-    let b: Vec<String> = backends
-        .iter()
-        .map(|a| format!("{{ address = \"{a}\", port = 80, mac = \"02:00:00:00:01:11\" }}"))
-        .collect();
-    format!(
-        r#"
-[gateway]
-admin_listen = "127.0.0.1:0"
-[[gateway.interfaces]]
-name = "lo"
-queues = [0]
-[[services]]
-name = "web"
-vip = "203.0.113.10"
-port = 80
-maglev_table_size = 251
-backends = [{}]
-"#,
-        b.join(", ")
+    gateway().service(web(backends)).to_string()
+}
+
+/// The gateway of [`config`], without its service.
+fn gateway() -> GatewayToml {
+    GatewayToml::new()
+        .set("admin_listen", r#""127.0.0.1:0""#)
+        .interface("lo", &[0])
+}
+
+/// The service of [`config`].
+fn web(backends: &[&str]) -> ServiceToml {
+    backends.iter().fold(
+        ServiceToml::new("web", "203.0.113.10", 80).maglev_table_size(251),
+        |s, a| s.backend_mac(a, 80, "02:00:00:00:01:11"),
     )
 }
 
@@ -209,11 +209,14 @@ fn kubernetes_changes_update_the_table_in_place() {
 
 #[test]
 fn a_health_flap_updates_its_service_only() {
-    let toml = config(&["198.51.100.11", "198.51.100.12"]).replace(
-        "maglev_table_size = 251",
-        "maglev_table_size = 251\nhealth_check = { kind = \"tcp\" }",
-    ) + "[[services]]\nname = \"api\"\nvip = \"203.0.113.11\"\nport = 80\n\
-         backends = [{ address = \"198.51.100.13\", port = 80, mac = \"02:00:00:00:01:13\" }]\n";
+    let toml = gateway()
+        .service(web(&["198.51.100.11", "198.51.100.12"]).set("health_check", TCP_CHECK))
+        .service(ServiceToml::new("api", "203.0.113.11", 80).backend_mac(
+            "198.51.100.13",
+            80,
+            "02:00:00:00:01:13",
+        ))
+        .to_string();
     let mut c = Driven::new(&toml);
     assert_eq!(c.checks.len(), 2, "both web backends checked, api not");
     let t1 = Arc::clone(&c.live);
@@ -253,22 +256,28 @@ fn a_health_flap_updates_its_service_only() {
 fn routes_follow_forwarding_health_and_drain() {
     // web (two checked backends) and api share 203.0.113.10; solo has .11 and one checked
     // backend; .12 is outside `announce`.
-    let toml = config(&["198.51.100.11", "198.51.100.12"]).replace(
-        "maglev_table_size = 251",
-        "maglev_table_size = 251\nhealth_check = { kind = \"tcp\" }",
-    ) + "[[services]]\nname = \"api\"\nvip = \"203.0.113.10\"\nport = 443\n\
-         health_check = { kind = \"tcp\" }\n\
-         backends = [{ address = \"198.51.100.13\", port = 443, mac = \"02:00:00:00:01:13\" }]\n\
-         [[services]]\nname = \"solo\"\nvip = \"203.0.113.11\"\nport = 80\n\
-         health_check = { kind = \"tcp\" }\n\
-         backends = [{ address = \"198.51.100.14\", port = 80, mac = \"02:00:00:00:01:14\" }]\n\
-         [[services]]\nname = \"other\"\nvip = \"203.0.113.12\"\nport = 80\n\
-         backends = [{ address = \"198.51.100.15\", port = 80, mac = \"02:00:00:00:01:15\" }]\n";
-    let toml = toml.replace(
-        "[[gateway.interfaces]]",
-        "[gateway.bgp]\nasn = 64512\nrouter_id = \"192.0.2.1\"\nannounce = [\"203.0.113.10/31\"]\n\
-         peers = [{ address = \"198.51.100.1\", asn = 64500 }]\n[[gateway.interfaces]]",
-    );
+    let toml = gateway()
+        .table(
+            "[gateway.bgp]\nasn = 64512\nrouter_id = \"192.0.2.1\"\nannounce = [\"203.0.113.10/31\"]\n\
+             peers = [{ address = \"198.51.100.1\", asn = 64500 }]",
+        )
+        .service(web(&["198.51.100.11", "198.51.100.12"]).set("health_check", TCP_CHECK))
+        .service(
+            ServiceToml::new("api", "203.0.113.10", 443)
+                .set("health_check", TCP_CHECK)
+                .backend_mac("198.51.100.13", 443, "02:00:00:00:01:13"),
+        )
+        .service(
+            ServiceToml::new("solo", "203.0.113.11", 80)
+                .set("health_check", TCP_CHECK)
+                .backend_mac("198.51.100.14", 80, "02:00:00:00:01:14"),
+        )
+        .service(ServiceToml::new("other", "203.0.113.12", 80).backend_mac(
+            "198.51.100.15",
+            80,
+            "02:00:00:00:01:15",
+        ))
+        .to_string();
     let mut c = Driven::new(&toml);
     let (web, solo, other) = (ip("203.0.113.10"), ip("203.0.113.11"), ip("203.0.113.12"));
     let route = |c: &Driven, vip| c.routes.get(&vip).copied();

@@ -7,6 +7,7 @@ use super::*;
 use crate::core::hops::{self, *};
 use crate::core::Neighbours;
 use strait_config::model::{MacAddr, Mode, Service};
+use strait_testkit::config::{GatewayToml, ServiceToml};
 
 thread_local! {
     static PROBED: std::cell::RefCell<Vec<IpAddr>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -46,19 +47,14 @@ fn recording() -> Recording {
 }
 
 fn web(backends: &[(&str, Option<&str>)]) -> Service {
-    let list: Vec<String> = backends
-        .iter()
-        .map(|(a, mac)| match mac {
-            Some(m) => format!("{{ address = \"{a}\", port = 80, mac = \"{m}\" }}"),
-            None => format!("{{ address = \"{a}\", port = 80 }}"),
-        })
-        .collect();
-    let cfg = strait_config::parse(&format!(
-        "[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n[[services]]\nname = \"web\"\n\
-             vip = \"203.0.113.10\"\nport = 80\nbackends = [{}]\n",
-        list.join(", ")
-    ))
-    .unwrap();
+    let web = backends.iter().fold(
+        ServiceToml::new("web", "203.0.113.10", 80),
+        |s, (a, mac)| match mac {
+            Some(m) => s.backend_mac(a, 80, m),
+            None => s.backend(a, 80),
+        },
+    );
+    let cfg = strait_config::parse(&GatewayToml::eth0().service(web).to_string()).unwrap();
     cfg.services.into_iter().next().unwrap()
 }
 
@@ -525,26 +521,15 @@ fn reads_neighbours_and_routes_as_iproute2_lists_them() {
 
 #[test]
 fn fills_known_macs_and_lists_the_rest() {
-    let mut cfg = strait_config::parse(
-        r#"
-[[gateway.interfaces]]
-name = "eth0"
-queues = [0]
-[[services]]
-name = "web"
-vip = "203.0.113.10"
-port = 80
-backends = [{ address = "198.51.100.11", port = 80 }, { address = "198.51.100.12", port = 80 },
-            { address = "198.51.100.13", port = 80, mac = "02:00:00:00:01:13" }]
-[[services]]
-name = "tun"
-vip = "203.0.113.11"
-port = 80
-mode = "dsr-ipip"
-backends = [{ address = "198.51.100.14", port = 80, tunnel = "198.51.100.11" }]
-"#,
-    )
-    .unwrap();
+    let web = ServiceToml::new("web", "203.0.113.10", 80)
+        .backend("198.51.100.11", 80)
+        .backend("198.51.100.12", 80)
+        .backend_mac("198.51.100.13", 80, "02:00:00:00:01:13");
+    let tun = ServiceToml::new("tun", "203.0.113.11", 80)
+        .mode("dsr-ipip")
+        .backend_table(r#"{ address = "198.51.100.14", port = 80, tunnel = "198.51.100.11" }"#);
+    let mut cfg =
+        strait_config::parse(&GatewayToml::eth0().service(web).service(tun).to_string()).unwrap();
     let known = Neighbours {
         macs: [(
             "198.51.100.11".parse().unwrap(),
@@ -618,20 +603,11 @@ fn routed_backends_are_reached_through_their_gateway() {
     );
     assert_eq!(n.next_hop(ip("192.0.2.7")), ip("198.51.100.254"), "default");
     assert_eq!(n.next_hop(ip("2001:db8::1")), ip("2001:db8::1"), "no route");
-    let mut cfg = strait_config::parse(
-        r#"
-[[gateway.interfaces]]
-name = "eth0"
-queues = [0]
-[[services]]
-name = "pods"
-vip = "203.0.113.10"
-port = 80
-mode = "nat"
-backends = [{ address = "203.0.113.65", port = 8080 }, { address = "203.0.113.99", port = 8080 }]
-"#,
-    )
-    .unwrap();
+    let pods = ServiceToml::new("pods", "203.0.113.10", 80)
+        .mode("nat")
+        .backend("203.0.113.65", 8080)
+        .backend("203.0.113.99", 8080);
+    let mut cfg = strait_config::parse(&GatewayToml::eth0().service(pods).to_string()).unwrap();
     assert_eq!(fill(&mut cfg, &n), vec![ip("198.51.100.12")]);
     assert_eq!(
         cfg.services[0].backends[0].mac,

@@ -1,37 +1,20 @@
 use strait_config::model::{self, BackendState, Config, Role};
 
+use strait_testkit::config::{GatewayToml, ServiceToml};
+
 use super::*;
 
 fn config(web_backends: &[&str]) -> Config {
-    let b = |addrs: &[&str], port| {
-        addrs
-            .iter()
-            .map(|a| format!("{{ address = \"{a}\", port = {port}, mac = \"02:00:00:00:01:11\" }}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    strait_config::parse(&format!(
-        r#"
-[[gateway.interfaces]]
-name = "eth0"
-queues = [0]
-[[services]]
-name = "web"
-vip = "203.0.113.10"
-port = 80
-maglev_table_size = 251
-backends = [{}]
-[[services]]
-name = "api"
-vip = "203.0.113.11"
-port = 443
-maglev_table_size = 251
-backends = [{}]
-"#,
-        b(web_backends, 80),
-        b(&["198.51.100.21", "198.51.100.22"], 443)
-    ))
-    .unwrap()
+    let mac = "02:00:00:00:01:11";
+    let web = web_backends.iter().fold(
+        ServiceToml::new("web", "203.0.113.10", 80).maglev_table_size(251),
+        |s, a| s.backend_mac(a, 80, mac),
+    );
+    let api = ServiceToml::new("api", "203.0.113.11", 443)
+        .maglev_table_size(251)
+        .backend_mac("198.51.100.21", 443, mac)
+        .backend_mac("198.51.100.22", 443, mac);
+    strait_config::parse(&GatewayToml::eth0().service(web).service(api).to_string()).unwrap()
 }
 
 #[test]
@@ -398,30 +381,23 @@ mod incremental {
 
 #[test]
 fn the_key_forms_read_back_as_addresses_and_macs() {
+    let tunnelled = ServiceToml::new("tunnelled", "203.0.113.10", 80)
+        .mode("dsr-ipip")
+        .maglev_table_size(251)
+        .set("source_ranges", r#"["192.0.2.0/24"]"#)
+        .backend_table(
+            r#"{ address = "198.51.100.11", port = 80, mac = "02:00:00:00:01:11", tunnel = "2001:db8::11" }"#,
+        )
+        .backend("::ffff:198.51.100.12", 80);
+    let six = ServiceToml::new("six", "2001:db8::80", 443)
+        .protocol("udp")
+        .maglev_table_size(251)
+        .backend_mac("2001:db8::21", 443, "02:00:00:00:01:21");
     let cfg = strait_config::parse(
-        r#"
-[[gateway.interfaces]]
-name = "eth0"
-queues = [0]
-[[services]]
-name = "tunnelled"
-vip = "203.0.113.10"
-port = 80
-mode = "dsr-ipip"
-maglev_table_size = 251
-source_ranges = ["192.0.2.0/24"]
-backends = [
-  { address = "198.51.100.11", port = 80, mac = "02:00:00:00:01:11", tunnel = "2001:db8::11" },
-  { address = "::ffff:198.51.100.12", port = 80 },
-]
-[[services]]
-name = "six"
-vip = "2001:db8::80"
-port = 443
-protocol = "udp"
-maglev_table_size = 251
-backends = [{ address = "2001:db8::21", port = 443, mac = "02:00:00:00:01:21" }]
-"#,
+        &GatewayToml::eth0()
+            .service(tunnelled)
+            .service(six)
+            .to_string(),
     )
     .unwrap();
     let mac = MacAddr([2, 0, 0, 0, 0, 1]);

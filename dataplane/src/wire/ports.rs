@@ -70,6 +70,52 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 }
 
+/// The port accessors of the TCP, UDP and SCTP views, defined once: `read` inside a view's
+/// `impl<T: AsRef<[u8]>>` block, `write` inside its `impl<T: AsRef<[u8]> + AsMut<[u8]>>`
+/// block (each view is a `Packet<T>` with its bytes in `buf`). Each accessor goes through
+/// this module's [`Packet`]; inlined, it is the same load or store as a field of the view.
+macro_rules! accessors {
+    (read) => {
+        /// The two ports, through the view TCP, UDP and SCTP share.
+        #[inline(always)]
+        pub fn ports(&self) -> $crate::wire::ports::Packet<&[u8]> {
+            $crate::wire::ports::Packet::new_unchecked(self.buf.as_ref())
+        }
+
+        /// Source port.
+        #[inline(always)]
+        pub fn src_port(&self) -> u16 {
+            self.ports().src_port()
+        }
+
+        /// Destination port.
+        #[inline(always)]
+        pub fn dst_port(&self) -> u16 {
+            self.ports().dst_port()
+        }
+    };
+    (write, $checksum:literal) => {
+        /// The two ports, writable, through the view TCP, UDP and SCTP share.
+        #[inline(always)]
+        pub fn ports_mut(&mut self) -> $crate::wire::ports::Packet<&mut [u8]> {
+            $crate::wire::ports::Packet::new_unchecked(self.buf.as_mut())
+        }
+
+        #[doc = concat!("Sets the source port (", $checksum, ").")]
+        #[inline(always)]
+        pub fn set_src_port(&mut self, port: u16) {
+            self.ports_mut().set_src_port(port);
+        }
+
+        #[doc = concat!("Sets the destination port (", $checksum, ").")]
+        #[inline(always)]
+        pub fn set_dst_port(&mut self, port: u16) {
+            self.ports_mut().set_dst_port(port);
+        }
+    };
+}
+pub(crate) use accessors;
+
 #[cfg(test)]
 mod tests {
     use super::*;

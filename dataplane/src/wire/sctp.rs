@@ -11,7 +11,7 @@
 //! Linux's `sctp_compute_cksum` and the RFC's sample code write it). CRC32c itself comes from
 //! the `crc32c` crate (SSE 4.2 / ARMv8 CRC instructions where the CPU has them).
 
-use super::{get16, get32, set16, Error, Field};
+use super::{get32, ports, Error, Field};
 use crate::wire::tcp::flags;
 
 /// Length of the SCTP common header.
@@ -22,8 +22,7 @@ pub const CHECKSUM_OFFSET: usize = field::CHECKSUM.start;
 /// Where the fields of the common header lie (RFC 9260 section 3.1).
 mod field {
     use super::Field;
-    pub const SRC_PORT: Field = 0..2;
-    pub const DST_PORT: Field = 2..4;
+    // 0..4: the source and destination ports, read and written through `ports::Packet`.
     pub const VERIFICATION_TAG: Field = 4..8;
     /// CRC32c, least significant byte first.
     pub const CHECKSUM: Field = 8..12;
@@ -69,17 +68,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Ok(Self { buf })
     }
 
-    /// Source port.
-    #[inline(always)]
-    pub fn src_port(&self) -> u16 {
-        get16(self.buf.as_ref(), field::SRC_PORT)
-    }
-
-    /// Destination port.
-    #[inline(always)]
-    pub fn dst_port(&self) -> u16 {
-        get16(self.buf.as_ref(), field::DST_PORT)
-    }
+    ports::accessors!(read);
 
     /// Verification tag.
     #[inline(always)]
@@ -106,17 +95,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the source port (the CRC32c is the caller's: [`Packet::fill_checksum`]).
-    #[inline(always)]
-    pub fn set_src_port(&mut self, port: u16) {
-        set16(self.buf.as_mut(), field::SRC_PORT, port);
-    }
-
-    /// Sets the destination port (the CRC32c is the caller's: [`Packet::fill_checksum`]).
-    #[inline(always)]
-    pub fn set_dst_port(&mut self, port: u16) {
-        set16(self.buf.as_mut(), field::DST_PORT, port);
-    }
+    ports::accessors!(
+        write,
+        "the CRC32c is the caller's: [`Packet::fill_checksum`]"
+    );
 
     /// Writes the CRC32c of the packet into its checksum field.
     pub fn fill_checksum(&mut self) {

@@ -1,6 +1,6 @@
 //! TCP headers (RFC 9293): the fields a load balancer reads and rewrites.
 
-use super::{checksum, get16, get32, set16, Error, Field};
+use super::{checksum, get16, get32, ports, set16, Error, Field};
 
 /// Length of a TCP header without options.
 pub const HEADER_LEN: usize = field::URGENT.end;
@@ -24,8 +24,7 @@ pub mod flags {
 /// Where the fields lie (RFC 9293 section 3.1).
 mod field {
     use super::Field;
-    pub const SRC_PORT: Field = 0..2;
-    pub const DST_PORT: Field = 2..4;
+    // 0..4: the source and destination ports, read and written through `ports::Packet`.
     pub const SEQ_NUM: Field = 4..8;
     pub const ACK_NUM: Field = 8..12;
     /// Data offset (high nibble, in 32-bit words) and reserved bits.
@@ -71,17 +70,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Self { buf }
     }
 
-    /// Source port.
-    #[inline(always)]
-    pub fn src_port(&self) -> u16 {
-        get16(self.buf.as_ref(), field::SRC_PORT)
-    }
-
-    /// Destination port.
-    #[inline(always)]
-    pub fn dst_port(&self) -> u16 {
-        get16(self.buf.as_ref(), field::DST_PORT)
-    }
+    ports::accessors!(read);
 
     /// Sequence number.
     #[inline(always)]
@@ -128,17 +117,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the source port (the checksum is the caller's).
-    #[inline(always)]
-    pub fn set_src_port(&mut self, port: u16) {
-        set16(self.buf.as_mut(), field::SRC_PORT, port);
-    }
-
-    /// Sets the destination port (the checksum is the caller's).
-    #[inline(always)]
-    pub fn set_dst_port(&mut self, port: u16) {
-        set16(self.buf.as_mut(), field::DST_PORT, port);
-    }
+    ports::accessors!(write, "the checksum is the caller's");
 
     /// Writes the checksum field.
     #[inline(always)]

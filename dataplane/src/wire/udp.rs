@@ -1,6 +1,6 @@
 //! UDP headers (RFC 768).
 
-use super::{checksum, get16, set16, Error, Field};
+use super::{checksum, get16, ports, set16, Error, Field};
 
 /// Length of a UDP header.
 pub const HEADER_LEN: usize = field::CHECKSUM.end;
@@ -10,8 +10,7 @@ pub const CHECKSUM_OFFSET: usize = field::CHECKSUM.start;
 /// Where the fields lie (RFC 768).
 mod field {
     use super::Field;
-    pub const SRC_PORT: Field = 0..2;
-    pub const DST_PORT: Field = 2..4;
+    // 0..4: the source and destination ports, read and written through `ports::Packet`.
     pub const LENGTH: Field = 4..6;
     pub const CHECKSUM: Field = 6..8;
 }
@@ -52,17 +51,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Self { buf }
     }
 
-    /// Source port.
-    #[inline(always)]
-    pub fn src_port(&self) -> u16 {
-        get16(self.buf.as_ref(), field::SRC_PORT)
-    }
-
-    /// Destination port.
-    #[inline(always)]
-    pub fn dst_port(&self) -> u16 {
-        get16(self.buf.as_ref(), field::DST_PORT)
-    }
+    ports::accessors!(read);
 
     /// Length field (header and payload).
     #[inline(always)]
@@ -83,17 +72,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the source port (the checksum is the caller's).
-    #[inline(always)]
-    pub fn set_src_port(&mut self, port: u16) {
-        set16(self.buf.as_mut(), field::SRC_PORT, port);
-    }
-
-    /// Sets the destination port (the checksum is the caller's).
-    #[inline(always)]
-    pub fn set_dst_port(&mut self, port: u16) {
-        set16(self.buf.as_mut(), field::DST_PORT, port);
-    }
+    ports::accessors!(write, "the checksum is the caller's");
 
     /// Sets the length field.
     #[inline(always)]

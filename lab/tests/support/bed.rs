@@ -90,6 +90,17 @@ impl Bed {
         PathBuf::from(self.info["config"].as_str().expect("config path"))
     }
 
+    /// The testbed's gateway settings (interfaces, admin address) without its services,
+    /// written to `gateway.toml` in the testbed's directory: for a gateway whose every
+    /// service comes from Kubernetes.
+    pub fn gateway_config(&self) -> PathBuf {
+        let full = std::fs::read_to_string(self.config()).expect("testbed configuration");
+        let gateway = full.split("\n[[services]]").next().unwrap_or_default();
+        let out = self.dir.join("gateway.toml");
+        std::fs::write(&out, gateway).expect("writing the gateway configuration");
+        out
+    }
+
     /// The backends of the summary.
     pub fn backends(&self) -> &[Value] {
         self.info["backends"].as_array().expect("backends")

@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::bed::{Gateway, CLIENT};
+use super::config::ServiceToml;
 use super::e2e::{scenario, start, write_config, Driver, Scenario, VIP};
 use super::harness::{in_ns, run, strait, text, wait_for, Proc};
 
@@ -162,11 +163,11 @@ pub fn dsr_l2_verdicts(driver: Driver) {
     };
     // A second service, on port 81, open only to 198.51.100.0/24: the client is outside.
     let cfg = write_config(&s, |t| {
-        format!(
-            "{t}\n[[services]]\nname = \"closed\"\nvip = \"{VIP}\"\nport = 81\nmode = \"dsr-l2\"\n\
-             source_ranges = [\"198.51.100.0/24\"]\n\
-             backends = [{{ address = \"198.51.100.11\", port = 81, mac = \"02:00:00:00:01:11\" }}]\n"
-        )
+        let closed = ServiceToml::new("closed", VIP, 81)
+            .mode("dsr-l2")
+            .set("source_ranges", r#"["198.51.100.0/24"]"#)
+            .backend_mac("198.51.100.11", 81, "02:00:00:00:01:11");
+        format!("{t}\n{closed}")
     });
     let gw = start(&s, &cfg);
     let gw_mac = mac_of(&s, "gw", "veth-gw");

@@ -1,5 +1,6 @@
 //! What the lab's integration tests share: the workspace's test kit (`strait-testkit`:
-//! the privileged gate, the harness, the fake Kubernetes API server) and the testbed of
+//! the privileged gate, the harness, the configuration builder, the fake Kubernetes API
+//! server) and the testbed of
 //! `strait-lab testbed up` with a gateway in it ([`bed`]).
 
 // Every test binary compiles all of it and uses a part.
@@ -9,7 +10,7 @@ pub mod bed;
 pub mod capture;
 pub mod e2e;
 
-pub use strait_testkit::{fake_api, objects, privileged};
+pub use strait_testkit::{config, fake_api, objects, privileged};
 
 /// The test kit's harness, and the lab binary under test.
 pub mod harness {

@@ -1,5 +1,6 @@
 //! What Strait's tests share, in one place for every crate's tests:
 //!
+//! - [`config`]: gateway configurations as TOML text, built from the parts a test varies;
 //! - [`privileged`]: the gate of the privileged tests (root and the tools a test drives;
 //!   a loud SKIPPED banner with `STRAIT_SKIP_PRIVILEGED=1`, a panic otherwise);
 //! - [`harness`]: commands with errors that name them, network namespaces and veths removed
@@ -18,6 +19,7 @@
 #![deny(unsafe_code)]
 
 pub mod alloc;
+pub mod config;
 pub mod fake_api;
 pub mod harness;
 pub mod objects;
