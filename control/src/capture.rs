@@ -60,7 +60,7 @@ use crate::shared::Shared;
 
 /// What a client asks for: the workers' filter and when to stop.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Request {
+pub struct CaptureRequest {
     /// What the workers take.
     pub filter: Filter,
     /// Stop after this many frames (a sent frame's two copies count as one).
@@ -69,14 +69,14 @@ pub struct Request {
     pub duration: Option<Duration>,
 }
 
-impl Request {
+impl CaptureRequest {
     /// The request from a `/capture` query string (`vip=..&client=..&...`; see
-    /// [`Request::query`]).
+    /// [`CaptureRequest::query`]).
     ///
     /// # Errors
     /// A message naming the parameter and what is wrong with it.
     pub fn parse(query: &str) -> Result<Self, String> {
-        let mut r = Request::default();
+        let mut r = CaptureRequest::default();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let bad = |what: &str| format!("capture parameter {k}={v}: {what}");
@@ -202,7 +202,7 @@ fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
 }
 
 impl Ask {
-    /// The query string of `POST /capture` ([`Request::parse`] reads it).
+    /// The query string of `POST /capture` ([`CaptureRequest::parse`] reads it).
     pub fn query(&self) -> String {
         let mut q = String::new();
         let mut put = |k: &str, v: Option<String>| {
@@ -389,7 +389,7 @@ where
     } else {
         None
     };
-    let request = match (refusal, Request::parse(query)) {
+    let request = match (refusal, CaptureRequest::parse(query)) {
         (Some(r), _) => Err(r),
         (None, Err(e)) => Err(refuse(400, "Bad Request", e + "\n")),
         (None, Ok(r)) => Ok(r),
@@ -430,7 +430,7 @@ where
 async fn stream<S>(
     conn: S,
     mut session: Session,
-    request: &Request,
+    request: &CaptureRequest,
     ports: &[String],
     deadline: Duration,
 ) -> (u64, std::io::Result<()>)
@@ -500,9 +500,9 @@ where
 
 /// The capture counters (`strait_capture_*`), read from the hub on each scrape.
 #[derive(Debug)]
-pub struct Metrics(pub Arc<Shared>);
+pub struct CaptureMetrics(pub Arc<Shared>);
 
-impl Collector for Metrics {
+impl Collector for CaptureMetrics {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
         let shared = &self.0;
         let hub = &shared.capture;
@@ -754,7 +754,7 @@ mod tests {
             every: Some(2),
             budget: Some(100),
         };
-        let r = Request::parse(&ask.query()).unwrap();
+        let r = CaptureRequest::parse(&ask.query()).unwrap();
         assert_eq!(r.count, Some(5));
         assert_eq!(r.duration, Some(Duration::from_secs(3)));
         let f = r.filter;
@@ -770,8 +770,11 @@ mod tests {
         assert_eq!((f.port, f.outcome), (Some(80), Outcome::Drop));
         assert_eq!(f.reason, Some(DropReason::SourceNotAllowed));
         assert_eq!((f.snaplen, f.every, f.budget), (128, 2, 100));
-        assert_eq!(Request::parse("").unwrap(), Request::default());
-        let one = Request::parse("client=2001:db8::1").unwrap();
+        assert_eq!(
+            CaptureRequest::parse("").unwrap(),
+            CaptureRequest::default()
+        );
+        let one = CaptureRequest::parse("client=2001:db8::1").unwrap();
         assert!(one
             .filter
             .client
@@ -792,7 +795,7 @@ mod tests {
             ("colour=red", "unknown capture parameter \"colour\""),
             ("verdict=tx&reason=no_backend", "reason keeps drops"),
         ] {
-            let e = Request::parse(q).unwrap_err();
+            let e = CaptureRequest::parse(q).unwrap_err();
             assert!(e.contains(says), "{q}: {e}");
         }
     }

@@ -37,7 +37,7 @@ pub struct CoreSample {
     /// Packets and bytes per backend id, trimmed to the ids in use.
     pub backends: Vec<strait_dataplane::traffic::Tally>,
     /// Flow-table entries per backend id, trimmed to the ids in use.
-    pub backend_flows: Vec<strait_dataplane::flow::Held>,
+    pub backend_flows: Vec<strait_dataplane::flow::BackendEntries>,
     /// Failed connection attempts per backend id, `[refused, unanswered]`
     /// ([`strait_dataplane::passive`]), trimmed to the ids in use.
     pub passive: Vec<[u64; 2]>,

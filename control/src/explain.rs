@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use strait_config::model::MacAddr;
 use strait_dataplane::explain::{
-    cores_to_ask, explain, Entry, Explanation, Forward, Probe, Reply, Rewrite, Source, Verdict, Why,
+    cores_to_ask, explain, Entry, Explanation, Forward, Outcome, Probe, Reply, Rewrite, Source, Why,
 };
 use strait_dataplane::flow::FlowState;
 use strait_dataplane::key::{addr_bytes, bytes_addr, proto, Addr, FlowKey, Proto};
@@ -300,7 +300,7 @@ pub fn to_json(t: &ServiceTable, e: &Explanation, names: &[String]) -> Value {
     });
     let iface = |p: u8| names.get(usize::from(p)).cloned();
     match &e.verdict {
-        Verdict::NoFrontend { served } => {
+        Outcome::NoFrontend { served } => {
             v["kind"] = json!("no_frontend");
             v["vip_known"] = json!(!served.is_empty());
             v["served"] = served
@@ -308,11 +308,11 @@ pub fn to_json(t: &ServiceTable, e: &Explanation, names: &[String]) -> Value {
                 .map(|(n, port, p)| json!({"service": n, "port": port, "proto": proto_name(*p)}))
                 .collect();
         }
-        Verdict::Forward(f) => {
+        Outcome::Forward(f) => {
             v["kind"] = json!("forward");
             forward_json(t, f, &mut v, &iface);
         }
-        Verdict::Reply(r) => {
+        Outcome::Reply(r) => {
             v["kind"] = json!("reply");
             reply_json(t, r, &mut v, &iface);
         }

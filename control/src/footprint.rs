@@ -11,7 +11,7 @@ use std::fmt;
 
 use strait_config::model::Config;
 use strait_dataplane::capture::RING_BYTES;
-use strait_dataplane::flow::{FlowTable, Held, BACKEND_SLOTS};
+use strait_dataplane::flow::{BackendEntries, FlowTable, BACKEND_SLOTS};
 use strait_dataplane::maglev;
 use strait_dataplane::pipeline::NEW_FLOW_SLOTS;
 use strait_dataplane::sync::{RECORD_BYTES, SYNC_SLOTS};
@@ -81,7 +81,7 @@ impl Footprint {
                 Traffic::bytes()
                     + (NEW_FLOW_SLOTS * size_of::<u64>()) as u64
                     + (strait_dataplane::passive::SLOTS * size_of::<[u64; 2]>()) as u64
-                    + (BACKEND_SLOTS * size_of::<Held>()) as u64,
+                    + (BACKEND_SLOTS * size_of::<BackendEntries>()) as u64,
             ),
             capture: workers.saturating_mul(RING_BYTES),
         }

@@ -57,7 +57,7 @@ pub struct Shared {
     /// The BGP speaker's state, when `[gateway.bgp]` is configured.
     pub bgp: Mutex<Option<Arc<Mutex<crate::bgp::Status>>>>,
     /// The VRRP side's state, when `[gateway.l2]` is configured.
-    pub l2: Mutex<Option<Arc<Mutex<crate::l2::Status>>>>,
+    pub l2: Mutex<Option<Arc<Mutex<crate::l2::VrrpStatus>>>>,
     /// Set once the gateway drains: `/healthz` answers 503 from then on.
     pub draining: AtomicBool,
     /// The flow sync thread's counters, while `[gateway.sync]` is configured.
@@ -104,7 +104,7 @@ impl Shared {
     }
 
     /// A copy of the VRRP side's state, when it runs.
-    pub fn l2(&self) -> Option<crate::l2::Status> {
+    pub fn l2(&self) -> Option<crate::l2::VrrpStatus> {
         copy_of(&self.l2)
     }
 

@@ -19,7 +19,7 @@
 //!
 //! # Wire format
 //!
-//! One datagram: an 8-byte header, `b"SF"`, version ([`VERSION`]), kind ([`Kind`]), record
+//! One datagram: an 8-byte header, `b"SF"`, version ([`VERSION`]), kind ([`DatagramKind`]), record
 //! count (u16, big-endian), form ([`Form`]), a zero byte; then `count` records of that
 //! form: 64 bytes (`SyncRecord::to_bytes`), or 32 when client, VIP and backend are all IPv4
 //! (the three addresses in 4 bytes each). At most [`MAX_RECORDS`] full or
@@ -176,7 +176,7 @@ pub const DUMP_TRIES: u32 = 10;
 /// What a datagram carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
-pub enum Kind {
+pub enum DatagramKind {
     /// Records (news or dump answers).
     Records = 1,
     /// "Send me every flow you know": sent by a starting gateway. No records.
@@ -210,7 +210,7 @@ pub enum DecodeError {
 /// # Panics
 /// If `records` or `buf` exceed those bounds, or a record does not fit `form` (a caller's
 /// bug).
-pub fn encode(kind: Kind, form: Form, records: &[SyncRecord], buf: &mut [u8]) -> usize {
+pub fn encode(kind: DatagramKind, form: Form, records: &[SyncRecord], buf: &mut [u8]) -> usize {
     assert!(
         records.len() <= form.max_records(),
         "at most {} records",
@@ -245,7 +245,7 @@ pub fn encode(kind: Kind, form: Form, records: &[SyncRecord], buf: &mut [u8]) ->
 ///
 /// # Errors
 /// [`DecodeError`]: the datagram is dropped whole (`out` may hold part of it).
-pub fn decode(buf: &[u8], out: &mut Vec<SyncRecord>) -> Result<Kind, DecodeError> {
+pub fn decode(buf: &[u8], out: &mut Vec<SyncRecord>) -> Result<DatagramKind, DecodeError> {
     out.clear();
     let h = buf.get(..HEADER).ok_or(DecodeError::Length)?;
     if h[..2] != MAGIC {
@@ -280,10 +280,10 @@ pub fn decode(buf: &[u8], out: &mut Vec<SyncRecord>) -> Result<Kind, DecodeError
                 };
                 out.push(SyncRecord::from_bytes(&b).map_err(|_| DecodeError::Record(i))?);
             }
-            Ok(Kind::Records)
+            Ok(DatagramKind::Records)
         }
-        2 if count == 0 => Ok(Kind::DumpRequest),
-        3 if count == 0 => Ok(Kind::DumpEnd),
+        2 if count == 0 => Ok(DatagramKind::DumpRequest),
+        3 if count == 0 => Ok(DatagramKind::DumpEnd),
         2 | 3 => Err(DecodeError::Length),
         k => Err(DecodeError::Kind(k)),
     }
@@ -434,7 +434,7 @@ struct Sync {
     /// sends news may not have seen our request. A peer with an empty table is asked
     /// [`DUMP_TRIES`] times, each an empty walk.
     heard: Vec<bool>,
-    /// Peers whose dump has ended (a [`Kind::DumpEnd`] came).
+    /// Peers whose dump has ended (a [`DatagramKind::DumpEnd`] came).
     ended: Vec<bool>,
     /// Of those, how many are not yet in `dumps_complete`: their records may still wait in
     /// the workers' rings.
@@ -453,7 +453,7 @@ impl Sync {
             if asked < DUMP_TRIES && Instant::now() >= next_ask && self.heard.contains(&false) {
                 asked += 1;
                 next_ask = Instant::now() + DUMP_RETRY;
-                let n = encode(Kind::DumpRequest, Form::Full, &[], &mut self.buf);
+                let n = encode(DatagramKind::DumpRequest, Form::Full, &[], &mut self.buf);
                 for (i, &p) in self.peers.iter().enumerate() {
                     if !self.heard[i] {
                         self.send_to(p, n, 0);
@@ -502,7 +502,7 @@ impl Sync {
         if records.is_empty() {
             return;
         }
-        let n = encode(Kind::Records, form, records, &mut self.buf);
+        let n = encode(DatagramKind::Records, form, records, &mut self.buf);
         let count = records.len();
         for (i, &p) in self.peers.iter().enumerate() {
             if !dump || self.dump_to.contains(&i) {
@@ -538,7 +538,7 @@ impl Sync {
             self.flush(b);
         }
         if dump_over {
-            let n = encode(Kind::DumpEnd, Form::Full, &[], &mut self.buf);
+            let n = encode(DatagramKind::DumpEnd, Form::Full, &[], &mut self.buf);
             let mut to: Vec<usize> = self.dump_to.drain().collect();
             to.sort_unstable();
             for &i in &to {
@@ -578,7 +578,7 @@ impl Sync {
                     bump(&self.stats.dropped_malformed, 1);
                     debug!(%from, ?e, "malformed flow sync datagram dropped");
                 }
-                Ok(Kind::DumpRequest) => {
+                Ok(DatagramKind::DumpRequest) => {
                     bump(&self.stats.datagrams_received, 1);
                     bump(&self.stats.dump_requests_received, 1);
                     // A request during a walk restarts it, so this requester gets everything.
@@ -589,7 +589,7 @@ impl Sync {
                     }
                     info!(%from, "flow dump requested");
                 }
-                Ok(Kind::DumpEnd) => {
+                Ok(DatagramKind::DumpEnd) => {
                     bump(&self.stats.datagrams_received, 1);
                     self.heard[peer] = true;
                     if !self.ended[peer] {
@@ -598,7 +598,7 @@ impl Sync {
                         info!(%from, "flow dump received");
                     }
                 }
-                Ok(Kind::Records) => {
+                Ok(DatagramKind::Records) => {
                     if self.received.iter().any(|r| r.flags & flags::DUMP != 0) {
                         self.heard[peer] = true;
                     }
@@ -746,11 +746,11 @@ mod tests {
     fn datagrams_round_trip() {
         let mut buf = vec![0; MAX_DATAGRAM];
         let recs: Vec<_> = (0..MAX_V4_RECORDS as u16).map(SyncRecord::sample).collect();
-        let n = encode(Kind::Records, Form::V4, &recs, &mut buf);
+        let n = encode(DatagramKind::Records, Form::V4, &recs, &mut buf);
         assert_eq!(n, MAX_DATAGRAM);
         assert!(n <= 1452, "fits an IPv6 packet in a 1500-byte MTU");
         let mut out = Vec::with_capacity(MAX_V4_RECORDS);
-        assert_eq!(decode(&buf[..n], &mut out), Ok(Kind::Records));
+        assert_eq!(decode(&buf[..n], &mut out), Ok(DatagramKind::Records));
         assert_eq!(out, recs, "the compact form carries every field");
         // The full form, for any record; an IPv6 record needs it.
         let mut v6 = SyncRecord::sample(7);
@@ -766,12 +766,12 @@ mod tests {
             .chain([v6])
             .skip(1)
             .collect();
-        let n = encode(Kind::Records, Form::Full, &full, &mut buf);
+        let n = encode(DatagramKind::Records, Form::Full, &full, &mut buf);
         assert!(n <= 1452);
-        assert_eq!(decode(&buf[..n], &mut out), Ok(Kind::Records));
+        assert_eq!(decode(&buf[..n], &mut out), Ok(DatagramKind::Records));
         assert_eq!(out, full);
-        let n = encode(Kind::DumpRequest, Form::Full, &[], &mut buf);
-        assert_eq!(decode(&buf[..n], &mut out), Ok(Kind::DumpRequest));
+        let n = encode(DatagramKind::DumpRequest, Form::Full, &[], &mut buf);
+        assert_eq!(decode(&buf[..n], &mut out), Ok(DatagramKind::DumpRequest));
         assert!(out.is_empty());
     }
 
@@ -779,7 +779,7 @@ mod tests {
     fn malformed_datagrams_are_refused_never_a_panic() {
         let mut buf = vec![0; MAX_DATAGRAM];
         let n = encode(
-            Kind::Records,
+            DatagramKind::Records,
             Form::V4,
             &[SyncRecord::sample(1), SyncRecord::sample(2)],
             &mut buf,
@@ -874,7 +874,7 @@ mod tests {
                 .octets(),
         );
         let mut out = vec![0; MAX_DATAGRAM];
-        let n = encode(Kind::Records, Form::of(&v6), &[v6], &mut out);
+        let n = encode(DatagramKind::Records, Form::of(&v6), &[v6], &mut out);
         peer.send_to(&out[..n], me.0.local).unwrap();
         wait("the IPv6 record", || {
             me.0.stats.records_received.load(Ordering::Relaxed) == 1
@@ -908,13 +908,19 @@ mod tests {
         let mut buf = vec![0; 2048];
         let (n, from) = peer.recv_from(&mut buf).unwrap();
         assert_eq!(from, me.local);
-        assert_eq!(decode(&buf[..n], &mut Vec::new()), Ok(Kind::DumpRequest));
+        assert_eq!(
+            decode(&buf[..n], &mut Vec::new()),
+            Ok(DatagramKind::DumpRequest)
+        );
         assert_eq!(me.peers(), 1);
         assert_eq!(me.wait_dumps(Duration::ZERO), 0, "no dump has ended yet");
         // The peer's (empty) dump ends: the wait is over, once however often it is said.
         let mut end = vec![0; MAX_DATAGRAM];
-        let n = encode(Kind::DumpEnd, Form::Full, &[], &mut end);
-        assert_eq!(decode(&end[..n], &mut Vec::new()), Ok(Kind::DumpEnd));
+        let n = encode(DatagramKind::DumpEnd, Form::Full, &[], &mut end);
+        assert_eq!(
+            decode(&end[..n], &mut Vec::new()),
+            Ok(DatagramKind::DumpEnd)
+        );
         peer.send_to(&end[..n], me.local).unwrap();
         peer.send_to(&end[..n], me.local).unwrap();
         assert_eq!(me.wait_dumps(Duration::from_secs(5)), 1);
@@ -925,7 +931,12 @@ mod tests {
         // A stranger is refused; garbage from the peer is counted, not fatal.
         let stranger = UdpSocket::bind(any(0)).unwrap();
         let mut out = vec![0; MAX_DATAGRAM];
-        let n = encode(Kind::Records, Form::V4, &[SyncRecord::sample(1)], &mut out);
+        let n = encode(
+            DatagramKind::Records,
+            Form::V4,
+            &[SyncRecord::sample(1)],
+            &mut out,
+        );
         stranger.send_to(&out[..n], me.local).unwrap();
         peer.send_to(b"not a datagram of ours", me.local).unwrap();
         wait("both dropped", || {

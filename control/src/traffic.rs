@@ -17,7 +17,7 @@ use std::sync::Arc;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use serde::Serialize;
-use strait_dataplane::flow::Held;
+use strait_dataplane::flow::BackendEntries;
 use strait_dataplane::table::ServiceTable;
 use strait_dataplane::traffic::{current, Tally};
 
@@ -121,7 +121,8 @@ pub fn report(t: &ServiceTable, samples: &[(String, CoreSample)]) -> Report {
                     for (_, c) in samples {
                         counts.add(&current(&c.backends, b.id.0, b.incarnation));
                         new_flows += c.new_flows.get(b.id.0 as usize).copied().unwrap_or(0);
-                        flows += u64::from(Held::of(&c.backend_flows, b.id.0, b.incarnation));
+                        flows +=
+                            u64::from(BackendEntries::of(&c.backend_flows, b.id.0, b.incarnation));
                     }
                     BackendTraffic {
                         backend: b.socket_addr().to_string(),

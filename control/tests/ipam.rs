@@ -1035,7 +1035,7 @@ fn a_restart_with_an_ipv6_pool_gives_a_dual_stack_service_its_second_family() {
 fn address_metrics_are_exported() {
     let stats = std::sync::Arc::new(kube::Stats::default());
     let mut registry = prometheus_client::registry::Registry::with_prefix("strait");
-    registry.register_collector(Box::new(kube::Metrics(std::sync::Arc::clone(&stats))));
+    registry.register_collector(Box::new(kube::KubeMetrics(std::sync::Arc::clone(&stats))));
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
     for reason in kubemodel::events::WARNING_REASONS {

@@ -2156,7 +2156,7 @@ fn scale_round_time() {
 fn metrics_encode() {
     let stats = std::sync::Arc::new(kube::Stats::default());
     let mut registry = prometheus_client::registry::Registry::with_prefix("strait");
-    registry.register_collector(Box::new(kube::Metrics(std::sync::Arc::clone(&stats))));
+    registry.register_collector(Box::new(kube::KubeMetrics(std::sync::Arc::clone(&stats))));
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
     for line in [

@@ -576,7 +576,7 @@ pub struct Reply {
 
 /// The whole story of a 5-tuple.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Verdict {
+pub enum Outcome {
     /// No frontend at the destination and not a nat reply: the kernel's. `served` lists
     /// the frontends of that VIP (empty: no such VIP).
     NoFrontend {
@@ -599,7 +599,7 @@ pub struct Explanation {
     /// Workers whose answers came from another generation (a table was published between).
     pub other_generation: Vec<u16>,
     /// The story.
-    pub verdict: Verdict,
+    pub verdict: Outcome,
 }
 
 /// The story of `k` from the snapshot `t` and the workers' probes (see [`cores_to_ask`]; a
@@ -611,9 +611,9 @@ pub fn explain(t: &ServiceTable, cores: u16, k: &FlowKey, probes: &[Probe]) -> E
         .map(|p| p.core)
         .collect();
     let verdict = match service_of(t, k) {
-        Some((_, s)) => Verdict::Forward(Box::new(forward(t, s, cores, k, probes))),
-        None if maybe_reply(t, k) => Verdict::Reply(Box::new(reply(t, cores, k, probes))),
-        None => Verdict::NoFrontend {
+        Some((_, s)) => Outcome::Forward(Box::new(forward(t, s, cores, k, probes))),
+        None if maybe_reply(t, k) => Outcome::Reply(Box::new(reply(t, cores, k, probes))),
+        None => Outcome::NoFrontend {
             served: t
                 .services
                 .iter()

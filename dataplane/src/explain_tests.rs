@@ -39,7 +39,7 @@ fn ask(t: &ServiceTable, pipes: &[&Pipeline], k: &FlowKey, now: u64) -> Explanat
 
 fn forward_of_verdict(e: &Explanation) -> &Forward {
     match &e.verdict {
-        Verdict::Forward(f) => f,
+        Outcome::Forward(f) => f,
         v => panic!("not a forward flow: {v:?}"),
     }
 }
@@ -58,17 +58,17 @@ fn a_destination_without_frontend_names_what_the_vip_serves() {
         &key(CLIENT, ([192, 0, 2, 99], 80), proto::TCP),
         SEC,
     );
-    assert_eq!(e.verdict, Verdict::NoFrontend { served: vec![] });
+    assert_eq!(e.verdict, Outcome::NoFrontend { served: vec![] });
     let e = ask(&t, &[&p], &key(CLIENT, (VIP_A.0, 443), proto::TCP), SEC);
     assert_eq!(
         e.verdict,
-        Verdict::NoFrontend {
+        Outcome::NoFrontend {
             served: vec![("a".into(), 80, proto::TCP)]
         },
         "the VIP is known, on another port"
     );
     let e = ask(&t, &[&p], &key(CLIENT, VIP_A, proto::UDP), SEC);
-    assert!(matches!(e.verdict, Verdict::NoFrontend { ref served } if served.len() == 1));
+    assert!(matches!(e.verdict, Outcome::NoFrontend { ref served } if served.len() == 1));
     assert!(cores_to_ask(&t, &key(CLIENT, (VIP_A.0, 443), proto::TCP), 4).is_empty());
 }
 
@@ -265,7 +265,7 @@ fn a_nat_flow_shows_its_translation_and_its_reply_is_explained_as_that_flows() {
 
     // The reply's 5-tuple.
     let e = ask(&t, &[&pipes[0], &pipes[1]], reply, SEC);
-    let Verdict::Reply(r) = &e.verdict else {
+    let Outcome::Reply(r) = &e.verdict else {
         panic!("{:?}", e.verdict)
     };
     assert_eq!(r.core, owner);
@@ -287,7 +287,7 @@ fn a_nat_flow_shows_its_translation_and_its_reply_is_explained_as_that_flows() {
     // A reply of no flow: a nat backend's port to a client the gateway has no flow of.
     let stray = key((addr, 8080), (CLIENT.0, 1), proto::TCP);
     let e = ask(&t, &[&pipes[0], &pipes[1]], &stray, SEC);
-    let Verdict::Reply(r) = &e.verdict else {
+    let Outcome::Reply(r) = &e.verdict else {
         panic!("{:?}", e.verdict)
     };
     assert_eq!((r.entry, r.flow.as_ref()), (None, None));

@@ -162,17 +162,17 @@ pub const BACKEND_SLOTS: usize = 1 << 16;
 
 /// The entries of one backend id in a [`FlowTable`], for one incarnation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Held {
+pub struct BackendEntries {
     /// The incarnation counted (0: none yet).
     pub incarnation: u32,
     /// Entries stored that name the id with that incarnation.
     pub entries: u32,
 }
 
-impl Held {
+impl BackendEntries {
     /// The entries of incarnation `incarnation` in `slots[id]` (0 when the slot counts
     /// another).
-    pub fn of(slots: &[Held], id: u32, incarnation: u32) -> u32 {
+    pub fn of(slots: &[BackendEntries], id: u32, incarnation: u32) -> u32 {
         match slots.get(id as usize) {
             Some(h) if h.incarnation == incarnation => h.entries,
             _ => 0,
@@ -614,7 +614,7 @@ pub struct FlowTable {
     cursor: usize,
     stats: FlowStats,
     /// Entries per backend id ([`FlowTable::entries_by_backend`]).
-    by_backend: Box<[Held]>,
+    by_backend: Box<[BackendEntries]>,
 }
 
 impl fmt::Debug for FlowTable {
@@ -664,7 +664,7 @@ impl FlowTable {
             limiter: RateLimiter::new(new_flows_per_sec),
             cursor: 0,
             stats: FlowStats::default(),
-            by_backend: vec![Held::default(); BACKEND_SLOTS].into_boxed_slice(),
+            by_backend: vec![BackendEntries::default(); BACKEND_SLOTS].into_boxed_slice(),
         }
     }
 
@@ -924,7 +924,7 @@ impl FlowTable {
     /// (index = id; ids at or above [`BACKEND_SLOTS`] are not counted). See "Entries per
     /// backend" above.
     #[inline]
-    pub fn entries_by_backend(&self) -> &[Held] {
+    pub fn entries_by_backend(&self) -> &[BackendEntries] {
         &self.by_backend
     }
 
@@ -1147,7 +1147,7 @@ impl FlowTable {
     fn count(&mut self, v: &FlowValue) {
         if let Some(h) = self.by_backend.get_mut(v.backend.0 as usize) {
             if h.incarnation != v.incarnation {
-                *h = Held {
+                *h = BackendEntries {
                     incarnation: v.incarnation,
                     entries: 0,
                 };

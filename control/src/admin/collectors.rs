@@ -27,7 +27,7 @@ pub(super) fn registry(shared: &Arc<Shared>) -> Registry {
     registry.register_collector(Box::new(KubeMetrics(Arc::clone(shared))));
     registry.register_collector(Box::new(RouteMetrics(Arc::clone(shared))));
     registry.register_collector(Box::new(crate::traffic::TrafficMetrics(Arc::clone(shared))));
-    registry.register_collector(Box::new(crate::capture::Metrics(Arc::clone(shared))));
+    registry.register_collector(Box::new(crate::capture::CaptureMetrics(Arc::clone(shared))));
     registry.register_collector(Box::new(crate::cores::Heartbeats::new(
         shared.cores.clone(),
     )));
@@ -168,7 +168,7 @@ impl Collector for KubeMetrics {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         match stats {
-            Some(stats) => crate::kube::Metrics(stats).encode(encoder),
+            Some(stats) => crate::kube::KubeMetrics(stats).encode(encoder),
             None => Ok(()),
         }
     }

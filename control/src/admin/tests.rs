@@ -380,7 +380,7 @@ fn serves_health_services_metrics_and_reload() {
         "{m}"
     );
     // VRRP: each published VIP's ownership changes, 0 for a VIP never taken.
-    let mut l2 = crate::l2::Status::default();
+    let mut l2 = crate::l2::VrrpStatus::default();
     l2.owner_changes.insert("203.0.113.10".parse().unwrap(), 3);
     *shared.l2.lock().unwrap() = Some(Arc::new(std::sync::Mutex::new(l2)));
     let m = get(addr, "GET", "/metrics").1;

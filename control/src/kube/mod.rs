@@ -46,7 +46,7 @@ use tracing::{error, info};
 
 pub use crate::kubemodel::settings::{Args, Settings};
 use crate::kubemodel::Publication;
-pub use stats::{Metrics, Stats};
+pub use stats::{KubeMetrics, Stats};
 pub use watch::run_source;
 
 /// What can go wrong starting or running the Kubernetes source.
@@ -114,7 +114,7 @@ pub struct Source {
 }
 
 impl Source {
-    /// The source's numbers (for `/metrics`: [`Metrics`]).
+    /// The source's numbers (for `/metrics`: [`KubeMetrics`]).
     pub fn stats(&self) -> Arc<Stats> {
         Arc::clone(&self.stats)
     }

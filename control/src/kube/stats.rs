@@ -273,11 +273,11 @@ impl Stats {
 }
 
 /// The numbers as Prometheus metrics (`kube_*`; the admin registry adds its `strait_`
-/// prefix). Register with `registry.register_collector(Box::new(Metrics(stats)))`.
+/// prefix). Register with `registry.register_collector(Box::new(KubeMetrics(stats)))`.
 #[derive(Debug)]
-pub struct Metrics(pub Arc<Stats>);
+pub struct KubeMetrics(pub Arc<Stats>);
 
-impl Collector for Metrics {
+impl Collector for KubeMetrics {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
         let s = &self.0;
         gauge(
@@ -507,7 +507,7 @@ mod tests {
         let stats = Arc::new(Stats::default());
         stats.watch(Kind::Services);
         let mut registry = prometheus_client::registry::Registry::with_prefix("strait");
-        registry.register_collector(Box::new(Metrics(Arc::clone(&stats))));
+        registry.register_collector(Box::new(KubeMetrics(Arc::clone(&stats))));
         let text = |r: &prometheus_client::registry::Registry| {
             let mut out = String::new();
             prometheus_client::encoding::text::encode(&mut out, r).unwrap();

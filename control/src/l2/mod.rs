@@ -52,7 +52,7 @@ const RESTART: Duration = Duration::from_secs(1);
 
 /// What the VRRP side knows of itself.
 #[derive(Debug, Clone, Default)]
-pub struct Status {
+pub struct VrrpStatus {
     /// Whether keepalived runs.
     pub running: bool,
     /// The last error, if any.
@@ -68,7 +68,7 @@ pub struct Status {
     pub owner_changes: BTreeMap<IpAddr, u64>,
 }
 
-impl Status {
+impl VrrpStatus {
     /// Records that this gateway owns `owned` now, counting each VIP taken or lost.
     fn set_owned(&mut self, owned: BTreeSet<IpAddr>) {
         for v in owned.symmetric_difference(&self.owned) {
@@ -81,7 +81,7 @@ impl Status {
 
 /// The VRRP side: a thread that owns the keepalived child.
 #[derive(Debug)]
-pub struct Vrrp(Supervised<Status>);
+pub struct Vrrp(Supervised<VrrpStatus>);
 
 impl Vrrp {
     /// Starts the VRRP side for `l2` on `interface`; keepalived starts with the first VIP.
@@ -98,7 +98,7 @@ impl Vrrp {
         let dir = std::env::temp_dir().join(format!("strait-vrrp-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let status = Arc::new(Mutex::new(Status::default()));
+        let status = Arc::new(Mutex::new(VrrpStatus::default()));
         let keeper = Keeper {
             l2,
             interface,
@@ -132,7 +132,7 @@ impl Vrrp {
     }
 
     /// A handle on the state, for the admin API.
-    pub fn status_handle(&self) -> Arc<Mutex<Status>> {
+    pub fn status_handle(&self) -> Arc<Mutex<VrrpStatus>> {
         self.0.status_handle()
     }
 
@@ -149,7 +149,7 @@ struct Keeper {
     child: Option<Child>,
     /// The VIPs given to keepalived (sorted).
     vips: Vec<IpAddr>,
-    status: Arc<Mutex<Status>>,
+    status: Arc<Mutex<VrrpStatus>>,
     restart_at: Option<Instant>,
     /// Whether the gateway drains (keepalived is then never started again).
     draining: bool,
@@ -348,7 +348,7 @@ mod tests {
     fn every_vip_taken_or_lost_is_counted() {
         let a: IpAddr = "203.0.113.10".parse().unwrap();
         let b: IpAddr = "203.0.113.11".parse().unwrap();
-        let mut s = Status::default();
+        let mut s = VrrpStatus::default();
         s.set_owned([a, b].into());
         s.set_owned([a, b].into());
         s.set_owned([a].into());

@@ -52,7 +52,7 @@ pub use rtnl::{hop_entries, table, DUMP_ATTEMPTS};
 /// Why the neighbours or routes of an interface could not be read.
 #[derive(Debug, thiserror::Error)]
 #[error("reading the neighbours and routes of interface {iface:?}: {call}: {source}")]
-pub struct Error {
+pub struct ReadError {
     /// The interface.
     pub iface: String,
     /// What failed: `if_nametoindex`, opening the netlink socket, or one of the dumps.

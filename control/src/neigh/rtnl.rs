@@ -20,7 +20,7 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket};
 use strait_config::model::MacAddr;
 
-use super::Error;
+use super::ReadError;
 use crate::core::Neighbours;
 
 /// `iface`'s resolved neighbours and its routes in the main table, IPv4 and IPv6, as the
@@ -44,14 +44,14 @@ use crate::core::Neighbours;
 /// # Errors
 /// No such interface (`if_nametoindex`), no netlink socket, or a dump failing or
 /// unreadable, or interrupted by changes [`DUMP_ATTEMPTS`] times in a row.
-pub fn table(iface: &str) -> Result<Neighbours, Error> {
+pub fn table(iface: &str) -> Result<Neighbours, ReadError> {
     read(iface, true)
 }
 
 /// [`table`], with the kernel filtering the dumps by interface and table (`kernel_filter`;
 /// routes only where it can) or not (the tests check that both agree, as on a kernel before
 /// 4.20).
-pub(super) fn read(iface: &str, kernel_filter: bool) -> Result<Neighbours, Error> {
+pub(super) fn read(iface: &str, kernel_filter: bool) -> Result<Neighbours, ReadError> {
     let fail = |call| failed(iface, call);
     let (index, mut rtnl) = open(iface, kernel_filter)?;
     for _ in 0..DUMP_ATTEMPTS {
@@ -75,7 +75,7 @@ pub(super) fn read(iface: &str, kernel_filter: bool) -> Result<Neighbours, Error
 }
 
 /// `iface`'s index and a netlink socket (`kernel_filter`: see [`read`]).
-fn open(iface: &str, kernel_filter: bool) -> Result<(u32, Rtnl), Error> {
+fn open(iface: &str, kernel_filter: bool) -> Result<(u32, Rtnl), ReadError> {
     let index = nix::net::if_::if_nametoindex(iface)
         .map_err(|e| failed(iface, "if_nametoindex")(e.into()))?;
     let rtnl = Rtnl::open(kernel_filter).map_err(failed(iface, "socket(NETLINK_ROUTE)"))?;
@@ -83,8 +83,8 @@ fn open(iface: &str, kernel_filter: bool) -> Result<(u32, Rtnl), Error> {
 }
 
 /// The error of `call` on `iface`, from its cause.
-fn failed<'a>(iface: &'a str, call: &'static str) -> impl Fn(io::Error) -> Error + 'a {
-    move |source| Error {
+fn failed<'a>(iface: &'a str, call: &'static str) -> impl Fn(io::Error) -> ReadError + 'a {
+    move |source| ReadError {
         iface: iface.to_owned(),
         call,
         source,
@@ -92,8 +92,8 @@ fn failed<'a>(iface: &'a str, call: &'static str) -> impl Fn(io::Error) -> Error
 }
 
 /// The error of a read whose dumps were interrupted [`DUMP_ATTEMPTS`] times in a row.
-fn interrupted(iface: &str) -> Error {
-    Error {
+fn interrupted(iface: &str) -> ReadError {
+    ReadError {
         iface: iface.to_owned(),
         call: "dumps",
         source: io::Error::other(format!(
@@ -114,7 +114,7 @@ fn interrupted(iface: &str) -> Error {
 ///
 /// # Errors
 /// As [`table`]; and a request failing otherwise than with `ENOENT` (no such entry).
-pub fn hop_entries(iface: &str, targets: &[(IpAddr, bool)]) -> Result<Neighbours, Error> {
+pub fn hop_entries(iface: &str, targets: &[(IpAddr, bool)]) -> Result<Neighbours, ReadError> {
     let fail = |call| failed(iface, call);
     let (index, mut rtnl) = open(iface, true)?;
     let mut n = Neighbours {
