@@ -12,12 +12,6 @@ use crate::hash::hash_words;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default, PartialOrd, Ord)]
 pub struct Proto(pub u8);
 
-impl From<Proto> for u8 {
-    fn from(p: Proto) -> u8 {
-        p.0
-    }
-}
-
 /// IP protocol numbers the dataplane distinguishes.
 pub mod proto {
     use super::Proto;
@@ -62,18 +56,6 @@ impl core::ops::Deref for Addr {
     #[inline(always)]
     fn deref(&self) -> &[u8; 16] {
         &self.0
-    }
-}
-
-impl From<IpAddr> for Addr {
-    fn from(ip: IpAddr) -> Addr {
-        addr_bytes(ip)
-    }
-}
-
-impl From<Addr> for IpAddr {
-    fn from(a: Addr) -> IpAddr {
-        bytes_addr(a)
     }
 }
 
