@@ -1,5 +1,6 @@
 //! What Strait's tests share, in one place for every crate's tests:
 //!
+//! - [`bird`]: BIRD's own parser as the judge of a configuration a test wrote;
 //! - [`config`]: gateway configurations as TOML text, built from the parts a test varies;
 //! - [`privileged`]: the gate of the privileged tests (root and the tools a test drives;
 //!   a loud SKIPPED banner with `STRAIT_SKIP_PRIVILEGED=1`, a panic otherwise);
@@ -19,6 +20,7 @@
 #![deny(unsafe_code)]
 
 pub mod alloc;
+pub mod bird;
 pub mod config;
 pub mod fake_api;
 pub mod harness;
