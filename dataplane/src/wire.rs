@@ -22,6 +22,8 @@ pub mod icmp;
 pub mod ipv4;
 pub mod ipv6;
 pub mod parse;
+#[cfg(test)]
+mod parse_tests;
 pub mod ports;
 pub mod sctp;
 pub mod tcp;

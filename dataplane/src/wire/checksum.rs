@@ -41,6 +41,18 @@ pub fn sum(mut acc: u64, data: &[u8]) -> u64 {
     acc
 }
 
+/// Whether `x` is a multiple of 0xffff, that is, whether a non-zero sum folds to all ones.
+/// By multiplication with the inverse of 0xffff modulo 2^64 (Hacker's Delight, section
+/// 10-17): 0xffff is odd, so the product maps its multiples, and only them, onto
+/// `0..=u64::MAX / 0xffff`. The compiler makes `x % 0xffff == 0` so only where it knows
+/// nothing of `x`; elsewhere it computes the remainder, with a wide multiplication.
+#[inline(always)]
+pub fn is_multiple_of_ffff(x: u64) -> bool {
+    const INVERSE: u64 = 0xfffe_fffe_fffe_ffff;
+    const _: () = assert!(INVERSE.wrapping_mul(0xffff) == 1);
+    x.wrapping_mul(INVERSE) <= u64::MAX / 0xffff
+}
+
 /// Folds a wide sum into 16 bits (end-around carry). Four steps, no loop: after the first
 /// the sum is below 2^33, after the second below 2^18, after the third at most 0x10002, and
 /// the fourth leaves 16 bits.
@@ -120,7 +132,7 @@ pub fn udp_nonzero(c: u16) -> u16 {
 pub fn is_partial(field: u16, pseudo: u64) -> bool {
     // `field == fold(pseudo)`, without the fold: both lie in 1..=0xffff (the pseudo-header
     // sum is never zero), where equal and congruent modulo 0xffff are the same.
-    field != 0 && (pseudo + 0xffff - field as u64).is_multiple_of(0xffff)
+    field != 0 && is_multiple_of_ffff(pseudo + 0xffff - field as u64)
 }
 
 /// Writes the full TCP/UDP checksum into `segment` (the transport header and payload), at
@@ -147,6 +159,34 @@ mod tests {
         let data = [0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7];
         assert_eq!(fold(sum(0, &data)), 0xddf2);
         assert_eq!(checksum(&data), !0xddf2);
+    }
+
+    #[test]
+    fn multiples_of_ffff_are_told_by_the_inverse() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let edges = [
+            0,
+            1,
+            0xfffe,
+            0xffff,
+            0x1_0000,
+            0x1_fffe,
+            u64::MAX,
+            u64::MAX - 0xffff,
+        ];
+        let multiples = (0..4u64).flat_map(|k| [k * 0xffff, (u64::MAX / 0xffff - k) * 0xffff]);
+        for v in edges
+            .into_iter()
+            .chain(multiples)
+            .chain((0..10_000).map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x >> (x % 48)
+            }))
+        {
+            assert_eq!(is_multiple_of_ffff(v), v % 0xffff == 0, "{v:#x}");
+        }
     }
 
     #[test]
