@@ -127,6 +127,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
         be16(self.buf.as_ref(), field::ETHERTYPE)
     }
 
+    /// Whether the outer EtherType is `t`: [`Packet::ethertype`]` == t`, comparing the
+    /// bytes as they lie, which saves a byte swap where a frame is tested for one or two.
+    #[inline(always)]
+    pub fn ethertype_is(&self, t: u16) -> bool {
+        self.buf.as_ref()[field::ETHERTYPE..field::ETHERTYPE + 2] == t.to_be_bytes()
+    }
+
     /// The VLAN id of an 802.1Q-tagged frame.
     pub fn vlan(&self) -> Option<u16> {
         (self.ethertype() == ETHERTYPE_VLAN)

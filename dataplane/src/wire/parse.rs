@@ -54,46 +54,51 @@ pub struct Embedded {
 }
 
 /// What the pipeline needs to know about an IP packet.
+///
+/// `repr(C)`, its fields in an order chosen for the fast path's stores: the four bytes it
+/// writes as constants for a TCP or a UDP packet (`v6`, `frag`, `icmp_type`, `proto`) lie
+/// together, 4-aligned, and are written as one word.
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Parsed {
     /// Offset of the IP header in the frame.
     pub l3: usize,
-    /// IPv6 (else IPv4).
-    pub v6: bool,
+    /// Offset of the upper-layer header in the frame.
+    pub l4: usize,
     /// IP total length (header, extensions and payload); bytes past it are link padding.
     pub ip_len: usize,
     /// Source address (key form: IPv4-mapped for IPv4).
     pub src: Addr,
     /// Destination address (key form).
     pub dst: Addr,
+    /// Transport source port (0 when none).
+    pub src_port: u16,
+    /// Transport destination port (0 when none).
+    pub dst_port: u16,
+    /// IPv6 (else IPv4).
+    pub v6: bool,
+    /// Fragment position.
+    pub frag: Frag,
+    /// ICMP type (ICMP and ICMPv6 only).
+    pub icmp_type: u8,
     /// Upper-layer protocol.
     pub proto: Proto,
-    /// Offset of the upper-layer header in the frame.
-    pub l4: usize,
+    /// TCP flags; for SCTP, the flags its first chunk stands for ([`sctp::flow_flags`]: INIT
+    /// as SYN, ABORT as RST, the shutdowns as FIN, others as ACK), so that the flow table
+    /// follows an association as it follows a connection; 0 for other protocols.
+    pub tcp_flags: u8,
     /// TTL or hop limit.
     pub ttl: u8,
     /// TOS or traffic class.
     pub tos: u8,
     /// IPv4 DF bit (always true for IPv6, which routers never fragment).
     pub df: bool,
-    /// Fragment position.
-    pub frag: Frag,
-    /// Transport source port (0 when none).
-    pub src_port: u16,
-    /// Transport destination port (0 when none).
-    pub dst_port: u16,
-    /// TCP flags; for SCTP, the flags its first chunk stands for ([`sctp::flow_flags`]: INIT
-    /// as SYN, ABORT as RST, the shutdowns as FIN, others as ACK), so that the flow table
-    /// follows an association as it follows a connection; 0 for other protocols.
-    pub tcp_flags: u8,
     /// The TCP/UDP checksum field holds only the pseudo-header sum, as a sender that left the
     /// checksum to its device's offload wrote it (for SCTP: the CRC32c field holds zero):
     /// whoever sends the packet on completes it. Only for unfragmented TCP, UDP and SCTP (a
     /// fragment's segment is not all here, and Linux completes checksums before it
     /// fragments).
     pub l4_partial: bool,
-    /// ICMP type (ICMP and ICMPv6 only).
-    pub icmp_type: u8,
     /// For ICMP errors: the embedded packet.
     pub embedded: Option<Embedded>,
 }
@@ -229,11 +234,11 @@ pub(crate) fn parse_fast(frame: &[u8], p: &mut Parsed) -> bool {
     let Some(h) = frame.first_chunk::<FAST_LEN>() else {
         return false;
     };
-    let ethertype = ethernet::Packet::new_unchecked(&h[..]).ethertype();
-    if ethertype == ethernet::ETHERTYPE_IPV4 {
+    let eth = ethernet::Packet::new_unchecked(&h[..]);
+    if eth.ethertype_is(ethernet::ETHERTYPE_IPV4) {
         return fast_ipv4(h, frame.len(), ethernet::HEADER_LEN, p);
     }
-    if ethertype != ethernet::ETHERTYPE_VLAN {
+    if !eth.ethertype_is(ethernet::ETHERTYPE_VLAN) {
         return false;
     }
     // From the tag on, the bytes lie as in an untagged frame: the inner EtherType where an
@@ -241,7 +246,7 @@ pub(crate) fn parse_fast(frame: &[u8], p: &mut Parsed) -> bool {
     let at = ethernet::VLAN_TAG_LEN;
     match frame[at..].first_chunk::<FAST_LEN>() {
         Some(h)
-            if ethernet::Packet::new_unchecked(&h[..]).ethertype() == ethernet::ETHERTYPE_IPV4 =>
+            if ethernet::Packet::new_unchecked(&h[..]).ethertype_is(ethernet::ETHERTYPE_IPV4) =>
         {
             fast_ipv4(h, frame.len() - at, TAGGED, p)
         }
@@ -263,10 +268,25 @@ fn fast_ipv4(h: &[u8; FAST_LEN], len: usize, l3: usize, p: &mut Parsed) -> bool 
     {
         return false;
     }
-    let total = ip.total_len() as usize;
-    if len < L3 + total {
+    let total = ip.total_len();
+    if len < L3 + total as usize {
         return false;
     }
+    // `p` is written as the fields are read, which keeps few of them in registers at once:
+    // if a later check fails, `parse_generic` writes `p` whole.
+    let (src, dst) = (ip.src(), ip.dst());
+    p.l3 = l3;
+    p.l4 = l3 + ipv4::HEADER_LEN;
+    p.ip_len = total as usize;
+    p.src = v4_mapped(src);
+    p.dst = v4_mapped(dst);
+    p.v6 = false;
+    p.frag = Frag::None;
+    p.icmp_type = 0;
+    p.ttl = ip.ttl();
+    p.tos = ip.tos();
+    p.df = ip.dont_fragment();
+    p.embedded = None;
     // What follows the IP header within its total length; negative for a total length
     // shorter than the header, which then holds no transport header either.
     let room = total as isize - ipv4::HEADER_LEN as isize;
@@ -277,15 +297,11 @@ fn fast_ipv4(h: &[u8; FAST_LEN], len: usize, l3: usize, p: &mut Parsed) -> bool 
             if hl < tcp::HEADER_LEN || hl as isize > room {
                 return false;
             }
-            fast_fill(
-                &ip,
-                l3,
-                proto::TCP,
-                (t.src_port(), t.dst_port()),
-                t.flags(),
-                t.checksum(),
-                p,
-            )
+            p.proto = proto::TCP;
+            (p.src_port, p.dst_port) = (t.src_port(), t.dst_port());
+            p.tcp_flags = t.flags();
+            p.l4_partial = partial_v4(src, dst, proto::TCP, total, t.checksum());
+            true
         }
         proto::UDP => {
             let u = udp::Packet::new_unchecked(&h[L4..L4 + udp::HEADER_LEN]);
@@ -293,53 +309,14 @@ fn fast_ipv4(h: &[u8; FAST_LEN], len: usize, l3: usize, p: &mut Parsed) -> bool 
             if ul < udp::HEADER_LEN || ul as isize > room {
                 return false;
             }
-            fast_fill(
-                &ip,
-                l3,
-                proto::UDP,
-                (u.src_port(), u.dst_port()),
-                0,
-                u.checksum(),
-                p,
-            )
+            p.proto = proto::UDP;
+            (p.src_port, p.dst_port) = (u.src_port(), u.dst_port());
+            p.tcp_flags = 0;
+            p.l4_partial = partial_v4(src, dst, proto::UDP, total, u.checksum());
+            true
         }
         _ => false,
     }
-}
-
-/// The end of [`parse_fast`] for a TCP or UDP header that fits: `p`, every field of it. `csum` is the transport checksum field.
-#[inline(always)]
-fn fast_fill(
-    ip: &ipv4::Packet<&[u8]>,
-    l3: usize,
-    proto: Proto,
-    (src_port, dst_port): (u16, u16),
-    tcp_flags: u8,
-    csum: u16,
-    p: &mut Parsed,
-) -> bool {
-    let (src, dst) = (ip.src(), ip.dst());
-    let total = ip.total_len();
-    *p = Parsed {
-        l3,
-        v6: false,
-        ip_len: total as usize,
-        src: v4_mapped(src),
-        dst: v4_mapped(dst),
-        proto,
-        l4: l3 + ipv4::HEADER_LEN,
-        ttl: ip.ttl(),
-        tos: ip.tos(),
-        df: ip.dont_fragment(),
-        frag: Frag::None,
-        src_port,
-        dst_port,
-        tcp_flags,
-        l4_partial: partial_v4(src, dst, proto, total, csum),
-        icmp_type: 0,
-        embedded: None,
-    };
-    true
 }
 
 /// [`partial`] for an unfragmented IPv4 segment whose IP header has no options (`total` is
