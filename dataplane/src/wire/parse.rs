@@ -15,6 +15,15 @@
 //! CRC32c left to offload (a zero field, [`sctp::is_partial`]); an SCTP checksum is not
 //! otherwise verified here: only a nat rewrite, which must recompute it, checks it first
 //! (the pipeline does), and DSR leaves it to the backend.
+//!
+//! Two paths give the same result. `parse_generic` walks any frame through the protocol
+//! views, each checking its own lengths. Nearly every packet on the path is the same kind
+//! of frame, though: untagged or with one 802.1Q tag, IPv4 without options, not a fragment,
+//! TCP or UDP. `parse_fast` reads such a frame in a straight line (one length check, then
+//! constant offsets, the summary written field by field) and hands anything else, or
+//! anything that fails a check, to `parse_generic`, which then decides as if alone. It
+//! exists for its instruction count, the packet path's budget; the proptest in
+//! `wire/parse_tests.rs` holds it to the generic path's results, field for field.
 
 use super::{checksum, ethernet, icmp, ip_version, ipv4, ipv6, ports, sctp, tcp, udp, Error};
 use crate::key::{proto, v4_mapped, Addr, FlowKey, Proto};
@@ -224,10 +233,10 @@ const FAST_LEN: usize = ethernet::HEADER_LEN + ipv4::HEADER_LEN + tcp::HEADER_LE
 /// options, not a fragment, TCP or UDP whose header fits, a header checksum that verifies.
 /// `true` when the frame is such and `p` holds what [`parse_generic`] would have written;
 /// `false` otherwise (`p` is then meaningless, and [`parse_generic`] decides). Every read is
-/// at a constant offset of one array of [`FAST_LEN`] bytes, so it needs one length check,
-/// and `p` is written field by field rather than reset whole: its ICMP quote alone is
-/// larger than what is written. The equivalence proptest below holds the two paths to the
-/// same results.
+/// at a constant offset of one array of [`FAST_LEN`] bytes, so it needs one length check
+/// (a shorter frame, a UDP datagram of fewer than 12 payload bytes without link padding,
+/// goes the generic way), and `p` is written field by field rather than reset whole: its
+/// ICMP quote alone is larger than what is written.
 #[inline(always)]
 pub(crate) fn parse_fast(frame: &[u8], p: &mut Parsed) -> bool {
     const TAGGED: usize = ethernet::HEADER_LEN + ethernet::VLAN_TAG_LEN;
@@ -349,7 +358,10 @@ fn partial_v4(src: [u8; 4], dst: [u8; 4], proto: Proto, total: u16, csum: u16) -
     checksum::is_partial(ne(csum) as u16, pseudo)
 }
 
-/// [`parse_into`] for every frame: the definition [`parse_fast`] is held to.
+/// [`parse_into`] for every frame: the definition [`parse_fast`] is held to. Out of line,
+/// so that where [`parse_into`] is inlined (the pipeline's staging loop) the fast path
+/// keeps the registers. For a frame of at least [`FAST_LEN`] bytes it writes `p` whole
+/// before it returns, which lets [`parse_fast`] write `p` before its last checks.
 #[inline(never)]
 pub(crate) fn parse_generic(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
     let eth = ethernet::Packet::new_checked(frame).map_err(|_| DropReason::EthTruncated)?;
