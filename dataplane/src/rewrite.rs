@@ -204,20 +204,13 @@ pub fn sctp_intact(d: &[u8], p: &Parsed) -> bool {
 fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &Addr, port: u16, m: Macs) {
     let d = frame.data_mut();
     set_macs(d, m);
-    let (old_addr, new_addr): (&[u8], &[u8]) = if p.v6 {
-        (
-            if dst_side { &p.key.dst.0 } else { &p.key.src.0 },
-            &addr.0[..],
-        )
+    let old_addr = if dst_side { &p.key.dst } else { &p.key.src };
+    // The address's share of every checksum that covers it, summed once (at the address's
+    // size, so without a loop).
+    let addr_change = if p.v6 {
+        checksum::change(old_addr.octets(), addr.octets())
     } else {
-        (
-            if dst_side {
-                &p.key.dst.0[12..]
-            } else {
-                &p.key.src.0[12..]
-            },
-            &addr.0[12..],
-        )
+        checksum::change(&v4_unmapped(old_addr), &v4_unmapped(addr))
     };
     // A later fragment has no transport header: its addresses change, nothing else. The
     // parse checked that any other TCP/UDP packet, a first fragment too, holds the fixed
@@ -237,7 +230,7 @@ fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &Addr, port: u16
         }
         // A partial checksum is not a checksum: updating it would carry the old
         // pseudo-header sum along. It is completed once the addresses and ports are final.
-        let update = |c: u16| update16(update_bytes(c, old_addr, new_addr), old_port, port);
+        let update = |c: u16| checksum::apply(c, addr_change + checksum::change16(old_port, port));
         match p.key.proto {
             proto::TCP if !p.l4_partial => {
                 let mut t = tcp::Packet::new_unchecked(seg);
