@@ -33,6 +33,7 @@ use crate::capture::{Decision, Look, Tap};
 use crate::flow::{FlowState, FlowTable, FlowValue, InsertError, Timeouts};
 use crate::hash::{maglev_hash, SEED_FLOW};
 use crate::key::{is_v4, proto, FlowKey};
+use crate::maglev::Slot;
 use crate::passive::{Failure, Passive, SYN_RETRANSMIT_MIN_MS};
 use crate::rewrite::{self, Encap, EncapError, Frame, Macs, Outer};
 use crate::stats::{Counters, DropReason};
@@ -145,6 +146,9 @@ struct Staged {
     parsed: Parsed,
     hash: u64,
     svc: Option<Option<u32>>,
+    /// The Maglev slot of a frame that opens a connection (a SYN, an SCTP INIT), computed
+    /// once for its prefetch and its warming; `None` for other frames.
+    slot: Option<Slot>,
 }
 
 impl Staged {
@@ -197,11 +201,11 @@ pub const NEW_FLOW_SLOTS: usize = 1 << 16;
 fn flow_hash(parsed: ParseResult<'_>) -> u64 {
     match parsed {
         Ok(Some(p))
-            if matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP)
+            if matches!(p.key.proto, proto::TCP | proto::UDP | proto::SCTP)
                 && p.frag == Frag::None
                 && p.embedded.is_none() =>
         {
-            p.key().hash(SEED_FLOW)
+            p.key.hash(SEED_FLOW)
         }
         _ => 0,
     }
@@ -230,6 +234,7 @@ impl Pipeline {
                     parsed: Parsed::default(),
                     hash: 0,
                     svc: None,
+                    slot: None,
                 };
                 BATCH
             ]
@@ -284,7 +289,10 @@ impl Pipeline {
             // that each frame's result is read where it lies.
             let staged = core::mem::take(&mut self.staged);
             for ((f, v), st) in frames.iter_mut().zip(verdicts.iter_mut()).zip(&staged[..]) {
-                *v = self.finish(t, now, ingress, f, st.parsed(), st.hash, st.svc);
+                *v = match st.svc {
+                    Some(Some(si)) => self.finish_flow(t, now, ingress, f, &st.parsed, st.hash, si),
+                    _ => self.finish(t, now, ingress, f, st.parsed(), st.hash, st.svc),
+                };
             }
             self.staged = staged;
         }
@@ -347,22 +355,25 @@ impl Pipeline {
         for st in &mut self.staged[..frames.len()] {
             let h = st.hash;
             let mut svc = None;
+            st.slot = None;
             if let (Ok(Some(p)), true) = (st.parsed(), h != 0) {
                 let si = t.service_for(&Frontend {
-                    vip: p.dst,
-                    port: p.dst_port,
-                    proto: p.proto,
+                    vip: p.key.dst,
+                    port: p.key.dst_port,
+                    proto: p.key.proto,
                 });
                 if let Some(s) = si.and_then(|si| t.services.get(si as usize)) {
                     crate::hint::prefetch(&s.acl);
                     crate::hint::prefetch(&s.mode);
                     crate::hint::prefetch(&s.affinity_secs);
-                    if matches!(p.proto, proto::TCP | proto::SCTP)
+                    if matches!(p.key.proto, proto::TCP | proto::SCTP)
                         && p.tcp_flags & (flags::SYN | flags::ACK) == flags::SYN
                     {
                         // A connection's first segment (or an SCTP INIT): its flow is almost surely new,
                         // and will need its Maglev slot in pass 2.
-                        s.maglev.prefetch(maglev_hash(h));
+                        let slot = s.maglev.slot(maglev_hash(h));
+                        s.maglev.prefetch(slot);
+                        st.slot = Some(slot);
                     }
                 }
                 svc = Some(si);
@@ -377,7 +388,7 @@ impl Pipeline {
             *rh = 0;
             if st.hash != 0 && !self.flows.prefetch_entry(st.hash) {
                 if let Some(Some(si)) = st.svc {
-                    *rh = warm_new_flow(t, &self.flows, &st.parsed, st.hash, si);
+                    *rh = warm_new_flow(t, &self.flows, &st.parsed, st.hash, si, st.slot);
                     replies |= *rh != 0;
                 }
             }
@@ -432,12 +443,42 @@ impl Pipeline {
     ) -> Verdict {
         self.counters.rx += 1;
         let v = self.step(t, now, ingress, frame, parsed, fh, svc);
+        self.count(v, parsed.ok().flatten());
+        v
+    }
+
+    /// [`Pipeline::finish`] for a frame the staging pass found to be an unfragmented TCP,
+    /// UDP or SCTP packet that is not an ICMP error (it has a flow hash, `fh`) and whose
+    /// frontend is service `si`: nearly every frame of a busy gateway, which so skips the
+    /// tests whose answer the staging pass already knows.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn finish_flow(
+        &mut self,
+        t: &ServiceTable,
+        now: u64,
+        ingress: u8,
+        frame: &mut Frame<'_>,
+        p: &Parsed,
+        fh: u64,
+        si: u32,
+    ) -> Verdict {
+        debug_assert!(p.embedded.is_none() && p.frag == Frag::None);
+        self.counters.rx += 1;
+        let v = self.decide_for_service(t, now, ingress, frame, p, fh, si);
+        self.count(v, Some(p));
+        v
+    }
+
+    /// Counts a frame's verdict (`p`: the frame's parse, if it was an IP packet).
+    #[inline(always)]
+    fn count(&mut self, v: Verdict, p: Option<&Parsed>) {
         match v {
             Verdict::Tx { .. } => {
                 self.counters.tx += 1;
                 // Every rewrite that sends a partial frame's segment on (dsr-l2, nat, the
                 // encapsulations, the too-big answer's quote) completed its checksum.
-                if let Ok(Some(p)) = parsed {
+                if let Some(p) = p {
                     self.counters.checksum_completed += p.l4_partial as u64;
                 }
             }
@@ -445,7 +486,6 @@ impl Pipeline {
             Verdict::Drop(r) => self.counters.drop(r),
             Verdict::Handoff { .. } => self.counters.handoff += 1,
         }
-        v
     }
 
     #[inline(always)]
@@ -468,11 +508,11 @@ impl Pipeline {
         if let Some(e) = &p.embedded {
             return self.icmp_error(t, now, frame, p, e);
         }
-        if !matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP) {
+        if !matches!(p.key.proto, proto::TCP | proto::UDP | proto::SCTP) {
             return Verdict::Pass;
         }
         let si = if p.frag == Frag::Later {
-            match t.fragment_service(&p.dst, p.proto) {
+            match t.fragment_service(&p.key.dst, p.key.proto) {
                 Some(FragmentService::One(i)) => Some(i),
                 Some(FragmentService::Ambiguous) => {
                     return Verdict::Drop(DropReason::FragmentAmbiguous)
@@ -482,26 +522,42 @@ impl Pipeline {
         } else {
             svc.unwrap_or_else(|| {
                 t.service_for(&Frontend {
-                    vip: p.dst,
-                    port: p.dst_port,
-                    proto: p.proto,
+                    vip: p.key.dst,
+                    port: p.key.dst_port,
+                    proto: p.key.proto,
                 })
             })
         };
         let Some(si) = si else {
             return self.maybe_reply(t, now, frame, p, fh);
         };
+        self.decide_for_service(t, now, ingress, frame, p, fh, si)
+    }
+
+    /// The decision for a TCP, UDP or SCTP packet (or a fragment of one) to service `si`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn decide_for_service(
+        &mut self,
+        t: &ServiceTable,
+        now: u64,
+        ingress: u8,
+        frame: &mut Frame<'_>,
+        p: &Parsed,
+        fh: u64,
+        si: u32,
+    ) -> Verdict {
         let s = &t.services[si as usize];
-        if !s.allows(&p.src) {
+        if !s.allows(&p.key.src) {
             return Verdict::Drop(DropReason::SourceNotAllowed);
         }
-        let sctp_nat = p.proto == proto::SCTP && s.mode == Mode::Nat;
+        let sctp_nat = p.key.proto == proto::SCTP && s.mode == Mode::Nat;
         if sctp_nat && p.frag != Frag::None {
             return Verdict::Drop(DropReason::SctpFragment);
         }
         if p.frag != Frag::None {
             self.counters.fragments += 1;
-            let h = maglev_hash(p.key().hash3(SEED_FLOW));
+            let h = maglev_hash(p.key.hash3(SEED_FLOW));
             return match pick(t, s, h) {
                 Some(b) => forward(
                     t,
@@ -517,8 +573,8 @@ impl Pipeline {
                 None => Verdict::Drop(DropReason::NoBackend),
             };
         }
-        if s.mode == Mode::Nat && self.cores > 1 {
-            let owner = owner_core(&p.src, p.src_port, self.cores);
+        if self.cores > 1 && s.mode == Mode::Nat {
+            let owner = owner_core(&p.key.src, p.key.src_port, self.cores);
             if owner != self.core {
                 return Verdict::Handoff { core: owner };
             }
@@ -526,9 +582,9 @@ impl Pipeline {
         if sctp_nat && !rewrite::sctp_intact(frame.data(), p) {
             return Verdict::Drop(DropReason::SctpChecksum);
         }
-        let key = p.key();
+        let key = &p.key;
         debug_assert_eq!(fh, key.hash(SEED_FLOW));
-        let b = match self.established(t, s, &key, fh, now, p, frame) {
+        let b = match self.established(t, s, key, fh, now, p, frame) {
             Ok(b) => b,
             Err(v) => return v,
         };
@@ -560,7 +616,7 @@ impl Pipeline {
         frame: &Frame<'_>,
     ) -> Result<&'t Backend, Verdict> {
         // SCTP too: its first chunk stands for TCP flags (see the module docs).
-        let tcp = matches!(p.proto, proto::TCP | proto::SCTP);
+        let tcp = matches!(p.key.proto, proto::TCP | proto::SCTP);
         let mut stale = None;
         if let Some(v) = self.flows.lookup_hashed(key, fh, now) {
             let reopened = tcp && v.state.reopened_by(p.tcp_flags);
@@ -674,11 +730,11 @@ impl Pipeline {
             self.passive.count(b.id, Failure::Refused);
         }
         let forward = FlowKey {
-            src: p.dst,
+            src: p.key.dst,
             dst: s.frontend.vip,
-            src_port: p.dst_port,
+            src_port: p.key.dst_port,
             dst_port: s.frontend.port,
-            proto: p.proto,
+            proto: p.key.proto,
         };
         if let Some(f) = self.flows.lookup(&forward, now) {
             if f.backend == b.id {
@@ -723,11 +779,11 @@ impl Pipeline {
             return None;
         }
         let akey = FlowKey {
-            src: p.src,
-            dst: p.dst,
+            src: p.key.src,
+            dst: p.key.dst,
             src_port: 0,
-            dst_port: p.dst_port,
-            proto: p.proto,
+            dst_port: p.key.dst_port,
+            proto: p.key.proto,
         };
         let ah = akey.hash(SEED_FLOW);
         if let Some(v) = self.flows.lookup_hashed(&akey, ah, now) {
@@ -769,22 +825,24 @@ impl Pipeline {
         p: &Parsed,
         fh: u64,
     ) -> Verdict {
-        if !t.is_nat_backend(&p.src, p.src_port, p.proto) || t.locals.contains(&p.dst) {
+        if !t.is_nat_backend(&p.key.src, p.key.src_port, p.key.proto)
+            || t.locals.contains(&p.key.dst)
+        {
             return Verdict::Pass;
         }
         if p.frag != Frag::None {
             return Verdict::Drop(DropReason::FragmentedReply);
         }
         if self.cores > 1 {
-            let owner = owner_core(&p.dst, p.dst_port, self.cores);
+            let owner = owner_core(&p.key.dst, p.key.dst_port, self.cores);
             if owner != self.core {
                 return Verdict::Handoff { core: owner };
             }
         }
-        if p.proto == proto::SCTP && !rewrite::sctp_intact(frame.data(), p) {
+        if p.key.proto == proto::SCTP && !rewrite::sctp_intact(frame.data(), p) {
             return Verdict::Drop(DropReason::SctpChecksum);
         }
-        let Some(v) = self.flows.lookup_hashed(&p.key(), fh, now) else {
+        let Some(v) = self.flows.lookup_hashed(&p.key, fh, now) else {
             return Verdict::Drop(DropReason::ReplyNoFlow);
         };
         // The reply goes back as from the frontend of the flow's backend. A backend that has
@@ -797,7 +855,7 @@ impl Pipeline {
         };
         v.touch(now);
         let (mut reset, mut refused) = (false, false);
-        if matches!(p.proto, proto::TCP | proto::SCTP) {
+        if matches!(p.key.proto, proto::TCP | proto::SCTP) {
             reset = p.tcp_flags & flags::RST != 0;
             // The backend's first answer to the client's SYN is a RST (an SCTP INIT's, an
             // ABORT): it refused the connection.
@@ -850,7 +908,7 @@ impl Pipeline {
             return Verdict::Pass;
         };
         let s = &t.services[si as usize];
-        if s.mode == Mode::Nat && self.cores > 1 {
+        if self.cores > 1 && s.mode == Mode::Nat {
             let owner = owner_core(&k.src, k.src_port, self.cores);
             if owner != self.core {
                 return Verdict::Handoff { core: owner };
@@ -951,21 +1009,29 @@ fn record(
 /// tuple's hash in nat mode (so that the caller can prefetch its entry once the bucket is in),
 /// else 0. Pure reads: the decision itself is made later, in order, by [`Pipeline::step`].
 #[inline(always)]
-fn warm_new_flow(t: &ServiceTable, flows: &FlowTable, p: &Parsed, fh: u64, si: u32) -> u64 {
+fn warm_new_flow(
+    t: &ServiceTable,
+    flows: &FlowTable,
+    p: &Parsed,
+    fh: u64,
+    si: u32,
+    slot: Option<Slot>,
+) -> u64 {
     let Some(s) = t.services.get(si as usize) else {
         return 0;
     };
     if s.affinity_secs != 0 {
         return 0;
     }
-    let Some(b) = pick(t, s, maglev_hash(fh)) else {
+    let slot = slot.unwrap_or_else(|| s.maglev.slot(maglev_hash(fh)));
+    let Some(b) = pick_at(t, s, slot) else {
         return 0;
     };
     if s.mode != Mode::Nat {
         core::hint::black_box(b);
         return 0;
     }
-    let rh = reply_key(&p.key(), b).hash(SEED_FLOW);
+    let rh = reply_key(&p.key, b).hash(SEED_FLOW);
     flows.prefetch_bucket(rh);
     rh
 }
@@ -1025,7 +1091,13 @@ impl Pipeline {
 /// The Maglev choice for hash `h` among the service's members.
 #[inline(always)]
 fn pick<'t>(t: &'t ServiceTable, s: &Service, h: u64) -> Option<&'t Backend> {
-    let i = s.maglev.lookup(h)?;
+    pick_at(t, s, s.maglev.slot(h))
+}
+
+/// The Maglev choice in slot `slot` of the service's table.
+#[inline(always)]
+fn pick_at<'t>(t: &'t ServiceTable, s: &Service, slot: Slot) -> Option<&'t Backend> {
+    let i = s.maglev.at(slot)?;
     t.backend(*s.members.get(i)?)
 }
 

@@ -64,9 +64,9 @@ pub struct Embedded {
 
 /// What the pipeline needs to know about an IP packet.
 ///
-/// `repr(C)`, its fields in an order chosen for the fast path's stores: the four bytes it
-/// writes as constants for a TCP or a UDP packet (`v6`, `frag`, `icmp_type`, `proto`) lie
-/// together, 4-aligned, and are written as one word.
+/// `repr(C)`, its fields in an order chosen for the fast path's stores: the bytes it writes
+/// as constants for a TCP or a UDP packet (`v6`, `frag`, `icmp_type`, and `tcp_flags` for
+/// UDP) lie together, and are written as one word.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Parsed {
@@ -76,22 +76,16 @@ pub struct Parsed {
     pub l4: usize,
     /// IP total length (header, extensions and payload); bytes past it are link padding.
     pub ip_len: usize,
-    /// Source address (key form: IPv4-mapped for IPv4).
-    pub src: Addr,
-    /// Destination address (key form).
-    pub dst: Addr,
-    /// Transport source port (0 when none).
-    pub src_port: u16,
-    /// Transport destination port (0 when none).
-    pub dst_port: u16,
+    /// The 5-tuple in the packet's own direction: addresses in key form (IPv4-mapped for
+    /// IPv4), the upper-layer protocol, and the transport ports (0 when none). Kept as the
+    /// flow key itself so that hashing and looking up a packet's flow read it in place.
+    pub key: FlowKey,
     /// IPv6 (else IPv4).
     pub v6: bool,
     /// Fragment position.
     pub frag: Frag,
     /// ICMP type (ICMP and ICMPv6 only).
     pub icmp_type: u8,
-    /// Upper-layer protocol.
-    pub proto: Proto,
     /// TCP flags; for SCTP, the flags its first chunk stands for ([`sctp::flow_flags`]: INIT
     /// as SYN, ABORT as RST, the shutdowns as FIN, others as ACK), so that the flow table
     /// follows an association as it follows a connection; 0 for other protocols.
@@ -110,20 +104,6 @@ pub struct Parsed {
     pub l4_partial: bool,
     /// For ICMP errors: the embedded packet.
     pub embedded: Option<Embedded>,
-}
-
-impl Parsed {
-    /// The 5-tuple in the packet's own direction.
-    #[inline(always)]
-    pub fn key(&self) -> FlowKey {
-        FlowKey {
-            src: self.src,
-            dst: self.dst,
-            src_port: self.src_port,
-            dst_port: self.dst_port,
-            proto: self.proto,
-        }
-    }
 }
 
 impl Embedded {
@@ -295,8 +275,8 @@ fn fast_ipv4(h: &[u8; FAST_LEN], len: usize, l3: usize, p: &mut Parsed) -> bool 
     p.l3 = l3;
     p.l4 = l3 + ipv4::HEADER_LEN;
     p.ip_len = total as usize;
-    p.src = v4_mapped(src);
-    p.dst = v4_mapped(dst);
+    p.key.src = v4_mapped(src);
+    p.key.dst = v4_mapped(dst);
     p.v6 = false;
     p.frag = Frag::None;
     p.icmp_type = 0;
@@ -314,8 +294,8 @@ fn fast_ipv4(h: &[u8; FAST_LEN], len: usize, l3: usize, p: &mut Parsed) -> bool 
             if hl < tcp::HEADER_LEN || hl as isize > room {
                 return false;
             }
-            p.proto = proto::TCP;
-            (p.src_port, p.dst_port) = (t.src_port(), t.dst_port());
+            p.key.proto = proto::TCP;
+            (p.key.src_port, p.key.dst_port) = (t.src_port(), t.dst_port());
             p.tcp_flags = t.flags();
             p.l4_partial = partial_v4(src, dst, proto::TCP, total, t.checksum());
             true
@@ -326,8 +306,8 @@ fn fast_ipv4(h: &[u8; FAST_LEN], len: usize, l3: usize, p: &mut Parsed) -> bool 
             if ul < udp::HEADER_LEN || ul as isize > room {
                 return false;
             }
-            p.proto = proto::UDP;
-            (p.src_port, p.dst_port) = (u.src_port(), u.dst_port());
+            p.key.proto = proto::UDP;
+            (p.key.src_port, p.key.dst_port) = (u.src_port(), u.dst_port());
             p.tcp_flags = 0;
             p.l4_partial = partial_v4(src, dst, proto::UDP, total, u.checksum());
             true
@@ -377,9 +357,9 @@ pub(crate) fn parse_generic(frame: &[u8], p: &mut Parsed) -> Result<bool, DropRe
                 return Err(DropReason::Ipv4HeaderChecksum);
             }
             p.ip_len = ip.total_len() as usize;
-            p.src = v4_mapped(ip.src());
-            p.dst = v4_mapped(ip.dst());
-            p.proto = Proto(ip.protocol());
+            p.key.src = v4_mapped(ip.src());
+            p.key.dst = v4_mapped(ip.dst());
+            p.key.proto = Proto(ip.protocol());
             p.l4 = l3 + ip.header_len();
             p.ttl = ip.ttl();
             p.tos = ip.tos();
@@ -395,9 +375,9 @@ pub(crate) fn parse_generic(frame: &[u8], p: &mut Parsed) -> Result<bool, DropRe
             let up = ip.upper().map_err(|_| DropReason::Ipv6ExtensionHeaders)?;
             p.v6 = true;
             p.ip_len = ip.total_len();
-            p.src = Addr(ip.src());
-            p.dst = Addr(ip.dst());
-            p.proto = Proto(up.protocol);
+            p.key.src = Addr(ip.src());
+            p.key.dst = Addr(ip.dst());
+            p.key.proto = Proto(up.protocol);
             p.l4 = l3 + up.offset;
             p.ttl = ip.hop_limit();
             p.tos = ip.traffic_class();
@@ -414,7 +394,7 @@ pub(crate) fn parse_generic(frame: &[u8], p: &mut Parsed) -> Result<bool, DropRe
         return Ok(true);
     }
     let l4 = &frame[p.l4..p.l3 + p.ip_len];
-    match p.proto {
+    match p.key.proto {
         proto::TCP => {
             // A first fragment must hold the fixed TCP header (ports, flags, checksum); its
             // options may continue in the next fragment. Tinier first fragments are the
@@ -430,7 +410,7 @@ pub(crate) fn parse_generic(frame: &[u8], p: &mut Parsed) -> Result<bool, DropRe
                 p.l4_partial = partial(p, l4.len(), h.checksum());
                 (h.src_port(), h.dst_port(), h.flags())
             };
-            (p.src_port, p.dst_port, p.tcp_flags) = t;
+            (p.key.src_port, p.key.dst_port, p.tcp_flags) = t;
         }
         proto::UDP => {
             if p.frag == Frag::First {
@@ -438,17 +418,17 @@ pub(crate) fn parse_generic(frame: &[u8], p: &mut Parsed) -> Result<bool, DropRe
                     return Err(DropReason::L4Truncated);
                 }
                 let h = udp::Packet::new_unchecked(l4);
-                (p.src_port, p.dst_port) = (h.src_port(), h.dst_port());
+                (p.key.src_port, p.key.dst_port) = (h.src_port(), h.dst_port());
             } else {
                 let h = udp::Packet::new_checked(l4).map_err(|_| DropReason::L4Truncated)?;
                 p.l4_partial = partial(p, l4.len(), h.checksum());
-                (p.src_port, p.dst_port) = (h.src_port(), h.dst_port());
+                (p.key.src_port, p.key.dst_port) = (h.src_port(), h.dst_port());
             }
         }
         proto::SCTP => {
             // The common header, also in a first fragment: ports, tag and checksum.
             let h = sctp::Packet::new_checked(l4).map_err(|_| DropReason::L4Truncated)?;
-            (p.src_port, p.dst_port) = (h.src_port(), h.dst_port());
+            (p.key.src_port, p.key.dst_port) = (h.src_port(), h.dst_port());
             p.tcp_flags = sctp::flow_flags(h.first_chunk());
             p.l4_partial = p.frag == Frag::None && sctp::is_partial(l4);
         }
@@ -460,7 +440,7 @@ pub(crate) fn parse_generic(frame: &[u8], p: &mut Parsed) -> Result<bool, DropRe
             } else {
                 icmp::is_error_v4(p.icmp_type)
             };
-            if is_error && (p.proto == proto::ICMPV6) == p.v6 {
+            if is_error && (p.key.proto == proto::ICMPV6) == p.v6 {
                 p.embedded = embedded(frame, p.l4 + icmp::HEADER_LEN, p.l3 + p.ip_len)?;
             }
         }
@@ -525,9 +505,9 @@ fn partial(p: &Parsed, len: usize, csum: u16) -> bool {
     let len = len as u32;
     // One call per family, so that each sums addresses of a size known here.
     let pseudo = if p.v6 {
-        checksum::pseudo_header(p.src.octets(), p.dst.octets(), p.proto.0, len)
+        checksum::pseudo_header(p.key.src.octets(), p.key.dst.octets(), p.key.proto.0, len)
     } else {
-        checksum::pseudo_header(&p.src.0[12..], &p.dst.0[12..], p.proto.0, len)
+        checksum::pseudo_header(&p.key.src.0[12..], &p.key.dst.0[12..], p.key.proto.0, len)
     };
     checksum::is_partial(csum, pseudo)
 }

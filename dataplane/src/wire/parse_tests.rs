@@ -16,7 +16,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use super::parse::{parse_fast, parse_generic, parse_into, Embedded, Frag, Parsed};
-use crate::key::{Addr, Proto};
+use crate::key::{Addr, FlowKey, Proto};
 use crate::stats::DropReason;
 
 /// A summary with every field away from its default, as a frame of another kind leaves it
@@ -26,16 +26,18 @@ fn stale() -> Parsed {
         l3: 99,
         v6: true,
         ip_len: 9999,
-        src: Addr([0xaa; 16]),
-        dst: Addr([0xbb; 16]),
-        proto: Proto(58),
+        key: FlowKey {
+            src: Addr([0xaa; 16]),
+            dst: Addr([0xbb; 16]),
+            src_port: 3,
+            dst_port: 4,
+            proto: Proto(58),
+        },
         l4: 77,
         ttl: 1,
         tos: 2,
         df: true,
         frag: Frag::Later,
-        src_port: 3,
-        dst_port: 4,
         tcp_flags: 0xff,
         l4_partial: true,
         icmp_type: 5,
