@@ -44,8 +44,9 @@ pub fn sum(mut acc: u64, data: &[u8]) -> u64 {
 /// Whether `x` is a multiple of 0xffff, that is, whether a non-zero sum folds to all ones.
 /// By multiplication with the inverse of 0xffff modulo 2^64 (Hacker's Delight, section
 /// 10-17): 0xffff is odd, so the product maps its multiples, and only them, onto
-/// `0..=u64::MAX / 0xffff`. The compiler makes `x % 0xffff == 0` so only where it knows
-/// nothing of `x`; elsewhere it computes the remainder, with a wide multiplication.
+/// `0..=u64::MAX / 0xffff`. Written out because the compiler does not always turn
+/// `x % 0xffff == 0` into this: for the IPv4 header's sum it computes the remainder, with a
+/// wide multiplication and a subtraction.
 #[inline(always)]
 pub fn is_multiple_of_ffff(x: u64) -> bool {
     const INVERSE: u64 = 0xfffe_fffe_fffe_ffff;
