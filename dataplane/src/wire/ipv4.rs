@@ -142,10 +142,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
     #[inline(always)]
     pub fn verify_checksum(&self) -> bool {
         let b = self.buf.as_ref();
+        // A view that does not hold its header (never one `new_checked` made) fails.
         let Some((fixed, rest)) = b.split_first_chunk::<HEADER_LEN>() else {
             return false;
         };
-        let options = &rest[..self.header_len() - HEADER_LEN];
+        let Some(options) = rest.get(..self.header_len().saturating_sub(HEADER_LEN)) else {
+            return false;
+        };
         let w = |c: &[u8; 4]| u32::from_ne_bytes(*c) as u64;
         let mut acc: u64 = fixed.as_chunks::<4>().0.iter().map(w).sum();
         for c in options.as_chunks::<4>().0 {
@@ -356,6 +359,18 @@ mod tests {
             b[hl] ^= 0xff;
             assert!(Packet::new_checked(&b[..]).unwrap().verify_checksum());
         }
+    }
+
+    #[test]
+    fn verify_checksum_of_a_view_without_its_header_fails_without_panic() {
+        let b = with_checksum();
+        assert!(!Packet::new_unchecked(&b[..19]).verify_checksum());
+        let mut long = b;
+        long[0] = 0x4f; // 40 bytes of options, past the 40-byte buffer
+        assert!(!Packet::new_unchecked(&long[..]).verify_checksum());
+        let mut short = b;
+        short[0] = 0x44; // IHL 4
+        let _ = Packet::new_unchecked(&short[..]).verify_checksum();
     }
 
     #[test]
