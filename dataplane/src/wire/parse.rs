@@ -295,7 +295,7 @@ fn fast_ipv4(h: &[u8; FAST_LEN], len: usize, l3: usize, p: &mut Parsed) -> bool 
                 return false;
             }
             p.key.proto = proto::TCP;
-            (p.key.src_port, p.key.dst_port) = (t.src_port(), t.dst_port());
+            (p.key.src_port, p.key.dst_port) = t.ports().pair();
             p.tcp_flags = t.flags();
             p.l4_partial = partial_v4(src, dst, proto::TCP, total, t.checksum());
             true
@@ -307,7 +307,7 @@ fn fast_ipv4(h: &[u8; FAST_LEN], len: usize, l3: usize, p: &mut Parsed) -> bool 
                 return false;
             }
             p.key.proto = proto::UDP;
-            (p.key.src_port, p.key.dst_port) = (u.src_port(), u.dst_port());
+            (p.key.src_port, p.key.dst_port) = u.ports().pair();
             p.tcp_flags = 0;
             p.l4_partial = partial_v4(src, dst, proto::UDP, total, u.checksum());
             true

@@ -6,7 +6,7 @@
 //! quotes at least these bytes of the packet that caused it, RFC 792), it reads them through
 //! this view instead of choosing among three views that agree on these four bytes.
 
-use super::{get16, set16, Error, Field};
+use super::{get16, get32, set16, Error, Field};
 
 /// Length of the two ports.
 pub const LEN: usize = field::DST_PORT.end;
@@ -53,6 +53,17 @@ impl<T: AsRef<[u8]>> Packet<T> {
     #[inline(always)]
     pub fn dst_port(&self) -> u16 {
         get16(self.buf.as_ref(), field::DST_PORT)
+    }
+
+    /// Source and destination port, read as one 32-bit word: one load and one byte swap
+    /// for both.
+    #[inline(always)]
+    pub fn pair(&self) -> (u16, u16) {
+        let w = get32(
+            self.buf.as_ref(),
+            field::SRC_PORT.start..field::DST_PORT.end,
+        );
+        ((w >> 16) as u16, w as u16)
     }
 }
 
@@ -125,6 +136,7 @@ mod tests {
         let mut b = [0xc0, 0x01, 0x00, 0x50, 0xff];
         let p = Packet::new_checked(&b[..]).unwrap();
         assert_eq!((p.src_port(), p.dst_port()), (49153, 80));
+        assert_eq!(p.pair(), (49153, 80));
         let mut p = Packet::new_checked(&mut b[..]).unwrap();
         p.set_src_port(8443);
         p.set_dst_port(53);
