@@ -212,6 +212,7 @@ impl Builder {
         let mut live: HashSet<BackendKey> = HashSet::new();
         let mut used: HashMap<MaglevInput, Arc<maglev::Table>> = HashMap::new();
         t.services.reserve(cfg.services.len());
+        t.frontends.reserve(cfg.services.len());
         for (si, s) in cfg.services.iter().enumerate() {
             let svc = self.make_service(&mut t, si as u32, s, &down, &mut live, &mut used)?;
             self.slots.insert(s.name.clone(), si as u32);
@@ -352,7 +353,7 @@ impl Builder {
                 continue;
             };
             let f = frontend_of(s);
-            if let Some(&other) = t.frontends.get(&f) {
+            if let Some(other) = t.frontends.get(&f) {
                 return Err(TableError::FrontendTaken {
                     service: s.name.clone(),
                     other: t.services[other as usize].name.clone(),
@@ -541,7 +542,7 @@ impl Builder {
         left: &mut Vec<BackendKey>,
     ) {
         let f = old.frontend;
-        if t.frontends.get(&f) == Some(&si) {
+        if t.frontends.get(&f) == Some(si) {
             t.frontends.remove(&f);
         }
         let vk = (f.vip, f.proto);
