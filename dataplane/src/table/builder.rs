@@ -353,7 +353,7 @@ impl Builder {
                 continue;
             };
             let f = frontend_of(s);
-            if let Some(other) = t.frontends.get(&f) {
+            if let Some(other) = t.frontends.get(&f.vip, f.port, f.proto) {
                 return Err(TableError::FrontendTaken {
                     service: s.name.clone(),
                     other: t.services[other as usize].name.clone(),
@@ -482,9 +482,13 @@ impl Builder {
                 t.backends.resize(slot + 1, None);
             }
             if s.mode == Mode::Nat {
-                *t.nat_backends
-                    .entry((entry.addr, entry.port, frontend.proto))
-                    .or_insert(0) += 1;
+                let (a, p, pr) = (entry.addr, entry.port, frontend.proto);
+                match t.nat_backends.get_mut(&a, p, pr) {
+                    Some(n) => *n += 1,
+                    None => {
+                        t.nat_backends.insert(a, p, pr, 1);
+                    }
+                }
             }
             t.backends[slot] = Some(entry);
         }
@@ -508,7 +512,8 @@ impl Builder {
             .iter()
             .map(|n| Prefix::new(n.addr(), n.prefix_len()))
             .collect();
-        t.frontends.insert(frontend, si);
+        t.frontends
+            .insert(frontend.vip, frontend.port, frontend.proto, si);
         self.vips
             .entry((frontend.vip, frontend.proto))
             .or_default()
@@ -542,8 +547,8 @@ impl Builder {
         left: &mut Vec<BackendKey>,
     ) {
         let f = old.frontend;
-        if t.frontends.get(&f) == Some(si) {
-            t.frontends.remove(&f);
+        if t.frontends.get(&f.vip, f.port, f.proto) == Some(si) {
+            t.frontends.remove(&f.vip, f.port, f.proto);
         }
         let vk = (f.vip, f.proto);
         if let Some(v) = self.vips.get_mut(&vk) {
@@ -553,11 +558,10 @@ impl Builder {
         for &id in &old.backends {
             let Some(b) = prev.backend(id) else { continue };
             if old.mode == Mode::Nat {
-                let k = (b.addr, b.port, f.proto);
-                if let Some(n) = t.nat_backends.get_mut(&k) {
+                if let Some(n) = t.nat_backends.get_mut(&b.addr, b.port, f.proto) {
                     *n -= 1;
                     if *n == 0 {
-                        t.nat_backends.remove(&k);
+                        t.nat_backends.remove(&b.addr, b.port, f.proto);
                     }
                 }
             }
@@ -578,7 +582,8 @@ impl Builder {
         to: u32,
         touched: &mut Vec<(Addr, Proto)>,
     ) {
-        if let Some(v) = t.frontends.get_mut(&s.frontend) {
+        let f = s.frontend;
+        if let Some(v) = t.frontends.get_mut(&f.vip, f.port, f.proto) {
             *v = to;
         }
         let vk = (s.frontend.vip, s.frontend.proto);

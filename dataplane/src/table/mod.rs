@@ -28,12 +28,12 @@ use crate::maglev;
 use crate::wire::ethernet::Address as Mac;
 
 mod builder;
-mod frontends;
+mod endpoints;
 #[cfg(test)]
 mod tests;
 
 pub use builder::{Builder, Change, TableError};
-use frontends::Frontends;
+use endpoints::Endpoints;
 
 /// A frontend: what a client addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -332,11 +332,13 @@ pub struct ServiceTable {
     /// One past the highest [`Service::id`] the builder has handed out: the length of an
     /// array indexed by service id that covers every service of this table.
     pub service_ids: u32,
-    /// Frontend to service index, probed once per packet ([`frontends`]).
-    frontends: Frontends,
+    /// Frontend (VIP, port, protocol) to service index, probed by every packet
+    /// ([`endpoints`]).
+    frontends: Endpoints,
     by_vip_proto: HashMap<(Addr, Proto), VipProto>,
-    /// nat backends (address, port, protocol), each with the number of services that have it.
-    nat_backends: HashMap<(Addr, u16, Proto), u32>,
+    /// nat backends (address, port, protocol), each with the number of services that have
+    /// it; probed by every packet to no frontend ([`endpoints`]).
+    nat_backends: Endpoints,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -398,16 +400,16 @@ impl ServiceTable {
             timeouts: Timeouts::default(),
             locals: Vec::new(),
             service_ids: 0,
-            frontends: Frontends::new(),
+            frontends: Endpoints::new(),
             by_vip_proto: HashMap::new(),
-            nat_backends: HashMap::new(),
+            nat_backends: Endpoints::new(),
         }
     }
 
     /// The service index for a frontend.
     #[inline(always)]
     pub fn service_for(&self, f: &Frontend) -> Option<u32> {
-        self.frontends.get(f)
+        self.frontends.get(&f.vip, f.port, f.proto)
     }
 
     /// The service for a non-first fragment (which has no ports) to `vip` with `proto`.
@@ -422,7 +424,7 @@ impl ServiceTable {
     /// Whether a packet from `addr:port` over `proto` may be a nat reply.
     #[inline(always)]
     pub fn is_nat_backend(&self, addr: &Addr, port: u16, proto: Proto) -> bool {
-        !self.nat_backends.is_empty() && self.nat_backends.contains_key(&(*addr, port, proto))
+        !self.nat_backends.is_empty() && self.nat_backends.get(addr, port, proto).is_some()
     }
 
     /// The backend of frontend `f` at `addr:port`, if this table has it: how a flow learnt
