@@ -4,16 +4,16 @@
 //! protocol to service index), probed by every packet, and the nat backends (address, port,
 //! protocol to the number of services that have them), probed by every packet to no
 //! frontend, which is how a nat reply is told from the kernel's traffic. Both are written
-//! only by the table builder, off the packet path, and read by every packet, so the index is
-//! laid out for the read: one flat array of slots, each holding the whole key and its value
+//! only by the table builder, off the packet path, and read on it, so the index is laid out
+//! for the read: one flat array of slots, each holding the whole key and its value
 //! (24 bytes), sized to a power of two at a load of at most one half, and probed linearly
 //! from the slot the hash names. A general map pays per lookup for what it must be able to
 //! do (a keyed hasher fed field by field, control bytes, groups, a second load for the
-//! entry); here a lookup is one multiply and, almost always, one slot whose key is compared
-//! as two 64-bit words and one 32-bit word. The hash is multiplicative (Knuth's Fibonacci
-//! hashing: the product's top bits index the array): it needs no seed because the keys are
-//! the operator's configuration, not a client's choice, and the top bits of a product depend
-//! on every bit of the factor. The factor folds the address's two halves into one word (an
+//! entry); here a lookup is one multiply and, almost always, one slot whose key (two 64-bit
+//! words and a 32-bit one) is compared with one branch. The hash is multiplicative (Knuth's
+//! Fibonacci hashing: the product's top bits index the array): it needs no seed because the
+//! keys are the operator's configuration, not a client's choice, and the top bits of a
+//! product depend on every bit of the factor. The factor folds the address's two halves into one word (an
 //! IPv4-mapped address's first half is zero, so IPv4 keys hash by address, port and
 //! protocol alone, without collisions before the multiply; IPv6 addresses that differ in
 //! either half still spread). At a load of at most one half a hit probes about 1.5 slots on
