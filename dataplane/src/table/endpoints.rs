@@ -13,15 +13,15 @@
 //! words and a 32-bit one) is compared with one branch. The hash is multiplicative (Knuth's
 //! Fibonacci hashing: the product's top bits index the array): it needs no seed because the
 //! keys are the operator's configuration, not a client's choice, and the top bits of a
-//! product depend on every bit of the factor. The factor folds the address's two halves into one word (an
-//! IPv4-mapped address's first half is zero, so IPv4 keys hash by address, port and
-//! protocol alone, without collisions before the multiply; IPv6 addresses that differ in
-//! either half still spread). At a load of at most one half a hit probes about 1.5 slots on
-//! average (one, for the evenly spaced VIPs and ports operators configure) and a miss ends
-//! at the first empty slot; a thousand entries take 48 KB, which stays in the cache. The
-//! builder updates tables in place ([`super::Builder::update`]), so the index takes
-//! insertions and removals too (removal shifts the following entries back, as linear probing
-//! needs, leaving no tombstones).
+//! product depend on every bit of the factor. The factor folds the address's two halves
+//! into one word (an IPv4-mapped address's first half is zero, so IPv4 keys hash by
+//! address, port and protocol alone, without collisions before the multiply; IPv6
+//! addresses that differ in either half still spread). At a load of at most one half a hit
+//! probes about 1.5 slots on average (one, for the evenly spaced VIPs and ports operators
+//! configure) and a miss ends at the first empty slot; a thousand entries take 48 KB, which
+//! stays in the cache. The builder updates tables in place ([`super::Builder::update`]), so
+//! the index takes insertions and removals too (removal shifts the following entries back,
+//! as linear probing needs, leaving no tombstones).
 
 use core::fmt;
 
@@ -362,7 +362,8 @@ mod tests {
             let mut model: HashMap<K, u32> = HashMap::new();
             let mut index = Endpoints::new();
             for (i, &(a, p, pr)) in inserts.iter().enumerate() {
-                prop_assert_eq!(index.insert(a, p, pr, i as u32), model.insert((a, p, pr), i as u32));
+                let v = i as u32;
+                prop_assert_eq!(index.insert(a, p, pr, v), model.insert((a, p, pr), v));
             }
             prop_assert_eq!(index.len(), model.len());
             for k in &inserts {
@@ -371,7 +372,8 @@ mod tests {
             if !inserts.is_empty() {
                 for r in &removes {
                     let k = r.get(&inserts);
-                    prop_assert_eq!(index.remove(&k.0, k.1, k.2), model.remove(k), "remove {:?}", k);
+                    let removed = index.remove(&k.0, k.1, k.2);
+                    prop_assert_eq!(removed, model.remove(k), "remove {:?}", k);
                 }
             }
             prop_assert_eq!(index.len(), model.len());
