@@ -791,9 +791,9 @@ impl Tap {
         }
         match parsed {
             Ok(Some(p)) => {
-                let ports =
-                    (p.src_port != 0 || p.dst_port != 0).then_some((p.src_port, p.dst_port));
-                self.filter.matches(&p.src, &p.dst, ports)
+                let ports = (p.key.src_port != 0 || p.key.dst_port != 0)
+                    .then_some((p.key.src_port, p.key.dst_port));
+                self.filter.matches(&p.key.src, &p.key.dst, ports)
             }
             _ => crate::wire::parse::claimed(frame)
                 .is_some_and(|c| self.filter.matches(&c.src, &c.dst, None)),
@@ -956,9 +956,9 @@ fn describe<'t>(
     };
     let mut si = svc.flatten().or_else(|| {
         t.service_for(&Frontend {
-            vip: p.dst,
-            port: p.dst_port,
-            proto: p.proto,
+            vip: p.key.dst,
+            port: p.key.dst_port,
+            proto: p.key.proto,
         })
     });
     if !matches!(v, Decision::Tx { .. }) {
@@ -975,10 +975,13 @@ fn describe<'t>(
         let f = Frontend {
             vip: o.src,
             port: sport,
-            proto: p.proto,
+            proto: p.key.proto,
         };
         si = t.service_for(&f);
-        return (si, si.and_then(|_| t.backend_at(&f, &p.src, p.src_port)));
+        return (
+            si,
+            si.and_then(|_| t.backend_at(&f, &p.key.src, p.key.src_port)),
+        );
     }
     let Some(s) = si.and_then(|si| t.services.get(si as usize)) else {
         return (si, None);

@@ -1199,7 +1199,9 @@ fn line_has_of(line: &[Tags], tag: Tag) -> bool {
 /// compiler's vectorisation of the plain loop took 14 instructions a call).
 #[inline(always)]
 fn tag_mask(tags: &[Tag; WAYS], tag: Tag) -> u32 {
-    crate::hint::eq_mask_u16x8(tags, tag)
+    // The mask has a bit per way and no other; saying so lets the compiler see that a set
+    // bit's index is a way, with no bounds check where it indexes the bucket.
+    crate::hint::eq_mask_u16x8(tags, tag) & ((1 << WAYS) - 1)
 }
 
 #[cfg(test)]

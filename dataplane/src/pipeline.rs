@@ -197,11 +197,11 @@ pub const NEW_FLOW_SLOTS: usize = 1 << 16;
 fn flow_hash(parsed: ParseResult<'_>) -> u64 {
     match parsed {
         Ok(Some(p))
-            if matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP)
+            if matches!(p.key.proto, proto::TCP | proto::UDP | proto::SCTP)
                 && p.frag == Frag::None
                 && p.embedded.is_none() =>
         {
-            p.key().hash(SEED_FLOW)
+            p.key.hash(SEED_FLOW)
         }
         _ => 0,
     }
@@ -349,15 +349,15 @@ impl Pipeline {
             let mut svc = None;
             if let (Ok(Some(p)), true) = (st.parsed(), h != 0) {
                 let si = t.service_for(&Frontend {
-                    vip: p.dst,
-                    port: p.dst_port,
-                    proto: p.proto,
+                    vip: p.key.dst,
+                    port: p.key.dst_port,
+                    proto: p.key.proto,
                 });
                 if let Some(s) = si.and_then(|si| t.services.get(si as usize)) {
                     crate::hint::prefetch(&s.acl);
                     crate::hint::prefetch(&s.mode);
                     crate::hint::prefetch(&s.affinity_secs);
-                    if matches!(p.proto, proto::TCP | proto::SCTP)
+                    if matches!(p.key.proto, proto::TCP | proto::SCTP)
                         && p.tcp_flags & (flags::SYN | flags::ACK) == flags::SYN
                     {
                         // A connection's first segment (or an SCTP INIT): its flow is almost surely new,
@@ -468,11 +468,11 @@ impl Pipeline {
         if let Some(e) = &p.embedded {
             return self.icmp_error(t, now, frame, p, e);
         }
-        if !matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP) {
+        if !matches!(p.key.proto, proto::TCP | proto::UDP | proto::SCTP) {
             return Verdict::Pass;
         }
         let si = if p.frag == Frag::Later {
-            match t.fragment_service(&p.dst, p.proto) {
+            match t.fragment_service(&p.key.dst, p.key.proto) {
                 Some(FragmentService::One(i)) => Some(i),
                 Some(FragmentService::Ambiguous) => {
                     return Verdict::Drop(DropReason::FragmentAmbiguous)
@@ -482,9 +482,9 @@ impl Pipeline {
         } else {
             svc.unwrap_or_else(|| {
                 t.service_for(&Frontend {
-                    vip: p.dst,
-                    port: p.dst_port,
-                    proto: p.proto,
+                    vip: p.key.dst,
+                    port: p.key.dst_port,
+                    proto: p.key.proto,
                 })
             })
         };
@@ -492,16 +492,16 @@ impl Pipeline {
             return self.maybe_reply(t, now, frame, p, fh);
         };
         let s = &t.services[si as usize];
-        if !s.allows(&p.src) {
+        if !s.allows(&p.key.src) {
             return Verdict::Drop(DropReason::SourceNotAllowed);
         }
-        let sctp_nat = p.proto == proto::SCTP && s.mode == Mode::Nat;
+        let sctp_nat = p.key.proto == proto::SCTP && s.mode == Mode::Nat;
         if sctp_nat && p.frag != Frag::None {
             return Verdict::Drop(DropReason::SctpFragment);
         }
         if p.frag != Frag::None {
             self.counters.fragments += 1;
-            let h = maglev_hash(p.key().hash3(SEED_FLOW));
+            let h = maglev_hash(p.key.hash3(SEED_FLOW));
             return match pick(t, s, h) {
                 Some(b) => forward(
                     t,
@@ -518,7 +518,7 @@ impl Pipeline {
             };
         }
         if s.mode == Mode::Nat && self.cores > 1 {
-            let owner = owner_core(&p.src, p.src_port, self.cores);
+            let owner = owner_core(&p.key.src, p.key.src_port, self.cores);
             if owner != self.core {
                 return Verdict::Handoff { core: owner };
             }
@@ -526,9 +526,9 @@ impl Pipeline {
         if sctp_nat && !rewrite::sctp_intact(frame.data(), p) {
             return Verdict::Drop(DropReason::SctpChecksum);
         }
-        let key = p.key();
+        let key = &p.key;
         debug_assert_eq!(fh, key.hash(SEED_FLOW));
-        let b = match self.established(t, s, &key, fh, now, p, frame) {
+        let b = match self.established(t, s, key, fh, now, p, frame) {
             Ok(b) => b,
             Err(v) => return v,
         };
@@ -560,7 +560,7 @@ impl Pipeline {
         frame: &Frame<'_>,
     ) -> Result<&'t Backend, Verdict> {
         // SCTP too: its first chunk stands for TCP flags (see the module docs).
-        let tcp = matches!(p.proto, proto::TCP | proto::SCTP);
+        let tcp = matches!(p.key.proto, proto::TCP | proto::SCTP);
         let mut stale = None;
         if let Some(v) = self.flows.lookup_hashed(key, fh, now) {
             let reopened = tcp && v.state.reopened_by(p.tcp_flags);
@@ -674,11 +674,11 @@ impl Pipeline {
             self.passive.count(b.id, Failure::Refused);
         }
         let forward = FlowKey {
-            src: p.dst,
+            src: p.key.dst,
             dst: s.frontend.vip,
-            src_port: p.dst_port,
+            src_port: p.key.dst_port,
             dst_port: s.frontend.port,
-            proto: p.proto,
+            proto: p.key.proto,
         };
         if let Some(f) = self.flows.lookup(&forward, now) {
             if f.backend == b.id {
@@ -723,11 +723,11 @@ impl Pipeline {
             return None;
         }
         let akey = FlowKey {
-            src: p.src,
-            dst: p.dst,
+            src: p.key.src,
+            dst: p.key.dst,
             src_port: 0,
-            dst_port: p.dst_port,
-            proto: p.proto,
+            dst_port: p.key.dst_port,
+            proto: p.key.proto,
         };
         let ah = akey.hash(SEED_FLOW);
         if let Some(v) = self.flows.lookup_hashed(&akey, ah, now) {
@@ -769,22 +769,24 @@ impl Pipeline {
         p: &Parsed,
         fh: u64,
     ) -> Verdict {
-        if !t.is_nat_backend(&p.src, p.src_port, p.proto) || t.locals.contains(&p.dst) {
+        if !t.is_nat_backend(&p.key.src, p.key.src_port, p.key.proto)
+            || t.locals.contains(&p.key.dst)
+        {
             return Verdict::Pass;
         }
         if p.frag != Frag::None {
             return Verdict::Drop(DropReason::FragmentedReply);
         }
         if self.cores > 1 {
-            let owner = owner_core(&p.dst, p.dst_port, self.cores);
+            let owner = owner_core(&p.key.dst, p.key.dst_port, self.cores);
             if owner != self.core {
                 return Verdict::Handoff { core: owner };
             }
         }
-        if p.proto == proto::SCTP && !rewrite::sctp_intact(frame.data(), p) {
+        if p.key.proto == proto::SCTP && !rewrite::sctp_intact(frame.data(), p) {
             return Verdict::Drop(DropReason::SctpChecksum);
         }
-        let Some(v) = self.flows.lookup_hashed(&p.key(), fh, now) else {
+        let Some(v) = self.flows.lookup_hashed(&p.key, fh, now) else {
             return Verdict::Drop(DropReason::ReplyNoFlow);
         };
         // The reply goes back as from the frontend of the flow's backend. A backend that has
@@ -797,7 +799,7 @@ impl Pipeline {
         };
         v.touch(now);
         let (mut reset, mut refused) = (false, false);
-        if matches!(p.proto, proto::TCP | proto::SCTP) {
+        if matches!(p.key.proto, proto::TCP | proto::SCTP) {
             reset = p.tcp_flags & flags::RST != 0;
             // The backend's first answer to the client's SYN is a RST (an SCTP INIT's, an
             // ABORT): it refused the connection.
@@ -965,7 +967,7 @@ fn warm_new_flow(t: &ServiceTable, flows: &FlowTable, p: &Parsed, fh: u64, si: u
         core::hint::black_box(b);
         return 0;
     }
-    let rh = reply_key(&p.key(), b).hash(SEED_FLOW);
+    let rh = reply_key(&p.key, b).hash(SEED_FLOW);
     flows.prefetch_bucket(rh);
     rh
 }

@@ -158,20 +158,20 @@ pub fn complete_partial(data: &mut [u8]) -> bool {
 #[inline(never)]
 fn complete_l4(d: &mut [u8], p: &Parsed) {
     debug_assert!(p.l4_partial && p.frag == Frag::None);
-    if p.proto == proto::SCTP {
+    if p.key.proto == proto::SCTP {
         return sctp_checksum(d, p);
     }
     let end = p.l3 + p.ip_len;
     let len = (end - p.l4) as u32;
     let pseudo = if p.v6 {
         let ip = ipv6::Packet::new_unchecked(&d[p.l3..]);
-        checksum::pseudo_header(&ip.src(), &ip.dst(), p.proto.0, len)
+        checksum::pseudo_header(&ip.src(), &ip.dst(), p.key.proto.0, len)
     } else {
         let ip = ipv4::Packet::new_unchecked(&d[p.l3..]);
-        checksum::pseudo_header(&ip.src(), &ip.dst(), p.proto.0, len)
+        checksum::pseudo_header(&ip.src(), &ip.dst(), p.key.proto.0, len)
     };
     let segment = &mut d[p.l4..end];
-    if p.proto == proto::TCP {
+    if p.key.proto == proto::TCP {
         tcp::Packet::new_unchecked(segment).fill_checksum(pseudo);
     } else {
         udp::Packet::new_unchecked(segment).fill_checksum(pseudo);
@@ -182,7 +182,7 @@ fn complete_l4(d: &mut [u8], p: &Parsed) {
 /// the packet (link padding excluded).
 #[inline]
 fn sctp_checksum(d: &mut [u8], p: &Parsed) {
-    debug_assert!(p.proto == proto::SCTP && p.frag == Frag::None);
+    debug_assert!(p.key.proto == proto::SCTP && p.frag == Frag::None);
     sctp::fill_checksum(&mut d[p.l4..p.l3 + p.ip_len]);
 }
 
@@ -192,7 +192,7 @@ fn sctp_checksum(d: &mut [u8], p: &Parsed) {
 /// the packet.
 #[inline]
 pub fn sctp_intact(d: &[u8], p: &Parsed) -> bool {
-    debug_assert!(p.proto == proto::SCTP && p.frag == Frag::None);
+    debug_assert!(p.key.proto == proto::SCTP && p.frag == Frag::None);
     p.l4_partial || sctp::verify(&d[p.l4..p.l3 + p.ip_len])
 }
 
@@ -204,22 +204,18 @@ pub fn sctp_intact(d: &[u8], p: &Parsed) -> bool {
 fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &Addr, port: u16, m: Macs) {
     let d = frame.data_mut();
     set_macs(d, m);
-    let (old_addr, new_addr): (&[u8], &[u8]) = if p.v6 {
-        (if dst_side { &p.dst.0 } else { &p.src.0 }, &addr.0[..])
+    let old_addr = if dst_side { &p.key.dst } else { &p.key.src };
+    // The address's share of every checksum that covers it, summed once (at the address's
+    // size, so without a loop).
+    let addr_change = if p.v6 {
+        checksum::change(old_addr.octets(), addr.octets())
     } else {
-        (
-            if dst_side {
-                &p.dst.0[12..]
-            } else {
-                &p.src.0[12..]
-            },
-            &addr.0[12..],
-        )
+        checksum::change(&v4_unmapped(old_addr), &v4_unmapped(addr))
     };
     // A later fragment has no transport header: its addresses change, nothing else. The
     // parse checked that any other TCP/UDP packet, a first fragment too, holds the fixed
     // header, checksum included.
-    if p.frag != Frag::Later && matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP) {
+    if p.frag != Frag::Later && matches!(p.key.proto, proto::TCP | proto::UDP | proto::SCTP) {
         let seg = &mut d[p.l4..];
         let mut l4 = ports::Packet::new_unchecked(&mut *seg);
         let old_port = if dst_side {
@@ -234,8 +230,8 @@ fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &Addr, port: u16
         }
         // A partial checksum is not a checksum: updating it would carry the old
         // pseudo-header sum along. It is completed once the addresses and ports are final.
-        let update = |c: u16| update16(update_bytes(c, old_addr, new_addr), old_port, port);
-        match p.proto {
+        let update = |c: u16| checksum::apply(c, addr_change + checksum::change16(old_port, port));
+        match p.key.proto {
             proto::TCP if !p.l4_partial => {
                 let mut t = tcp::Packet::new_unchecked(seg);
                 t.set_checksum(update(t.checksum()));
@@ -268,7 +264,7 @@ fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &Addr, port: u16
         }
         ip.decrement_ttl();
     }
-    if p.proto == proto::SCTP {
+    if p.key.proto == proto::SCTP {
         sctp_checksum(d, p);
     } else if p.l4_partial {
         complete_l4(d, p);
@@ -508,15 +504,15 @@ pub fn icmp_too_big(
     let mut msg = icmp::Packet::new_unchecked(&mut d[ic..ic + icmp_len]);
     if p.v6 {
         let pseudo = checksum::pseudo_header(
-            p.dst.octets(),
-            p.src.octets(),
+            p.key.dst.octets(),
+            p.key.src.octets(),
             proto::ICMPV6.0,
             icmp_len as u32,
         );
         icmp::Repr::packet_too_big(inner_mtu as u32).emit(&mut msg, pseudo);
         ipv6::Repr {
-            src: p.dst.0,
-            dst: p.src.0,
+            src: p.key.dst.0,
+            dst: p.key.src.0,
             next_header: proto::ICMPV6.0,
             payload_len: icmp_len as u16,
             hop_limit: TTL,
@@ -527,8 +523,8 @@ pub fn icmp_too_big(
     } else {
         icmp::Repr::frag_needed(inner_mtu).emit(&mut msg, 0);
         ipv4::Repr {
-            src: v4_unmapped(&p.dst),
-            dst: v4_unmapped(&p.src),
+            src: v4_unmapped(&p.key.dst),
+            dst: v4_unmapped(&p.key.src),
             protocol: proto::ICMP.0,
             payload_len: icmp_len as u16,
             tos: 0,
@@ -602,7 +598,7 @@ pub fn nat_icmp_error(frame: &mut Frame<'_>, p: &Parsed, addr: &Addr, port: u16,
     }
     if p.v6 {
         // ICMPv6's checksum covers the pseudo-header, so the outer destination change too.
-        c = update_bytes(c, p.dst.octets(), addr.octets());
+        c = update_bytes(c, p.key.dst.octets(), addr.octets());
         icmp::Packet::new_unchecked(&mut d[p.l4..]).set_checksum(c);
         let mut ip = ipv6::Packet::new_unchecked(&mut d[p.l3..]);
         ip.set_dst(addr.0);

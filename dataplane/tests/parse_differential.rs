@@ -637,8 +637,8 @@ fn agree(f: &[u8], p: &Parsed, s: &SlicedPacket<'_>, r: &Raw) -> Result<(), Test
         }
     };
     prop_assert_eq!(p.v6, v6);
-    prop_assert_eq!(p.src, src);
-    prop_assert_eq!(p.dst, dst);
+    prop_assert_eq!(p.key.src, src);
+    prop_assert_eq!(p.key.dst, dst);
     prop_assert_eq!(p.ttl, ttl);
     prop_assert_eq!(p.tos, tos);
     prop_assert_eq!(p.l3 + p.ip_len, ip_end, "ip length");
@@ -656,7 +656,7 @@ fn agree(f: &[u8], p: &Parsed, s: &SlicedPacket<'_>, r: &Raw) -> Result<(), Test
     }
     if r.v4_ah {
         // Difference 8.
-        prop_assert_eq!(p.proto.0, hdr_proto);
+        prop_assert_eq!(p.key.proto.0, hdr_proto);
         prop_assert_eq!(p.l4, p.l3 + (f[p.l3] & 0x0f) as usize * 4);
         return Ok(());
     }
@@ -664,7 +664,7 @@ fn agree(f: &[u8], p: &Parsed, s: &SlicedPacket<'_>, r: &Raw) -> Result<(), Test
         // Difference 6.
         return Ok(());
     }
-    prop_assert_eq!(p.proto.0, payload.ip_number.0, "protocol");
+    prop_assert_eq!(p.key.proto.0, payload.ip_number.0, "protocol");
     prop_assert_eq!(p.l4, off(f, payload.payload), "l4 offset");
     // A checksum left to offload: the field is the folded pseudo-header sum of the segment
     // (the whole IP payload), for an unfragmented TCP or UDP packet.
@@ -679,7 +679,7 @@ fn agree(f: &[u8], p: &Parsed, s: &SlicedPacket<'_>, r: &Raw) -> Result<(), Test
     match &s.transport {
         Some(TransportSlice::Tcp(t)) => {
             prop_assert_eq!(
-                (p.src_port, p.dst_port),
+                (p.key.src_port, p.key.dst_port),
                 (t.source_port(), t.destination_port())
             );
             prop_assert_eq!(p.tcp_flags, t.slice()[13]);
@@ -687,7 +687,7 @@ fn agree(f: &[u8], p: &Parsed, s: &SlicedPacket<'_>, r: &Raw) -> Result<(), Test
         }
         Some(TransportSlice::Udp(u)) => {
             prop_assert_eq!(
-                (p.src_port, p.dst_port),
+                (p.key.src_port, p.key.dst_port),
                 (u.source_port(), u.destination_port())
             );
             prop_assert_eq!(p.l4_partial, partial(6), "udp checksum left to offload");
@@ -706,7 +706,7 @@ fn agree(f: &[u8], p: &Parsed, s: &SlicedPacket<'_>, r: &Raw) -> Result<(), Test
             }
         }
         _ => {
-            if p.frag == Frag::None && matches!(p.proto.0, 6 | 17) {
+            if p.frag == Frag::None && matches!(p.key.proto.0, 6 | 17) {
                 prop_assert!(false, "etherparse read no transport header ours read");
             }
         }

@@ -146,7 +146,7 @@ fn check_offsets(p: &Parsed, len: usize) {
         p.l4,
         p.l3 + ip_hdr
     );
-    let need = match (p.proto.0, p.frag) {
+    let need = match (p.key.proto.0, p.frag) {
         (_, Frag::Later) => 0,
         (6, Frag::None) => 20,
         (6, Frag::First) => 14,
@@ -157,15 +157,19 @@ fn check_offsets(p: &Parsed, len: usize) {
         _ => 0,
     };
     assert!(p.l4 + need <= end, "l4 header {}+{need} past {end}", p.l4);
-    if p.frag == Frag::Later || !matches!(p.proto.0, 6 | 17 | 132) {
-        assert_eq!((p.src_port, p.dst_port), (0, 0), "ports without a header");
+    if p.frag == Frag::Later || !matches!(p.key.proto.0, 6 | 17 | 132) {
+        assert_eq!(
+            (p.key.src_port, p.key.dst_port),
+            (0, 0),
+            "ports without a header"
+        );
     }
     // SCTP's first chunk stands for TCP-like flags (INIT a SYN, ABORT a RST, ...).
-    if !matches!(p.proto.0, 6 | 132) || p.frag == Frag::Later {
+    if !matches!(p.key.proto.0, 6 | 132) || p.frag == Frag::Later {
         assert_eq!(p.tcp_flags, 0, "tcp flags outside tcp and sctp");
     }
     if let Some(e) = p.embedded {
-        assert!(matches!(p.proto.0, 1 | 58) && p.frag == Frag::None);
+        assert!(matches!(p.key.proto.0, 1 | 58) && p.frag == Frag::None);
         assert_eq!(
             e.ip,
             p.l4 + 8,
@@ -297,7 +301,7 @@ pub fn reflect(frame: &[u8]) -> Option<Vec<u8>> {
     swap(&mut r, 0, 6, 6);
     let (a, n) = if p.v6 { (p.l3 + 8, 16) } else { (p.l3 + 12, 4) };
     swap(&mut r, a, a + n, n);
-    if matches!(p.proto.0, 6 | 17) && p.frag != Frag::Later {
+    if matches!(p.key.proto.0, 6 | 17) && p.frag != Frag::Later {
         swap(&mut r, p.l4, p.l4 + 2, 2);
     }
     Some(r)

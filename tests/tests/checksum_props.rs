@@ -29,7 +29,7 @@ use strait_dataplane::pipeline::{Pipeline, Verdict};
 use strait_dataplane::stats::DropReason;
 use strait_dataplane::table::{Service, ServiceTable};
 use strait_dataplane::wire::checksum::{
-    checksum, fold, pseudo_header, sum, update16, update_bytes,
+    apply, change, change16, checksum, fold, pseudo_header, sum, update16, update_bytes,
 };
 use strait_tests::{offload, run_with, verify, CLIENT_MAC, GW_MAC, SEC};
 
@@ -195,6 +195,28 @@ proptest! {
             _ => {}
         }
         prop_assert_eq!(update_bytes(c, &old, &after[at..at + n]), expected_incremental(&after));
+    }
+
+    /// An address and a port changed at once ([`change`] summed, one [`apply`]) give exactly
+    /// the checksum of the two changes applied one after the other, for both address sizes
+    /// and every checksum, zero and all ones included.
+    #[test]
+    fn summed_changes_equal_changes_in_turn(
+        c in prop_oneof![Just(0u16), Just(0xffff), any::<u16>()],
+        v4 in any::<([u8; 4], [u8; 4])>(),
+        v6 in any::<([u8; 16], [u8; 16])>(),
+        ports in prop_oneof![Just((0u16, 0u16)), Just((0xffff, 0)), any::<(u16, u16)>()],
+    ) {
+        let (op, np) = ports;
+        prop_assert_eq!(
+            apply(c, change(&v4.0, &v4.1) + change16(op, np)),
+            update16(update_bytes(c, &v4.0, &v4.1), op, np)
+        );
+        prop_assert_eq!(
+            apply(c, change(&v6.0, &v6.1) + change16(op, np)),
+            update16(update_bytes(c, &v6.0, &v6.1), op, np)
+        );
+        prop_assert_eq!(apply(c, change(&v4.0, &v4.1)), update_bytes(c, &v4.0, &v4.1));
     }
 
     #[test]

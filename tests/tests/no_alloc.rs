@@ -587,7 +587,7 @@ fn the_explain_desk_does_not_allocate() {
     let keys: Vec<strait_dataplane::FlowKey> = traffic
         .shapes
         .iter()
-        .filter_map(|s| parse(&s.frame).ok().flatten().map(|p| p.key()))
+        .filter_map(|s| parse(&s.frame).ok().flatten().map(|p| p.key))
         .collect();
     assert!(keys.len() > 20, "{} keys", keys.len());
     let mut answered = 0;

@@ -101,6 +101,36 @@ pub fn update_bytes(csum: u16, old: &[u8], new: &[u8]) -> u16 {
     !fold(acc)
 }
 
+/// What RFC 1624 eqn. 3 adds to a checksum's complement when a field of `N` bytes (even,
+/// 16-bit aligned within the checksummed data) changes from `old` to `new`: the complement of
+/// every old 16-bit word plus every new word. Exact, not reduced, so changes can be summed
+/// and applied at once with [`apply`], which then gives exactly what [`update_bytes`] and
+/// [`update16`] give applied one change after another (each fold keeps a positive sum
+/// positive and its value modulo 0xffff). At a size known to the compiler, so no loop.
+#[inline(always)]
+pub fn change<const N: usize>(old: &[u8; N], new: &[u8; N]) -> u64 {
+    let mut acc = 0u64;
+    let mut i = 0;
+    while i + 1 < N {
+        acc += (!u16::from_be_bytes([old[i], old[i + 1]])) as u64;
+        acc += u16::from_be_bytes([new[i], new[i + 1]]) as u64;
+        i += 2;
+    }
+    acc
+}
+
+/// [`change`] for one 16-bit word.
+#[inline(always)]
+pub fn change16(old: u16, new: u16) -> u64 {
+    (!old) as u64 + new as u64
+}
+
+/// Checksum `csum` updated by changes whose [`change`] sums add up to `delta`.
+#[inline(always)]
+pub fn apply(csum: u16, delta: u64) -> u16 {
+    !fold((!csum) as u64 + delta)
+}
+
 /// A UDP checksum of zero means "none" over IPv4 (RFC 768); a computed zero is sent as
 /// all ones.
 #[inline(always)]

@@ -167,23 +167,26 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the source address, updating the header checksum incrementally.
+    #[inline]
     pub fn set_src(&mut self, a: [u8; 4]) {
         let old = self.src();
-        let c = checksum::update_bytes(self.checksum(), &old, &a);
+        let c = checksum::apply(self.checksum(), checksum::change(&old, &a));
         self.buf.as_mut()[field::SRC].copy_from_slice(&a);
         self.set_checksum(c);
     }
 
     /// Sets the destination address, updating the header checksum incrementally.
+    #[inline]
     pub fn set_dst(&mut self, a: [u8; 4]) {
         let old = self.dst();
-        let c = checksum::update_bytes(self.checksum(), &old, &a);
+        let c = checksum::apply(self.checksum(), checksum::change(&old, &a));
         self.buf.as_mut()[field::DST].copy_from_slice(&a);
         self.set_checksum(c);
     }
 
     /// Decrements the TTL by one, updating the header checksum incrementally. Callers check
     /// that the TTL is above 1 first.
+    #[inline]
     pub fn decrement_ttl(&mut self) {
         let b = self.buf.as_ref();
         let old = u16::from_be_bytes([b[field::TTL], b[field::PROTO]]);

@@ -62,12 +62,10 @@ pub struct Parsed {
     pub v6: bool,
     /// IP total length (header, extensions and payload); bytes past it are link padding.
     pub ip_len: usize,
-    /// Source address (key form: IPv4-mapped for IPv4).
-    pub src: Addr,
-    /// Destination address (key form).
-    pub dst: Addr,
-    /// Upper-layer protocol.
-    pub proto: Proto,
+    /// The 5-tuple in the packet's own direction: addresses in key form (IPv4-mapped for
+    /// IPv4), the upper-layer protocol, and the transport ports (0 when none). Kept as the
+    /// flow key itself so that hashing and looking up a packet's flow read it in place.
+    pub key: FlowKey,
     /// Offset of the upper-layer header in the frame.
     pub l4: usize,
     /// TTL or hop limit.
@@ -78,10 +76,6 @@ pub struct Parsed {
     pub df: bool,
     /// Fragment position.
     pub frag: Frag,
-    /// Transport source port (0 when none).
-    pub src_port: u16,
-    /// Transport destination port (0 when none).
-    pub dst_port: u16,
     /// TCP flags; for SCTP, the flags its first chunk stands for ([`sctp::flow_flags`]: INIT
     /// as SYN, ABORT as RST, the shutdowns as FIN, others as ACK), so that the flow table
     /// follows an association as it follows a connection; 0 for other protocols.
@@ -96,20 +90,6 @@ pub struct Parsed {
     pub icmp_type: u8,
     /// For ICMP errors: the embedded packet.
     pub embedded: Option<Embedded>,
-}
-
-impl Parsed {
-    /// The 5-tuple in the packet's own direction.
-    #[inline(always)]
-    pub fn key(&self) -> FlowKey {
-        FlowKey {
-            src: self.src,
-            dst: self.dst,
-            src_port: self.src_port,
-            dst_port: self.dst_port,
-            proto: self.proto,
-        }
-    }
 }
 
 impl Embedded {
@@ -218,9 +198,9 @@ pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
                 return Err(DropReason::Ipv4HeaderChecksum);
             }
             p.ip_len = ip.total_len() as usize;
-            p.src = v4_mapped(ip.src());
-            p.dst = v4_mapped(ip.dst());
-            p.proto = Proto(ip.protocol());
+            p.key.src = v4_mapped(ip.src());
+            p.key.dst = v4_mapped(ip.dst());
+            p.key.proto = Proto(ip.protocol());
             p.l4 = l3 + ip.header_len();
             p.ttl = ip.ttl();
             p.tos = ip.tos();
@@ -236,9 +216,9 @@ pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
             let up = ip.upper().map_err(|_| DropReason::Ipv6ExtensionHeaders)?;
             p.v6 = true;
             p.ip_len = ip.total_len();
-            p.src = Addr(ip.src());
-            p.dst = Addr(ip.dst());
-            p.proto = Proto(up.protocol);
+            p.key.src = Addr(ip.src());
+            p.key.dst = Addr(ip.dst());
+            p.key.proto = Proto(up.protocol);
             p.l4 = l3 + up.offset;
             p.ttl = ip.hop_limit();
             p.tos = ip.traffic_class();
@@ -255,7 +235,7 @@ pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
         return Ok(true);
     }
     let l4 = &frame[p.l4..p.l3 + p.ip_len];
-    match p.proto {
+    match p.key.proto {
         proto::TCP => {
             // A first fragment must hold the fixed TCP header (ports, flags, checksum); its
             // options may continue in the next fragment. Tinier first fragments are the
@@ -271,7 +251,7 @@ pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
                 p.l4_partial = partial(p, l4.len(), h.checksum());
                 (h.src_port(), h.dst_port(), h.flags())
             };
-            (p.src_port, p.dst_port, p.tcp_flags) = t;
+            (p.key.src_port, p.key.dst_port, p.tcp_flags) = t;
         }
         proto::UDP => {
             if p.frag == Frag::First {
@@ -279,17 +259,17 @@ pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
                     return Err(DropReason::L4Truncated);
                 }
                 let h = udp::Packet::new_unchecked(l4);
-                (p.src_port, p.dst_port) = (h.src_port(), h.dst_port());
+                (p.key.src_port, p.key.dst_port) = (h.src_port(), h.dst_port());
             } else {
                 let h = udp::Packet::new_checked(l4).map_err(|_| DropReason::L4Truncated)?;
                 p.l4_partial = partial(p, l4.len(), h.checksum());
-                (p.src_port, p.dst_port) = (h.src_port(), h.dst_port());
+                (p.key.src_port, p.key.dst_port) = (h.src_port(), h.dst_port());
             }
         }
         proto::SCTP => {
             // The common header, also in a first fragment: ports, tag and checksum.
             let h = sctp::Packet::new_checked(l4).map_err(|_| DropReason::L4Truncated)?;
-            (p.src_port, p.dst_port) = (h.src_port(), h.dst_port());
+            (p.key.src_port, p.key.dst_port) = (h.src_port(), h.dst_port());
             p.tcp_flags = sctp::flow_flags(h.first_chunk());
             p.l4_partial = p.frag == Frag::None && sctp::is_partial(l4);
         }
@@ -301,7 +281,7 @@ pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<bool, DropReason> {
             } else {
                 icmp::is_error_v4(p.icmp_type)
             };
-            if is_error && (p.proto == proto::ICMPV6) == p.v6 {
+            if is_error && (p.key.proto == proto::ICMPV6) == p.v6 {
                 p.embedded = embedded(frame, p.l4 + icmp::HEADER_LEN, p.l3 + p.ip_len)?;
             }
         }
@@ -366,9 +346,9 @@ fn partial(p: &Parsed, len: usize, csum: u16) -> bool {
     let len = len as u32;
     // One call per family, so that each sums addresses of a size known here.
     let pseudo = if p.v6 {
-        checksum::pseudo_header(p.src.octets(), p.dst.octets(), p.proto.0, len)
+        checksum::pseudo_header(p.key.src.octets(), p.key.dst.octets(), p.key.proto.0, len)
     } else {
-        checksum::pseudo_header(&p.src.0[12..], &p.dst.0[12..], p.proto.0, len)
+        checksum::pseudo_header(&p.key.src.0[12..], &p.key.dst.0[12..], p.key.proto.0, len)
     };
     checksum::is_partial(csum, pseudo)
 }
