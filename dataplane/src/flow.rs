@@ -1174,9 +1174,9 @@ impl FlowTable {
 /// mispredict on every new flow.
 #[inline(always)]
 fn line_has(line: &[Tags], tag: Tag) -> bool {
-    if let Ok(full) = <&[Tags; GROUP]>::try_from(line) {
-        // The usual case, at a length the compiler knows, so the loop unrolls.
-        return line_has_of(full, tag);
+    if let Ok([a, b, c, d]) = <&[Tags; GROUP]>::try_from(line) {
+        // The usual case, a whole line: one SIMD screen of its 32 tags.
+        return crate::hint::any_eq_u16x8x4([&a.0, &b.0, &c.0, &d.0], tag);
     }
     line_has_of(line, tag)
 }
@@ -1271,6 +1271,39 @@ mod tests {
         }
         assert_eq!(tag_mask(&[0xffff; WAYS], 0xffff), 0xff);
         assert_eq!(tag_mask(&[0x8000; WAYS], 0x8000), 0xff);
+    }
+
+    #[test]
+    fn line_has_finds_a_tag_in_any_way_of_the_line_and_only_there() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for round in 0..10_000 {
+            x = crate::hash::mix64(x.wrapping_add(round));
+            let y = crate::hash::mix64(x);
+            // Few distinct tags, so that a tag is sometimes in no way of the line.
+            let line: [Tags; GROUP] = core::array::from_fn(|b| {
+                Tags(core::array::from_fn(|w| {
+                    let bits = if b < 2 { x } else { y };
+                    ((bits >> ((b % 2) * 32 + w * 4)) & 0xf) as Tag | 0x8000
+                }))
+            });
+            for tag in [0x8000, 0x8003, 0x800f, 0x8010, 0, 0xffff] {
+                let want = line.iter().any(|t| t.0.contains(&tag));
+                assert_eq!(line_has(&line, tag), want, "tag {tag:#x}");
+                assert_eq!(
+                    line_has(&line[..2], tag),
+                    line[..2].iter().any(|t| t.0.contains(&tag))
+                );
+            }
+        }
+        let mut line = [Tags([1; WAYS]); GROUP];
+        for b in 0..GROUP {
+            for w in 0..WAYS {
+                line[b].0[w] = 0xffff;
+                assert!(line_has(&line, 0xffff), "bucket {b} way {w}");
+                line[b].0[w] = 1;
+                assert!(!line_has(&line, 0xffff));
+            }
+        }
     }
 
     #[test]
