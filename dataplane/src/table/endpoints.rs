@@ -160,6 +160,14 @@ impl Endpoints {
         }
     }
 
+    /// Whether (`addr`, `port`, `proto`) is in the index: [`Endpoints::get`] out of line,
+    /// for the nat reply test, whose caller (the per-packet decision, not the staging loop)
+    /// keeps its registers for the frontend path this way; a call is a few instructions.
+    #[inline(never)]
+    pub(crate) fn contains(&self, addr: &Addr, port: u16, proto: Proto) -> bool {
+        self.get(addr, port, proto).is_some()
+    }
+
     /// The slot of `k`, or the empty slot where it would go.
     fn find(&self, k: &Key) -> Result<usize, usize> {
         let mask = self.slots.len() - 1;

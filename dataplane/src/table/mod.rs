@@ -424,7 +424,7 @@ impl ServiceTable {
     /// Whether a packet from `addr:port` over `proto` may be a nat reply.
     #[inline(always)]
     pub fn is_nat_backend(&self, addr: &Addr, port: u16, proto: Proto) -> bool {
-        !self.nat_backends.is_empty() && self.nat_backends.get(addr, port, proto).is_some()
+        !self.nat_backends.is_empty() && self.nat_backends.contains(addr, port, proto)
     }
 
     /// The backend of frontend `f` at `addr:port`, if this table has it: how a flow learnt
