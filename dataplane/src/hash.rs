@@ -66,7 +66,9 @@ pub fn owner_core(client: &[u8; 16], client_port: u16, cores: u16) -> u16 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&client[8..]);
     let h = hash_words(SEED_OWNER, &[u64::from_le_bytes(a), client_port as u64]);
-    ((h >> 32) % cores as u64) as u16
+    // The top half of the hash, a u32, so the remainder is a 32-bit division (the same
+    // value; about half a 64-bit one's latency on x86).
+    ((h >> 32) as u32 % u32::from(cores)) as u16
 }
 
 /// The Maglev hash of a flow, derived from its flow-table hash so a packet is hashed once.

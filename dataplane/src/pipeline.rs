@@ -284,7 +284,10 @@ impl Pipeline {
             // that each frame's result is read where it lies.
             let staged = core::mem::take(&mut self.staged);
             for ((f, v), st) in frames.iter_mut().zip(verdicts.iter_mut()).zip(&staged[..]) {
-                *v = self.finish(t, now, ingress, f, st.parsed(), st.hash, st.svc);
+                *v = match st.svc {
+                    Some(Some(si)) => self.finish_flow(t, now, ingress, f, &st.parsed, st.hash, si),
+                    _ => self.finish(t, now, ingress, f, st.parsed(), st.hash, st.svc),
+                };
             }
             self.staged = staged;
         }
@@ -432,12 +435,42 @@ impl Pipeline {
     ) -> Verdict {
         self.counters.rx += 1;
         let v = self.step(t, now, ingress, frame, parsed, fh, svc);
+        self.count(v, parsed.ok().flatten());
+        v
+    }
+
+    /// [`Pipeline::finish`] for a frame the staging pass found to be an unfragmented TCP,
+    /// UDP or SCTP packet that is not an ICMP error (it has a flow hash, `fh`) and whose
+    /// frontend is service `si`: nearly every frame of a busy gateway, which so skips the
+    /// tests whose answer the staging pass already knows.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn finish_flow(
+        &mut self,
+        t: &ServiceTable,
+        now: u64,
+        ingress: u8,
+        frame: &mut Frame<'_>,
+        p: &Parsed,
+        fh: u64,
+        si: u32,
+    ) -> Verdict {
+        debug_assert!(p.embedded.is_none() && p.frag == Frag::None);
+        self.counters.rx += 1;
+        let v = self.decide_for_service(t, now, ingress, frame, p, fh, si);
+        self.count(v, Some(p));
+        v
+    }
+
+    /// Counts a frame's verdict (`p`: the frame's parse, if it was an IP packet).
+    #[inline(always)]
+    fn count(&mut self, v: Verdict, p: Option<&Parsed>) {
         match v {
             Verdict::Tx { .. } => {
                 self.counters.tx += 1;
                 // Every rewrite that sends a partial frame's segment on (dsr-l2, nat, the
                 // encapsulations, the too-big answer's quote) completed its checksum.
-                if let Ok(Some(p)) = parsed {
+                if let Some(p) = p {
                     self.counters.checksum_completed += p.l4_partial as u64;
                 }
             }
@@ -445,7 +478,6 @@ impl Pipeline {
             Verdict::Drop(r) => self.counters.drop(r),
             Verdict::Handoff { .. } => self.counters.handoff += 1,
         }
-        v
     }
 
     #[inline(always)]
@@ -491,6 +523,22 @@ impl Pipeline {
         let Some(si) = si else {
             return self.maybe_reply(t, now, frame, p, fh);
         };
+        self.decide_for_service(t, now, ingress, frame, p, fh, si)
+    }
+
+    /// The decision for a TCP, UDP or SCTP packet (or a fragment of one) to service `si`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn decide_for_service(
+        &mut self,
+        t: &ServiceTable,
+        now: u64,
+        ingress: u8,
+        frame: &mut Frame<'_>,
+        p: &Parsed,
+        fh: u64,
+        si: u32,
+    ) -> Verdict {
         let s = &t.services[si as usize];
         if !s.allows(&p.key.src) {
             return Verdict::Drop(DropReason::SourceNotAllowed);
@@ -517,7 +565,7 @@ impl Pipeline {
                 None => Verdict::Drop(DropReason::NoBackend),
             };
         }
-        if s.mode == Mode::Nat && self.cores > 1 {
+        if self.cores > 1 && s.mode == Mode::Nat {
             let owner = owner_core(&p.key.src, p.key.src_port, self.cores);
             if owner != self.core {
                 return Verdict::Handoff { core: owner };
@@ -852,7 +900,7 @@ impl Pipeline {
             return Verdict::Pass;
         };
         let s = &t.services[si as usize];
-        if s.mode == Mode::Nat && self.cores > 1 {
+        if self.cores > 1 && s.mode == Mode::Nat {
             let owner = owner_core(&k.src, k.src_port, self.cores);
             if owner != self.core {
                 return Verdict::Handoff { core: owner };
