@@ -482,13 +482,9 @@ impl Builder {
                 t.backends.resize(slot + 1, None);
             }
             if s.mode == Mode::Nat {
-                let (a, p, pr) = (entry.addr, entry.port, frontend.proto);
-                match t.nat_backends.get_mut(&a, p, pr) {
-                    Some(n) => *n += 1,
-                    None => {
-                        t.nat_backends.insert(a, p, pr, 1);
-                    }
-                }
+                *t.nat_backends
+                    .entry((entry.addr, entry.port, frontend.proto))
+                    .or_insert(0) += 1;
             }
             t.backends[slot] = Some(entry);
         }
@@ -558,10 +554,11 @@ impl Builder {
         for &id in &old.backends {
             let Some(b) = prev.backend(id) else { continue };
             if old.mode == Mode::Nat {
-                if let Some(n) = t.nat_backends.get_mut(&b.addr, b.port, f.proto) {
+                let k = (b.addr, b.port, f.proto);
+                if let Some(n) = t.nat_backends.get_mut(&k) {
                     *n -= 1;
                     if *n == 0 {
-                        t.nat_backends.remove(&b.addr, b.port, f.proto);
+                        t.nat_backends.remove(&k);
                     }
                 }
             }

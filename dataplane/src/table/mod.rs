@@ -28,12 +28,12 @@ use crate::maglev;
 use crate::wire::ethernet::Address as Mac;
 
 mod builder;
-mod endpoints;
+mod frontends;
 #[cfg(test)]
 mod tests;
 
 pub use builder::{Builder, Change, TableError};
-use endpoints::Endpoints;
+use frontends::Frontends;
 
 /// A frontend: what a client addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -333,12 +333,11 @@ pub struct ServiceTable {
     /// array indexed by service id that covers every service of this table.
     pub service_ids: u32,
     /// Frontend (VIP, port, protocol) to service index, probed by every packet
-    /// ([`endpoints`]).
-    frontends: Endpoints,
+    /// ([`frontends`]).
+    frontends: Frontends,
     by_vip_proto: HashMap<(Addr, Proto), VipProto>,
-    /// nat backends (address, port, protocol), each with the number of services that have
-    /// it; probed by every packet to no frontend ([`endpoints`]).
-    nat_backends: Endpoints,
+    /// nat backends (address, port, protocol), each with the number of services that have it.
+    nat_backends: HashMap<(Addr, u16, Proto), u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -400,9 +399,9 @@ impl ServiceTable {
             timeouts: Timeouts::default(),
             locals: Vec::new(),
             service_ids: 0,
-            frontends: Endpoints::new(),
+            frontends: Frontends::new(),
             by_vip_proto: HashMap::new(),
-            nat_backends: Endpoints::new(),
+            nat_backends: HashMap::new(),
         }
     }
 
@@ -424,7 +423,7 @@ impl ServiceTable {
     /// Whether a packet from `addr:port` over `proto` may be a nat reply.
     #[inline(always)]
     pub fn is_nat_backend(&self, addr: &Addr, port: u16, proto: Proto) -> bool {
-        !self.nat_backends.is_empty() && self.nat_backends.contains(addr, port, proto)
+        !self.nat_backends.is_empty() && self.nat_backends.contains_key(&(*addr, port, proto))
     }
 
     /// The backend of frontend `f` at `addr:port`, if this table has it: how a flow learnt

@@ -241,8 +241,7 @@ mod incremental {
         }
         assert_eq!(t.frontends.len(), t.services.len(), "frontend index size");
         assert_eq!(t.backends.iter().flatten().count(), ids, "orphan backends");
-        let nat_index: HashMap<_, _> = t.nat_backends.iter().collect();
-        assert_eq!(nat_index, nat, "nat backend index");
+        assert_eq!(t.nat_backends, nat, "nat backend index");
         let vips: HashMap<_, _> = vips.iter().map(|(k, v)| (*k, VipProto::of(v))).collect();
         assert_eq!(t.by_vip_proto, vips, "fragment index");
         out

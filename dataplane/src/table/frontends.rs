@@ -1,27 +1,27 @@
-//! The endpoint index: (address, port, protocol) to a number, read once per packet.
+//! The frontend index: (VIP, port, protocol) to service index, probed by every packet.
 //!
-//! Two parts of a [`super::ServiceTable`] are such indexes: the frontends (VIP, port,
-//! protocol to service index), probed by every packet, and the nat backends (address, port,
-//! protocol to the number of services that have them), probed by every packet to no
-//! frontend, which is how a nat reply is told from the kernel's traffic. Both are written
-//! only by the table builder, off the packet path, and read on it, so the index is laid out
-//! for the read: one flat array of slots, each holding the whole key and its value
-//! (24 bytes), sized to a power of two at a load of at most one half, and probed linearly
-//! from the slot the hash names. A general map pays per lookup for what it must be able to
-//! do (a keyed hasher fed field by field, control bytes, groups, a second load for the
-//! entry); here a lookup is one multiply and, almost always, one slot whose key (two 64-bit
-//! words and a 32-bit one) is compared with one branch. The hash is multiplicative (Knuth's
-//! Fibonacci hashing: the product's top bits index the array): it needs no seed because the
-//! keys are the operator's configuration, not a client's choice, and the top bits of a
-//! product depend on every bit of the factor. The factor folds the address's two halves
-//! into one word (an IPv4-mapped address's first half is zero, so IPv4 keys hash by
-//! address, port and protocol alone, without collisions before the multiply; IPv6
-//! addresses that differ in either half still spread). At a load of at most one half a hit
-//! probes about 1.5 slots on average (one, for the evenly spaced VIPs and ports operators
-//! configure) and a miss ends at the first empty slot; a thousand entries take 48 KB, which
-//! stays in the cache. The builder updates tables in place ([`super::Builder::update`]), so
-//! the index takes insertions and removals too (removal shifts the following entries back,
-//! as linear probing needs, leaving no tombstones).
+//! The index is written only by the table builder, off the packet path, and read by every
+//! packet, so it is laid out for the read: one flat array of slots, each holding the whole
+//! key and its service (24 bytes), sized to a power of two at a load of at most one half,
+//! and probed linearly from the slot the hash names. A general map pays per lookup for what
+//! it must be able to do (a keyed hasher fed field by field, control bytes, groups, a second
+//! load for the entry); here a lookup is one multiply and, almost always, one slot whose key
+//! (two 64-bit words and a 32-bit one) is compared with one branch. The hash is
+//! multiplicative (Knuth's Fibonacci hashing: the product's top bits index the array): it
+//! needs no seed because the keys are the operator's configuration, not a client's choice,
+//! and the top bits of a product depend on every bit of the factor. The factor folds the
+//! address's two halves into one word (an IPv4-mapped address's first half is zero, so IPv4
+//! frontends hash by address, port and protocol alone, without collisions before the
+//! multiply; IPv6 VIPs that differ in either half still spread). At a load of at most one
+//! half a hit probes about 1.5 slots on average (one, for the evenly spaced VIPs and ports
+//! operators configure) and a miss ends at the first empty slot; a thousand services take
+//! 48 KB, which stays in the cache. The builder updates tables in place
+//! ([`super::Builder::update`]), so the index takes insertions and removals too (removal
+//! shifts the following entries back, as linear probing needs, leaving no tombstones).
+//!
+//! The nat backend index keeps a hashbrown map: it holds every nat backend (100,000 at
+//! 10,000 services of 10), and [`super::Builder::update`] copies it for every change; at
+//! half load this layout would be twice the map's size, and the copy with it.
 
 use core::fmt;
 
@@ -36,7 +36,7 @@ const K: u64 = 0x9e37_79b9_7f4a_7c15;
 /// The tag of an empty slot: no key's tag (port and protocol take its low 24 bits only).
 const EMPTY: u32 = u32::MAX;
 
-/// A key as slots store it: the address's 16 bytes as two words, and a tag of port and
+/// A key as slots store it: the VIP's 16 bytes as two words, and a tag of port and
 /// protocol.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Key {
@@ -105,9 +105,9 @@ impl Slot {
     }
 }
 
-/// (address, port, protocol) to a number: an open-addressing table with linear probing (see
-/// the module documentation).
-pub(crate) struct Endpoints {
+/// Frontend to service index: an open-addressing table with linear probing (see the module
+/// documentation).
+pub(crate) struct Frontends {
     /// A power of two in length, at most half taken.
     slots: Vec<Slot>,
     /// 64 minus log2 of the slot count: a hash shifted right by it is a slot index.
@@ -115,7 +115,7 @@ pub(crate) struct Endpoints {
     len: usize,
 }
 
-impl Endpoints {
+impl Frontends {
     /// An empty index.
     pub(crate) fn new() -> Self {
         Self::with_slots(MIN_SLOTS)
@@ -130,19 +130,13 @@ impl Endpoints {
         }
     }
 
-    /// Number of keys.
+    /// Number of frontends.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    /// Whether the index has no key.
-    #[inline(always)]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The value of (`addr`, `port`, `proto`).
+    /// The service of frontend (`addr`, `port`, `proto`).
     #[inline(always)]
     pub(crate) fn get(&self, addr: &Addr, port: u16, proto: Proto) -> Option<u32> {
         let k = Key::of(addr, port, proto);
@@ -158,14 +152,6 @@ impl Endpoints {
             }
             i = (i + 1) & mask;
         }
-    }
-
-    /// Whether (`addr`, `port`, `proto`) is in the index: [`Endpoints::get`] out of line,
-    /// for the nat reply test, whose caller (the per-packet decision, not the staging loop)
-    /// keeps its registers for the frontend path this way; a call is a few instructions.
-    #[inline(never)]
-    pub(crate) fn contains(&self, addr: &Addr, port: u16, proto: Proto) -> bool {
-        self.get(addr, port, proto).is_some()
     }
 
     /// The slot of `k`, or the empty slot where it would go.
@@ -189,7 +175,7 @@ impl Endpoints {
         (k.hash() >> self.shift) as usize
     }
 
-    /// The value of (`addr`, `port`, `proto`), to change in place.
+    /// The service of frontend (`addr`, `port`, `proto`), to change in place.
     pub(crate) fn get_mut(&mut self, addr: &Addr, port: u16, proto: Proto) -> Option<&mut u32> {
         let i = self.find(&Key::of(addr, port, proto)).ok()?;
         Some(&mut self.slots[i].value)
@@ -216,7 +202,7 @@ impl Endpoints {
         self.len = old.len;
     }
 
-    /// Sets the value of (`addr`, `port`, `proto`); returns the one it replaces.
+    /// Sets the service of frontend (`addr`, `port`, `proto`); returns the one it replaces.
     pub(crate) fn insert(
         &mut self,
         addr: Addr,
@@ -288,13 +274,13 @@ impl Endpoints {
     }
 }
 
-impl Default for Endpoints {
+impl Default for Frontends {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl Clone for Endpoints {
+impl Clone for Frontends {
     fn clone(&self) -> Self {
         Self {
             slots: self.slots.clone(),
@@ -311,7 +297,7 @@ impl Clone for Endpoints {
     }
 }
 
-impl fmt::Debug for Endpoints {
+impl fmt::Debug for Frontends {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map().entries(self.iter()).finish()
     }
@@ -368,7 +354,7 @@ mod tests {
             absent in prop::collection::vec(any_key(), 0..200),
         ) {
             let mut model: HashMap<K, u32> = HashMap::new();
-            let mut index = Endpoints::new();
+            let mut index = Frontends::new();
             for (i, &(a, p, pr)) in inserts.iter().enumerate() {
                 let v = i as u32;
                 prop_assert_eq!(index.insert(a, p, pr, v), model.insert((a, p, pr), v));
@@ -391,7 +377,7 @@ mod tests {
             let listed: HashMap<K, u32> = index.iter().collect();
             prop_assert_eq!(&listed, &model);
             prop_assert!(index.slots.len() >= 2 * index.len(), "load above one half");
-            let mut copy = Endpoints::new();
+            let mut copy = Frontends::new();
             copy.clone_from(&index);
             for k in inserts.iter().chain(&absent) {
                 prop_assert_eq!(copy.get(&k.0, k.1, k.2), model.get(k).copied(), "copy: {:?}", k);
@@ -405,7 +391,7 @@ mod tests {
 
     #[test]
     fn empty_index_finds_nothing() {
-        let index = Endpoints::new();
+        let index = Frontends::new();
         let (a, p, pr) = key(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0, Proto(0));
         assert_eq!(index.get(&a, p, pr), None);
         assert_eq!(index.len(), 0);
@@ -415,7 +401,7 @@ mod tests {
     /// many ports, an IPv6 prefix, TCP and UDP twins) keep the mean probe short: the hash
     /// spreads structured keys, not only random ones.
     #[test]
-    fn structured_keys_probe_little() {
+    fn structured_frontends_probe_little() {
         let shapes: [(&str, Vec<K>); 4] = [
             (
                 "consecutive IPv4 VIPs",
@@ -453,7 +439,7 @@ mod tests {
             ),
         ];
         for (name, keys) in shapes {
-            let mut index = Endpoints::new();
+            let mut index = Frontends::new();
             for (i, &(a, p, pr)) in keys.iter().enumerate() {
                 assert_eq!(
                     index.insert(a, p, pr, i as u32),
@@ -467,8 +453,8 @@ mod tests {
     }
 
     #[test]
-    fn a_thousand_keys_take_tens_of_kilobytes() {
-        let mut index = Endpoints::new();
+    fn a_thousand_frontends_take_tens_of_kilobytes() {
+        let mut index = Frontends::new();
         for i in 0..1000u16 {
             let (a, p, pr) = key("203.0.113.1".parse().unwrap(), i, proto::TCP);
             index.insert(a, p, pr, 0);
