@@ -50,7 +50,7 @@ impl Key {
         let w = u128::from_ne_bytes(addr.0);
         Self {
             addr: [w as u64, (w >> 64) as u64],
-            tag: u32::from(port) | u32::from(proto.0) << 16,
+            tag: u32::from(port) << 8 | u32::from(proto.0),
         }
     }
 
@@ -58,8 +58,8 @@ impl Key {
         let w = u128::from(self.addr[0]) | u128::from(self.addr[1]) << 64;
         (
             Addr(w.to_ne_bytes()),
-            self.tag as u16,
-            Proto((self.tag >> 16) as u8),
+            (self.tag >> 8) as u16,
+            Proto(self.tag as u8),
         )
     }
 
