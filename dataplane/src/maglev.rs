@@ -212,6 +212,10 @@ impl Remainder {
     }
 }
 
+/// A slot of a [`Table`], from [`Table::slot`]: meaningful for that table only.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Slot(u32);
+
 /// Why [`build`] refused its input.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BuildError {
@@ -290,23 +294,37 @@ impl Table {
     #[must_use]
     #[inline]
     pub fn lookup(&self, hash: u64) -> Option<usize> {
-        // `len` is the prime size, never 0, and `hash % len < len`: the `get` never misses.
-        // It is `get` rather than `[]` so that no input can make the hot path panic.
-        let slot = self.remainder.of(hash) as usize;
-        match self.slots.get(slot) {
+        self.at(self.slot(hash))
+    }
+
+    /// The slot of a flow hash, `hash % size`: what [`lookup`](Self::lookup) reads, for a
+    /// packet path that computes it once for a prefetch and the lookup after it.
+    #[must_use]
+    #[inline(always)]
+    pub fn slot(&self, hash: u64) -> Slot {
+        Slot(self.remainder.of(hash) as u32)
+    }
+
+    /// The backend in slot `slot` of this table ([`lookup`](Self::lookup) by its slot).
+    #[must_use]
+    #[inline(always)]
+    pub fn at(&self, slot: Slot) -> Option<usize> {
+        // A slot of this table is below its prime size: the `get` never misses. It is `get`
+        // rather than `[]` so that no input (a slot of another table) can make the hot path
+        // panic.
+        match self.slots.get(slot.0 as usize) {
             Some(&backend) if backend != NO_BACKEND => Some(usize::from(backend)),
             _ => None,
         }
     }
 
-    /// Starts loading the slot [`lookup`](Self::lookup) reads for `hash` into the cache,
-    /// without waiting for it. A hint only, for a packet path that will look `hash` up a little
-    /// later: the slot array (2 bytes a slot, 128 KiB at the default size) is read at random
-    /// and is often not in L1 or L2 when a new flow's packet needs it.
-    #[inline]
-    pub fn prefetch(&self, hash: u64) {
-        let slot = self.remainder.of(hash) as usize;
-        if let Some(s) = self.slots.get(slot) {
+    /// Starts loading slot `slot` into the cache, without waiting for it. A hint only, for a
+    /// packet path that will look it up a little later: the slot array (2 bytes a slot, 128
+    /// KiB at the default size) is read at random and is often not in L1 or L2 when a new
+    /// flow's packet needs it.
+    #[inline(always)]
+    pub fn prefetch(&self, slot: Slot) {
+        if let Some(s) = self.slots.get(slot.0 as usize) {
             crate::hint::prefetch(s);
         }
     }

@@ -33,6 +33,7 @@ use crate::capture::{Decision, Look, Tap};
 use crate::flow::{FlowState, FlowTable, FlowValue, InsertError, Timeouts};
 use crate::hash::{maglev_hash, SEED_FLOW};
 use crate::key::{is_v4, proto, FlowKey};
+use crate::maglev::Slot;
 use crate::passive::{Failure, Passive, SYN_RETRANSMIT_MIN_MS};
 use crate::rewrite::{self, Encap, EncapError, Frame, Macs, Outer};
 use crate::stats::{Counters, DropReason};
@@ -145,6 +146,9 @@ struct Staged {
     parsed: Parsed,
     hash: u64,
     svc: Option<Option<u32>>,
+    /// The Maglev slot of a frame that opens a connection (a SYN, an SCTP INIT), computed
+    /// once for its prefetch and its warming; `None` for other frames.
+    slot: Option<Slot>,
 }
 
 impl Staged {
@@ -230,6 +234,7 @@ impl Pipeline {
                     parsed: Parsed::default(),
                     hash: 0,
                     svc: None,
+                    slot: None,
                 };
                 BATCH
             ]
@@ -350,6 +355,7 @@ impl Pipeline {
         for st in &mut self.staged[..frames.len()] {
             let h = st.hash;
             let mut svc = None;
+            st.slot = None;
             if let (Ok(Some(p)), true) = (st.parsed(), h != 0) {
                 let si = t.service_for(&Frontend {
                     vip: p.key.dst,
@@ -365,7 +371,9 @@ impl Pipeline {
                     {
                         // A connection's first segment (or an SCTP INIT): its flow is almost surely new,
                         // and will need its Maglev slot in pass 2.
-                        s.maglev.prefetch(maglev_hash(h));
+                        let slot = s.maglev.slot(maglev_hash(h));
+                        s.maglev.prefetch(slot);
+                        st.slot = Some(slot);
                     }
                 }
                 svc = Some(si);
@@ -380,7 +388,7 @@ impl Pipeline {
             *rh = 0;
             if st.hash != 0 && !self.flows.prefetch_entry(st.hash) {
                 if let Some(Some(si)) = st.svc {
-                    *rh = warm_new_flow(t, &self.flows, &st.parsed, st.hash, si);
+                    *rh = warm_new_flow(t, &self.flows, &st.parsed, st.hash, si, st.slot);
                     replies |= *rh != 0;
                 }
             }
@@ -1001,14 +1009,22 @@ fn record(
 /// tuple's hash in nat mode (so that the caller can prefetch its entry once the bucket is in),
 /// else 0. Pure reads: the decision itself is made later, in order, by [`Pipeline::step`].
 #[inline(always)]
-fn warm_new_flow(t: &ServiceTable, flows: &FlowTable, p: &Parsed, fh: u64, si: u32) -> u64 {
+fn warm_new_flow(
+    t: &ServiceTable,
+    flows: &FlowTable,
+    p: &Parsed,
+    fh: u64,
+    si: u32,
+    slot: Option<Slot>,
+) -> u64 {
     let Some(s) = t.services.get(si as usize) else {
         return 0;
     };
     if s.affinity_secs != 0 {
         return 0;
     }
-    let Some(b) = pick(t, s, maglev_hash(fh)) else {
+    let slot = slot.unwrap_or_else(|| s.maglev.slot(maglev_hash(fh)));
+    let Some(b) = pick_at(t, s, slot) else {
         return 0;
     };
     if s.mode != Mode::Nat {
@@ -1075,7 +1091,13 @@ impl Pipeline {
 /// The Maglev choice for hash `h` among the service's members.
 #[inline(always)]
 fn pick<'t>(t: &'t ServiceTable, s: &Service, h: u64) -> Option<&'t Backend> {
-    let i = s.maglev.lookup(h)?;
+    pick_at(t, s, s.maglev.slot(h))
+}
+
+/// The Maglev choice in slot `slot` of the service's table.
+#[inline(always)]
+fn pick_at<'t>(t: &'t ServiceTable, s: &Service, slot: Slot) -> Option<&'t Backend> {
+    let i = s.maglev.at(slot)?;
     t.backend(*s.members.get(i)?)
 }
 
