@@ -13,8 +13,8 @@
 //! address's two halves into one word (an IPv4-mapped address's first half is zero, so IPv4
 //! frontends hash by address, port and protocol alone, without collisions before the
 //! multiply; IPv6 VIPs that differ in either half still spread). At a load of at most one
-//! half a hit probes about 1.5 slots on average (one, for the evenly spaced VIPs and ports
-//! operators configure) and a miss ends at the first empty slot; a thousand services take
+//! half a hit probes about 1.5 slots on average (1.0 to 1.4 for the evenly spaced VIPs and
+//! ports operators configure) and a miss ends at the first empty slot; a thousand services take
 //! 48 KB, which stays in the cache. The builder updates tables in place
 //! ([`super::Builder::update`]), so the index takes insertions and removals too (removal
 //! shifts the following entries back, as linear probing needs, leaving no tombstones).
