@@ -212,6 +212,7 @@ impl Builder {
         let mut live: HashSet<BackendKey> = HashSet::new();
         let mut used: HashMap<MaglevInput, Arc<maglev::Table>> = HashMap::new();
         t.services.reserve(cfg.services.len());
+        t.frontends.reserve(cfg.services.len());
         for (si, s) in cfg.services.iter().enumerate() {
             let svc = self.make_service(&mut t, si as u32, s, &down, &mut live, &mut used)?;
             self.slots.insert(s.name.clone(), si as u32);
@@ -352,7 +353,7 @@ impl Builder {
                 continue;
             };
             let f = frontend_of(s);
-            if let Some(&other) = t.frontends.get(&f) {
+            if let Some(other) = t.frontends.get(&f.vip, f.port, f.proto) {
                 return Err(TableError::FrontendTaken {
                     service: s.name.clone(),
                     other: t.services[other as usize].name.clone(),
@@ -507,7 +508,8 @@ impl Builder {
             .iter()
             .map(|n| Prefix::new(n.addr(), n.prefix_len()))
             .collect();
-        t.frontends.insert(frontend, si);
+        t.frontends
+            .insert(frontend.vip, frontend.port, frontend.proto, si);
         self.vips
             .entry((frontend.vip, frontend.proto))
             .or_default()
@@ -541,8 +543,8 @@ impl Builder {
         left: &mut Vec<BackendKey>,
     ) {
         let f = old.frontend;
-        if t.frontends.get(&f) == Some(&si) {
-            t.frontends.remove(&f);
+        if t.frontends.get(&f.vip, f.port, f.proto) == Some(si) {
+            t.frontends.remove(&f.vip, f.port, f.proto);
         }
         let vk = (f.vip, f.proto);
         if let Some(v) = self.vips.get_mut(&vk) {
@@ -577,7 +579,8 @@ impl Builder {
         to: u32,
         touched: &mut Vec<(Addr, Proto)>,
     ) {
-        if let Some(v) = t.frontends.get_mut(&s.frontend) {
+        let f = s.frontend;
+        if let Some(v) = t.frontends.get_mut(&f.vip, f.port, f.proto) {
             *v = to;
         }
         let vk = (s.frontend.vip, s.frontend.proto);

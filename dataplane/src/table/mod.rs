@@ -28,10 +28,12 @@ use crate::maglev;
 use crate::wire::ethernet::Address as Mac;
 
 mod builder;
+mod frontends;
 #[cfg(test)]
 mod tests;
 
 pub use builder::{Builder, Change, TableError};
+use frontends::Frontends;
 
 /// A frontend: what a client addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -330,7 +332,9 @@ pub struct ServiceTable {
     /// One past the highest [`Service::id`] the builder has handed out: the length of an
     /// array indexed by service id that covers every service of this table.
     pub service_ids: u32,
-    frontends: HashMap<Frontend, u32>,
+    /// Frontend (VIP, port, protocol) to service index, probed by every packet
+    /// ([`frontends`]).
+    frontends: Frontends,
     by_vip_proto: HashMap<(Addr, Proto), VipProto>,
     /// nat backends (address, port, protocol), each with the number of services that have it.
     nat_backends: HashMap<(Addr, u16, Proto), u32>,
@@ -395,7 +399,7 @@ impl ServiceTable {
             timeouts: Timeouts::default(),
             locals: Vec::new(),
             service_ids: 0,
-            frontends: HashMap::new(),
+            frontends: Frontends::new(),
             by_vip_proto: HashMap::new(),
             nat_backends: HashMap::new(),
         }
@@ -404,7 +408,7 @@ impl ServiceTable {
     /// The service index for a frontend.
     #[inline(always)]
     pub fn service_for(&self, f: &Frontend) -> Option<u32> {
-        self.frontends.get(f).copied()
+        self.frontends.get(&f.vip, f.port, f.proto)
     }
 
     /// The service for a non-first fragment (which has no ports) to `vip` with `proto`.
