@@ -288,18 +288,6 @@ fn fast_ipv4(h: &[u8; FAST_LEN], len: usize, l3: usize, p: &mut Parsed) -> bool 
     // shorter than the header, which then holds no transport header either.
     let room = total as isize - ipv4::HEADER_LEN as isize;
     match Proto(ip.protocol()) {
-        proto::TCP => {
-            let t = tcp::Packet::new_unchecked(&h[L4..L4 + tcp::HEADER_LEN]);
-            let hl = t.header_len();
-            if hl < tcp::HEADER_LEN || hl as isize > room {
-                return false;
-            }
-            p.key.proto = proto::TCP;
-            (p.key.src_port, p.key.dst_port) = t.ports().pair();
-            p.tcp_flags = t.flags();
-            p.l4_partial = partial_v4(src, dst, proto::TCP, total, t.checksum());
-            true
-        }
         proto::UDP => {
             let u = udp::Packet::new_unchecked(&h[L4..L4 + udp::HEADER_LEN]);
             let ul = u.len() as usize;
@@ -310,6 +298,18 @@ fn fast_ipv4(h: &[u8; FAST_LEN], len: usize, l3: usize, p: &mut Parsed) -> bool 
             (p.key.src_port, p.key.dst_port) = u.ports().pair();
             p.tcp_flags = 0;
             p.l4_partial = partial_v4(src, dst, proto::UDP, total, u.checksum());
+            true
+        }
+        proto::TCP => {
+            let t = tcp::Packet::new_unchecked(&h[L4..L4 + tcp::HEADER_LEN]);
+            let hl = t.header_len();
+            if hl < tcp::HEADER_LEN || hl as isize > room {
+                return false;
+            }
+            p.key.proto = proto::TCP;
+            (p.key.src_port, p.key.dst_port) = t.ports().pair();
+            p.tcp_flags = t.flags();
+            p.l4_partial = partial_v4(src, dst, proto::TCP, total, t.checksum());
             true
         }
         _ => false,
