@@ -256,13 +256,7 @@ fn nat(frame: &mut Frame<'_>, p: &Parsed, dst_side: bool, addr: &Addr, port: u16
         }
         ip.set_hop_limit(p.ttl - 1);
     } else {
-        let mut ip = ipv4::Packet::new_unchecked(&mut d[p.l3..]);
-        if dst_side {
-            ip.set_dst(v4_unmapped(addr));
-        } else {
-            ip.set_src(v4_unmapped(addr));
-        }
-        ip.decrement_ttl();
+        ipv4::Packet::new_unchecked(&mut d[p.l3..]).translate(dst_side, v4_unmapped(addr));
     }
     if p.key.proto == proto::SCTP {
         sctp_checksum(d, p);

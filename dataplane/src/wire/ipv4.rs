@@ -208,6 +208,27 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         self.set_checksum(c);
     }
 
+    /// A routed translation: sets the destination address (`dst_side`) or the source address
+    /// to `a` and decrements the TTL, updating the header checksum once for both changes,
+    /// which gives the checksum of [`Packet::set_dst`] or [`Packet::set_src`] and then
+    /// [`Packet::decrement_ttl`]. Callers check that the TTL is above 1 first.
+    #[inline]
+    pub fn translate(&mut self, dst_side: bool, a: [u8; 4]) {
+        let (old, at) = if dst_side {
+            (self.dst(), field::DST)
+        } else {
+            (self.src(), field::SRC)
+        };
+        let b = self.buf.as_ref();
+        let ttl_proto = u16::from_be_bytes([b[field::TTL], b[field::PROTO]]);
+        let decremented = ttl_proto.wrapping_sub(0x0100);
+        let delta = checksum::change(&old, &a) + checksum::change16(ttl_proto, decremented);
+        let c = checksum::apply(self.checksum(), delta);
+        self.buf.as_mut()[at].copy_from_slice(&a);
+        put16(self.buf.as_mut(), field::TTL, decremented);
+        self.set_checksum(c);
+    }
+
     /// Writes the header checksum field.
     pub fn set_checksum(&mut self, c: u16) {
         put16(self.buf.as_mut(), field::CHECKSUM, c);
@@ -280,6 +301,32 @@ mod tests {
         let c = checksum::checksum(&b[..20]);
         b[10..12].copy_from_slice(&c.to_be_bytes());
         b
+    }
+
+    #[test]
+    fn a_translation_is_an_address_change_and_a_ttl_decrement() {
+        let mut x = 0x51_7cc1_b727_220au64;
+        for round in 0..20_000u64 {
+            x = crate::hash::mix64(x.wrapping_add(round));
+            let mut b = with_checksum();
+            b[8] = 2 + (x as u8 % 254);
+            b[12..20].copy_from_slice(&(x.rotate_left(17)).to_be_bytes());
+            // Every checksum value, all ones and zero included, not only the right one.
+            b[10..12].copy_from_slice(&((x >> 48) as u16).to_be_bytes());
+            let a = (x as u32).to_be_bytes();
+            for dst_side in [true, false] {
+                let (mut one, mut two) = (b, b);
+                Packet::new_unchecked(&mut one[..]).translate(dst_side, a);
+                let mut p = Packet::new_unchecked(&mut two[..]);
+                if dst_side {
+                    p.set_dst(a);
+                } else {
+                    p.set_src(a);
+                }
+                p.decrement_ttl();
+                assert_eq!(one, two, "round {round}");
+            }
+        }
     }
 
     #[test]
