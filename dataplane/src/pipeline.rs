@@ -690,7 +690,15 @@ impl Pipeline {
             FlowState::Udp
         };
         let value = FlowValue::new(b.id, b.incarnation, state, now);
-        match self.flows.insert_hashed(*key, fh, value, now) {
+        // The lookup above found no live entry for the key, and it reclaimed an expired one,
+        // so nothing needs overwriting; unless session affinity, whose key is the flow's
+        // with source port 0, has just stored one for a flow from source port 0.
+        let inserted = if stale.is_none() && s.affinity_secs == 0 {
+            self.flows.insert_absent_hashed(*key, fh, value, now)
+        } else {
+            self.flows.insert_hashed(*key, fh, value, now)
+        };
+        match inserted {
             Ok(_) => {
                 self.counters.flows_created += 1;
                 let mut kept = true;
