@@ -672,7 +672,9 @@ impl Pipeline {
             }
             let rkey = reply_key(key, b);
             let rh = rkey.hash(SEED_FLOW);
-            if let Some(r) = self.flows.lookup_hashed(&rkey, rh, now) {
+            let found = self.flows.lookup_hashed(&rkey, rh, now);
+            let absent = found.is_none();
+            if let Some(r) = found {
                 // The reply tuple names the backend's address and port, so a live reply entry
                 // for it is this flow's (same backend id and incarnation) or belongs to a flow
                 // to another service with a backend at the same address and port. One whose
@@ -681,7 +683,7 @@ impl Pipeline {
                     return Err(Verdict::Drop(DropReason::NatCollision));
                 }
             }
-            reply = Some((rkey, rh));
+            reply = Some((rkey, rh, absent));
         }
         self.new_flows[b.id.0 as usize % NEW_FLOW_SLOTS] += 1;
         let state = if tcp {
@@ -702,12 +704,20 @@ impl Pipeline {
             Ok(_) => {
                 self.counters.flows_created += 1;
                 let mut kept = true;
-                if let Some((rkey, rh)) = reply {
+                if let Some((rkey, rh, absent)) = reply {
                     let mut reply = value;
                     let mut client = [0u8; 6];
                     client.copy_from_slice(&frame.data()[6..12]);
                     reply.set_peer_mac(client.into());
-                    if self.flows.insert_hashed(rkey, rh, reply, now).is_err() {
+                    // Absent when looked up, and still: unless it is the key just stored (a
+                    // client that is its own backend, through its own VIP) or an affinity
+                    // key stored since.
+                    let stored = if absent && rkey != *key && s.affinity_secs == 0 {
+                        self.flows.insert_absent_hashed(rkey, rh, reply, now)
+                    } else {
+                        self.flows.insert_hashed(rkey, rh, reply, now)
+                    };
+                    if stored.is_err() {
                         // Replies will not be translated: undo the forward entry so the state
                         // stays symmetric, and count the flow as stateless.
                         self.flows.remove(key);
