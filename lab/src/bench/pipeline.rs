@@ -307,9 +307,10 @@ const METHOD: &str = "mpps and ns_per_packet: median over the batches of each ba
 /// [`Report::bare_method`].
 const BARE_METHOD: &str = "independent lookups one after another in a plain loop (no \
                            prefetch, no staging) in a linear-probing table of 32-byte slots \
-                           (16-byte key, 8-byte value), load <= 1/2, the dataplane's flow hash, \
-                           keys in the established traffic's order; not prefetched; median of \
-                           per-batch ns/lookup over batches of timed_batch lookups";
+                           (16-byte key, 8-byte value), load <= 1/2, on transparent huge \
+                           pages as the flow table, the dataplane's flow hash, keys in the \
+                           established traffic's order; not prefetched; median of per-batch \
+                           ns/lookup over batches of timed_batch lookups";
 
 /// Runs the benchmark and prints a table, or JSON (`{"results": [...], "bare": [...]}`).
 ///
