@@ -77,6 +77,16 @@
 //! DRAM miss, with a table far larger than the caches, the lines a packet touches are most of
 //! its cost: the earlier 88-byte entry spanned two or three lines.
 //!
+//! A probe is one line (the tag line) and a hit two (the tag line, then its entry). The
+//! other layout, keys in the probed line, makes a hit one line but every probe a line of
+//! full keys: a 38-byte key leaves room for one per line, so screening a bucket would read
+//! eight lines where it now reads a quarter of one, and a miss, every new flow's case, would
+//! no longer be one line. When a batch's misses are all in flight at once (the pipeline
+//! prefetches a chunk's tag lines, then its entries), what a hit costs is its share of the
+//! core's line-fill buffers rather than the lines' latency, so one line per hit would cut the
+//! memory share of an established packet at 8M flows by up to half; docs/performance.md has
+//! the figures and the estimate.
+//!
 //! Memory is 66 bytes per way: a table of 1M ways (131072 buckets) takes 66 MiB per core.
 //!
 //! # Entries per backend
