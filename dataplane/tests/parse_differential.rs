@@ -317,14 +317,7 @@ fn build(g: &Gen) -> Vec<u8> {
             options,
         } => {
             let mut h = TcpHeader::new(*sport, *dport, 1, 1000);
-            h.fin = flags & 0x01 != 0;
-            h.syn = flags & 0x02 != 0;
-            h.rst = flags & 0x04 != 0;
-            h.psh = flags & 0x08 != 0;
-            h.ack = flags & 0x10 != 0;
-            h.urg = flags & 0x20 != 0;
-            h.ece = flags & 0x40 != 0;
-            h.cwr = flags & 0x80 != 0;
+            strait_testkit::frames::set_tcp_flags(&mut h, *flags);
             h.set_options_raw(options).unwrap();
             step.tcp_header(h).write(&mut out, &g.payload).unwrap();
         }

@@ -315,11 +315,7 @@ fn build(s: &Spec) -> Vec<u8> {
     let mut out = Vec::new();
     if s.tcp {
         let mut h = TcpHeader::new(s.sport, s.dport, 0x0100_0000 ^ s.sport as u32, 64240);
-        h.fin = s.flags & 0x01 != 0;
-        h.syn = s.flags & 0x02 != 0;
-        h.rst = s.flags & 0x04 != 0;
-        h.psh = s.flags & 0x08 != 0;
-        h.ack = s.flags & 0x10 != 0;
+        strait_testkit::frames::set_tcp_flags(&mut h, s.flags);
         h.acknowledgment_number = if h.ack { 7 } else { 0 };
         b.tcp_header(h).write(&mut out, &s.payload).unwrap();
     } else {

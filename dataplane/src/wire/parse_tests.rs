@@ -227,14 +227,7 @@ fn build(s: &Spec) -> Vec<u8> {
     let (proto, l4): (u8, Vec<u8>) = match &s.upper {
         Upper::Tcp { flags, options, .. } => {
             let mut t = TcpHeader::new(s.ports.0, s.ports.1, 0x0102_0304, 64240);
-            t.fin = flags & 0x01 != 0;
-            t.syn = flags & 0x02 != 0;
-            t.rst = flags & 0x04 != 0;
-            t.psh = flags & 0x08 != 0;
-            t.ack = flags & 0x10 != 0;
-            t.urg = flags & 0x20 != 0;
-            t.ece = flags & 0x40 != 0;
-            t.cwr = flags & 0x80 != 0;
+            strait_testkit::frames::set_tcp_flags(&mut t, *flags);
             // NOPs, then an end of options.
             let mut o = vec![1u8; *options];
             if let Some(last) = o.last_mut() {

@@ -7,6 +7,7 @@
 //! - [`harness`]: commands with errors that name them, network namespaces and veths removed
 //!   on drop, processes killed (by pid) on drop, polling with a deadline, captures read
 //!   with tshark, the workspace's binaries;
+//! - [`frames`]: what frame-building tests share on top of etherparse (the TCP flags byte);
 //! - [`fake_api`] and [`objects`]: a fake Kubernetes API server speaking the real
 //!   list/watch wire format, and the objects the tests give it;
 //! - [`alloc`]: a global allocator that counts a thread's allocations (the proof that a loop
@@ -23,6 +24,7 @@ pub mod alloc;
 pub mod bird;
 pub mod config;
 pub mod fake_api;
+pub mod frames;
 pub mod harness;
 pub mod objects;
 pub mod packet_socket;
