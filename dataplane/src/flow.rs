@@ -82,10 +82,10 @@
 //! full keys: a 38-byte key leaves room for one per line, so screening a bucket would read
 //! eight lines where it now reads a quarter of one, and a miss, every new flow's case, would
 //! no longer be one line. When a batch's misses are all in flight at once (the pipeline
-//! prefetches a chunk's tag lines, then its entries), what a hit costs is its share of the
-//! core's line-fill buffers rather than the lines' latency, so one line per hit would cut the
-//! memory share of an established packet at 8M flows by up to half; docs/performance.md has
-//! the figures and the estimate.
+//! prefetches a chunk's tag lines, then its entries), what a hit costs is probably its share
+//! of the core's line-fill buffers more than the lines' latency, in which case one line per
+//! hit would cut the memory share of an established packet at 8M flows by up to half;
+//! docs/performance.md has the figures and says what is estimate.
 //!
 //! Memory is 66 bytes per way: a table of 1M ways (131072 buckets) takes 66 MiB per core.
 //!
