@@ -15,7 +15,7 @@
 //!   sized), so a hit probes 1.5 slots on average, almost always within one line. Keys are
 //!   inserted once, up front, in the order they are looked up. Its memory is the flow
 //!   table's: advised to use transparent huge pages before it is first written
-//!   ([`strait_dataplane::hint::advise_huge_pages`]), so that neither side pays a page walk
+//!   ([`strait_dataplane::hint::huge_filled`]), so that neither side pays a page walk
 //!   the other does not (with 4 KiB pages a lookup at 8M flows is also a TLB miss, several
 //!   nanoseconds on its own).
 //! - **Key and hash.** The key is the TCP 4-tuple and protocol of a [`crate::flow`], 13 bytes
@@ -61,7 +61,7 @@ pub fn key(t: &Tuple) -> [u64; 2] {
 /// An open-addressing, linear-probing table of [`Slot`]s.
 #[derive(Debug)]
 pub struct BareTable {
-    slots: Vec<Slot>,
+    slots: Box<[Slot]>,
     mask: usize,
 }
 
@@ -69,11 +69,11 @@ impl BareTable {
     /// An empty table of `2 * flows` slots rounded up to a power of two (at least 2).
     pub fn with_flows(flows: usize) -> Self {
         let n = (flows * 2).next_power_of_two().max(2);
-        let mut slots = Vec::with_capacity(n);
-        // The flow table's memory: huge pages where the kernel gives them.
-        strait_dataplane::hint::advise_huge_pages(slots.spare_capacity_mut());
-        slots.resize(n, Slot::default());
-        Self { slots, mask: n - 1 }
+        Self {
+            // The flow table's memory: huge pages where the kernel gives them.
+            slots: strait_dataplane::hint::huge_filled(n, Slot::default()),
+            mask: n - 1,
+        }
     }
 
     /// Bytes of the slot array.

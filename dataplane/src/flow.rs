@@ -595,15 +595,6 @@ impl RateLimiter {
     }
 }
 
-/// `n` copies of `value` in memory advised to use huge pages before it is first written
-/// (see [`crate::hint::advise_huge_pages`]).
-fn huge_filled<T: Copy>(n: usize, value: T) -> Box<[T]> {
-    let mut v = Vec::with_capacity(n);
-    crate::hint::advise_huge_pages(v.spare_capacity_mut());
-    v.resize(n, value);
-    v.into_boxed_slice()
-}
-
 /// A fixed-capacity, set-associative flow table owned by one worker core.
 ///
 /// See the [module documentation](self) for the design. All memory is allocated in
@@ -658,8 +649,11 @@ impl FlowTable {
             "flow table capacity {capacity} exceeds the maximum {MAX_CAPACITY}"
         );
         FlowTable {
-            tags: huge_filled(buckets.div_ceil(GROUP), TagLine([Tags([0; WAYS]); GROUP])),
-            entries: huge_filled(buckets, [Entry::EMPTY; WAYS]),
+            tags: crate::hint::huge_filled(
+                buckets.div_ceil(GROUP),
+                TagLine([Tags([0; WAYS]); GROUP]),
+            ),
+            entries: crate::hint::huge_filled(buckets, [Entry::EMPTY; WAYS]),
             mask: buckets - 1,
             len: 0,
             timeouts,

@@ -94,6 +94,15 @@ pub fn any_eq_u16x8x4(rows: [&[u16; 8]; 4], value: u16) -> bool {
     }
 }
 
+/// `n` copies of `value` in memory advised to use huge pages before it is first written
+/// ([`advise_huge_pages`]): the flow table's arrays, and any table measured against them.
+pub fn huge_filled<T: Copy>(n: usize, value: T) -> Box<[T]> {
+    let mut v = Vec::with_capacity(n);
+    advise_huge_pages(v.spare_capacity_mut());
+    v.resize(n, value);
+    v.into_boxed_slice()
+}
+
 /// Asks the kernel to back `mem` with transparent huge pages (`madvise(MADV_HUGEPAGE)`),
 /// before it is first touched. The flow table is hundreds of megabytes read at random: with
 /// 4 KiB pages nearly every lookup is also a TLB miss and a page walk; 2 MiB pages make the
