@@ -81,11 +81,12 @@
 //! other layout, keys in the probed line, makes a hit one line but every probe a line of
 //! full keys: a 38-byte key leaves room for one per line, so screening a bucket would read
 //! eight lines where it now reads a quarter of one, and a miss, every new flow's case, would
-//! no longer be one line. When a batch's misses are all in flight at once (the pipeline
-//! prefetches a chunk's tag lines, then its entries), what a hit costs is probably its share
-//! of the core's line-fill buffers more than the lines' latency, in which case one line per
-//! hit would cut the memory share of an established packet at 8M flows by up to half;
-//! docs/performance.md has the figures and says what is estimate.
+//! no longer be one line. Making most hits one line while keeping the tag line was measured
+//! and not kept: a home way per key (three hash bits), taken by an insert when empty and read
+//! first by a lookup, with the tag copied into the entry. Three keys in four sat at home, but
+//! the fourth then took three lines in series, and established packets were no faster at 8M
+//! flows and 4-7 % slower at 1M, where the tag array stays in the last-level cache;
+//! docs/performance.md ("One line per hit, measured") has the runs.
 //!
 //! Memory is 66 bytes per way: a table of 1M ways (131072 buckets) takes 66 MiB per core.
 //!
