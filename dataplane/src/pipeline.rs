@@ -83,10 +83,12 @@ impl From<Verdict> for Decision {
 /// pipeline's users have always found it.
 pub use crate::hash::owner_core;
 
-/// Frames [`Pipeline::process_batch`] works on together. Large enough that the flow-table
-/// misses of a batch overlap (a DRAM miss costs about 170 ns on the CI machine, and a core
-/// keeps 10-20 misses in flight), small enough that the batch's frames and staged parse
-/// results stay in L1 (32 x ~170 bytes staged). Equal to the AF_XDP RX batch.
+/// Frames [`Pipeline::process_batch`] works on together: half the AF_XDP RX batch. Large
+/// enough that the flow-table misses of a chunk overlap (a DRAM miss costs about 170 ns on
+/// the CI machine, and a core keeps 10-20 misses in flight), small enough that the chunk's
+/// frames and staged parse results stay in L1 (32 x ~170 bytes staged). Measured against 16
+/// and 64 (docs/performance.md, "Where the time goes"): 64 was slower everywhere, 16 faster
+/// on new flows and slower on established ones.
 pub const BATCH: usize = 32;
 
 /// What port `port` does with a frame, before parsing: `Ok(true)` take it, `Ok(false)` leave
