@@ -84,9 +84,10 @@
 //! no longer be one line. Making most hits one line while keeping the tag line was measured
 //! and not kept: a home way per key (three hash bits), taken by an insert when empty and read
 //! first by a lookup, with the tag copied into the entry. Three keys in four sat at home, but
-//! the fourth then took three lines in series, and established packets were no faster at 8M
-//! flows and 4-7 % slower at 1M, where the tag array stays in the last-level cache;
-//! docs/performance.md ("One line per hit, measured") has the runs.
+//! the line they saved is the cheap one (the tag array, a thirty-second of the entries' size,
+//! is mostly cached), the fourth read its home entry for nothing and then took three lines
+//! in series, and established packets were no faster at 8M flows and 4-7 % slower at 1M;
+//! docs/performance.md ("One line per hit, measured", "What a line costs") has the runs.
 //!
 //! Memory is 66 bytes per way: a table of 1M ways (131072 buckets) takes 66 MiB per core.
 //!
