@@ -73,9 +73,10 @@
 //! The value is kept to 24 bytes so that the entry fits its line: the backend is named by
 //! [`BackendId`] and incarnation rather than by its 16-byte address (the snapshot has the
 //! address; the incarnation catches reused ids), and the last-seen time is 40 bits of
-//! milliseconds, so idle times and timeouts are counted in whole milliseconds. At 170 ns a
-//! DRAM miss, with a table far larger than the caches, the lines a packet touches are most of
-//! its cost: the earlier 88-byte entry spanned two or three lines.
+//! milliseconds, so idle times and timeouts are counted in whole milliseconds. With a table
+//! far larger than the caches, the lines a packet touches are most of its memory cost, each
+//! priced by the array it comes from (docs/performance.md, "What a line costs"): an entry
+//! with the address in it would span two lines.
 //!
 //! A probe is one line (the tag line) and a hit two (the tag line, then its entry). The
 //! other layout, keys in the probed line, makes a hit one line but every probe a line of

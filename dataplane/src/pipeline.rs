@@ -84,9 +84,10 @@ impl From<Verdict> for Decision {
 pub use crate::hash::owner_core;
 
 /// Frames [`Pipeline::process_batch`] works on together: half the AF_XDP RX batch. Large
-/// enough that the flow-table misses of a chunk overlap (a DRAM miss costs about 170 ns on
-/// the CI machine, and a core keeps 10-20 misses in flight), small enough that the chunk's
-/// frames and staged parse results stay in L1 (32 x ~170 bytes staged). Measured against 16
+/// enough that the flow-table misses of a chunk overlap (a random read of the entries costs
+/// 160-240 ns on the CI machine, and about 14 are in flight at once: docs/performance.md,
+/// "What a line costs"), small enough that the chunk's frames and staged parse results stay
+/// in L1 (32 x ~170 bytes staged). Measured against 16
 /// and 64 (docs/performance.md, "Where the time goes"): 64 was slower everywhere, 16 faster
 /// on new flows and slower on established ones.
 pub const BATCH: usize = 32;
