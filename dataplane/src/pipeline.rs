@@ -149,8 +149,9 @@ struct Staged {
     parsed: Parsed,
     hash: u64,
     svc: Option<Option<u32>>,
-    /// The Maglev slot of a frame that opens a connection (a SYN, an SCTP INIT), computed
-    /// once for its prefetch and its warming; `None` for other frames.
+    /// The Maglev slot of the frame's flow hash in its service's table, computed once in
+    /// staging for a frame that opens a connection (a SYN, an SCTP INIT) or whose flow
+    /// missed, and used again by the decision; `None` for other frames.
     slot: Option<Slot>,
 }
 
@@ -254,20 +255,21 @@ impl Pipeline {
     /// Equivalent to calling [`Pipeline::process`] on each frame in order, but done in passes
     /// so that the cache misses of the whole batch overlap instead of following one another:
     ///
-    /// 1. parse every frame (in place, into its staged slot); hash every frame and prefetch
-    ///    its flow bucket's tags (a loop of its own, so that the hashes' multiply chains
-    ///    overlap); look up every frame's frontend and prefetch the service record;
+    /// 1. parse every frame (in place, into its staged slot); then, in a second loop, hash
+    ///    every frame, prefetch its flow bucket's tags, look up its frontend and prefetch the
+    ///    service record (and a SYN's Maglev slot);
     /// 2. prefetch each frame's matching entry; for a frame whose flow misses (a new flow,
     ///    most likely), prefetch the way its insert will take and read its Maglev slot and
     ///    backend, and in nat mode prefetch the bucket of its reply tuple;
     /// 3. in nat mode, prefetch those reply tuples' entries (or insert ways);
-    /// 4. decide, in order.
+    /// 4. decide, in order, with each frame's hash, service and Maglev slot from passes 1-2.
     ///
     /// Passes 1-3 only read; every decision is made in pass 4, so the verdicts are those of
     /// [`Pipeline::process`]. While a capture is armed ([`crate::capture`]), an out-of-line
     /// twin of this loop shows each frame to it before its rewrite and after its decision;
-    /// otherwise a call pays one load and one branch for that. With a table larger than the caches, memory latency is most of
-    /// the per-packet cost, and a batch waits for it about once per pass, not once per frame.
+    /// otherwise a call pays one load and one branch for that. With a table larger than the
+    /// caches, memory latency is most of the per-packet cost, and a batch waits for it about
+    /// once per pass, not once per frame.
     ///
     /// # Panics
     /// If `verdicts` is shorter than `frames`.
@@ -293,7 +295,9 @@ impl Pipeline {
             let staged = core::mem::take(&mut self.staged);
             for ((f, v), st) in frames.iter_mut().zip(verdicts.iter_mut()).zip(&staged[..]) {
                 *v = match st.svc {
-                    Some(Some(si)) => self.finish_flow(t, now, ingress, f, &st.parsed, st.hash, si),
+                    Some(Some(si)) => {
+                        self.finish_flow(t, now, ingress, f, &st.parsed, st.hash, si, st.slot)
+                    }
                     _ => self.finish(t, now, ingress, f, st.parsed(), st.hash, st.svc),
                 };
             }
@@ -347,51 +351,45 @@ impl Pipeline {
         for (f, st) in frames.iter().zip(self.staged.iter_mut()) {
             st.ip = admit_and_parse(f.data(), port, &mut st.parsed);
         }
-        // Hashes on their own: a flow hash is a chain of dependent multiplies, and in a
-        // short loop the chains of several frames overlap.
         for st in &mut self.staged[..frames.len()] {
-            st.hash = flow_hash(st.parsed());
-            if st.hash != 0 {
-                self.flows.prefetch_bucket(st.hash);
-            }
-        }
-        for st in &mut self.staged[..frames.len()] {
-            let h = st.hash;
-            let mut svc = None;
+            let h = flow_hash(st.parsed());
+            st.hash = h;
             st.slot = None;
-            if let (Ok(Some(p)), true) = (st.parsed(), h != 0) {
-                let si = t.service_for(&Frontend {
-                    vip: p.key.dst,
-                    port: p.key.dst_port,
-                    proto: p.key.proto,
-                });
-                if let Some(s) = si.and_then(|si| t.services.get(si as usize)) {
-                    crate::hint::prefetch(&s.acl);
-                    crate::hint::prefetch(&s.mode);
-                    crate::hint::prefetch(&s.affinity_secs);
-                    if matches!(p.key.proto, proto::TCP | proto::SCTP)
-                        && p.tcp_flags & (flags::SYN | flags::ACK) == flags::SYN
-                    {
-                        // A connection's first segment (or an SCTP INIT): its flow is almost surely new,
-                        // and will need its Maglev slot in pass 2.
-                        let slot = s.maglev.slot(maglev_hash(h));
-                        s.maglev.prefetch(slot);
-                        st.slot = Some(slot);
-                    }
+            st.svc = None;
+            let (Ok(Some(p)), true) = (st.parsed(), h != 0) else {
+                continue;
+            };
+            self.flows.prefetch_bucket(h);
+            let si = t.service_for(&Frontend {
+                vip: p.key.dst,
+                port: p.key.dst_port,
+                proto: p.key.proto,
+            });
+            if let Some(s) = si.and_then(|si| t.services.get(si as usize)) {
+                crate::hint::prefetch(&s.acl);
+                crate::hint::prefetch(&s.mode);
+                crate::hint::prefetch(&s.affinity_secs);
+                if matches!(p.key.proto, proto::TCP | proto::SCTP)
+                    && p.tcp_flags & (flags::SYN | flags::ACK) == flags::SYN
+                {
+                    // A connection's first segment (or an SCTP INIT): its flow is almost
+                    // surely new, and will need its Maglev slot in pass 2.
+                    let slot = s.maglev.slot(maglev_hash(h));
+                    s.maglev.prefetch(slot);
+                    st.slot = Some(slot);
                 }
-                svc = Some(si);
             }
-            st.svc = svc;
+            st.svc = Some(si);
         }
         let mut replies = false;
         for (st, rh) in self.staged[..frames.len()]
-            .iter()
+            .iter_mut()
             .zip(self.reply_hashes.iter_mut())
         {
             *rh = 0;
             if st.hash != 0 && !self.flows.prefetch_entry(st.hash) {
                 if let Some(Some(si)) = st.svc {
-                    *rh = warm_new_flow(t, &self.flows, &st.parsed, st.hash, si, st.slot);
+                    *rh = warm_new_flow(t, &self.flows, &st.parsed, st.hash, si, &mut st.slot);
                     replies |= *rh != 0;
                 }
             }
@@ -465,10 +463,11 @@ impl Pipeline {
         p: &Parsed,
         fh: u64,
         si: u32,
+        slot: Option<Slot>,
     ) -> Verdict {
         debug_assert!(p.embedded.is_none() && p.frag == Frag::None);
         self.counters.rx += 1;
-        let v = self.decide_for_service(t, now, ingress, frame, p, fh, si);
+        let v = self.decide_for_service(t, now, ingress, frame, p, fh, si, slot);
         self.count(v, Some(p));
         v
     }
@@ -534,10 +533,11 @@ impl Pipeline {
         let Some(si) = si else {
             return self.maybe_reply(t, now, frame, p, fh);
         };
-        self.decide_for_service(t, now, ingress, frame, p, fh, si)
+        self.decide_for_service(t, now, ingress, frame, p, fh, si, None)
     }
 
     /// The decision for a TCP, UDP or SCTP packet (or a fragment of one) to service `si`.
+    /// `slot`: the Maglev slot of `fh` in `si`'s table, if the staging pass computed it.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn decide_for_service(
@@ -549,6 +549,7 @@ impl Pipeline {
         p: &Parsed,
         fh: u64,
         si: u32,
+        slot: Option<Slot>,
     ) -> Verdict {
         let s = &t.services[si as usize];
         if !s.allows(&p.key.src) {
@@ -587,7 +588,7 @@ impl Pipeline {
         }
         let key = &p.key;
         debug_assert_eq!(fh, key.hash(SEED_FLOW));
-        let b = match self.established(t, s, key, fh, now, p, frame) {
+        let b = match self.established(t, s, key, fh, slot, now, p, frame) {
             Ok(b) => b,
             Err(v) => return v,
         };
@@ -605,7 +606,7 @@ impl Pipeline {
     }
 
     /// Finds or makes the flow's backend. `Err` carries a final verdict (no backend, nat
-    /// collision).
+    /// collision). `slot`: as in [`Pipeline::decide_for_service`].
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn established<'t>(
@@ -614,6 +615,7 @@ impl Pipeline {
         s: &Service,
         key: &FlowKey,
         fh: u64,
+        slot: Option<Slot>,
         now: u64,
         p: &Parsed,
         frame: &Frame<'_>,
@@ -661,7 +663,10 @@ impl Pipeline {
         // A new flow, or one whose backend is gone.
         let b = match self.affinity(t, s, p, now) {
             Some(b) => b,
-            None => pick(t, s, maglev_hash(fh)).ok_or(Verdict::Drop(DropReason::NoBackend))?,
+            None => {
+                let slot = slot.unwrap_or_else(|| s.maglev.slot(maglev_hash(fh)));
+                pick_at(t, s, slot).ok_or(Verdict::Drop(DropReason::NoBackend))?
+            }
         };
         if tcp && p.tcp_flags & flags::RST != 0 && stale.is_none() {
             // A RST for an unknown flow never creates state: forward it by Maglev only.
@@ -1029,6 +1034,8 @@ fn record(
 /// only after the Maglev choice, so otherwise a serial miss per new flow). Returns the reply
 /// tuple's hash in nat mode (so that the caller can prefetch its entry once the bucket is in),
 /// else 0. Pure reads: the decision itself is made later, in order, by [`Pipeline::step`].
+/// `slot` is the frame's Maglev slot if already computed; computed here otherwise, and kept
+/// for the decision.
 #[inline(always)]
 fn warm_new_flow(
     t: &ServiceTable,
@@ -1036,7 +1043,7 @@ fn warm_new_flow(
     p: &Parsed,
     fh: u64,
     si: u32,
-    slot: Option<Slot>,
+    slot: &mut Option<Slot>,
 ) -> u64 {
     let Some(s) = t.services.get(si as usize) else {
         return 0;
@@ -1044,7 +1051,7 @@ fn warm_new_flow(
     if s.affinity_secs != 0 {
         return 0;
     }
-    let slot = slot.unwrap_or_else(|| s.maglev.slot(maglev_hash(fh)));
+    let slot = *slot.get_or_insert_with(|| s.maglev.slot(maglev_hash(fh)));
     let Some(b) = pick_at(t, s, slot) else {
         return 0;
     };

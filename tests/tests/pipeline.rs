@@ -495,18 +495,20 @@ fn nat_flows_owned_by_another_core_are_handed_off() {
 
 #[test]
 fn batches_decide_exactly_like_single_frames() {
-    // A mix of every path: new flows, repeats, nat replies, drops, passes, fragments, and
-    // checksums left to offload.
+    // A mix of every path: new flows, repeats, nat replies, drops, passes, fragments,
+    // checksums left to offload, and session affinity (SYNs and strays).
     let mut frames = Vec::new();
     for i in 0..300u16 {
         let port = 20000 + i % 97;
-        frames.push(match i % 7 {
+        frames.push(match i % 9 {
             0 => offload(&tcp("192.0.2.7", port, "203.0.113.10", 80, "S", &[])),
             1 => tcp("192.0.2.7", port, "203.0.113.13", 80, "A", b"x"),
             2 => offload(&udp("192.0.2.8", port, "203.0.113.13", 53, b"q")),
             3 => tcp("192.0.2.7", port, "203.0.113.11", 80, "A", &[0; 1460]),
             4 => tcp("198.51.100.21", 8080, "192.0.2.7", port, "SA", &[]),
             5 => tcp("192.0.2.200", port, "203.0.113.14", 443, "S", &[]),
+            6 => tcp("192.0.2.9", port, "203.0.113.15", 80, "S", &[]),
+            7 => tcp("192.0.2.9", port, "203.0.113.15", 80, "A", b"y"),
             _ => tcp("192.0.2.7", port, "192.0.2.1", 22, "S", &[]),
         });
         if i % 11 == 0 {
