@@ -87,9 +87,8 @@ pub use crate::hash::owner_core;
 /// enough that the flow-table misses of a chunk overlap (a random read of the entries costs
 /// 160-240 ns on the CI machine, and about 14 are in flight at once: docs/performance.md,
 /// "What a line costs"), small enough that the chunk's frames and staged parse results stay
-/// in L1 (32 x ~170 bytes staged). Measured against 16
-/// and 64 (docs/performance.md, "Where the time goes"): 64 was slower everywhere, 16 faster
-/// on new flows and slower on established ones.
+/// in L1 (32 x ~170 bytes staged). Measured against 16 and 64 (docs/performance.md, "Where
+/// the time goes"): 64 is slower everywhere; 16 is no different beyond the runs' noise.
 pub const BATCH: usize = 32;
 
 /// What port `port` does with a frame, before parsing: `Ok(true)` take it, `Ok(false)` leave
@@ -373,7 +372,7 @@ impl Pipeline {
                     && p.tcp_flags & (flags::SYN | flags::ACK) == flags::SYN
                 {
                     // A connection's first segment (or an SCTP INIT): its flow is almost
-                    // surely new, and will need its Maglev slot in pass 2.
+                    // surely new, and will need its Maglev slot in pass 2 and its decision.
                     let slot = s.maglev.slot(maglev_hash(h));
                     s.maglev.prefetch(slot);
                     st.slot = Some(slot);
