@@ -17,6 +17,10 @@ use strait_testkit::privileged::{self as gate, Tool};
 const DNSMASQ: Tool = ("dnsmasq", "--version", "dnsmasq-base");
 const ADDR: &str = "192.0.2.1";
 const TIMEOUT: Duration = Duration::from_millis(300);
+/// The timeout of a check that should end at once, refused: long, so that a guest whose
+/// vCPU stalls for a moment (the kernel's ICMP error comes late) does not turn "refused"
+/// into "timeout"; the check must still end well before it.
+const LONG: Duration = Duration::from_secs(3);
 
 fn check(kind: HealthKind) -> HealthCheck {
     HealthCheck {
@@ -26,6 +30,14 @@ fn check(kind: HealthKind) -> HealthCheck {
         timeout: TIMEOUT,
         rise: 1,
         fall: 1,
+    }
+}
+
+/// `hc` with the [`LONG`] timeout.
+fn long(hc: HealthCheck) -> HealthCheck {
+    HealthCheck {
+        timeout: LONG,
+        ..hc
     }
 }
 
@@ -109,10 +121,10 @@ fn udp_check_follows_a_real_echo_server() {
     server.send_to(b"quit", addr).unwrap();
     echoing.join().unwrap();
     drop(server);
-    let refused = probe_in(&ns, &udp(b"ping", None), addr);
+    let refused = probe_in(&ns, &long(udp(b"ping", None)), addr);
     down_with(&refused, "refused");
     assert!(
-        refused.1 < TIMEOUT / 3,
+        refused.1 < LONG / 3,
         "refused after {:?}, not at once",
         refused.1
     );
@@ -186,9 +198,9 @@ fn dns_check_follows_a_real_dnsmasq() {
 
     // dnsmasq stopped: port unreachable, down at once.
     dnsmasq.stop(Duration::from_secs(2));
-    let gone = probe_in(&ns, &hc, addr);
+    let gone = probe_in(&ns, &long(hc), addr);
     down_with(&gone, "refused");
-    assert!(gone.1 < TIMEOUT / 3, "refused after {:?}", gone.1);
+    assert!(gone.1 < LONG / 3, "refused after {:?}", gone.1);
 }
 
 #[test]
