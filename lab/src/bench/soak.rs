@@ -335,11 +335,12 @@ fn soak(
         }
         thread::sleep(every.min(Duration::from_millis(5)));
     }
+    let churned = world.churn_end(t0, every, length)?;
     if flapper.down.is_some() {
         flapper.restart(&load)?;
     }
     checks.check(world)?;
-    let minutes = t0.elapsed().as_secs_f64() / 60.0;
+    let minutes = churned.as_secs_f64() / 60.0;
     samples.push(sample(world, t0, &load));
     // Failures, split by flap windows (times since the load began).
     let windows: Vec<(u64, u64)> = flapper
