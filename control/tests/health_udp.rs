@@ -11,17 +11,12 @@ use std::time::{Duration, Instant};
 
 use strait_config::model::{DnsType, HealthCheck, HealthKind};
 use strait_control::health::probe;
-use strait_testkit::harness::{in_ns, must, sh, wait_for, Netns, Proc};
+use strait_testkit::harness::{in_ns, must, sh, wait_for, wait_udp_port_closed, Netns, Proc};
 use strait_testkit::privileged::{self as gate, Tool};
 
 const DNSMASQ: Tool = ("dnsmasq", "--version", "dnsmasq-base");
 const ADDR: &str = "192.0.2.1";
-/// The checks' timeout: a second, so that an answer delayed by a stalled vCPU still counts.
-const TIMEOUT: Duration = Duration::from_secs(1);
-/// The timeout of a check that should end at once, refused: long, so that a guest whose
-/// vCPU stalls for a moment (the kernel's ICMP error comes late) does not turn "refused"
-/// into "timeout"; the check must still end well before it.
-const LONG: Duration = Duration::from_secs(3);
+const TIMEOUT: Duration = Duration::from_millis(300);
 
 fn check(kind: HealthKind) -> HealthCheck {
     HealthCheck {
@@ -31,14 +26,6 @@ fn check(kind: HealthKind) -> HealthCheck {
         timeout: TIMEOUT,
         rise: 1,
         fall: 1,
-    }
-}
-
-/// `hc` with the [`LONG`] timeout.
-fn long(hc: HealthCheck) -> HealthCheck {
-    HealthCheck {
-        timeout: LONG,
-        ..hc
     }
 }
 
@@ -122,10 +109,11 @@ fn udp_check_follows_a_real_echo_server() {
     server.send_to(b"quit", addr).unwrap();
     echoing.join().unwrap();
     drop(server);
-    let refused = probe_in(&ns, &long(udp(b"ping", None)), addr);
+    ns.run_in(|| wait_udp_port_closed(addr.port()));
+    let refused = probe_in(&ns, &udp(b"ping", None), addr);
     down_with(&refused, "refused");
     assert!(
-        refused.1 < LONG / 3,
+        refused.1 < TIMEOUT / 3,
         "refused after {:?}, not at once",
         refused.1
     );
@@ -199,9 +187,10 @@ fn dns_check_follows_a_real_dnsmasq() {
 
     // dnsmasq stopped: port unreachable, down at once.
     dnsmasq.stop(Duration::from_secs(2));
-    let gone = probe_in(&ns, &long(hc), addr);
+    ns.run_in(|| wait_udp_port_closed(port));
+    let gone = probe_in(&ns, &hc, addr);
     down_with(&gone, "refused");
-    assert!(gone.1 < LONG / 3, "refused after {:?}", gone.1);
+    assert!(gone.1 < TIMEOUT / 3, "refused after {:?}", gone.1);
 }
 
 #[test]
