@@ -778,6 +778,7 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
+        strait_testkit::harness::wait_port_closed(closed.port());
         assert!(probe(&hc(HealthKind::Tcp), closed).is_err());
     }
 
@@ -803,7 +804,7 @@ mod tests {
         let e = probe(&udp(None), addr).unwrap_err();
         assert!(e.contains("timeout"), "{e}");
         drop(server);
-        strait_testkit::harness::wait_udp_port_closed(addr.port());
+        strait_testkit::harness::wait_port_closed(addr.port());
         let e = probe(&udp(None), addr).unwrap_err();
         assert!(e.contains("refused"), "{e}");
     }
@@ -910,6 +911,7 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
+        strait_testkit::harness::wait_port_closed(closed.port());
         assert_eq!(
             check_once(&hc(HealthKind::Tcp), closed).unwrap_err().cause,
             Cause::Refused

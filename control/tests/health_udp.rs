@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use strait_config::model::{DnsType, HealthCheck, HealthKind};
 use strait_control::health::probe;
-use strait_testkit::harness::{in_ns, must, sh, wait_for, wait_udp_port_closed, Netns, Proc};
+use strait_testkit::harness::{in_ns, must, sh, wait_for, wait_port_closed, Netns, Proc};
 use strait_testkit::privileged::{self as gate, Tool};
 
 const DNSMASQ: Tool = ("dnsmasq", "--version", "dnsmasq-base");
@@ -109,7 +109,7 @@ fn udp_check_follows_a_real_echo_server() {
     server.send_to(b"quit", addr).unwrap();
     echoing.join().unwrap();
     drop(server);
-    ns.run_in(|| wait_udp_port_closed(addr.port()));
+    ns.run_in(|| wait_port_closed(addr.port()));
     let refused = probe_in(&ns, &udp(b"ping", None), addr);
     down_with(&refused, "refused");
     assert!(
@@ -187,7 +187,7 @@ fn dns_check_follows_a_real_dnsmasq() {
 
     // dnsmasq stopped: port unreachable, down at once.
     dnsmasq.stop(Duration::from_secs(2));
-    ns.run_in(|| wait_udp_port_closed(port));
+    ns.run_in(|| wait_port_closed(port));
     let gone = probe_in(&ns, &hc, addr);
     down_with(&gone, "refused");
     assert!(gone.1 < TIMEOUT / 3, "refused after {:?}", gone.1);

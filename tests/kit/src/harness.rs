@@ -133,21 +133,22 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
     }
 }
 
-/// Waits until no UDP socket of the calling thread's network namespace is bound to port
-/// `port` (`/proc/thread-self/net/udp` and `udp6`). A socket its test has closed lives on
-/// while a child that another test forked, and that has not yet exec'd, holds a copy of its
-/// descriptor; a datagram to its port then reaches it instead of drawing the kernel's port
-/// unreachable. Run it before a test that counts on that ICMP error.
+/// Waits until no socket of the calling thread's network namespace has local port `port`
+/// (`/proc/thread-self/net/{udp,udp6,tcp,tcp6}`). A socket its test has closed lives on while
+/// a child that another test forked, and that has not yet exec'd, holds a copy of its
+/// descriptor: a datagram to its port then reaches it instead of drawing the kernel's port
+/// unreachable, and a connection is accepted instead of refused. Run it before a test that
+/// counts on a closed port.
 ///
 /// # Panics
 /// When the port is still bound after 10 s.
-pub fn wait_udp_port_closed(port: u16) {
+pub fn wait_port_closed(port: u16) {
     let suffix = format!(":{port:04X}");
     wait_for(
-        &format!("UDP port {port} closed"),
+        &format!("port {port} closed"),
         Duration::from_secs(10),
         || {
-            let bound = ["udp", "udp6"].iter().any(|table| {
+            let bound = ["udp", "udp6", "tcp", "tcp6"].iter().any(|table| {
                 std::fs::read_to_string(format!("/proc/thread-self/net/{table}"))
                     .unwrap_or_default()
                     .lines()
