@@ -114,9 +114,12 @@ impl Gateway {
 }
 
 fn free_addr() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0")
+    let addr = UdpSocket::bind("127.0.0.1:0")
         .and_then(|s| s.local_addr())
-        .expect("a free port")
+        .expect("a free port");
+    // Free for the gateway only once no forked child holds the socket.
+    strait_testkit::harness::wait_port_closed(addr.port());
+    addr
 }
 
 fn until(

@@ -37,7 +37,9 @@ use serde_json::Value;
 use support::bed::{Bed, Gateway};
 use support::e2e::{all_up, VIP};
 use support::fake_api::FakeApi;
-use support::harness::{enter_netns, in_ns, run, serial_if, text, wait_for, Proc, Scratch};
+use support::harness::{
+    enter_netns, in_ns, run, serial_if, text, wait_for, wait_port_closed, Proc, Scratch,
+};
 use support::privileged as gate;
 
 /// A file of the kit.
@@ -388,7 +390,11 @@ impl Prometheus {
             std::thread::spawn(move || {
                 enter_netns(&ns);
                 let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-                l.local_addr().unwrap().port()
+                let port = l.local_addr().unwrap().port();
+                drop(l);
+                // Free for Prometheus only once no forked child holds the listener.
+                wait_port_closed(port);
+                port
             })
             .join()
             .unwrap()
