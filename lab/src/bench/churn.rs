@@ -87,6 +87,9 @@ pub struct Options {
     pub prefix: String,
 }
 
+/// How long the end of a churn may take to make the changes it still owes.
+const CATCH_UP_MAX: Duration = Duration::from_secs(5);
+
 /// Time a draining endpoint keeps its flows before it is removed: above a request's longest
 /// life ([`REQUEST_TIMEOUT`]: a lost SYN or segment retransmitted once or twice) plus the
 /// gateway's lag behind the source on a loaded machine, so a removal never cuts a request.
@@ -916,8 +919,12 @@ impl World {
         now: Instant,
     ) -> anyhow::Result<()> {
         let owed = (now.duration_since(t0).as_secs_f64() / every.as_secs_f64()) as u64;
-        // A change every loop turn at most, so that a catch-up after a check is spread over
-        // a few turns (and written once per turn) rather than written as one burst.
+        self.churn_to(owed, now)
+    }
+
+    /// Makes changes at `now` until `owed` are made, 16 at most: a catch-up after a check is
+    /// spread over a few turns (and written once per turn) rather than written as one burst.
+    fn churn_to(&mut self, owed: u64, now: Instant) -> anyhow::Result<()> {
         let mut n = 0;
         while self.endpoints.changes < owed && n < 16 {
             self.endpoints.step(now);
@@ -927,12 +934,12 @@ impl World {
     }
 
     /// Ends a churn of `length` begun at `t0`: makes the changes still owed at its end (a
-    /// check that ran late in the last turn leaves some) and returns how long the churn took.
-    /// The final check that follows is not part of it, so a slow check does not lower the
-    /// rate a report gives.
+    /// check that ran late in the last turn leaves some), for at most [`CATCH_UP_MAX`], and
+    /// returns how long the churn took. The final check that follows is not part of it, so a
+    /// slow check does not lower the rate a report gives.
     ///
     /// # Errors
-    /// As [`World::churn_until`], or an interrupt.
+    /// As [`World::flush`], or an interrupt.
     pub(crate) fn churn_end(
         &mut self,
         t0: Instant,
@@ -940,9 +947,13 @@ impl World {
         length: Duration,
     ) -> anyhow::Result<Duration> {
         let owed = (length.as_secs_f64() / every.as_secs_f64()) as u64;
-        while self.endpoints.changes < owed {
+        let give_up = Instant::now() + CATCH_UP_MAX;
+        // A turn may make no change (every endpoint draining, none drained long enough yet):
+        // the clock moves on between turns, as in the churn itself.
+        while self.endpoints.changes < owed && Instant::now() < give_up {
             interrupted()?;
-            self.churn_until(t0, every, t0 + length)?;
+            self.churn_to(owed, Instant::now())?;
+            thread::sleep(Duration::from_millis(5));
         }
         Ok(t0.elapsed())
     }
