@@ -41,6 +41,9 @@
 //!    (exactly 20 bytes) and may reject them; ours only needs the 8-byte ICMP header.
 //! 10. IPv4 header checksums: ours verifies them (`Ipv4HeaderChecksum`), etherparse does not.
 //!     Ours must refuse exactly the headers whose checksum a plain sum here finds bad.
+//! 11. SCTP: ours reads its 12-byte common header (ports, verification tag, checksum) in an
+//!     unfragmented packet or a first fragment and refuses a shorter one (`L4Truncated`);
+//!     etherparse does not read SCTP.
 //!
 //! Beyond etherparse: ours' `l4_partial` (a TCP/UDP checksum left to offload) must equal a
 //! comparison, computed here, of the checksum field with the folded pseudo-header sum.
@@ -413,6 +416,8 @@ struct Raw {
     udp_len_zero: bool,
     /// First fragment (IPv4 MF, or IPv6 offset 0) with a short transport header.
     first_frag_short_l4: bool,
+    /// SCTP, not a later fragment, shorter than its 12-byte common header.
+    sctp_short: bool,
     /// An IPv4 header (of a valid length, within the frame) whose checksum does not verify.
     v4_bad_checksum: bool,
 }
@@ -450,6 +455,7 @@ fn raw(f: &[u8], l3: usize, v6: bool) -> Raw {
         let l4 = end.saturating_sub(at);
         r.udp_len_zero = nh == 17 && at + 6 <= end && be16(ip, at + 4) == 0;
         r.first_frag_short_l4 = first && ((nh == 6 && l4 < 20) || (nh == 17 && l4 < 8));
+        r.sctp_short = nh == 132 && l4 < 12;
     } else {
         if ip.len() < 20 {
             return r;
@@ -463,6 +469,7 @@ fn raw(f: &[u8], l3: usize, v6: bool) -> Raw {
         let first = w & 0x2000 != 0 && w & 0x1fff == 0;
         r.udp_len_zero = ip[9] == 17 && hl + 6 <= end && be16(ip, hl + 4) == 0;
         r.first_frag_short_l4 = first && ((ip[9] == 6 && l4 < 20) || (ip[9] == 17 && l4 < 8));
+        r.sctp_short = ip[9] == 132 && w & 0x1fff == 0 && l4 < 12;
     }
     r
 }
@@ -517,8 +524,8 @@ fn check(f: &[u8]) -> Result<(), TestCaseError> {
                 DropReason::IpMalformed => r.v6_payload_len_zero,
                 // Difference 7.
                 DropReason::Ipv6ExtensionHeaders => r.v6_chain > 8,
-                // Differences 3 and 4.
-                DropReason::L4Truncated => r.udp_len_zero || r.first_frag_short_l4,
+                // Differences 3, 4 and 11.
+                DropReason::L4Truncated => r.udp_len_zero || r.first_frag_short_l4 || r.sctp_short,
                 _ => false,
             };
             prop_assert!(
