@@ -4,7 +4,7 @@
 //! for a dump, learns every flow, and then sends each flow's next packet to A's backend. New
 //! flows of A reach B as news.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -114,12 +114,8 @@ impl Gateway {
 }
 
 fn free_addr() -> SocketAddr {
-    let addr = UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .expect("a free port");
-    // Free for the gateway only once no forked child holds the socket.
-    strait_testkit::harness::wait_port_closed(addr.port());
-    addr
+    use strait_testkit::harness::{free_port, Transport};
+    SocketAddr::from(([127, 0, 0, 1], free_port(Transport::Udp)))
 }
 
 fn until(

@@ -38,7 +38,7 @@ use support::bed::{Bed, Gateway};
 use support::e2e::{all_up, VIP};
 use support::fake_api::FakeApi;
 use support::harness::{
-    enter_netns, in_ns, run, serial_if, text, wait_for, wait_port_closed, Proc, Scratch,
+    enter_netns, free_port, in_ns, run, serial_if, text, wait_for, Proc, Scratch, Transport,
 };
 use support::privileged as gate;
 
@@ -389,12 +389,7 @@ impl Prometheus {
             let ns = ns.to_owned();
             std::thread::spawn(move || {
                 enter_netns(&ns);
-                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-                let port = l.local_addr().unwrap().port();
-                drop(l);
-                // Free for Prometheus only once no forked child holds the listener.
-                wait_port_closed(port);
-                port
+                free_port(Transport::Tcp)
             })
             .join()
             .unwrap()

@@ -90,6 +90,11 @@ pub struct Options {
 /// How long the end of a churn may take to make the changes it still owes.
 const CATCH_UP_MAX: Duration = Duration::from_secs(5);
 
+/// The changes a churn of one every `every` owes after `elapsed`: one per whole `every`.
+fn owed(elapsed: Duration, every: Duration) -> u64 {
+    (elapsed.as_secs_f64() / every.as_secs_f64()) as u64
+}
+
 /// Time a draining endpoint keeps its flows before it is removed: above a request's longest
 /// life ([`REQUEST_TIMEOUT`]: a lost SYN or segment retransmitted once or twice) plus the
 /// gateway's lag behind the source on a loaded machine, so a removal never cuts a request.
@@ -918,8 +923,7 @@ impl World {
         every: Duration,
         now: Instant,
     ) -> anyhow::Result<()> {
-        let owed = (now.duration_since(t0).as_secs_f64() / every.as_secs_f64()) as u64;
-        self.churn_to(owed, now)
+        self.churn_to(owed(now.duration_since(t0), every), now)
     }
 
     /// Makes changes at `now` until `owed` are made, 16 at most: a catch-up after a check is
@@ -946,7 +950,7 @@ impl World {
         every: Duration,
         length: Duration,
     ) -> anyhow::Result<Duration> {
-        let owed = (length.as_secs_f64() / every.as_secs_f64()) as u64;
+        let owed = owed(length, every);
         let give_up = Instant::now() + CATCH_UP_MAX;
         // A turn may make no change (every endpoint draining, none drained long enough yet):
         // the clock moves on between turns, as in the churn itself.

@@ -161,6 +161,35 @@ pub fn wait_port_closed(port: u16) {
     );
 }
 
+/// The transport a free port is picked for ([`free_port`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// A TCP port.
+    Tcp,
+    /// A UDP port.
+    Udp,
+}
+
+/// A port of the calling thread's loopback (127.0.0.1) that no socket holds, for a server a
+/// test is about to start: the kernel picks it for a socket bound to port 0, which is then
+/// closed, and [`wait_port_closed`] waits until no forked child still holds that socket.
+/// Another process may still take the port before the server binds it; ports picked this
+/// way come from the ephemeral range, which tests do not bind on purpose.
+///
+/// # Panics
+/// When binding fails, or the port is still bound after 10 s.
+pub fn free_port(transport: Transport) -> u16 {
+    let any = "127.0.0.1:0";
+    let port = match transport {
+        Transport::Tcp => std::net::TcpListener::bind(any).and_then(|l| l.local_addr()),
+        Transport::Udp => std::net::UdpSocket::bind(any).and_then(|s| s.local_addr()),
+    }
+    .expect("a free loopback port")
+    .port();
+    wait_port_closed(port);
+    port
+}
+
 /// The network namespaces named `{prefix}-...` that exist now.
 pub fn namespaces(prefix: &str) -> BTreeSet<String> {
     let start = format!("{prefix}-");
