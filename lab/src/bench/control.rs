@@ -381,38 +381,8 @@ fn measure(opts: Run, netns: Option<&str>) -> anyhow::Result<()> {
         round.status.len(),
         round.changes.len()
     );
-    // The gateway itself, as `strait run --kube` has it once the interfaces are known: with
-    // its worker and steering program (Target::Workers), no VIPs on an interface.
-    let mut control = strait_control::run::Driver::with_ports(
-        strait_control::run::ConfigSource::Builtin,
-        file.clone(),
-        ports.to_vec(),
-    )?;
-    if workers {
-        control.start_workers()?;
-    }
-    // Next-hop MACs: a `nat` gateway fills them from the kernel's neighbour table. With
-    // workers, backends arrive without MACs, as the controller makes them, and every change
-    // reads the table (the router's entry resolves them all). Without, every backend has one
-    // already, so the table is not read.
-    let mut macs = Macs::default();
-    let mut publication =
-        |services: &[Arc<Service>], changes: &[strait_control::kubemodel::Change]| {
-            if workers {
-                strait_control::kubemodel::Publication {
-                    services: services.to_vec(),
-                    changes: changes.to_vec(),
-                }
-            } else {
-                macs.publication(services, changes)
-            }
-        };
-    let all: Vec<strait_control::kubemodel::Change> = round
-        .services
-        .iter()
-        .map(|s| (s.name.clone(), Some(Arc::clone(s))))
-        .collect();
-    control.handle(ControlEvent::Kube(vec![publication(&round.services, &all)]))?;
+    let mut gw = Gateway::start(&file, &ports, workers)?;
+    gw.publish_all(&round.services)?;
     if !json_out {
         println!(
             "{services} services x {endpoints} endpoints listed and built in {:.1?}{}",
@@ -448,9 +418,9 @@ fn measure(opts: Run, netns: Option<&str>) -> anyhow::Result<()> {
             .ok_or_else(|| anyhow::anyhow!("controller not ready"))?;
         let controller = t0.elapsed();
         // Not timed: the publication (without workers, giving the changed services MACs).
-        let p = publication(&round.services, &round.changes);
+        let p = gw.publication(&round.services, &round.changes);
         let t1 = Instant::now();
-        control.handle(ControlEvent::Kube(vec![p]))?;
+        gw.control.handle(ControlEvent::Kube(vec![p]))?;
         let took = controller + t1.elapsed();
         let wait = crate::bench::rules::run_queue_wait()
             .zip(waited)
@@ -465,14 +435,14 @@ fn measure(opts: Run, netns: Option<&str>) -> anyhow::Result<()> {
         );
         last = round.services;
     }
-    let live = control.shared.table.load_full();
+    let live = gw.control.shared.table.load_full();
     check(&ctl, &last, &file, &ports, &live)?;
     anyhow::ensure!(
         live.backends.iter().flatten().all(|b| b.mac.is_some()),
         "backends left without a next-hop MAC: the bench measured probing, not forwarding"
     );
-    control.stop_workers();
-    drop(control);
+    gw.control.stop_workers();
+    drop(gw);
     let nat = Timings::of(times, on_cpu, preempted);
     let dsr = if opts.nodes > 0 {
         Some(measure_dsr(&opts, &file, &ports, netns)?)
@@ -666,20 +636,12 @@ fn node_neighbours(netns: &str, range: std::ops::Range<usize>) -> anyhow::Result
 /// number of changes when the event asked for a round.
 type Through = (Duration, Duration, Option<(Vec<Arc<Service>>, usize)>);
 
-/// Makes a publication of a round's list and changes.
-type Publish<'a> = dyn FnMut(
-        &[Arc<Service>],
-        &[strait_control::kubemodel::Change],
-    ) -> strait_control::kubemodel::Publication
-    + 'a;
-
 /// One watch event through the controller and, when it asks for a round, the round, the
 /// publication (not timed) and the gateway's update, as the source's loop and the control
 /// loop run them.
 fn through(
     ctl: &mut Controller,
-    control: &mut strait_control::run::Driver,
-    publication: &mut Publish<'_>,
+    gw: &mut Gateway,
     kind: Kind,
     obj: DynamicObject,
 ) -> anyhow::Result<Through> {
@@ -696,9 +658,9 @@ fn through(
         .reconcile()
         .ok_or_else(|| anyhow::anyhow!("controller not ready"))?;
     let controller = t0.elapsed();
-    let p = publication(&round.services, &round.changes);
+    let p = gw.publication(&round.services, &round.changes);
     let t1 = Instant::now();
-    control.handle(ControlEvent::Kube(vec![p]))?;
+    gw.control.handle(ControlEvent::Kube(vec![p]))?;
     let took = controller + t1.elapsed();
     let wait = crate::bench::rules::run_queue_wait()
         .zip(waited)
@@ -763,38 +725,13 @@ fn measure_dsr(
         round.services.len(),
         opts.services + CLUSTER_SERVICES
     );
-    let mut control = strait_control::run::Driver::with_ports(
-        strait_control::run::ConfigSource::Builtin,
-        file.clone(),
-        ports.to_vec(),
-    )?;
-    if workers {
-        control.start_workers()?;
-    }
-    let mut macs = Macs::default();
-    let mut publication =
-        |services: &[Arc<Service>], changes: &[strait_control::kubemodel::Change]| {
-            if workers {
-                strait_control::kubemodel::Publication {
-                    services: services.to_vec(),
-                    changes: changes.to_vec(),
-                }
-            } else {
-                macs.publication(services, changes)
-            }
-        };
-    let all: Vec<strait_control::kubemodel::Change> = round
-        .services
-        .iter()
-        .map(|s| (s.name.clone(), Some(Arc::clone(s))))
-        .collect();
-    control.handle(ControlEvent::Kube(vec![publication(&round.services, &all)]))?;
+    let mut gw = Gateway::start(file, ports, workers)?;
+    gw.publish_all(&round.services)?;
     let mut last = round.services;
 
     // Slice changes, each removing one pod of a Service no change touched before.
     let slice_changes = |ctl: &mut Controller,
-                         control: &mut strait_control::run::Driver,
-                         publication: &mut Publish<'_>,
+                         gw: &mut Gateway,
                          from: usize,
                          last: &mut Vec<Arc<Service>>|
      -> anyhow::Result<Timings> {
@@ -802,8 +739,7 @@ fn measure_dsr(
         for c in from..from + opts.changes {
             let i = (c * 7919) % opts.services;
             let obj = dynamic(dsr_slice(i, opts.endpoints, true));
-            let (took, wait, round) =
-                through(ctl, control, publication, Kind::EndpointSlices, obj)?;
+            let (took, wait, round) = through(ctl, gw, Kind::EndpointSlices, obj)?;
             let (services, n) =
                 round.ok_or_else(|| anyhow::anyhow!("a slice change asked for no round"))?;
             anyhow::ensure!(n == 1, "dsr change {c}: {n} services changed, not 1");
@@ -814,7 +750,7 @@ fn measure_dsr(
         }
         Ok(Timings::of(times, on_cpu, preempted))
     };
-    let slice_few_nodes = slice_changes(&mut ctl, &mut control, &mut publication, 0, &mut last)?;
+    let slice_few_nodes = slice_changes(&mut ctl, &mut gw, 0, &mut last)?;
 
     // The other Nodes join (not timed): the Cluster Services' backends grow to all.
     if let Some(ns) = netns {
@@ -831,8 +767,8 @@ fn measure_dsr(
         "{} services changed when the Nodes joined, not the {CLUSTER_SERVICES} under Cluster",
         round.changes.len()
     );
-    let p = publication(&round.services, &round.changes);
-    control.handle(ControlEvent::Kube(vec![p]))?;
+    let p = gw.publication(&round.services, &round.changes);
+    gw.control.handle(ControlEvent::Kube(vec![p]))?;
     last = round.services;
     // What a slice change reads, against the whole table it used to read.
     let (read_whole_ms, read_hops_ms) = if workers {
@@ -858,20 +794,13 @@ fn measure_dsr(
     } else {
         (None, None)
     };
-    let slice_all_nodes = slice_changes(
-        &mut ctl,
-        &mut control,
-        &mut publication,
-        opts.changes,
-        &mut last,
-    )?;
+    let slice_all_nodes = slice_changes(&mut ctl, &mut gw, opts.changes, &mut last)?;
 
     // Heartbeats: the Node as the kubelet sends it, new times and resource version.
     let (mut times, mut on_cpu, mut preempted, mut rounds) = (Vec::new(), Vec::new(), 0, 0);
     for h in 0..opts.heartbeats {
         let obj = dynamic(node(h % opts.nodes, 1 + h / opts.nodes));
-        let (took, wait, round) =
-            through(&mut ctl, &mut control, &mut publication, Kind::Nodes, obj)?;
+        let (took, wait, round) = through(&mut ctl, &mut gw, Kind::Nodes, obj)?;
         if let Some((services, _)) = round {
             rounds += 1;
             last = services;
@@ -882,13 +811,13 @@ fn measure_dsr(
     }
     let heartbeat = Timings::of(times, on_cpu, preempted);
 
-    let live = control.shared.table.load_full();
+    let live = gw.control.shared.table.load_full();
     check(&ctl, &last, file, ports, &live)?;
     anyhow::ensure!(
         live.backends.iter().flatten().all(|b| b.mac.is_some()),
         "dsr backends left without a next-hop MAC"
     );
-    control.stop_workers();
+    gw.control.stop_workers();
     Ok(DsrReport {
         services: opts.services,
         cluster_services: CLUSTER_SERVICES,
@@ -900,6 +829,67 @@ fn measure_dsr(
         read_whole_ms,
         read_hops_ms,
     })
+}
+
+/// The gateway a row measures, as `strait run --kube` has it once the interfaces are known
+/// (no VIPs on an interface), and how the controller's rounds reach it.
+struct Gateway {
+    control: strait_control::run::Driver,
+    /// Whether it runs its worker and steering program ([`Target::Workers`]).
+    workers: bool,
+    macs: Macs,
+}
+
+impl Gateway {
+    /// The gateway on `ports`, with its worker and steering program if `workers`.
+    fn start(
+        file: &strait_config::model::Config,
+        ports: &[Port],
+        workers: bool,
+    ) -> anyhow::Result<Self> {
+        let mut control = strait_control::run::Driver::with_ports(
+            strait_control::run::ConfigSource::Builtin,
+            file.clone(),
+            ports.to_vec(),
+        )?;
+        if workers {
+            control.start_workers()?;
+        }
+        Ok(Self {
+            control,
+            workers,
+            macs: Macs::default(),
+        })
+    }
+
+    /// The publication of a round's list and changes. Next-hop MACs: a gateway fills them
+    /// from the kernel's neighbour table. With workers, backends arrive without MACs, as the
+    /// controller makes them, and every change reads the table (the router's entry resolves
+    /// them all). Without, every backend has one already ([`Macs`]), so the table is not read.
+    fn publication(
+        &mut self,
+        services: &[Arc<Service>],
+        changes: &[strait_control::kubemodel::Change],
+    ) -> strait_control::kubemodel::Publication {
+        if self.workers {
+            strait_control::kubemodel::Publication {
+                services: services.to_vec(),
+                changes: changes.to_vec(),
+            }
+        } else {
+            self.macs.publication(services, changes)
+        }
+    }
+
+    /// The gateway's first table: every service of `services` published as changed.
+    fn publish_all(&mut self, services: &[Arc<Service>]) -> anyhow::Result<()> {
+        let all: Vec<strait_control::kubemodel::Change> = services
+            .iter()
+            .map(|s| (s.name.clone(), Some(Arc::clone(s))))
+            .collect();
+        let p = self.publication(services, &all);
+        Ok(self.control.handle(ControlEvent::Kube(vec![p]))?)
+    }
 }
 
 /// The controller's services with a MAC on every backend, kept across changes so that
