@@ -699,6 +699,7 @@ mod tests {
     use std::net::TcpListener;
     use std::sync::atomic::{AtomicU16, Ordering};
     use strait_testkit::config::{GatewayToml, ServiceToml};
+    use strait_testkit::harness::{free_addr, Transport};
 
     fn hc(kind: HealthKind) -> HealthCheck {
         HealthCheck {
@@ -774,11 +775,7 @@ mod tests {
         status.store(503, Ordering::Relaxed);
         assert!(probe(&http, addr).unwrap_err().contains("status 503"));
         // Nothing listens on a freshly closed port.
-        let closed = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        strait_testkit::harness::wait_port_closed(closed.port());
+        let closed = free_addr(Transport::Tcp);
         assert!(probe(&hc(HealthKind::Tcp), closed).is_err());
     }
 
@@ -907,11 +904,7 @@ mod tests {
             check_once(&http, addr).unwrap_err().cause,
             Cause::HttpStatus(503)
         );
-        let closed = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        strait_testkit::harness::wait_port_closed(closed.port());
+        let closed = free_addr(Transport::Tcp);
         assert_eq!(
             check_once(&hc(HealthKind::Tcp), closed).unwrap_err().cause,
             Cause::Refused

@@ -17,6 +17,7 @@ use strait_dataplane::rewrite::{Frame, HEADROOM};
 use strait_dataplane::sync::{mesh, SyncCounters, SYNC_SLOTS};
 use strait_dataplane::table::{Builder, Port, ServiceTable};
 use strait_testkit::config::{GatewayToml, ServiceToml};
+use strait_testkit::harness::{free_addr, Transport};
 
 const GW_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
 const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xc1];
@@ -113,11 +114,6 @@ impl Gateway {
     }
 }
 
-fn free_addr() -> SocketAddr {
-    use strait_testkit::harness::{free_port, Transport};
-    SocketAddr::from(([127, 0, 0, 1], free_port(Transport::Udp)))
-}
-
 fn until(
     what: &str,
     a: &mut Gateway,
@@ -144,7 +140,7 @@ fn a_restarted_gateway_learns_its_peers_flows_and_keeps_their_backends() {
     for mode in ["dsr-l2", "nat"] {
         // Records of DSR flows go to every worker; nat ones to the owner core only.
         let copies = if mode == "nat" { 1 } else { CORES as u64 };
-        let (a_addr, b_addr) = (free_addr(), free_addr());
+        let (a_addr, b_addr) = (free_addr(Transport::Udp), free_addr(Transport::Udp));
         let ta = table(mode, &[11, 12]);
         let tb = table(mode, &[11, 12, 13, 14]);
         let mut a = Gateway::start(a_addr, b_addr);

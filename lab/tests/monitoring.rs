@@ -38,7 +38,7 @@ use support::bed::{Bed, Gateway};
 use support::e2e::{all_up, VIP};
 use support::fake_api::FakeApi;
 use support::harness::{
-    enter_netns, free_port, in_ns, run, serial_if, text, wait_for, Proc, Scratch, Transport,
+    enter_netns, free_addr, in_ns, run, serial_if, text, wait_for, Proc, Scratch, Transport,
 };
 use support::privileged as gate;
 
@@ -389,7 +389,7 @@ impl Prometheus {
             let ns = ns.to_owned();
             std::thread::spawn(move || {
                 enter_netns(&ns);
-                free_port(Transport::Tcp)
+                free_addr(Transport::Tcp).port()
             })
             .join()
             .unwrap()

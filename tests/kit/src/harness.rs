@@ -134,7 +134,8 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
 }
 
 /// Waits until no socket of the calling thread's network namespace has local port `port`
-/// (`/proc/thread-self/net/{udp,udp6,tcp,tcp6}`). A socket its test has closed lives on while
+/// (`/proc/thread-self/net/{udp,udp6,tcp,tcp6}`), in any state: a TCP connection in
+/// TIME_WAIT on it counts as bound too. A socket its test has closed lives on while
 /// a child that another test forked, and that has not yet exec'd, holds a copy of its
 /// descriptor: a datagram to its port then reaches it instead of drawing the kernel's port
 /// unreachable, and a connection is accepted instead of refused. Run it before a test that
@@ -161,7 +162,7 @@ pub fn wait_port_closed(port: u16) {
     );
 }
 
-/// The transport a free port is picked for ([`free_port`]).
+/// The transport a free port is picked for ([`free_addr`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
     /// A TCP port.
@@ -170,24 +171,24 @@ pub enum Transport {
     Udp,
 }
 
-/// A port of the calling thread's loopback (127.0.0.1) that no socket holds, for a server a
-/// test is about to start: the kernel picks it for a socket bound to port 0, which is then
-/// closed, and [`wait_port_closed`] waits until no forked child still holds that socket.
-/// Another process may still take the port before the server binds it; ports picked this
-/// way come from the ephemeral range, which tests do not bind on purpose.
+/// An address of the calling thread's loopback (127.0.0.1) whose port no socket holds: for
+/// a server a test is about to start, or for a connection that must be refused. The kernel
+/// picks the port for a socket bound to port 0, which is then closed, and
+/// [`wait_port_closed`] waits until no forked child still holds that socket. Another process
+/// may still take the port before the server binds it; ports picked this way come from the
+/// ephemeral range, which tests do not bind on purpose.
 ///
 /// # Panics
 /// When binding fails, or the port is still bound after 10 s.
-pub fn free_port(transport: Transport) -> u16 {
+pub fn free_addr(transport: Transport) -> std::net::SocketAddr {
     let any = "127.0.0.1:0";
-    let port = match transport {
+    let addr = match transport {
         Transport::Tcp => std::net::TcpListener::bind(any).and_then(|l| l.local_addr()),
         Transport::Udp => std::net::UdpSocket::bind(any).and_then(|s| s.local_addr()),
     }
-    .expect("a free loopback port")
-    .port();
-    wait_port_closed(port);
-    port
+    .expect("a free loopback port");
+    wait_port_closed(addr.port());
+    addr
 }
 
 /// The network namespaces named `{prefix}-...` that exist now.
