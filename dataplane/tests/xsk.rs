@@ -72,7 +72,7 @@ use strait_dataplane::table::{Builder, Change, ServiceTable};
 use strait_dataplane::xsk::{
     interface_port, run_worker, Accounting, AttachMode, AttachPolicy, BindMode, GroupConfig,
     Handoff, HandoffConfig, KernelStats, MapSync, MonotonicClock, PortConfig, QueueGroup,
-    SteerCounters, SteerProgram, WorkerStats,
+    SteerCounters, SteerProgram, WorkerStats, XskError,
 };
 use strait_testkit::config::{GatewayToml, ServiceToml};
 use strait_testkit::harness::{enter_netns, ip, pin_thread, Netns};
@@ -180,6 +180,18 @@ struct Testbed {
 }
 
 impl Testbed {
+    /// The testbed for `case`, or `None` when the test is not to run: not privileged (the
+    /// gate says so) or the testbed cannot be built (fails, or skips loudly under
+    /// STRAIT_SKIP_PRIVILEGED=1).
+    fn or_skip(what: &str, case: &str) -> Option<Self> {
+        if !gate::privileged(what, &[gate::IP]) {
+            return None;
+        }
+        Self::new(case)
+            .map_err(|e| skip_or_fail(&format!("cannot build the veth testbed: {e}")))
+            .ok()
+    }
+
     /// Namespaces `stx{pid}{case}-a` and `stx{pid}{case}-g`; `case` keeps the tests of one
     /// process apart.
     fn new(case: &str) -> Result<Self, String> {
@@ -707,16 +719,9 @@ fn send_udp_again(ns: String) -> Result<Returned, String> {
 /// The whole round trip with the program attached as `policy` says, in namespaces tagged
 /// `case`.
 fn round_trip(case: &str, policy: AttachPolicy, want: AttachMode) {
-    if !gate::privileged("AF_XDP end-to-end", &[gate::IP]) {
-        return;
-    }
     let started = Instant::now();
-    let bed = match Testbed::new(case) {
-        Ok(b) => b,
-        Err(e) => {
-            skip_or_fail(&format!("cannot build the veth testbed: {e}"));
-            return;
-        }
+    let Some(bed) = Testbed::or_skip("AF_XDP end-to-end", case) else {
+        return;
     };
 
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -982,16 +987,9 @@ fn settled(cmds: &mpsc::Sender<Cmd>, g: &str) -> (SteerCounters, u64) {
 /// a served VLAN and untagged frames reach the worker. The program's counters add up to
 /// the interface's received frames.
 fn port_accepts(case: &str, policy: AttachPolicy) {
-    if !gate::privileged("AF_XDP port acceptance", &[gate::IP]) {
-        return;
-    }
     const EACH: usize = 5;
-    let bed = match Testbed::new(case) {
-        Ok(b) => b,
-        Err(e) => {
-            skip_or_fail(&format!("cannot build the veth testbed: {e}"));
-            return;
-        }
+    let Some(bed) = Testbed::or_skip("AF_XDP port acceptance", case) else {
+        return;
     };
     let (ready_tx, ready_rx) = mpsc::channel();
     let (cmd_tx, cmd_rx) = mpsc::channel();
@@ -1131,15 +1129,8 @@ fn attached_id(ns: &str, dev: &str) -> Option<u32> {
 
 #[test]
 fn stale_program_is_replaced_and_only_ours_detached() {
-    if !gate::privileged("AF_XDP end-to-end", &[gate::IP]) {
+    let Some(bed) = Testbed::or_skip("AF_XDP end-to-end", "-stale") else {
         return;
-    }
-    let bed = match Testbed::new("-stale") {
-        Ok(b) => b,
-        Err(e) => {
-            skip_or_fail(&format!("cannot build the veth testbed: {e}"));
-            return;
-        }
     };
     let g = bed.g.clone();
     thread::spawn(move || {
@@ -1164,6 +1155,40 @@ fn stale_program_is_replaced_and_only_ours_detached() {
     .expect("stale-program checks");
     drop(bed);
     assert_namespaces_gone("-stale");
+}
+
+/// A queue is bound again straight after its socket is closed (a restart, a worker reopened):
+/// the kernel frees a closed socket's queue tens of milliseconds late and the bind waits for
+/// it. A queue held by a live socket is still refused, with `EBUSY`, once the wait is over.
+#[test]
+fn queue_is_bound_again_straight_after_close() {
+    let Some(bed) = Testbed::or_skip("AF_XDP end-to-end", "-rebind") else {
+        return;
+    };
+    let g = bed.g.clone();
+    thread::spawn(move || {
+        enter_netns(&g);
+        let cfg = GroupConfig::single("veth-g", 0);
+        // Without the wait nearly every reopen fails: the queue is freed 40-90 ms after close.
+        for round in 0..5 {
+            let group = QueueGroup::open(&cfg)
+                .unwrap_or_else(|e| panic!("bind {round} straight after a close: {e}"));
+            drop(group);
+        }
+        let held = QueueGroup::open(&cfg).expect("bind");
+        match QueueGroup::open(&cfg) {
+            Err(XskError::Bind { source, .. }) => {
+                assert_eq!(source.raw_os_error(), Some(16), "EBUSY: {source}")
+            }
+            Ok(_) => panic!("a queue held by a live socket was bound twice"),
+            Err(e) => panic!("not a bind error: {e}"),
+        }
+        drop(held);
+    })
+    .join()
+    .expect("rebind checks");
+    drop(bed);
+    assert_namespaces_gone("-rebind");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2096,15 +2121,8 @@ impl KernelMaps {
 /// Runs `f` in a thread inside the gateway namespace of a fresh testbed tagged `case`, with a
 /// steering program attached to veth-g. `None` after a loud skip.
 fn with_steer_program(case: &str, f: impl FnOnce(&mut SteerProgram, &KernelMaps) + Send) {
-    if !gate::privileged("AF_XDP end-to-end", &[gate::IP]) {
+    let Some(bed) = Testbed::or_skip("AF_XDP end-to-end", case) else {
         return;
-    }
-    let bed = match Testbed::new(case) {
-        Ok(b) => b,
-        Err(e) => {
-            skip_or_fail(&format!("cannot build the veth testbed: {e}"));
-            return;
-        }
     };
     let g = bed.g.clone();
     thread::scope(|s| {

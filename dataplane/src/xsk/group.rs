@@ -22,6 +22,7 @@
 
 use std::io;
 use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
 
 use rustix::event::{self, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
@@ -43,6 +44,18 @@ const NO_PORT: u8 = u8::MAX;
 /// plus handed-in frames, at 32 frames per copy-mode `sendto`, with room for a kick that finds
 /// the kernel busy.
 const TX_KICKS: u32 = 4;
+
+/// How long a bind waits for a busy queue to be freed by a socket closed just before
+/// ([`QueueGroup::open`]).
+const RELEASE_WAIT: Duration = Duration::from_secs(2);
+
+/// How often a bind to a busy queue is tried again within [`RELEASE_WAIT`].
+const RELEASE_POLL: Duration = Duration::from_millis(10);
+
+/// Whether a bind's error says the queue is taken (`EBUSY`).
+fn is_busy(source: &io::Error) -> bool {
+    source.raw_os_error() == Some(Errno::BUSY.raw_os_error())
+}
 
 /// What a [`QueueGroup`] binds to and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -194,8 +207,9 @@ impl QueueGroup {
     ///
     /// # Errors
     /// [`XskError`] naming the failed call: invalid configuration, no such interface, UMEM
-    /// allocation or registration, ring setup, or `bind` (queue busy or absent, mode refused,
-    /// shared UMEM refused by a kernel before 5.10).
+    /// allocation or registration, ring setup, or `bind` (queue absent, mode refused, shared
+    /// UMEM refused by a kernel before 5.10, or queue still busy after [`RELEASE_WAIT`]: a
+    /// queue freed by a socket closed just before is waited for).
     pub fn open(cfg: &GroupConfig) -> Result<Self, XskError> {
         cfg.check()?;
         let (ports, umem, mode, zero_copy_refused) = match cfg.bind {
@@ -210,8 +224,8 @@ impl QueueGroup {
             BindPolicy::ZeroCopyOrCopy => match Self::bind_all(cfg, BindMode::ZeroCopy) {
                 Ok((p, u)) => (p, u, BindMode::ZeroCopy, None),
                 // Only a refused bind falls back; a socket that cannot even be created would
-                // fail the same way in copy mode.
-                Err(XskError::Bind { source, .. }) => {
+                // fail the same way in copy mode, and so would a queue that is busy.
+                Err(XskError::Bind { source, .. }) if !is_busy(&source) => {
                     let (p, u) = Self::bind_all(cfg, BindMode::Copy)?;
                     (p, u, BindMode::Copy, Some(source))
                 }
@@ -235,9 +249,31 @@ impl QueueGroup {
         Ok(group)
     }
 
+    /// [`Self::bind_once`], tried again while a queue is busy, for up to [`RELEASE_WAIT`].
+    ///
+    /// The kernel frees a closed socket's queue late: the queue's buffer pool is released by
+    /// deferred work in the kernel, tens of milliseconds after the close (40-90 ms measured on
+    /// veth, longer on a loaded machine). Until then a
+    /// bind to that queue fails with `EBUSY`. A gateway restarted at once, or a worker reopened
+    /// on the same queue, meets exactly that window. A queue held by a live socket stays busy,
+    /// and the bind error is returned when the wait is over.
+    fn bind_all(cfg: &GroupConfig, mode: BindMode) -> Result<(Vec<QueueSocket>, Umem), XskError> {
+        let deadline = Instant::now() + RELEASE_WAIT;
+        loop {
+            match Self::bind_once(cfg, mode) {
+                Err(XskError::Bind { ref source, .. })
+                    if is_busy(source) && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(RELEASE_POLL)
+                }
+                done => return done,
+            }
+        }
+    }
+
     /// A fresh UMEM and every socket bound in `mode`: the first registers the UMEM, the others
     /// share it. On error everything made so far is closed.
-    fn bind_all(cfg: &GroupConfig, mode: BindMode) -> Result<(Vec<QueueSocket>, Umem), XskError> {
+    fn bind_once(cfg: &GroupConfig, mode: BindMode) -> Result<(Vec<QueueSocket>, Umem), XskError> {
         let first = &cfg.ports[0];
         let umem = Umem::new(cfg.frames).map_err(|source| XskError::Umem {
             iface: first.iface.clone(),
