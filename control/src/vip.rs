@@ -283,6 +283,7 @@ impl Drop for VipAddresses {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     use strait_testkit::config::{GatewayToml, ServiceToml};
     use strait_testkit::privileged as gate;
@@ -348,7 +349,7 @@ mod tests {
         )
         .unwrap();
         // Capture on the neighbour while the VIPs are added.
-        let cap = Command::new("ip")
+        let mut cap = Command::new("ip")
             .args([
                 "netns",
                 "exec",
@@ -363,10 +364,17 @@ mod tests {
                 "arp or icmp6",
             ])
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(700));
+        // Nothing is sent until tcpdump listens, however late a busy machine starts it. Its
+        // stderr stays open (a summary follows at exit), and it says little more.
+        let mut said = BufReader::new(cap.stderr.take().unwrap()).lines();
+        assert!(
+            said.any(|l| l.is_ok_and(|l| l.contains("listening on"))),
+            "tcpdump in {} did not listen",
+            pair.1
+        );
         let mut vips = VipAddresses::new(&cfg, Some(pair.0.clone()));
         vips.sync(&cfg).unwrap();
         // The neighbour resolves the VIP by ARP: the kernel answers for it.
@@ -392,6 +400,7 @@ mod tests {
             String::from_utf8_lossy(&arp.stdout)
         );
         let out = cap.wait_with_output().unwrap();
+        drop(said);
         let seen = String::from_utf8_lossy(&out.stdout);
         assert!(
             seen.contains("Request who-has 203.0.113.10") && seen.contains("tell 203.0.113.10"),

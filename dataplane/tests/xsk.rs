@@ -498,14 +498,14 @@ struct Returned {
     sent_to_vip: usize,
 }
 
-/// Reads frames from `cap` until it is quiet for 300 ms, and classifies them, checking what
+/// Reads frames from `cap` until it is quiet for a second, and classifies them, checking what
 /// each rewrite must have done.
 fn drain(cap: &mut PacketSocket) -> Returned {
     let vip6: std::net::Ipv6Addr = VIP6.parse().expect("address");
     let mut r = Returned::default();
     let mut buf = [0u8; 2048];
     let mut quiet_since = Instant::now();
-    while quiet_since.elapsed() < Duration::from_millis(300) {
+    while quiet_since.elapsed() < Duration::from_secs(1) {
         let n = match cap.read(&mut buf) {
             Ok(n) => n,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,

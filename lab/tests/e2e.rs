@@ -171,7 +171,7 @@ fn c_ipip_and_gue_leave_encapsulated_with_valid_checksums() {
             )
         })
         .collect();
-    while_capturing(&mut pcaps, Duration::from_millis(800), || {
+    while_capturing(&mut pcaps, || {
         for port in [80, 81, 80, 81] {
             let url = format!("http://{VIP}:{port}/");
             let _ = s.exec("client", &["curl", "-s", "--max-time", "1", &url]);
@@ -440,7 +440,7 @@ fn l_frames_for_another_host_or_vlan_reach_no_backend_through_the_gateway() {
             )
         })
         .collect();
-    while_capturing(&mut pcaps, Duration::from_millis(800), || {
+    while_capturing(&mut pcaps, || {
         let mut frames = Vec::new();
         for i in 0..EACH {
             frames.push(syn_frame(client_mac, other, 52000 + i, None));

@@ -100,11 +100,10 @@ impl Pair {
             &self.peer_if,
             pcap,
             // A 32 MiB buffer: the default 2 MiB drops packets of a burst at 20 kpps.
-            &["-B", "32768", "--immediate-mode"],
+            &["-B", "32768"],
             &["ip", "and", "dst", "net", "203.0.113.0/24"],
         )];
-        let (_, summary) =
-            while_capturing(&mut cap, Duration::from_millis(1000), || self.gen(args));
+        let (_, summary) = while_capturing(&mut cap, || self.gen(args));
         (summary, packets(&cap[0]))
     }
 }

@@ -500,7 +500,7 @@ fn c_nat_endpoints_scale_up_and_down_while_requests_run() {
     gw.wait_backends(&vip, 80, 2, Duration::from_secs(5));
     // How long a change may take from the API server to new flows: generous against a
     // loaded CI machine, far below what a person would notice.
-    let settle = Duration::from_secs(1);
+    let settle = Duration::from_secs(2);
     let load = Load::start(bed, &format!("http://{vip}/"));
     sleep(Duration::from_secs(2));
     let up = Instant::now();

@@ -208,10 +208,12 @@ fn forwards_udp_and_tcp_with_new_macs_without_allocating() {
     assert_eq!(src, MAC_F1, "source MAC is the TX interface's");
 
     const N: u16 = 500;
+    let (listening_tx, listening) = mpsc::channel();
     let capture = thread::spawn(move || -> Result<Vec<Vec<u8>>, String> {
         enter_netns(&b);
         let mut cap =
             PacketSocket::open("b0", Duration::from_millis(100)).map_err(|e| e.to_string())?;
+        let _ = listening_tx.send(());
         let mut got = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut buf = [0u8; 2048];
@@ -231,8 +233,9 @@ fn forwards_udp_and_tcp_with_new_macs_without_allocating() {
         }
         Ok(got)
     });
-    // Let the capture socket open before sending.
-    thread::sleep(Duration::from_millis(200));
+    // Nothing is sent before the capture socket is open (or the capture failed, which its
+    // join reports).
+    let _ = listening.recv();
     let sender = thread::spawn(move || -> Result<(), String> {
         enter_netns(&a);
         let mut s =

@@ -304,15 +304,7 @@ fn run<'a>(cmd: &'a str, vip: &'a str, port: u16, first: u16, n: usize, data: us
 /// A tcpdump of `filter` on `eth0` of `role`, its file in the testbed's scratch directory.
 fn capture(bed: &Bed, role: &str, tag: &str, filter: &str) -> (Capture, PathBuf) {
     let pcap = bed.dir.join(&format!("{role}-{tag}.pcap"));
-    // Immediate mode: libpcap hands every frame over at once rather than by blocks with a
-    // timeout, and a block still open when tcpdump is stopped would be lost.
-    let c = Capture::listening(
-        &bed.ns(role),
-        "eth0",
-        pcap.clone(),
-        &["--immediate-mode"],
-        &[filter],
-    );
+    let c = Capture::start(&bed.ns(role), "eth0", pcap.clone(), &[], &[filter]);
     (c, pcap)
 }
 
@@ -520,7 +512,7 @@ fn a_dsr_l2_delivers_sctp_unchanged_but_for_l2_spread_and_sticky_per_association
         .unzip();
     const ASSOCS: usize = 40;
     const DATA: usize = 3;
-    let a = while_capturing(&mut caps, Duration::ZERO, || {
+    let a = while_capturing(&mut caps, || {
         let a = run("assoc", VIP, PORT, 40_000, ASSOCS, DATA).assocs(&s);
         await_frames(&pcaps[..1], a.packets);
         await_frames(&pcaps[1..5], a.packets);
@@ -642,7 +634,7 @@ fn nat(tag: &str, family: &Family) {
         .unzip();
     const ASSOCS: usize = 24;
     const DATA: usize = 2;
-    let a = while_capturing(&mut caps, Duration::ZERO, || {
+    let a = while_capturing(&mut caps, || {
         let a = run("assoc", vip, PORT, 41_000, ASSOCS, DATA).assocs(&s);
         await_frames(&pcaps[..1], a.packets + a.answers());
         await_frames(&pcaps[1..], a.packets + a.answers());
@@ -805,7 +797,7 @@ fn c_sctp_leaves_in_ipip_and_gue_with_the_inner_packet_and_its_crc32c_intact() {
     .unzip();
     const ASSOCS: usize = 12;
     const DATA: usize = 2;
-    let sent_n = while_capturing(&mut caps, Duration::ZERO, || {
+    let sent_n = while_capturing(&mut caps, || {
         let n = run("send", VIP, PORT, 42_000, ASSOCS, DATA).sent(&s)
             + run("send", VIP, PORT + 1, 43_000, ASSOCS, DATA).sent(&s);
         await_frames(&pcaps[..1], n);

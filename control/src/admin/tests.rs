@@ -203,7 +203,7 @@ fn idle_slow_oversized_and_malformed_clients_do_not_stop_healthz() {
     let asked = Instant::now();
     assert_eq!(get(addr, "GET", "/healthz"), (200, "ok\n".into()));
     assert!(
-        asked.elapsed() < Duration::from_secs(1),
+        asked.elapsed() < Duration::from_secs(3),
         "/healthz took {:?} behind idle clients",
         asked.elapsed()
     );

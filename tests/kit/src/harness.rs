@@ -418,20 +418,14 @@ pub struct Capture {
 }
 
 impl Capture {
-    /// `tcpdump -U -n OPTS.. -i IFACE -w PCAP FILTER..` in namespace `ns`.
-    pub fn start(ns: &str, iface: &str, pcap: PathBuf, opts: &[&str], filter: &[&str]) -> Capture {
-        let mut cmd = Capture::command(ns, iface, &pcap, opts, filter);
-        let tcpdump = Proc::spawn(cmd.stderr(std::process::Stdio::null()));
-        Capture {
-            pcap,
-            tcpdump: Some(tcpdump),
-        }
-    }
-
-    /// The tcpdump of [`Capture::start`], its output file removed first.
+    /// The tcpdump of [`Capture::start`], its output file removed first. In immediate mode:
+    /// libpcap hands every frame over at once rather than by blocks with a timeout (up to a
+    /// second later), so a frame is in the file as soon as tcpdump is scheduled, which
+    /// [`while_capturing`] relies on, and no block still open when tcpdump is stopped is
+    /// lost.
     fn command(ns: &str, iface: &str, pcap: &Path, opts: &[&str], filter: &[&str]) -> Command {
         let _ = std::fs::remove_file(pcap);
-        let mut cmd = in_ns(ns, ["tcpdump", "-U", "-n"]);
+        let mut cmd = in_ns(ns, ["tcpdump", "-U", "-n", "--immediate-mode"]);
         cmd.args(opts)
             .args(["-i", iface, "-w"])
             .arg(pcap)
@@ -440,20 +434,16 @@ impl Capture {
         cmd
     }
 
-    /// [`Capture::start`], returning once tcpdump says it is listening (10 s at most), so
-    /// that no frame sent afterwards is missed for a late start. Its stderr is read to the
-    /// end by a thread of its own, so tcpdump never blocks on it.
+    /// `tcpdump -U -n --immediate-mode OPTS.. -i IFACE -w PCAP FILTER..` in namespace `ns`,
+    /// returning once
+    /// tcpdump says it is listening (10 s at most), so that no frame sent afterwards is
+    /// missed for a late start on a busy machine. Its stderr is read to the end by a thread
+    /// of its own, so tcpdump never blocks on it.
     ///
     /// # Panics
     ///
     /// When tcpdump exits or does not listen within 10 s, with what it said.
-    pub fn listening(
-        ns: &str,
-        iface: &str,
-        pcap: PathBuf,
-        opts: &[&str],
-        filter: &[&str],
-    ) -> Capture {
+    pub fn start(ns: &str, iface: &str, pcap: PathBuf, opts: &[&str], filter: &[&str]) -> Capture {
         use std::io::{BufRead, BufReader};
         let mut cmd = Capture::command(ns, iface, &pcap, opts, filter);
         let mut tcpdump = Proc::spawn(cmd.stderr(std::process::Stdio::piped()));
@@ -506,16 +496,27 @@ impl Drop for Capture {
     }
 }
 
-/// Runs `traffic` while `captures` run: waits `settle` for them to start capturing, and
-/// half a second after the traffic for the last packets, then stops them.
-pub fn while_capturing<T>(
-    captures: &mut [Capture],
-    settle: Duration,
-    traffic: impl FnOnce() -> T,
-) -> T {
-    sleep(settle);
+/// Runs `traffic` while `captures` run (they listen from [`Capture::start`] on), then
+/// stops them once their files have stopped growing: a tcpdump that a busy machine
+/// schedules late still writes the last packets before it is stopped.
+pub fn while_capturing<T>(captures: &mut [Capture], traffic: impl FnOnce() -> T) -> T {
     let out = traffic();
+    let sizes = |cs: &[Capture]| -> Vec<u64> {
+        cs.iter()
+            .map(|c| std::fs::metadata(&c.pcap).map_or(0, |m| m.len()))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = sizes(captures);
     sleep(Duration::from_millis(500));
+    loop {
+        let now = sizes(captures);
+        if now == last || Instant::now() > deadline {
+            break;
+        }
+        last = now;
+        sleep(Duration::from_millis(300));
+    }
     for c in captures {
         c.stop();
     }
