@@ -283,9 +283,9 @@ impl Drop for VipAddresses {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     use strait_testkit::config::{GatewayToml, ServiceToml};
+    use strait_testkit::harness::tcpdump_listening;
     use strait_testkit::privileged as gate;
 
     /// Two namespaces joined by a veth pair, deleted on drop.
@@ -367,13 +367,10 @@ mod tests {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // Nothing is sent until tcpdump listens, however late a busy machine starts it. Its
-        // stderr stays open (a summary follows at exit), and it says little more.
-        let mut said = BufReader::new(cap.stderr.take().unwrap()).lines();
-        assert!(
-            said.any(|l| l.is_ok_and(|l| l.contains("listening on"))),
-            "tcpdump in {} did not listen",
-            pair.1
+        // Nothing is sent until tcpdump listens, however late a busy machine starts it.
+        tcpdump_listening(
+            cap.stderr.take().unwrap(),
+            &format!("tcpdump in {}", pair.1),
         );
         let mut vips = VipAddresses::new(&cfg, Some(pair.0.clone()));
         vips.sync(&cfg).unwrap();
@@ -400,7 +397,6 @@ mod tests {
             String::from_utf8_lossy(&arp.stdout)
         );
         let out = cap.wait_with_output().unwrap();
-        drop(said);
         let seen = String::from_utf8_lossy(&out.stdout);
         assert!(
             seen.contains("Request who-has 203.0.113.10") && seen.contains("tell 203.0.113.10"),

@@ -253,10 +253,10 @@ impl QueueGroup {
     ///
     /// The kernel frees a closed socket's queue late: the queue's buffer pool is released by
     /// deferred work in the kernel, tens of milliseconds after the close (40-90 ms measured on
-    /// veth, longer on a loaded machine). Until then a
-    /// bind to that queue fails with `EBUSY`. A gateway restarted at once, or a worker reopened
-    /// on the same queue, meets exactly that window. A queue held by a live socket stays busy,
-    /// and the bind error is returned when the wait is over.
+    /// veth, longer on a loaded machine). Until then a bind to that queue fails with `EBUSY`.
+    /// A gateway restarted at once, or a worker reopened on the same queue, meets exactly
+    /// that window. A queue held by a live socket stays busy, and the bind error is returned
+    /// when the wait is over.
     fn bind_all(cfg: &GroupConfig, mode: BindMode) -> Result<(Vec<QueueSocket>, Umem), XskError> {
         let deadline = Instant::now() + RELEASE_WAIT;
         loop {

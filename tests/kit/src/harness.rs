@@ -410,6 +410,32 @@ pub fn veth(a: End<'_>, b: End<'_>) {
 
 // ---- captures ----------------------------------------------------------------------------
 
+/// Returns once the tcpdump whose `stderr` this is says it is listening (10 s at most).
+/// Its stderr is read to the end by a thread of its own, so tcpdump never blocks on it.
+///
+/// # Panics
+///
+/// When tcpdump exits or does not listen within 10 s, with `what` and what it said.
+pub fn tcpdump_listening(stderr: std::process::ChildStderr, what: &str) {
+    use std::io::{BufRead, BufReader};
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut said = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains("listening on") => return,
+            Ok(line) => said.push(line),
+            Err(_) => panic!("{what} is not listening: {}", said.join("\n")),
+        }
+    }
+}
+
 /// tcpdump writing what one interface receives to a file; the file is removed on drop.
 #[derive(Debug)]
 pub struct Capture {
@@ -435,38 +461,17 @@ impl Capture {
     }
 
     /// `tcpdump -U -n --immediate-mode OPTS.. -i IFACE -w PCAP FILTER..` in namespace `ns`,
-    /// returning once
-    /// tcpdump says it is listening (10 s at most), so that no frame sent afterwards is
-    /// missed for a late start on a busy machine. Its stderr is read to the end by a thread
-    /// of its own, so tcpdump never blocks on it.
+    /// returning once it listens ([`tcpdump_listening`]), so that no frame sent afterwards is
+    /// missed for a late start on a busy machine.
     ///
     /// # Panics
     ///
-    /// When tcpdump exits or does not listen within 10 s, with what it said.
+    /// As [`tcpdump_listening`].
     pub fn start(ns: &str, iface: &str, pcap: PathBuf, opts: &[&str], filter: &[&str]) -> Capture {
-        use std::io::{BufRead, BufReader};
         let mut cmd = Capture::command(ns, iface, &pcap, opts, filter);
         let mut tcpdump = Proc::spawn(cmd.stderr(std::process::Stdio::piped()));
         let stderr = tcpdump.child().stderr.take().expect("piped stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut said = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) if line.contains("listening on") => break,
-                Ok(line) => said.push(line),
-                Err(_) => panic!(
-                    "tcpdump on {iface} in {ns} is not listening: {}",
-                    said.join("\n")
-                ),
-            }
-        }
+        tcpdump_listening(stderr, &format!("tcpdump on {iface} in {ns}"));
         Capture {
             pcap,
             tcpdump: Some(tcpdump),
@@ -508,14 +513,13 @@ pub fn while_capturing<T>(captures: &mut [Capture], traffic: impl FnOnce() -> T)
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut last = sizes(captures);
-    sleep(Duration::from_millis(500));
     loop {
+        sleep(Duration::from_millis(500));
         let now = sizes(captures);
         if now == last || Instant::now() > deadline {
             break;
         }
         last = now;
-        sleep(Duration::from_millis(300));
     }
     for c in captures {
         c.stop();
