@@ -49,7 +49,8 @@ pub struct Gateway {
     pub tunnel_source_v4: Option<Ipv4Addr>,
     /// Outer source address for `dsr-ipip` / `dsr-gue` over IPv6, if set.
     pub tunnel_source_v6: Option<Ipv6Addr>,
-    /// Egress MTU used to decide whether an encapsulated packet still fits.
+    /// The MTU set on DPDK ports (with AF_XDP the interface's own MTU is the port's, which
+    /// encapsulated packets must fit). Read at start.
     pub mtu: u16,
     /// Idle timeouts of flow-table entries.
     pub timeouts: Timeouts,

@@ -660,19 +660,32 @@ impl FlowTable {
             mask: buckets - 1,
             len: 0,
             timeouts,
-            timeout_ms: [
-                FlowState::TcpSyn,
-                FlowState::TcpEstablished,
-                FlowState::TcpClosing,
-                FlowState::Udp,
-                FlowState::Other,
-            ]
-            .map(|st| timeouts.of(st).div_ceil(NANOS_PER_MS)),
+            timeout_ms: Self::timeouts_ms(&timeouts),
             limiter: RateLimiter::new(new_flows_per_sec),
             cursor: 0,
             stats: FlowStats::default(),
             by_backend: vec![BackendEntries::default(); BACKEND_SLOTS].into_boxed_slice(),
         }
+    }
+
+    /// Takes new idle timeouts (a reload changed `[gateway.timeouts]`): every entry's idle
+    /// time is measured against them from now on, so an entry idle longer than its state's
+    /// new timeout is expired at its next lookup.
+    pub fn set_timeouts(&mut self, timeouts: Timeouts) {
+        self.timeouts = timeouts;
+        self.timeout_ms = Self::timeouts_ms(&timeouts);
+    }
+
+    /// `timeouts` in whole milliseconds, rounded up, indexed by `FlowState as usize`.
+    fn timeouts_ms(timeouts: &Timeouts) -> [u64; 5] {
+        [
+            FlowState::TcpSyn,
+            FlowState::TcpEstablished,
+            FlowState::TcpClosing,
+            FlowState::Udp,
+            FlowState::Other,
+        ]
+        .map(|st| timeouts.of(st).div_ceil(NANOS_PER_MS))
     }
 
     /// Buckets of a table for `capacity` flows: a power of two, [`WAYS`] entries each.

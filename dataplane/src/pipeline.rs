@@ -281,7 +281,7 @@ impl Pipeline {
         verdicts: &mut [Verdict],
     ) {
         assert!(verdicts.len() >= frames.len(), "one verdict per frame");
-        self.traffic.settle(t);
+        self.settle(t);
         // The one test a call pays for capture while none runs: a load and a branch that
         // always goes the same way; the capturing twin is out of line.
         if self.capture.as_ref().is_some_and(Tap::armed) {
@@ -402,6 +402,23 @@ impl Pipeline {
         }
     }
 
+    /// Makes the core's per-table state follow table `t`: the traffic slots and the flow
+    /// table's idle timeouts (a reload may change `[gateway.timeouts]`). One comparison when
+    /// `t` is the table of the last batch.
+    #[inline(always)]
+    fn settle(&mut self, t: &ServiceTable) {
+        if !self.traffic.is_settled(t) {
+            self.settle_with(t);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn settle_with(&mut self, t: &ServiceTable) {
+        self.traffic.settle(t);
+        self.flows.set_timeouts(t.timeouts);
+    }
+
     /// Gives the pipeline its worker's end of the capture hub: [`Pipeline::process_batch`]
     /// then shows frames to a capture while one is armed.
     pub fn with_capture(mut self, tap: Tap) -> Self {
@@ -419,7 +436,7 @@ impl Pipeline {
         ingress: u8,
         frame: &mut Frame<'_>,
     ) -> Verdict {
-        self.traffic.settle(t);
+        self.settle(t);
         let mut p = Parsed::default();
         let parsed = admit_and_parse(frame.data(), t.ports.get(ingress as usize), &mut p)
             .map(|ip| ip.then_some(&p));
@@ -1326,6 +1343,45 @@ backends = [{}]
             .find(|b| b.mac.is_some_and(|m| m.0 == mac))
             .cloned()
             .expect("a backend with that MAC")
+    }
+
+    #[test]
+    fn a_table_with_new_timeouts_brings_them_to_the_flow_table() {
+        let x = [("198.51.100.11", 0x11)];
+        let mut builder = Builder::new();
+        let t1 = build(&mut builder, &config("dsr-l2", &x, &[]));
+        let mut pipe = Pipeline::new(0, 1, 1024, t1.timeouts, 0);
+        for (now, syn) in [(SEC, true), (2 * SEC, false)] {
+            let (v, _) = run(&mut pipe, &t1, now, &tcp(CLIENT, VIP_A, syn));
+            assert_eq!(v, Verdict::Tx { port: 0 });
+        }
+        // A reload shortens tcp_established to 10 s: the flow, idle for 20 s by its next
+        // packet, has expired under the table that packet meets.
+        let mut short = config("dsr-l2", &x, &[]);
+        short.gateway.timeouts.tcp_established = std::time::Duration::from_secs(10);
+        let t2 = build(&mut builder, &short);
+        assert_ne!(t2.timeouts, t1.timeouts);
+        let (v, _) = run(&mut pipe, &t2, 22 * SEC, &tcp(CLIENT, VIP_A, false));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        assert_eq!(
+            pipe.flows.stats().expired,
+            1,
+            "expired under the new timeout"
+        );
+        assert_eq!(
+            pipe.counters.flows_created, 2,
+            "the next packet made the flow again"
+        );
+        assert_eq!(
+            pipe.flows.timeout_of(pipe.flows.iter().next().unwrap().1),
+            10 * SEC
+        );
+        // Under the old table's 2 h 4 m the same idle time keeps the flow.
+        let mut kept = Pipeline::new(0, 1, 1024, t1.timeouts, 0);
+        for (now, syn) in [(SEC, true), (2 * SEC, false), (22 * SEC, false)] {
+            let _ = run(&mut kept, &t1, now, &tcp(CLIENT, VIP_A, syn));
+        }
+        assert_eq!(kept.flows.stats().expired, 0);
     }
 
     #[test]

@@ -259,6 +259,13 @@ impl Traffic {
         p.bytes += bytes as u64;
     }
 
+    /// Whether the slots follow table `t` already ([`Traffic::settle`] was last called with
+    /// it).
+    #[inline(always)]
+    pub fn is_settled(&self, t: &ServiceTable) -> bool {
+        t.serial() == self.table
+    }
+
     /// Makes the backend slots table `t`'s before anything is counted under it: each of its
     /// backends' slots holds its incarnation (taken over from the last holder if not) and
     /// names the service `t` gives it. One comparison when `t` is the table of the last call;

@@ -136,8 +136,8 @@ pub enum Error {
     /// close every session to take it).
     #[error("reload: gateway.bgp changed; restart strait (after `strait drain`) to change the BGP speaker")]
     BgpChanged,
-    /// A reload changed `[gateway.l2]` or `[gateway.sync]`, which only a restart can do.
-    #[error("reload: gateway.{0} changed; restart strait (after `strait drain`) to change it")]
+    /// A reload changed a setting of `[gateway]` read only at start (`start_only_change`).
+    #[error("reload: gateway.{0} changed, which is read only at start; restart strait (after `strait drain`) to change it")]
     RestartNeeded(&'static str),
     /// The table does not build.
     #[error("{why}: the table does not build: {source}")]
@@ -408,11 +408,8 @@ impl Control {
         if loaded.config.gateway.bgp != self.file.gateway.bgp {
             return Err(Error::BgpChanged);
         }
-        if loaded.config.gateway.l2 != self.file.gateway.l2 {
-            return Err(Error::RestartNeeded("l2"));
-        }
-        if loaded.config.gateway.sync != self.file.gateway.sync {
-            return Err(Error::RestartNeeded("sync"));
+        if let Some(what) = start_only_change(&loaded.config.gateway, &self.file.gateway) {
+            return Err(Error::RestartNeeded(what));
         }
         let (merged, dropped) = crate::kubemodel::merge(&loaded.config, &self.kube);
         for d in dropped {
@@ -879,6 +876,39 @@ fn log_table(cfg: &Config, table: &ServiceTable) {
     for line in strait_config::summary(cfg).lines() {
         info!("{line}");
     }
+}
+
+/// The first setting of `[gateway]` (besides the interfaces and BGP, which have errors of
+/// their own) that `new` changes from `old` and that is read only at start: the admin API's
+/// listeners and token, the flow tables' size and new-flow rate, the ports' MTU, VRRP, flow
+/// sync and DPDK's EAL. A reload that changes one is refused rather than taken in part.
+/// The rest (timeouts, default mode, GUE port, tunnel sources, drain grace) a reload takes.
+fn start_only_change(
+    new: &strait_config::model::Gateway,
+    old: &strait_config::model::Gateway,
+) -> Option<&'static str> {
+    [
+        (new.admin_listen != old.admin_listen, "admin_listen"),
+        (new.admin_socket != old.admin_socket, "admin_socket"),
+        (
+            new.admin_token_file != old.admin_token_file,
+            "admin_token_file",
+        ),
+        (
+            new.flow_capacity_per_core != old.flow_capacity_per_core,
+            "flow_capacity_per_core",
+        ),
+        (
+            new.new_flows_per_second_per_core != old.new_flows_per_second_per_core,
+            "new_flows_per_second_per_core",
+        ),
+        (new.mtu != old.mtu, "mtu"),
+        (new.l2 != old.l2, "l2"),
+        (new.sync != old.sync, "sync"),
+        (new.dpdk != old.dpdk, "dpdk"),
+    ]
+    .into_iter()
+    .find_map(|(changed, what)| changed.then_some(what))
 }
 
 #[cfg(test)]

@@ -323,7 +323,7 @@ fn routes_follow_forwarding_health_and_drain() {
 }
 
 #[test]
-fn a_reload_that_changes_bgp_is_refused() {
+fn a_reload_that_changes_what_is_read_at_start_is_refused() {
     let toml = config(&["198.51.100.11"]);
     let mut c = Driven::new(&toml);
     let mut changed = strait_config::parse(&toml).unwrap();
@@ -363,6 +363,60 @@ fn a_reload_that_changes_bgp_is_refused() {
         let e = c.handle(Event::Reload(Ok(Box::new(loaded)))).unwrap_err();
         assert!(matches!(e, Error::RestartNeeded(w) if w == what), "{e}");
     }
+    // And one that changes a setting of [gateway] read only at start; a refused reload
+    // changes nothing, so each is tried against the running file.
+    type Change = fn(&mut strait_config::model::Gateway);
+    let changes: [(Change, &str); 6] = [
+        (
+            |g| g.admin_listen = "127.0.0.1:9901".parse().unwrap(),
+            "admin_listen",
+        ),
+        (
+            |g| g.admin_socket = Some("/run/strait/other.sock".into()),
+            "admin_socket",
+        ),
+        (
+            |g| g.admin_token_file = Some("/etc/strait/token".into()),
+            "admin_token_file",
+        ),
+        (
+            |g| g.flow_capacity_per_core = 65536,
+            "flow_capacity_per_core",
+        ),
+        (
+            |g| g.new_flows_per_second_per_core = 1000,
+            "new_flows_per_second_per_core",
+        ),
+        (|g| g.mtu = 9000, "mtu"),
+    ];
+    for (change, what) in changes {
+        let mut config = strait_config::parse(&toml).unwrap();
+        change(&mut config.gateway);
+        let loaded = Loaded {
+            config,
+            locals: Vec::new(),
+            neighbours: Neighbours::default(),
+        };
+        let e = c.handle(Event::Reload(Ok(Box::new(loaded)))).unwrap_err();
+        assert!(
+            matches!(e, Error::RestartNeeded(w) if w == what),
+            "{what}: {e}"
+        );
+        assert!(
+            e.to_string().contains(&format!("gateway.{what} changed")),
+            "{e}"
+        );
+    }
+    // What a reload takes: new timeouts reach the table.
+    let mut longer = strait_config::parse(&toml).unwrap();
+    longer.gateway.timeouts.udp = Duration::from_secs(45);
+    let loaded = Loaded {
+        config: longer,
+        locals: Vec::new(),
+        neighbours: Neighbours::default(),
+    };
+    c.handle(Event::Reload(Ok(Box::new(loaded)))).unwrap();
+    assert_eq!(c.core.table().timeouts.udp, 45_000_000_000);
 }
 
 #[test]
