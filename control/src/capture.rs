@@ -105,7 +105,7 @@ impl CaptureRequest {
                         DropReason::ALL
                             .into_iter()
                             .find(|d| d.as_str() == v)
-                            .ok_or_else(|| bad("not a drop reason (see strait_drops_total)"))?,
+                            .ok_or_else(|| bad("not a drop reason (see strait_dropped_packets_total)"))?,
                     );
                 }
                 "count" => {
@@ -117,8 +117,11 @@ impl CaptureRequest {
                     );
                 }
                 "duration" => {
-                    r.duration =
-                        Some(humantime::parse_duration(v).map_err(|e| bad(&e.to_string()))?);
+                    let d = humantime::parse_duration(v).map_err(|e| bad(&e.to_string()))?;
+                    if d.is_zero() {
+                        return Err(bad("not longer than zero"));
+                    }
+                    r.duration = Some(d);
                 }
                 "snaplen" => {
                     r.filter.snaplen = v
@@ -172,7 +175,7 @@ pub struct Ask {
     /// Which decisions to keep.
     #[arg(long, value_parser = ["tx", "drop", "pass", "any"])]
     pub verdict: Option<String>,
-    /// Only drops for this reason (a `reason` of strait_drops_total, e.g.
+    /// Only drops for this reason (a `reason` of strait_dropped_packets_total, e.g.
     /// source_not_allowed).
     #[arg(long)]
     pub reason: Option<String>,
@@ -180,7 +183,7 @@ pub struct Ask {
     #[arg(short = 'c', long)]
     pub count: Option<u64>,
     /// Stop after this long (e.g. 10s, 1m).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = crate::status::positive_duration)]
     pub duration: Option<std::time::Duration>,
     /// Bytes kept of each frame (at most 2048).
     #[arg(short = 's', long)]
@@ -792,6 +795,8 @@ mod tests {
             ("every=0", "every=0"),
             ("count=0", "count=0"),
             ("duration=soon", "duration=soon"),
+            ("duration=0s", "duration=0s: not longer than zero"),
+            ("reason=bored", "strait_dropped_packets_total"),
             ("colour=red", "unknown capture parameter \"colour\""),
             ("verdict=tx&reason=no_backend", "reason keeps drops"),
         ] {

@@ -127,6 +127,10 @@ pub enum QueryError {
     /// A parameter is missing.
     #[error("missing `{0}`: ask GET /explain?client=ADDR:PORT&vip=ADDR:PORT[&proto=tcp|udp|sctp]")]
     Missing(&'static str),
+    /// A parameter the query does not know (a misspelt one would otherwise be left out
+    /// silently).
+    #[error("unknown parameter `{0}`: ask GET /explain?client=ADDR:PORT&vip=ADDR:PORT[&proto=tcp|udp|sctp]")]
+    Unknown(String),
     /// A parameter does not parse.
     #[error("`{name}` = {value:?}: {why}")]
     Bad {
@@ -152,7 +156,7 @@ pub fn parse_query(query: &str) -> Result<FlowKey, QueryError> {
             "client" => client = Some(v),
             "vip" => vip = Some(v),
             "proto" => proto = v,
-            _ => {}
+            _ => return Err(QueryError::Unknown(percent_decode(k))),
         }
     }
     let sock = |name: &'static str, v: Option<String>| -> Result<SocketAddr, QueryError> {
@@ -164,6 +168,14 @@ pub fn parse_query(query: &str) -> Result<FlowKey, QueryError> {
         })
     };
     let (c, d) = (sock("client", client)?, sock("vip", vip)?);
+    if c.is_ipv4() != d.is_ipv4() {
+        return Err(QueryError::Bad {
+            name: "vip",
+            value: d.to_string(),
+            why: "not of the client's address family (no packet carries an IPv4 and an IPv6 \
+                  address)",
+        });
+    }
     let p = proto_number(&proto).ok_or(QueryError::Bad {
         name: "proto",
         value: proto,
@@ -496,10 +508,15 @@ pub fn render(v: &Value) -> String {
     );
     let svc = &v["service"];
     let frontend = || {
+        let vip = s(&svc["vip"]);
+        let (open, close) = if vip.contains(':') {
+            ("[", "]")
+        } else {
+            ("", "")
+        };
         format!(
-            "{} {}:{}/{}, mode {}",
+            "{} {open}{vip}{close}:{}/{}, mode {}",
             s(&svc["name"]),
-            s(&svc["vip"]),
             svc["port"],
             s(&svc["proto"]),
             s(&svc["mode"])
@@ -747,5 +764,40 @@ mod tests {
             parse_query("client=1.2.3.4:5&vip=203.0.113.10:80&proto=icmp"),
             Err(QueryError::Bad { name: "proto", .. })
         ));
+    }
+
+    #[test]
+    fn an_ipv6_frontend_is_rendered_in_brackets() {
+        let v = json!({
+            "flow": {"proto": "tcp", "src": "[2001:db8::2]:40999", "dst": "[2001:db8::10]:80"},
+            "kind": "forward",
+            "service": {"name": "web6", "vip": "2001:db8::10", "port": 80, "proto": "tcp",
+                        "mode": "dsr-l2"},
+        });
+        let out = render(&v);
+        assert!(
+            out.contains("frontend  web6 [2001:db8::10]:80/tcp, mode dsr-l2"),
+            "{out}"
+        );
+        let v4 = json!({"kind": "forward", "service": {"vip": "203.0.113.10", "port": 80}});
+        assert!(render(&v4).contains(" 203.0.113.10:80/"), "{}", render(&v4));
+    }
+
+    #[test]
+    fn a_query_mixing_families_or_with_an_unknown_parameter_is_refused() {
+        for q in [
+            "client=192.0.2.2:40999&vip=%5B2001:db8::10%5D:80",
+            "client=[2001:db8::2]:40999&vip=203.0.113.10:80",
+        ] {
+            let e = parse_query(q).unwrap_err();
+            assert!(matches!(e, QueryError::Bad { name: "vip", .. }), "{q}: {e}");
+            assert!(e.to_string().contains("address family"), "{e}");
+        }
+        let e = parse_query("client=192.0.2.2:1&vip=203.0.113.10:80&protocol=udp").unwrap_err();
+        assert_eq!(e, QueryError::Unknown("protocol".into()));
+        assert!(
+            e.to_string().starts_with("unknown parameter `protocol`"),
+            "{e}"
+        );
     }
 }

@@ -56,7 +56,7 @@ enum Command {
         #[arg(long)]
         rate: bool,
         /// How far apart the two samples a rate is measured from are.
-        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "1s", value_parser = status::positive_duration)]
         interval: std::time::Duration,
     },
     /// Drain the running gateway: withdraw every route, keep forwarding for
@@ -230,14 +230,19 @@ fn check(path: Option<PathBuf>) -> ExitCode {
                 eprintln!("{why}");
                 return ExitCode::FAILURE;
             }
-            println!("{name}: valid");
-            print!("{}", strait_config::summary(&cfg));
             let footprint = strait_control::footprint::Footprint::of(&cfg);
-            println!(
-                "memory: {:.1} MiB ({footprint})",
+            let text = format!(
+                "{name}: valid\n{}memory: {:.1} MiB ({footprint})\n",
+                strait_config::summary(&cfg),
                 footprint.total() as f64 / (1024.0 * 1024.0)
             );
-            ExitCode::SUCCESS
+            match status::out(&text) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("strait: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Err(e) => {
             eprintln!("{name}: invalid");

@@ -145,22 +145,22 @@ impl Admin {
 pub fn run(admin: &Admin, show: Show) -> anyhow::Result<()> {
     if show.stats {
         let t = admin.json("/traffic")?;
-        print!("{}", render_stats(&t));
-        print!("{}", render_cores(&t));
+        out(&render_stats(&t))?;
+        out(&render_cores(&t))?;
         return Ok(());
     }
     if show.rate {
         let (a, b, dt) = admin.two_samples(show.interval)?;
-        print!("{}", render_rates(&a, &b, dt, true));
+        out(&render_rates(&a, &b, dt, true))?;
         return Ok(());
     }
     let v = admin.json("/services")?;
-    print!("{}", render(&v));
-    print!("{}", render_transitions(&v));
+    out(&render(&v))?;
+    out(&render_transitions(&v))?;
     match admin.two_samples(show.interval) {
         Ok((a, b, dt)) => {
-            print!("{}", render_rates(&a, &b, dt, false));
-            print!("{}", render_cores(&b));
+            out(&render_rates(&a, &b, dt, false))?;
+            out(&render_cores(&b))?;
         }
         // A gateway from before `/traffic` has none to show.
         Err(e) => eprintln!("traffic: {e:#}"),
@@ -169,12 +169,38 @@ pub fn run(admin: &Admin, show: Show) -> anyhow::Result<()> {
         Ok(body) => {
             let r: Value = serde_json::from_str(&body)
                 .context("the admin API answered something that is not JSON")?;
-            print!("{}", render_routes(&r));
+            out(&render_routes(&r))?;
         }
         // A gateway from before `/routes` has none to show.
         Err(e) => eprintln!("routes: {e:#}"),
     }
     Ok(())
+}
+
+/// A command line's duration (`1s`, `500ms`) that must be longer than zero: a rate over no
+/// time, or a capture that ends as it starts, is a mistake to name.
+///
+/// # Errors
+/// When `s` is not a duration or is zero.
+pub fn positive_duration(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Err("must be longer than zero".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Writes `text` to standard output. A reader that left (`strait status | head`) ends the
+/// command quietly, with success, as it ends other Unix tools, where `print!` would panic.
+///
+/// # Errors
+/// When standard output fails otherwise.
+pub fn out(text: &str) -> anyhow::Result<()> {
+    let mut o = std::io::stdout().lock();
+    match o.write_all(text.as_bytes()).and_then(|()| o.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        r => r.context("writing to standard output"),
+    }
 }
 
 /// `strait drain`: asks the gateway to drain (withdraw its routes, forward for its grace,
@@ -184,11 +210,11 @@ pub fn run(admin: &Admin, show: Show) -> anyhow::Result<()> {
 /// When the gateway does not answer or refuses, or is still running after `wait`.
 pub fn drain(admin: &Admin, wait: Duration) -> anyhow::Result<()> {
     let answer = admin.request("POST", "/drain")?;
-    print!("{answer}");
+    out(&answer)?;
     let deadline = std::time::Instant::now() + wait;
     while std::time::Instant::now() < deadline {
         if !admin.reachable() {
-            println!("stopped");
+            out("stopped\n")?;
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -223,9 +249,9 @@ pub fn explain(
     let v: Value =
         serde_json::from_str(&body).context("the admin API answered something that is not JSON")?;
     if json_out {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        out(&(serde_json::to_string_pretty(&v)? + "\n"))?;
     } else {
-        print!("{}", crate::explain::render(&v));
+        out(&crate::explain::render(&v))?;
     }
     Ok(())
 }
@@ -540,6 +566,16 @@ fn fmt_ip(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_duration_of_zero_is_refused() {
+        assert_eq!(
+            positive_duration("0s"),
+            Err("must be longer than zero".into())
+        );
+        assert_eq!(positive_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(positive_duration("soon").is_err());
+    }
 
     #[test]
     fn renders_services_and_backends() {

@@ -460,6 +460,8 @@ impl Testbed {
             return self.fleet_instructions();
         }
         let exe = std::env::current_exe()
+            .map_or_else(|_| "strait-lab".to_owned(), |p| p.display().to_string());
+        let strait = crate::strait_binary()
             .map_or_else(|_| "strait".to_owned(), |p| p.display().to_string());
         let prefix = self.prefix();
         let arms = match self.topology() {
@@ -469,7 +471,7 @@ impl Testbed {
         format!(
             "testbed {prefix:?} is up ({arms}, {n} backends)\n{layout}\
              gateway configuration: {config}\n\
-             start the gateway:     ip netns exec {gw} {exe} run --config {config}\n\
+             start the gateway:     ip netns exec {gw} {strait} run --config {config}\n\
              try it:                ip netns exec {client} curl -s http://{VIP4}/\n\
              tear down:             {exe} testbed down --prefix {prefix}\n",
             n = self.backends.len(),

@@ -140,7 +140,9 @@ fn answer(
     allowed: bool,
 ) -> (u16, &'static str, String) {
     let shared = &endpoint.shared;
-    match (method, path) {
+    // Routed by the path without its query, which only /explain reads.
+    let (route, query) = path.split_once('?').unwrap_or((path, ""));
+    match (method, route) {
         ("GET", "/healthz") if shared.draining.load(Ordering::Relaxed) => {
             (503, "text/plain", "draining\n".to_string())
         }
@@ -162,9 +164,7 @@ fn answer(
         }
         ("GET", "/routes") => (200, "application/json", views::routes_json(shared)),
         ("GET", "/traffic") => (200, "application/json", crate::traffic::json(shared)),
-        ("GET", p) if p == "/explain" || p.starts_with("/explain?") => {
-            crate::explain::http(shared, p.split_once('?').map_or("", |(_, q)| q))
-        }
+        ("GET", "/explain") => crate::explain::http(shared, query),
         ("POST", "/reload") if !allowed => (
             403,
             "text/plain",
@@ -180,14 +180,14 @@ fn answer(
         (
             _,
             "/healthz" | "/services" | "/metrics" | "/routes" | "/traffic" | "/explain"
-            | "/reload" | "/drain",
+            | "/reload" | "/drain" | "/capture",
         ) => {
             (405, "text/plain", "method not allowed\n".into())
         }
         _ => (
             404,
             "text/plain",
-            "not found: try /healthz, /services, /routes, /traffic, /metrics, /explain, POST /reload, POST /drain\n"
+            "not found: try /healthz, /services, /routes, /traffic, /metrics, /explain, POST /capture, POST /reload, POST /drain\n"
                 .into(),
         ),
     }

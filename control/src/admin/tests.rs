@@ -348,7 +348,16 @@ fn serves_health_services_metrics_and_reload() {
     );
     assert_eq!(get(addr, "POST", "/reload"), (200, "reloaded\n".into()));
     assert_eq!(get(addr, "GET", "/reload").0, 405);
-    assert_eq!(get(addr, "GET", "/nope").0, 404);
+    let (s, body) = get(addr, "GET", "/nope");
+    assert_eq!(s, 404);
+    assert!(body.contains("POST /capture"), "{body}");
+    // A query string does not change the route: the page, or 405 for another method.
+    let (s, body) = get(addr, "GET", "/metrics?x=1");
+    assert_eq!(s, 200);
+    assert!(body.contains("# TYPE strait_xdp_packets counter"), "{body}");
+    let explain = "/explain?client=192.0.2.2:1&vip=203.0.113.10:80";
+    assert_eq!(get(addr, "POST", explain).0, 405);
+    assert_eq!(get(addr, "GET", "/reload?now=1").0, 405);
 
     // Routes: each VIP's state in JSON and in /metrics; draining turns /healthz 503.
     *shared.routes.lock().unwrap() = Arc::new(
