@@ -29,6 +29,14 @@ field() { dpkg-deb --field "$deb" "$1"; }
 [ "$(field Architecture)" = amd64 ] || fail "Architecture: $(field Architecture)"
 [ "$(field Recommends)" = "bird2, keepalived" ] || fail "Recommends: $(field Recommends)"
 field Depends | grep -q libc6 || fail "Depends: $(field Depends)"
+# The synopsis (the Description's first line) is whole: the crate's description, under 80
+# characters, not a longer one cargo-deb wrapped mid-sentence into the long description.
+synopsis=$(field Description | head -1)
+crate=$(sed -n 's/^description = "\(.*\)"$/\1/p' control/Cargo.toml)
+[ "$synopsis" = "$crate" ] && [ ${#synopsis} -lt 80 ] \
+  || fail "Description's synopsis \"$synopsis\" is not control/Cargo.toml's description under 80 characters"
+field Description | sed -n 2p | grep -q "Strait is an edge load balancer" \
+  || fail "Description's long part is not the extended description: $(field Description)"
 
 # What the binary's own help lists is what the man pages must cover.
 tmp=$(mktemp -d)
@@ -98,6 +106,13 @@ grep -qx "KillMode=mixed" "$root/usr/lib/systemd/system/strait.service" \
 verify=$(systemd-analyze verify --man=no "$root/usr/lib/systemd/system/strait.service" 2>&1 |
   grep -v "Command /usr/sbin/strait is not executable" || true)
 [ -z "$verify" ] || fail "systemd-analyze verify strait.service: $verify"
+# What the unit's capabilities allow, tried: root limited to its CapabilityBoundingSet binds
+# the BGP port (BIRD, strait's child, listens on TCP 179), in a network namespace of its own.
+caps=$(sed -n 's/^CapabilityBoundingSet=//p' "$root/usr/lib/systemd/system/strait.service")
+bounding="-all$(for c in $caps; do printf ',+%s' "$(tr '[:upper:]' '[:lower:]' <<<"${c#CAP_}")"; done)"
+bound=$(unshare --net setpriv --bounding-set "$bounding" /usr/bin/python3 -c \
+  'import socket; socket.socket().bind(("0.0.0.0", 179)); print("bound")' 2>&1) \
+  || fail "strait.service's CapabilityBoundingSet ($caps) cannot bind TCP 179 for BGP: $bound"
 
 # Every man page renders.
 for page in "$root"/usr/share/man/man8/strait*.8.gz; do
@@ -126,4 +141,4 @@ dpkg_root -P strait
 [ ! -e "$root/etc/systemd/system/multi-user.target.wants/strait.service" ] \
   || fail "purge left the unit enabled"
 
-echo "package-check: $(basename "$deb"): metadata, contents, conffiles, lintian, install, strait --version and check, unit, man pages, upgrade, remove and purge: ok"
+echo "package-check: $(basename "$deb"): metadata, contents, conffiles, lintian, install, strait --version and check, unit and its capabilities, man pages, upgrade, remove and purge: ok"
