@@ -211,18 +211,52 @@ pub fn out(text: &str) -> anyhow::Result<()> {
 pub fn drain(admin: &Admin, wait: Duration) -> anyhow::Result<()> {
     let answer = admin.request("POST", "/drain")?;
     out(&answer)?;
+    // On this machine (a Unix socket or a loopback address) the gateway's process is ours to
+    // watch, and it is stopped when it has exited: its admin API closes before the workers
+    // and XDP are done. Elsewhere the admin API closing is all there is to see.
+    let pid =
+        drain_pid(&answer).filter(|_| admin.socket.is_some() || admin.addr.ip().is_loopback());
     let deadline = std::time::Instant::now() + wait;
     while std::time::Instant::now() < deadline {
-        if !admin.reachable() {
-            out("stopped\n")?;
+        let stopped = match pid {
+            Some(pid) => !running(pid),
+            None => !admin.reachable(),
+        };
+        if stopped {
+            out(if pid.is_some() {
+                "stopped\n"
+            } else {
+                "stopped: the admin API closed\n"
+            })?;
             return Ok(());
         }
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(100));
     }
     bail!(
-        "the gateway still answers at {} after {wait:?}",
+        "the gateway at {} is still running after {wait:?}",
         admin.name()
     )
+}
+
+/// The gateway's pid in its answer to `POST /drain` (`... then stopping (pid 1234)`).
+fn drain_pid(answer: &str) -> Option<u32> {
+    let (_, rest) = answer.rsplit_once("(pid ")?;
+    rest.split(')').next()?.trim().parse().ok()
+}
+
+/// Whether process `pid` is a gateway that has not exited: `/proc/PID` is a `strait` that is
+/// not a zombie (exited, not yet reaped by its parent).
+fn running(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `PID (COMM) STATE ...`; COMM may hold spaces and parentheses, so the last `)` ends it.
+    let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+        return false;
+    };
+    let comm = &stat[open + 1..close];
+    let state = stat[close + 1..].split_whitespace().next();
+    comm == "strait" && state != Some("Z")
 }
 
 /// `strait explain`: asks the gateway and prints its answer, as a block for a person or as
@@ -258,61 +292,88 @@ pub fn explain(
 
 /// The table `strait status` prints.
 pub fn render(v: &Value) -> String {
-    let mut out = format!("table generation {}\n", v["generation"]);
-    out += &format!(
-        "{:<20} {:<28} {:<9} {:<8} {:<28} {:>6} {:<9} {:<9} {}\n",
-        "SERVICE",
-        "FRONTEND",
-        "MODE",
-        "HEALTHY",
-        "BACKEND",
-        "WEIGHT",
-        "STATE",
-        "HEALTH",
-        "NEXT HOP"
-    );
+    const HEAD: [&str; 9] = [
+        "SERVICE", "FRONTEND", "MODE", "HEALTHY", "BACKEND", "WEIGHT", "STATE", "HEALTH",
+        "NEXT HOP",
+    ];
     let empty = Vec::new();
+    let mut rows: Vec<[String; 9]> = Vec::new();
     for s in v["services"].as_array().unwrap_or(&empty) {
-        let frontend = format!(
-            "{}:{}/{}",
-            fmt_ip(&s["vip"]),
-            s["port"],
-            s["protocol"].as_str().unwrap_or("?")
-        );
-        let name = s["name"].as_str().unwrap_or("?");
-        let mode = s["mode"].as_str().unwrap_or("?");
-        let healthy = if s["healthy"].as_bool() == Some(true) {
-            "yes"
-        } else {
-            "NO"
-        };
+        let service = [
+            s["name"].as_str().unwrap_or("?").to_owned(),
+            format!(
+                "{}:{}/{}",
+                fmt_ip(&s["vip"]),
+                s["port"],
+                s["protocol"].as_str().unwrap_or("?")
+            ),
+            s["mode"].as_str().unwrap_or("?").to_owned(),
+            if s["healthy"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "NO"
+            }
+            .to_owned(),
+        ];
         let backends = s["backends"].as_array().unwrap_or(&empty);
         if backends.is_empty() {
-            out += &format!("{name:<20} {frontend:<28} {mode:<9} {healthy:<8} (no backends)\n");
+            let [n, f, m, h] = service.clone();
+            let mut row: [String; 9] = Default::default();
+            row[..4].clone_from_slice(&[n, f, m, h]);
+            row[4] = "(no backends)".into();
+            rows.push(row);
         }
         for (i, b) in backends.iter().enumerate() {
-            let (n, f, m, h) = if i == 0 {
-                (name, frontend.as_str(), mode, healthy)
+            let [n, f, m, h] = if i == 0 {
+                service.clone()
             } else {
-                ("", "", "", "")
+                Default::default()
             };
-            out += &format!(
-                "{n:<20} {f:<28} {m:<9} {h:<8} {:<28} {:>6} {:<9} {:<9} {}\n",
+            rows.push([
+                n,
+                f,
+                m,
+                h,
                 format!("{}:{}", fmt_ip(&b["address"]), b["port"]),
                 match &b["slow_start_weight"] {
                     Value::Number(now) => format!("{now}/{}", b["weight"]),
                     _ => b["weight"].to_string(),
                 },
-                b["state"].as_str().unwrap_or("?"),
+                b["state"].as_str().unwrap_or("?").to_owned(),
                 health_cell(b),
                 match &b["next_hop_mac"] {
-                    Value::String(m) => m.as_str(),
-                    Value::Null if b.get("next_hop_mac").is_some() => "unresolved",
+                    Value::String(m) => m.clone(),
+                    Value::Null if b.get("next_hop_mac").is_some() => "unresolved".into(),
                     // A gateway from before the field.
-                    _ => "-",
+                    _ => "-".into(),
                 },
-            );
+            ]);
         }
+    }
+    // Each column as wide as its widest cell (at least the widths of a typical table, so
+    // that tables of different gateways line up); WEIGHT to the right.
+    const MIN: [usize; 9] = [20, 28, 9, 8, 28, 6, 9, 9, 0];
+    let mut width = MIN;
+    for r in &rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: [&str; 9]| {
+        let mut l = String::new();
+        for (k, (c, w)) in cells.iter().zip(width).enumerate() {
+            l += &match k {
+                8 => c.to_string(),
+                5 => format!("{c:>w$} "),
+                _ => format!("{c:<w$} "),
+            };
+        }
+        l.trim_end().to_owned() + "\n"
+    };
+    let mut out = format!("table generation {}\n", v["generation"]);
+    out += &line(HEAD);
+    for r in &rows {
+        out += &line(std::array::from_fn(|k| r[k].as_str()));
     }
     out
 }
@@ -568,6 +629,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_drain_answer_names_the_pid_and_a_live_process_is_seen_running() {
+        let a = "draining: routes withdrawn, forwarding for 5s more, then stopping (pid 4242)\n";
+        assert_eq!(drain_pid(a), Some(4242));
+        assert_eq!(drain_pid("draining"), None);
+        // This test process is not a `strait`, and no process has pid 0 in /proc.
+        assert!(!running(std::process::id()));
+        assert!(!running(0));
+    }
+
+    #[test]
     fn a_duration_of_zero_is_refused() {
         assert_eq!(
             positive_duration("0s"),
@@ -599,6 +670,27 @@ mod tests {
         assert!(t.contains("up        02:00:00:00:01:11"));
         assert!(t.contains("draining  down      unresolved"));
         assert!(t.contains("(no backends)"));
+    }
+
+    #[test]
+    fn a_wide_cell_widens_its_column_and_the_next_stay_aligned() {
+        let v: Value = serde_json::from_str(
+            r#"{"generation":1,"services":[{"name":"web","vip":"2001:db8:ffff:ffff:ffff:ffff:ffff:10","port":8443,"protocol":"tcp","mode":"dsr-l2","healthy":true,
+            "backends":[{"address":"198.51.100.11","port":80,"weight":100,"state":"active","health":"down","out":{"by":"active","cause":"refused"},"next_hop_mac":"02:00:00:00:01:11"},
+                        {"address":"2001:db8:ffff:ffff:ffff:ffff:ffff:11","port":8080,"weight":100,"state":"active","health":"up","next_hop_mac":"02:00:00:00:01:12"}]}]}"#,
+        )
+        .unwrap();
+        let t = render(&v);
+        let lines: Vec<&str> = t.lines().collect();
+        let column = |l: &str, word: &str| l.find(word).unwrap_or_else(|| panic!("{word}:\n{t}"));
+        let next_hop = column(lines[1], "NEXT HOP");
+        assert_eq!(column(lines[2], "02:00:00:00:01:11"), next_hop, "\n{t}");
+        assert_eq!(column(lines[3], "02:00:00:00:01:12"), next_hop, "\n{t}");
+        assert!(lines[2].contains(" down (active: refused) "), "{t}");
+        let mode = column(lines[1], "MODE");
+        assert_eq!(column(lines[2], "dsr-l2"), mode, "\n{t}");
+        let state = column(lines[1], "STATE");
+        assert_eq!(column(lines[3], "active"), state, "\n{t}");
     }
 
     #[test]

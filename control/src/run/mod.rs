@@ -550,10 +550,12 @@ impl Driver {
                         let at = *drained_at.get_or_insert_with(|| self.start_drain("admin API"));
                         let left = at.saturating_duration_since(Instant::now());
                         let _ = answer.send(Ok(format!(
-                            "draining: routes withdrawn, forwarding for {} more, then stopping",
+                            "draining: routes withdrawn, forwarding for {} more, then stopping \
+                             (pid {})",
                             humantime::format_duration(Duration::from_millis(
                                 u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
-                            ))
+                            )),
+                            std::process::id()
                         )));
                     }
                 }
