@@ -8,8 +8,10 @@
 //! - end to end (root): a real Prometheus in the testbed's gateway namespace scrapes a real
 //!   gateway every second with the rules loaded, while HTTP and UDP go through the VIP;
 //!   every dashboard expression (its variables given real values) and every alert
-//!   expression evaluates without error, every metric they name has series, every
-//!   dashboard panel has data, and the rules load with health "ok".
+//!   expression evaluates without error, every metric they name has series, every label
+//!   they use is on those series, every label an alert's annotations print is on the
+//!   series it is evaluated over, every dashboard panel has data, and the rules load with
+//!   health "ok".
 //!
 //! ```text
 //!  {p}-client: curl http://VIP/, client.py udp VIP 53       (two-arm testbed, nat)
@@ -281,6 +283,108 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     names
 }
 
+/// The label names an expression uses: in matchers (`{reason!~"..."}`, not `__name__`) and
+/// in the lists of `by`, `without`, `on`, `ignoring`, `group_left` and `group_right`. A
+/// label a family does not have matches nothing (or, negated, everything) and groups
+/// nothing, without an error from Prometheus: [`Prometheus::check_labels`] finds them.
+fn label_names(expr: &str) -> BTreeSet<String> {
+    let mut labels = BTreeSet::new();
+    let b = expr.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let (mut i, mut braces, mut list, mut last) = (0, 0, false, "");
+    while i < b.len() {
+        match b[i] {
+            b'"' | b'\'' | b'`' => {
+                let q = b[i];
+                i += 1;
+                while i < b.len() && b[i] != q {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'{' => {
+                braces += 1;
+                i += 1;
+            }
+            b'}' => {
+                braces -= 1;
+                i += 1;
+            }
+            b'(' => {
+                list = braces == 0
+                    && matches!(
+                        last,
+                        "by" | "without" | "on" | "ignoring" | "group_left" | "group_right"
+                    );
+                last = "";
+                i += 1;
+            }
+            b')' => {
+                list = false;
+                i += 1;
+            }
+            c if word(c) && (i == 0 || !word(b[i - 1])) => {
+                let start = i;
+                while i < b.len() && word(b[i]) {
+                    i += 1;
+                }
+                let w = &expr[start..i];
+                let rest = expr[i..].trim_start();
+                let matcher = braces > 0 && rest.starts_with(['=', '!']) && w != "__name__";
+                if matcher || list {
+                    labels.insert(w.to_owned());
+                }
+                last = w;
+            }
+            c => {
+                if !c.is_ascii_whitespace() && c != b',' {
+                    last = "";
+                }
+                i += 1;
+            }
+        }
+    }
+    labels
+}
+
+/// The labels an alert's annotations print (`{{ $labels.peer }}`), by alert name.
+fn annotation_labels() -> BTreeMap<String, BTreeSet<String>> {
+    let text = std::fs::read_to_string(kit("alerts.yml")).unwrap();
+    let y: serde_yaml::Value = serde_yaml::from_str(&text).expect("alerts.yml is YAML");
+    let mut out = BTreeMap::new();
+    for g in y["groups"].as_sequence().expect("groups") {
+        for r in g["rules"].as_sequence().expect("rules") {
+            let mut labels = BTreeSet::new();
+            for (_, a) in r["annotations"].as_mapping().expect("annotations") {
+                for part in a.as_str().unwrap_or("").split("$labels.").skip(1) {
+                    let l: String = part
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    labels.insert(l);
+                }
+            }
+            out.insert(r["alert"].as_str().expect("alert").to_owned(), labels);
+        }
+    }
+    out
+}
+
+/// An alert's expression without its final comparison with a number (`... > 10`): the
+/// series the alert is evaluated over, whatever their values now.
+fn without_threshold(expr: &str) -> Option<&str> {
+    let e = expr.trim_end();
+    let number = e.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    if number.len() == e.len() {
+        return None;
+    }
+    let rest = number.trim_end();
+    ["==", "!=", ">=", "<=", ">", "<"]
+        .iter()
+        .find_map(|op| rest.strip_suffix(op))
+        .map(str::trim_end)
+}
+
 /// `expr` with the dashboard's variables given `values` (name without `$` to value);
 /// an error naming a variable left without one.
 fn substitute(expr: &str, values: &BTreeMap<String, String>) -> Result<String, String> {
@@ -352,6 +456,37 @@ fn the_checker_finds_metric_names_and_a_misspelt_one() {
     // The kit's own expressions all name metrics the checker can see.
     for (name, expr) in alerts() {
         assert!(!metric_names(&expr).is_empty(), "{name}: {expr}");
+    }
+}
+
+#[test]
+fn the_checker_finds_the_labels_an_expression_uses() {
+    assert_eq!(
+        label_names(
+            r#"sum by (job, instance, reason) (rate(strait_dropped_packets_total{reason!~"a|b", core = "x"}[5m])) / on (instance) group_left (service) strait_y{__name__="z"} > 10"#
+        ),
+        ["core", "instance", "job", "reason", "service"]
+            .map(str::to_owned)
+            .into()
+    );
+    // A function's arguments and a string's words are not labels.
+    assert!(label_names(r#"rate(strait_x{service=~"by (peer)"}[5m])"#)
+        .into_iter()
+        .eq(["service".to_owned()]));
+    assert_eq!(
+        without_threshold("max by (peer) (strait_bgp_session_up) == 0"),
+        Some("max by (peer) (strait_bgp_session_up)")
+    );
+    assert_eq!(
+        without_threshold("sum(\n  rate(x[5m])\n) > 10.5\n"),
+        Some("sum(\n  rate(x[5m])\n)")
+    );
+    assert_eq!(without_threshold("x > y"), None);
+    // Every alert of the kit has its threshold at the end and prints labels it can have.
+    let printed = annotation_labels();
+    for (name, expr) in alerts() {
+        assert!(without_threshold(&expr).is_some(), "{name}: {expr}");
+        assert!(printed[&name].contains("instance"), "{name}");
     }
 }
 
@@ -484,6 +619,32 @@ impl Prometheus {
         }
     }
 
+    /// What is wrong with the labels `expr` uses: one that no series of any metric it names
+    /// ever had (a misspelt or missing label matches nothing, or negated everything, and
+    /// groups nothing, without an error).
+    fn check_labels(&self, expr: &str) -> Result<(), String> {
+        let names: Vec<String> = metric_names(expr).into_iter().collect();
+        let missing: Vec<String> = label_names(expr)
+            .into_iter()
+            .filter(|l| {
+                let q = format!(
+                    "count(last_over_time({{__name__=~\"{}\",{l}!=\"\"}}[1h]))",
+                    names.join("|")
+                );
+                !self.query(&q).is_ok_and(|r| !r.is_empty())
+            })
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "`{expr}`: no series of {} has label {}",
+                names.join(", "),
+                missing.join(", ")
+            ))
+        }
+    }
+
     /// Its log, for failure messages.
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
@@ -494,6 +655,42 @@ impl Drop for Prometheus {
     fn drop(&mut self) {
         let _ = self.proc.stop(Duration::from_secs(5));
     }
+}
+
+/// Labels the alerts print that their series lack now, for every alert with series now
+/// (added to `seen`): an annotation naming a label its expression does not keep prints an
+/// empty value when the alert fires.
+fn annotation_problems(
+    prom: &Prometheus,
+    printed: &BTreeMap<String, BTreeSet<String>>,
+    seen: &mut BTreeSet<String>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (name, expr) in alerts() {
+        let inner = without_threshold(&expr).expect("a threshold");
+        let series = prom.query(inner).unwrap_or_default();
+        if !series.is_empty() {
+            seen.insert(name.clone());
+        }
+        for s in &series {
+            for l in &printed[&name] {
+                if s["metric"][l].as_str().is_none_or(str::is_empty) {
+                    problems.push(format!(
+                        "{name} prints $labels.{l}, which its series lack: {}",
+                        s["metric"]
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// A `label_values(SELECTOR, LABEL)` variable query as an expression and the label.
+fn label_values(q: &str) -> Option<(&str, &str)> {
+    let inner = q.trim().strip_prefix("label_values(")?.strip_suffix(')')?;
+    let (selector, label) = inner.rsplit_once(',')?;
+    Some((selector.trim(), label.trim()))
 }
 
 /// The testbed's configuration with `extra` (TOML tables) added, written to `name`.
@@ -637,6 +834,8 @@ fn prometheus_scrapes_a_gateway_under_traffic_and_every_panel_and_alert_has_data
     let (bed, prom) = (&w.bed, &w.prom);
     let d = dashboard();
     let alerts = alerts();
+    let printed = annotation_labels();
+    let mut seen = BTreeSet::new();
 
     // 1. BGP, to a peer on the client segment that never answers: the session stays down.
     let bgp = config_with(
@@ -673,6 +872,7 @@ fn prometheus_scrapes_a_gateway_under_traffic_and_every_panel_and_alert_has_data
         "{states:?}\n{}",
         prom.log()
     );
+    let mut problems = annotation_problems(prom, &printed, &mut seen);
     drop(gw);
 
     // 2. VRRP instead (the gateway alone on its segment owns every VIP).
@@ -687,6 +887,12 @@ fn prometheus_scrapes_a_gateway_under_traffic_and_every_panel_and_alert_has_data
     scrapes(prom, 4);
     let second = evaluate_dashboard(prom, &d, &vars);
     rules(prom);
+    problems.extend(annotation_problems(prom, &printed, &mut seen));
+    let unseen: Vec<_> = printed.keys().filter(|a| !seen.contains(*a)).collect();
+    assert!(
+        unseen.is_empty(),
+        "alerts without series in either run, their labels unchecked: {unseen:?}"
+    );
     // Alone on its segment, the gateway took every VIP once.
     let r = prom
         .query("strait_vrrp_owner == 1 and strait_vrrp_owner_changes_total == 1")
@@ -708,16 +914,15 @@ fn prometheus_scrapes_a_gateway_under_traffic_and_every_panel_and_alert_has_data
         empty.join("\n")
     );
 
-    // Every expression, the alerts' and the variables' too, evaluates, and every metric it
-    // names had series.
-    let mut problems = Vec::new();
+    // Every expression, the alerts' and the variables' too, evaluates, every metric it
+    // names had series, and every label it uses is one of theirs.
     let exprs = panels(&d)
         .into_iter()
         .flat_map(|(_, e)| e)
         .map(|e| substitute(&e, &vars).unwrap())
         .chain(alerts.iter().map(|(_, e)| e.clone()));
     for e in exprs {
-        if let Err(p) = prom.check(&e) {
+        if let Err(p) = prom.check(&e).and_then(|_| prom.check_labels(&e)) {
             problems.push(p);
         }
     }
@@ -730,6 +935,12 @@ fn prometheus_scrapes_a_gateway_under_traffic_and_every_panel_and_alert_has_data
                 missing.join(", ")
             ));
         }
+        let (selector, label) = label_values(&q)
+            .unwrap_or_else(|| panic!("variable query `{q}` is not label_values(SELECTOR, LABEL)"));
+        let selector = substitute(selector, &vars).unwrap();
+        if let Err(p) = prom.check_labels(&format!("sum by ({label}) ({selector})")) {
+            problems.push(format!("variable `{q}`: {p}"));
+        }
     }
     assert!(
         problems.is_empty(),
@@ -741,12 +952,21 @@ fn prometheus_scrapes_a_gateway_under_traffic_and_every_panel_and_alert_has_data
             .collect::<Vec<_>>()
             .join(", ")
     );
-    // And the checker refuses a panel over a misspelt metric.
+    // And the checker refuses a panel over a misspelt metric, or with a misspelt label.
     let misspelt = "sum(rate(strait_rx_packet_total[15s]))";
     let err = prom.check(misspelt).unwrap_err();
     assert!(err.contains("strait_rx_packet_total"), "{err}");
     assert!(prom
         .check("sum(rate(strait_rx_packets_total[15s]))")
         .is_ok());
+    for misspelt in [
+        r#"sum(rate(strait_dropped_packets_total{reasn!~"other_host"}[5m]))"#,
+        "sum by (instance, reasn) (rate(strait_dropped_packets_total[5m]))",
+    ] {
+        let err = prom.check_labels(misspelt).unwrap_err();
+        assert!(err.contains("has label reasn"), "{err}");
+    }
+    prom.check_labels(r#"sum by (instance, reason) (rate(strait_dropped_packets_total{reason!~"other_host"}[5m]))"#)
+        .unwrap();
     drop(gw);
 }
