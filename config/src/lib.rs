@@ -84,9 +84,9 @@ pub const EXAMPLE: &str = include_str!("../strait.example.toml");
 /// problem found if it is not a valid configuration.
 pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+    let text = std::fs::read_to_string(path).map_err(|reason| ConfigError::Io {
         path: path.to_owned(),
-        source,
+        reason,
     })?;
     parse(&text)
 }

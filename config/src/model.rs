@@ -532,6 +532,9 @@ impl Service {
     pub const MIN_MAGLEV_TABLE_SIZE: u32 = 7;
     /// Largest accepted table size: about twice the paper's large size 655373.
     pub const MAX_MAGLEV_TABLE_SIZE: u32 = 1_310_719;
+    /// Most backends of one service: 65,535, every 16-bit index a Maglev slot holds but the
+    /// one that means "no backend" (the dataplane's `maglev::MAX_BACKENDS`).
+    pub const MAX_BACKENDS: usize = 65_535;
     /// Default session affinity timeout: 10800 s (3 h), Kubernetes' default
     /// `sessionAffinityConfig.clientIP.timeoutSeconds`.
     pub const DEFAULT_AFFINITY_TIMEOUT: Duration = Duration::from_secs(10_800);
@@ -642,6 +645,9 @@ impl HealthCheck {
     pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
     /// Shortest `interval`: 10 ms; below it checks become load.
     pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
+    /// Longest `interval`: 1 hour. A check that rare says nothing about a backend's health
+    /// now; a larger value is a typo (and would overflow the checker's clock arithmetic).
+    pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
     /// Default `timeout`: 500 ms, half the default interval.
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(500);
     /// Default `rise`: 2, HAProxy's default.

@@ -241,15 +241,29 @@ impl Checker {
             .ok()
     }
 
-    /// An address that can be a VIP, a backend or a tunnel endpoint: not unspecified, not
-    /// multicast, not the IPv4 broadcast address.
+    /// An address that can be a VIP, a backend or a tunnel endpoint, one packets on a
+    /// network can carry: not unspecified, multicast, the IPv4 broadcast address, loopback,
+    /// link-local (it needs an interface to mean anything) or IPv4's reserved 240.0.0.0/4;
+    /// and an IPv4 address written as IPv4, not IPv4-mapped (`::ffff:a.b.c.d`), so that one
+    /// address has one spelling and two spellings of a frontend are seen as one.
     fn unicast(&mut self, path: &str, value: &str) -> Option<IpAddr> {
         let ip = self.ip(path, value)?;
         let bad = match ip {
-            IpAddr::V4(v4) if v4.is_broadcast() => Some("is the broadcast address"),
-            _ if ip.is_unspecified() => Some("is the unspecified address"),
-            _ if ip.is_multicast() => Some("is a multicast address"),
-            _ => None,
+            IpAddr::V4(v4) if v4.is_broadcast() => Some("is the broadcast address".to_owned()),
+            _ if ip.is_unspecified() => Some("is the unspecified address".to_owned()),
+            _ if ip.is_multicast() => Some("is a multicast address".to_owned()),
+            _ if ip.is_loopback() => Some("is a loopback address".to_owned()),
+            IpAddr::V4(v4) if v4.is_link_local() => Some("is a link-local address".to_owned()),
+            IpAddr::V6(v6) if v6.is_unicast_link_local() => {
+                Some("is a link-local address".to_owned())
+            }
+            IpAddr::V4(v4) if v4.octets()[0] >= 240 => {
+                Some("is in the reserved 240.0.0.0/4".to_owned())
+            }
+            IpAddr::V6(v6) => v6
+                .to_ipv4_mapped()
+                .map(|v4| format!("is an IPv4-mapped IPv6 address: write the IPv4 address, {v4}")),
+            IpAddr::V4(_) => None,
         };
         match bad {
             Some(what) => {
@@ -485,6 +499,7 @@ impl Checker {
         }
         let mut names: HashMap<&str, String> = HashMap::new();
         let mut cores_seen: HashMap<i64, String> = HashMap::new();
+        let mut queue_cores: HashMap<i64, (i64, String)> = HashMap::new();
         let mut out = Vec::with_capacity(raw.len());
         for (i, iface) in raw.iter().enumerate() {
             let path = format!("gateway.interfaces[{i}]");
@@ -502,7 +517,13 @@ impl Checker {
             let queues = self.queues(&path, iface.queues.as_deref());
             let cores = match &iface.cores {
                 None => Some(None),
-                Some(cores) => self.cores(&path, cores, iface.queues.as_deref(), &mut cores_seen),
+                Some(cores) => self.cores(
+                    &path,
+                    cores,
+                    iface.queues.as_deref(),
+                    &mut cores_seen,
+                    &mut queue_cores,
+                ),
             };
             let role = self.choice_or(
                 &format!("{path}.role"),
@@ -529,7 +550,8 @@ impl Checker {
     }
 
     /// The kernel's rules for a device name (`dev_valid_name()` in `net/core/dev.c`):
-    /// 1..IFNAMSIZ-1 bytes, not `.` or `..`, no `/`, `:` or whitespace.
+    /// 1..IFNAMSIZ-1 bytes, not `.` or `..`, no `/`, `:` or whitespace; and no control
+    /// character.
     fn interface_name<'a>(&mut self, path: &str, name: Option<&'a str>) -> Option<&'a str> {
         let path = format!("{path}.name");
         let name = self.required(&path, name)?;
@@ -545,6 +567,9 @@ impl Checker {
             .any(|ch| ch == '/' || ch == ':' || ch.is_whitespace())
         {
             format!("{name:?} contains '/', ':' or whitespace, which interface names cannot")
+        } else if name.chars().any(char::is_control) {
+            // NUL ends the kernel's copy of the name; the others no tool shows.
+            format!("{name:?} contains a control character")
         } else {
             return Some(name);
         };
@@ -619,6 +644,7 @@ impl Checker {
         raw: &[i64],
         queues: Option<&[i64]>,
         seen: &mut HashMap<i64, String>,
+        queue_cores: &mut HashMap<i64, (i64, String)>,
     ) -> Option<Option<Vec<usize>>> {
         let path = format!("{path}.cores");
         let mut ok = true;
@@ -649,11 +675,33 @@ impl Checker {
                 ok = false;
                 continue;
             };
-            if let Some(first) = seen.get(&core) {
-                self.problem(&cpath, format!("core {core} is already used by {first}"));
-                ok = false;
-            } else {
-                seen.insert(core, cpath);
+            // One worker serves a queue number on every interface that lists it (two-arm:
+            // the client side's queue 0 and the backend side's), so such a queue's core is
+            // the same wherever it is given.
+            let queue = queues.and_then(|q| q.get(j)).copied();
+            match queue.and_then(|q| queue_cores.get(&q)) {
+                Some((first, at)) if *first == core => {}
+                Some((first, at)) => {
+                    self.problem(
+                        &cpath,
+                        format!(
+                            "core {core} for queue {q}, whose worker (it serves queue {q} of every interface) {at} puts on core {first}",
+                            q = queue.unwrap_or_default()
+                        ),
+                    );
+                    ok = false;
+                }
+                None => {
+                    if let Some(first) = seen.get(&core) {
+                        self.problem(&cpath, format!("core {core} is already used by {first}"));
+                        ok = false;
+                    } else {
+                        seen.insert(core, cpath.clone());
+                        if let Some(q) = queue {
+                            queue_cores.insert(q, (core, cpath));
+                        }
+                    }
+                }
             }
             out.push(c);
         }
@@ -685,6 +733,18 @@ impl Checker {
             None => default_mode,
             Some(m) => self.choice(&format!("{path}.mode"), m),
         };
+        let mut few_enough = true;
+        if raw.backends.len() > Service::MAX_BACKENDS {
+            self.problem(
+                format!("{path}.backends"),
+                format!(
+                    "{} backends; a service has at most {} (a Maglev slot names its backend in 16 bits)",
+                    raw.backends.len(),
+                    Service::MAX_BACKENDS
+                ),
+            );
+            few_enough = false;
+        }
         let maglev_table_size =
             self.maglev_table_size(path, raw.maglev_table_size, raw.backends.len());
         let source_ranges = self.source_ranges(path, raw.source_ranges.as_deref(), vip);
@@ -714,6 +774,9 @@ impl Checker {
         };
         let backends = self.backends(path, &raw.backends, vip, port, mode);
         let route = self.route_attrs(path, raw);
+        if !few_enough {
+            return None;
+        }
         Some(Service {
             name: name?,
             vip: vip?,
@@ -976,19 +1039,12 @@ impl Checker {
                 HealthCheck::DEFAULT_INTERVAL,
             )
             .and_then(|d| {
-                if d < HealthCheck::MIN_INTERVAL {
-                    self.problem(
-                        &interval_path,
-                        format!(
-                            "{} is shorter than {}",
-                            show(d),
-                            show(HealthCheck::MIN_INTERVAL)
-                        ),
-                    );
-                    None
-                } else {
-                    Some(d)
-                }
+                self.duration_in(
+                    &interval_path,
+                    d,
+                    HealthCheck::MIN_INTERVAL,
+                    HealthCheck::MAX_INTERVAL,
+                )
             });
         let timeout_path = format!("{path}.timeout");
         let timeout = self
@@ -1207,11 +1263,29 @@ impl Checker {
         );
         let mac = match &raw.mac {
             None => Some(None),
-            Some(s) => s
-                .parse::<MacAddr>()
-                .map(Some)
-                .map_err(|e| self.problem(format!("{path}.mac"), e.to_string()))
-                .ok(),
+            Some(s) => match s.parse::<MacAddr>() {
+                Err(e) => {
+                    self.problem(format!("{path}.mac"), e.to_string());
+                    None
+                }
+                // A next hop is one station: frames to a group address reach many or
+                // none, and the all-zero address no one.
+                Ok(m) if m.0[0] & 1 != 0 => {
+                    self.problem(
+                        format!("{path}.mac"),
+                        format!("{s} is a group (multicast or broadcast) address, not a station's"),
+                    );
+                    None
+                }
+                Ok(m) if m.0 == [0; 6] => {
+                    self.problem(
+                        format!("{path}.mac"),
+                        format!("{s} is the all-zero address"),
+                    );
+                    None
+                }
+                Ok(m) => Some(Some(m)),
+            },
         };
         let tunnel = match &raw.tunnel {
             None => Some(None),

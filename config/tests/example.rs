@@ -209,7 +209,7 @@ fn load_reports_a_missing_file() {
     assert!(matches!(err, ConfigError::Io { .. }), "{err:?}");
     assert_eq!(
         err.to_string(),
-        "cannot read configuration file /nonexistent/strait.toml"
+        "cannot read configuration file /nonexistent/strait.toml: No such file or directory (os error 2)"
     );
 }
 

@@ -192,7 +192,7 @@ role = "client"
 [[gateway.interfaces]]
 name = "eth1"
 queues = [0]
-cores = [4]
+cores = [2]
 role = "backend"
 
 [[services]]
@@ -580,15 +580,24 @@ fn core_rules() {
         &format!(
             "{}{}",
             iface("eth0", "queues = [0, 1]\ncores = [1, 2]"),
-            iface("eth1", "queues = [0]\ncores = [2]")
+            iface("eth1", "queues = [1]\ncores = [1]")
+        ),
+        "gateway.interfaces[1].cores[0]: core 1 for queue 1, whose worker (it serves queue 1 of every interface) gateway.interfaces[0].cores[1] puts on core 2",
+    );
+    refused(
+        &format!(
+            "{}{}",
+            iface("eth0", "queues = [0, 1]\ncores = [1, 2]"),
+            iface("eth1", "queues = [2]\ncores = [2]")
         ),
         "gateway.interfaces[1].cores[0]: core 2 is already used by gateway.interfaces[0].cores[1]",
     );
-    // the same queue id on two interfaces is fine: queues are per NIC
+    // One worker serves a queue number on every interface that has it: its core, given on
+    // each, is the same.
     accepted(&format!(
         "{}{}",
         iface("eth0", "queues = [0]\ncores = [1]"),
-        iface("eth1", "queues = [0]\ncores = [2]")
+        iface("eth1", "queues = [0]\ncores = [1]")
     ));
 }
 
@@ -954,6 +963,10 @@ fn health_check_rules() {
     refused(
         &hc("kind = \"tcp\"\ninterval = \"5ms\"\ntimeout = \"1ms\""),
         "services[0].health_check.interval: 5ms is shorter than 10ms",
+    );
+    refused(
+        &hc("kind = \"tcp\"\ninterval = \"580000000000y\"\ntimeout = \"1s\""),
+        "services[0].health_check.interval: 580000000000years is longer than 1h",
     );
     refused(
         &hc("kind = \"tcp\"\ninterval = \"1s\"\ntimeout = \"1s\""),
@@ -1801,5 +1814,94 @@ fn passive_health_is_refused_where_it_cannot_work() {
             "mode = \"nat\"\n{CHECK}\n[services.passive_health]\nwindow = \"2m\"\n"
         )),
         "services[0].passive_health.window: 2m is longer than 1m",
+    );
+}
+
+#[test]
+fn addresses_packets_cannot_carry_are_refused() {
+    for (vip, why) in [
+        ("127.0.0.1", "127.0.0.1 is a loopback address"),
+        ("::1", "::1 is a loopback address"),
+        ("169.254.1.1", "169.254.1.1 is a link-local address"),
+        ("fe80::1", "fe80::1 is a link-local address"),
+        ("240.0.0.1", "240.0.0.1 is in the reserved 240.0.0.0/4"),
+        (
+            "::ffff:203.0.113.10",
+            "::ffff:203.0.113.10 is an IPv4-mapped IPv6 address: write the IPv4 address, 203.0.113.10",
+        ),
+    ] {
+        let text = format!(
+            "{IFACE}\n[[services]]\nname = \"web\"\nvip = \"{vip}\"\nport = 80\n"
+        );
+        refused(&text, &format!("services[0].vip: {why}"));
+    }
+    refused(
+        &backend("", "address = \"127.0.0.1\"\nmac = \"02:00:00:00:00:01\""),
+        "services[0].backends[0].address: 127.0.0.1 is a loopback address",
+    );
+}
+
+#[test]
+fn a_backend_mac_is_a_station() {
+    for (mac, why) in [
+        (
+            "ff:ff:ff:ff:ff:ff",
+            "is a group (multicast or broadcast) address, not a station's",
+        ),
+        (
+            "01:00:5e:00:00:01",
+            "is a group (multicast or broadcast) address, not a station's",
+        ),
+        ("00:00:00:00:00:00", "is the all-zero address"),
+    ] {
+        refused(
+            &backend("", &format!("address = \"198.51.100.11\"\nmac = \"{mac}\"")),
+            &format!("services[0].backends[0].mac: {mac} {why}"),
+        );
+    }
+}
+
+#[test]
+fn a_service_has_at_most_65535_backends() {
+    let mut text = service("maglev_table_size = 131071");
+    for i in 0..=65_535u32 {
+        let (a, b) = (i / 256, i % 256);
+        text += &format!("[[services.backends]]\naddress = \"2001:db8::{a:x}:{b:x}\"\n");
+    }
+    let text = text.replace("203.0.113.10", "2001:db8::10");
+    refused(
+        &text,
+        "services[0].backends: 65536 backends; a service has at most 65535 (a Maglev slot names its backend in 16 bits)",
+    );
+}
+
+#[test]
+fn a_queue_shared_by_interfaces_has_one_core() {
+    let two = |cores_a: &str, cores_b: &str| {
+        format!(
+            "[[gateway.interfaces]]\nname = \"a\"\nqueues = [0]\ncores = [{cores_a}]\n\
+             [[gateway.interfaces]]\nname = \"b\"\nqueues = [0]\ncores = [{cores_b}]\n"
+        )
+    };
+    refused(
+        &two("2", "3"),
+        "gateway.interfaces[1].cores[0]: core 3 for queue 0, whose worker (it serves queue 0 of every interface) gateway.interfaces[0].cores[0] puts on core 2",
+    );
+    // The same core for the shared queue is one worker's, given twice.
+    let c = accepted(&two("2", "2"));
+    assert_eq!(c.gateway.interfaces[1].cores, Some(vec![2]));
+    // A core of another queue is still taken once.
+    refused(
+        "[[gateway.interfaces]]\nname = \"a\"\nqueues = [0]\ncores = [2]\n\
+         [[gateway.interfaces]]\nname = \"b\"\nqueues = [1]\ncores = [2]\n",
+        "gateway.interfaces[1].cores[0]: core 2 is already used by gateway.interfaces[0].cores[0]",
+    );
+}
+
+#[test]
+fn an_interface_name_has_no_control_character() {
+    refused(
+        "[[gateway.interfaces]]\nname = \"a\\u0001b\"\nqueues = [0]\n",
+        "gateway.interfaces[0].name: \"a\\u{1}b\" contains a control character",
     );
 }

@@ -935,8 +935,11 @@ mod tests {
                 "health_check",
                 r#"{ kind = "http", path = "/healthz", interval = "50ms", timeout = "40ms" }"#,
             )
-            .backend("127.0.0.1", addr.port());
-        let cfg = strait_config::parse(&GatewayToml::eth0().service(web).to_string()).unwrap();
+            .backend("198.51.100.11", addr.port());
+        let mut cfg = strait_config::parse(&GatewayToml::eth0().service(web).to_string()).unwrap();
+        // The server is on this test's loopback, which a configuration file refuses as a
+        // backend (no packet from the wire reaches it); the checker takes the model as is.
+        cfg.services[0].backends[0].address = addr.ip();
         let (tx, rx) = mpsc::channel();
         let mut c = Checker::new(tx);
         c.sync(&cfg);

@@ -594,7 +594,7 @@ mod tests {
         let cfg = config(
             "[[gateway.interfaces]]\nname = \"veth-c\"\nqueues = [0, 1]\ncores = [2, 3]\n\
              role = \"client\"\n\
-             [[gateway.interfaces]]\nname = \"veth-b\"\nqueues = [1, 0, 2]\ncores = [5, 4, 6]\n\
+             [[gateway.interfaces]]\nname = \"veth-b\"\nqueues = [1, 0, 2]\ncores = [3, 2, 6]\n\
              role = \"backend\"\n",
         );
         let p = plan(&cfg);
@@ -609,7 +609,7 @@ mod tests {
         assert_eq!(
             p.iter().map(|p| p.core).collect::<Vec<_>>(),
             [Some(2), Some(3), Some(6)],
-            "the first interface that pins the queue decides"
+            "a shared queue's core, the same on each interface that gives it"
         );
         let s = slots(&cfg);
         assert_eq!(s.len(), 3);

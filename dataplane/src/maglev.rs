@@ -93,6 +93,8 @@ const NO_BACKEND: u16 = u16::MAX;
 /// Most entries one table accepts: every `u16` index except [`u16::MAX`], which means "no
 /// backend".
 pub const MAX_BACKENDS: usize = NO_BACKEND as usize;
+// The configuration refuses a service with more backends than a table takes.
+const _: () = assert!(MAX_BACKENDS == strait_config::model::Service::MAX_BACKENDS);
 
 /// Largest accepted table size: the largest prime below 2^24.
 ///

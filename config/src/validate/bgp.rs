@@ -172,8 +172,7 @@ impl Checker {
     fn peer_address(&mut self, path: &str, raw: Option<&str>) -> Option<IpAddr> {
         let path = format!("{path}.address");
         let a = self.required(&path, raw)?;
-        let ip = self.unicast(&path, a)?;
-        if let IpAddr::V6(v6) = ip {
+        if let Ok(IpAddr::V6(v6)) = a.parse::<IpAddr>() {
             if v6.is_unicast_link_local() {
                 self.problem(
                     path,
@@ -182,7 +181,7 @@ impl Checker {
                 return None;
             }
         }
-        Some(ip)
+        self.unicast(&path, a)
     }
 
     fn password(&mut self, path: &str, pw: &str) -> Option<String> {
