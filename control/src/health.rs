@@ -139,6 +139,10 @@ pub enum Cause {
     HttpStatus(u16),
     /// An answer that is not HTTP.
     NotHttp,
+    /// A `udp` check's reply that does not start with its `expect`.
+    WrongReply,
+    /// A `dns` check's answer with an rcode that says the server cannot serve the name.
+    Rcode(dns::Rcode),
     /// Any other error (its message says which).
     Other,
 }
@@ -152,6 +156,8 @@ impl std::fmt::Display for Cause {
             Cause::Unreachable => f.write_str("unreachable"),
             Cause::HttpStatus(c) => write!(f, "HTTP status {c}"),
             Cause::NotHttp => f.write_str("not HTTP"),
+            Cause::WrongReply => f.write_str("wrong reply"),
+            Cause::Rcode(r) => write!(f, "{r}"),
             Cause::Other => f.write_str("error"),
         }
     }
@@ -288,8 +294,9 @@ impl Checker {
         });
     }
 
-    /// Starts checks for backends new in `cfg` (or whose check changed) and stops those of
-    /// backends that left. A backend whose check did not change keeps its thread and state.
+    /// Starts checks for backends new in `cfg`, replaces those whose check changed (keeping
+    /// their health) and stops those of backends that left. A backend whose check did not
+    /// change keeps its thread and state.
     /// (The gateway's control core decides which checks run and says so one by one, with
     /// [`Checker::start`] and [`Checker::stop`].)
     pub fn sync(&mut self, cfg: &Config) {
@@ -301,11 +308,12 @@ impl Checker {
                 }
             }
         }
+        // Checks no longer wanted stop; changed ones are replaced by `start`, keeping health.
         let stale: Vec<BackendKey> = self
             .workers
-            .iter()
-            .filter(|(k, w)| want.get(*k) != Some(&w.check))
-            .map(|(k, _)| k.clone())
+            .keys()
+            .filter(|k| !want.contains_key(*k))
+            .cloned()
             .collect();
         for k in stale {
             self.stop(&k);
@@ -337,18 +345,33 @@ impl Checker {
     }
 
     /// Starts checking `key` with `check`, from the up state, on an idle pooled thread or a
-    /// new one. A check already running for `key` is replaced when `check` differs, and left
-    /// as it is otherwise.
+    /// new one. A check already running for `key` is left as it is when `check` is the same,
+    /// and otherwise replaced by one that goes on from the backend's health (up or down, its
+    /// history, a hold of passive health), counting rises and falls afresh: a reload that
+    /// changes a check does not bring a down backend back.
     pub fn start(&mut self, key: BackendKey, check: HealthCheck) {
-        match self.workers.get(&key) {
+        let kept = match self.workers.get(&key) {
             Some(w) if w.check == check => return,
-            Some(_) => self.stop(&key),
-            None => {}
-        }
+            Some(_) => {
+                let held = self
+                    .states
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&key)
+                    .cloned();
+                self.stop(&key);
+                held.map(|s| State {
+                    rises: 0,
+                    falls: 0,
+                    ..s
+                })
+            }
+            None => None,
+        };
         self.states
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(key.clone(), State::default());
+            .insert(key.clone(), kept.unwrap_or_default());
         let (stop, stopped) = mpsc::channel::<()>();
         let (done_tx, done) = mpsc::channel::<()>();
         let mut job = Job {
@@ -537,44 +560,36 @@ fn record(
 /// # Errors
 /// A short description of what failed.
 pub fn probe(hc: &HealthCheck, addr: SocketAddr) -> Result<(), String> {
-    datagram_or_stream(hc, addr)
+    check_once(hc, addr).map_err(|f| f.detail)
 }
 
-/// One check of `addr`, with the failure's [`Cause`]: from the socket's error for TCP and
-/// HTTP, from the message for UDP and DNS (refused, timeout, or another error).
+/// One check of `addr` by its kind, with the failure's [`Cause`] taken from what happened
+/// (the socket's error, the reply), never from the message, which holds names an operator
+/// chose (a DNS query, a path).
 ///
 /// # Errors
 /// What failed, and why in a word.
 pub fn check_once(hc: &HealthCheck, addr: SocketAddr) -> Result<(), Failure> {
+    let named = |what: &str, f: Failure| Failure {
+        cause: f.cause,
+        detail: format!("{what}: {}", f.detail),
+    };
     match &hc.kind {
         HealthKind::Tcp | HealthKind::Http { .. } => stream_probe(hc, addr),
-        _ => datagram_or_stream(hc, addr).map_err(|detail| Failure {
-            cause: if detail.contains("refused") {
-                Cause::Refused
-            } else if detail.contains("timeout") {
-                Cause::Timeout
-            } else {
-                Cause::Other
-            },
-            detail,
-        }),
-    }
-}
-
-/// One check of `addr` by its kind, failures as messages.
-fn datagram_or_stream(hc: &HealthCheck, addr: SocketAddr) -> Result<(), String> {
-    match &hc.kind {
-        HealthKind::Tcp | HealthKind::Http { .. } => stream_probe(hc, addr).map_err(|f| f.detail),
         HealthKind::Udp { payload, expect } => {
+            let what = format!("udp {addr}");
             let mut buf = [0u8; REPLY_MAX];
             let reply = exchange(addr, hc.timeout, payload, &mut buf, |_| true)
-                .map_err(|e| format!("udp {addr}: {e}"))?;
+                .map_err(|f| named(&what, f))?;
             match expect {
-                Some(e) if !reply.starts_with(e) => Err(format!(
-                    "udp {addr}: wrong reply ({} bytes, not starting with the {} expected)",
-                    reply.len(),
-                    e.len()
-                )),
+                Some(e) if !reply.starts_with(e) => Err(Failure {
+                    cause: Cause::WrongReply,
+                    detail: format!(
+                        "{what}: wrong reply ({} bytes, not starting with the {} expected)",
+                        reply.len(),
+                        e.len()
+                    ),
+                }),
                 _ => Ok(()),
             }
         }
@@ -585,9 +600,12 @@ fn datagram_or_stream(hc: &HealthCheck, addr: SocketAddr) -> Result<(), String> 
             let reply = exchange(addr, hc.timeout, &q, &mut buf, |r| {
                 dns::verdict(&q, r) != dns::Verdict::Foreign
             })
-            .map_err(|e| format!("{what}: {e}"))?;
+            .map_err(|f| named(&what, f))?;
             match dns::verdict(&q, reply) {
-                dns::Verdict::Failed(rcode) => Err(format!("{what}: {rcode}")),
+                dns::Verdict::Failed(rcode) => Err(Failure {
+                    cause: Cause::Rcode(rcode),
+                    detail: format!("{what}: {rcode}"),
+                }),
                 _ => Ok(()),
             }
         }
@@ -608,34 +626,41 @@ fn exchange<'b>(
     payload: &[u8],
     buf: &'b mut [u8],
     wanted: impl Fn(&[u8]) -> bool,
-) -> Result<&'b [u8], String> {
+) -> Result<&'b [u8], Failure> {
     let unspecified: SocketAddr = if addr.is_ipv4() {
         (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
     } else {
         (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
     };
-    let refused = || "refused (ICMP port unreachable)".to_owned();
-    let sock = UdpSocket::bind(unspecified).map_err(|e| format!("bind: {e}"))?;
-    sock.connect(addr).map_err(|e| format!("connect: {e}"))?;
+    let refused = || Failure {
+        cause: Cause::Refused,
+        detail: "refused (ICMP port unreachable)".to_owned(),
+    };
+    let sock = UdpSocket::bind(unspecified).map_err(|e| Failure::io("bind".into(), &e))?;
+    sock.connect(addr)
+        .map_err(|e| Failure::io("connect".into(), &e))?;
     match sock.send(payload) {
         Ok(_) => {}
         Err(e) if e.kind() == ErrorKind::ConnectionRefused => return Err(refused()),
-        Err(e) => return Err(format!("send: {e}")),
+        Err(e) => return Err(Failure::io("send".into(), &e)),
     }
     let deadline = Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(format!("timeout (no reply within {timeout:?})"));
+            return Err(Failure {
+                cause: Cause::Timeout,
+                detail: format!("timeout (no reply within {timeout:?})"),
+            });
         }
         sock.set_read_timeout(Some(left))
-            .map_err(|e| format!("set_read_timeout: {e}"))?;
+            .map_err(|e| Failure::io("set_read_timeout".into(), &e))?;
         match sock.recv(buf) {
             Ok(n) if wanted(&buf[..n]) => return Ok(&buf[..n]),
             Ok(_) => {}
             Err(e) if e.kind() == ErrorKind::ConnectionRefused => return Err(refused()),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(e) => return Err(format!("recv: {e}")),
+            Err(e) => return Err(Failure::io("recv".into(), &e)),
         }
     }
 }
@@ -807,6 +832,47 @@ mod tests {
     }
 
     #[test]
+    fn a_failure_s_cause_comes_from_what_happened_not_from_its_words() {
+        // A DNS server that answers REFUSED, asked a name holding "timeout" and "refused".
+        let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = server.local_addr().unwrap();
+        let answering = thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            let (n, from) = server.recv_from(&mut buf).unwrap();
+            buf[2] |= 0x80; // a response
+            buf[3] = (buf[3] & 0xf0) | 5; // REFUSED
+            server.send_to(&buf[..n], from).unwrap();
+        });
+        let check = hc(HealthKind::Dns {
+            query: "timeout.refused.example.org".into(),
+            qtype: strait_config::model::DnsType::A,
+        });
+        let f = check_once(&check, addr).unwrap_err();
+        answering.join().unwrap();
+        assert_eq!(f.cause, Cause::Rcode(dns::Rcode(5)), "{f:?}");
+        assert_eq!(f.cause.to_string(), "rcode 5 (REFUSED)");
+        assert_eq!(
+            f.detail,
+            format!("dns timeout.refused.example.org A at {addr}: rcode 5 (REFUSED)")
+        );
+        // A udp check's wrong reply is its own cause.
+        let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = echo.local_addr().unwrap();
+        let echoing = thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            let (n, from) = echo.recv_from(&mut buf).unwrap();
+            echo.send_to(&buf[..n], from).unwrap();
+        });
+        let udp = hc(HealthKind::Udp {
+            payload: b"timeout".to_vec(),
+            expect: Some(b"pong".to_vec()),
+        });
+        let f = check_once(&udp, addr).unwrap_err();
+        echoing.join().unwrap();
+        assert_eq!(f.cause, Cause::WrongReply, "{f:?}");
+    }
+
+    #[test]
     fn rise_and_fall_count_consecutive_results() {
         let states: States = Arc::default();
         let key = BackendKey::new("web", "127.0.0.1".parse().unwrap(), 80);
@@ -950,6 +1016,17 @@ mod tests {
             .expect("a down event");
         assert_eq!(k, BackendKey::new("web", addr.ip(), addr.port()));
         assert!(c.is_down("web", addr.ip(), addr.port()));
+        // A reload that changes the check: the backend stays down under the new one.
+        let mut slower = cfg.clone();
+        let hc = slower.services[0].health_check.as_mut().unwrap();
+        hc.interval = Duration::from_millis(60);
+        c.sync(&slower);
+        assert!(
+            c.is_down("web", addr.ip(), addr.port()),
+            "a changed check keeps down"
+        );
+        let fell = c.states().lock().unwrap()[&k].history.len();
+        assert_eq!(fell, 1, "its history too");
         status.store(200, Ordering::Relaxed);
         rx.recv_timeout(Duration::from_secs(5))
             .expect("an up event");

@@ -89,7 +89,7 @@ impl Admin {
         let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
         if !head.starts_with("HTTP/1.1 200") {
             bail!(
-                "{method} {path}: {} {}",
+                "{method} {path}: {}: {}",
                 head.lines().next().unwrap_or("no answer"),
                 body.trim()
             );

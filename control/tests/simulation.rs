@@ -261,10 +261,14 @@ impl World {
                     );
                     let _ = file;
                 }
-                Effect::StartCheck { backend, check } => {
-                    self.told.remove(&backend);
-                    self.running.insert(backend, (check, true));
-                }
+                Effect::StartCheck { backend, check } => match self.running.get_mut(&backend) {
+                    // A changed check goes on from the health it had (the checker's state).
+                    Some(running) => running.0 = check,
+                    None => {
+                        self.told.remove(&backend);
+                        self.running.insert(backend, (check, true));
+                    }
+                },
                 Effect::PassiveOut { backend, .. } => {
                     self.check(self.running.contains_key(&backend), || {
                         format!("passive health took out {backend:?}, which is not checked")

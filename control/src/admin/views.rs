@@ -57,8 +57,10 @@ pub(super) fn routes_json(shared: &Shared) -> String {
 /// Why a backend takes no new flows for its health, as `/services` shows it: `null` when
 /// it takes them, else `by` (`active`: its check fell; `passive`: the gateway saw it refuse
 /// or leave unanswered new connections, nat mode), `cause` (the check's failure: refused,
-/// timeout, HTTP status N...; or passive health's: refused, unanswered), `detail` and
-/// `since` (RFC 3339). A backend out both ways shows its active check's fall.
+/// timeout, HTTP status N...; or passive health's: refused, unanswered), `detail` (the
+/// message of the failure that took it out) and `since` (RFC 3339). A backend out both
+/// ways shows its active check's fall. The latest check's error is the backend's
+/// `last_error`, apart.
 pub(super) fn out_json(h: Option<&crate::health::State>) -> serde_json::Value {
     let Some(h) = h else {
         return serde_json::Value::Null;
@@ -72,7 +74,7 @@ pub(super) fn out_json(h: Option<&crate::health::State>) -> serde_json::Value {
         return json!({
             "by": "active",
             "cause": fall.map_or("", |t| t.cause.as_str()),
-            "detail": h.last_error.clone().unwrap_or_default(),
+            "detail": fall.map_or("", |t| t.detail.as_str()),
             "since": fall.map(|t| humantime::format_rfc3339_seconds(t.at).to_string()),
         });
     }
@@ -191,17 +193,24 @@ mod tests {
         assert_eq!(v["since"], "1970-01-01T00:00:00Z");
         // Its check falls too: the active check's fall is what shows.
         s.up = false;
-        s.last_error = Some("connect 198.51.100.11:80: timed out".into());
         s.history.push_back(Transition {
             at: SystemTime::UNIX_EPOCH,
             up: false,
             cause: "timeout".into(),
-            detail: String::new(),
+            detail: "connect 198.51.100.11:80: timed out".into(),
         });
+        // A later check failed another way (or passed): the fall's own message shows.
+        s.last_error = Some("connect 198.51.100.11:80: No route to host".into());
         let v = out_json(Some(&s));
         assert_eq!(
             (v["by"].as_str(), v["cause"].as_str()),
             (Some("active"), Some("timeout"))
+        );
+        assert_eq!(v["detail"], "connect 198.51.100.11:80: timed out");
+        s.last_error = None;
+        assert_eq!(
+            out_json(Some(&s))["detail"],
+            "connect 198.51.100.11:80: timed out"
         );
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! The core decides which backend is checked how (a service's `health_check`, for each of
 //! its backends) and says so one check at a time; the checker reports state changes back.
-//! A check that stops, or restarts because its settings changed, starts from up again (as
-//! the checker's state does), so what the core was told of it is forgotten.
+//! A check that stops is forgotten; one whose settings change (a reload) goes on from the
+//! health it had, as the checker's state does: a down backend stays down until the new
+//! check passes `rise` times, rather than taking new flows again for a reload.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
@@ -30,8 +31,8 @@ impl Checks {
             .is_some_and(|d| d.contains(&(address, port)))
     }
 
-    /// Whether the backend is reported down and `wanted` checks it as now: down in a table
-    /// built after [`Checks::sync`] with `wanted`.
+    /// Whether the backend is reported down and `wanted` still checks it (with these
+    /// settings or others): down in a table built after [`Checks::sync`] with `wanted`.
     pub fn stays_down(
         &self,
         wanted: &BTreeMap<String, ServiceChecks>,
@@ -44,7 +45,7 @@ impl Checks {
                 .and_then(|m| m.get(&(address, port)))
                 .cloned()
         };
-        self.is_down(service, address, port) && check(wanted) == check(&self.wanted)
+        self.is_down(service, address, port) && check(wanted).is_some()
     }
 
     /// The check of backend (`address`, `port`) of `service`, if it is checked.
@@ -67,11 +68,12 @@ impl Checks {
 
     /// Makes service `name`'s checks `want` (none: the service is gone or unchecked): asks
     /// for the checks that stop, change or start, and forgets the health of those that
-    /// stop or change.
+    /// stop. A changed check is started again with its new settings ([`Effect::StartCheck`]
+    /// of a running check, which keeps its health).
     pub fn sync(&mut self, name: &str, want: ServiceChecks, effects: &mut VecDeque<Effect>) {
         let have = self.wanted.remove(name).unwrap_or_default();
-        for (backend, check) in &have {
-            if want.get(backend) != Some(check) {
+        for backend in have.keys() {
+            if !want.contains_key(backend) {
                 self.forget(name, *backend);
                 effects.push_back(Effect::StopCheck {
                     backend: BackendKey::new(name, backend.0, backend.1),

@@ -76,7 +76,8 @@ pub enum Effect {
         /// The Kubernetes services, sorted by name.
         kube: Arc<Vec<Arc<Service>>>,
     },
-    /// Start checking `backend` with `check` (replacing another check of it), from up.
+    /// Start checking `backend` with `check`: from up, or when it is checked already with
+    /// other settings, in place of that check and from the health it has.
     StartCheck {
         /// Service name, address and port.
         backend: BackendKey,

@@ -48,8 +48,9 @@
 //!   ([`Effect::Status`]) changes after both, so that it never shows a service before it
 //!   forwards.
 //! - **Health checks are the core's decision.** The core says which backend is checked how
-//!   ([`Effect::StartCheck`], [`Effect::StopCheck`]); a restarted check starts up, and the
-//!   core forgets what it was told of it. Reports of backends it does not check are ignored.
+//!   ([`Effect::StartCheck`], [`Effect::StopCheck`]); a stopped check is forgotten, a
+//!   changed one keeps the health it had. Reports of backends it does not check are
+//!   ignored.
 //! - **Slow start ramps by incremental updates.** A backend that comes up in a service with
 //!   `slow_start` takes a growing share of its weight, stepped once a second by an update
 //!   of its service alone ([`ramps`] says what comes up and how the weight grows); the

@@ -18,6 +18,8 @@ struct Driven {
     probed: Vec<IpAddr>,
     claimed: BTreeSet<IpAddr>,
     checks: BTreeSet<BackendKey>,
+    /// The checks stopped, in order.
+    stopped: Vec<BackendKey>,
     routes: Arc<RouteMap>,
     /// The backends passive health took out, in order.
     passive_out: Vec<BackendKey>,
@@ -43,6 +45,7 @@ impl Driven {
             probed: Vec::new(),
             claimed: BTreeSet::new(),
             checks: BTreeSet::new(),
+            stopped: Vec::new(),
             routes: Arc::default(),
             passive_out: Vec::new(),
         };
@@ -82,6 +85,7 @@ impl Driven {
                 }
                 Effect::StopCheck { backend } => {
                     self.checks.remove(&backend);
+                    self.stopped.push(backend);
                 }
                 Effect::PassiveOut { backend, .. } => self.passive_out.push(backend),
                 Effect::Routes(r) => self.routes = r,
@@ -695,6 +699,47 @@ fn the_active_check_brings_a_backend_back() {
     .unwrap();
     assert_eq!(healths(&c.live)[&ip("198.51.100.11")], Health::Up);
     assert!(c.core.passive_out(&b1).is_none());
+}
+
+#[test]
+fn a_reload_that_changes_a_check_keeps_a_down_backend_down() {
+    let toml = nat_config(&["198.51.100.11", "198.51.100.12"]);
+    let mut c = Driven::new(&toml);
+    let b1 = BackendKey::new("web", ip("198.51.100.11"), 8080);
+    c.handle(Event::Health(vec![(b1.clone(), false)])).unwrap();
+    assert_eq!(healths(&c.live)[&ip("198.51.100.11")], Health::Down);
+    let changed = toml.replace(
+        "kind = \"tcp\"",
+        "kind = \"tcp\", interval = \"400ms\", timeout = \"200ms\"",
+    );
+    assert_ne!(changed, toml);
+    c.handle(Event::Reload(Ok(Box::new(Loaded {
+        config: strait_config::parse(&changed).unwrap(),
+        locals: Vec::new(),
+        neighbours: Neighbours::default(),
+    }))))
+    .unwrap();
+    // Still down, its check replaced in place (not stopped), until the new check passes.
+    assert_eq!(healths(&c.live)[&ip("198.51.100.11")], Health::Down);
+    assert!(c.stopped.is_empty(), "{:?}", c.stopped);
+    assert!(c.checks.contains(&b1));
+    c.handle(Event::Health(vec![(b1.clone(), true)])).unwrap();
+    assert_eq!(healths(&c.live)[&ip("198.51.100.11")], Health::Up);
+    // A reload without the check stops it and forgets the backend's health.
+    c.handle(Event::Health(vec![(b1.clone(), false)])).unwrap();
+    let unchecked = toml.replace("health_check = { kind = \"tcp\" }\n", "");
+    assert_ne!(unchecked, toml);
+    c.handle(Event::Reload(Ok(Box::new(Loaded {
+        config: strait_config::parse(
+            &unchecked.replace("passive_health = { failures = 3, window = \"1s\" }", ""),
+        )
+        .unwrap(),
+        locals: Vec::new(),
+        neighbours: Neighbours::default(),
+    }))))
+    .unwrap();
+    assert!(c.stopped.contains(&b1));
+    assert_eq!(healths(&c.live)[&ip("198.51.100.11")], Health::Up);
 }
 
 #[test]
