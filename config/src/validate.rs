@@ -29,6 +29,9 @@ use crate::raw::{
     RawService, RawTimeouts,
 };
 
+/// Longest Unix socket path: `sun_path` (108 bytes) less the terminating NUL.
+const MAX_SOCKET_PATH: usize = 107;
+
 /// Longest interface name: `IFNAMSIZ` (16) less the terminating NUL.
 const MAX_IFNAME_LEN: usize = 15;
 
@@ -241,29 +244,39 @@ impl Checker {
             .ok()
     }
 
-    /// An address that can be a VIP, a backend or a tunnel endpoint, one packets on a
-    /// network can carry: not unspecified, multicast, the IPv4 broadcast address, loopback,
-    /// link-local (it needs an interface to mean anything) or IPv4's reserved 240.0.0.0/4;
-    /// and an IPv4 address written as IPv4, not IPv4-mapped (`::ffff:a.b.c.d`), so that one
-    /// address has one spelling and two spellings of a frontend are seen as one.
+    /// A unicast address: not unspecified, multicast or the IPv4 broadcast address; and an
+    /// IPv4 address written as IPv4, not IPv4-mapped (`::ffff:a.b.c.d`), so that one address
+    /// has one spelling and two spellings of a frontend or a peer are seen as one.
     fn unicast(&mut self, path: &str, value: &str) -> Option<IpAddr> {
         let ip = self.ip(path, value)?;
         let bad = match ip {
             IpAddr::V4(v4) if v4.is_broadcast() => Some("is the broadcast address".to_owned()),
             _ if ip.is_unspecified() => Some("is the unspecified address".to_owned()),
             _ if ip.is_multicast() => Some("is a multicast address".to_owned()),
-            _ if ip.is_loopback() => Some("is a loopback address".to_owned()),
-            IpAddr::V4(v4) if v4.is_link_local() => Some("is a link-local address".to_owned()),
-            IpAddr::V6(v6) if v6.is_unicast_link_local() => {
-                Some("is a link-local address".to_owned())
-            }
-            IpAddr::V4(v4) if v4.octets()[0] >= 240 => {
-                Some("is in the reserved 240.0.0.0/4".to_owned())
-            }
             IpAddr::V6(v6) => v6
                 .to_ipv4_mapped()
                 .map(|v4| format!("is an IPv4-mapped IPv6 address: write the IPv4 address, {v4}")),
             IpAddr::V4(_) => None,
+        };
+        match bad {
+            Some(what) => {
+                self.problem(path, format!("{ip} {what}"));
+                None
+            }
+            None => Some(ip),
+        }
+    }
+
+    /// An address that can be a VIP, a backend or a tunnel endpoint, one that packets on the
+    /// gateway's network carry: [`Self::unicast`], and not loopback or link-local (which
+    /// needs an interface to mean anything).
+    fn station(&mut self, path: &str, value: &str) -> Option<IpAddr> {
+        let ip = self.unicast(path, value)?;
+        let bad = match ip {
+            _ if ip.is_loopback() => Some("is a loopback address"),
+            IpAddr::V4(v4) if v4.is_link_local() => Some("is a link-local address"),
+            IpAddr::V6(v6) if v6.is_unicast_link_local() => Some("is a link-local address"),
+            _ => None,
         };
         match bad {
             Some(what) => {
@@ -289,7 +302,23 @@ impl Checker {
                 })
                 .ok(),
         };
-        let admin_socket = self.absolute_path("gateway.admin_socket", raw.admin_socket.as_deref());
+        let admin_socket = self
+            .absolute_path("gateway.admin_socket", raw.admin_socket.as_deref())
+            .and_then(|p| match p {
+                // sun_path holds 108 bytes with the terminating NUL.
+                Some(p) if p.as_os_str().len() > MAX_SOCKET_PATH => {
+                    self.problem(
+                        "gateway.admin_socket",
+                        format!(
+                            "{} is {} bytes long; a Unix socket's path has at most {MAX_SOCKET_PATH}",
+                            p.display(),
+                            p.as_os_str().len()
+                        ),
+                    );
+                    None
+                }
+                p => Some(p),
+            });
         let admin_token_file =
             self.absolute_path("gateway.admin_token_file", raw.admin_token_file.as_deref());
         let default_mode = self.choice_or(
@@ -426,7 +455,7 @@ impl Checker {
         of_family: fn(IpAddr) -> Option<T>,
     ) -> Option<Option<T>> {
         let ip = match value.parse::<IpAddr>() {
-            Ok(_) => self.unicast(path, value)?,
+            Ok(_) => self.station(path, value)?,
             Err(_) => {
                 self.problem(path, format!("{value:?} is not an {family} address"));
                 return None;
@@ -680,7 +709,7 @@ impl Checker {
             // the same wherever it is given.
             let queue = queues.and_then(|q| q.get(j)).copied();
             match queue.and_then(|q| queue_cores.get(&q)) {
-                Some((first, at)) if *first == core => {}
+                Some((first, _)) if *first == core => {}
                 Some((first, at)) => {
                     self.problem(
                         &cpath,
@@ -719,7 +748,7 @@ impl Checker {
         let name = self.service_name(path, raw.name.as_deref());
         let vip = self
             .required(&format!("{path}.vip"), raw.vip.as_deref())
-            .and_then(|s| self.unicast(&format!("{path}.vip"), s));
+            .and_then(|s| self.station(&format!("{path}.vip"), s));
         let port = self
             .required(&format!("{path}.port"), raw.port)
             .and_then(|p| self.port(&format!("{path}.port"), p));
@@ -1247,7 +1276,7 @@ impl Checker {
         let tunnel_path = format!("{path}.tunnel");
         let address = self
             .required(&address_path, raw.address.as_deref())
-            .and_then(|s| self.unicast(&address_path, s));
+            .and_then(|s| self.station(&address_path, s));
         let port = match (raw.port, service_port) {
             // The backend port defaults to the service port: what DSR needs anyway.
             (None, Some(p)) => Some(p),
@@ -1289,7 +1318,7 @@ impl Checker {
         };
         let tunnel = match &raw.tunnel {
             None => Some(None),
-            Some(s) => self.unicast(&tunnel_path, s).map(Some),
+            Some(s) => self.station(&tunnel_path, s).map(Some),
         };
         let state = self.choice_or(
             &format!("{path}.state"),

@@ -1824,7 +1824,6 @@ fn addresses_packets_cannot_carry_are_refused() {
         ("::1", "::1 is a loopback address"),
         ("169.254.1.1", "169.254.1.1 is a link-local address"),
         ("fe80::1", "fe80::1 is a link-local address"),
-        ("240.0.0.1", "240.0.0.1 is in the reserved 240.0.0.0/4"),
         (
             "::ffff:203.0.113.10",
             "::ffff:203.0.113.10 is an IPv4-mapped IPv6 address: write the IPv4 address, 203.0.113.10",
@@ -1904,4 +1903,19 @@ fn an_interface_name_has_no_control_character() {
         "[[gateway.interfaces]]\nname = \"a\\u0001b\"\nqueues = [0]\n",
         "gateway.interfaces[0].name: \"a\\u{1}b\" contains a control character",
     );
+}
+
+#[test]
+fn the_admin_socket_path_fits_a_unix_socket() {
+    let long = format!("/run/{}", "s".repeat(103));
+    assert_eq!(long.len(), 108);
+    refused(
+        &gateway(&format!("admin_socket = \"{long}\"")),
+        &format!(
+            "gateway.admin_socket: {long} is 108 bytes long; a Unix socket's path has at most 107"
+        ),
+    );
+    let fits = &long[..107];
+    let c = accepted(&gateway(&format!("admin_socket = \"{fits}\"")));
+    assert_eq!(c.gateway.admin_socket.unwrap().as_os_str().len(), 107);
 }

@@ -180,20 +180,20 @@ pub struct Ask {
     #[arg(long)]
     pub reason: Option<String>,
     /// Stop after this many frames (a sent frame's two copies count as one).
-    #[arg(short = 'c', long)]
+    #[arg(short = 'c', long, value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
     /// Stop after this long (e.g. 10s, 1m).
     #[arg(long, value_parser = crate::status::positive_duration)]
     pub duration: Option<std::time::Duration>,
     /// Bytes kept of each frame (at most 2048).
-    #[arg(short = 's', long)]
+    #[arg(short = 's', long, value_parser = clap::value_parser!(u16).range(1..=SNAP_MAX as i64))]
     pub snaplen: Option<u16>,
     /// Keep one matching frame in N.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub every: Option<u32>,
     /// Frames each worker keeps per second at most (default 10000); more are counted in
     /// strait_capture_frames_total{result="over_budget"}.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub budget: Option<u32>,
 }
 

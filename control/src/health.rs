@@ -327,6 +327,12 @@ impl Checker {
     /// the check has ended (a probe under way finishes first, within its timeout), so that
     /// no result of it is recorded afterwards.
     pub fn stop(&mut self, key: &BackendKey) {
+        self.stop_taking(key);
+    }
+
+    /// [`Checker::stop`], returning the state the check ended with (its last result
+    /// recorded, since the check has ended when the state is taken).
+    fn stop_taking(&mut self, key: &BackendKey) -> Option<State> {
         if let Some(w) = self.workers.remove(key) {
             drop(w.stop);
             // Disconnected when the thread drops the job's `done`: the check has ended.
@@ -341,7 +347,7 @@ impl Checker {
         self.states
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(key);
+            .remove(key)
     }
 
     /// Starts checking `key` with `check`, from the up state, on an idle pooled thread or a
@@ -352,20 +358,11 @@ impl Checker {
     pub fn start(&mut self, key: BackendKey, check: HealthCheck) {
         let kept = match self.workers.get(&key) {
             Some(w) if w.check == check => return,
-            Some(_) => {
-                let held = self
-                    .states
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .get(&key)
-                    .cloned();
-                self.stop(&key);
-                held.map(|s| State {
-                    rises: 0,
-                    falls: 0,
-                    ..s
-                })
-            }
+            Some(_) => self.stop_taking(&key).map(|s| State {
+                rises: 0,
+                falls: 0,
+                ..s
+            }),
             None => None,
         };
         self.states

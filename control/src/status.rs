@@ -211,11 +211,13 @@ pub fn out(text: &str) -> anyhow::Result<()> {
 pub fn drain(admin: &Admin, wait: Duration) -> anyhow::Result<()> {
     let answer = admin.request("POST", "/drain")?;
     out(&answer)?;
-    // On this machine (a Unix socket or a loopback address) the gateway's process is ours to
-    // watch, and it is stopped when it has exited: its admin API closes before the workers
-    // and XDP are done. Elsewhere the admin API closing is all there is to see.
-    let pid =
-        drain_pid(&answer).filter(|_| admin.socket.is_some() || admin.addr.ip().is_loopback());
+    // When the gateway's process is one this command sees (a Unix socket or a loopback
+    // address, and its pid a running `strait` here), it is stopped when it has exited: its
+    // admin API closes before the workers and XDP are done. Otherwise (another machine, a
+    // forwarded port, another pid namespace) the admin API closing is all there is to see.
+    let pid = drain_pid(&answer)
+        .filter(|_| admin.socket.is_some() || admin.addr.ip().is_loopback())
+        .filter(|&pid| running(pid));
     let deadline = std::time::Instant::now() + wait;
     while std::time::Instant::now() < deadline {
         let stopped = match pid {

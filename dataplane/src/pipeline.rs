@@ -1115,6 +1115,7 @@ impl Pipeline {
     /// ([`crate::explain::Desk::turn`]), at `now` by the worker's clock; returns how many.
     /// Never allocates, never blocks.
     pub fn explain_turn(&mut self, t: &ServiceTable, now: u64) -> usize {
+        self.settle(t);
         match &mut self.explain {
             Some(d) => d.turn(&self.flows, t, self.core, now),
             None => 0,
@@ -1125,10 +1126,19 @@ impl Pipeline {
     /// Returns the records imported plus the buckets walked (0: nothing to do). Never
     /// allocates, never blocks.
     pub fn sync_turn(&mut self, t: &ServiceTable, now: u64) -> usize {
+        self.settle(t);
         match &mut self.sync {
             Some(sy) => sy.turn(&mut self.flows, t, now),
             None => 0,
         }
+    }
+
+    /// Reclaims expired entries of up to `buckets` buckets of this core's flow table
+    /// ([`FlowTable::sweep`]), under table `t`'s timeouts: an idle core's sweep measures idle
+    /// time as its packets would. Returns the entries reclaimed.
+    pub fn sweep(&mut self, t: &ServiceTable, now: u64, buckets: usize) -> usize {
+        self.settle(t);
+        self.flows.sweep(now, buckets)
     }
 }
 
@@ -1382,6 +1392,22 @@ backends = [{}]
             let _ = run(&mut kept, &t1, now, &tcp(CLIENT, VIP_A, syn));
         }
         assert_eq!(kept.flows.stats().expired, 0);
+        // An idle core's sweep measures under the table it is given: the long timeouts
+        // keep what the short ones it was made with would have reclaimed, and back.
+        let mut idle = Pipeline::new(0, 1, 1024, t2.timeouts, 0);
+        for (now, syn) in [(SEC, true), (2 * SEC, false)] {
+            let _ = run(&mut idle, &t2, now, &tcp(CLIENT, VIP_A, syn));
+        }
+        assert_eq!(
+            idle.sweep(&t1, 22 * SEC, usize::MAX),
+            0,
+            "kept under 2 h 4 m"
+        );
+        assert_eq!(
+            idle.sweep(&t2, 22 * SEC, usize::MAX),
+            1,
+            "reclaimed under 10 s"
+        );
     }
 
     #[test]

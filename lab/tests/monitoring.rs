@@ -283,27 +283,35 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     names
 }
 
-/// The label names an expression uses: in matchers (`{reason!~"..."}`, not `__name__`) and
-/// in the lists of `by`, `without`, `on`, `ignoring`, `group_left` and `group_right`. A
-/// label a family does not have matches nothing (or, negated, everything) and groups
-/// nothing, without an error from Prometheus: [`Prometheus::check_labels`] finds them.
-fn label_names(expr: &str) -> BTreeSet<String> {
-    let mut labels = BTreeSet::new();
+/// The label names an expression uses: in matchers (`{reason!~"..."}`, not `__name__`),
+/// each with the metric its selector names (`None` for a selector without one), and in
+/// the lists of `by`, `without`, `on`, `ignoring`, `group_left` and `group_right` (with
+/// `None`: they apply to whatever their operands hold). A label a family does not have
+/// matches nothing (or, negated, everything) and groups nothing, without an error from
+/// Prometheus: [`Prometheus::check_labels`] finds them.
+fn label_uses(expr: &str) -> BTreeSet<(Option<String>, String)> {
+    let mut uses = BTreeSet::new();
     let b = expr.as_bytes();
-    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b':';
     let (mut i, mut braces, mut list, mut last) = (0, 0, false, "");
+    // The metric the selector being read names, if any.
+    let mut selector: Option<String> = None;
     while i < b.len() {
         match b[i] {
             b'"' | b'\'' | b'`' => {
                 let q = b[i];
                 i += 1;
+                // Backtick strings are raw: no escapes in them.
                 while i < b.len() && b[i] != q {
-                    i += if b[i] == b'\\' { 2 } else { 1 };
+                    i += if b[i] == b'\\' && q != b'`' { 2 } else { 1 };
                 }
                 i += 1;
             }
             b'{' => {
                 braces += 1;
+                selector = (braces == 1 && word_before(expr, i))
+                    .then(|| last.to_owned())
+                    .filter(|w| !w.is_empty());
                 i += 1;
             }
             b'}' => {
@@ -330,9 +338,10 @@ fn label_names(expr: &str) -> BTreeSet<String> {
                 }
                 let w = &expr[start..i];
                 let rest = expr[i..].trim_start();
-                let matcher = braces > 0 && rest.starts_with(['=', '!']) && w != "__name__";
-                if matcher || list {
-                    labels.insert(w.to_owned());
+                if braces > 0 && rest.starts_with(['=', '!']) && w != "__name__" {
+                    uses.insert((selector.clone(), w.to_owned()));
+                } else if list {
+                    uses.insert((None, w.to_owned()));
                 }
                 last = w;
             }
@@ -344,7 +353,20 @@ fn label_names(expr: &str) -> BTreeSet<String> {
             }
         }
     }
-    labels
+    uses
+}
+
+/// Whether the `{` at `at` follows a word directly (a metric's selector), not an operator.
+fn word_before(expr: &str, at: usize) -> bool {
+    expr[..at]
+        .chars()
+        .next_back()
+        .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+/// The label names of [`label_uses`].
+fn label_names(expr: &str) -> BTreeSet<String> {
+    label_uses(expr).into_iter().map(|(_, l)| l).collect()
 }
 
 /// The labels an alert's annotations print (`{{ $labels.peer }}`), by alert name.
@@ -469,10 +491,27 @@ fn the_checker_finds_the_labels_an_expression_uses() {
             .map(str::to_owned)
             .into()
     );
-    // A function's arguments and a string's words are not labels.
+    // A function's arguments and a string's words are not labels, nor a raw string's
+    // backslash an escape.
     assert!(label_names(r#"rate(strait_x{service=~"by (peer)"}[5m])"#)
         .into_iter()
         .eq(["service".to_owned()]));
+    assert!(label_names(r#"strait_x{a=~`\d`, b="y"}"#)
+        .into_iter()
+        .eq(["a".to_owned(), "b".to_owned()]));
+    // A matcher belongs to its own selector's metric; a list to every operand.
+    let uses = label_uses(
+        r#"strait_rx_packets_total{reason="x"} + on (core) strait_dropped_packets_total"#,
+    );
+    let owned = |m: Option<&str>, l: &str| (m.map(str::to_owned), l.to_owned());
+    assert_eq!(
+        uses,
+        [
+            owned(Some("strait_rx_packets_total"), "reason"),
+            owned(None, "core")
+        ]
+        .into()
+    );
     assert_eq!(
         without_threshold("max by (peer) (strait_bgp_session_up) == 0"),
         Some("max by (peer) (strait_bgp_session_up)")
@@ -619,28 +658,33 @@ impl Prometheus {
         }
     }
 
-    /// What is wrong with the labels `expr` uses: one that no series of any metric it names
-    /// ever had (a misspelt or missing label matches nothing, or negated everything, and
-    /// groups nothing, without an error).
+    /// What is wrong with the labels `expr` uses: one that no series of the metric its
+    /// selector names (or, for a grouping list or a selector without a name, of any metric
+    /// the expression names) ever had. A misspelt or missing label matches nothing, or
+    /// negated everything, and groups nothing, without an error.
     fn check_labels(&self, expr: &str) -> Result<(), String> {
-        let names: Vec<String> = metric_names(expr).into_iter().collect();
-        let missing: Vec<String> = label_names(expr)
-            .into_iter()
-            .filter(|l| {
-                let q = format!(
-                    "count(last_over_time({{__name__=~\"{}\",{l}!=\"\"}}[1h]))",
-                    names.join("|")
-                );
-                !self.query(&q).is_ok_and(|r| !r.is_empty())
-            })
-            .collect();
+        let all: Vec<String> = metric_names(expr).into_iter().collect();
+        let mut missing = Vec::new();
+        for (metric, l) in label_uses(expr) {
+            let names = match metric {
+                Some(m) => vec![m],
+                None if all.is_empty() => continue,
+                None => all.clone(),
+            };
+            let q = format!(
+                "count(last_over_time({{__name__=~\"{}\",{l}!=\"\"}}[1h]))",
+                names.join("|")
+            );
+            if !self.query(&q).is_ok_and(|r| !r.is_empty()) {
+                missing.push(format!("{l} (on {})", names.join(", ")));
+            }
+        }
         if missing.is_empty() {
             Ok(())
         } else {
             Err(format!(
-                "`{expr}`: no series of {} has label {}",
-                names.join(", "),
-                missing.join(", ")
+                "`{expr}`: no series has label {}",
+                missing.join("; ")
             ))
         }
     }
@@ -966,6 +1010,13 @@ fn prometheus_scrapes_a_gateway_under_traffic_and_every_panel_and_alert_has_data
         let err = prom.check_labels(misspelt).unwrap_err();
         assert!(err.contains("has label reasn"), "{err}");
     }
+    // A label on another operand's family is not this selector's.
+    let err = prom
+        .check_labels(
+            r#"strait_rx_packets_total{reason="x"} + on (core) strait_dropped_packets_total"#,
+        )
+        .unwrap_err();
+    assert!(err.contains("reason (on strait_rx_packets_total)"), "{err}");
     prom.check_labels(r#"sum by (instance, reason) (rate(strait_dropped_packets_total{reason!~"other_host"}[5m]))"#)
         .unwrap();
     drop(gw);

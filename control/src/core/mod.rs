@@ -423,12 +423,12 @@ impl Control {
         let mut filled = merged.clone();
         let mut hops = NextHops::default();
         let probes = hops.fill(&mut filled.services, &loaded.neighbours);
-        // Backends out by passive health stay out while their check runs on unchanged.
+        // Backends out by passive health stay out while they are checked (a changed check
+        // goes on from their health, and its first pass brings them back).
         self.passive.apply(&mut filled.services, |k| {
-            let c = wanted
+            wanted
                 .get(&k.service)
-                .and_then(|m| m.get(&(k.address, k.port)));
-            c.is_some() && c == health.check_of(&k.service, k.address, k.port)
+                .is_some_and(|m| m.contains_key(&(k.address, k.port)))
         });
         // On a copy, committed with the table.
         let mut ramps = self.ramps.clone();
@@ -813,8 +813,8 @@ impl Control {
     }
 
     /// Makes the health checks of the services named in `scope` (all when `None`) those
-    /// the running configuration wants: stops and starts checks, and forgets the health of
-    /// backends whose check stopped or changed.
+    /// the running configuration wants: stops, changes and starts checks, and forgets the
+    /// health of backends whose check stopped.
     fn sync_checks(&mut self, scope: Option<&[String]>) {
         let file_len = self.file.services.len();
         let names: BTreeSet<String> = match scope {
@@ -830,12 +830,11 @@ impl Control {
             let want = merge::find(&self.config, file_len, &name)
                 .and_then(|s| checks::wanted(std::slice::from_ref(s)).remove(&name))
                 .unwrap_or_default();
-            // A check that stops or restarts forgets what passive health decided: nothing
-            // would report the pass that brings the backend back.
-            let health = &self.health;
-            self.passive.retain(&name, |a, p| {
-                want.contains_key(&(a, p)) && want.get(&(a, p)) == health.check_of(&name, a, p)
-            });
+            // A check that stops forgets what passive health decided: nothing would report
+            // the pass that brings the backend back. A changed check keeps it (the checker
+            // keeps its hold, and the new check's first pass ends it).
+            self.passive
+                .retain(&name, |a, p| want.contains_key(&(a, p)));
             self.health.sync(&name, want, &mut self.effects);
         }
     }
@@ -883,30 +882,52 @@ fn log_table(cfg: &Config, table: &ServiceTable) {
 /// their own) that `new` changes from `old` and that is read only at start: the admin API's
 /// listeners and token, the flow tables' size and new-flow rate, the ports' MTU, VRRP, flow
 /// sync and DPDK's EAL. A reload that changes one is refused rather than taken in part.
-/// The rest (timeouts, default mode, GUE port, tunnel sources, drain grace) a reload takes.
+/// Every field is named here, so that a new one is sorted into read-at-start or reloadable
+/// before the code compiles.
 fn start_only_change(
     new: &strait_config::model::Gateway,
     old: &strait_config::model::Gateway,
 ) -> Option<&'static str> {
+    let strait_config::model::Gateway {
+        admin_listen,
+        admin_socket,
+        admin_token_file,
+        flow_capacity_per_core,
+        new_flows_per_second_per_core,
+        mtu,
+        l2,
+        sync,
+        dpdk,
+        // Checked by the reload itself, with their own errors.
+        interfaces: _,
+        bgp: _,
+        // Taken by a reload: they reach the table (and its flow tables) or the drain.
+        default_mode: _,
+        gue_port: _,
+        tunnel_source_v4: _,
+        tunnel_source_v6: _,
+        timeouts: _,
+        drain_grace: _,
+    } = new;
     [
-        (new.admin_listen != old.admin_listen, "admin_listen"),
-        (new.admin_socket != old.admin_socket, "admin_socket"),
+        (*admin_listen != old.admin_listen, "admin_listen"),
+        (*admin_socket != old.admin_socket, "admin_socket"),
         (
-            new.admin_token_file != old.admin_token_file,
+            *admin_token_file != old.admin_token_file,
             "admin_token_file",
         ),
         (
-            new.flow_capacity_per_core != old.flow_capacity_per_core,
+            *flow_capacity_per_core != old.flow_capacity_per_core,
             "flow_capacity_per_core",
         ),
         (
-            new.new_flows_per_second_per_core != old.new_flows_per_second_per_core,
+            *new_flows_per_second_per_core != old.new_flows_per_second_per_core,
             "new_flows_per_second_per_core",
         ),
-        (new.mtu != old.mtu, "mtu"),
-        (new.l2 != old.l2, "l2"),
-        (new.sync != old.sync, "sync"),
-        (new.dpdk != old.dpdk, "dpdk"),
+        (*mtu != old.mtu, "mtu"),
+        (*l2 != old.l2, "l2"),
+        (*sync != old.sync, "sync"),
+        (*dpdk != old.dpdk, "dpdk"),
     ]
     .into_iter()
     .find_map(|(changed, what)| changed.then_some(what))

@@ -115,8 +115,8 @@ impl Passive {
     }
 
     /// Forgets every backend of `service` for which `keep(address, port)` is false (its
-    /// check stopped or restarted, or it left): a restarted check starts without waiting
-    /// for a pass, so nothing would bring such a backend back.
+    /// check stopped, or it left): nothing would report the pass that brings such a backend
+    /// back.
     pub fn retain(&mut self, service: &str, keep: impl Fn(IpAddr, u16) -> bool) {
         self.out
             .retain(|k, _| k.service != service || keep(k.address, k.port));

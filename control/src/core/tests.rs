@@ -370,7 +370,7 @@ fn a_reload_that_changes_what_is_read_at_start_is_refused() {
     // And one that changes a setting of [gateway] read only at start; a refused reload
     // changes nothing, so each is tried against the running file.
     type Change = fn(&mut strait_config::model::Gateway);
-    let changes: [(Change, &str); 6] = [
+    let changes: [(Change, &str); 7] = [
         (
             |g| g.admin_listen = "127.0.0.1:9901".parse().unwrap(),
             "admin_listen",
@@ -392,6 +392,7 @@ fn a_reload_that_changes_what_is_read_at_start_is_refused() {
             "new_flows_per_second_per_core",
         ),
         (|g| g.mtu = 9000, "mtu"),
+        (|g| g.dpdk = Some(Default::default()), "dpdk"),
     ];
     for (change, what) in changes {
         let mut config = strait_config::parse(&toml).unwrap();
@@ -680,7 +681,8 @@ fn the_active_check_brings_a_backend_back() {
     c.handle(Event::Health(vec![(b1.clone(), true)])).unwrap();
     assert_eq!(c.live.generation, gen + 1);
     assert_eq!(healths(&c.live)[&ip("198.51.100.11")], Health::Up);
-    // A reload that keeps the check keeps a backend out; one that changes it forgets it.
+    // A reload that keeps the check keeps a backend out, and so does one that changes it:
+    // the changed check's first pass brings it back.
     c.handle(Event::Passive(vec![(b1.clone(), Failure::Refused, 3)]))
         .unwrap();
     let toml = nat_config(&["198.51.100.11", "198.51.100.12"]);
@@ -697,6 +699,9 @@ fn the_active_check_brings_a_backend_back() {
         &toml.replace("kind = \"tcp\"", "kind = \"tcp\", rise = 3"),
     ))
     .unwrap();
+    assert_eq!(healths(&c.live)[&ip("198.51.100.11")], Health::Draining);
+    assert!(c.core.passive_out(&b1).is_some());
+    c.handle(Event::Health(vec![(b1.clone(), true)])).unwrap();
     assert_eq!(healths(&c.live)[&ip("198.51.100.11")], Health::Up);
     assert!(c.core.passive_out(&b1).is_none());
 }

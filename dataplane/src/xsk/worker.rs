@@ -475,7 +475,7 @@ where
                 passive_seen = pipe.passive.total();
                 publish(pipe, &st);
             }
-            pipe.flows.sweep(now, SWEEP_BUCKETS);
+            pipe.sweep(&snapshot(), now, SWEEP_BUCKETS);
             if pipe.sync_pending() {
                 // Flows learnt from the peers, or a dump to walk: not idle.
                 let table = snapshot();
