@@ -241,46 +241,73 @@ fn the_dashboard_is_importable_and_every_panel_queries_prometheus() {
     }
 }
 
-/// The metric names an expression selects. Every family of the gateway starts with
-/// `strait_`, so the names are the words that start so outside label matchers (`{...}`)
-/// and strings (a label or function never does), and Prometheus's own `up`.
-fn metric_names(expr: &str) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
+/// A PromQL expression's tokens as the checkers below read it: words (metric, label,
+/// function and keyword names, numbers, durations), each with the `{...}` depth it lies at
+/// and whether a `{` follows it directly, and the other characters but whitespace.
+/// Strings are left out: their words are no names (backtick strings are raw, the others
+/// take backslash escapes).
+#[derive(Debug, PartialEq)]
+enum Token<'a> {
+    Word {
+        text: &'a str,
+        braces: usize,
+        selects: bool,
+    },
+    Punct(u8),
+}
+
+fn tokens(expr: &str) -> Vec<Token<'_>> {
     let b = expr.as_bytes();
-    let (mut i, mut braces) = (0, 0);
     let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b':';
+    let (mut out, mut i, mut braces) = (Vec::new(), 0, 0usize);
     while i < b.len() {
         match b[i] {
-            b'"' | b'\'' | b'`' => {
-                let q = b[i];
+            q @ (b'"' | b'\'' | b'`') => {
                 i += 1;
                 while i < b.len() && b[i] != q {
-                    i += if b[i] == b'\\' { 2 } else { 1 };
+                    i += if b[i] == b'\\' && q != b'`' { 2 } else { 1 };
                 }
                 i += 1;
             }
-            b'{' => {
-                braces += 1;
-                i += 1;
-            }
-            b'}' => {
-                braces -= 1;
-                i += 1;
-            }
-            c if word(c) && (i == 0 || !word(b[i - 1])) => {
+            c if word(c) => {
                 let start = i;
                 while i < b.len() && word(b[i]) {
                     i += 1;
                 }
-                let w = &expr[start..i];
-                if braces == 0 && (w.starts_with("strait_") || w == "up") {
-                    names.insert(w.to_owned());
-                }
+                out.push(Token::Word {
+                    text: &expr[start..i],
+                    braces,
+                    selects: b.get(i) == Some(&b'{'),
+                });
             }
-            _ => i += 1,
+            c if c.is_ascii_whitespace() => i += 1,
+            c => {
+                match c {
+                    b'{' => braces += 1,
+                    b'}' => braces = braces.saturating_sub(1),
+                    _ => {}
+                }
+                out.push(Token::Punct(c));
+                i += 1;
+            }
         }
     }
-    names
+    out
+}
+
+/// The metric names an expression selects. Every family of the gateway starts with
+/// `strait_`, so the names are the words that start so outside label matchers (`{...}`)
+/// and strings (a label or function never does), and Prometheus's own `up`.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    tokens(expr)
+        .into_iter()
+        .filter_map(|t| match t {
+            Token::Word {
+                text, braces: 0, ..
+            } if text.starts_with("strait_") || text == "up" => Some(text.to_owned()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The label names an expression uses: in matchers (`{reason!~"..."}`, not `__name__`),
@@ -291,77 +318,39 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
 /// Prometheus: [`Prometheus::check_labels`] finds them.
 fn label_uses(expr: &str) -> BTreeSet<(Option<String>, String)> {
     let mut uses = BTreeSet::new();
-    let b = expr.as_bytes();
-    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b':';
-    let (mut i, mut braces, mut list, mut last) = (0, 0, false, "");
-    // The metric the selector being read names, if any.
-    let mut selector: Option<String> = None;
-    while i < b.len() {
-        match b[i] {
-            b'"' | b'\'' | b'`' => {
-                let q = b[i];
-                i += 1;
-                // Backtick strings are raw: no escapes in them.
-                while i < b.len() && b[i] != q {
-                    i += if b[i] == b'\\' && q != b'`' { 2 } else { 1 };
-                }
-                i += 1;
-            }
-            b'{' => {
-                braces += 1;
-                selector = (braces == 1 && word_before(expr, i))
-                    .then(|| last.to_owned())
-                    .filter(|w| !w.is_empty());
-                i += 1;
-            }
-            b'}' => {
-                braces -= 1;
-                i += 1;
-            }
-            b'(' => {
-                list = braces == 0
-                    && matches!(
-                        last,
-                        "by" | "without" | "on" | "ignoring" | "group_left" | "group_right"
-                    );
-                last = "";
-                i += 1;
-            }
-            b')' => {
-                list = false;
-                i += 1;
-            }
-            c if word(c) && (i == 0 || !word(b[i - 1])) => {
-                let start = i;
-                while i < b.len() && word(b[i]) {
-                    i += 1;
-                }
-                let w = &expr[start..i];
-                let rest = expr[i..].trim_start();
-                if braces > 0 && rest.starts_with(['=', '!']) && w != "__name__" {
-                    uses.insert((selector.clone(), w.to_owned()));
+    let toks = tokens(expr);
+    // The metric the selector being read names, if any; whether a grouping list is open.
+    let (mut selector, mut list): (Option<&str>, bool) = (None, false);
+    for (k, t) in toks.iter().enumerate() {
+        let next = toks.get(k + 1);
+        match *t {
+            Token::Word {
+                text,
+                braces: 0,
+                selects,
+            } => {
+                if selects {
+                    selector = Some(text);
                 } else if list {
-                    uses.insert((None, w.to_owned()));
+                    uses.insert((None, text.to_owned()));
                 }
-                last = w;
+                list |= matches!(
+                    text,
+                    "by" | "without" | "on" | "ignoring" | "group_left" | "group_right"
+                ) && next == Some(&Token::Punct(b'('));
             }
-            c => {
-                if !c.is_ascii_whitespace() && c != b',' {
-                    last = "";
+            Token::Word { text, .. } => {
+                let matcher = matches!(next, Some(Token::Punct(b'=' | b'!')));
+                if matcher && text != "__name__" {
+                    uses.insert((selector.map(str::to_owned), text.to_owned()));
                 }
-                i += 1;
             }
+            Token::Punct(b')') => list = false,
+            Token::Punct(b'}') => selector = None,
+            Token::Punct(_) => {}
         }
     }
     uses
-}
-
-/// Whether the `{` at `at` follows a word directly (a metric's selector), not an operator.
-fn word_before(expr: &str, at: usize) -> bool {
-    expr[..at]
-        .chars()
-        .next_back()
-        .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
 }
 
 /// The label names of [`label_uses`].
