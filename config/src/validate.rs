@@ -1420,30 +1420,46 @@ impl Checker {
         if gateway.mtu >= Gateway::MIN_MTU_IPV6 {
             return;
         }
-        let v6 = services
+        let first = services
             .iter()
-            .position(|s| s.as_ref().is_some_and(|s| s.vip.is_ipv6()));
-        if let Some(i) = v6 {
-            self.mtu_problem(gateway, i);
+            .enumerate()
+            .find_map(|(i, s)| Some((i, ipv6_part(s.as_ref()?)?)));
+        if let Some((i, what)) = first {
+            self.mtu_problem(gateway, i, what);
         }
     }
 
     fn mtu_fits_ipv6_at(&mut self, gateway: &Gateway, service: &Service, index: usize) {
-        if gateway.mtu < Gateway::MIN_MTU_IPV6 && service.vip.is_ipv6() {
-            self.mtu_problem(gateway, index);
+        if gateway.mtu < Gateway::MIN_MTU_IPV6 {
+            if let Some(what) = ipv6_part(service) {
+                self.mtu_problem(gateway, index, what);
+            }
         }
     }
 
-    fn mtu_problem(&mut self, gateway: &Gateway, i: usize) {
+    fn mtu_problem(&mut self, gateway: &Gateway, i: usize, what: &str) {
         self.problem(
             "gateway.mtu",
             format!(
-                "{} is below {}, the IPv6 minimum link MTU (RFC 8200), and services[{i}] has an IPv6 vip",
+                "{} is below {}, the IPv6 minimum link MTU (RFC 8200), and services[{i}] has {what}",
                 gateway.mtu,
                 Gateway::MIN_MTU_IPV6
             ),
         );
     }
+}
+
+/// What of `s` puts IPv6 packets on the gateway's links: its VIP, or in `dsr-ipip` and
+/// `dsr-gue` the outer header to an IPv6 tunnel endpoint.
+fn ipv6_part(s: &Service) -> Option<&'static str> {
+    if s.vip.is_ipv6() {
+        return Some("an IPv6 vip");
+    }
+    let tunnels_v6 = s.mode.is_tunnel()
+        && s.backends
+            .iter()
+            .any(|b| b.tunnel.unwrap_or(b.address).is_ipv6());
+    tunnels_v6.then_some("an IPv6 tunnel endpoint")
 }
 
 fn family(ip: IpAddr) -> &'static str {

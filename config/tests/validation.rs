@@ -1919,3 +1919,34 @@ fn the_admin_socket_path_fits_a_unix_socket() {
     let c = accepted(&gateway(&format!("admin_socket = \"{fits}\"")));
     assert_eq!(c.gateway.admin_socket.unwrap().as_os_str().len(), 107);
 }
+
+#[test]
+fn sync_addresses_are_ones_a_peer_can_name() {
+    let sync = |listen: &str, peer: &str| {
+        format!("{IFACE}\n[gateway.sync]\nlisten = \"{listen}\"\npeers = [\"{peer}\"]\n")
+    };
+    refused(
+        &sync("0.0.0.0:7946", "192.0.2.2:7946"),
+        "gateway.sync.listen: 0.0.0.0 is no address a peer can list; give this gateway's own",
+    );
+    refused(
+        &sync("192.0.2.1:7946", "255.255.255.255:7946"),
+        "gateway.sync.peers[0]: 255.255.255.255 is the broadcast address",
+    );
+    accepted(&sync("192.0.2.1:7946", "192.0.2.2:7946"));
+}
+
+#[test]
+fn an_ipv6_tunnel_endpoint_needs_the_ipv6_minimum_mtu() {
+    let text = format!(
+        "[gateway]\nmtu = 1279\n\n{IFACE}\n[[services]]\nname = \"web\"\nvip = \"203.0.113.10\"\n\
+         port = 80\nmode = \"dsr-ipip\"\n\n[[services.backends]]\naddress = \"198.51.100.11\"\n\
+         tunnel = \"2001:db8::11\"\n"
+    );
+    refused(
+        &text,
+        "gateway.mtu: 1279 is below 1280, the IPv6 minimum link MTU (RFC 8200), and services[0] has an IPv6 tunnel endpoint",
+    );
+    accepted(&text.replace("mtu = 1279", "mtu = 1280"));
+    accepted(&text.replace("2001:db8::11", "198.51.100.21"));
+}

@@ -18,7 +18,22 @@ impl Checker {
     pub(super) fn sync(&mut self, raw: &RawSync) -> Option<FlowSync> {
         let listen = self
             .required("gateway.sync.listen", raw.listen.as_deref())
-            .and_then(|s| self.sync_addr("gateway.sync.listen", s));
+            .and_then(|s| self.sync_addr("gateway.sync.listen", s))
+            .and_then(|a| {
+                if a.ip().is_unspecified() {
+                    // Records go out from it, and a peer takes them only from the address
+                    // it lists for this gateway: that address, not any.
+                    self.problem(
+                        "gateway.sync.listen",
+                        format!(
+                            "{} is no address a peer can list; give this gateway's own",
+                            a.ip()
+                        ),
+                    );
+                    return None;
+                }
+                Some(a)
+            });
         let peers = self.sync_peers(raw.peers.as_deref(), listen);
         Some(FlowSync {
             listen: listen?,
@@ -40,6 +55,10 @@ impl Checker {
         }
         if a.ip().is_multicast() {
             self.problem(path, format!("{} is a multicast address", a.ip()));
+            return None;
+        }
+        if matches!(a.ip(), std::net::IpAddr::V4(v4) if v4.is_broadcast()) {
+            self.problem(path, format!("{} is the broadcast address", a.ip()));
             return None;
         }
         Some(a)
