@@ -292,14 +292,71 @@ pub fn explain(
     Ok(())
 }
 
+/// A table for a terminal: each column as wide as its widest cell, and at least its
+/// minimum (so that the tables of different gateways line up); columns marked right-aligned
+/// (numbers) to the right. A row may end early with a note in the column it reaches,
+/// printed as it is and not counted in that column's width.
+struct Table {
+    head: Vec<(&'static str, usize, bool)>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// Columns as (title, minimum width, right-aligned).
+    fn new(head: &[(&'static str, usize, bool)]) -> Self {
+        Self {
+            head: head.to_vec(),
+            rows: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    fn render(&self) -> String {
+        let n = self.head.len();
+        let mut width: Vec<usize> = self.head.iter().map(|&(t, w, _)| w.max(t.len())).collect();
+        for r in self.rows.iter().filter(|r| r.len() == n) {
+            for (w, c) in width.iter_mut().zip(r) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        let line = |cells: &[&str]| {
+            let mut l = String::new();
+            for (k, c) in cells.iter().enumerate() {
+                let (w, right) = (width[k], self.head[k].2);
+                let last = k + 1 == cells.len();
+                l += &match (right, last && cells.len() < n) {
+                    (_, true) => c.to_string(),
+                    (true, false) => format!("{c:>w$} "),
+                    (false, false) => format!("{c:<w$} "),
+                };
+            }
+            l.trim_end().to_owned() + "\n"
+        };
+        let mut out = line(&self.head.iter().map(|h| h.0).collect::<Vec<_>>());
+        for r in &self.rows {
+            out += &line(&r.iter().map(String::as_str).collect::<Vec<_>>());
+        }
+        out
+    }
+}
+
 /// The table `strait status` prints.
 pub fn render(v: &Value) -> String {
-    const HEAD: [&str; 9] = [
-        "SERVICE", "FRONTEND", "MODE", "HEALTHY", "BACKEND", "WEIGHT", "STATE", "HEALTH",
-        "NEXT HOP",
-    ];
+    let mut table = Table::new(&[
+        ("SERVICE", 20, false),
+        ("FRONTEND", 28, false),
+        ("MODE", 9, false),
+        ("HEALTHY", 8, false),
+        ("BACKEND", 28, false),
+        ("WEIGHT", 6, true),
+        ("STATE", 9, false),
+        ("HEALTH", 9, false),
+        ("NEXT HOP", 0, false),
+    ]);
     let empty = Vec::new();
-    let mut rows: Vec<[String; 9]> = Vec::new();
     for s in v["services"].as_array().unwrap_or(&empty) {
         let service = [
             s["name"].as_str().unwrap_or("?").to_owned(),
@@ -319,23 +376,17 @@ pub fn render(v: &Value) -> String {
         ];
         let backends = s["backends"].as_array().unwrap_or(&empty);
         if backends.is_empty() {
-            let [n, f, m, h] = service.clone();
-            let mut row: [String; 9] = Default::default();
-            row[..4].clone_from_slice(&[n, f, m, h]);
-            row[4] = "(no backends)".into();
-            rows.push(row);
+            let mut row = service.to_vec();
+            row.push("(no backends)".into());
+            table.row(row);
         }
         for (i, b) in backends.iter().enumerate() {
-            let [n, f, m, h] = if i == 0 {
-                service.clone()
+            let mut row = if i == 0 {
+                service.to_vec()
             } else {
-                Default::default()
+                vec![String::new(); 4]
             };
-            rows.push([
-                n,
-                f,
-                m,
-                h,
+            row.extend([
                 format!("{}:{}", fmt_ip(&b["address"]), b["port"]),
                 match &b["slow_start_weight"] {
                     Value::Number(now) => format!("{now}/{}", b["weight"]),
@@ -350,34 +401,10 @@ pub fn render(v: &Value) -> String {
                     _ => "-".into(),
                 },
             ]);
+            table.row(row);
         }
     }
-    // Each column as wide as its widest cell (at least the widths of a typical table, so
-    // that tables of different gateways line up); WEIGHT to the right.
-    const MIN: [usize; 9] = [20, 28, 9, 8, 28, 6, 9, 9, 0];
-    let mut width = MIN;
-    for r in &rows {
-        for (w, c) in width.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |cells: [&str; 9]| {
-        let mut l = String::new();
-        for (k, (c, w)) in cells.iter().zip(width).enumerate() {
-            l += &match k {
-                8 => c.to_string(),
-                5 => format!("{c:>w$} "),
-                _ => format!("{c:<w$} "),
-            };
-        }
-        l.trim_end().to_owned() + "\n"
-    };
-    let mut out = format!("table generation {}\n", v["generation"]);
-    out += &line(HEAD);
-    for r in &rows {
-        out += &line(std::array::from_fn(|k| r[k].as_str()));
-    }
-    out
+    format!("table generation {}\n{}", v["generation"], table.render())
 }
 
 /// A backend's health as `strait status` shows it: the active check's word, and when its
@@ -437,61 +464,70 @@ pub fn render_routes(v: &Value) -> String {
                 "bgp: speaker {daemon}, {} routes announced, {} restarts\n",
                 b["announced"], b["restarts"]
             );
-            out += &format!("{:<28} {:>10} {:<5} {}\n", "PEER", "ASN", "UP", "STATE");
+            let mut peers = Table::new(&[
+                ("PEER", 28, false),
+                ("ASN", 10, true),
+                ("UP", 5, false),
+                ("STATE", 0, false),
+            ]);
             for s in b["sessions"].as_array().unwrap_or(&empty) {
-                out += &format!(
-                    "{:<28} {:>10} {:<5} {}\n",
-                    s["peer"].as_str().unwrap_or("?"),
-                    s["asn"],
+                peers.row(vec![
+                    s["peer"].as_str().unwrap_or("?").to_owned(),
+                    s["asn"].to_string(),
                     if s["up"].as_bool() == Some(true) {
                         "yes"
                     } else {
                         "NO"
-                    },
-                    s["state"].as_str().unwrap_or("?"),
-                );
+                    }
+                    .to_owned(),
+                    s["state"].as_str().unwrap_or("?").to_owned(),
+                ]);
             }
+            out += &peers.render();
         }
     }
-    out += &format!("{:<40} {}\n", "VIP", "ROUTE");
+    let mut vips = Table::new(&[("VIP", 40, false), ("ROUTE", 0, false)]);
     for r in v["vips"].as_array().unwrap_or(&empty) {
-        out += &format!(
-            "{:<40} {}\n",
-            r["vip"].as_str().unwrap_or("?"),
-            r["route"].as_str().unwrap_or("?")
-        );
+        vips.row(vec![
+            r["vip"].as_str().unwrap_or("?").to_owned(),
+            r["route"].as_str().unwrap_or("?").to_owned(),
+        ]);
     }
-    out
+    out + &vips.render()
 }
 
 /// Each backend's last health transitions, oldest first (`/services`' `transitions`).
 pub fn render_transitions(v: &Value) -> String {
     let empty = Vec::new();
-    let mut rows = String::new();
+    let mut table = Table::new(&[
+        ("SERVICE", 20, false),
+        ("BACKEND", 28, false),
+        ("AT (UTC)", 21, false),
+        ("TO", 5, false),
+        ("CAUSE", 0, false),
+    ]);
     for s in v["services"].as_array().unwrap_or(&empty) {
         for b in s["backends"].as_array().unwrap_or(&empty) {
             for t in b["transitions"].as_array().unwrap_or(&empty) {
-                rows += &format!(
-                    "{:<20} {:<28} {:<21} {:<5} {}\n",
-                    s["name"].as_str().unwrap_or("?"),
-                    format!("{}:{}", fmt_ip(&b["address"]), b["port"]),
-                    t["at"].as_str().unwrap_or("?"),
-                    t["to"].as_str().unwrap_or("?"),
-                    t["cause"].as_str().unwrap_or("?"),
+                table.row(
+                    [
+                        s["name"].as_str().unwrap_or("?").to_owned(),
+                        format!("{}:{}", fmt_ip(&b["address"]), b["port"]),
+                        t["at"].as_str().unwrap_or("?").to_owned(),
+                        t["to"].as_str().unwrap_or("?").to_owned(),
+                        t["cause"].as_str().unwrap_or("?").to_owned(),
+                    ]
+                    .to_vec(),
                 );
             }
         }
     }
-    if rows.is_empty() {
+    if table.rows.is_empty() {
         return "health transitions: none\n".into();
     }
     format!(
-        "health transitions (the last few per backend, oldest first)\n{:<20} {:<28} {:<21} {:<5} {}\n{rows}",
-        "SERVICE",
-        "BACKEND",
-        "AT (UTC)",
-        "TO",
-        "CAUSE"
+        "health transitions (the last few per backend, oldest first)\n{}",
+        table.render()
     )
 }
 
@@ -512,26 +548,30 @@ fn counts(v: &Value) -> [u64; 6] {
 /// `strait status --stats`: totals per service and backend since the gateway started.
 pub fn render_stats(t: &Value) -> String {
     let empty = Vec::new();
-    let mut out = format!(
-        "{:<34} {:>10} {:>8} {:>12} {:>12} {:>14} {:>14}\n",
-        "SERVICE / BACKEND", "NEW FLOWS", "FLOWS", "IN PKTS", "OUT PKTS", "IN BYTES", "OUT BYTES"
-    );
-    let row = |name: String, c: [u64; 6]| {
-        format!(
-            "{name:<34} {:>10} {:>8} {:>12} {:>12} {:>14} {:>14}\n",
-            c[0], c[1], c[2], c[3], c[4], c[5]
-        )
+    let mut table = Table::new(&[
+        ("SERVICE / BACKEND", 34, false),
+        ("NEW FLOWS", 10, true),
+        ("FLOWS", 8, true),
+        ("IN PKTS", 12, true),
+        ("OUT PKTS", 12, true),
+        ("IN BYTES", 14, true),
+        ("OUT BYTES", 14, true),
+    ]);
+    let mut row = |name: String, c: [u64; 6]| {
+        let mut r = vec![name];
+        r.extend(c.iter().map(u64::to_string));
+        table.row(r);
     };
     for s in t["services"].as_array().unwrap_or(&empty) {
-        out += &row(s["name"].as_str().unwrap_or("?").to_owned(), counts(s));
+        row(s["name"].as_str().unwrap_or("?").to_owned(), counts(s));
         for b in s["backends"].as_array().unwrap_or(&empty) {
-            out += &row(
+            row(
                 format!("  -> {}", b["backend"].as_str().unwrap_or("?")),
                 counts(b),
             );
         }
     }
-    out
+    table.render()
 }
 
 /// Per second between two `/traffic` samples `dt` apart, per service and, with `backends`,
@@ -540,45 +580,36 @@ pub fn render_stats(t: &Value) -> String {
 pub fn render_rates(a: &Value, b: &Value, dt: Duration, backends: bool) -> String {
     let empty = Vec::new();
     let secs = dt.as_secs_f64().max(1e-3);
-    let mut out = format!(
-        "traffic per second over {:.1} s\n{:<34} {:>10} {:>12} {:>12} {:>14} {:>14}\n",
-        dt.as_secs_f64(),
-        "SERVICE / BACKEND",
-        "NEW/S",
-        "IN PPS",
-        "OUT PPS",
-        "IN BPS",
-        "OUT BPS"
-    );
-    let rate = |name: String, before: Option<&Value>, now: &Value| -> String {
+    let mut table = Table::new(&[
+        ("SERVICE / BACKEND", 34, false),
+        ("NEW/S", 10, true),
+        ("IN PPS", 12, true),
+        ("OUT PPS", 12, true),
+        ("IN BPS", 14, true),
+        ("OUT BPS", 14, true),
+    ]);
+    let rate = |name: String, before: Option<&Value>, now: &Value| -> Vec<String> {
         let now_c = counts(now);
         let Some(before) = before else {
-            return format!("{name:<34} (new since the first sample)\n");
+            return vec![name, "(new since the first sample)".into()];
         };
         let was = counts(before);
         if now_c.iter().zip(&was).any(|(n, w)| n < w) {
-            return format!("{name:<34} (counters restarted)\n");
+            return vec![name, "(counters restarted)".into()];
         }
-        let r = |i: usize| (now_c[i] - was[i]) as f64 / secs;
-        format!(
-            "{name:<34} {:>10.1} {:>12.1} {:>12.1} {:>14.1} {:>14.1}\n",
-            r(0),
-            r(2),
-            r(3),
-            r(4),
-            r(5)
-        )
+        let r = |i: usize| format!("{:.1}", (now_c[i] - was[i]) as f64 / secs);
+        vec![name, r(0), r(2), r(3), r(4), r(5)]
     };
     let find = |list: &Value, key: &str, want: &Value| -> Option<Value> {
         list.as_array()?.iter().find(|x| &x[key] == want).cloned()
     };
     for s in b["services"].as_array().unwrap_or(&empty) {
         let before = find(&a["services"], "name", &s["name"]);
-        out += &rate(
+        table.row(rate(
             s["name"].as_str().unwrap_or("?").to_owned(),
             before.as_ref(),
             s,
-        );
+        ));
         if !backends {
             continue;
         }
@@ -586,35 +617,42 @@ pub fn render_rates(a: &Value, b: &Value, dt: Duration, backends: bool) -> Strin
             let was = before
                 .as_ref()
                 .and_then(|w| find(&w["backends"], "backend", &be["backend"]));
-            out += &rate(
+            table.row(rate(
                 format!("  -> {}", be["backend"].as_str().unwrap_or("?")),
                 was.as_ref(),
                 be,
-            );
+            ));
         }
     }
-    out
+    format!(
+        "traffic per second over {:.1} s\n{}",
+        dt.as_secs_f64(),
+        table.render()
+    )
 }
 
 /// Each worker's flow-table occupancy (`/traffic`'s `cores`).
 pub fn render_cores(t: &Value) -> String {
     let empty = Vec::new();
-    let mut out = format!(
-        "{:<28} {:>14} {:>14} {:>7}\n",
-        "WORKER", "FLOW ENTRIES", "CAPACITY", "USED"
-    );
+    let mut table = Table::new(&[
+        ("WORKER", 28, false),
+        ("FLOW ENTRIES", 14, true),
+        ("CAPACITY", 14, true),
+        ("USED", 7, true),
+    ]);
     for c in t["cores"].as_array().unwrap_or(&empty) {
         let (n, cap) = (
             c["entries"].as_u64().unwrap_or(0),
             c["capacity"].as_u64().unwrap_or(0),
         );
-        out += &format!(
-            "{:<28} {n:>14} {cap:>14} {:>6.1}%\n",
-            c["worker"].as_str().unwrap_or("?"),
-            100.0 * n as f64 / cap.max(1) as f64
-        );
+        table.row(vec![
+            c["worker"].as_str().unwrap_or("?").to_owned(),
+            n.to_string(),
+            cap.to_string(),
+            format!("{:.1}%", 100.0 * n as f64 / cap.max(1) as f64),
+        ]);
     }
-    out
+    table.render()
 }
 
 fn fmt_ip(v: &Value) -> String {
@@ -672,6 +710,21 @@ mod tests {
         assert!(t.contains("up        02:00:00:00:01:11"));
         assert!(t.contains("draining  down      unresolved"));
         assert!(t.contains("(no backends)"));
+    }
+
+    #[test]
+    fn a_table_widens_to_its_cells_aligns_numbers_right_and_prints_notes_as_they_are() {
+        let mut t = Table::new(&[("NAME", 6, false), ("N", 4, true), ("NOTE", 0, false)]);
+        t.row(vec!["a".into(), "7".into(), "x".into()]);
+        t.row(vec!["longer-name".into(), "12345".into(), "y".into()]);
+        t.row(vec!["b".into(), "(a note wider than the column)".into()]);
+        assert_eq!(
+            t.render(),
+            "NAME            N NOTE\n\
+             a               7 x\n\
+             longer-name 12345 y\n\
+             b           (a note wider than the column)\n"
+        );
     }
 
     #[test]
