@@ -88,6 +88,10 @@ pub struct Dpdk {
 }
 
 impl Dpdk {
+    /// Largest `gateway.mtu` with DPDK ports: a frame is received into one mbuf of 2048
+    /// bytes of data (`RTE_MBUF_DEFAULT_BUF_SIZE` less the headroom), which holds the
+    /// Ethernet header (14 bytes), an 802.1Q tag (4) and 2030 bytes of IP packet.
+    pub const MAX_MTU: u16 = 2030;
     /// Smallest `memory_mb`: EAL alone needs tens of MiB.
     pub const MIN_MEMORY_MB: u32 = 64;
     /// Largest `memory_mb` (1 TiB), beyond any machine: a larger number is a mistake.

@@ -408,6 +408,9 @@ impl Checker {
         };
         if let Some(interfaces) = &interfaces {
             self.drivers_agree(interfaces, raw.dpdk.as_ref());
+            if let Some(mtu) = mtu {
+                self.dpdk_mtu(interfaces, mtu);
+            }
         }
         let dpdk = match &raw.dpdk {
             None => Some(None),

@@ -1950,3 +1950,20 @@ fn an_ipv6_tunnel_endpoint_needs_the_ipv6_minimum_mtu() {
     accepted(&text.replace("mtu = 1279", "mtu = 1280"));
     accepted(&text.replace("2001:db8::11", "198.51.100.21"));
 }
+
+#[test]
+fn a_dpdk_port_s_mtu_fits_one_mbuf() {
+    let text = |mtu: u16| {
+        format!(
+            "[gateway]\nmtu = {mtu}\n[gateway.dpdk]\nno_huge = true\n\n[[gateway.interfaces]]\n\
+             name = \"eth1\"\nqueues = [0]\ndriver = \"dpdk\"\ndevice = \"0000:03:00.0\"\n"
+        )
+    };
+    refused(
+        &text(2031),
+        "gateway.mtu: 2031 is above 2030, the most a DPDK port's frame holds (one mbuf of 2048 bytes, with the Ethernet header and a VLAN tag)",
+    );
+    accepted(&text(2030));
+    // AF_XDP takes the interface's MTU, whatever gateway.mtu says.
+    accepted(&format!("[gateway]\nmtu = 9000\n\n{IFACE}"));
+}

@@ -36,3 +36,45 @@ fn strait_check_answers_for_a_dpdk_interface_as_the_build_allows() {
         );
     }
 }
+
+/// A start that fails in EAL (a device it cannot parse) leaves no runtime directory behind:
+/// EAL makes `/var/run/dpdk/PREFIX` before it probes devices. Root (EAL's runtime directory,
+/// a network namespace of its own to run in); a build with the `dpdk` feature.
+#[test]
+fn a_start_that_fails_in_eal_removes_its_runtime_directory() {
+    if !cfg!(feature = "dpdk") || !is_root() {
+        eprintln!("SKIPPED: needs root and a build with --features dpdk");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let prefix = format!("strait-test-{}", std::process::id());
+    let path = dir.path().join("bogus.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[gateway.dpdk]\nno_huge = true\nmemory_mb = 128\nfile_prefix = \"{prefix}\"\n\n\
+             [[gateway.interfaces]]\nname = \"dpx0\"\nqueues = [0]\ndriver = \"dpdk\"\n\
+             device = \"net_bogus0,iface=nosuch0\"\n"
+        ),
+    )
+    .expect("write the configuration");
+    let out = Command::new("unshare")
+        .args(["--net", env!("CARGO_BIN_EXE_strait"), "run", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run strait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("DPDK EAL init"), "{stderr}");
+    let runtime = std::path::Path::new("/var/run/dpdk").join(&prefix);
+    assert!(!runtime.exists(), "{} left behind", runtime.display());
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next())
+            == Some("0")
+    })
+}

@@ -118,10 +118,16 @@ pub(crate) fn init(args: &[String]) -> Result<(), DpdkError> {
 pub(crate) fn cleanup(file_prefix: &str) {
     // SAFETY: EAL was initialised by `init` and every port is closed (the caller's order).
     unsafe { ffi::strait_eal_cleanup() };
-    if !file_prefix.is_empty() && !file_prefix.contains('/') && file_prefix != ".." {
-        let dir = std::path::Path::new("/var/run/dpdk").join(file_prefix);
+    if let Some(dir) = runtime_dir(file_prefix) {
         let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+/// EAL's runtime directory for `file_prefix` when run as root (`/var/run/dpdk/PREFIX`); `None`
+/// for a prefix that is not one directory name.
+pub(crate) fn runtime_dir(file_prefix: &str) -> Option<std::path::PathBuf> {
+    (!file_prefix.is_empty() && !file_prefix.contains('/') && file_prefix != "..")
+        .then(|| std::path::Path::new("/var/run/dpdk").join(file_prefix))
 }
 
 #[cfg(test)]

@@ -189,7 +189,16 @@ impl Dpdk {
     pub fn open(opts: &EalOptions, ports: &[PortSpec]) -> Result<Self, DpdkError> {
         let devices: Vec<&str> = ports.iter().map(|p| p.device.as_str()).collect();
         let args = eal_args(opts, &devices);
-        eal::init(&args)?;
+        // A failed init leaves the runtime directory it made; one that was there before (a
+        // process running with the same prefix) is not this call's to remove.
+        let dir = eal::runtime_dir(&opts.file_prefix);
+        let existed = dir.as_ref().is_some_and(|d| d.exists());
+        if let Err(e) = eal::init(&args) {
+            if let (Some(dir), false) = (dir, existed) {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            return Err(e);
+        }
         let mut out = Self {
             ports: Vec::new(),
             alive: Arc::new(std::sync::Mutex::new(true)),

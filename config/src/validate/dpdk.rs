@@ -67,6 +67,23 @@ impl Checker {
 
     /// One driver for every interface, distinct DPDK devices, and `[gateway.dpdk]` only
     /// with DPDK interfaces.
+    /// A DPDK port receives a frame into one mbuf of 2048 bytes: its MTU, which is
+    /// `gateway.mtu`, leaves room for the Ethernet header and an 802.1Q tag.
+    pub(super) fn dpdk_mtu(&mut self, interfaces: &[Interface], mtu: u16) {
+        let dpdk = interfaces
+            .iter()
+            .any(|i| matches!(i.driver, Driver::Dpdk { .. }));
+        if dpdk && mtu > Dpdk::MAX_MTU {
+            self.problem(
+                "gateway.mtu",
+                format!(
+                    "{mtu} is above {}, the most a DPDK port's frame holds (one mbuf of 2048 bytes, with the Ethernet header and a VLAN tag)",
+                    Dpdk::MAX_MTU
+                ),
+            );
+        }
+    }
+
     pub(super) fn drivers_agree(&mut self, interfaces: &[Interface], dpdk: Option<&RawDpdk>) {
         if let Some(first) = interfaces.first() {
             for (i, iface) in interfaces.iter().enumerate().skip(1) {
