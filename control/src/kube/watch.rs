@@ -61,6 +61,11 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// recovered connection visible within a second and costs nothing when all is well.
 const TICK: Duration = Duration::from_secs(1);
 
+/// Longest wait between two probes of an API server that does not answer: the probe
+/// starts at [`TICK`] and doubles, so that an outage of hours is not a failed request (and
+/// the client's error line) every second.
+const PROBE_MAX: Duration = Duration::from_secs(30);
+
 /// Wait before a follower, which leaves status writes to the leader, makes a round again
 /// while some are still wanted.
 const RETRY: Duration = Duration::from_secs(2);
@@ -244,6 +249,8 @@ where
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut retry: Option<tokio::time::Instant> = None;
     let mut electing = true;
+    // The next probe of a lost API server, and the gap after it.
+    let (mut probe_at, mut probe_gap) = (tokio::time::Instant::now(), TICK);
     info!("kubernetes: watching services, endpointslices and nodes");
     loop {
         tokio::select! {
@@ -287,8 +294,13 @@ where
                 }
             }
             _ = tick.tick() => {
-                if !stats.connected() {
+                let now = tokio::time::Instant::now();
+                if stats.connected() {
+                    probe_gap = TICK;
+                } else if now >= probe_at {
                     probe(&client, &stats).await;
+                    probe_at = now + probe_gap;
+                    probe_gap = (probe_gap * 2).min(PROBE_MAX);
                 }
                 if retry.is_some_and(|at| tokio::time::Instant::now() >= at) {
                     retry = None;
@@ -317,7 +329,9 @@ fn handle(
 ) -> bool {
     match r {
         Ok(ev) => {
-            if !stats.set_connected(true) {
+            // kube-rs says Init before it sends the list request: only what the server
+            // answered (an object, the list's end, a watch event) shows it connected.
+            if !matches!(ev, watcher::Event::Init) && !stats.set_connected(true) {
                 info!(
                     kind = kind.as_str(),
                     "kubernetes: connected to the API server"
@@ -689,5 +703,31 @@ async fn write_status(client: &Client, up: &StatusUpdate) -> Written {
             );
             Written::Failed
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// kube-rs's watcher says `Init` before its list request goes out: an API server that is
+    /// down fails that request, and the connection must not have looked up meanwhile.
+    #[test]
+    fn a_list_that_starts_is_not_a_connection() {
+        let gateway =
+            strait_config::parse("[[gateway.interfaces]]\nname = \"eth0\"\nqueues = [0]\n")
+                .unwrap()
+                .gateway;
+        let mut ctl = Controller::new(Settings::new(gateway));
+        let stats = Stats::default();
+        handle(&mut ctl, &stats, Kind::Services, Ok(watcher::Event::Init));
+        assert!(!stats.connected(), "Init is not an answer");
+        handle(
+            &mut ctl,
+            &stats,
+            Kind::Services,
+            Ok(watcher::Event::InitDone),
+        );
+        assert!(stats.connected(), "the list's end is");
     }
 }
