@@ -258,13 +258,7 @@ impl Checker {
                 .map(|v4| format!("is an IPv4-mapped IPv6 address: write the IPv4 address, {v4}")),
             IpAddr::V4(_) => None,
         };
-        match bad {
-            Some(what) => {
-                self.problem(path, format!("{ip} {what}"));
-                None
-            }
-            None => Some(ip),
-        }
+        self.address_unless(path, ip, bad)
     }
 
     /// An address that can be a VIP, a backend or a tunnel endpoint, one that packets on the
@@ -278,6 +272,16 @@ impl Checker {
             IpAddr::V6(v6) if v6.is_unicast_link_local() => Some("is a link-local address"),
             _ => None,
         };
+        self.address_unless(path, ip, bad)
+    }
+
+    /// `ip`, or with `bad` (what is wrong with it) a problem at `path` naming it.
+    fn address_unless(
+        &mut self,
+        path: &str,
+        ip: IpAddr,
+        bad: Option<impl std::fmt::Display>,
+    ) -> Option<IpAddr> {
         match bad {
             Some(what) => {
                 self.problem(path, format!("{ip} {what}"));

@@ -376,6 +376,21 @@ fn mtu_must_carry_ipv6_when_a_vip_is_ipv6() {
 }
 
 #[test]
+fn an_ipv6_tunnel_endpoint_needs_the_ipv6_minimum_mtu() {
+    let text = format!(
+        "[gateway]\nmtu = 1279\n\n{IFACE}\n[[services]]\nname = \"web\"\nvip = \"203.0.113.10\"\n\
+         port = 80\nmode = \"dsr-ipip\"\n\n[[services.backends]]\naddress = \"198.51.100.11\"\n\
+         tunnel = \"2001:db8::11\"\n"
+    );
+    refused(
+        &text,
+        "gateway.mtu: 1279 is below 1280, the IPv6 minimum link MTU (RFC 8200), and services[0] has an IPv6 tunnel endpoint",
+    );
+    accepted(&text.replace("mtu = 1279", "mtu = 1280"));
+    accepted(&text.replace("2001:db8::11", "198.51.100.21"));
+}
+
+#[test]
 fn timeouts_must_be_positive_and_at_most_a_week() {
     refused(
         &gateway("[gateway.timeouts]\nudp = \"0s\""),
@@ -479,6 +494,14 @@ fn interface_name_rules() {
             &format!("gateway.interfaces[0].name: {bad:?} is not a valid interface name"),
         );
     }
+}
+
+#[test]
+fn an_interface_name_has_no_control_character() {
+    refused(
+        "[[gateway.interfaces]]\nname = \"a\\u0001b\"\nqueues = [0]\n",
+        "gateway.interfaces[0].name: \"a\\u{1}b\" contains a control character",
+    );
 }
 
 #[test]
@@ -594,11 +617,12 @@ fn core_rules() {
     );
     // One worker serves a queue number on every interface that has it: its core, given on
     // each, is the same.
-    accepted(&format!(
+    let c = accepted(&format!(
         "{}{}",
         iface("eth0", "queues = [0]\ncores = [1]"),
         iface("eth1", "queues = [0]\ncores = [1]")
     ));
+    assert_eq!(c.gateway.interfaces[1].cores, Some(vec![1]));
 }
 
 #[test]
@@ -683,6 +707,29 @@ fn vip_rules() {
     refused(
         &vip("ff02::1"),
         "services[0].vip: ff02::1 is a multicast address",
+    );
+}
+
+#[test]
+fn addresses_packets_cannot_carry_are_refused() {
+    for (vip, why) in [
+        ("127.0.0.1", "127.0.0.1 is a loopback address"),
+        ("::1", "::1 is a loopback address"),
+        ("169.254.1.1", "169.254.1.1 is a link-local address"),
+        ("fe80::1", "fe80::1 is a link-local address"),
+        (
+            "::ffff:203.0.113.10",
+            "::ffff:203.0.113.10 is an IPv4-mapped IPv6 address: write the IPv4 address, 203.0.113.10",
+        ),
+    ] {
+        let text = format!(
+            "{IFACE}\n[[services]]\nname = \"web\"\nvip = \"{vip}\"\nport = 80\n"
+        );
+        refused(&text, &format!("services[0].vip: {why}"));
+    }
+    refused(
+        &backend("", "address = \"127.0.0.1\"\nmac = \"02:00:00:00:00:01\""),
+        "services[0].backends[0].address: 127.0.0.1 is a loopback address",
     );
 }
 
@@ -1015,6 +1062,40 @@ fn backend_address_rules() {
         &backend("", "address = \"0.0.0.0\""),
         "services[0].backends[0].address: 0.0.0.0 is the unspecified address",
     );
+}
+
+#[test]
+fn a_service_has_at_most_65535_backends() {
+    let mut text = service("maglev_table_size = 131071");
+    for i in 0..=65_535u32 {
+        let (a, b) = (i / 256, i % 256);
+        text += &format!("[[services.backends]]\naddress = \"2001:db8::{a:x}:{b:x}\"\n");
+    }
+    let text = text.replace("203.0.113.10", "2001:db8::10");
+    refused(
+        &text,
+        "services[0].backends: 65536 backends; a service has at most 65535 (a Maglev slot names its backend in 16 bits)",
+    );
+}
+
+#[test]
+fn a_backend_mac_is_a_station() {
+    for (mac, why) in [
+        (
+            "ff:ff:ff:ff:ff:ff",
+            "is a group (multicast or broadcast) address, not a station's",
+        ),
+        (
+            "01:00:5e:00:00:01",
+            "is a group (multicast or broadcast) address, not a station's",
+        ),
+        ("00:00:00:00:00:00", "is the all-zero address"),
+    ] {
+        refused(
+            &backend("", &format!("address = \"198.51.100.11\"\nmac = \"{mac}\"")),
+            &format!("services[0].backends[0].mac: {mac} {why}"),
+        );
+    }
 }
 
 #[test]
@@ -1562,6 +1643,21 @@ fn admin_socket_and_token_file_are_absolute_paths() {
     );
 }
 
+#[test]
+fn the_admin_socket_path_fits_a_unix_socket() {
+    let long = format!("/run/{}", "s".repeat(103));
+    assert_eq!(long.len(), 108);
+    refused(
+        &gateway(&format!("admin_socket = \"{long}\"")),
+        &format!(
+            "gateway.admin_socket: {long} is 108 bytes long; a Unix socket's path has at most 107"
+        ),
+    );
+    let fits = &long[..107];
+    let c = accepted(&gateway(&format!("admin_socket = \"{fits}\"")));
+    assert_eq!(c.gateway.admin_socket.unwrap().as_os_str().len(), 107);
+}
+
 // ---- [gateway.sync] ------------------------------------------------------------------
 
 fn sync(fields: &str) -> String {
@@ -1641,6 +1737,18 @@ fn sync_rules() {
                 "gateway.sync.port: unknown field `port`, expected `listen` or `peers`"
             ),
         "{p:?}"
+    );
+}
+
+#[test]
+fn sync_addresses_are_ones_a_peer_can_name() {
+    refused(
+        &sync("listen = \"0.0.0.0:7946\"\npeers = [\"192.0.2.2:7946\"]"),
+        "gateway.sync.listen: 0.0.0.0 is no address a peer can list; give this gateway's own",
+    );
+    refused(
+        &sync("listen = \"192.0.2.1:7946\"\npeers = [\"255.255.255.255:7946\"]"),
+        "gateway.sync.peers[0]: 255.255.255.255 is the broadcast address",
     );
 }
 
@@ -1731,6 +1839,18 @@ fn bad_dpdk_settings_are_refused_with_their_field() {
     }
 }
 
+#[test]
+fn a_dpdk_port_s_mtu_fits_one_mbuf() {
+    let text = |mtu: u16| format!("[gateway]\nmtu = {mtu}\n\n{DPDK_IFACE}");
+    refused(
+        &text(2031),
+        "gateway.mtu: 2031 is above 2030, the most a DPDK port's frame holds (one mbuf of 2048 bytes, with the Ethernet header and a VLAN tag)",
+    );
+    accepted(&text(2030));
+    // AF_XDP takes the interface's MTU, whatever gateway.mtu says.
+    accepted(&gateway("mtu = 9000"));
+}
+
 // ---- passive health ------------------------------------------------------------------
 
 const CHECK: &str = "[services.health_check]\nkind = \"tcp\"\n";
@@ -1815,155 +1935,4 @@ fn passive_health_is_refused_where_it_cannot_work() {
         )),
         "services[0].passive_health.window: 2m is longer than 1m",
     );
-}
-
-#[test]
-fn addresses_packets_cannot_carry_are_refused() {
-    for (vip, why) in [
-        ("127.0.0.1", "127.0.0.1 is a loopback address"),
-        ("::1", "::1 is a loopback address"),
-        ("169.254.1.1", "169.254.1.1 is a link-local address"),
-        ("fe80::1", "fe80::1 is a link-local address"),
-        (
-            "::ffff:203.0.113.10",
-            "::ffff:203.0.113.10 is an IPv4-mapped IPv6 address: write the IPv4 address, 203.0.113.10",
-        ),
-    ] {
-        let text = format!(
-            "{IFACE}\n[[services]]\nname = \"web\"\nvip = \"{vip}\"\nport = 80\n"
-        );
-        refused(&text, &format!("services[0].vip: {why}"));
-    }
-    refused(
-        &backend("", "address = \"127.0.0.1\"\nmac = \"02:00:00:00:00:01\""),
-        "services[0].backends[0].address: 127.0.0.1 is a loopback address",
-    );
-}
-
-#[test]
-fn a_backend_mac_is_a_station() {
-    for (mac, why) in [
-        (
-            "ff:ff:ff:ff:ff:ff",
-            "is a group (multicast or broadcast) address, not a station's",
-        ),
-        (
-            "01:00:5e:00:00:01",
-            "is a group (multicast or broadcast) address, not a station's",
-        ),
-        ("00:00:00:00:00:00", "is the all-zero address"),
-    ] {
-        refused(
-            &backend("", &format!("address = \"198.51.100.11\"\nmac = \"{mac}\"")),
-            &format!("services[0].backends[0].mac: {mac} {why}"),
-        );
-    }
-}
-
-#[test]
-fn a_service_has_at_most_65535_backends() {
-    let mut text = service("maglev_table_size = 131071");
-    for i in 0..=65_535u32 {
-        let (a, b) = (i / 256, i % 256);
-        text += &format!("[[services.backends]]\naddress = \"2001:db8::{a:x}:{b:x}\"\n");
-    }
-    let text = text.replace("203.0.113.10", "2001:db8::10");
-    refused(
-        &text,
-        "services[0].backends: 65536 backends; a service has at most 65535 (a Maglev slot names its backend in 16 bits)",
-    );
-}
-
-#[test]
-fn a_queue_shared_by_interfaces_has_one_core() {
-    let two = |cores_a: &str, cores_b: &str| {
-        format!(
-            "[[gateway.interfaces]]\nname = \"a\"\nqueues = [0]\ncores = [{cores_a}]\n\
-             [[gateway.interfaces]]\nname = \"b\"\nqueues = [0]\ncores = [{cores_b}]\n"
-        )
-    };
-    refused(
-        &two("2", "3"),
-        "gateway.interfaces[1].cores[0]: core 3 for queue 0, whose worker (it serves queue 0 of every interface) gateway.interfaces[0].cores[0] puts on core 2",
-    );
-    // The same core for the shared queue is one worker's, given twice.
-    let c = accepted(&two("2", "2"));
-    assert_eq!(c.gateway.interfaces[1].cores, Some(vec![2]));
-    // A core of another queue is still taken once.
-    refused(
-        "[[gateway.interfaces]]\nname = \"a\"\nqueues = [0]\ncores = [2]\n\
-         [[gateway.interfaces]]\nname = \"b\"\nqueues = [1]\ncores = [2]\n",
-        "gateway.interfaces[1].cores[0]: core 2 is already used by gateway.interfaces[0].cores[0]",
-    );
-}
-
-#[test]
-fn an_interface_name_has_no_control_character() {
-    refused(
-        "[[gateway.interfaces]]\nname = \"a\\u0001b\"\nqueues = [0]\n",
-        "gateway.interfaces[0].name: \"a\\u{1}b\" contains a control character",
-    );
-}
-
-#[test]
-fn the_admin_socket_path_fits_a_unix_socket() {
-    let long = format!("/run/{}", "s".repeat(103));
-    assert_eq!(long.len(), 108);
-    refused(
-        &gateway(&format!("admin_socket = \"{long}\"")),
-        &format!(
-            "gateway.admin_socket: {long} is 108 bytes long; a Unix socket's path has at most 107"
-        ),
-    );
-    let fits = &long[..107];
-    let c = accepted(&gateway(&format!("admin_socket = \"{fits}\"")));
-    assert_eq!(c.gateway.admin_socket.unwrap().as_os_str().len(), 107);
-}
-
-#[test]
-fn sync_addresses_are_ones_a_peer_can_name() {
-    let sync = |listen: &str, peer: &str| {
-        format!("{IFACE}\n[gateway.sync]\nlisten = \"{listen}\"\npeers = [\"{peer}\"]\n")
-    };
-    refused(
-        &sync("0.0.0.0:7946", "192.0.2.2:7946"),
-        "gateway.sync.listen: 0.0.0.0 is no address a peer can list; give this gateway's own",
-    );
-    refused(
-        &sync("192.0.2.1:7946", "255.255.255.255:7946"),
-        "gateway.sync.peers[0]: 255.255.255.255 is the broadcast address",
-    );
-    accepted(&sync("192.0.2.1:7946", "192.0.2.2:7946"));
-}
-
-#[test]
-fn an_ipv6_tunnel_endpoint_needs_the_ipv6_minimum_mtu() {
-    let text = format!(
-        "[gateway]\nmtu = 1279\n\n{IFACE}\n[[services]]\nname = \"web\"\nvip = \"203.0.113.10\"\n\
-         port = 80\nmode = \"dsr-ipip\"\n\n[[services.backends]]\naddress = \"198.51.100.11\"\n\
-         tunnel = \"2001:db8::11\"\n"
-    );
-    refused(
-        &text,
-        "gateway.mtu: 1279 is below 1280, the IPv6 minimum link MTU (RFC 8200), and services[0] has an IPv6 tunnel endpoint",
-    );
-    accepted(&text.replace("mtu = 1279", "mtu = 1280"));
-    accepted(&text.replace("2001:db8::11", "198.51.100.21"));
-}
-
-#[test]
-fn a_dpdk_port_s_mtu_fits_one_mbuf() {
-    let text = |mtu: u16| {
-        format!(
-            "[gateway]\nmtu = {mtu}\n[gateway.dpdk]\nno_huge = true\n\n[[gateway.interfaces]]\n\
-             name = \"eth1\"\nqueues = [0]\ndriver = \"dpdk\"\ndevice = \"0000:03:00.0\"\n"
-        )
-    };
-    refused(
-        &text(2031),
-        "gateway.mtu: 2031 is above 2030, the most a DPDK port's frame holds (one mbuf of 2048 bytes, with the Ethernet header and a VLAN tag)",
-    );
-    accepted(&text(2030));
-    // AF_XDP takes the interface's MTU, whatever gateway.mtu says.
-    accepted(&format!("[gateway]\nmtu = 9000\n\n{IFACE}"));
 }
