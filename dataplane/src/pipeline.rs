@@ -268,7 +268,9 @@ impl Pipeline {
     /// twin of this loop shows each frame to it before its rewrite and after its decision;
     /// otherwise a call pays one load and one branch for that. With a table larger than the
     /// caches, memory latency is most of the per-packet cost, and a batch waits for it about
-    /// once per pass, not once per frame.
+    /// once per pass, not once per frame. Each call also lets the flow table take a step of
+    /// its paced sweep when one is due ([`FlowTable::sweep_paced`]), so that expired flows
+    /// are reclaimed on a core that is never idle.
     ///
     /// # Panics
     /// If `verdicts` is shorter than `frames`.
@@ -282,6 +284,9 @@ impl Pipeline {
     ) {
         assert!(verdicts.len() >= frames.len(), "one verdict per frame");
         self.settle(t);
+        // A core that is never idle never reaches the worker's idle sweep: expire here, at
+        // the table's pace (one comparison a batch while no step is due).
+        self.flows.sweep_paced(now);
         // The one test a call pays for capture while none runs: a load and a branch that
         // always goes the same way; the capturing twin is out of line.
         if self.capture.as_ref().is_some_and(Tap::armed) {
@@ -1408,6 +1413,30 @@ backends = [{}]
             1,
             "reclaimed under 10 s"
         );
+    }
+
+    #[test]
+    fn a_core_that_is_never_idle_still_reclaims_expired_flows() {
+        let x = [("198.51.100.11", 0x11)];
+        let t = build(&mut Builder::new(), &config("dsr-l2", &x, &[]));
+        let mut pipe = Pipeline::new(0, 1, 1024, t.timeouts, 0);
+        let syns: Vec<Vec<u8>> = (0..500)
+            .map(|i| tcp(([192, 0, 2, 7], 1024 + i), VIP_A, true))
+            .collect();
+        run_batch(&mut pipe, &t, SEC, &syns, 64);
+        assert_eq!(pipe.flows.len(), 500);
+        // 500 half-open flows expire at 31 s (tcp_syn 30 s). One busy client keeps the core
+        // from idling, a batch every 10 ms, and nothing calls the idle sweep.
+        let busy = [tcp(CLIENT, VIP_A, true), tcp(CLIENT, VIP_A, false)];
+        let start = 32 * SEC;
+        let mut now = start;
+        while now < start + crate::flow::SWEEP_PASS_NS {
+            let vs = run_batch(&mut pipe, &t, now, &busy, 64);
+            assert!(vs.iter().all(|(v, _)| *v == Verdict::Tx { port: 0 }));
+            now += 10_000_000;
+        }
+        assert_eq!(pipe.flows.stats().expired, 500, "one pass reclaimed them");
+        assert_eq!(pipe.flows.len(), 1, "only the busy client's flow is left");
     }
 
     #[test]

@@ -422,8 +422,9 @@ pub const BOOKS_EVERY_NS: u64 = 100_000_000;
 /// counters stay in `pipe`; `publish` sees them (and the worker's statistics) when the
 /// worker turns idle, every [`PUBLISH_EVERY`] batches, at most every [`PASSIVE_PUBLISH_NS`]
 /// while the pipeline counts failed connection attempts ([`crate::passive`]) and, while idle,
-/// with each look at the UMEM's books, to copy them where the admin API reads. While idle the worker also expires
-/// flows, [`SWEEP_BUCKETS`] buckets a turn.
+/// with each look at the UMEM's books, to copy them where the admin API reads. While idle the
+/// worker also expires flows, [`SWEEP_BUCKETS`] buckets a turn; while busy, the pipeline does
+/// at its table's pace ([`crate::flow::FlowTable::sweep_paced`]).
 ///
 /// An idle worker sleeps in `poll(2)` on its sockets, so a frame handed to it then waits up to
 /// [`IDLE_POLL_MS`].
