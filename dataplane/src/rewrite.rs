@@ -352,7 +352,7 @@ impl Outer {
 ///
 /// # Errors
 /// [`EncapError`] without touching the frame.
-#[inline]
+#[inline(always)]
 pub fn encapsulate(
     frame: &mut Frame<'_>,
     p: &Parsed,
@@ -396,7 +396,11 @@ pub fn encapsulate(
     let l2 = p.l3;
     frame.push_front(overhead);
     let d = frame.data_mut();
-    d.copy_within(overhead..overhead + l2, 0);
+    // The outer frame keeps the inner one's VLAN tag, between the MACs and the EtherType;
+    // those are written afresh, so an untagged frame moves nothing.
+    if l2 > ethernet::HEADER_LEN {
+        d.copy_within(overhead + 12..overhead + l2 - 2, 12);
+    }
     set_macs(d, m);
     ethernet::Packet::new_unchecked(&mut d[..l2]).set_payload_ethertype(if outer_v6 {
         ethernet::ETHERTYPE_IPV6
