@@ -198,7 +198,6 @@ impl BackendEntries {
     }
 }
 
-/// The bit of [`FlowValue`]'s last-seen byte 4 that marks an entry learnt from a peer.
 /// Buckets one step of [`FlowTable::sweep_paced`] visits: 64 buckets, 512 ways, in a few
 /// microseconds (the buckets are consecutive, so the reads stream).
 pub const SWEEP_STEP: usize = 64;
@@ -209,6 +208,7 @@ pub const SWEEP_STEP: usize = 64;
 /// 305 µs, about 1 % of the core.
 pub const SWEEP_PASS_NS: u64 = 10 * NANOS_PER_SEC;
 
+/// The bit of [`FlowValue`]'s last-seen byte 4 that marks an entry learnt from a peer.
 const LEARNT: u8 = 0x80;
 
 const NANOS_PER_SEC: u64 = 1_000_000_000;
@@ -971,12 +971,14 @@ impl FlowTable {
 
     /// Sweeps [`SWEEP_STEP`] buckets ([`FlowTable::sweep`]) when the pace allows: one step
     /// every [`SWEEP_PASS_NS`] / (buckets / [`SWEEP_STEP`]), so a pass over the table takes
-    /// [`SWEEP_PASS_NS`]. For a core that is never idle, called with every batch: one
-    /// comparison while no step is due. A clock that jumps ahead takes one step, not the steps
-    /// it missed. Returns how many entries it reclaimed.
+    /// [`SWEEP_PASS_NS`]. For a core that is never idle, called with every batch: two
+    /// comparisons while no step is due. Steps keep their pace when a batch comes a little
+    /// after one was due; a clock that jumps ahead takes one step, not the steps it missed,
+    /// and one that goes back takes a step and paces from there. Returns how many entries it
+    /// reclaimed.
     #[inline(always)]
     pub fn sweep_paced(&mut self, now: u64) -> usize {
-        if now < self.sweep_at {
+        if now < self.sweep_at && self.sweep_at - now <= self.sweep_every {
             return 0;
         }
         self.sweep_step(now)
@@ -985,7 +987,10 @@ impl FlowTable {
     #[cold]
     #[inline(never)]
     fn sweep_step(&mut self, now: u64) -> usize {
-        self.sweep_at = now.saturating_add(self.sweep_every);
+        self.sweep_at = match now.checked_sub(self.sweep_at) {
+            Some(late) if late < self.sweep_every => self.sweep_at + self.sweep_every,
+            _ => now.saturating_add(self.sweep_every),
+        };
         self.sweep(now, SWEEP_STEP)
     }
 
@@ -1941,6 +1946,18 @@ mod tests {
         let one = t.sweep_paced(later);
         assert!(one > 0 && one < n as usize / 8, "one step: {one}");
         assert_eq!(t.sweep_paced(later + 1), 0);
+        // A batch that comes late does not push the steps after it back.
+        assert!(t.sweep_paced(later + every + every / 2) > 0);
+        assert_eq!(t.sweep_paced(later + 2 * every - 1), 0);
+        assert!(t.sweep_paced(later + 2 * every) > 0);
+        // A clock that goes back takes one step and paces from there.
+        let back = later - 1800 * S;
+        assert!(
+            t.sweep_paced(back) > 0,
+            "not stalled until the clock catches up"
+        );
+        assert_eq!(t.sweep_paced(back + 1), 0);
+        assert!(t.sweep_paced(back + every) > 0);
     }
 
     #[test]

@@ -397,16 +397,19 @@ pub fn encapsulate(
     frame.push_front(overhead);
     let d = frame.data_mut();
     // The outer frame keeps the inner one's VLAN tag, between the MACs and the EtherType;
-    // those are written afresh, so an untagged frame moves nothing.
+    // those are written afresh, so an untagged frame moves nothing. The EtherType is written
+    // at its offset, not through a header view: before it is written, the bytes of the
+    // headroom it lands in are whatever an earlier use of the buffer left there.
     if l2 > ethernet::HEADER_LEN {
         d.copy_within(overhead + 12..overhead + l2 - 2, 12);
     }
     set_macs(d, m);
-    ethernet::Packet::new_unchecked(&mut d[..l2]).set_payload_ethertype(if outer_v6 {
+    let ethertype = if outer_v6 {
         ethernet::ETHERTYPE_IPV6
     } else {
         ethernet::ETHERTYPE_IPV4
-    });
+    };
+    d[l2 - 2..l2].copy_from_slice(&ethertype.to_be_bytes());
     let inner_proto = if p.v6 { proto::IPV6 } else { proto::IPIP };
     let (next, payload_len) = match how {
         Encap::Ipip => (inner_proto, p.ip_len),
@@ -798,6 +801,26 @@ mod tests {
                         assert_eq!(got, want, "{ctx}: partial input not completed");
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn an_encapsulation_does_not_depend_on_what_the_headroom_held() {
+        // UMEM frames are reused: the headroom an outer header lands in holds an earlier
+        // frame's bytes, here a VLAN TPID (0x8100) at every even offset.
+        for v6 in [false, true] {
+            let f = client_frame(v6, false, b"data");
+            for (name, _, rewrite) in rewrites().into_iter().skip(3) {
+                let (_, clean) = rewritten(&f, &*rewrite);
+                let p = parse(&f).unwrap().unwrap();
+                let mut buf: Vec<u8> = (0..HEADROOM + f.len() + 64)
+                    .map(|i| if i % 2 == 0 { 0x81 } else { 0 })
+                    .collect();
+                buf[HEADROOM..HEADROOM + f.len()].copy_from_slice(&f);
+                let mut frame = Frame::new(&mut buf, HEADROOM, f.len());
+                rewrite(&mut frame, &p);
+                assert_eq!(frame.data(), &clean[..], "{name} v6={v6}");
             }
         }
     }
