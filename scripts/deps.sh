@@ -19,7 +19,7 @@ packages=(clang llvm libelf-dev zlib1g-dev libpcap-dev libbpf-dev pkg-config m4 
           systemd lintian)
 missing=()
 for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  grep -q "install ok installed" <<<"$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" || missing+=("$p")
 done
 
 if [ ${#missing[@]} -gt 0 ]; then

@@ -28,15 +28,19 @@ field() { dpkg-deb --field "$deb" "$1"; }
 [ "$(field Package)" = strait ] || fail "Package: $(field Package)"
 [ "$(field Architecture)" = amd64 ] || fail "Architecture: $(field Architecture)"
 [ "$(field Recommends)" = "bird2, keepalived" ] || fail "Recommends: $(field Recommends)"
-field Depends | grep -q libc6 || fail "Depends: $(field Depends)"
+# No early-exit reader (`grep -q`, `head`) behind a pipe in this script: under pipefail, a
+# writer still writing when its reader has gone fails the pipeline with SIGPIPE (141), as
+# chance decides. Outputs are captured whole and then tested.
+grep -q libc6 <<<"$(field Depends)" || fail "Depends: $(field Depends)"
 # The synopsis (the Description's first line) is whole: the crate's description, under 80
 # characters, not a longer one cargo-deb wrapped mid-sentence into the long description.
-synopsis=$(field Description | head -1)
+description=$(field Description)
+synopsis=${description%%$'\n'*}
 crate=$(sed -n 's/^description = "\(.*\)"$/\1/p' control/Cargo.toml)
 [ "$synopsis" = "$crate" ] && [ ${#synopsis} -lt 80 ] \
   || fail "Description's synopsis \"$synopsis\" is not control/Cargo.toml's description under 80 characters"
-field Description | sed -n 2p | grep -q "Strait is an edge load balancer" \
-  || fail "Description's long part is not the extended description: $(field Description)"
+grep -q "Strait is an edge load balancer" <<<"$(sed -n 2p <<<"$description")" \
+  || fail "Description's long part is not the extended description: $description"
 
 # What the binary's own help lists is what the man pages must cover.
 tmp=$(mktemp -d)
@@ -64,7 +68,10 @@ lintian_rc=0
 lintian --fail-on error,warning "$deb" >"$tmp/lintian.log" 2>&1 || lintian_rc=$?
 grep -v "running with root privileges" "$tmp/lintian.log" >&2 || true
 [ "$lintian_rc" -eq 0 ] || fail "lintian"
-conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)
+# Through a file: tar may stop at the archive's end blocks before dpkg-deb has written the
+# padding after them, which a pipe would turn into SIGPIPE.
+dpkg-deb --ctrl-tarfile "$deb" >"$tmp/control.tar"
+conffiles=$(tar -xOf "$tmp/control.tar" ./conffiles)
 for c in /etc/strait/strait.toml /etc/default/strait; do
   grep -qxF "$c" <<<"$conffiles" || fail "$c is not a conffile"
 done
@@ -85,9 +92,10 @@ dpkg_root() {
     "$@" >"$tmp/dpkg.log" 2>&1 || { cat "$tmp/dpkg.log" >&2; fail "dpkg $*"; }
 }
 dpkg_root -i "$deb"
-dpkg-query --root="$root" -s strait | grep -qx "Status: install ok installed" || fail "not installed"
+grep -qx "Status: install ok installed" <<<"$(dpkg-query --root="$root" -s strait)" \
+  || fail "not installed"
 
-"$root/usr/sbin/strait" --version | grep -qx "strait $(field Version | sed 's/-[^-]*$//')" \
+grep -qx "strait $(field Version | sed 's/-[^-]*$//')" <<<"$("$root/usr/sbin/strait" --version)" \
   || fail "strait --version: $("$root/usr/sbin/strait" --version)"
 "$root/usr/sbin/strait" check --config "$root/etc/strait/strait.toml" >/dev/null \
   || fail "strait check of the installed configuration"
@@ -119,7 +127,7 @@ for page in "$root"/usr/share/man/man8/strait*.8.gz; do
   out=$(MANWIDTH=80 man -l "$page" 2>&1) || fail "man -l $page: $out"
   grep -q "^NAME" <<<"$out" || fail "$page renders without NAME: $out"
 done
-MANWIDTH=80 man -l "$root/usr/share/man/man8/strait.8.gz" | grep -q "strait-run(8)" \
+grep -q "strait-run(8)" <<<"$(MANWIDTH=80 man -l "$root/usr/share/man/man8/strait.8.gz")" \
   || fail "strait(8) does not list strait-run(8)"
 
 # An upgrade (the same files under a later version) keeps an edited conffile.
@@ -130,7 +138,8 @@ sed -i "s/^Version: .*/Version: $(field Version).1/" "$tmp/next/DEBIAN/control"
 dpkg-deb --root-owner-group -Znone -b "$tmp/next" "$tmp/next.deb" >/dev/null
 dpkg_root -i "$tmp/next.deb"
 cmp -s "$root/etc/strait/strait.toml" "$tmp/edited.toml" || fail "the upgrade overwrote the edited conffile"
-dpkg-query --root="$root" -s strait | grep -qx "Version: $(field Version).1" || fail "not upgraded"
+grep -qx "Version: $(field Version).1" <<<"$(dpkg-query --root="$root" -s strait)" \
+  || fail "not upgraded"
 
 # Removal keeps the configuration; purge takes it and the unit's enablement.
 dpkg_root -r strait
