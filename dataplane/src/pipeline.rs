@@ -285,7 +285,7 @@ impl Pipeline {
         assert!(verdicts.len() >= frames.len(), "one verdict per frame");
         self.settle(t);
         // A core that is never idle never reaches the worker's idle sweep: expire here, at
-        // the table's pace (one comparison a batch while no step is due).
+        // the table's pace (two comparisons a batch while no step is due).
         self.flows.sweep_paced(now);
         // The one test a call pays for capture while none runs: a load and a branch that
         // always goes the same way; the capturing twin is out of line.

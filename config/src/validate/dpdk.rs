@@ -65,8 +65,6 @@ impl Checker {
         }
     }
 
-    /// One driver for every interface, distinct DPDK devices, and `[gateway.dpdk]` only
-    /// with DPDK interfaces.
     /// A DPDK port receives a frame into one mbuf of 2048 bytes: its MTU, which is
     /// `gateway.mtu`, leaves room for the Ethernet header and an 802.1Q tag.
     pub(super) fn dpdk_mtu(&mut self, interfaces: &[Interface], mtu: u16) {
@@ -84,6 +82,8 @@ impl Checker {
         }
     }
 
+    /// One driver for every interface, distinct DPDK devices, and `[gateway.dpdk]` only
+    /// with DPDK interfaces.
     pub(super) fn drivers_agree(&mut self, interfaces: &[Interface], dpdk: Option<&RawDpdk>) {
         if let Some(first) = interfaces.first() {
             for (i, iface) in interfaces.iter().enumerate().skip(1) {
