@@ -1,8 +1,14 @@
 //! `strait check` on a configuration with a DPDK interface: refused with the field and the
 //! build command by a build without the `dpdk` feature, accepted (and summarised with the
-//! device) by one with it. Runs the real binary; no root.
+//! device) by one with it; and a start that fails in EAL leaves no runtime directory (root,
+//! through the privileged tests' gate). Runs the real binary.
 
 use std::process::Command;
+
+use strait_testkit::privileged::{self as gate, Tool};
+
+/// util-linux's `unshare`, which runs the gateway in a network namespace of its own.
+const UNSHARE: Tool = ("unshare", "--version", "util-linux");
 
 #[test]
 fn strait_check_answers_for_a_dpdk_interface_as_the_build_allows() {
@@ -42,8 +48,14 @@ fn strait_check_answers_for_a_dpdk_interface_as_the_build_allows() {
 /// a network namespace of its own to run in); a build with the `dpdk` feature.
 #[test]
 fn a_start_that_fails_in_eal_removes_its_runtime_directory() {
-    if !cfg!(feature = "dpdk") || !is_root() {
-        eprintln!("SKIPPED: needs root and a build with --features dpdk");
+    if !cfg!(feature = "dpdk") {
+        eprintln!("SKIPPED: needs a build with --features dpdk");
+        return;
+    }
+    if !gate::privileged(
+        "a_start_that_fails_in_eal_removes_its_runtime_directory",
+        &[UNSHARE],
+    ) {
         return;
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -68,13 +80,4 @@ fn a_start_that_fails_in_eal_removes_its_runtime_directory() {
     assert!(stderr.contains("DPDK EAL init"), "{stderr}");
     let runtime = std::path::Path::new("/var/run/dpdk").join(&prefix);
     assert!(!runtime.exists(), "{} left behind", runtime.display());
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|l| l.split_whitespace().next())
-            == Some("0")
-    })
 }
