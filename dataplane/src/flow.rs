@@ -1174,8 +1174,12 @@ impl FlowTable {
     /// other buckets of its group, in order.
     #[inline(always)]
     fn empty_way(&self, b: usize) -> Option<(usize, usize)> {
-        if let Some(w) = self.tags(b).iter().position(|&t| t == 0) {
-            return Some((b, w));
+        // Branch-free, one compare of the 8 tags with 0: a loop that stops at the first empty
+        // way mispredicts whenever the bucket's fill differs from the last one's, which for
+        // new flows is most of the time (measured: 9 ns of a dsr-l2 SYN's 51, in cache).
+        let empty = tag_mask(self.tags(b), 0);
+        if empty != 0 {
+            return Some((b, empty.trailing_zeros() as usize));
         }
         self.tag_elsewhere(b, 0)
     }
