@@ -148,10 +148,21 @@ struct Staged {
     parsed: Parsed,
     hash: u64,
     svc: Option<Option<u32>>,
-    /// The Maglev slot of the frame's flow hash in its service's table, computed once in
-    /// staging for a frame that opens a connection (a SYN, an SCTP INIT) or whose flow
-    /// missed, and used again by the decision; `None` for other frames.
+    /// What staging computed for the decision of a frame that opens a connection or whose
+    /// flow missed.
+    ahead: Ahead,
+}
+
+/// What the staging pass computed for a frame's decision, so that the decision does not
+/// compute it again.
+#[derive(Clone, Copy, Debug, Default)]
+struct Ahead {
+    /// The Maglev slot of the frame's flow hash in its service's table, computed for a frame
+    /// that opens a connection (a SYN, an SCTP INIT) or whose flow missed; `None` for others.
     slot: Option<Slot>,
+    /// In nat mode, for a frame whose flow missed: the flow-table hash of its reply tuple
+    /// toward the backend in `slot` ([`warm_new_flow`]); 0 when not computed.
+    reply_hash: u64,
 }
 
 impl Staged {
@@ -182,8 +193,6 @@ pub struct Pipeline {
     /// A batch's first-pass results, [`BATCH`] of them; boxed so that the decision pass can
     /// take them out of `self` (a pointer swap) and read them in place.
     staged: Box<[Staged]>,
-    /// Per frame of the batch: the flow-table hash of a new nat flow's reply tuple, 0 if none.
-    reply_hashes: [u64; BATCH],
     /// This core's ends of flow sync with the peer gateways ([`crate::sync`]); `None` when
     /// sync is off.
     pub sync: Option<WorkerSync>,
@@ -237,12 +246,11 @@ impl Pipeline {
                     parsed: Parsed::default(),
                     hash: 0,
                     svc: None,
-                    slot: None,
+                    ahead: Ahead::default(),
                 };
                 BATCH
             ]
             .into_boxed_slice(),
-            reply_hashes: [0; BATCH],
             sync: None,
             capture: None,
             explain: None,
@@ -300,7 +308,7 @@ impl Pipeline {
             for ((f, v), st) in frames.iter_mut().zip(verdicts.iter_mut()).zip(&staged[..]) {
                 *v = match st.svc {
                     Some(Some(si)) => {
-                        self.finish_flow(t, now, ingress, f, &st.parsed, st.hash, si, st.slot)
+                        self.finish_flow(t, now, ingress, f, &st.parsed, st.hash, si, st.ahead)
                     }
                     _ => self.finish(t, now, ingress, f, st.parsed(), st.hash, st.svc),
                 };
@@ -358,7 +366,7 @@ impl Pipeline {
         for st in &mut self.staged[..frames.len()] {
             let h = flow_hash(st.parsed());
             st.hash = h;
-            st.slot = None;
+            st.ahead = Ahead::default();
             st.svc = None;
             let (Ok(Some(p)), true) = (st.parsed(), h != 0) else {
                 continue;
@@ -380,28 +388,24 @@ impl Pipeline {
                     // surely new, and will need its Maglev slot in pass 2 and its decision.
                     let slot = s.maglev.slot(maglev_hash(h));
                     s.maglev.prefetch(slot);
-                    st.slot = Some(slot);
+                    st.ahead.slot = Some(slot);
                 }
             }
             st.svc = Some(si);
         }
         let mut replies = false;
-        for (st, rh) in self.staged[..frames.len()]
-            .iter_mut()
-            .zip(self.reply_hashes.iter_mut())
-        {
-            *rh = 0;
+        for st in &mut self.staged[..frames.len()] {
             if st.hash != 0 && !self.flows.prefetch_entry(st.hash) {
                 if let Some(Some(si)) = st.svc {
-                    *rh = warm_new_flow(t, &self.flows, &st.parsed, st.hash, si, &mut st.slot);
-                    replies |= *rh != 0;
+                    let rh = warm_new_flow(t, &self.flows, &st.parsed, st.hash, si, &mut st.ahead);
+                    replies |= rh != 0;
                 }
             }
         }
         if replies {
-            for &rh in &self.reply_hashes[..frames.len()] {
-                if rh != 0 {
-                    self.flows.prefetch_entry(rh);
+            for st in &self.staged[..frames.len()] {
+                if st.ahead.reply_hash != 0 {
+                    self.flows.prefetch_entry(st.ahead.reply_hash);
                 }
             }
         }
@@ -484,11 +488,11 @@ impl Pipeline {
         p: &Parsed,
         fh: u64,
         si: u32,
-        slot: Option<Slot>,
+        ahead: Ahead,
     ) -> Verdict {
         debug_assert!(p.embedded.is_none() && p.frag == Frag::None);
         self.counters.rx += 1;
-        let v = self.decide_for_service(t, now, ingress, frame, p, fh, si, slot);
+        let v = self.decide_for_service(t, now, ingress, frame, p, fh, si, ahead);
         self.count(v, Some(p));
         v
     }
@@ -554,11 +558,11 @@ impl Pipeline {
         let Some(si) = si else {
             return self.maybe_reply(t, now, frame, p, fh);
         };
-        self.decide_for_service(t, now, ingress, frame, p, fh, si, None)
+        self.decide_for_service(t, now, ingress, frame, p, fh, si, Ahead::default())
     }
 
     /// The decision for a TCP, UDP or SCTP packet (or a fragment of one) to service `si`.
-    /// `slot`: the Maglev slot of `fh` in `si`'s table, if the staging pass computed it.
+    /// `ahead`: what the staging pass computed for the decision, if anything.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn decide_for_service(
@@ -570,7 +574,7 @@ impl Pipeline {
         p: &Parsed,
         fh: u64,
         si: u32,
-        slot: Option<Slot>,
+        ahead: Ahead,
     ) -> Verdict {
         let s = &t.services[si as usize];
         if !s.allows(&p.key.src) {
@@ -609,7 +613,7 @@ impl Pipeline {
         }
         let key = &p.key;
         debug_assert_eq!(fh, key.hash(SEED_FLOW));
-        let b = match self.established(t, s, key, fh, slot, now, p, frame) {
+        let b = match self.established(t, s, key, fh, ahead, now, p, frame) {
             Ok(b) => b,
             Err(v) => return v,
         };
@@ -627,7 +631,7 @@ impl Pipeline {
     }
 
     /// Finds or makes the flow's backend. `Err` carries a final verdict (no backend, nat
-    /// collision). `slot`: as in [`Pipeline::decide_for_service`].
+    /// collision). `ahead`: as in [`Pipeline::decide_for_service`].
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn established<'t>(
@@ -636,7 +640,7 @@ impl Pipeline {
         s: &Service,
         key: &FlowKey,
         fh: u64,
-        slot: Option<Slot>,
+        ahead: Ahead,
         now: u64,
         p: &Parsed,
         frame: &Frame<'_>,
@@ -685,7 +689,7 @@ impl Pipeline {
         let b = match self.affinity(t, s, p, now) {
             Some(b) => b,
             None => {
-                let slot = slot.unwrap_or_else(|| s.maglev.slot(maglev_hash(fh)));
+                let slot = ahead.slot.unwrap_or_else(|| s.maglev.slot(maglev_hash(fh)));
                 pick_at(t, s, slot).ok_or(Verdict::Drop(DropReason::NoBackend))?
             }
         };
@@ -700,7 +704,14 @@ impl Pipeline {
                 self.flows.remove(&reply_key(key, old));
             }
             let rkey = reply_key(key, b);
-            let rh = rkey.hash(SEED_FLOW);
+            // Staging hashed the reply tuple toward the backend of the same Maglev slot of
+            // the same table, which is `b` unless affinity chose (then it hashed nothing).
+            let rh = if ahead.reply_hash != 0 {
+                debug_assert_eq!(ahead.reply_hash, rkey.hash(SEED_FLOW));
+                ahead.reply_hash
+            } else {
+                rkey.hash(SEED_FLOW)
+            };
             let found = self.flows.lookup_hashed(&rkey, rh, now);
             let absent = found.is_none();
             if let Some(r) = found {
@@ -1055,8 +1066,8 @@ fn record(
 /// only after the Maglev choice, so otherwise a serial miss per new flow). Returns the reply
 /// tuple's hash in nat mode (so that the caller can prefetch its entry once the bucket is in),
 /// else 0. Pure reads: the decision itself is made later, in order, by [`Pipeline::step`].
-/// `slot` is the frame's Maglev slot if already computed; computed here otherwise, and kept
-/// for the decision.
+/// `ahead.slot` is the frame's Maglev slot if already computed; computed here otherwise.
+/// Both the slot and the reply tuple's hash are kept in `ahead` for the decision.
 #[inline(always)]
 fn warm_new_flow(
     t: &ServiceTable,
@@ -1064,7 +1075,7 @@ fn warm_new_flow(
     p: &Parsed,
     fh: u64,
     si: u32,
-    slot: &mut Option<Slot>,
+    ahead: &mut Ahead,
 ) -> u64 {
     let Some(s) = t.services.get(si as usize) else {
         return 0;
@@ -1072,7 +1083,9 @@ fn warm_new_flow(
     if s.affinity_secs != 0 {
         return 0;
     }
-    let slot = *slot.get_or_insert_with(|| s.maglev.slot(maglev_hash(fh)));
+    let slot = *ahead
+        .slot
+        .get_or_insert_with(|| s.maglev.slot(maglev_hash(fh)));
     let Some(b) = pick_at(t, s, slot) else {
         return 0;
     };
@@ -1082,6 +1095,7 @@ fn warm_new_flow(
     }
     let rh = reply_key(&p.key, b).hash(SEED_FLOW);
     flows.prefetch_bucket(rh);
+    ahead.reply_hash = rh;
     rh
 }
 
