@@ -1176,7 +1176,8 @@ impl FlowTable {
     fn empty_way(&self, b: usize) -> Option<(usize, usize)> {
         // Branch-free, one compare of the 8 tags with 0: a loop that stops at the first empty
         // way mispredicts whenever the bucket's fill differs from the last one's, which for
-        // new flows is most of the time (measured: 9 ns of a dsr-l2 SYN's 51, in cache).
+        // new flows is most of the time (docs/performance.md, "New flows: branches and
+        // chains").
         let empty = tag_mask(self.tags(b), 0);
         if empty != 0 {
             return Some((b, empty.trailing_zeros() as usize));
@@ -1184,7 +1185,7 @@ impl FlowTable {
         self.tag_elsewhere(b, 0)
     }
 
-    /// Bucket index (low bits) and tag (high 32 bits, never 0) of a hash.
+    /// Bucket index (low bits) and tag (high 16 bits, never 0) of a hash.
     #[inline(always)]
     fn split(&self, hash: u64) -> (usize, Tag) {
         let tag = (hash >> 48) as Tag;

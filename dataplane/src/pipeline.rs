@@ -269,7 +269,8 @@ impl Pipeline {
     ///    most likely), prefetch the way its insert will take and read its Maglev slot and
     ///    backend, and in nat mode prefetch the bucket of its reply tuple;
     /// 3. in nat mode, prefetch those reply tuples' entries (or insert ways);
-    /// 4. decide, in order, with each frame's hash, service and Maglev slot from passes 1-2.
+    /// 4. decide, in order, with each frame's hash, service, Maglev slot and (nat) reply
+    ///    tuple's hash from passes 1-2.
     ///
     /// Passes 1-3 only read; every decision is made in pass 4, so the verdicts are those of
     /// [`Pipeline::process`]. While a capture is armed ([`crate::capture`]), an out-of-line
