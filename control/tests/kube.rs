@@ -1440,6 +1440,48 @@ fn a_load_balancer_gets_an_address_status_and_backends_and_follows_scaling() {
 }
 
 #[test]
+fn a_410_after_a_long_outage_relists_at_once() {
+    // A back-off whose ceiling, 3.2 s, an outage of a few seconds reaches.
+    let (api, dir) = fake("gone-late");
+    api.apply(lb("web"));
+    api.apply(slice("web-a", "web", vec![ready("192.0.2.11", "n1")]));
+    let mut st = settings(Mode::Nat);
+    st.backoff = (Duration::from_millis(100), Duration::from_millis(3200));
+    let (src, rx) = start(&api, &dir, st);
+    until(&rx, 20, "the service", |l| {
+        backend_count(l, "default/web/") == Some(1)
+    });
+    eventually(10, "the watches", || api.watching(Res::EndpointSlices) == 1);
+
+    api.set_down(true);
+    eventually(10, "the source notices", || !src.stats().connected());
+    // Every attempt fails while the server is down: 0.1 + 0.2 + ... + 3.2 s, and the next
+    // step is the ceiling.
+    std::thread::sleep(Duration::from_secs(7));
+    api.apply(slice(
+        "web-a",
+        "web",
+        vec![ready("192.0.2.11", "n1"), ready("192.0.2.12", "n2")],
+    ));
+    api.expire();
+    let expired = src.stats().expired(Kind::EndpointSlices);
+    api.set_down(false);
+    // The first watch after the outage meets the compaction: 410 Gone.
+    eventually(10, "the slices' 410", || {
+        src.stats().expired(Kind::EndpointSlices) > expired
+    });
+    let gone_at = Instant::now();
+    until(&rx, 10, "the relisted slice", |l| {
+        backend_count(l, "default/web/") == Some(2)
+    });
+    let took = gone_at.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "published {took:?} after the 410: the relist waited a back-off step the outage grew"
+    );
+}
+
+#[test]
 fn a_410_relist_converges_and_drops_what_was_deleted_meanwhile() {
     let (api, dir) = fake("gone");
     api.apply(lb("web"));

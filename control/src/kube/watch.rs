@@ -5,7 +5,7 @@
 //! watcher(EndpointSlices) ─┼─► swapped in whole at InitDone (relists after 410 too);
 //! watcher(Nodes) ──────────┤   Apply / Delete: applied to the live set
 //! watcher(StraitAddressPools, Namespaces) ┘ (--kube-pool-objects: pools made again)
-//!        (kube-rs, back-off on errors)
+//!        (kube-rs; Paced: back-off on errors, none to speak of after a 410)
 //!                               │ every kind listed once?  no ─► publish nothing yet
 //!                               │ a Service changed? collect events 50 ms more
 //!                               ▼
@@ -29,15 +29,19 @@
 //! hand-made watcher events); [`run_source`] drives it from the API server.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
+use futures::stream::BoxStream;
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::utils::Backoff as KubeBackoff;
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::{json, Value};
 use tracing::{debug, info, warn};
@@ -175,6 +179,65 @@ impl KubeBackoff for Backoff {
     }
 }
 
+/// One kind's watch events with a back-off between failed attempts, as kube-rs'
+/// `StreamBackoff` paces them, but for 410 Gone: that is the API server answering (the
+/// watch's resource version was compacted away while it could not be reached), so the
+/// back-off starts again from its shortest step and the relist follows at once, instead of
+/// after the longest step an outage has grown it to (30 s by default) while the gateway
+/// forwards on a list it knows to be stale. A relist still waits that shortest step, so a
+/// server that answered every watch with 410 would not be asked in a loop.
+struct Paced {
+    stream: BoxStream<'static, WatchItem>,
+    backoff: Backoff,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// What a kind's watcher yields.
+type WatchItem = Result<watcher::Event<DynamicObject>, watcher::Error>;
+
+impl Paced {
+    fn new(stream: BoxStream<'static, WatchItem>, backoff: Backoff) -> Self {
+        Self {
+            stream,
+            backoff,
+            sleep: None,
+        }
+    }
+}
+
+impl Stream for Paced {
+    type Item = WatchItem;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<WatchItem>> {
+        let this = &mut *self;
+        if let Some(sleep) = &mut this.sleep {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            this.sleep = None;
+        }
+        let item = futures::ready!(this.stream.poll_next_unpin(cx));
+        match &item {
+            Some(Ok(_)) => this.backoff.reset(),
+            Some(Err(e)) => {
+                if gone(e) {
+                    this.backoff.reset();
+                }
+                let wait = this.backoff.next().unwrap_or(this.backoff.max);
+                this.sleep = Some(Box::pin(tokio::time::sleep(wait)));
+            }
+            None => {}
+        }
+        Poll::Ready(item)
+    }
+}
+
+/// Whether a watcher error is 410 Gone: the watch's resource version is too old, and the
+/// watcher relists.
+fn gone(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::WatchError(s) if s.code == 410)
+}
+
 /// Watches Services, EndpointSlices and Nodes through `client` and calls `publish` with
 /// the complete service list and its changes each time it changes, never before all three kinds are
 /// listed. Writes LoadBalancer status and Events on the way. Runs until the future is
@@ -195,10 +258,12 @@ where
     let stream = |kind: Kind, ar: ApiResource| {
         stats.watch(kind);
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-        watcher(api, watcher::Config::default())
-            .backoff(Backoff::new(settings.backoff))
-            .map(move |r| (kind, r))
-            .boxed()
+        Paced::new(
+            watcher(api, watcher::Config::default()).boxed(),
+            Backoff::new(settings.backoff),
+        )
+        .map(move |r| (kind, r))
+        .boxed()
     };
     let mut streams = vec![
         stream(Kind::Services, ApiResource::erase::<Service>(&())),
@@ -358,7 +423,7 @@ fn handle(
             changed
         }
         Err(e) => {
-            let expired = matches!(&e, watcher::Error::WatchError(s) if s.code == 410);
+            let expired = gone(&e);
             stats.error(kind, expired);
             if expired {
                 info!(
