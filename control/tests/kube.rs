@@ -1278,6 +1278,115 @@ fn malformed_watch_objects_are_counted() {
     assert_eq!(r.counts().get(&WarningKind::Malformed), Some(&1));
 }
 
+#[test]
+fn an_object_that_stops_parsing_keeps_its_last_good_version() {
+    let mut ctl = Controller::new(settings(Mode::Nat));
+    list(&mut ctl, Kind::Services, vec![lb("web"), lb("api")]);
+    list(&mut ctl, Kind::Nodes, three_nodes());
+    let web_a = slice(
+        "web-a",
+        "web",
+        vec![ready("192.0.2.11", "n1"), ready("192.0.2.12", "n2")],
+    );
+    list(&mut ctl, Kind::EndpointSlices, vec![web_a]);
+    let before = ctl.reconcile().unwrap();
+    let seen = |r: &kubemodel::Round| -> Vec<(String, IpAddr, usize)> {
+        r.services
+            .iter()
+            .map(|s| (s.name.clone(), s.vip, s.backends.len()))
+            .collect()
+    };
+    let count = |r: &kubemodel::Round, prefix: &str| {
+        r.services
+            .iter()
+            .find(|s| s.name.starts_with(prefix))
+            .map(|s| s.backends.len())
+    };
+    let web = seen(&before);
+    let mut bad = lb("web");
+    bad["spec"]["ports"] = json!("not a list");
+    let mut bad_slice = slice("web-a", "web", vec![ready("192.0.2.11", "n1")]);
+    bad_slice["endpoints"] = json!(7);
+
+    // Updates that do not parse: the Service, its address and its endpoints stay.
+    ctl.apply(Kind::Services, Event::Apply(dynamic(bad.clone())));
+    ctl.apply(
+        Kind::EndpointSlices,
+        Event::Apply(dynamic(bad_slice.clone())),
+    );
+    // A Service that asks for an address now finds web's taken, as before.
+    ctl.apply(Kind::Services, Event::Apply(dynamic(lb("new"))));
+    let r = ctl.reconcile().unwrap();
+    assert_eq!(r.counts().get(&WarningKind::Malformed), Some(&2));
+    assert!(
+        r.notices
+            .iter()
+            .any(|n| n.reason == "Malformed" && n.regarding.name.as_deref() == Some("web")),
+        "a Malformed Event on the kept Service: {:?}",
+        r.notices
+    );
+    for w in r
+        .warnings
+        .iter()
+        .filter(|w| w.kind == WarningKind::Malformed)
+    {
+        assert!(
+            w.message.ends_with("its last good version stays in effect"),
+            "{w:?}"
+        );
+    }
+    let now = seen(&r);
+    for s in &web {
+        assert!(now.contains(s), "{s:?} kept: {now:?}");
+    }
+    let new = now
+        .iter()
+        .find(|s| s.0.starts_with("default/new/"))
+        .unwrap();
+    assert!(
+        web.iter().all(|s| s.1 != new.1),
+        "the new Service took no kept address: {now:?}"
+    );
+
+    // A relist that still meets them keeps them too.
+    list(&mut ctl, Kind::Services, vec![bad, lb("api"), lb("new")]);
+    list(&mut ctl, Kind::EndpointSlices, vec![bad_slice]);
+    let r = ctl.reconcile().unwrap();
+    for s in &web {
+        assert!(seen(&r).contains(s), "{s:?} kept across the relist");
+    }
+
+    // Parsing again takes effect; deleting removes.
+    ctl.apply(
+        Kind::EndpointSlices,
+        Event::Apply(dynamic(slice(
+            "web-a",
+            "web",
+            vec![ready("192.0.2.11", "n1")],
+        ))),
+    );
+    let r = ctl.reconcile().unwrap();
+    assert_eq!(count(&r, "default/web/"), Some(1));
+    assert_eq!(r.counts().get(&WarningKind::Malformed), Some(&1));
+    ctl.apply(Kind::Services, Event::Delete(dynamic(lb("web"))));
+    let r = ctl.reconcile().unwrap();
+    assert_eq!(count(&r, "default/web/"), None);
+    assert_eq!(r.counts().get(&WarningKind::Malformed), None);
+
+    // An object that never parsed is left out, as ever.
+    let mut never = lb("never");
+    never["spec"]["ports"] = json!("not a list");
+    ctl.apply(Kind::Services, Event::Apply(dynamic(never)));
+    let r = ctl.reconcile().unwrap();
+    assert_eq!(count(&r, "default/never/"), None);
+    let w = r
+        .warnings
+        .iter()
+        .find(|w| w.kind == WarningKind::Malformed)
+        .unwrap();
+    assert!(!w.message.contains("last good"), "{w:?}");
+}
+
 // ---- command line -------------------------------------------------------------------
 
 #[derive(Debug, clap::Parser)]

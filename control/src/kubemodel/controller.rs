@@ -76,6 +76,13 @@ impl Kind {
 }
 
 /// One kind's objects: the live set, and a set being built during a (re)list.
+///
+/// An object that does not parse as its kind is left out and named in `bad` (a warning
+/// each round). One that parsed before keeps its last good version in the live set: an
+/// update the gateway cannot read (a field of a newer API version, say) does not take a
+/// Service off the air or give its address to another, nor an EndpointSlice's endpoints
+/// or a Node's address away; the object takes effect again once it parses, and goes when
+/// it is deleted.
 #[derive(Debug)]
 struct Store<T> {
     live: BTreeMap<String, T>,
@@ -95,7 +102,23 @@ impl<T> Default for Store<T> {
     }
 }
 
-impl<T: DeserializeOwned + kube::Resource> Store<T> {
+impl<T> Store<T> {
+    /// A warning per object that does not parse, saying when its last good version stays
+    /// in effect.
+    fn malformed<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = Warning> + 'a {
+        self.bad.iter().map(move |(key, err)| Warning {
+            kind: WarningKind::Malformed,
+            object: format!("{kind} {key}"),
+            message: if self.live.contains_key(key) {
+                format!("does not parse: {err}; its last good version stays in effect")
+            } else {
+                format!("does not parse: {err}")
+            },
+        })
+    }
+}
+
+impl<T: DeserializeOwned + kube::Resource + Clone> Store<T> {
     /// Applies one watcher event; returns whether the live set changed.
     fn apply(&mut self, event: watcher::Event<DynamicObject>) -> bool {
         match event {
@@ -112,6 +135,10 @@ impl<T: DeserializeOwned + kube::Resource> Store<T> {
                         live.insert(key, v);
                     }
                     Err(e) => {
+                        // The relist replaces the live set: carry its last good version.
+                        if let Some(v) = self.live.get(&key) {
+                            live.insert(key.clone(), v.clone());
+                        }
                         bad.insert(key, e.to_string());
                     }
                 }
@@ -132,7 +159,7 @@ impl<T: DeserializeOwned + kube::Resource> Store<T> {
                         self.live.insert(key, v);
                     }
                     Err(e) => {
-                        self.live.remove(&key);
+                        // The live set keeps the last good version, if any.
                         self.bad.insert(key, e.to_string());
                     }
                 }
@@ -572,20 +599,13 @@ impl Controller {
         );
         let mut warnings = self.translation.warnings();
         warnings.extend(self.pool_warnings.iter().cloned());
-        for (kind, store) in [
-            ("service", &self.services.bad),
-            ("endpointslice", &self.slices.bad),
-            ("node", &self.nodes.bad),
-            ("straitaddresspool", &self.pool_objects.bad),
-        ] {
-            for (key, err) in store {
-                warnings.push(Warning {
-                    kind: WarningKind::Malformed,
-                    object: format!("{kind} {key}"),
-                    message: format!("does not parse: {err}"),
-                });
-            }
-        }
+        warnings.extend(
+            self.services
+                .malformed("service")
+                .chain(self.slices.malformed("endpointslice"))
+                .chain(self.nodes.malformed("node"))
+                .chain(self.pool_objects.malformed("straitaddresspool")),
+        );
         // What translation left out of a Service is an Event on it too, given once while it
         // stands (its own deduper: this runs every round, the plan's only when it is made).
         let mut left_out = Vec::new();
