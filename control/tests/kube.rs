@@ -2986,21 +2986,27 @@ fn what_translation_leaves_out_of_a_service_is_an_event_on_it_once() {
 
     // Fixed, then broken again the same way within minutes: the Event's series grows, no
     // new Event.
-    let mut fixed = lb("odd");
-    fixed["spec"]["loadBalancerSourceRanges"] = json!(["198.51.100.0/24"]);
-    api.apply(fixed);
+    let fixed_again = || {
+        let mut fixed = lb("odd");
+        fixed["spec"]["loadBalancerSourceRanges"] = json!(["198.51.100.0/24"]);
+        fixed
+    };
+    let odd_port = || {
+        let mut again = lb("odd");
+        again["spec"]["ports"] = json!([
+            { "name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080 },
+            { "name": "x", "port": 9, "protocol": "DCCP", "nodePort": 30081 }
+        ]);
+        again
+    };
+    api.apply(fixed_again());
     until(&rx, 10, "the fixed Service served", |l| {
         l.iter().any(|s| {
             s.name.starts_with("default/odd/")
                 && s.source_ranges == ["198.51.100.0/24".parse::<ipnet::IpNet>().unwrap()]
         })
     });
-    let mut again = lb("odd");
-    again["spec"]["ports"] = json!([
-        { "name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080 },
-        { "name": "x", "port": 9, "protocol": "DCCP", "nodePort": 30081 }
-    ]);
-    api.apply(again);
+    api.apply(odd_port());
     eventually(10, "the series", || {
         api.events().iter().any(|e| {
             e["reason"] == "UnsupportedProtocol" && e["series"]["count"].as_i64() == Some(2)
@@ -3015,4 +3021,25 @@ fn what_translation_leaves_out_of_a_service_is_an_event_on_it_once() {
         "{:?}",
         api.events()
     );
+
+    // The server dropped its Events meanwhile (its event TTL): the next repeat cannot
+    // extend the series, and is an Event again.
+    api.expire_events();
+    api.apply(fixed_again());
+    until(&rx, 10, "fixed again", |l| {
+        l.iter().any(|s| {
+            s.name.starts_with("default/odd/")
+                && s.source_ranges == ["198.51.100.0/24".parse::<ipnet::IpNet>().unwrap()]
+        })
+    });
+    api.apply(odd_port());
+    eventually(10, "a new Event", || {
+        has_event(&api, "UnsupportedProtocol", "odd")
+    });
+    let ev = api
+        .events()
+        .into_iter()
+        .find(|e| e["reason"] == "UnsupportedProtocol")
+        .unwrap();
+    assert!(ev["series"].is_null(), "{ev}");
 }

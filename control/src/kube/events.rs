@@ -93,21 +93,31 @@ impl Emitter {
             posted.retain(|_, p| p.last + SERIES_TTL > now);
             posted.get(&key).cloned()
         };
-        let posted = match repeat {
-            Some(p) => {
-                let count = p.count + 1;
-                let patch = serde_json::json!({
-                    "series": EventSeries { count, last_observed_time: MicroTime(now) },
-                });
-                Api::<Event>::namespaced(self.client.clone(), &p.namespace)
-                    .patch(&p.name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?;
-                Posted {
-                    count,
-                    last: now,
-                    ..p
+        let mut posted = None;
+        if let Some(p) = repeat {
+            let count = p.count + 1;
+            let patch = serde_json::json!({
+                "series": EventSeries { count, last_observed_time: MicroTime(now) },
+            });
+            let patched = Api::<Event>::namespaced(self.client.clone(), &p.namespace)
+                .patch(&p.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+            match patched {
+                Ok(_) => {
+                    posted = Some(Posted {
+                        count,
+                        last: now,
+                        ..p
+                    })
                 }
+                // Gone meanwhile (deleted, or expired by the API server's event TTL): the
+                // repeat starts a new Event.
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e),
             }
+        }
+        let posted = match posted {
+            Some(p) => p,
             None => {
                 let ev = self.event(n, note, now);
                 let namespace = ev.metadata.namespace.clone().unwrap_or_default();

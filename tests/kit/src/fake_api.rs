@@ -440,6 +440,12 @@ impl FakeApi {
         self.shared.lock().events.clone()
     }
 
+    /// Drops every stored Event, as an API server's event TTL does: a later PATCH of one
+    /// gets 404.
+    pub fn expire_events(&self) {
+        self.shared.lock().events.clear();
+    }
+
     /// `METHOD path?query` of every request so far.
     pub fn requests(&self) -> Vec<String> {
         self.shared.lock().requests.clone()
