@@ -1369,6 +1369,42 @@ fn start_with_token(
     (src, rx)
 }
 
+/// A list the API server keeps refusing (here: RBAC without `list` on EndpointSlices) is
+/// asked again after a back-off that grows, not at its shortest step every time.
+#[test]
+fn a_refused_list_is_retried_with_a_growing_back_off() {
+    let (api, dir) = fake("refused-list");
+    let mut role = deployed_cluster_role();
+    for rule in role["rules"].as_array_mut().unwrap() {
+        let slices = rule["resources"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|x| x == "endpointslices"));
+        if slices {
+            rule["verbs"] = json!(["get"]);
+        }
+    }
+    let token = format!("strait-refused-{}", std::process::id());
+    api.authorize(&token, &role);
+    // Back-off from 100 ms doubling to 800 ms.
+    let (_src, _rx) = start_with_token(&api, &dir, settings(), &token);
+    let lists = || {
+        api.denied()
+            .iter()
+            .filter(|r| r.contains("endpointslices") && !r.contains("watch="))
+            .count()
+    };
+    eventually(10, "the first refused list", || lists() >= 1);
+    std::thread::sleep(Duration::from_secs(5));
+    // 0.1 + 0.2 + 0.4 + 0.8 + 0.8 ... s: about 9 in 5 s (jitter shortens a step by up to a
+    // quarter); at the shortest step every time it would be about 60.
+    let n = lists();
+    assert!(
+        (3..=20).contains(&n),
+        "{n} refused lists in 5 s: {:#?}",
+        api.denied()
+    );
+}
+
 #[test]
 fn namespace_selectors_pick_namespaces_by_label_with_match_expressions() {
     let obj = |spec: Value| -> StraitAddressPool {

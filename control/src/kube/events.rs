@@ -77,8 +77,7 @@ impl Emitter {
     /// When the API server refuses or cannot be reached.
     pub async fn emit(&self, n: &Notice) -> Result<(), kube::Error> {
         let now = Timestamp::now();
-        // The API refuses notes above 1 kB.
-        let note: String = n.message.chars().take(1000).collect();
+        let note = note_of(&n.message);
         let key = SeriesKey {
             namespace: n.regarding.namespace.clone(),
             name: n.regarding.name.clone(),
@@ -176,5 +175,34 @@ impl Emitter {
             ),
             ..Event::default()
         }
+    }
+}
+
+/// The longest note the API takes (1 kB, counted in bytes).
+const NOTE_MAX: usize = 1024;
+
+/// `message` cut to [`NOTE_MAX`] bytes at a character boundary.
+fn note_of(message: &str) -> String {
+    let mut end = message.len().min(NOTE_MAX);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_note_is_cut_to_the_apis_bytes_at_a_character_boundary() {
+        assert_eq!(note_of("short"), "short");
+        let ascii = "a".repeat(2000);
+        assert_eq!(note_of(&ascii).len(), NOTE_MAX);
+        // Three bytes a character: 1024 is not a boundary, 1023 is.
+        let wide = "\u{20ac}".repeat(500);
+        let cut = note_of(&wide);
+        assert_eq!(cut.len(), 1023);
+        assert!(cut.chars().all(|c| c == '\u{20ac}'));
     }
 }

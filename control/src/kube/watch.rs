@@ -218,6 +218,9 @@ impl Stream for Paced {
         }
         let item = futures::ready!(this.stream.poll_next_unpin(cx));
         match &item {
+            // Not on `Init`: kube-rs says it before it sends the list request, so a list that
+            // keeps failing would otherwise wait the shortest step every time.
+            Some(Ok(watcher::Event::Init)) => {}
             Some(Ok(_)) => this.backoff.reset(),
             Some(Err(e)) => {
                 if gone(e) {

@@ -130,13 +130,17 @@ impl<T: DeserializeOwned + kube::Resource + Clone> Store<T> {
                 // An InitApply without Init does not happen; start a set if it does.
                 let (live, bad) = self.next.get_or_insert_with(Default::default);
                 let key = object_key(&o.metadata);
+                let uid = o.metadata.uid.clone();
                 match o.try_parse::<T>() {
                     Ok(v) => {
                         live.insert(key, v);
                     }
                     Err(e) => {
-                        // The relist replaces the live set: carry its last good version.
-                        if let Some(v) = self.live.get(&key) {
+                        // The relist replaces the live set: carry its last good version, if
+                        // it is this object's (not one deleted and made again under its name
+                        // while the watch was away).
+                        let same = |v: &&T| uid.is_some() && v.meta().uid == uid;
+                        if let Some(v) = self.live.get(&key).filter(same) {
                             live.insert(key.clone(), v.clone());
                         }
                         bad.insert(key, e.to_string());
@@ -611,6 +615,16 @@ impl Controller {
         let mut left_out = Vec::new();
         for w in &warnings {
             if let Some(svc) = self.warned_service(&w.object) {
+                // An update the gateway cannot read of a Service it does not serve (a
+                // ClusterIP Service, another controller's load balancer) is not its to report.
+                let served = || {
+                    w.object
+                        .strip_prefix("service ")
+                        .is_some_and(|k| self.translation.publishes(k))
+                };
+                if w.kind == WarningKind::Malformed && !served() {
+                    continue;
+                }
                 left_out.push(pool::service_notice(
                     svc,
                     NoticeType::Warning,

@@ -97,6 +97,16 @@ impl Incremental {
         self.out.values()
     }
 
+    /// Whether Service `key` (`namespace/name`) has a translated service: the gateway
+    /// serves it.
+    pub fn publishes(&self, key: &str) -> bool {
+        let prefix = format!("{key}/");
+        self.out
+            .range(prefix.clone()..)
+            .next()
+            .is_some_and(|(name, _)| name.starts_with(&prefix))
+    }
+
     /// Everything left out, sorted, each once.
     pub fn warnings(&self) -> Vec<Warning> {
         let mut w: Vec<Warning> = self.node_warnings.values().flatten().cloned().collect();
@@ -179,7 +189,7 @@ impl Incremental {
         users.into_iter().collect()
     }
 
-    /// Takes Node `name` as it is now (`None`: deleted or unparsable). Returns `None` when
+    /// Takes Node `name` as it is now (`None`: deleted, or never parsed). Returns `None` when
     /// nothing translation reads of it changed (its projection and its warnings: a
     /// heartbeat, say), else the keys of the Services that read it (to mark dirty; empty
     /// when only its warnings changed).
@@ -242,7 +252,7 @@ impl Incremental {
         }
     }
 
-    /// Takes EndpointSlice `key` as it is now (`None`: deleted or unparsable); returns the
+    /// Takes EndpointSlice `key` as it is now (`None`: deleted, or never parsed); returns the
     /// keys of the Services it was and is labelled for (to mark dirty).
     pub fn set_slice(&mut self, key: &str, slice: Option<&EndpointSlice>) -> Vec<String> {
         let mut touched = Vec::new();
