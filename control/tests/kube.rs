@@ -3027,13 +3027,15 @@ fn what_translation_leaves_out_of_a_service_is_an_event_on_it_once() {
         ]);
         again
     };
-    api.apply(fixed_again());
-    until(&rx, 10, "the fixed Service served", |l| {
+    // The fixed Service served: the bad notices are gone.
+    let fixed_served = |l: &[model::Service]| {
         l.iter().any(|s| {
             s.name.starts_with("default/odd/")
                 && s.source_ranges == ["198.51.100.0/24".parse::<ipnet::IpNet>().unwrap()]
         })
-    });
+    };
+    api.apply(fixed_again());
+    until(&rx, 10, "the fixed Service served", fixed_served);
     api.apply(odd_port());
     eventually(10, "the series", || {
         api.events().iter().any(|e| {
@@ -3054,12 +3056,7 @@ fn what_translation_leaves_out_of_a_service_is_an_event_on_it_once() {
     // extend the series, and is an Event again.
     api.expire_events();
     api.apply(fixed_again());
-    until(&rx, 10, "fixed again", |l| {
-        l.iter().any(|s| {
-            s.name.starts_with("default/odd/")
-                && s.source_ranges == ["198.51.100.0/24".parse::<ipnet::IpNet>().unwrap()]
-        })
-    });
+    until(&rx, 10, "fixed again", fixed_served);
     api.apply(odd_port());
     eventually(10, "a new Event", || {
         has_event(&api, "UnsupportedProtocol", "odd")
