@@ -4,19 +4,23 @@
 //! killed) half-way through allocating its flow tables.
 //!
 //! The large parts are the ones each worker allocates up front so that the packet path never
-//! allocates: its flow table, its UMEM, its hand-off rings and its capture ring; and the
-//! Maglev tables of the services, which the live table and the builder's cache may each hold.
+//! allocates: its flow table, its UMEM, its hand-off rings and its capture ring; the Maglev
+//! tables of the services, which the live table and the builder's cache may each hold; and
+//! each AF_XDP interface's copy of its steering maps (in the kernel and in this process).
 
 use std::fmt;
 
 use strait_config::model::Config;
+use strait_config::model::Driver;
 use strait_dataplane::capture::RING_BYTES;
 use strait_dataplane::flow::{BackendEntries, FlowTable, BACKEND_SLOTS};
 use strait_dataplane::maglev;
 use strait_dataplane::pipeline::NEW_FLOW_SLOTS;
 use strait_dataplane::sync::{RECORD_BYTES, SYNC_SLOTS};
 use strait_dataplane::traffic::Traffic;
-use strait_dataplane::xsk::{HandoffConfig, FRAME_COUNT, FRAME_SIZE, HANDOFF_SLOTS};
+use strait_dataplane::xsk::{
+    HandoffConfig, FRAME_COUNT, FRAME_SIZE, HANDOFF_SLOTS, STEER_COPY_BYTES,
+};
 
 /// Bytes a configuration takes, by part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +46,9 @@ pub struct Footprint {
     /// Capture rings (`strait capture`): one per worker, [`RING_BYTES`] each, allocated at
     /// start so that a capture allocates nothing on the workers' side.
     pub capture: u64,
+    /// The steering program's copy of its frontend and nat-backend maps: one per AF_XDP
+    /// interface, [`STEER_COPY_BYTES`] each (two arrays in the kernel, their shadow here).
+    pub steering: u64,
 }
 
 impl Footprint {
@@ -84,6 +91,13 @@ impl Footprint {
                     + (BACKEND_SLOTS * size_of::<BackendEntries>()) as u64,
             ),
             capture: workers.saturating_mul(RING_BYTES),
+            steering: (cfg
+                .gateway
+                .interfaces
+                .iter()
+                .filter(|i| matches!(i.driver, Driver::AfXdp))
+                .count() as u64)
+                .saturating_mul(STEER_COPY_BYTES),
         }
     }
 
@@ -96,6 +110,7 @@ impl Footprint {
             .saturating_add(self.maglev)
             .saturating_add(self.counters)
             .saturating_add(self.capture)
+            .saturating_add(self.steering)
     }
 
     /// Refuses a footprint larger than `available` bytes (the machine's memory), naming
@@ -154,7 +169,11 @@ impl fmt::Display for Footprint {
             mib(self.capture),
             mib(self.maglev),
             mib(self.counters)
-        )
+        )?;
+        if self.steering > 0 {
+            write!(f, "; steering copies {}", mib(self.steering))?;
+        }
+        Ok(())
     }
 }
 
@@ -203,9 +222,19 @@ mod tests {
         // incarnation, 16 per direction), backends' services (8), new flows (8), failed
         // connection attempts (16) and flow-table entries (8).
         assert_eq!(f.counters, 2 * 65_536 * (2 * (4 + 2 * 16) + 8 + 8 + 16 + 8));
+        // Two AF_XDP interfaces: two arrays of 2^18 24-byte slots each in the kernel, and
+        // their 20-byte shadow.
+        assert_eq!(f.steering, 2 * (2 * 262_144 * 24 + 262_144 * 20));
         assert_eq!(
             f.total(),
-            f.flow_tables + f.umem + f.handoff + f.sync + f.maglev + f.counters + f.capture,
+            f.flow_tables
+                + f.umem
+                + f.handoff
+                + f.sync
+                + f.maglev
+                + f.counters
+                + f.capture
+                + f.steering,
             "{f}"
         );
     }

@@ -21,9 +21,19 @@
 //
 // Userspace (dataplane/src/xsk/prog.rs) writes `port` before attaching, keeps the lookup maps
 // equal to the current service table and puts each AF_XDP socket into `xsks` at its queue
-// index. Keys hold
-// addresses in the pipeline's key form: 16 bytes, IPv4 as IPv4-mapped IPv6 (::ffff:a.b.c.d);
-// ports in network byte order, as on the wire.
+// index. Keys hold addresses in the pipeline's key form: 16 bytes, IPv4 as IPv4-mapped IPv6
+// (::ffff:a.b.c.d); ports in network byte order, as on the wire.
+//
+// The hash maps `frontends` and `nat_backends` are the authority; `fast` holds a copy of both
+// in an open-addressed array, which every frame to a service asks first. A hash map's lookup
+// is a call into the kernel (hashing, then a memcmp call on a hit); an array's is inlined by
+// the verifier into a bounds check and an add, so a probe of `fast` is a few loads and
+// compares. A key found in the copy is in its map (or was, until the swap that takes it out
+// returns); a key not found (an empty slot first, FAST_PROBES slots read, or no array in
+// `fast`) is asked of the map. So the copy only speeds up what the maps answer: a key not yet
+// copied, or one that did not fit, costs the map's lookup. Userspace
+// (dataplane/src/xsk/fast.rs) keeps two such arrays and changes only the one not in `fast`,
+// then swaps it in, so a frame sees one whole array.
 //
 // Parsing mirrors dataplane/src/wire/parse.rs: Ethernet II with at most one 802.1Q tag,
 // IPv4 (options allowed), IPv6 with at most MAX_EXT extension headers. Every loop is bounded
@@ -67,13 +77,23 @@
 #define ICMPV6_PARAMPROB_ 4
 
 // Key of `frontends` and `nat_backends`: 20 bytes, no implicit padding
-// (xsk::prog::endpoint_key builds the same bytes).
+// (xsk::prog::endpoint_key builds the same bytes). `kind` is 0 in the hash maps and the
+// key's FAST_ kind in `fast`, where an all-zero slot is empty.
 struct endpoint_key {
 	__u8 addr[16];
 	__be16 port;
 	__u8 proto;
-	__u8 pad;
+	__u8 kind;
 };
+
+// Kinds of key in `fast` (xsk::fast::Kind).
+#define FAST_FRONTEND 1
+#define FAST_NAT_BACKEND 2
+// Slots of a `fast` array, a power of two (xsk::fast::SLOTS): 2^18.
+#define FAST_SLOTS_LOG2 18
+#define FAST_SLOTS (1 << FAST_SLOTS_LOG2)
+// Slots a probe of `fast` reads before asking the hash map (xsk::fast::PROBES).
+#define FAST_PROBES 8
 
 // Key of `vips`.
 struct vip_key {
@@ -141,6 +161,22 @@ struct {
 	__type(key, struct vip_key);
 	__type(value, __u32);
 } vips SEC(".maps");
+
+// One copy of `frontends` and `nat_backends`, open-addressed (see the top of the file).
+struct fast_array {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, FAST_SLOTS);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(struct endpoint_key));
+};
+
+// The copy in use, at index 0; none until userspace puts one in.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, struct fast_array);
+} fast SEC(".maps");
 
 // The gateway's own addresses. A packet from a nat backend's service port to one of them is
 // the gateway's own traffic (a health check's reply), not a nat reply: the kernel's.
@@ -253,6 +289,61 @@ static __always_inline int is_vip(const __u8 *addr)
 	return bpf_map_lookup_elem(&vips, &k) != NULL;
 }
 
+// Home slot of `k` in a `fast` array (xsk::fast::home computes the same): the key's
+// five native-endian 32-bit words folded with a multiply each, the top bits taken.
+static __always_inline __u32 fast_home(const struct endpoint_key *k)
+{
+	const __u32 *w = (const __u32 *)k;
+	const __u64 m = 0x9e3779b97f4a7c15ULL;
+	__u64 h = w[0];
+
+	h = h * m ^ w[1];
+	h = h * m ^ w[2];
+	h = h * m ^ w[3];
+	h = h * m ^ w[4];
+	h *= m;
+	return h >> (64 - FAST_SLOTS_LOG2);
+}
+
+// Whether `k` (its `kind` set) is in the array `arr` of `fast` (NULL for none): found before
+// an empty slot, within FAST_PROBES slots of its home.
+static __always_inline int fast_has(void *arr, const struct endpoint_key *k)
+{
+	const __u32 *w = (const __u32 *)k;
+	__u32 home;
+	int i;
+
+	if (!arr)
+		return 0;
+	home = fast_home(k);
+	for (i = 0; i < FAST_PROBES; i++) {
+		__u32 idx = (home + i) & (FAST_SLOTS - 1);
+		const __u32 *s = bpf_map_lookup_elem(arr, &idx);
+
+		if (!s)
+			return 0;
+		if (!((s[0] ^ w[0]) | (s[1] ^ w[1]) | (s[2] ^ w[2]) | (s[3] ^ w[3]) |
+		      (s[4] ^ w[4])))
+			return 1;
+		// Only an empty slot has a zero kind, the top byte of the last word.
+		if (!(s[4] >> 24))
+			return 0;
+	}
+	return 0;
+}
+
+// Whether `k` is in `fast` under `kind`, or else in `map` (where `kind` is 0). Leaves
+// `k->kind` 0.
+static __always_inline int has_endpoint(void *arr, void *map, struct endpoint_key *k, __u8 kind)
+{
+	int found;
+
+	k->kind = kind;
+	found = fast_has(arr, k);
+	k->kind = 0;
+	return found || bpf_map_lookup_elem(map, k) != NULL;
+}
+
 // Parses IPv4 at `l3`; on success sets `f` and returns the transport header, else NULL.
 static __always_inline void *parse_v4(void *l3, void *end, struct flow *f)
 {
@@ -324,8 +415,9 @@ int strait_steer(struct xdp_md *ctx)
 	void *l3, *l4;
 	__u16 ethertype;
 	__be16 tci = 0;
-	__u32 slot;
+	__u32 slot, zero = 0;
 	__u8 *ports;
+	void *arr;
 
 	if ((void *)(eth + 1) > end)
 		return malformed();
@@ -359,14 +451,15 @@ int strait_steer(struct xdp_md *ctx)
 		ports = l4;
 		if ((void *)(ports + 4) > end)
 			return malformed();
+		arr = bpf_map_lookup_elem(&fast, &zero);
 		__builtin_memcpy(k.addr, f.dst, 16);
 		__builtin_memcpy(&k.port, ports + 2, 2);
 		k.proto = f.proto;
-		if (bpf_map_lookup_elem(&frontends, &k))
+		if (has_endpoint(arr, &frontends, &k, FAST_FRONTEND))
 			return redirect(ctx, STAT_FRONTEND);
 		__builtin_memcpy(k.addr, f.src, 16);
 		__builtin_memcpy(&k.port, ports, 2);
-		if (bpf_map_lookup_elem(&nat_backends, &k)) {
+		if (has_endpoint(arr, &nat_backends, &k, FAST_NAT_BACKEND)) {
 			struct vip_key d;
 
 			__builtin_memcpy(d.addr, f.dst, 16);

@@ -59,12 +59,12 @@ use std::time::{Duration, Instant};
 
 use etherparse::{Icmpv4Type, IpNumber, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
-use libbpf_rs::{MapCore, MapHandle};
+use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use packet_socket::PacketSocket;
 use strait_config::model::{self, Mode};
 use strait_dataplane::flow::FlowState;
 use strait_dataplane::flow::Timeouts;
-use strait_dataplane::key::{addr_bytes, Addr, Proto};
+use strait_dataplane::key::{addr_bytes, is_v4, v4_mapped, v4_unmapped, Addr, Proto};
 use strait_dataplane::pipeline::{owner_core, Pipeline};
 use strait_dataplane::stats::{Counters, DropReason};
 use strait_dataplane::sync::{flags as sync_flags, mesh, RecordKind, SyncCounters, SyncRecord};
@@ -2080,6 +2080,8 @@ struct KernelMaps {
     nat_backends: MapHandle,
     vips: MapHandle,
     locals: MapHandle,
+    /// The outer map of the program's open-addressed copy of the first two.
+    fast: MapHandle,
 }
 
 impl KernelMaps {
@@ -2104,7 +2106,30 @@ impl KernelMaps {
             nat_backends: take("nat_backends")?,
             vips: take("vips")?,
             locals: take("locals")?,
+            fast: take("fast")?,
         })
+    }
+
+    /// The array in `fast`, if any.
+    fn fast_array(&self) -> Option<MapHandle> {
+        let id = self
+            .fast
+            .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
+            .ok()??;
+        let id = u32::from_ne_bytes(id.try_into().expect("an inner map id"));
+        Some(MapHandle::from_map_id(id).expect("the fast array"))
+    }
+
+    /// The keys of the array in `fast`, each with its kind byte (1 frontend, 2 nat backend);
+    /// `None` when `fast` holds no array.
+    fn read_fast(&self) -> Option<BTreeSet<Vec<u8>>> {
+        let array = self.fast_array()?;
+        Some(
+            (0..array.max_entries())
+                .filter_map(|i| array.lookup(&i.to_ne_bytes(), MapFlags::ANY).ok()?)
+                .filter(|k| k.iter().any(|&b| b != 0))
+                .collect(),
+        )
     }
 
     fn read(&self) -> SteerKeys {
@@ -2466,7 +2491,107 @@ fn follow(
         .update_maps(t)
         .map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
     prop_assert_eq!(again, MapSync::default(), "the same table again");
+    check_fast(prog, maps, &want)
+}
+
+/// The program's open-addressed copy holds the frontends and nat backends of `want` and
+/// nothing else, but for the keys that did not fit; and the program steers every key of
+/// `want` and nothing next to them ([`steers_every_key`]).
+fn check_fast(
+    prog: &mut SteerProgram,
+    maps: &KernelMaps,
+    want: &SteerKeys,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    use proptest::{prop_assert, prop_assert_eq};
+    let mut wanted = BTreeSet::new();
+    for (keys, kind) in [(&want.frontends, 1), (&want.nat_backends, 2)] {
+        for k in keys {
+            let mut k = k.clone();
+            k[19] = kind;
+            wanted.insert(k);
+        }
+    }
+    let copy = maps.read_fast();
+    prop_assert!(copy.is_some(), "no array in fast");
+    let copy = copy.unwrap_or_default();
+    let extra: Vec<String> = copy.difference(&wanted).map(|k| key_text(k)).collect();
+    prop_assert!(extra.is_empty(), "fast holds keys nobody wants: {extra:?}");
+    prop_assert_eq!(
+        copy.len() + prog.fast_overflow(),
+        wanted.len(),
+        "keys in fast, and those that did not fit"
+    );
+    steers_every_key(prog, want)
+}
+
+/// The program, run on a frame to every frontend and from every nat backend of `want`, steers
+/// it (to no socket: none is registered), and passes the same frame with the port moved.
+fn steers_every_key(
+    prog: &mut SteerProgram,
+    want: &SteerKeys,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    use proptest::{prop_assert, prop_assert_eq};
+    let mac = prog.mac().0;
+    let client = v4_mapped([198, 51, 100, 77]);
+    for (keys, to) in [(&want.frontends, true), (&want.nat_backends, false)] {
+        for k in keys {
+            let addr = Addr(k[..16].try_into().expect("16 bytes"));
+            let port = u16::from_be_bytes([k[16], k[17]]);
+            let proto = k[18];
+            let frame = |port: u16| {
+                if to {
+                    l4_frame(mac, &client, 40000, &addr, port, proto)
+                } else {
+                    l4_frame(mac, &addr, port, &client, 40000, proto)
+                }
+            };
+            // Only a frame the program would redirect counts in `no_socket`; stray frames on
+            // the interface (neighbour discovery) count elsewhere.
+            let got = prog
+                .classify(&frame(port))
+                .map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(got.no_socket, 1, "frame for {}: {:?}", key_text(k), got);
+            let moved = port ^ 0x8000;
+            let mut other = k.clone();
+            other[16..18].copy_from_slice(&moved.to_be_bytes());
+            if !keys.contains(&other) {
+                let got = prog
+                    .classify(&frame(moved))
+                    .map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+                prop_assert!(
+                    got.no_socket == 0 && got.passed >= 1,
+                    "frame for {} with port {}: {:?}",
+                    key_text(k),
+                    moved,
+                    got
+                );
+            }
+        }
+    }
     Ok(())
+}
+
+/// An Ethernet frame to `mac` carrying an IPv4 or IPv6 packet (by the addresses' form) of
+/// protocol `proto` from `src`:`sport` to `dst`:`dport`, with 8 bytes of transport header:
+/// all the steering program reads.
+fn l4_frame(mac: [u8; 6], src: &Addr, sport: u16, dst: &Addr, dport: u16, proto: u8) -> Vec<u8> {
+    let mut f = mac.to_vec();
+    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x99]);
+    let l4: Vec<u8> = [sport.to_be_bytes(), dport.to_be_bytes(), [0, 8], [0, 0]].concat();
+    match (is_v4(src), is_v4(dst)) {
+        (true, true) => {
+            f.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, proto, 0, 0]);
+            f.extend_from_slice(&v4_unmapped(src));
+            f.extend_from_slice(&v4_unmapped(dst));
+        }
+        _ => {
+            f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0, 0, 8, proto, 64]);
+            f.extend_from_slice(&src.0);
+            f.extend_from_slice(&dst.0);
+        }
+    }
+    f.extend_from_slice(&l4);
+    f
 }
 
 /// A full map. The frontends map is filled to its kernel capacity; then (1) a table that
@@ -2508,6 +2633,12 @@ fn steering_maps_recover_from_a_full_map() {
         let none = SteerKeys::default();
         follow(prog, maps, &full, &none).expect("a full map takes all it holds");
         assert_eq!(maps.read().frontends.len(), cap);
+        // Without its copy the program asks the hash maps, and steers the same.
+        maps.fast
+            .delete(&0u32.to_ne_bytes())
+            .expect("take the copy out of fast");
+        assert!(maps.read_fast().is_none());
+        steers_every_key(prog, &wanted_keys(&full)).expect("the hash maps alone steer every key");
 
         // (1) One out, one in: the insert is refused, the delete makes room, the retry fits.
         let x0 = service("x0".into(), 30, 1);
@@ -2566,6 +2697,40 @@ fn steering_maps_recover_from_a_full_map() {
         );
         follow(prog, maps, &freed, &before).expect("the refused key goes in once there is room");
         assert_eq!(maps.read().frontends.len(), cap - 1);
+
+        // The program reads the copy: a key only the copy holds, written into every empty
+        // slot (so whatever its home, its probe meets it), is steered. Last, as it leaves the
+        // copy unlike the maps.
+        let array = maps.fast_array().expect("a copy in fast");
+        let only = {
+            let mut k = endpoint_key_bytes(&v4_mapped([203, 0, 113, 99]), 9, Proto(17));
+            k[19] = 1;
+            k
+        };
+        for i in 0..array.max_entries() {
+            let slot = array
+                .lookup(&i.to_ne_bytes(), MapFlags::ANY)
+                .expect("read a slot")
+                .expect("an array slot");
+            if slot.iter().all(|&b| b == 0) {
+                array
+                    .update(&i.to_ne_bytes(), &only, MapFlags::ANY)
+                    .expect("write a slot");
+            }
+        }
+        let client = v4_mapped([198, 51, 100, 77]);
+        let mac = prog.mac().0;
+        let got = prog
+            .classify(&l4_frame(
+                mac,
+                &client,
+                40000,
+                &v4_mapped([203, 0, 113, 99]),
+                9,
+                17,
+            ))
+            .expect("run the program");
+        assert_eq!(got.no_socket, 1, "a key only the copy holds: {got:?}");
     });
 }
 

@@ -144,6 +144,31 @@ impl XdpProgram {
         })
     }
 
+    /// Runs the program once on `frame` (`BPF_PROG_TEST_RUN`, nothing sent) and returns its
+    /// XDP action.
+    ///
+    /// # Errors
+    /// [`XskError::Bpf`] when the kernel refuses the run.
+    pub fn test_run(&mut self, frame: &[u8]) -> Result<u32, XskError> {
+        let iface = &self.iface;
+        let bpf = |source| XskError::Bpf {
+            iface: iface.clone(),
+            call: "test run",
+            source,
+        };
+        let name = self.program;
+        let prog = self
+            .obj
+            .progs_mut()
+            .find(|p| p.name() == name)
+            .ok_or_else(|| bpf(std::io::Error::new(std::io::ErrorKind::NotFound, name).into()))?;
+        let input = libbpf_rs::ProgramInput {
+            data_in: Some(frame),
+            ..Default::default()
+        };
+        prog.test_run(input).map(|o| o.return_value).map_err(bpf)
+    }
+
     /// Removes whatever XDP program is on the interface (in either mode) and attaches ours as
     /// `policy` allows.
     ///

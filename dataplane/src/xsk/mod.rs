@@ -63,6 +63,7 @@
 #![allow(unsafe_code)]
 
 mod attach;
+mod fast;
 mod group;
 mod handoff;
 mod mmap;
@@ -75,6 +76,7 @@ pub mod worker;
 use std::io;
 
 pub use attach::{Aligned, AttachMode, AttachPolicy, XdpProgram};
+pub use fast::BYTES as STEER_COPY_BYTES;
 pub use group::{Accounting, GroupConfig, QueueGroup, MAX_GROUP_PORTS};
 pub use handoff::{Handoff, HandoffConfig, HandoffError, HandoffRx, HandoffTx, HANDOFF_SLOTS};
 pub use prog::{MapSync, SteerCounters, SteerProgram, SteerStats};

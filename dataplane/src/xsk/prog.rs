@@ -23,6 +23,9 @@
 //! The counts follow each table in memory before any map call is made, and whether each key
 //! is in its kernel map is booked apart: a map call that fails (a full map) leaves its key
 //! pending, to be retried by the next call, and nothing diverged that would need a recount.
+//!
+//! The keys that went into or out of `frontends` and `nat_backends` then go into or out of
+//! the program's array copy of the two ([`super::fast`]), which it asks before them.
 
 use std::fmt;
 use std::hash::Hash;
@@ -34,6 +37,7 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use strait_config::model::Mode;
 
 use super::attach::{Aligned, AttachMode, AttachPolicy, XdpProgram};
+use super::fast::{self, EndpointKey, FastCopy};
 use super::{QueueSocket, XskError};
 use crate::embedded_object;
 use crate::key::{Addr, Proto};
@@ -45,9 +49,6 @@ static OBJECT: &Aligned<[u8]> = embedded_object!("steer");
 
 /// Name of the XDP function in `steer.bpf.c`.
 const PROGRAM: &str = "strait_steer";
-
-/// Bytes of an `endpoint_key`: address (16, key form), port (2, network order), protocol, pad.
-type EndpointKey = [u8; 20];
 
 /// The key `steer.bpf.c` uses for `frontends` and `nat_backends`.
 fn endpoint_key(addr: &Addr, port: u16, proto: Proto) -> EndpointKey {
@@ -112,6 +113,21 @@ impl SteerCounters {
         self.passed_total() + self.redirected()
     }
 
+    /// What each counter gained since `before` (an earlier reading of the same counters).
+    pub fn since(&self, before: &SteerCounters) -> SteerCounters {
+        SteerCounters {
+            passed: self.passed.wrapping_sub(before.passed),
+            frontend: self.frontend.wrapping_sub(before.frontend),
+            nat_reply: self.nat_reply.wrapping_sub(before.nat_reply),
+            icmp_error: self.icmp_error.wrapping_sub(before.icmp_error),
+            fragment: self.fragment.wrapping_sub(before.fragment),
+            other_host: self.other_host.wrapping_sub(before.other_host),
+            vlan: self.vlan.wrapping_sub(before.vlan),
+            malformed: self.malformed.wrapping_sub(before.malformed),
+            no_socket: self.no_socket.wrapping_sub(before.no_socket),
+        }
+    }
+
     /// Every counter as (verdict, reason, frames): verdict `"pass"` or `"redirect"`, reason
     /// the field's name (`"kernel"` for [`Self::passed`]).
     pub fn by_reason(&self) -> [(&'static str, &'static str, u64); Self::SLOTS] {
@@ -158,6 +174,8 @@ pub struct SteerProgram {
     nat_backends: Synced<EndpointKey>,
     vips: Synced<[u8; 16]>,
     locals: Synced<[u8; 16]>,
+    /// The copy of `frontends` and `nat_backends` the program asks first.
+    fast: FastCopy,
     stats: MapHandle,
     /// What the port accepts (`port_conf`).
     port: MapHandle,
@@ -219,6 +237,9 @@ struct Synced<K> {
     /// Keys whose count crossed zero, or whose map call failed, since they last agreed with
     /// the kernel map: the only keys [`Synced::apply`] looks at.
     pending: HashSet<K>,
+    /// Keys that went into the kernel map (true) or out of it (false), in order, since the
+    /// owner last drained this.
+    changed: Vec<(K, bool)>,
     update: &'static str,
     delete: &'static str,
 }
@@ -239,6 +260,7 @@ impl<K: AsRef<[u8]> + Eq + Hash + Copy> Synced<K> {
             map,
             keys: HashMap::new(),
             pending: HashSet::new(),
+            changed: Vec::new(),
             update,
             delete,
         }
@@ -303,6 +325,7 @@ impl<K: AsRef<[u8]> + Eq + Hash + Copy> Synced<K> {
             map,
             keys,
             pending,
+            changed,
             update,
             delete,
         } = self;
@@ -315,6 +338,7 @@ impl<K: AsRef<[u8]> + Eq + Hash + Copy> Synced<K> {
                 match insert(map, k) {
                     Ok(()) => {
                         st.in_map = true;
+                        changed.push((*k, true));
                         n.added += 1;
                     }
                     Err(e) => refused.push((*k, e)),
@@ -329,11 +353,15 @@ impl<K: AsRef<[u8]> + Eq + Hash + Copy> Synced<K> {
                 match map.delete(k.as_ref()) {
                     Ok(()) => {
                         st.in_map = false;
+                        changed.push((*k, false));
                         n.removed += 1;
                         freed = true;
                     }
                     // Someone else took it out: it is gone, as wanted.
-                    Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => st.in_map = false,
+                    Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => {
+                        st.in_map = false;
+                        changed.push((*k, false));
+                    }
                     Err(e) => {
                         delete_error.get_or_insert(e);
                     }
@@ -346,6 +374,7 @@ impl<K: AsRef<[u8]> + Eq + Hash + Copy> Synced<K> {
                     if let Some(st) = keys.get_mut(k) {
                         st.in_map = true;
                     }
+                    changed.push((*k, true));
                     n.added += 1;
                     false
                 }
@@ -410,6 +439,7 @@ impl SteerProgram {
         );
         let vips = Synced::new(prog.map("vips")?, "update vips", "delete vips");
         let locals = Synced::new(prog.map("locals")?, "update locals", "delete locals");
+        let fast = FastCopy::new(prog.map("fast")?);
         // A program left by an earlier run (or anyone else) in either mode blocks ours:
         // `attach` removes it first.
         let mode = prog.attach(policy)?;
@@ -422,6 +452,7 @@ impl SteerProgram {
             nat_backends,
             vips,
             locals,
+            fast,
             stats,
             port,
             mac,
@@ -530,16 +561,57 @@ impl SteerProgram {
         }
         self.locals.end_recount();
         let mut n = MapSync::default();
+        let frontends = self.frontends.apply(&self.iface, &mut n);
+        let nat_backends = self.nat_backends.apply(&self.iface, &mut n);
+        // The copy follows what the two maps hold, calls that failed included.
+        let copy = self.fast.shadow_mut();
+        for (synced, kind) in [
+            (&mut self.frontends, fast::Kind::Frontend),
+            (&mut self.nat_backends, fast::Kind::NatBackend),
+        ] {
+            for (k, held) in synced.changed.drain(..) {
+                if held {
+                    copy.insert(fast::key(k, kind));
+                } else {
+                    copy.remove(&fast::key(k, kind));
+                }
+            }
+        }
+        let fast = self.fast.sync(&self.iface);
         let results = [
-            self.frontends.apply(&self.iface, &mut n),
-            self.nat_backends.apply(&self.iface, &mut n),
+            frontends,
+            nat_backends,
+            fast,
             self.vips.apply(&self.iface, &mut n),
             self.locals.apply(&self.iface, &mut n),
         ];
+        // Nothing copies these two.
+        self.vips.changed.clear();
+        self.locals.changed.clear();
         match results.into_iter().find_map(Result::err) {
             Some(e) => Err(e),
             None => Ok(n),
         }
+    }
+
+    /// Keys of the copy in `fast` that did not fit within the probe bound of their home slot
+    /// (the program finds them in the hash maps, one lookup call more per frame).
+    pub fn fast_overflow(&self) -> usize {
+        self.fast.overflowed()
+    }
+
+    /// Runs the attached program once on `frame`, as if it had arrived on queue 0, without
+    /// sending anything (`BPF_PROG_TEST_RUN`), and returns how its counters moved meanwhile:
+    /// by one, in the counter of the frame's verdict ([`SteerCounters::no_socket`] for a frame
+    /// it would redirect, while no socket is registered for queue 0), plus whatever frames
+    /// the interface received in the same moments.
+    ///
+    /// # Errors
+    /// [`XskError::Bpf`] when the kernel refuses the run or the counters cannot be read.
+    pub fn classify(&mut self, frame: &[u8]) -> Result<SteerCounters, XskError> {
+        let before = self.counters()?;
+        self.prog.test_run(frame)?;
+        Ok(self.counters()?.since(&before))
     }
 
     /// Counts the services of `t` that `prev` lacks in, and those of `prev` that `t` lacks
