@@ -78,13 +78,14 @@
 
 // Key of `frontends` and `nat_backends`: 20 bytes, no implicit padding
 // (xsk::prog::endpoint_key builds the same bytes). `kind` is 0 in the hash maps and the
-// key's FAST_ kind in `fast`, where an all-zero slot is empty.
+// key's FAST_ kind in `fast`, where an all-zero slot is empty. 4-aligned, as `fast` reads it
+// as five 32-bit words (the verifier refuses a misaligned stack read).
 struct endpoint_key {
 	__u8 addr[16];
 	__be16 port;
 	__u8 proto;
 	__u8 kind;
-};
+} __attribute__((aligned(4)));
 
 // Kinds of key in `fast` (xsk::fast::Kind).
 #define FAST_FRONTEND 1
@@ -325,8 +326,8 @@ static __always_inline int fast_has(void *arr, const struct endpoint_key *k)
 		if (!((s[0] ^ w[0]) | (s[1] ^ w[1]) | (s[2] ^ w[2]) | (s[3] ^ w[3]) |
 		      (s[4] ^ w[4])))
 			return 1;
-		// Only an empty slot has a zero kind, the top byte of the last word.
-		if (!(s[4] >> 24))
+		// Only an empty slot has a zero kind.
+		if (!((const struct endpoint_key *)s)->kind)
 			return 0;
 	}
 	return 0;

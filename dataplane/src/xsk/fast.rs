@@ -42,7 +42,8 @@ pub(super) type EndpointKey = [u8; 20];
 pub(super) const SLOTS: usize = 1 << 18;
 
 /// Memory one interface's copy takes: its two arrays in the kernel (a slot takes 24 bytes
-/// there, the key rounded up to 8) and the shadow in this process.
+/// there, the key rounded up to 8) and the shadow in this process (the slots; the keys that
+/// did not fit come on top, a few dozen bytes each).
 pub const BYTES: u64 = (2 * SLOTS * 24 + SLOTS * 20) as u64;
 
 /// Slots a probe reads from a key's home before the program asks the hash map
@@ -84,10 +85,10 @@ const EMPTY: EndpointKey = [0; 20];
 /// The array's contents in memory, and the slots changed since they were last written out.
 pub(super) struct Shadow {
     slots: Vec<EndpointKey>,
-    /// Where each placed key is.
-    at: HashMap<EndpointKey, usize>,
-    /// Keys that did not fit within [`PROBES`] slots of their home: the program finds them in
-    /// the hash map. Placed as soon as a slot of their window frees.
+    /// Full slots.
+    placed: usize,
+    /// Keys not placed: their window was full, or the array was at [`Shadow::cap`]. The
+    /// program finds them in the hash map. One is placed when a slot of its window frees.
     overflow: HashSet<EndpointKey>,
     /// The overflow by home slot.
     waiting: HashMap<usize, Vec<EndpointKey>>,
@@ -101,7 +102,7 @@ impl Shadow {
         assert!(slots.is_power_of_two() && slots >= PROBES);
         Self {
             slots: vec![EMPTY; slots],
-            at: HashMap::new(),
+            placed: 0,
             overflow: HashSet::new(),
             waiting: HashMap::new(),
             dirty: Vec::new(),
@@ -112,9 +113,31 @@ impl Shadow {
         self.slots.len() - 1
     }
 
+    /// The most keys placed: seven eighths of the slots. The maps may hold more keys than
+    /// there are slots; keeping an eighth empty keeps runs short, so that a removal's walk to
+    /// the end of its run stays short too.
+    fn cap(&self) -> usize {
+        self.slots.len() - self.slots.len() / 8
+    }
+
+    /// The slot holding `k`, if placed: a key sits before any empty slot of its window.
+    fn find(&self, k: &EndpointKey) -> Option<usize> {
+        let h = home(k, self.slots.len());
+        for i in 0..PROBES {
+            let s = (h + i) & self.mask();
+            if self.slots[s] == *k {
+                return Some(s);
+            }
+            if self.slots[s] == EMPTY {
+                return None;
+            }
+        }
+        None
+    }
+
     /// Adds `k` (its kind set): in the first empty slot of its window, else to the overflow.
     pub(super) fn insert(&mut self, k: EndpointKey) {
-        if self.at.contains_key(&k) || self.overflow.contains(&k) {
+        if self.overflow.contains(&k) || self.find(&k).is_some() {
             return;
         }
         if !self.place(k) {
@@ -124,8 +147,12 @@ impl Shadow {
         }
     }
 
-    /// Puts `k` in the first empty slot of its window; false if the window is full.
+    /// Puts `k` in the first empty slot of its window; false if the window is full or the
+    /// array at its cap.
     fn place(&mut self, k: EndpointKey) -> bool {
+        if self.placed >= self.cap() {
+            return false;
+        }
         let h = home(&k, self.slots.len());
         let Some(s) = (0..PROBES)
             .map(|i| (h + i) & self.mask())
@@ -134,7 +161,7 @@ impl Shadow {
             return false;
         };
         self.slots[s] = k;
-        self.at.insert(k, s);
+        self.placed += 1;
         self.dirty.push(s);
         true
     }
@@ -142,7 +169,7 @@ impl Shadow {
     /// Takes `k` out. The keys after it in its run move back into the hole where that brings
     /// them no farther from home (backward shift), so no slot between a key's home and its
     /// slot is left empty; then an overflowed key whose window holds the one slot freed is
-    /// placed there.
+    /// placed.
     pub(super) fn remove(&mut self, k: &EndpointKey) {
         if self.overflow.remove(k) {
             let h = home(k, self.slots.len());
@@ -154,11 +181,12 @@ impl Shadow {
             }
             return;
         }
-        let Some(mut hole) = self.at.remove(k) else {
+        let Some(mut hole) = self.find(k) else {
             return;
         };
         let mask = self.mask();
         self.slots[hole] = EMPTY;
+        self.placed -= 1;
         self.dirty.push(hole);
         // The run after the hole ends at an empty slot; there is always one, the hole.
         let mut j = hole;
@@ -173,13 +201,12 @@ impl Shadow {
             if (hole.wrapping_sub(h) & mask) < (j.wrapping_sub(h) & mask) {
                 self.slots[hole] = kj;
                 self.slots[j] = EMPTY;
-                self.at.insert(kj, hole);
                 self.dirty.extend([hole, j]);
                 hole = j;
             }
         }
-        // The one slot freed: an overflowed key whose window holds it takes it (its window
-        // was full, so this is its first empty slot).
+        // The one slot freed: an overflowed key whose window holds it is placed (in it, or in
+        // an earlier empty slot of its window if it waited for the cap).
         for d in 0..PROBES {
             let h = hole.wrapping_sub(d) & mask;
             let Some(w) = self.waiting.get_mut(&h) else {
@@ -191,10 +218,7 @@ impl Shadow {
             }
             self.overflow.remove(&k);
             let placed = self.place(k);
-            debug_assert!(
-                placed,
-                "an overflowed key fits the freed slot of its window"
-            );
+            debug_assert!(placed, "a key fits the freed slot of its window");
             break;
         }
     }
@@ -247,7 +271,8 @@ pub(super) struct FastCopy {
     outer: MapHandle,
     shadow: Shadow,
     /// The two arrays and which one `fast` holds; `None` until the first sync, and after a
-    /// sync failed (then `fast` is empty and the next sync starts over with new arrays).
+    /// sync failed (then `fast` is emptied, unless that fails too, and the next sync starts
+    /// over with new arrays).
     arrays: Option<([MapHandle; 2], usize)>,
 }
 
@@ -377,7 +402,6 @@ mod tests {
     fn check(s: &Shadow) {
         let n = s.slots.len();
         for (slot, k) in s.full() {
-            assert_eq!(s.at.get(k), Some(&slot), "index of the key in slot {slot}");
             let h = home(k, n);
             let d = slot.wrapping_sub(h) & s.mask();
             assert!(d < PROBES, "slot {slot} is {d} from home {h}");
@@ -388,22 +412,17 @@ mod tests {
                     "hole before slot {slot}"
                 );
             }
+            assert_eq!(s.find(k), Some(slot));
         }
-        assert_eq!(s.at.len(), s.full().count());
+        assert_eq!(s.placed, s.full().count());
+        assert!(s.placed <= s.cap());
         assert_eq!(
             s.waiting.values().map(Vec::len).sum::<usize>(),
             s.overflow.len()
         );
         for k in &s.overflow {
-            let h = home(k, n);
-            assert!(s.waiting.get(&h).is_some_and(|w| w.contains(k)));
-            for i in 0..PROBES {
-                assert_ne!(
-                    s.slots[(h + i) & s.mask()],
-                    EMPTY,
-                    "free slot in a full window"
-                );
-            }
+            assert!(s.waiting.get(&home(k, n)).is_some_and(|w| w.contains(k)));
+            assert_eq!(s.find(k), None, "an overflowed key is also placed");
         }
     }
 
@@ -437,7 +456,7 @@ mod tests {
                 for n in 0..96 {
                     let p = s.probe(&k(n));
                     if held.contains(&n) {
-                        prop_assert!(p == Some(true) || (p.is_none() && s.overflow.contains(&k(n))), "key {n}: {p:?}");
+                        prop_assert!(p == Some(true) || s.overflow.contains(&k(n)), "key {n}: {p:?}");
                     } else {
                         prop_assert!(p != Some(true), "key {n} found though removed");
                     }

@@ -577,17 +577,15 @@ impl SteerProgram {
                 }
             }
         }
-        let fast = self.fast.sync(&self.iface);
-        let results = [
-            frontends,
-            nat_backends,
-            fast,
-            self.vips.apply(&self.iface, &mut n),
-            self.locals.apply(&self.iface, &mut n),
-        ];
+        // Before the copy's swap, which waits a grace period: these follow the table as
+        // soon as the other two maps do.
+        let vips = self.vips.apply(&self.iface, &mut n);
+        let locals = self.locals.apply(&self.iface, &mut n);
         // Nothing copies these two.
         self.vips.changed.clear();
         self.locals.changed.clear();
+        let fast = self.fast.sync(&self.iface);
+        let results = [frontends, nat_backends, vips, locals, fast];
         match results.into_iter().find_map(Result::err) {
             Some(e) => Err(e),
             None => Ok(n),
