@@ -411,8 +411,22 @@ impl Driver {
             return;
         };
         let mut complete = true;
-        for prog in &mut w.progs {
-            match prog.update_maps(table) {
+        // Each program's copy swap waits an RCU grace period: the interfaces wait together.
+        let results: Vec<_> = match w.progs.as_mut_slice() {
+            [prog] => vec![prog.update_maps(table)],
+            progs => std::thread::scope(|s| {
+                let updates: Vec<_> = progs
+                    .iter_mut()
+                    .map(|prog| s.spawn(move || prog.update_maps(table)))
+                    .collect();
+                updates
+                    .into_iter()
+                    .map(|u| u.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            }),
+        };
+        for result in results {
+            match result {
                 Ok(sync) if sync.added + sync.removed > 0 => info!(
                     added = sync.added,
                     removed = sync.removed,
