@@ -1503,6 +1503,14 @@ fn has_event(api: &FakeApi, reason: &str, name: &str) -> bool {
         .any(|e| e["reason"] == reason && e["regarding"]["name"] == name)
 }
 
+/// The first Event of `reason` the server holds.
+fn event(api: &FakeApi, reason: &str) -> serde_json::Value {
+    api.events()
+        .into_iter()
+        .find(|e| e["reason"] == reason)
+        .unwrap_or_else(|| panic!("no {reason} Event"))
+}
+
 fn backend_count(l: &[model::Service], prefix: &str) -> Option<usize> {
     l.iter()
         .find(|s| s.name.starts_with(prefix))
@@ -1758,11 +1766,7 @@ fn an_exhausted_pool_gives_an_event_and_a_freed_address_is_reused() {
                 && e["type"] == "Warning"
         })
     });
-    let ev = api
-        .events()
-        .into_iter()
-        .find(|e| e["reason"] == "PoolExhausted")
-        .unwrap();
+    let ev = event(&api, "PoolExhausted");
     assert!(
         ev["note"].as_str().unwrap().contains("203.0.113.16/30"),
         "{ev}"
@@ -2009,11 +2013,7 @@ fn a_request_of_the_wrong_family_is_refused_with_an_event() {
     eventually(10, "an AddressFamilyMismatch event", || {
         has_event(&api, "AddressFamilyMismatch", "v4")
     });
-    let ev = api
-        .events()
-        .into_iter()
-        .find(|e| e["reason"] == "AddressFamilyMismatch")
-        .unwrap();
+    let ev = event(&api, "AddressFamilyMismatch");
     assert_eq!(ev["type"], "Warning");
     assert!(
         ev["note"].as_str().unwrap().contains("SingleStack IPv4"),
@@ -2965,11 +2965,7 @@ fn what_translation_leaves_out_of_a_service_is_an_event_on_it_once() {
     for reason in ["UnsupportedProtocol", "BadSourceRange"] {
         eventually(10, reason, || has_event(&api, reason, "odd"));
     }
-    let ev = api
-        .events()
-        .into_iter()
-        .find(|e| e["reason"] == "UnsupportedProtocol")
-        .unwrap();
+    let ev = event(&api, "UnsupportedProtocol");
     assert_eq!(ev["type"], "Warning", "{ev}");
     assert!(ev["note"].as_str().unwrap().contains("DCCP"), "{ev}");
     assert!(
@@ -3061,10 +3057,6 @@ fn what_translation_leaves_out_of_a_service_is_an_event_on_it_once() {
     eventually(10, "a new Event", || {
         has_event(&api, "UnsupportedProtocol", "odd")
     });
-    let ev = api
-        .events()
-        .into_iter()
-        .find(|e| e["reason"] == "UnsupportedProtocol")
-        .unwrap();
+    let ev = event(&api, "UnsupportedProtocol");
     assert!(ev["series"].is_null(), "{ev}");
 }

@@ -30,6 +30,7 @@ use hashbrown::{HashMap, HashSet};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 
 use super::XskError;
+use crate::key::{Addr, Proto};
 
 /// A key of `frontends` or `nat_backends` (`struct endpoint_key` of `steer.bpf.c`): address
 /// (16, key form), port (2, network order), protocol, and the kind byte (0 in the hash maps).
@@ -57,6 +58,15 @@ pub(super) const PROBES: usize = 8;
 pub(super) enum Kind {
     Frontend = 1,
     NatBackend = 2,
+}
+
+/// The key `steer.bpf.c` uses for `frontends` and `nat_backends` (kind 0).
+pub(super) fn endpoint_key(addr: &Addr, port: u16, proto: Proto) -> EndpointKey {
+    let mut k = [0u8; 20];
+    k[..16].copy_from_slice(addr.octets());
+    k[16..18].copy_from_slice(&port.to_be_bytes());
+    k[18] = proto.0;
+    k
 }
 
 /// `k` as a key of the copy: its kind byte set.
@@ -120,7 +130,8 @@ impl Shadow {
         self.slots.len() - self.slots.len() / 8
     }
 
-    /// The slot holding `k`, if placed: a key sits before any empty slot of its window.
+    /// The slot holding `k`, if placed: a key sits before any empty slot of its window. The
+    /// program's probe, `fast_has` of `steer.bpf.c`, is this walk.
     fn find(&self, k: &EndpointKey) -> Option<usize> {
         let h = home(k, self.slots.len());
         for i in 0..PROBES {
@@ -244,24 +255,6 @@ impl Shadow {
     /// Keys that did not fit within their window.
     pub(super) fn overflowed(&self) -> usize {
         self.overflow.len()
-    }
-
-    /// Where the program's probe of `k` stops: `Some(true)` at the key, `Some(false)` at an
-    /// empty slot, `None` after [`PROBES`] full slots. Only the first is an answer; the
-    /// program asks the hash map otherwise.
-    #[cfg(test)]
-    fn probe(&self, k: &EndpointKey) -> Option<bool> {
-        let h = home(k, self.slots.len());
-        for i in 0..PROBES {
-            let s = &self.slots[(h + i) & self.mask()];
-            if s == k {
-                return Some(true);
-            }
-            if *s == EMPTY {
-                return Some(false);
-            }
-        }
-        None
     }
 }
 
@@ -396,6 +389,7 @@ fn swap_in(outer: &MapHandle, array: &MapHandle) -> Result<(), libbpf_rs::Error>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::v4_mapped;
     use proptest::prelude::*;
 
     /// The invariant the program's probe relies on, and the books' agreement with the slots.
@@ -427,13 +421,8 @@ mod tests {
     }
 
     fn k(n: u16) -> EndpointKey {
-        let mut k = [0u8; 20];
-        k[10] = 0xff;
-        k[11] = 0xff;
-        k[12..16].copy_from_slice(&[203, 0, 113, (n >> 8) as u8]);
-        k[16..18].copy_from_slice(&n.to_be_bytes());
-        k[18] = 6;
-        key(k, Kind::Frontend)
+        let addr = v4_mapped([203, 0, 113, (n >> 8) as u8]);
+        key(endpoint_key(&addr, n, Proto(6)), Kind::Frontend)
     }
 
     proptest! {
@@ -454,11 +443,11 @@ mod tests {
                 }
                 check(&s);
                 for n in 0..96 {
-                    let p = s.probe(&k(n));
+                    let at = s.find(&k(n));
                     if held.contains(&n) {
-                        prop_assert!(p == Some(true) || s.overflow.contains(&k(n)), "key {n}: {p:?}");
+                        prop_assert!(at.is_some() || s.overflow.contains(&k(n)), "key {n} lost");
                     } else {
-                        prop_assert!(p != Some(true), "key {n} found though removed");
+                        prop_assert!(at.is_none(), "key {n} found though removed");
                     }
                 }
             }
@@ -484,12 +473,7 @@ mod tests {
         // Pinned: a change here needs the same change to fast_home of steer.bpf.c, or every
         // probe misses (dataplane/tests/xsk.rs runs the program on every key to check that
         // the two agree). IPv4 198.51.100.10, port 80, TCP, a frontend.
-        let mut k = [0u8; 20];
-        k[10] = 0xff;
-        k[11] = 0xff;
-        k[12..16].copy_from_slice(&[198, 51, 100, 10]);
-        k[16..18].copy_from_slice(&80u16.to_be_bytes());
-        k[18] = 6;
+        let k = endpoint_key(&v4_mapped([198, 51, 100, 10]), 80, Proto(6));
         assert_eq!(home(&key(k, Kind::Frontend), 1 << 17), 122_482);
         assert!(home(&key(k, Kind::NatBackend), SLOTS) < SLOTS);
     }

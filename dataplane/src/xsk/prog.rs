@@ -37,10 +37,9 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use strait_config::model::Mode;
 
 use super::attach::{Aligned, AttachMode, AttachPolicy, XdpProgram};
-use super::fast::{self, EndpointKey, FastCopy};
+use super::fast::{self, endpoint_key, EndpointKey, FastCopy};
 use super::{QueueSocket, XskError};
 use crate::embedded_object;
-use crate::key::{Addr, Proto};
 use crate::table::{Service, ServiceTable};
 use crate::wire::ethernet::Address as Mac;
 
@@ -49,15 +48,6 @@ static OBJECT: &Aligned<[u8]> = embedded_object!("steer");
 
 /// Name of the XDP function in `steer.bpf.c`.
 const PROGRAM: &str = "strait_steer";
-
-/// The key `steer.bpf.c` uses for `frontends` and `nat_backends`.
-fn endpoint_key(addr: &Addr, port: u16, proto: Proto) -> EndpointKey {
-    let mut k = [0u8; 20];
-    k[..16].copy_from_slice(addr.octets());
-    k[16..18].copy_from_slice(&port.to_be_bytes());
-    k[18] = proto.0;
-    k
-}
 
 /// What [`SteerProgram::update_maps`] changed, over the lookup maps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -773,6 +763,7 @@ fn write_port(map: &MapHandle, iface: &str, conf: &PortConf) -> Result<(), XskEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::{Addr, Proto};
 
     #[test]
     fn endpoint_key_layout_matches_the_c_struct() {
