@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use strait_benches::{entries_per_flow, Bench, Traffic, BATCH};
+use strait_benches::{Bench, Traffic, BATCH};
 use strait_config::model::Mode;
 use strait_dataplane::pipeline::Pipeline;
 use strait_dataplane::sync::{mesh, ThreadEnds, SYNC_SLOTS};
@@ -34,9 +34,7 @@ fn bench_sync(c: &mut Criterion) {
     for mode in [Mode::DsrL2, Mode::Nat] {
         for (name, traffic, flows) in cases {
             let capacity = match traffic {
-                Traffic::Established | Traffic::Mix => {
-                    (flows * entries_per_flow(mode) * 4).next_power_of_two()
-                }
+                Traffic::Established | Traffic::Mix => (flows * 4usize).next_power_of_two(),
                 Traffic::Syn => 1 << 20,
             };
             for sync in [false, true] {

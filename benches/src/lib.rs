@@ -350,15 +350,6 @@ pub fn established_order(flows: usize) -> Vec<u64> {
     order
 }
 
-/// Flow-table entries a flow of `mode` takes: nat keeps a reply entry too.
-pub fn entries_per_flow(mode: Mode) -> usize {
-    if mode == Mode::Nat {
-        2
-    } else {
-        1
-    }
-}
-
 /// First flow number of SYN traffic: far above any established flow's, so a SYN never
 /// reuses an established 5-tuple.
 const SYN_BASE: u64 = 1 << 27;
@@ -801,19 +792,19 @@ mod tests {
         let mut b = Bench::new(Mode::Nat, Traffic::Mix, 50, flows, capacity);
         assert_eq!(
             b.pipe.flows.len(),
-            2 * flows,
-            "warmed: a flow and its reply entry"
+            flows,
+            "warmed: one entry a flow, replies included"
         );
         let before = b.pipe.flows.stats().inserts;
         for _ in 0..10 {
             let _ = b.batch();
         }
-        // 10,240 frames: 1,024 SYNs, each a flow and a reply entry.
-        assert_eq!(b.pipe.flows.stats().inserts - before, 2 * 1024);
+        // 10,240 frames: 1,024 SYNs, each a flow.
+        assert_eq!(b.pipe.flows.stats().inserts - before, 1024);
         for _ in 0..200 {
             let _ = b.batch();
             assert!(
-                b.pipe.flows.len() <= 2 * flows + capacity / 16 + 2 * BATCH,
+                b.pipe.flows.len() <= flows + capacity / 16 + BATCH,
                 "{}",
                 b.pipe.flows.len()
             );

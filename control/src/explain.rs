@@ -469,7 +469,7 @@ fn entry_line(e: &Value) -> String {
         Value::Null => format!("backend id {} (no longer in the table)", e["backend_id"]),
         b => s(b),
     };
-    // A reverse-nat entry keeps no age of its own: its forward entry's is the flow's.
+    // The reply's view of a nat flow's entry has no age (the flow's own view has it).
     let age = match &e["age_ms"] {
         Value::Null => String::new(),
         a => format!("age {}, ", secs(a)),
@@ -665,8 +665,8 @@ pub fn render(v: &Value) -> String {
                         out_port(r)
                     );
                     let held = match &r["reply_entry"] {
-                        Value::Null => "no reverse entry yet".to_string(),
-                        e => format!("reverse entry on core {}", e["core"]),
+                        Value::Null => "no entry yet".to_string(),
+                        e => format!("the flow's entry on core {}", e["core"]),
                     };
                     let _ = writeln!(
                         o,
@@ -697,10 +697,12 @@ pub fn render(v: &Value) -> String {
                         s(&of["dst"]),
                         frontend()
                     );
-                    let _ = writeln!(o, "entry     {} (reverse entry)", entry_line(e));
-                    if let e @ Value::Object(_) = &v["forward_entry"] {
-                        let _ = writeln!(o, "forward   {} (the flow's entry)", entry_line(e));
-                    }
+                    // The same entry as the flow's packets see it has its age.
+                    let e = match &v["forward_entry"] {
+                        f @ Value::Object(_) => f,
+                        _ => e,
+                    };
+                    let _ = writeln!(o, "entry     {} (the flow's)", entry_line(e));
                     let r = &v["rewrite"];
                     let _ = writeln!(
                         o,

@@ -226,7 +226,8 @@ impl Collector for TrafficMetrics {
             &mut enc,
             "service_flows",
             "Flow-table entries that name one of the service's backends, summed over the \
-             workers (a nat flow holds two: its forward and its reply entry).",
+             workers (one a flow, a nat flow's serving its replies too; a session-affinity \
+             client one more).",
             &svc_flows,
         )
     }
@@ -348,8 +349,8 @@ mod tests {
         assert_eq!(a.backends[0].backend, "198.51.100.11:8080");
         assert_eq!(
             (a.new_flows, a.flows),
-            (6, 12),
-            "6 nat flows, 2 entries each"
+            (6, 6),
+            "6 nat flows, one entry each"
         );
         let b = &r.services[1];
         assert_eq!(
@@ -362,8 +363,8 @@ mod tests {
         );
         assert_eq!(r.cores.len(), 2);
         assert_eq!(
-            r.cores[0].entries, 12,
-            "3 flows of a and 3 of b, 2 entries each"
+            r.cores[0].entries, 6,
+            "3 flows of a and 3 of b, one entry each"
         );
 
         // Reloads: a leaves, then c arrives with a's freed ids. Core 0 has counted nothing

@@ -56,7 +56,9 @@ use crate::key::{bytes_addr, is_v4, v4_mapped, Addr, BackendId, FlowKey, Proto};
 use crate::rewrite::{Encap, Outer};
 use crate::spsc;
 use crate::sync::{byte_state, state_byte};
-use crate::table::{current, reply_key, Backend, Frontend, Health, Prefix, Service, ServiceTable};
+use crate::table::{
+    current, reply_flow, reply_key, Backend, Frontend, Health, Prefix, Service, ServiceTable,
+};
 use crate::wire::ethernet::Address as Mac;
 
 /// Words of a query in the ring: its id, then the 5-tuple.
@@ -88,16 +90,16 @@ pub struct Entry {
     pub timeout_ms: u64,
     /// Learnt from a peer gateway by flow sync, not made here by a packet.
     pub learnt: bool,
-    /// Reverse-nat entries: the MAC replies are sent to. Zero elsewhere.
+    /// A nat flow's entry as its replies see it: the MAC they are sent to. Zero elsewhere.
     pub peer_mac: Mac,
-    /// Milliseconds since it was made (or learnt from a peer), by the worker's clock; `None`
-    /// for a reverse-nat entry, which is made with its forward entry and keeps no time of its
-    /// own ([`FlowValue::made_ms`]).
+    /// Milliseconds since it was made (or learnt from a peer), by the worker's clock
+    /// ([`FlowValue::made_ms`]); `None` in the reply's view, which shows the peer MAC in
+    /// its place (the other view of the same entry has it).
     pub age_ms: Option<u64>,
 }
 
 impl Entry {
-    /// `v` as of `now`, if it is live; `reverse` if it is a reverse-nat entry.
+    /// `v` as of `now`, if it is live; `reverse`: as a nat reply sees it.
     fn of(flows: &FlowTable, v: &FlowValue, now: u64, reverse: bool) -> Option<Entry> {
         if !flows.is_live(v, now) {
             return None;
@@ -124,8 +126,8 @@ impl Entry {
         self.timeout_ms.saturating_sub(self.idle_ms)
     }
 
-    /// Four words: the last holds the peer MAC (a reverse entry) or the age in milliseconds
-    /// (48 bits, any other), the state, and flags (learnt; reverse).
+    /// Four words: the last holds the peer MAC (the reply's view) or the age in milliseconds
+    /// (48 bits, any other), the state, and flags (learnt; the reply's view).
     fn to_words(self) -> [u64; 4] {
         let mut last = [0u8; 8];
         match self.age_ms {
@@ -171,12 +173,14 @@ pub struct Probe {
     pub core: u16,
     /// The generation of the snapshot the worker read.
     pub generation: u64,
-    /// The entry of the 5-tuple itself (a forward flow's, or a nat reply's reverse entry).
+    /// The flow's entry: of the 5-tuple itself (a forward flow's), or for a nat reply the
+    /// entry of the flow it answers, as the reply sees it (with the next hop back to the
+    /// client).
     pub flow: Option<Entry>,
     /// The client's session-affinity entry (services with `sessionAffinity: ClientIP`).
     pub affinity: Option<Entry>,
-    /// nat: the flow's reverse entry (for a forward 5-tuple) or its forward entry (for a
-    /// reply's).
+    /// nat: the same entry seen from the other direction: as the flow's replies see it
+    /// (for a forward 5-tuple) or as the flow's own packets do (for a reply's).
     pub partner: Option<Entry>,
 }
 
@@ -277,7 +281,7 @@ fn forward_of(t: &ServiceTable, r: &FlowKey, b: &Backend) -> Option<FlowKey> {
 /// What core `core`'s flow table `flows` holds about `k` at `now` (nanoseconds, the worker's
 /// clock). Read-only: it reclaims nothing and touches no entry.
 pub fn probe(t: &ServiceTable, flows: &FlowTable, core: u16, k: &FlowKey, now: u64) -> Probe {
-    // `reverse`: the key is a reply's, its entry a reverse-nat one.
+    // `reverse`: the entry as a reply sees it (the next hop back to the client).
     let live = |key: &FlowKey, reverse: bool| {
         flows
             .peek(key)
@@ -287,22 +291,24 @@ pub fn probe(t: &ServiceTable, flows: &FlowTable, core: u16, k: &FlowKey, now: u
     let mut p = Probe {
         core,
         generation: t.generation,
-        flow: live(k, service.is_none()),
         ..Probe::default()
     };
     if let Some((_, s)) = service {
+        p.flow = live(k, false);
         if s.affinity_secs != 0 {
             p.affinity = live(&affinity_key(k), false);
         }
-        if s.mode == Mode::Nat {
-            let held = flows.peek(k).and_then(|v| current(t, v));
-            p.partner = held.and_then(|b| live(&reply_key(k, b), true));
+        if s.mode == Mode::Nat && flows.peek(k).and_then(|v| current(t, v)).is_some() {
+            // A nat flow's one entry serves its replies too, while it names a backend the
+            // table still has.
+            p.partner = live(k, true);
         }
     } else if maybe_reply(t, k) {
-        let held = flows.peek(k).and_then(|v| current(t, v));
-        p.partner = held
-            .and_then(|b| forward_of(t, k, b))
-            .and_then(|f| live(&f, false));
+        let forward = t
+            .nat_frontends(&k.src, k.src_port, k.proto)
+            .and_then(|owners| reply_flow(t, flows, owners, k, now));
+        p.flow = forward.and_then(|f| live(&f, true));
+        p.partner = forward.and_then(|f| live(&f, false));
     }
     p
 }
@@ -532,7 +538,7 @@ pub enum Rewrite {
         to: (IpAddr, u16),
         /// The reply 5-tuple the gateway translates back to the VIP.
         reply: FlowKey,
-        /// Its reverse entry, when the owner core holds it.
+        /// The flow's entry as its replies see it, when the owner core holds it.
         reply_entry: Option<Entry>,
     },
 }
@@ -562,11 +568,12 @@ pub struct Forward {
 pub struct Reply {
     /// The owner core asked.
     pub core: u16,
-    /// The reverse entry; `None`: dropped (`reply_no_flow`).
+    /// The entry of the flow it answers, as the reply sees it; `None`: dropped
+    /// (`reply_no_flow`).
     pub entry: Option<Entry>,
     /// The backend it names, the flow it belongs to and that flow's service.
     pub flow: Option<(Backend, FlowKey, ServiceRef)>,
-    /// The forward flow's entry on the same core.
+    /// The same entry as the flow's own packets see it (with its age).
     pub forward_entry: Option<Entry>,
     /// Source MAC and destination MAC (the client's next hop) of the translated reply.
     pub macs: (Mac, Mac),

@@ -2,8 +2,10 @@
 //!
 //! Every worker core owns one [`FlowTable`]. The first packet of a flow picks a backend by
 //! Maglev and records the choice here; later packets find it here, so a flow stays on its
-//! backend when the backend set changes under it. The table also holds reverse-NAT entries
-//! (reply 5-tuple to the flow's backend, whose service gives the VIP and port) and
+//! backend when the backend set changes under it. A nat flow has one entry for both
+//! directions: its replies rebuild the forward 5-tuple (the backend's address and port
+//! belong to a service, whose frontend is the VIP and port the client used) and find the
+//! same entry, as IPVS finds one connection from either side. The table also holds
 //! `sessionAffinity: ClientIP` entries; to the table they are all just keys and
 //! [`FlowValue`]s.
 //!
@@ -56,7 +58,7 @@
 //! Per bucket, a 16-byte array of eight 16-bit hash tags (four buckets' tags, a group, make
 //! one line-aligned 64-byte cache line, so none straddles two), and separately the
 //! eight entries, each exactly one 64-byte, line-aligned cache line: a 38-byte key and a
-//! 24-byte value. A lookup loads the tag array, compares all 8 tags at once (the compiler
+//! 26-byte value. A lookup loads the tag array, compares all 8 tags at once (the compiler
 //! turns the loop into one SIMD compare), and reads a full key only where a tag matches: a
 //! hit touches one line of tags and the one line of its entry; a miss usually touches only
 //! the tags (a false tag match is a 2^-16 event per occupied way, so about one miss in
@@ -70,7 +72,7 @@
 //! took about 5 ns off a dsr-l2 packet's 70; the cost, an extra entry read per 16,000
 //! misses, does not show.
 //!
-//! The value is kept to 24 bytes so that the entry fits its line: the backend is named by
+//! The value is kept to 26 bytes so that the entry fits its line: the backend is named by
 //! [`BackendId`] and incarnation rather than by its 16-byte address (the snapshot has the
 //! address; the incarnation catches reused ids), and the last-seen time is 40 bits of
 //! milliseconds, so idle times and timeouts are counted in whole milliseconds. With a table
@@ -211,6 +213,9 @@ pub const SWEEP_PASS_NS: u64 = 10 * NANOS_PER_SEC;
 /// The bit of [`FlowValue`]'s last-seen byte 4 that marks an entry learnt from a peer.
 const LEARNT: u8 = 0x80;
 
+/// The bit of [`FlowValue`]'s made byte 5 that marks a nat flow its backend has answered.
+const ANSWERED: u8 = 0x80;
+
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 const NANOS_PER_MS: u64 = 1_000_000;
 const MS_PER_SEC: u64 = 1_000;
@@ -286,6 +291,22 @@ impl FlowState {
         }
     }
 
+    /// The state after a TCP segment with `flags` from the backend (nat mode, where replies
+    /// pass the gateway and share the flow's entry): a FIN or RST closes the flow, anything
+    /// else leaves it as it is. The backend's SYN-ACK does not establish it: only the client's
+    /// acknowledgment tells a completed handshake from a half-open one (a spoofed SYN's
+    /// SYN-ACK goes to whoever the source names, and the entry must stay evictable).
+    #[inline]
+    #[must_use]
+    pub fn on_reply_flags(self, flags: u8) -> FlowState {
+        use tcp_flags::{FIN, RST};
+        if flags & (FIN | RST) != 0 {
+            FlowState::TcpClosing
+        } else {
+            self
+        }
+    }
+
     /// Whether a TCP segment with `flags` from the client opens a new connection on this
     /// entry's 5-tuple: a SYN without ACK on a closing entry, the client reusing its port while
     /// the old connection's entry lingers for [`Timeouts::tcp_closing`]. The pipeline gives
@@ -299,81 +320,128 @@ impl FlowState {
     }
 }
 
-/// What the table stores for a key: 24 bytes, so that key and value fill one cache line.
+/// What the table stores for a key: 26 bytes, so that key and value fill one cache line.
 ///
 /// The value names its backend by [`BackendId`] and [`FlowValue::incarnation`] rather than by
 /// address: ids are reused after a backend leaves, and the incarnation (the table's
 /// [`Backend::incarnation`](crate::table::Backend::incarnation)) tells a reused id from the
-/// backend the flow was sent to, so a stale entry is recognised and never followed. A
-/// reverse-NAT entry (reply 5-tuple) names the same backend, whose service gives the VIP and
-/// port the reply is translated back to.
+/// backend the flow was sent to, so a stale entry is recognised and never followed. A nat
+/// flow's one entry serves both directions: its replies find it by the forward 5-tuple
+/// (their own with the backend's address and port put back to the frontend's), and it holds
+/// the MAC they go back to ([`FlowValue::peer_mac`]).
+///
+/// Packed to an alignment of 2 so that it starts right after the 38-byte key and the two
+/// fill 64 bytes exactly; fields are read by value, never by reference.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[repr(C, packed(2))]
 pub struct FlowValue {
     /// The backend chosen for the flow; checked against the current snapshot on every packet.
     pub backend: BackendId,
     /// The backend's incarnation when the entry was made; an entry is followed only while the
     /// snapshot's backend of that id has the same incarnation.
     pub incarnation: u32,
-    /// Idle timeout in seconds that replaces the state's; 0 means use the state's. Session
-    /// affinity entries carry their service's `sessionAffinityConfig.clientIP.timeoutSeconds`.
-    pub timeout_override: u32,
-    /// Six bytes whose meaning is the entry's kind's: in a reverse-nat entry the MAC the
-    /// client's packets came from (the next hop back to the client, [`FlowValue::peer_mac`]);
-    /// in every other entry (a forward flow's, a session-affinity entry) when it was made, in
-    /// milliseconds of the caller's clock, 48 bits little-endian ([`FlowValue::made_ms`]; a
-    /// reverse entry is made with its forward entry). One field for both because the entry
-    /// fills its cache line: six more bytes would push it past 64.
-    link: [u8; 6],
+    /// Six bytes whose meaning is the entry's kind's: in a session-affinity entry (state
+    /// [`FlowState::Other`], no other entry has it) the idle timeout in seconds that replaces
+    /// the state's, a `u32` little-endian ([`FlowValue::timeout_override`]); in a nat flow's
+    /// entry the MAC the client's packets came from, the next hop of its replies
+    /// ([`FlowValue::peer_mac`]); zero in a DSR flow's. One field for both because the entry
+    /// fills its cache line.
+    extra: [u8; 6],
+    /// When the entry was made, in milliseconds of the caller's clock: the low 47 bits of
+    /// these 48, little-endian ([`FlowValue::made_ms`]); the top bit says a nat flow's backend
+    /// has answered ([`FlowValue::answered`]).
+    made: [u8; 6],
     /// When the flow last saw a packet: milliseconds of the caller's monotonic clock, the low
     /// 39 bits of these 40 (little-endian; the clock must stay below 2^39 ms, 17 years, as a
     /// clock since boot does), see [`FlowValue::last_seen_ms`]; the top bit says the entry
-    /// was learnt from a peer gateway ([`FlowValue::learnt`]). The provenance bit lives here
-    /// because the entry fills its cache line: a byte of its own would push the value to 28
-    /// bytes and the entry over 64.
+    /// was learnt from a peer gateway ([`FlowValue::learnt`]). The flag bits live in the
+    /// times because the entry fills its cache line: a byte of their own would push it over
+    /// 64.
     last_seen: [u8; 5],
     /// Connection state, which picks the idle timeout.
     pub state: FlowState,
 }
 
 impl FlowValue {
-    /// A value for `backend` of incarnation `incarnation` in `state`, last seen at `now`
-    /// (nanoseconds), with no timeout override and no peer MAC.
+    /// A value for `backend` of incarnation `incarnation` in `state`, made and last seen at
+    /// `now` (nanoseconds), with no timeout override and no peer MAC.
     #[inline]
     pub fn new(backend: BackendId, incarnation: u32, state: FlowState, now: u64) -> Self {
         let mut v = Self {
             backend,
             incarnation,
-            timeout_override: 0,
-            link: [0; 6],
+            extra: [0; 6],
+            made: [0; 6],
             last_seen: [0; 5],
             state,
         };
         v.touch(now);
-        v.link
+        // The clock is below 2^39 ms (see `last_seen`), so the answered bit starts clear.
+        v.made
             .copy_from_slice(&(now / NANOS_PER_MS).to_le_bytes()[..6]);
         v
     }
 
-    /// A reverse-nat entry's next hop back to the client (meaningless in other entries).
+    /// A nat flow's next hop back to the client: the MAC its client's packets came from
+    /// (meaningless in other entries).
     #[inline]
     pub fn peer_mac(&self) -> Mac {
-        Mac(self.link)
+        Mac(self.extra)
     }
 
-    /// Makes this a reverse-nat entry whose replies go to `mac`.
+    /// Makes this a nat flow's entry whose replies go to `mac`.
     #[inline]
     pub fn set_peer_mac(&mut self, mac: Mac) {
-        self.link = mac.0;
+        self.extra = mac.0;
     }
 
-    /// When a forward or affinity entry was made (learnt, for an entry from a peer gateway),
-    /// in whole milliseconds of the caller's clock (meaningless in a reverse-nat entry, whose
-    /// forward entry has it).
+    /// The idle timeout in seconds that replaces the state's, 0 for none: a session-affinity
+    /// entry's (state [`FlowState::Other`]); every other entry has none.
+    #[inline(always)]
+    pub fn timeout_override(&self) -> u32 {
+        if self.state == FlowState::Other {
+            u32::from_le_bytes([self.extra[0], self.extra[1], self.extra[2], self.extra[3]])
+        } else {
+            0
+        }
+    }
+
+    /// Sets the idle timeout of a session-affinity entry, in seconds (0: the state's). Kept
+    /// only while the state is [`FlowState::Other`], an affinity entry's; the same bytes hold
+    /// a nat flow's peer MAC.
+    #[inline]
+    pub fn set_timeout_override(&mut self, secs: u32) {
+        debug_assert_eq!(
+            self.state,
+            FlowState::Other,
+            "a timeout override is an affinity entry's"
+        );
+        self.extra = [0; 6];
+        self.extra[..4].copy_from_slice(&secs.to_le_bytes());
+    }
+
+    /// When the entry was made (learnt, for an entry from a peer gateway), in whole
+    /// milliseconds of the caller's clock.
     #[inline]
     pub fn made_ms(&self) -> u64 {
         let mut b = [0u8; 8];
-        b[..6].copy_from_slice(&self.link);
+        b[..6].copy_from_slice(&self.made);
+        b[5] &= !ANSWERED;
         u64::from_le_bytes(b)
+    }
+
+    /// Whether a nat flow's backend has sent anything on it: false until its first reply.
+    /// Tells a backend that refuses a connection (its first answer a RST) and one that never
+    /// answers (the client's SYN comes again) from the network losing a packet.
+    #[inline]
+    pub fn answered(&self) -> bool {
+        self.made[5] & ANSWERED != 0
+    }
+
+    /// Records that a nat flow's backend has answered ([`FlowValue::answered`]).
+    #[inline]
+    pub fn set_answered(&mut self) {
+        self.made[5] |= ANSWERED;
     }
 
     /// Records a packet at `now` (nanoseconds), which restarts the idle timeout.
@@ -434,7 +502,7 @@ impl FlowValue {
 /// timeout *and* sees the backend set change in that time is moved. Established flows get
 /// 7440 s (2 h 4 min), the least a NAT may use (RFC 5382, REQ-5), which outlasts Linux's
 /// default keepalive interval (`tcp_keepalive_time`, 7200 s), so keepalive-only connections
-/// keep their reverse-NAT entries in `nat` mode. A half-open connection that has not
+/// keep their entries, and so their replies' translation, in `nat` mode. A half-open connection that has not
 /// completed its handshake in 30 s (five SYN retransmissions of a Linux client, 1+2+4+8+16 s)
 /// will not; a closing one needs only long enough to carry its last FIN/ACK exchange.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -538,7 +606,7 @@ struct TagLine([Tags; GROUP]);
 /// A way's hash tag; 0 marks an empty way.
 type Tag = u16;
 
-/// One way: key (38 bytes) and value (24 bytes, 4-aligned), one cache line.
+/// One way: key (38 bytes) and value (26 bytes, 2-aligned), one cache line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Entry {
@@ -559,8 +627,8 @@ impl Entry {
         value: FlowValue {
             backend: BackendId(0),
             incarnation: 0,
-            timeout_override: 0,
-            link: [0; 6],
+            extra: [0; 6],
+            made: [0; 6],
             last_seen: [0; 5],
             state: FlowState::Other,
         },
@@ -1069,10 +1137,9 @@ impl FlowTable {
 
     #[inline(always)]
     fn timeout_ms(&self, v: &FlowValue) -> u64 {
-        if v.timeout_override != 0 {
-            u64::from(v.timeout_override) * MS_PER_SEC
-        } else {
-            self.timeout_ms[v.state as usize]
+        match v.timeout_override() {
+            0 => self.timeout_ms[v.state as usize],
+            secs => u64::from(secs) * MS_PER_SEC,
         }
     }
 
@@ -1464,7 +1531,8 @@ mod tests {
     fn entry_is_one_cache_line_and_a_way_66_bytes() {
         // The module docs quote these numbers for the memory cost.
         assert_eq!(core::mem::size_of::<FlowKey>(), 38);
-        assert_eq!(core::mem::size_of::<FlowValue>(), 24);
+        assert_eq!(core::mem::size_of::<FlowValue>(), 26);
+        assert_eq!(core::mem::align_of::<FlowValue>(), 2);
         assert_eq!(core::mem::size_of::<Entry>(), 64);
         assert_eq!(core::mem::align_of::<Entry>(), 64);
         assert_eq!(core::mem::size_of::<Tags>(), 16);
@@ -1483,11 +1551,11 @@ mod tests {
         t.insert(k1, val(1, FlowState::Udp, 0), 0).unwrap();
         assert_eq!(t.lookup(&k2, 0), None, "a tag match alone is not a hit");
         t.insert(k2, val(2, FlowState::Udp, 0), 0).unwrap();
-        assert_eq!(t.lookup(&k1, 0).unwrap().backend, BackendId(1));
-        assert_eq!(t.lookup(&k2, 0).unwrap().backend, BackendId(2));
-        assert_eq!(t.remove(&k1).unwrap().backend, BackendId(1));
+        assert_eq!(t.lookup(&k1, 0).map(|v| v.backend), Some(BackendId(1)));
+        assert_eq!(t.lookup(&k2, 0).map(|v| v.backend), Some(BackendId(2)));
+        assert_eq!(t.remove(&k1).map(|v| v.backend), Some(BackendId(1)));
         assert_eq!(t.lookup(&k1, 0), None);
-        assert_eq!(t.lookup(&k2, 0).unwrap().backend, BackendId(2));
+        assert_eq!(t.lookup(&k2, 0).map(|v| v.backend), Some(BackendId(2)));
         assert_eq!(t.len(), 1);
     }
 
@@ -1577,14 +1645,20 @@ mod tests {
             (FlowState::Udp, 0, to.udp),
             (FlowState::Other, 0, to.other),
             (FlowState::Other, 10_800, 10_800 * S),
-            (FlowState::TcpClosing, 300, 300 * S),
+            (FlowState::Other, 86_400, 86_400 * S),
         ];
         for (state, over, timeout) in cases {
             let mut t = table(64);
             let start = 1_000 * S;
             let k = key(3);
             let mut v = val(1, state, start);
-            v.timeout_override = over;
+            if state == FlowState::Other {
+                v.set_timeout_override(over);
+            } else {
+                // A nat flow's peer MAC shares the override's bytes and is no timeout.
+                v.set_peer_mac(Mac([0xff; 6]));
+            }
+            assert_eq!(v.timeout_override(), over);
             assert_eq!(t.timeout_of(&v), timeout);
             t.insert(k, v, start).unwrap();
             assert!(
@@ -1656,7 +1730,10 @@ mod tests {
         // The ninth key of bucket 0 sits in bucket 1, the first empty way of the group.
         let (hb, tag) = t.split(keys[WAYS].hash(SEED_FLOW));
         assert_eq!(t.find(hb, tag, &keys[WAYS]), Some((1, 0)));
-        assert_eq!(t.lookup(&keys[WAYS], S).unwrap().backend, BackendId(8));
+        assert_eq!(
+            t.lookup(&keys[WAYS], S).map(|v| v.backend),
+            Some(BackendId(8))
+        );
         assert!(t.prefetch_entry(keys[WAYS].hash(SEED_FLOW)));
         // A way freed at home does not hide it: an overwrite finds it where it is, so the key
         // is never stored twice.
@@ -1666,8 +1743,14 @@ mod tests {
         assert_eq!(t.find(hb, tag, &keys[WAYS]), Some((1, 0)));
         assert_eq!(t.len(), WAYS);
         assert_eq!(t.iter().count(), WAYS);
-        assert_eq!(t.lookup(&keys[WAYS], S).unwrap().backend, BackendId(50));
-        assert_eq!(t.remove(&keys[WAYS]).unwrap().backend, BackendId(50));
+        assert_eq!(
+            t.lookup(&keys[WAYS], S).map(|v| v.backend),
+            Some(BackendId(50))
+        );
+        assert_eq!(
+            t.remove(&keys[WAYS]).map(|v| v.backend),
+            Some(BackendId(50))
+        );
         assert_eq!(t.lookup(&keys[WAYS], S), None);
         assert_eq!(t.stats().full, 0);
     }
@@ -1706,7 +1789,10 @@ mod tests {
             .unwrap();
         assert_eq!(t.len(), WAYS);
         assert_eq!(t.lookup(&keys[3], now), None);
-        assert_eq!(t.lookup(&keys[WAYS], now).unwrap().backend, BackendId(99));
+        assert_eq!(
+            t.lookup(&keys[WAYS], now).map(|v| v.backend),
+            Some(BackendId(99))
+        );
         let s = t.stats();
         assert_eq!((s.expired, s.evicted, s.full), (1, 0, 0));
     }

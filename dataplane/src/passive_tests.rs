@@ -111,6 +111,23 @@ fn an_established_flows_rst_is_no_failure() {
 }
 
 #[test]
+fn a_rst_to_a_flow_picked_up_mid_stream_is_no_failure() {
+    // A connection the table did not know (its entry expired, the gateway restarted, its
+    // backend left): its next ACK makes an established entry the backend never answered,
+    // and the backend, which has no such connection, resets it. No SYN was refused.
+    let (x, y) = (("198.51.100.51", 0x51), ("198.51.100.52", 0x52));
+    let t = build(&mut Builder::new(), &config("nat", &[x, y], &[]));
+    let mut pipe = Pipeline::new(0, 1, 1024, Timeouts::default(), 0);
+    let (v, out) = run(&mut pipe, &t, SEC, &segment(CLIENT, VIP_A, Seg::Ack));
+    assert_eq!(v, Verdict::Tx { port: 0 });
+    let b = backend_by_mac(&t, &out[0..6]);
+    let from = (b.addr[12..].try_into().expect("IPv4"), b.port);
+    let (v, _) = run(&mut pipe, &t, SEC + MS, &segment(from, CLIENT, Seg::Rst));
+    assert_eq!(v, Verdict::Tx { port: 0 }, "the reset reaches the client");
+    assert_eq!(pipe.passive.total(), 0);
+}
+
+#[test]
 fn a_retransmitted_syn_past_the_deadline_is_one_unanswered_attempt() {
     let mut c = Conn::new("nat");
     // A duplicate within 200 ms is not a retransmission.

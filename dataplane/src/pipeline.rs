@@ -39,7 +39,8 @@ use crate::rewrite::{self, Encap, EncapError, Frame, Macs, Outer};
 use crate::stats::{Counters, DropReason};
 use crate::sync::{self, RecordKind, SyncRecord, WorkerSync};
 use crate::table::{
-    current, reply_key, Backend, FragmentService, Frontend, Health, Port, Service, ServiceTable,
+    current, forward_key, nat_taken, reply_flow, Backend, FragmentService, Frontend, Health,
+    NatFrontends, Port, Service, ServiceTable,
 };
 use crate::traffic::Traffic;
 use crate::wire::parse::{parse_into, Embedded, Frag, Parsed};
@@ -160,9 +161,6 @@ struct Ahead {
     /// The Maglev slot of the frame's flow hash in its service's table, computed for a frame
     /// that opens a connection (a SYN, an SCTP INIT) or whose flow missed; `None` for others.
     slot: Option<Slot>,
-    /// In nat mode, for a frame whose flow missed: the flow-table hash of its reply tuple
-    /// toward the backend in `slot` ([`warm_new_flow`]); 0 when not computed.
-    reply_hash: u64,
 }
 
 impl Staged {
@@ -264,15 +262,14 @@ impl Pipeline {
     ///
     /// 1. parse every frame (in place, into its staged slot); then, in a second loop, hash
     ///    every frame, prefetch its flow bucket's tags, look up its frontend and prefetch the
-    ///    service record (and a SYN's Maglev slot);
+    ///    service record (and a SYN's Maglev slot); a frame to no frontend that may be a nat
+    ///    reply is hashed by its flow's forward 5-tuple instead ([`reply_hash`]);
     /// 2. prefetch each frame's matching entry; for a frame whose flow misses (a new flow,
     ///    most likely), prefetch the way its insert will take and read its Maglev slot and
-    ///    backend, and in nat mode prefetch the bucket of its reply tuple;
-    /// 3. in nat mode, prefetch those reply tuples' entries (or insert ways);
-    /// 4. decide, in order, with each frame's hash, service, Maglev slot and (nat) reply
-    ///    tuple's hash from passes 1-2.
+    ///    backend;
+    /// 3. decide, in order, with each frame's hash, service and Maglev slot from passes 1-2.
     ///
-    /// Passes 1-3 only read; every decision is made in pass 4, so the verdicts are those of
+    /// Passes 1-2 only read; every decision is made in pass 3, so the verdicts are those of
     /// [`Pipeline::process`]. While a capture is armed ([`crate::capture`]), an out-of-line
     /// twin of this loop shows each frame to it before its rewrite and after its decision;
     /// otherwise a call pays one load and one branch for that. With a table larger than the
@@ -378,7 +375,19 @@ impl Pipeline {
                 port: p.key.dst_port,
                 proto: p.key.proto,
             });
-            if let Some(s) = si.and_then(|si| t.services.get(si as usize)) {
+            let Some(i) = si else {
+                // No frontend: a nat reply finds its flow's entry by the forward 5-tuple,
+                // whose bucket is the one to load (0 when there is none to find, or several
+                // frontends to try, which the decision does).
+                let fh = reply_hash(t, &p.key);
+                if fh != 0 {
+                    self.flows.prefetch_bucket(fh);
+                }
+                st.hash = fh;
+                st.svc = Some(None);
+                continue;
+            };
+            if let Some(s) = t.services.get(i as usize) {
                 crate::hint::prefetch(&s.acl);
                 crate::hint::prefetch(&s.mode);
                 crate::hint::prefetch(&s.affinity_secs);
@@ -394,19 +403,10 @@ impl Pipeline {
             }
             st.svc = Some(si);
         }
-        let mut replies = false;
         for st in &mut self.staged[..frames.len()] {
             if st.hash != 0 && !self.flows.prefetch_entry(st.hash) {
                 if let Some(Some(si)) = st.svc {
-                    let rh = warm_new_flow(t, &self.flows, &st.parsed, st.hash, si, &mut st.ahead);
-                    replies |= rh != 0;
-                }
-            }
-        }
-        if replies {
-            for st in &self.staged[..frames.len()] {
-                if st.ahead.reply_hash != 0 {
-                    self.flows.prefetch_entry(st.ahead.reply_hash);
+                    warm_new_flow(t, st.hash, si, &mut st.ahead);
                 }
             }
         }
@@ -557,7 +557,8 @@ impl Pipeline {
             })
         };
         let Some(si) = si else {
-            return self.maybe_reply(t, now, frame, p, fh);
+            // The staging pass hashed a reply's forward 5-tuple; `process` hashed the frame's.
+            return self.maybe_reply(t, now, frame, p, if svc.is_some() { fh } else { 0 });
         };
         self.decide_for_service(t, now, ingress, frame, p, fh, si, Ahead::default())
     }
@@ -667,9 +668,10 @@ impl Pipeline {
                     }
                     if state == FlowState::TcpSyn
                         && p.tcp_flags & (flags::SYN | flags::ACK) == flags::SYN
+                        && !v.answered()
                     {
                         // The client's SYN again: its first went unanswered, or was lost.
-                        self.syn_again(s, b, key, seen, now);
+                        self.syn_again(s, b, seen, now);
                     }
                     return Ok(b);
                 }
@@ -699,40 +701,22 @@ impl Pipeline {
             self.counters.rst_without_flow += 1;
             return Ok(b);
         }
-        let mut reply = None;
-        if s.mode == Mode::Nat {
-            if let Some(old) = stale.and_then(|old| current(t, &old)) {
-                self.flows.remove(&reply_key(key, old));
-            }
-            let rkey = reply_key(key, b);
-            // Staging hashed the reply tuple toward the backend of the same Maglev slot of
-            // the same table, which is `b` unless affinity chose (then it hashed nothing).
-            let rh = if ahead.reply_hash != 0 {
-                debug_assert_eq!(ahead.reply_hash, rkey.hash(SEED_FLOW));
-                ahead.reply_hash
-            } else {
-                rkey.hash(SEED_FLOW)
-            };
-            let found = self.flows.lookup_hashed(&rkey, rh, now);
-            let absent = found.is_none();
-            if let Some(r) = found {
-                // The reply tuple names the backend's address and port, so a live reply entry
-                // for it is this flow's (same backend id and incarnation) or belongs to a flow
-                // to another service with a backend at the same address and port. One whose
-                // backend has left can never be followed again and is overwritten.
-                if current(t, r).is_some_and(|rb| rb.id != b.id) {
-                    return Err(Verdict::Drop(DropReason::NatCollision));
-                }
-            }
-            reply = Some((rkey, rh, absent));
-        }
-        self.new_flows[b.id.0 as usize % NEW_FLOW_SLOTS] += 1;
         let state = if tcp {
             FlowState::TcpSyn.on_tcp_flags(p.tcp_flags)
         } else {
             FlowState::Udp
         };
-        let value = FlowValue::new(b.id, b.incarnation, state, now);
+        let mut value = FlowValue::new(b.id, b.incarnation, state, now);
+        if s.mode == Mode::Nat {
+            if t.nat_shared() && nat_taken(t, &self.flows, s, b, key, now) {
+                return Err(Verdict::Drop(DropReason::NatCollision));
+            }
+            // Replies go back to where the client's packets came from.
+            let mut client = [0u8; 6];
+            client.copy_from_slice(&frame.data()[6..12]);
+            value.set_peer_mac(client.into());
+        }
+        self.new_flows[b.id.0 as usize % NEW_FLOW_SLOTS] += 1;
         // The lookup above found no live entry for the key, and it reclaimed an expired one,
         // so nothing needs overwriting; unless session affinity, whose key is the flow's
         // with source port 0, has just stored one for a flow from source port 0.
@@ -744,29 +728,7 @@ impl Pipeline {
         match inserted {
             Ok(_) => {
                 self.counters.flows_created += 1;
-                let mut kept = true;
-                if let Some((rkey, rh, absent)) = reply {
-                    let mut reply = value;
-                    let mut client = [0u8; 6];
-                    client.copy_from_slice(&frame.data()[6..12]);
-                    reply.set_peer_mac(client.into());
-                    // Absent when looked up, and still: unless it is the key just stored (a
-                    // client that is its own backend, through its own VIP) or an affinity
-                    // key stored since.
-                    let stored = if absent && rkey != *key && s.affinity_secs == 0 {
-                        self.flows.insert_absent_hashed(rkey, rh, reply, now)
-                    } else {
-                        self.flows.insert_hashed(rkey, rh, reply, now)
-                    };
-                    if stored.is_err() {
-                        // Replies will not be translated: undo the forward entry so the state
-                        // stays symmetric, and count the flow as stateless.
-                        self.flows.remove(key);
-                        self.counters.stateless_full += 1;
-                        kept = false;
-                    }
-                }
-                if let (Some(sy), true) = (&mut self.sync, kept) {
+                if let Some(sy) = &mut self.sync {
                     sy.export(&record(key, s, b, state, RecordKind::Flow, frame));
                 }
             }
@@ -776,49 +738,16 @@ impl Pipeline {
         Ok(b)
     }
 
-    /// Backend `b` of service `s` reset a connection (reply `p`), which `refused` when the
-    /// RST answered the SYN: then one failure ([`Failure::Refused`]). Either way the
-    /// connection is over and its forward entry closes, so that the client's next SYN from
-    /// that port (clients reuse ports within seconds) is a new flow that gets a backend
-    /// afresh, instead of following the entry to a backend that takes no new flows (one
-    /// passive health took out keeps its flows) and refuses it again.
+    /// A client's SYN again on a nat flow whose backend `b` has sent nothing on it
+    /// ([`FlowValue::answered`]; a SYN-ACK lost on the way to the client is not the backend's
+    /// failure), the previous SYN last seen at `seen` (ms): a failure of `b`
+    /// ([`Failure::Unanswered`]) when the previous SYN is at least [`SYN_RETRANSMIT_MIN_MS`]
+    /// old (a retransmission, not a duplicate). DSR modes do not see the backend's answers
+    /// and count nothing.
     #[cold]
     #[inline(never)]
-    fn reset_by_backend(&mut self, s: &Service, b: &Backend, p: &Parsed, now: u64, refused: bool) {
-        if refused {
-            self.passive.count(b.id, Failure::Refused);
-        }
-        let forward = FlowKey {
-            src: p.key.dst,
-            dst: s.frontend.vip,
-            src_port: p.key.dst_port,
-            dst_port: s.frontend.port,
-            proto: p.key.proto,
-        };
-        if let Some(f) = self.flows.lookup(&forward, now) {
-            if f.backend == b.id {
-                f.state = FlowState::TcpClosing;
-            }
-        }
-    }
-
-    /// A client's SYN on a nat flow still in its SYN state, the previous one last seen at
-    /// `seen` (ms): a failure of backend `b` ([`Failure::Unanswered`]) when the previous SYN
-    /// is at least [`SYN_RETRANSMIT_MIN_MS`] old (a retransmission, not a duplicate) and the
-    /// backend has sent nothing on the connection (its reply entry is still in its SYN
-    /// state; a SYN-ACK lost on the way to the client is not the backend's failure). DSR
-    /// modes do not see the backend's answers and count nothing.
-    #[cold]
-    #[inline(never)]
-    fn syn_again(&mut self, s: &Service, b: &Backend, key: &FlowKey, seen: u64, now: u64) {
-        if s.mode != Mode::Nat || (now / 1_000_000).saturating_sub(seen) < SYN_RETRANSMIT_MIN_MS {
-            return;
-        }
-        let unanswered = self
-            .flows
-            .peek(&reply_key(key, b))
-            .is_some_and(|r| r.state == FlowState::TcpSyn && r.backend == b.id);
-        if unanswered {
+    fn syn_again(&mut self, s: &Service, b: &Backend, seen: u64, now: u64) {
+        if s.mode == Mode::Nat && (now / 1_000_000).saturating_sub(seen) >= SYN_RETRANSMIT_MIN_MS {
             self.passive.count(b.id, Failure::Unanswered);
         }
     }
@@ -855,7 +784,7 @@ impl Pipeline {
         }
         let b = pick(t, s, maglev_hash(ah))?;
         let mut value = FlowValue::new(b.id, b.incarnation, FlowState::Other, now);
-        value.timeout_override = s.affinity_secs;
+        value.set_timeout_override(s.affinity_secs);
         if self.flows.insert_hashed(akey, ah, value, now).is_ok() {
             if let Some(sy) = &mut self.sync {
                 let peer_mac = crate::wire::ethernet::Address::default();
@@ -884,9 +813,10 @@ impl Pipeline {
         p: &Parsed,
         fh: u64,
     ) -> Verdict {
-        if !t.is_nat_backend(&p.key.src, p.key.src_port, p.key.proto)
-            || t.locals.contains(&p.key.dst)
-        {
+        let Some(owners) = t.nat_frontends(&p.key.src, p.key.src_port, p.key.proto) else {
+            return Verdict::Pass;
+        };
+        if t.locals.contains(&p.key.dst) {
             return Verdict::Pass;
         }
         if p.frag != Frag::None {
@@ -901,29 +831,53 @@ impl Pipeline {
         if p.key.proto == proto::SCTP && !rewrite::sctp_intact(frame.data(), p) {
             return Verdict::Drop(DropReason::SctpChecksum);
         }
-        let Some(v) = self.flows.lookup_hashed(&p.key, fh, now) else {
+        // The flow's one entry, under its forward 5-tuple: the reply's own with the backend
+        // put back to the frontend (`fh`: its hash, if the staging pass computed it).
+        let (key, fh) = match owners.only() {
+            Some((vip, port)) => {
+                let key = forward_key(&p.key, vip, port);
+                let fh = if fh != 0 { fh } else { key.hash(SEED_FLOW) };
+                (key, fh)
+            }
+            // Several frontends with a backend there: the one whose flow names it.
+            None => match reply_flow(t, &self.flows, owners, &p.key, now) {
+                Some(key) => (key, key.hash(SEED_FLOW)),
+                None => return Verdict::Drop(DropReason::ReplyNoFlow),
+            },
+        };
+        debug_assert_eq!(fh, key.hash(SEED_FLOW));
+        let Some(v) = self.flows.lookup_hashed(&key, fh, now) else {
             return Verdict::Drop(DropReason::ReplyNoFlow);
         };
-        // The reply goes back as from the frontend of the flow's backend. A backend that has
-        // left the snapshot (or whose id now names another backend) leaves no frontend to
-        // translate to: its flows are being re-hashed and its replies are not answered.
-        let Some((b, s)) =
-            current(t, v).and_then(|b| Some((b, t.services.get(b.service as usize)?)))
+        // The reply goes back as from the frontend of the flow's backend, which must be the
+        // backend it came from: the flow of another backend, or of one that has left the
+        // snapshot (or whose id now names another backend), is not this reply's. Nor is a
+        // session-affinity entry (a client's source port 0 makes its key), or an entry with
+        // no next hop back (made while the service was in a DSR mode).
+        let Some((b, s)) = current(t, v)
+            .filter(|b| b.addr == p.key.src && b.port == p.key.src_port)
+            .filter(|_| {
+                v.state != FlowState::Other
+                    && v.peer_mac() != crate::wire::ethernet::Address::default()
+            })
+            .and_then(|b| Some((b, t.services.get(b.service as usize)?)))
         else {
             return Verdict::Drop(DropReason::ReplyNoFlow);
         };
         v.touch(now);
-        let (mut reset, mut refused) = (false, false);
+        let mut refused = false;
         if matches!(p.key.proto, proto::TCP | proto::SCTP) {
-            reset = p.tcp_flags & flags::RST != 0;
             // The backend's first answer to the client's SYN is a RST (an SCTP INIT's, an
-            // ABORT): it refused the connection.
-            refused = reset && v.state == FlowState::TcpSyn;
-            v.state = v.state.on_tcp_flags(p.tcp_flags);
+            // ABORT): it refused the connection. A flow picked up mid-stream (established
+            // when made) was never offered to this backend by a SYN.
+            refused =
+                p.tcp_flags & flags::RST != 0 && !v.answered() && v.state == FlowState::TcpSyn;
+            v.state = v.state.on_reply_flags(p.tcp_flags);
         }
+        v.set_answered();
         let peer_mac = v.peer_mac();
-        if reset {
-            self.reset_by_backend(s, b, p, now, refused);
+        if refused {
+            self.passive.count(b.id, Failure::Refused);
         }
         if p.ttl <= 1 {
             return Verdict::Drop(DropReason::TtlExceeded);
@@ -1035,7 +989,7 @@ fn steering(s: &Service) -> u8 {
 }
 
 /// The sync record of flow `key` of service `s` to backend `b`. In nat mode it carries the
-/// MAC the frame came from, where the importer's reverse entry sends replies.
+/// MAC the frame came from, where the importer's copy of the entry sends replies.
 #[inline(always)]
 fn record(
     key: &FlowKey,
@@ -1062,42 +1016,35 @@ fn record(
     }
 }
 
+/// The flow-table hash of the flow whose nat reply `r` may be (a frame to no frontend): of
+/// its forward 5-tuple, when exactly one frontend has a backend at the reply's source; 0
+/// otherwise (not a nat reply, or several frontends to try, which the decision does). Out of
+/// line: the staging loop stays as tight for frames to a frontend as without nat replies.
+#[inline(never)]
+fn reply_hash(t: &ServiceTable, r: &FlowKey) -> u64 {
+    t.nat_frontends(&r.src, r.src_port, r.proto)
+        .and_then(NatFrontends::only)
+        .map_or(0, |(vip, port)| forward_key(r, vip, port).hash(SEED_FLOW))
+}
+
 /// Loads, ahead of deciding, what a new flow's packet will read: its service, its Maglev slot
-/// and backend, and in nat mode the bucket of its reply tuple (probably in DRAM, and looked up
-/// only after the Maglev choice, so otherwise a serial miss per new flow). Returns the reply
-/// tuple's hash in nat mode (so that the caller can prefetch its entry once the bucket is in),
-/// else 0. Pure reads: the decision itself is made later, in order, by [`Pipeline::step`].
-/// `ahead.slot` is the frame's Maglev slot if already computed; computed here otherwise.
-/// Both the slot and the reply tuple's hash are kept in `ahead` for the decision.
+/// and backend. Pure reads: the decision itself is made later, in order, by
+/// [`Pipeline::step`]. `ahead.slot` is the frame's Maglev slot if already computed; computed
+/// here otherwise, and kept in `ahead` for the decision.
 #[inline(always)]
-fn warm_new_flow(
-    t: &ServiceTable,
-    flows: &FlowTable,
-    p: &Parsed,
-    fh: u64,
-    si: u32,
-    ahead: &mut Ahead,
-) -> u64 {
+fn warm_new_flow(t: &ServiceTable, fh: u64, si: u32, ahead: &mut Ahead) {
     let Some(s) = t.services.get(si as usize) else {
-        return 0;
+        return;
     };
     if s.affinity_secs != 0 {
-        return 0;
+        return;
     }
     let slot = *ahead
         .slot
         .get_or_insert_with(|| s.maglev.slot(maglev_hash(fh)));
-    let Some(b) = pick_at(t, s, slot) else {
-        return 0;
-    };
-    if s.mode != Mode::Nat {
+    if let Some(b) = pick_at(t, s, slot) {
         core::hint::black_box(b);
-        return 0;
     }
-    let rh = reply_key(&p.key, b).hash(SEED_FLOW);
-    flows.prefetch_bucket(rh);
-    ahead.reply_hash = rh;
-    rh
 }
 
 impl Pipeline {
@@ -1665,5 +1612,127 @@ backends = [
             &VIP_A.0,
             "the new backend's replies are translated"
         );
+    }
+
+    /// A reply from `backend` (address, port 8080) to the client's `port`.
+    fn reply_to(backend: &str, port: u16) -> Vec<u8> {
+        let addr: [u8; 4] = backend.parse::<core::net::Ipv4Addr>().unwrap().octets();
+        tcp((addr, 8080), (CLIENT.0, port), false)
+    }
+
+    #[test]
+    fn a_nat_flow_has_one_entry_which_its_replies_find_staged_or_not() {
+        let x = ("198.51.100.11", 0x11);
+        let mut builder = Builder::new();
+        let t = build(&mut builder, &config("nat", &[x], &[]));
+        let mut pipe = Pipeline::new(0, 1, 1024, t.timeouts, 0);
+        let out = run_batch(&mut pipe, &t, SEC, &[tcp(CLIENT, VIP_A, true)], 64);
+        assert_eq!(out[0].0, Verdict::Tx { port: 0 });
+        assert_eq!(pipe.flows.len(), 1, "one entry for both directions");
+        let key = FlowKey {
+            src: crate::key::v4_mapped(CLIENT.0),
+            dst: crate::key::v4_mapped(VIP_A.0),
+            src_port: CLIENT.1,
+            dst_port: VIP_A.1,
+            proto: proto::TCP,
+        };
+        let v = *pipe.flows.peek(&key).expect("the flow's entry");
+        assert_eq!(
+            v.peer_mac().0,
+            CLIENT_MAC,
+            "replies go back to the client's next hop"
+        );
+        assert!(!v.answered());
+
+        // The backend's answer, through the staged batch and through `process`: from the
+        // VIP, to the MAC the client's packets came from; the entry is answered, and its
+        // state still half-open (only the client's ACK establishes it).
+        for (i, now) in [(0, 2 * SEC), (1, 3 * SEC)] {
+            let (v, frame) = if i == 0 {
+                run_batch(&mut pipe, &t, now, &[reply_to(x.0, CLIENT.1)], 64).remove(0)
+            } else {
+                run(&mut pipe, &t, now, &reply_to(x.0, CLIENT.1))
+            };
+            assert_eq!(v, Verdict::Tx { port: 0 }, "reply {i}");
+            assert_eq!(&frame[26..30], &VIP_A.0, "reply {i} leaves from the VIP");
+            assert_eq!(&frame[34..36], &VIP_A.1.to_be_bytes(), "and its port");
+            assert_eq!(&frame[0..6], &CLIENT_MAC);
+            let e = *pipe.flows.peek(&key).unwrap();
+            assert!(e.answered());
+            assert_eq!(e.state, FlowState::TcpSyn);
+            assert_eq!(e.last_seen_ms(), now / 1_000_000, "the reply touched it");
+        }
+        assert_eq!(pipe.flows.len(), 1);
+
+        // No flow from that client port: dropped, staged or not.
+        let stray = reply_to(x.0, CLIENT.1 + 1);
+        assert_eq!(
+            run_batch(&mut pipe, &t, 4 * SEC, std::slice::from_ref(&stray), 64)[0].0,
+            Verdict::Drop(DropReason::ReplyNoFlow)
+        );
+        assert_eq!(
+            run(&mut pipe, &t, 4 * SEC, &stray).0,
+            Verdict::Drop(DropReason::ReplyNoFlow)
+        );
+
+        // The client's ACK establishes the flow; the backend's FIN closes it.
+        let (v, _) = run(&mut pipe, &t, 5 * SEC, &tcp(CLIENT, VIP_A, false));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        assert_eq!(
+            pipe.flows.peek(&key).unwrap().state,
+            FlowState::TcpEstablished
+        );
+        let mut fin = reply_to(x.0, CLIENT.1);
+        fin[47] |= crate::flow::tcp_flags::FIN;
+        let (v, _) = run(&mut pipe, &t, 6 * SEC, &fin);
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        assert_eq!(pipe.flows.peek(&key).unwrap().state, FlowState::TcpClosing);
+    }
+
+    #[test]
+    fn replies_from_a_backend_two_frontends_share_go_back_from_their_flows_vip() {
+        let x = ("198.51.100.11", 0x11);
+        const VIP_B: ([u8; 4], u16) = ([203, 0, 113, 20], 80);
+        let mut builder = Builder::new();
+        let t = build(&mut builder, &config("nat", &[x], &[x]));
+        assert!(t.nat_shared());
+        let mut pipe = Pipeline::new(0, 1, 1024, t.timeouts, 0);
+        let a = (CLIENT.0, 40000);
+        let b = (CLIENT.0, 40001);
+        let out = run_batch(
+            &mut pipe,
+            &t,
+            SEC,
+            &[tcp(a, VIP_A, true), tcp(b, VIP_B, true)],
+            64,
+        );
+        assert!(
+            out.iter().all(|(v, _)| *v == Verdict::Tx { port: 0 }),
+            "{out:?}"
+        );
+        for (port, vip) in [(a.1, VIP_A), (b.1, VIP_B)] {
+            for staged in [true, false] {
+                let reply = reply_to(x.0, port);
+                let (v, frame) = if staged {
+                    run_batch(&mut pipe, &t, 2 * SEC, &[reply], 64).remove(0)
+                } else {
+                    run(&mut pipe, &t, 2 * SEC, &reply)
+                };
+                assert_eq!(v, Verdict::Tx { port: 0 }, "to port {port}");
+                assert_eq!(
+                    &frame[26..30],
+                    &vip.0,
+                    "to port {port}: from its flow's VIP"
+                );
+            }
+        }
+        // The same client port to the other VIP would take the same reply tuple.
+        let (v, _) = run(&mut pipe, &t, 2 * SEC, &tcp(a, VIP_B, true));
+        assert_eq!(v, Verdict::Drop(DropReason::NatCollision));
+        // Once the first flow has expired (half-open: 30 s), it may.
+        let (v, _) = run(&mut pipe, &t, 40 * SEC, &tcp(a, VIP_B, true));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        let (_, frame) = run(&mut pipe, &t, 41 * SEC, &reply_to(x.0, a.1));
+        assert_eq!(&frame[26..30], &VIP_B.0);
     }
 }

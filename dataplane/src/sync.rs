@@ -26,8 +26,8 @@
 //! lock and no syscall, against the IPVS sync daemon's spinlock-protected shared buffer on
 //! every synced packet.
 //!
-//! Reverse-nat entries are not sent: the importer makes them from the forward record (the
-//! record carries the client-side MAC the reply goes back to). Session-affinity entries are
+//! A nat flow's record carries the client-side MAC its replies go back to, which the
+//! imported entry keeps as the flow's own does. Session-affinity entries are
 //! sent as [`RecordKind::Affinity`] and take their service's timeout on import.
 //!
 //! # Import
@@ -74,7 +74,7 @@ use strait_config::model::Mode;
 use crate::flow::{FlowState, FlowTable, FlowValue, WAYS};
 use crate::key::{Addr, FlowKey, Proto};
 use crate::spsc;
-use crate::table::{current, reply_key, Frontend, ServiceTable};
+use crate::table::{current, nat_taken, Frontend, ServiceTable};
 use crate::wire::ethernet::Address as Mac;
 
 /// Bytes of one record, in the ring and on the wire: one cache line.
@@ -363,7 +363,8 @@ pub struct SyncCounters {
     pub unknown_backend: u64,
     /// Records not stored because the flow table had no room.
     pub table_full: u64,
-    /// Ring slots that did not decode (never expected).
+    /// Ring slots that did not decode, or flow records in the state only a session-affinity
+    /// entry has (never expected).
     pub malformed: u64,
     /// Dumps completed.
     pub dumps: u64,
@@ -502,6 +503,10 @@ fn import(flows: &mut FlowTable, c: &mut SyncCounters, t: &ServiceTable, r: &Syn
         return;
     };
     let (key, state) = match r.kind {
+        RecordKind::Flow if r.state == FlowState::Other => {
+            c.malformed += 1;
+            return;
+        }
         RecordKind::Flow => (r.key, r.state),
         RecordKind::Affinity => (
             FlowKey {
@@ -512,7 +517,13 @@ fn import(flows: &mut FlowTable, c: &mut SyncCounters, t: &ServiceTable, r: &Syn
         ),
     };
     if let Some(v) = flows.lookup(&key, now) {
-        if v.backend == b.id && v.incarnation == b.incarnation {
+        // A flow from source port 0 shares its key with its client's affinity entry: one
+        // kind never takes the other's place (their six extra bytes mean different things).
+        if (v.state == FlowState::Other) != (state == FlowState::Other) {
+            c.conflict += 1;
+            return;
+        }
+        if (v.backend, v.incarnation) == (b.id, b.incarnation) {
             v.touch(now);
             // A late record (reordered, or from a gateway that saw less of the flow) does
             // not take an established entry back to half-open and evictable.
@@ -529,30 +540,22 @@ fn import(flows: &mut FlowTable, c: &mut SyncCounters, t: &ServiceTable, r: &Syn
         // The entry names a backend that left: the record's is better, overwrite it.
     }
     let mut value = FlowValue::new(b.id, b.incarnation, state, now).learnt_from_peer();
-    if r.kind == RecordKind::Affinity {
-        value.timeout_override = s.affinity_secs.max(1);
-    }
-    let reply = (s.mode == Mode::Nat && r.kind == RecordKind::Flow).then(|| reply_key(&key, b));
-    if let Some(rkey) = &reply {
-        if let Some(rv) = flows.lookup(rkey, now) {
-            if current(t, rv).is_some_and(|rb| rb.id != b.id) {
+    match r.kind {
+        RecordKind::Affinity => value.set_timeout_override(s.affinity_secs.max(1)),
+        RecordKind::Flow if s.mode == Mode::Nat => {
+            // Its replies must be told from those of a flow here to another frontend with a
+            // backend at the same address and port.
+            if t.nat_shared() && nat_taken(t, flows, s, b, &key, now) {
                 c.conflict += 1;
                 return;
             }
+            value.set_peer_mac(r.peer_mac);
         }
+        RecordKind::Flow => {}
     }
     if flows.insert_unlimited(key, value, now).is_err() {
         c.table_full += 1;
         return;
-    }
-    if let Some(rkey) = reply {
-        let mut rv = value;
-        rv.set_peer_mac(r.peer_mac);
-        if flows.insert_unlimited(rkey, rv, now).is_err() {
-            flows.remove(&key);
-            c.table_full += 1;
-            return;
-        }
     }
     c.imported += 1;
 }
@@ -582,18 +585,16 @@ fn dump_step(flows: &FlowTable, sy: &mut WorkerSync, t: &ServiceTable, now: u64)
                 port: k.dst_port,
                 proto: k.proto,
             };
-            // Reverse-nat entries have a client as destination: no frontend, skipped.
             let Some(s) = t.service_for(&f).and_then(|si| t.services.get(si as usize)) else {
                 return;
             };
             let Some(b) = current(t, v) else { return };
-            let affinity = v.state == FlowState::Other && v.timeout_override != 0;
-            let mut peer_mac = Mac::default();
-            if s.mode == Mode::Nat && !affinity {
-                if let Some(rv) = flows.peek(&reply_key(k, b)) {
-                    peer_mac = rv.peer_mac();
-                }
-            }
+            let affinity = v.state == FlowState::Other && v.timeout_override() != 0;
+            let peer_mac = if s.mode == Mode::Nat && !affinity {
+                v.peer_mac()
+            } else {
+                Mac::default()
+            };
             let r = SyncRecord {
                 key: *k,
                 backend: b.addr,

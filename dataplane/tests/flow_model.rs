@@ -25,11 +25,16 @@ fn timeouts() -> Timeouts {
 
 /// The model's own liveness rule, written from the documented contract rather than the
 /// table's code: idle time, in whole milliseconds since the last touch, strictly below the
-/// override (seconds) or the state's timeout.
+/// override (seconds, kept by entries in state `Other` only) or the state's timeout.
 fn model_live(v: &FlowValue, now: u64) -> bool {
     let to = timeouts();
-    let timeout = if v.timeout_override != 0 {
-        u64::from(v.timeout_override) * S
+    let over = if v.state == FlowState::Other {
+        v.timeout_override()
+    } else {
+        0
+    };
+    let timeout = if over != 0 {
+        u64::from(over) * S
     } else {
         match v.state {
             FlowState::TcpSyn => to.tcp_syn,
@@ -135,8 +140,11 @@ fn value(
     now: u64,
 ) -> FlowValue {
     let mut v = FlowValue::new(BackendId(backend), incarnation, state, now);
-    v.timeout_override = timeout_override;
-    v.set_peer_mac([2, 0, 0, 0, (incarnation >> 8) as u8, incarnation as u8].into());
+    if state == FlowState::Other {
+        v.set_timeout_override(timeout_override);
+    } else {
+        v.set_peer_mac([2, 0, 0, 0, (incarnation >> 8) as u8, incarnation as u8].into());
+    }
     v
 }
 

@@ -704,7 +704,7 @@ fn two_gateways_with_one_configuration_choose_the_same_backend_for_10000_flows()
                       v: &strait_dataplane::flow::FlowValue| {
         t.backend(v.backend).map(|x| x.socket_addr())
     };
-    // A nat flow has a reverse entry besides.
+    // A nat flow has one entry, for both directions.
     assert!(a.flows.len() >= 10_000, "{}", a.flows.len());
     assert_eq!(a.flows.len(), b.flows.len());
     let mut ids_differ = 0;
@@ -714,7 +714,7 @@ fn two_gateways_with_one_configuration_choose_the_same_backend_for_10000_flows()
             .flows
             .lookup(key, SEC)
             .expect("the other gateway has the flow");
-        ids_differ += usize::from(va.backend != vb.backend);
+        ids_differ += usize::from({ va.backend } != { vb.backend });
         assert_eq!(backend_of(&ta, &va), backend_of(&tb, &vb), "{key:?}");
     }
     // The histories did differ: the check is not of two identical tables.

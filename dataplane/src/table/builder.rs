@@ -304,6 +304,7 @@ impl Builder {
                 t.frontends.clone_from(&prev.frontends);
                 t.by_vip_proto.clone_from(&prev.by_vip_proto);
                 t.nat_backends.clone_from(&prev.nat_backends);
+                t.nat_shared = prev.nat_shared;
                 t.client_port = prev.client_port;
                 t.tunnel_src_v4 = prev.tunnel_src_v4;
                 t.tunnel_src_v6 = prev.tunnel_src_v6;
@@ -482,9 +483,13 @@ impl Builder {
                 t.backends.resize(slot + 1, None);
             }
             if s.mode == Mode::Nat {
-                *t.nat_backends
+                let owners = t
+                    .nat_backends
                     .entry((entry.addr, entry.port, frontend.proto))
-                    .or_insert(0) += 1;
+                    .or_default();
+                let was = owners.shared();
+                owners.add(frontend.vip, frontend.port);
+                t.nat_shared += u32::from(!was && owners.shared());
             }
             t.backends[slot] = Some(entry);
         }
@@ -555,9 +560,11 @@ impl Builder {
             let Some(b) = prev.backend(id) else { continue };
             if old.mode == Mode::Nat {
                 let k = (b.addr, b.port, f.proto);
-                if let Some(n) = t.nat_backends.get_mut(&k) {
-                    *n -= 1;
-                    if *n == 0 {
+                if let Some(owners) = t.nat_backends.get_mut(&k) {
+                    let was = owners.shared();
+                    let empty = owners.remove(f.vip, f.port);
+                    t.nat_shared -= u32::from(was && !owners.shared());
+                    if empty {
                         t.nat_backends.remove(&k);
                     }
                 }
@@ -652,6 +659,7 @@ fn copy(t: &ServiceTable) -> ServiceTable {
         frontends: t.frontends.clone(),
         by_vip_proto: t.by_vip_proto.clone(),
         nat_backends: t.nat_backends.clone(),
+        nat_shared: t.nat_shared,
     }
 }
 

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use hashbrown::HashMap;
 use strait_config::model::{MacAddr, Mode};
 
-use crate::flow::{FlowValue, Timeouts};
+use crate::flow::{FlowState, FlowTable, FlowValue, Timeouts};
 use crate::key::{addr_bytes, bytes_addr, Addr, BackendId, FlowKey, Proto, ServiceId};
 use crate::maglev;
 use crate::wire::ethernet::Address as Mac;
@@ -336,8 +336,58 @@ pub struct ServiceTable {
     /// ([`frontends`]).
     frontends: Frontends,
     by_vip_proto: HashMap<(Addr, Proto), VipProto>,
-    /// nat backends (address, port, protocol), each with the number of services that have it.
-    nat_backends: HashMap<(Addr, u16, Proto), u32>,
+    /// nat backends (address, port, protocol), each with the frontends of the services that
+    /// have it: where a reply from there goes back from.
+    nat_backends: HashMap<(Addr, u16, Proto), NatFrontends>,
+    /// How many of those have more than one frontend ([`ServiceTable::nat_shared`]).
+    nat_shared: u32,
+}
+
+/// The frontends of the nat services with a backend at one address, port and protocol
+/// (almost always one), each with how many of its service's backends are there. A reply
+/// from that address and port belongs to a flow to one of them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct NatFrontends(Vec<(Addr, u16, u32)>);
+
+impl NatFrontends {
+    /// The (VIP, port) pairs.
+    #[inline(always)]
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Addr, u16)> + '_ {
+        self.0.iter().map(|&(vip, port, _)| (vip, port))
+    }
+
+    /// The one (VIP, port), if there is exactly one.
+    #[inline(always)]
+    pub(crate) fn only(&self) -> Option<(Addr, u16)> {
+        match self.0.as_slice() {
+            [(vip, port, _)] => Some((*vip, *port)),
+            _ => None,
+        }
+    }
+
+    /// Whether more than one frontend has a backend there.
+    #[inline(always)]
+    pub(crate) fn shared(&self) -> bool {
+        self.0.len() > 1
+    }
+
+    fn add(&mut self, vip: Addr, port: u16) {
+        match self.0.iter_mut().find(|(v, p, _)| *v == vip && *p == port) {
+            Some((_, _, n)) => *n += 1,
+            None => self.0.push((vip, port, 1)),
+        }
+    }
+
+    /// Takes one backend of frontend `vip:port` away; true when none is left at all.
+    fn remove(&mut self, vip: Addr, port: u16) -> bool {
+        if let Some(i) = self.0.iter().position(|(v, p, _)| *v == vip && *p == port) {
+            self.0[i].2 -= 1;
+            if self.0[i].2 == 0 {
+                self.0.swap_remove(i);
+            }
+        }
+        self.0.is_empty()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -402,6 +452,7 @@ impl ServiceTable {
             frontends: Frontends::new(),
             by_vip_proto: HashMap::new(),
             nat_backends: HashMap::new(),
+            nat_shared: 0,
         }
     }
 
@@ -423,7 +474,31 @@ impl ServiceTable {
     /// Whether a packet from `addr:port` over `proto` may be a nat reply.
     #[inline(always)]
     pub fn is_nat_backend(&self, addr: &Addr, port: u16, proto: Proto) -> bool {
-        !self.nat_backends.is_empty() && self.nat_backends.contains_key(&(*addr, port, proto))
+        self.nat_frontends(addr, port, proto).is_some()
+    }
+
+    /// The frontends a nat reply from `addr:port` over `proto` may go back from: those of
+    /// the nat services with a backend there.
+    #[inline(always)]
+    pub(crate) fn nat_frontends(
+        &self,
+        addr: &Addr,
+        port: u16,
+        proto: Proto,
+    ) -> Option<&NatFrontends> {
+        if self.nat_backends.is_empty() {
+            return None;
+        }
+        self.nat_backends.get(&(*addr, port, proto))
+    }
+
+    /// Whether some nat backend address and port belongs to the services of more than one
+    /// frontend: then a new nat flow must not take a reply tuple that a flow to another of
+    /// them holds (`DropReason::NatCollision`), which the pipeline checks only while this
+    /// is so.
+    #[inline(always)]
+    pub fn nat_shared(&self) -> bool {
+        self.nat_shared != 0
     }
 
     /// The backend of frontend `f` at `addr:port`, if this table has it: how a flow learnt
@@ -462,6 +537,19 @@ impl ServiceTable {
 // every packet and flow sync for every record it imports or dumps. They live here, below
 // both, so that `sync` needs nothing of `pipeline`.
 
+/// The forward 5-tuple (client to frontend `vip:port`) of a nat reply `r` (backend to
+/// client): the key of the flow's entry, which serves both directions.
+#[inline(always)]
+pub(crate) fn forward_key(r: &FlowKey, vip: Addr, port: u16) -> FlowKey {
+    FlowKey {
+        src: r.dst,
+        dst: vip,
+        src_port: r.dst_port,
+        dst_port: port,
+        proto: r.proto,
+    }
+}
+
 /// The reply tuple of a nat flow to backend `b`: backend:port to client:port.
 #[inline(always)]
 pub(crate) fn reply_key(k: &FlowKey, b: &Backend) -> FlowKey {
@@ -472,6 +560,63 @@ pub(crate) fn reply_key(k: &FlowKey, b: &Backend) -> FlowKey {
         dst_port: k.src_port,
         proto: k.proto,
     }
+}
+
+/// Whether a nat flow from `key`'s client address and port to backend `b` of service `s`
+/// would share its reply tuple with a live flow in `flows` from the same address and port to
+/// another frontend whose service has a backend at `b`'s address and port: the replies of
+/// the two could not be told apart. (Entries in state `Other` are session affinity's, whose
+/// key a flow from source port 0 shares, and never a flow's.) Worth asking only while [`ServiceTable::nat_shared`].
+#[cold]
+#[inline(never)]
+pub(crate) fn nat_taken(
+    t: &ServiceTable,
+    flows: &FlowTable,
+    s: &Service,
+    b: &Backend,
+    key: &FlowKey,
+    now: u64,
+) -> bool {
+    let Some(owners) = t.nat_frontends(&b.addr, b.port, key.proto) else {
+        return false;
+    };
+    owners
+        .iter()
+        .filter(|&(vip, port)| (vip, port) != (s.frontend.vip, s.frontend.port))
+        .any(|(vip, port)| {
+            let other = FlowKey {
+                dst: vip,
+                dst_port: port,
+                ..*key
+            };
+            flows.peek(&other).is_some_and(|v| {
+                flows.is_live(v, now)
+                    && v.state != FlowState::Other
+                    && current(t, v).is_some_and(|ob| ob.addr == b.addr && ob.port == b.port)
+            })
+        })
+}
+
+/// The key of the entry of nat reply `r`'s flow in `flows` at `now`, among the frontends
+/// with a backend at its source (`owners`): the forward 5-tuple whose live entry names a
+/// backend at the reply's source address and port. One lookup per frontend, read-only.
+pub(crate) fn reply_flow(
+    t: &ServiceTable,
+    flows: &FlowTable,
+    owners: &NatFrontends,
+    r: &FlowKey,
+    now: u64,
+) -> Option<FlowKey> {
+    owners
+        .iter()
+        .map(|(vip, port)| forward_key(r, vip, port))
+        .find(|k| {
+            flows.peek(k).is_some_and(|v| {
+                flows.is_live(v, now)
+                    && v.state != FlowState::Other
+                    && current(t, v).is_some_and(|b| b.addr == r.src && b.port == r.src_port)
+            })
+        })
 }
 
 /// The backend a flow entry names, if the snapshot still has it: same id and incarnation (an

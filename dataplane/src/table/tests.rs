@@ -180,7 +180,8 @@ mod incremental {
     /// with its services.
     fn canon(t: &ServiceTable) -> BTreeMap<String, Canon> {
         let mut out = BTreeMap::new();
-        let mut nat: HashMap<(crate::key::Addr, u16, crate::key::Proto), u32> = HashMap::new();
+        type NatKey = (crate::key::Addr, u16, crate::key::Proto);
+        let mut nat: HashMap<NatKey, Vec<(crate::key::Addr, u16, u32)>> = HashMap::new();
         let mut vips: HashMap<(crate::key::Addr, crate::key::Proto), Vec<u32>> = HashMap::new();
         let mut ids = 0;
         for (si, s) in t.services.iter().enumerate() {
@@ -199,7 +200,11 @@ mod incremental {
             ids += backends.len();
             if s.mode == Mode::Nat {
                 for b in &backends {
-                    *nat.entry((b.addr, b.port, f.proto)).or_insert(0) += 1;
+                    let owners = nat.entry((b.addr, b.port, f.proto)).or_default();
+                    match owners.iter_mut().find(|o| (o.0, o.1) == (f.vip, f.port)) {
+                        Some(o) => o.2 += 1,
+                        None => owners.push((f.vip, f.port, 1)),
+                    }
                 }
             }
             let members: Vec<Endpoint> = s
@@ -241,7 +246,21 @@ mod incremental {
         }
         assert_eq!(t.frontends.len(), t.services.len(), "frontend index size");
         assert_eq!(t.backends.iter().flatten().count(), ids, "orphan backends");
-        assert_eq!(t.nat_backends, nat, "nat backend index");
+        let held: HashMap<_, _> = t
+            .nat_backends
+            .iter()
+            .map(|(k, v)| {
+                let mut v = v.0.clone();
+                v.sort();
+                (*k, v)
+            })
+            .collect();
+        for v in nat.values_mut() {
+            v.sort();
+        }
+        assert_eq!(held, nat, "nat backend index");
+        let shared = nat.values().filter(|v| v.len() > 1).count();
+        assert_eq!(t.nat_shared as usize, shared, "shared nat backends");
         let vips: HashMap<_, _> = vips.iter().map(|(k, v)| (*k, VipProto::of(v))).collect();
         assert_eq!(t.by_vip_proto, vips, "fragment index");
         out

@@ -15,8 +15,8 @@
 //!   visited in one shuffled order over and over, so each packet's flow entry is wherever the
 //!   previous pass left it in the cache hierarchy (with a million flows, mostly in DRAM), as on
 //!   a busy gateway;
-//! - `syn`: SYNs, every one a new 5-tuple: a Maglev choice and a flow-table insert (in nat also
-//!   a reply entry and a reply-tuple lookup), into an empty table of the same size. The table is
+//! - `syn`: SYNs, every one a new 5-tuple: a Maglev choice and a flow-table insert (in nat the
+//!   entry also keeps the client's MAC, for the replies), into an empty table of the same size. The table is
 //!   emptied (the clock jumps a day and a sweep reclaims everything, untimed) whenever it is a
 //!   quarter full, so every SYN finds a free way and is remembered, as on a gateway whose table
 //!   is sized for its load. A SYN flood against a full table would instead evict half-open
@@ -53,11 +53,11 @@
 //!
 //! # Memory
 //!
-//! The flow table gets twice the entries the flows take (two entries a flow in nat), rounded
-//! up to a power of two, at least 2^21: 66 bytes a way ([`FlowTable::bytes_for`]). At 8M flows
-//! that is 1.03 GiB (dsr) and 2.06 GiB (nat), plus 480 MiB of frame templates and 640 MiB for
-//! the reference's table and keys: about 3.3 GiB at the peak (nat), reported as
-//! `peak_rss_bytes`. One pipeline lives at a time.
+//! The flow table gets twice the entries the flows take (one entry a flow, in every mode),
+//! rounded up to a power of two, at least 2^21: 66 bytes a way ([`FlowTable::bytes_for`]). At
+//! 8M flows that is 1.03 GiB, plus 480 MiB of frame templates and 640 MiB for the reference's
+//! table and keys: about 2.2 GiB at the peak, reported as `peak_rss_bytes`. One pipeline
+//! lives at a time.
 //!
 //! The `stateless` column counts the flows that found their bucket and its group (32 ways)
 //! full anyway and are forwarded by Maglev alone, paying a failed insert on every packet.
@@ -96,7 +96,7 @@ use std::time::Duration;
 use anyhow::bail;
 use serde::Serialize;
 use strait_benches::bare::Bare;
-use strait_benches::{entries_per_flow, Bench, Measurement, Traffic, BATCH};
+use strait_benches::{Bench, Measurement, Traffic, BATCH};
 use strait_config::model::Mode;
 use strait_dataplane::flow::FlowTable;
 
@@ -463,9 +463,7 @@ fn measure(p: &Params) -> anyhow::Result<(Vec<Row>, Vec<BareRow>)> {
             // Twice the entries the flows take, at least 2^21: half full with the established
             // flows. Even so a few (about 1 in 100,000) find their bucket and its group full
             // and are forwarded statelessly; the report counts them.
-            let capacity = (flows * entries_per_flow(mode) * 2)
-                .next_power_of_two()
-                .max(1 << 21);
+            let capacity = (flows * 2).next_power_of_two().max(1 << 21);
             let case = Case {
                 mode,
                 flows,

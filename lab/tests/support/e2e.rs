@@ -719,8 +719,8 @@ pub fn explain_names_the_backends(driver: Driver, nat: bool) {
 /// With two workers (each of the gateway's veths has two queues, and the veth before it picks
 /// one by the flow's hash, as a NIC's RSS does): 1,000 UDP flows are sent and explained. A
 /// nat flow is asked of its owner core only (steered by client address and port, frames that
-/// arrive on the other queue handed over) and its entry is there, its reply's reverse entry
-/// beside it; a DSR flow is asked of every core and held by the one its queue feeds. Both
+/// arrive on the other queue handed over) and its entry is there, which its reply finds
+/// too; a DSR flow is asked of every core and held by the one its queue feeds. Both
 /// cores hold flows, and every answer names the backend the servers saw.
 pub fn explain_on_two_workers(nat: bool) {
     let args: &[&str] = if nat {
@@ -773,7 +773,7 @@ pub fn explain_on_two_workers(nat: bool) {
     assert_eq!(held_by.len(), 2, "both workers hold flows: {held_by:?}");
 
     if nat {
-        // Each reply's 5-tuple: its reverse entry, on its flow's owner core.
+        // Each reply's 5-tuple: its flow's entry, on the flow's owner core.
         for ((p, _), v) in seen
             .iter()
             .zip(explain_all(&s, "udp", &replies(&seen, addr_of)))
