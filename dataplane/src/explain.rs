@@ -298,9 +298,13 @@ pub fn probe(t: &ServiceTable, flows: &FlowTable, core: u16, k: &FlowKey, now: u
         if s.affinity_secs != 0 {
             p.affinity = live(&affinity_key(k), false);
         }
-        if s.mode == Mode::Nat && flows.peek(k).and_then(|v| current(t, v)).is_some() {
+        if s.mode == Mode::Nat
+            && flows
+                .peek(k)
+                .is_some_and(|v| v.reply_mac().is_some() && current(t, v).is_some())
+        {
             // A nat flow's one entry serves its replies too, while it names a backend the
-            // table still has.
+            // table still has and knows where they go.
             p.partner = live(k, true);
         }
     } else if maybe_reply(t, k) {

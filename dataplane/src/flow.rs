@@ -389,6 +389,15 @@ impl FlowValue {
         Mac(self.extra)
     }
 
+    /// The next hop of the replies if this is a nat flow's entry: not a session-affinity
+    /// entry (state [`FlowState::Other`], whose key a flow from source port 0 shares), and
+    /// made with a peer MAC (an entry made while its service was in a DSR mode has none, and
+    /// its replies are no flow's, as before the mode changed).
+    #[inline]
+    pub fn reply_mac(&self) -> Option<Mac> {
+        (self.state != FlowState::Other && self.extra != [0; 6]).then_some(Mac(self.extra))
+    }
+
     /// Makes this a nat flow's entry whose replies go to `mac`.
     #[inline]
     pub fn set_peer_mac(&mut self, mac: Mac) {

@@ -650,7 +650,13 @@ impl Pipeline {
         // SCTP too: its first chunk stands for TCP flags (see the module docs).
         let tcp = matches!(p.key.proto, proto::TCP | proto::SCTP);
         let mut stale = None;
-        if let Some(v) = self.flows.lookup_hashed(key, fh, now) {
+        // An entry in state `Other` is the client's session-affinity entry, whose key is the
+        // flow's when the client's source port is 0: never the flow's own.
+        if let Some(v) = self
+            .flows
+            .lookup_hashed(key, fh, now)
+            .filter(|v| v.state != FlowState::Other)
+        {
             let reopened = tcp && v.state.reopened_by(p.tcp_flags);
             match t.backend(v.backend) {
                 Some(b) if b.keeps_flows() && b.incarnation == v.incarnation && !reopened => {
@@ -718,9 +724,10 @@ impl Pipeline {
         }
         self.new_flows[b.id.0 as usize % NEW_FLOW_SLOTS] += 1;
         // The lookup above found no live entry for the key, and it reclaimed an expired one,
-        // so nothing needs overwriting; unless session affinity, whose key is the flow's
-        // with source port 0, has just stored one for a flow from source port 0.
-        let inserted = if stale.is_none() && s.affinity_secs == 0 {
+        // so nothing needs overwriting; unless the client's source port is 0, whose key is
+        // its session-affinity entry's (which the lookup passed over, or `affinity` has just
+        // stored): the flow's entry takes its place.
+        let inserted = if stale.is_none() && key.src_port != 0 {
             self.flows.insert_absent_hashed(*key, fh, value, now)
         } else {
             self.flows.insert_hashed(*key, fh, value, now)
@@ -854,13 +861,10 @@ impl Pipeline {
         // snapshot (or whose id now names another backend), is not this reply's. Nor is a
         // session-affinity entry (a client's source port 0 makes its key), or an entry with
         // no next hop back (made while the service was in a DSR mode).
-        let Some((b, s)) = current(t, v)
+        let Some((b, s, peer_mac)) = current(t, v)
             .filter(|b| b.addr == p.key.src && b.port == p.key.src_port)
-            .filter(|_| {
-                v.state != FlowState::Other
-                    && v.peer_mac() != crate::wire::ethernet::Address::default()
-            })
-            .and_then(|b| Some((b, t.services.get(b.service as usize)?)))
+            .zip(v.reply_mac())
+            .and_then(|(b, mac)| Some((b, t.services.get(b.service as usize)?, mac)))
         else {
             return Verdict::Drop(DropReason::ReplyNoFlow);
         };
@@ -875,7 +879,6 @@ impl Pipeline {
             v.state = v.state.on_reply_flags(p.tcp_flags);
         }
         v.set_answered();
-        let peer_mac = v.peer_mac();
         if refused {
             self.passive.count(b.id, Failure::Refused);
         }
@@ -1734,5 +1737,56 @@ backends = [
         assert_eq!(v, Verdict::Tx { port: 0 });
         let (_, frame) = run(&mut pipe, &t, 41 * SEC, &reply_to(x.0, a.1));
         assert_eq!(&frame[26..30], &VIP_B.0);
+    }
+
+    #[test]
+    fn a_flow_from_source_port_0_takes_its_affinity_entrys_key_and_keeps_its_own_mac() {
+        // The affinity entry's key is the client's flows' with source port 0, and its six
+        // extra bytes hold its timeout, which must never be read as a next hop.
+        let cfg = strait_config::parse(&cfg_text_with_affinity()).expect("test config");
+        let t = build(&mut Builder::new(), &cfg);
+        assert_ne!(t.services[0].affinity_secs, 0, "the service has affinity");
+        let mut pipe = Pipeline::new(0, 1, 1024, t.timeouts, 0);
+        // The client's first flow makes its affinity entry; then one from port 0 comes.
+        let (v, _) = run(&mut pipe, &t, SEC, &tcp((CLIENT.0, 40000), VIP_A, true));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        let zero = (CLIENT.0, 0);
+        let (v, _) = run(&mut pipe, &t, SEC, &tcp(zero, VIP_A, true));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        for staged in [false, true] {
+            let reply = reply_to("198.51.100.11", 0);
+            let (v, frame) = if staged {
+                run_batch(&mut pipe, &t, 2 * SEC, &[reply], 64).remove(0)
+            } else {
+                run(&mut pipe, &t, 2 * SEC, &reply)
+            };
+            assert_eq!(v, Verdict::Tx { port: 0 });
+            assert_eq!(&frame[0..6], &CLIENT_MAC, "back to the client's next hop");
+            assert_eq!(&frame[26..30], &VIP_A.0);
+        }
+        // Another flow of the client still gets a backend, and the port-0 flow's packets
+        // still find their entry.
+        let (v, _) = run(&mut pipe, &t, 3 * SEC, &tcp((CLIENT.0, 40001), VIP_A, true));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+        let (v, _) = run(&mut pipe, &t, 4 * SEC, &tcp(zero, VIP_A, false));
+        assert_eq!(v, Verdict::Tx { port: 0 });
+    }
+
+    /// Service `a` of [`config`] in nat mode with one backend and ClientIP affinity.
+    fn cfg_text_with_affinity() -> String {
+        r#"
+[[gateway.interfaces]]
+name = "eth0"
+queues = [0]
+[[services]]
+name = "a"
+vip = "203.0.113.10"
+port = 80
+mode = "nat"
+maglev_table_size = 251
+session_affinity = { timeout = "60s" }
+backends = [{ address = "198.51.100.11", port = 8080, mac = "02:00:00:00:01:11" }]
+"#
+        .to_string()
     }
 }

@@ -613,7 +613,7 @@ pub(crate) fn reply_flow(
         .find(|k| {
             flows.peek(k).is_some_and(|v| {
                 flows.is_live(v, now)
-                    && v.state != FlowState::Other
+                    && v.reply_mac().is_some()
                     && current(t, v).is_some_and(|b| b.addr == r.src && b.port == r.src_port)
             })
         })
