@@ -57,7 +57,8 @@ use crate::rewrite::{Encap, Outer};
 use crate::spsc;
 use crate::sync::{byte_state, state_byte};
 use crate::table::{
-    current, reply_flow, reply_key, Backend, Frontend, Health, Prefix, Service, ServiceTable,
+    current, forward_key, reply_flow, reply_key, Backend, Frontend, Health, Prefix, Service,
+    ServiceTable,
 };
 use crate::wire::ethernet::Address as Mac;
 
@@ -264,18 +265,6 @@ fn service_of<'t>(t: &'t ServiceTable, k: &FlowKey) -> Option<(u32, &'t Service)
 /// Whether a 5-tuple to no frontend may be a nat reply, as the pipeline decides it.
 fn maybe_reply(t: &ServiceTable, k: &FlowKey) -> bool {
     t.is_nat_backend(&k.src, k.src_port, k.proto) && !t.locals.contains(&k.dst)
-}
-
-/// The forward flow of a nat reply `r` (backend to client) whose backend is `b`.
-fn forward_of(t: &ServiceTable, r: &FlowKey, b: &Backend) -> Option<FlowKey> {
-    let s = t.services.get(b.service as usize)?;
-    Some(FlowKey {
-        src: r.dst,
-        dst: s.frontend.vip,
-        src_port: r.dst_port,
-        dst_port: s.frontend.port,
-        proto: r.proto,
-    })
 }
 
 /// What core `core`'s flow table `flows` holds about `k` at `now` (nanoseconds, the worker's
@@ -797,7 +786,8 @@ fn reply(t: &ServiceTable, cores: u16, k: &FlowKey, probes: &[Probe]) -> Reply {
         })
         .and_then(|b| {
             let s = t.services.get(b.service as usize)?;
-            Some((b.clone(), forward_of(t, k, b)?, ServiceRef::of(s)))
+            let forward = forward_key(k, s.frontend.vip, s.frontend.port);
+            Some((b.clone(), forward, ServiceRef::of(s)))
         });
     let port = t.client_port;
     Reply {

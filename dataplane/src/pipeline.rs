@@ -714,7 +714,7 @@ impl Pipeline {
         };
         let mut value = FlowValue::new(b.id, b.incarnation, state, now);
         if s.mode == Mode::Nat {
-            if t.nat_shared() && nat_taken(t, &self.flows, s, b, key, now) {
+            if nat_taken(t, &self.flows, s, b, key, now) {
                 return Err(Verdict::Drop(DropReason::NatCollision));
             }
             // Replies go back to where the client's packets came from.
@@ -1743,7 +1743,8 @@ backends = [
     fn a_flow_from_source_port_0_takes_its_affinity_entrys_key_and_keeps_its_own_mac() {
         // The affinity entry's key is the client's flows' with source port 0, and its six
         // extra bytes hold its timeout, which must never be read as a next hop.
-        let cfg = strait_config::parse(&cfg_text_with_affinity()).expect("test config");
+        let mut cfg = config("nat", &[("198.51.100.11", 0x11)], &[]);
+        cfg.services[0].session_affinity = Some(core::time::Duration::from_secs(60));
         let t = build(&mut Builder::new(), &cfg);
         assert_ne!(t.services[0].affinity_secs, 0, "the service has affinity");
         let mut pipe = Pipeline::new(0, 1, 1024, t.timeouts, 0);
@@ -1770,23 +1771,5 @@ backends = [
         assert_eq!(v, Verdict::Tx { port: 0 });
         let (v, _) = run(&mut pipe, &t, 4 * SEC, &tcp(zero, VIP_A, false));
         assert_eq!(v, Verdict::Tx { port: 0 });
-    }
-
-    /// Service `a` of [`config`] in nat mode with one backend and ClientIP affinity.
-    fn cfg_text_with_affinity() -> String {
-        r#"
-[[gateway.interfaces]]
-name = "eth0"
-queues = [0]
-[[services]]
-name = "a"
-vip = "203.0.113.10"
-port = 80
-mode = "nat"
-maglev_table_size = 251
-session_affinity = { timeout = "60s" }
-backends = [{ address = "198.51.100.11", port = 8080, mac = "02:00:00:00:01:11" }]
-"#
-        .to_string()
     }
 }

@@ -545,7 +545,7 @@ fn import(flows: &mut FlowTable, c: &mut SyncCounters, t: &ServiceTable, r: &Syn
         RecordKind::Flow if s.mode == Mode::Nat => {
             // Its replies must be told from those of a flow here to another frontend with a
             // backend at the same address and port.
-            if t.nat_shared() && nat_taken(t, flows, s, b, &key, now) {
+            if nat_taken(t, flows, s, b, &key, now) {
                 c.conflict += 1;
                 return;
             }

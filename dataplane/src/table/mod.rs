@@ -22,7 +22,7 @@ use std::sync::Arc;
 use hashbrown::HashMap;
 use strait_config::model::{MacAddr, Mode};
 
-use crate::flow::{FlowState, FlowTable, FlowValue, Timeouts};
+use crate::flow::{FlowTable, FlowValue, Timeouts};
 use crate::key::{addr_bytes, bytes_addr, Addr, BackendId, FlowKey, Proto, ServiceId};
 use crate::maglev;
 use crate::wire::ethernet::Address as Mac;
@@ -565,11 +565,23 @@ pub(crate) fn reply_key(k: &FlowKey, b: &Backend) -> FlowKey {
 /// Whether a nat flow from `key`'s client address and port to backend `b` of service `s`
 /// would share its reply tuple with a live flow in `flows` from the same address and port to
 /// another frontend whose service has a backend at `b`'s address and port: the replies of
-/// the two could not be told apart. (Entries in state `Other` are session affinity's, whose
-/// key a flow from source port 0 shares, and never a flow's.) Worth asking only while [`ServiceTable::nat_shared`].
+/// the two could not be told apart. One comparison while no backend address and port is
+/// shared by frontends ([`ServiceTable::nat_shared`]), the case of nearly every table.
+#[inline(always)]
+pub(crate) fn nat_taken(
+    t: &ServiceTable,
+    flows: &FlowTable,
+    s: &Service,
+    b: &Backend,
+    key: &FlowKey,
+    now: u64,
+) -> bool {
+    t.nat_shared() && nat_taken_among(t, flows, s, b, key, now)
+}
+
 #[cold]
 #[inline(never)]
-pub(crate) fn nat_taken(
+fn nat_taken_among(
     t: &ServiceTable,
     flows: &FlowTable,
     s: &Service,
@@ -589,11 +601,7 @@ pub(crate) fn nat_taken(
                 dst_port: port,
                 ..*key
             };
-            flows.peek(&other).is_some_and(|v| {
-                flows.is_live(v, now)
-                    && v.state != FlowState::Other
-                    && current(t, v).is_some_and(|ob| ob.addr == b.addr && ob.port == b.port)
-            })
+            nat_flow_at(t, flows, &other, &b.addr, b.port, now)
         })
 }
 
@@ -610,13 +618,25 @@ pub(crate) fn reply_flow(
     owners
         .iter()
         .map(|(vip, port)| forward_key(r, vip, port))
-        .find(|k| {
-            flows.peek(k).is_some_and(|v| {
-                flows.is_live(v, now)
-                    && v.reply_mac().is_some()
-                    && current(t, v).is_some_and(|b| b.addr == r.src && b.port == r.src_port)
-            })
-        })
+        .find(|k| nat_flow_at(t, flows, k, &r.src, r.src_port, now))
+}
+
+/// Whether `flows` holds at `k` a live nat flow's entry ([`FlowValue::reply_mac`]: no
+/// session-affinity entry, whose key a flow from source port 0 shares) naming a backend the
+/// table has at `addr:port`.
+fn nat_flow_at(
+    t: &ServiceTable,
+    flows: &FlowTable,
+    k: &FlowKey,
+    addr: &Addr,
+    port: u16,
+    now: u64,
+) -> bool {
+    flows.peek(k).is_some_and(|v| {
+        flows.is_live(v, now)
+            && v.reply_mac().is_some()
+            && current(t, v).is_some_and(|b| b.addr == *addr && b.port == port)
+    })
 }
 
 /// The backend a flow entry names, if the snapshot still has it: same id and incarnation (an
